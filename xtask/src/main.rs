@@ -1,2 +1,120 @@
-//! xtask
-fn main() {}
+//! `cargo xtask`: the workspace's own automation, in Rust so it runs wherever cargo does.
+//!
+//! Every task is a plain function over `std::process::Command`; the binary keeps to one
+//! dependency (`anyhow`) so that `cargo xtask` builds in seconds on a fresh clone.
+//! `cargo xtask help` lists the tasks.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use anyhow::{Context, Result, bail};
+
+mod bench;
+mod fuzz;
+mod redis;
+
+const HELP: &str = "\
+cargo xtask TASK [ARGS]
+
+Tasks:
+  ci                       cargo fmt --check, cargo clippy (warnings are errors), then `test`
+  test [ARGS...]           make sure a redis-server is installed, then cargo test --workspace
+                           (ARGS go to cargo test, e.g. `cargo xtask test -p tranche-codec`)
+  bench NAME|all           run a benchmark; it prints a table and writes
+                           target/tranche-bench/NAME.json (names: codec, window)
+  fuzz codec [--seconds N] [--target T]
+                           run the codec fuzz targets (nightly + cargo-fuzz), N seconds each
+  redis [--cluster]        start a private Redis (or a 3-master cluster) on free ports in the
+                           foreground, print its URL, stop it on Ctrl-C
+  help                     this text
+";
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("xtask: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
+    let mut args = env::args().skip(1);
+    let task = args.next().unwrap_or_else(|| "help".to_owned());
+    let rest: Vec<String> = args.collect();
+    match task.as_str() {
+        "ci" => ci(),
+        "test" => test(&rest),
+        "bench" => bench::run(&rest),
+        "fuzz" => fuzz::run(&rest),
+        "redis" => redis::serve(&rest),
+        "help" | "-h" | "--help" => {
+            print!("{HELP}");
+            Ok(())
+        }
+        other => bail!("unknown task `{other}`; `cargo xtask help` lists the tasks"),
+    }
+}
+
+/// `cargo xtask ci`: exactly what CI runs, in the order that fails fastest.
+fn ci() -> Result<()> {
+    step(
+        "cargo fmt --check",
+        cargo().args(["fmt", "--all", "--check"]),
+    )?;
+    step(
+        "cargo clippy",
+        cargo().args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--locked",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
+    test(&[])
+}
+
+/// `cargo xtask test`: the whole test suite against real Redis servers the tests start
+/// themselves, so the only thing needed up front is the `redis-server` binary.
+fn test(args: &[String]) -> Result<()> {
+    let server = redis::ensure_installed()?;
+    let mut cmd = cargo();
+    cmd.args(["test", "--workspace", "--locked"]).args(args);
+    // Tests look the binary up through this variable before falling back to PATH, so a
+    // server installed somewhere unusual still works.
+    cmd.env("TRANCHE_REDIS_SERVER", &server);
+    step("cargo test", &mut cmd)
+}
+
+/// A `cargo` command run from the workspace root, with the cargo that runs xtask.
+fn cargo() -> Command {
+    let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(workspace_root());
+    cmd
+}
+
+/// Runs `cmd` with inherited stdio and fails with `what` if it does not exit 0.
+fn step(what: &str, cmd: &mut Command) -> Result<()> {
+    eprintln!("xtask: running {what}");
+    let status = cmd
+        .status()
+        .with_context(|| format!("could not start {what}"))?;
+    if !status.success() {
+        bail!("{what} failed ({status})");
+    }
+    Ok(())
+}
+
+/// The workspace root: xtask lives one folder below it.
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask is a member folder of the workspace")
+        .to_path_buf()
+}

@@ -1,0 +1,85 @@
+//! `cargo xtask fuzz codec`: the codec's decoders under libFuzzer, through cargo-fuzz on
+//! the nightly toolchain. Not part of CI (it is open-ended by nature); run it after
+//! touching a decoder.
+
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+const USAGE: &str = "usage: cargo xtask fuzz codec [--seconds N] [--target T]";
+
+pub(crate) fn run(args: &[String]) -> Result<()> {
+    let mut args = args.iter();
+    match args.next().map(String::as_str) {
+        Some("codec") => {}
+        Some(other) => bail!("no fuzz targets for `{other}`; {USAGE}"),
+        None => bail!("{USAGE}"),
+    }
+    let mut seconds = 60u64;
+    let mut only = None;
+    while let Some(flag) = args.next() {
+        let value = args
+            .next()
+            .with_context(|| format!("{flag} needs a value; {USAGE}"))?;
+        match flag.as_str() {
+            "--seconds" => {
+                seconds = value
+                    .parse()
+                    .with_context(|| format!("--seconds {value}: not a whole number"))?
+            }
+            "--target" => only = Some(value.clone()),
+            _ => bail!("unknown flag {flag}; {USAGE}"),
+        }
+    }
+
+    let dir = crate::workspace_root().join("codec/fuzz");
+    ensure_cargo_fuzz()?;
+    let listed = Command::new("cargo")
+        .args(["+nightly", "fuzz", "list"])
+        .current_dir(&dir)
+        .output()
+        .context("could not run cargo +nightly fuzz list")?;
+    if !listed.status.success() {
+        bail!(
+            "cargo +nightly fuzz list failed: {}",
+            String::from_utf8_lossy(&listed.stderr)
+        );
+    }
+    let all: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let targets = match only {
+        Some(target) if all.contains(&target) => vec![target],
+        Some(target) => bail!("no fuzz target `{target}`; targets: {}", all.join(", ")),
+        None => all,
+    };
+    for target in targets {
+        let mut cmd = Command::new("cargo");
+        cmd.args(["+nightly", "fuzz", "run", &target, "--"])
+            .arg(format!("-max_total_time={seconds}"))
+            .current_dir(&dir);
+        crate::step(&format!("fuzz {target} for {seconds} s"), &mut cmd)?;
+    }
+    Ok(())
+}
+
+fn ensure_cargo_fuzz() -> Result<()> {
+    let nightly = Command::new("cargo")
+        .args(["+nightly", "--version"])
+        .output();
+    if !nightly.is_ok_and(|out| out.status.success()) {
+        bail!("fuzzing needs the nightly toolchain: rustup toolchain install nightly");
+    }
+    let fuzz = Command::new("cargo")
+        .args(["+nightly", "fuzz", "--version"])
+        .output();
+    if fuzz.is_ok_and(|out| out.status.success()) {
+        return Ok(());
+    }
+    eprintln!("xtask: cargo-fuzz is missing; installing it with cargo install");
+    crate::step(
+        "cargo install cargo-fuzz",
+        Command::new("cargo").args(["install", "--locked", "cargo-fuzz"]),
+    )
+}

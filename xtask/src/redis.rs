@@ -1,0 +1,225 @@
+//! Finding (or installing) `redis-server`, and `cargo xtask redis`: a private server or a
+//! three-master cluster on free ports, for trying tranche by hand.
+
+use std::env;
+use std::net::{Ipv4Addr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+/// The oldest server with every command tranche relies on (XAUTOCLAIM came in 6.2).
+const MIN_VERSION: (u32, u32) = (6, 2);
+
+const HOW_TO_INSTALL: &str = "install it and run again: Debian/Ubuntu `sudo apt-get install \
+redis-server`, Fedora `sudo dnf install redis`, macOS `brew install redis`; or point \
+TRANCHE_REDIS_SERVER at a redis-server binary";
+
+/// Returns the `redis-server` the tests should use, installing Debian's package first when
+/// none is on PATH and this process may (root, with apt-get). Never falls back to a server
+/// that is already running: tests start their own.
+pub(crate) fn ensure_installed() -> Result<PathBuf> {
+    if let Some(path) = env::var_os("TRANCHE_REDIS_SERVER") {
+        let path = PathBuf::from(path);
+        if !path.is_file() {
+            bail!("TRANCHE_REDIS_SERVER={} is not a file", path.display());
+        }
+        check_version(&path)?;
+        return Ok(path);
+    }
+    if let Some(path) = find_on_path("redis-server") {
+        check_version(&path)?;
+        return Ok(path);
+    }
+    if !is_root() || find_on_path("apt-get").is_none() {
+        bail!("redis-server is not on PATH and cannot be installed from here; {HOW_TO_INSTALL}");
+    }
+    eprintln!("xtask: redis-server is not on PATH; installing Debian's package with apt-get");
+    apt_get(&["update"])?;
+    apt_get(&["install", "-y", "--no-install-recommends", "redis-server"])?;
+    let path = find_on_path("redis-server").with_context(|| {
+        format!("apt-get installed redis-server but it is not on PATH; {HOW_TO_INSTALL}")
+    })?;
+    check_version(&path)?;
+    Ok(path)
+}
+
+fn apt_get(args: &[&str]) -> Result<()> {
+    let status = Command::new("apt-get")
+        // Another apt (unattended upgrades, a concurrent CI step) may hold the lock.
+        .args(["-o", "DPkg::Lock::Timeout=120"])
+        .args(args)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status()
+        .context("could not start apt-get")?;
+    if !status.success() {
+        bail!(
+            "apt-get {} failed ({status}); {HOW_TO_INSTALL}",
+            args.join(" ")
+        );
+    }
+    Ok(())
+}
+
+fn check_version(server: &Path) -> Result<()> {
+    let out = Command::new(server)
+        .arg("--version")
+        .output()
+        .with_context(|| format!("could not run {} --version", server.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "Redis server v=7.0.15 sha=00000000:0 malloc=jemalloc-5.3.0 bits=64 ..."
+    let version = text
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix("v="))
+        .with_context(|| format!("unexpected `redis-server --version` output: {text}"))?;
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if found < MIN_VERSION {
+        bail!(
+            "{} is Redis {version}; tranche needs {}.{} or newer; {HOW_TO_INSTALL}",
+            server.display(),
+            MIN_VERSION.0,
+            MIN_VERSION.1
+        );
+    }
+    Ok(())
+}
+
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    env::split_paths(&env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|path| path.is_file())
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
+}
+
+/// `cargo xtask redis [--cluster]`.
+pub(crate) fn serve(args: &[String]) -> Result<()> {
+    let cluster = match args {
+        [] => false,
+        [flag] if flag == "--cluster" => true,
+        _ => bail!("usage: cargo xtask redis [--cluster]"),
+    };
+    let server = ensure_installed()?;
+    let base = crate::workspace_root().join("target/xtask-redis");
+    let mut children = Vec::new();
+    let result = if cluster {
+        start_cluster(&server, &base, &mut children)
+    } else {
+        start_one(&server, &base, free_port()?, &[]).map(|child| children.push(child))
+    };
+    if let Err(err) = result {
+        stop(&mut children);
+        return Err(err);
+    }
+    eprintln!("xtask: Redis is running; Ctrl-C stops it");
+    // Ctrl-C reaches the servers too (same process group); wait for them to go.
+    for child in &mut children {
+        let _ = child.wait();
+    }
+    Ok(())
+}
+
+fn start_one(server: &Path, base: &Path, port: u16, extra: &[&str]) -> Result<Child> {
+    let dir = base.join(port.to_string());
+    std::fs::create_dir_all(&dir).with_context(|| format!("could not create {}", dir.display()))?;
+    let child = Command::new(server)
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(&dir)
+        .args(extra)
+        .stdout(Stdio::null())
+        .spawn()
+        .with_context(|| format!("could not start {}", server.display()))?;
+    wait_for_ping(port)?;
+    println!("redis://127.0.0.1:{port}");
+    Ok(child)
+}
+
+fn start_cluster(server: &Path, base: &Path, children: &mut Vec<Child>) -> Result<()> {
+    let mut ports = Vec::new();
+    while ports.len() < 3 {
+        let port = free_port()?;
+        // The cluster bus listens on port + 10000.
+        if port < 55535 && !ports.contains(&port) && port_is_free(port + 10000) {
+            ports.push(port);
+        }
+    }
+    for &port in &ports {
+        let conf = format!("nodes-{port}.conf");
+        children.push(start_one(
+            server,
+            base,
+            port,
+            &["--cluster-enabled", "yes", "--cluster-config-file", &conf],
+        )?);
+    }
+    let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let status = Command::new("redis-cli")
+        .args(["--cluster", "create"])
+        .args(&nodes)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .stdout(Stdio::null())
+        .status()
+        .context("could not run redis-cli --cluster create")?;
+    if !status.success() {
+        bail!("redis-cli --cluster create failed ({status})");
+    }
+    // A new cluster refuses writes for about two seconds; wait until every node says ok.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for &port in &ports {
+        loop {
+            let out = Command::new("redis-cli")
+                .args(["-p", &port.to_string(), "cluster", "info"])
+                .output()
+                .context("could not run redis-cli cluster info")?;
+            if String::from_utf8_lossy(&out.stdout).contains("cluster_state:ok") {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("the cluster did not reach cluster_state:ok within 30 s");
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+    println!("cluster ready: {}", nodes.join(" "));
+    Ok(())
+}
+
+fn stop(children: &mut [Child]) {
+    for child in children {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    let listener =
+        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("could not find a free TCP port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+fn port_is_free(port: u16) -> bool {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
+}
+
+fn wait_for_ping(port: u16) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("redis-server on port {port} did not start within 10 s");
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
