@@ -355,10 +355,7 @@ impl Shared {
     fn slot(&self, sn: u64) -> &AtomicU64 {
         // Consecutive numbers go to different cache lines (see `spread`), so threads
         // acking neighbours do not fight over one line.
-        let ring = sn & self.mask;
-        let line = ring & self.spread.lines_mask;
-        let index = (line << SLOTS_PER_LINE_BITS) | (ring >> self.spread.line_bits);
-        &self.slots[index as usize]
+        &self.slots[self.spread.index(sn & self.mask) as usize]
     }
 }
 
@@ -382,6 +379,11 @@ impl Spread {
             lines_mask: lines - 1,
             line_bits: lines.trailing_zeros(),
         }
+    }
+
+    #[inline]
+    fn index(&self, ring: u64) -> u64 {
+        ((ring & self.lines_mask) << SLOTS_PER_LINE_BITS) | (ring >> self.line_bits)
     }
 }
 
@@ -462,5 +464,31 @@ impl fmt::Debug for SlidingWindow {
             .field("size", &shared.size)
             .field("closed", &shared.closed.load(SeqCst))
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_is_a_permutation_that_separates_neighbours() {
+        for len in [1usize, 2, 4, 8, 16, 64, 1024] {
+            let spread = Spread::new(len);
+            let index = |ring| spread.index(ring);
+            let mut seen = vec![false; len];
+            for ring in 0..len as u64 {
+                let i = index(ring) as usize;
+                assert!(!seen[i], "len {len}: index {i} used twice");
+                seen[i] = true;
+                if len >= 16 && ring > 0 {
+                    assert_ne!(
+                        i / 8,
+                        index(ring - 1) as usize / 8,
+                        "len {len}, ring {ring}"
+                    );
+                }
+            }
+        }
     }
 }
