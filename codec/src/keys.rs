@@ -1,0 +1,301 @@
+//! The Redis key schema, so every crate agrees on names, shards and bit offsets.
+
+use crate::Error;
+
+/// The largest shard count a job may have.
+pub const MAX_SHARDS: u32 = 1024;
+/// The batch size of the key schema and of binary v2 unless configured otherwise.
+pub const DEFAULT_BATCH_SIZE: u64 = 100;
+/// The largest batch size binary v2 and the key schema accept.
+pub const MAX_BATCH_SIZE: u64 = 65_536;
+
+/// The key names of one job: a namespace cut into `num_shards` shards.
+///
+/// Every key of shard `s` carries the hash tag `{ns:s}`, so all of a shard's keys live
+/// in one Redis Cluster slot and one Lua script can touch them together. Pids map to
+/// shards by batch (`batch = pid / batch_size`, `shard = batch % num_shards`), so a
+/// batch, its completed-index bits and its statistics share that slot. Keys without a
+/// shard (`{ns}:workers`, `{ns}:plans`, `{ns}:meta`, `{ns}:dict`) carry the tag `{ns}`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KeySchema {
+    namespace: String,
+    num_shards: u32,
+    batch_size: u64,
+}
+
+impl KeySchema {
+    /// The schema of namespace `namespace` (1 to 64 characters of `[A-Za-z0-9_.-]`, so
+    /// it can neither break a hash tag nor be confused with a key separator) with
+    /// `num_shards` shards (`1..=1024`) and batches of [`DEFAULT_BATCH_SIZE`].
+    pub fn new(namespace: &str, num_shards: u32) -> Result<Self, Error> {
+        let valid = (1..=64).contains(&namespace.len())
+            && namespace
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+        if !valid {
+            return Err(Error::InvalidNamespace(namespace.to_owned()));
+        }
+        if !(1..=MAX_SHARDS).contains(&num_shards) {
+            return Err(Error::InvalidShardCount(num_shards));
+        }
+        Ok(KeySchema {
+            namespace: namespace.to_owned(),
+            num_shards,
+            batch_size: DEFAULT_BATCH_SIZE,
+        })
+    }
+
+    /// The same schema with `batch_size` pids per batch (`1..=65536`).
+    pub fn with_batch_size(mut self, batch_size: u64) -> Result<Self, Error> {
+        if !(1..=MAX_BATCH_SIZE).contains(&batch_size) {
+            return Err(Error::InvalidBatchSize(batch_size));
+        }
+        self.batch_size = batch_size;
+        Ok(self)
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// How many shards the job has.
+    pub const fn num_shards(&self) -> u32 {
+        self.num_shards
+    }
+
+    /// Pids per batch.
+    pub const fn batch_size(&self) -> u64 {
+        self.batch_size
+    }
+
+    /// The shards, `0..num_shards`.
+    pub fn shards(&self) -> std::ops::Range<u32> {
+        0..self.num_shards
+    }
+
+    /// The batch holding `pid`.
+    pub const fn batch_of(&self, pid: u64) -> u64 {
+        pid / self.batch_size
+    }
+
+    /// The shard holding `batch`.
+    pub const fn shard_of_batch(&self, batch: u64) -> u32 {
+        // Less than num_shards <= 1024, so the cast is exact.
+        (batch % self.num_shards as u64) as u32
+    }
+
+    /// The shard holding `pid`.
+    pub const fn shard_of(&self, pid: u64) -> u32 {
+        self.shard_of_batch(self.batch_of(pid))
+    }
+
+    /// The offset of `pid`'s bit in its shard's dense bitmaps (`{ns:s}:completed:index`).
+    ///
+    /// A shard holds every `num_shards`-th batch, so offsets count shard-local batches
+    /// (`batch / num_shards`) rather than raw pids: with 16 shards a bitmap is 16 times
+    /// shorter than if it were indexed by pid. Redis caps offsets at 2^32 - 1, which
+    /// this does not check: 2^32 pids per shard is far beyond any plan tranche expects.
+    pub const fn bit_offset(&self, pid: u64) -> u64 {
+        let local_batch = self.batch_of(pid) / self.num_shards as u64;
+        // Never overflows: local_batch * batch_size <= batch * batch_size <= pid.
+        local_batch * self.batch_size + pid % self.batch_size
+    }
+
+    /// The hash tag of `shard`: `{elk:3}`.
+    pub fn shard_tag(&self, shard: u32) -> String {
+        debug_assert!(shard < self.num_shards, "shard {shard} out of range");
+        format!("{{{}:{shard}}}", self.namespace)
+    }
+
+    /// A key of `shard`: `{elk:3}:{suffix}`.
+    pub fn shard_key(&self, shard: u32, suffix: &str) -> String {
+        format!("{}:{suffix}", self.shard_tag(shard))
+    }
+
+    /// `{ns:s}:active`: the shard's unfinished partitions.
+    pub fn active(&self, shard: u32) -> String {
+        self.shard_key(shard, "active")
+    }
+
+    /// `{ns:s}:pending`: partitions waiting to be claimed, scored by ready time.
+    pub fn pending(&self, shard: u32) -> String {
+        self.shard_key(shard, "pending")
+    }
+
+    /// `{ns:s}:leases`: lease deadlines, scored by deadline.
+    pub fn leases(&self, shard: u32) -> String {
+        self.shard_key(shard, "leases")
+    }
+
+    /// `{ns:s}:inbox`: the stream of completed records waiting to be archived.
+    pub fn inbox(&self, shard: u32) -> String {
+        self.shard_key(shard, "inbox")
+    }
+
+    /// `{ns:s}:completed`: the simple tier, pid -> JSON.
+    pub fn completed(&self, shard: u32) -> String {
+        self.shard_key(shard, "completed")
+    }
+
+    /// `{ns:s}:completed:index`: one bit per completed pid, at [`KeySchema::bit_offset`].
+    pub fn completed_index(&self, shard: u32) -> String {
+        self.shard_key(shard, "completed:index")
+    }
+
+    /// `{ns:s}:completed:batch:{batch}` in the shard that holds `batch`.
+    pub fn completed_batch(&self, batch: u64) -> String {
+        self.shard_key(
+            self.shard_of_batch(batch),
+            &format!("completed:batch:{batch}"),
+        )
+    }
+
+    /// `{ns:s}:stats:{suffix}`: a statistics key of `shard`.
+    pub fn stats(&self, shard: u32, suffix: &str) -> String {
+        self.shard_key(shard, &format!("stats:{suffix}"))
+    }
+
+    /// The namespace's own hash tag, for keys without a shard: `{elk}`.
+    pub fn global_tag(&self) -> String {
+        format!("{{{}}}", self.namespace)
+    }
+
+    /// `{ns}:workers`: worker id -> worker info.
+    pub fn workers(&self) -> String {
+        format!("{}:workers", self.global_tag())
+    }
+
+    /// `{ns}:plans`: the job's plans.
+    pub fn plans(&self) -> String {
+        format!("{}:plans", self.global_tag())
+    }
+
+    /// `{ns}:meta`: job settings such as `num_shards`, fixed when the job is created.
+    pub fn meta(&self) -> String {
+        format!("{}:meta", self.global_tag())
+    }
+
+    /// `{ns}:dict`: the worker dictionary every archive decode needs.
+    pub fn dict(&self) -> String {
+        format!("{}:dict", self.global_tag())
+    }
+}
+
+/// The Redis Cluster slot of `key`, exactly as Redis computes it: CRC16 (XMODEM) of the
+/// hash tag (the bytes between the first `{` and the first `}` after it, if non-empty)
+/// or else of the whole key, modulo 16384.
+pub fn key_slot(key: impl AsRef<[u8]>) -> u16 {
+    let key = key.as_ref();
+    let hashed = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = key.get(open + 1..)?;
+            let close = rest.iter().position(|&b| b == b'}')?;
+            rest.get(..close).filter(|tag| !tag.is_empty())
+        })
+        .unwrap_or(key);
+    crc16_xmodem(hashed) % 16384
+}
+
+/// CRC16-CCITT in its XMODEM form (polynomial 0x1021, initial value 0), which Redis
+/// Cluster uses for key slots.
+pub fn crc16_xmodem(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in bytes {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc16_and_slots_match_redis() {
+        assert_eq!(crc16_xmodem(b"123456789"), 0x31C3);
+        // Vectors from the Redis documentation of CLUSTER KEYSLOT and the cluster spec.
+        for (key, slot) in [
+            ("foo", 12182),
+            ("somekey", 11058),
+            ("foo{hash_tag}", 2515),
+            ("bar{hash_tag}", 2515),
+        ] {
+            assert_eq!(key_slot(key), slot, "{key}");
+        }
+        let same = |a: &str, b: &str| assert_eq!(key_slot(a), key_slot(b), "{a} vs {b}");
+        same("{user1000}.following", "{user1000}.followers");
+        same("{user1000}.following", "user1000");
+        // The tag ends at the first `}` after the first `{`.
+        same("foo{{bar}}zap", "{bar");
+        same("foo{bar}{zap}", "bar");
+        // An empty or unclosed tag hashes the whole key.
+        assert_eq!(key_slot("foo{}{bar}"), crc16_xmodem(b"foo{}{bar}") % 16384);
+        assert_eq!(key_slot("foo{bar"), crc16_xmodem(b"foo{bar") % 16384);
+        assert_eq!(key_slot(""), 0);
+    }
+
+    #[test]
+    fn key_names() {
+        let k = KeySchema::new("elk", 16).expect("valid");
+        assert_eq!(k.batch_of(4970), 49);
+        assert_eq!(k.shard_of(4970), 1);
+        assert_eq!(k.active(3), "{elk:3}:active");
+        assert_eq!(k.pending(3), "{elk:3}:pending");
+        assert_eq!(k.leases(3), "{elk:3}:leases");
+        assert_eq!(k.inbox(3), "{elk:3}:inbox");
+        assert_eq!(k.completed(3), "{elk:3}:completed");
+        assert_eq!(k.completed_index(3), "{elk:3}:completed:index");
+        assert_eq!(k.completed_batch(497), "{elk:1}:completed:batch:497");
+        assert_eq!(k.stats(3, "global"), "{elk:3}:stats:global");
+        assert_eq!(k.workers(), "{elk}:workers");
+        assert_eq!(k.plans(), "{elk}:plans");
+        assert_eq!(k.meta(), "{elk}:meta");
+        assert_eq!(k.dict(), "{elk}:dict");
+    }
+
+    #[test]
+    fn dense_bit_offsets() {
+        for shards in [1, 3, 16] {
+            let k = KeySchema::new("elk", shards).expect("valid");
+            // Within each shard, offsets of consecutive pids are 0, 1, 2, ... with no gaps.
+            let mut next = vec![0u64; shards as usize];
+            for pid in 0..100 * 50 {
+                let shard = k.shard_of(pid) as usize;
+                assert_eq!(k.bit_offset(pid), next[shard], "pid {pid} shards {shards}");
+                next[shard] += 1;
+            }
+        }
+        let k = KeySchema::new("elk", 1024).expect("valid");
+        assert_eq!(
+            k.bit_offset(u64::MAX),
+            u64::MAX / 100 / 1024 * 100 + u64::MAX % 100
+        );
+    }
+
+    #[test]
+    fn invalid_schemas() {
+        let check = |ns: &str, shards: u32, batch: u64, expect: &str| {
+            let got = KeySchema::new(ns, shards).and_then(|k| k.with_batch_size(batch));
+            assert_eq!(format!("{:?}", got.map(|k| k.shard_tag(0))), expect);
+        };
+        check("elk", 1, 100, r#"Ok("{elk:0}")"#);
+        check("a.b-c_9", 1024, 65_536, r#"Ok("{a.b-c_9:0}")"#);
+        check("", 1, 100, r#"Err(InvalidNamespace(""))"#);
+        check("e{k", 1, 100, r#"Err(InvalidNamespace("e{k"))"#);
+        check("e:k", 1, 100, r#"Err(InvalidNamespace("e:k"))"#);
+        check("elk", 0, 100, "Err(InvalidShardCount(0))");
+        check("elk", 1025, 100, "Err(InvalidShardCount(1025))");
+        check("elk", 1, 0, "Err(InvalidBatchSize(0))");
+        check("elk", 1, 65_537, "Err(InvalidBatchSize(65537))");
+    }
+}
