@@ -8,6 +8,7 @@ use anyhow::{Result, bail};
 const BENCHES: &[(&str, &str, bool)] = &[
     ("codec", "tranche-codec", false),
     ("window", "tranche-window", false),
+    ("active", "tranche-active-store", true),
 ];
 
 pub(crate) fn run(args: &[String]) -> Result<()> {

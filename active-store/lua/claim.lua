@@ -1,0 +1,82 @@
+-- claim: hand out up to n partitions of one shard to a worker, in one round trip.
+-- KEYS[1] active hash   KEYS[2] pending zset (score: ready time ms)   KEYS[3] leases zset
+--      (score: deadline ms)   KEYS[4] plans list ("first|last" pid ranges of uniform
+--      plans)   KEYS[5] cursor hash (plan first pid -> next pid to consider)
+--      KEYS[6] token sequence
+-- ARGV[1] worker   ARGV[2] n   ARGV[3] now ms   ARGV[4] deadline ms   ARGV[5] shard
+--      ARGV[6] num_shards   ARGV[7] partitions per batch
+-- Reply: flat array of (pid, token, attempts, min, max, progress) per lease.
+-- Writes are gathered and issued once per key (one HSET, one ZADD): a Redis command
+-- called from Lua costs about as much as the work it does.
+local worker, want, now, deadline = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local shard, shards, per_batch = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local out, records, scores, got = {}, {}, {}, 0
+-- Fresh tokens for this call, reserved up front: every later call on a lease must
+-- present its token (fencing). Unused ones are simply skipped.
+local token = tonumber(redis.call('INCRBY', KEYS[6], want)) - want
+
+local function lease(pid, r)
+  token = token + 1
+  r[1] = 'c'
+  r[2] = int(tonumber(r[2]) + 1)
+  r[3] = int(token)
+  r[4] = deadline
+  r[6] = now
+  r[7] = now
+  r[8] = worker
+  records[#records + 1] = pid
+  records[#records + 1] = encode(r)
+  scores[#scores + 1] = deadline
+  scores[#scores + 1] = pid
+  out[#out + 1] = pid
+  out[#out + 1] = r[3]
+  out[#out + 1] = r[2]
+  out[#out + 1] = r[9]
+  out[#out + 1] = r[10]
+  out[#out + 1] = r[11]
+  got = got + 1
+end
+
+-- Ready retries and released partitions first: they are older work.
+local ready = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, want)
+if #ready > 0 then
+  variadic('ZREM', KEYS[2], ready)
+  local recs = redis.call('HMGET', KEYS[1], unpack(ready))
+  for i, pid in ipairs(ready) do
+    local r = decode(recs[i] or '')
+    if r and r[1] == 'p' then lease(pid, r) end
+  end
+end
+
+-- The smallest pid >= x whose batch belongs to this shard.
+local function align(x)
+  local b = math.floor(x / per_batch)
+  local skip = (shard - b % shards) % shards
+  if skip == 0 then return x end
+  return (b + skip) * per_batch
+end
+
+-- Then fresh pids from each uniform plan's cursor: nothing is materialised before this.
+if got < want then
+  local plans = redis.call('LRANGE', KEYS[4], 0, -1)
+  for _, plan in ipairs(plans) do
+    if got >= want then break end
+    local sep = string.find(plan, '|', 1, true)
+    local first, last = tonumber(string.sub(plan, 1, sep - 1)), tonumber(string.sub(plan, sep + 1))
+    local at = tonumber(redis.call('HGET', KEYS[5], int(first)) or first)
+    if at <= last then
+      at = align(at)
+      while got < want and at <= last do
+        lease(int(at), {'p', '0', '', '', now, '', '', '', '', '', '', ''})
+        at = align(at + 1)
+      end
+      redis.call('HSET', KEYS[5], int(first), int(at))
+    end
+  end
+end
+
+if got > 0 then
+  variadic('HSET', KEYS[1], records)
+  variadic('ZADD', KEYS[3], scores)
+end
+return out

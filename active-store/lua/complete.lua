@@ -1,0 +1,50 @@
+-- complete: finish any number of leases of one shard in one round trip (group commit).
+-- KEYS[1] active hash   KEYS[2] leases zset   KEYS[3] completed-index bitmap
+--      KEYS[4] inbox stream
+-- ARGV per completion: pid, token, bit offset in the index, encoded completed record
+-- Reply: per completion, OK, DUPLICATE or LOST.
+-- Every command runs once per call, not once per completion: a batch of 30 costs
+-- little more than a batch of one.
+local n = #ARGV / 4
+local pids = {}
+for i = 1, n do pids[i] = ARGV[4 * i - 3] end
+local recs = redis.call('HMGET', KEYS[1], unpack(pids))
+
+-- One BITFIELD for the whole batch: held leases set their bit (and read the old one);
+-- the others only read theirs, to tell a duplicate from a lost lease.
+local ops, held = {}, {}
+for i = 1, n do
+  local bit = ARGV[4 * i - 1]
+  held[i] = holds(recs[i], ARGV[4 * i - 2])
+  if held[i] then
+    ops[#ops + 1] = 'SET'; ops[#ops + 1] = 'u1'; ops[#ops + 1] = bit; ops[#ops + 1] = 1
+  else
+    ops[#ops + 1] = 'GET'; ops[#ops + 1] = 'u1'; ops[#ops + 1] = bit
+  end
+end
+local bits = redis.call('BITFIELD', KEYS[3], unpack(ops))
+
+local out, done, records = {}, {}, {}
+for i = 1, n do
+  if bits[i] == 1 then
+    -- Idempotency: the index bit is set exactly once per pid, so a retried or late
+    -- completion changes nothing and reaches the inbox (and the statistics) only once.
+    out[i] = DUPLICATE
+  elseif held[i] then
+    done[#done + 1] = pids[i]
+    records[#records + 1] = ARGV[4 * i]
+    out[i] = OK
+  else
+    out[i] = LOST
+  end
+end
+
+if #done > 0 then
+  -- Remove from the hot set, mark done (above) and hand the records to the archiver,
+  -- in one atomic step: the inbox stream is durable, so nothing is lost between layers.
+  -- One stream entry carries the whole batch, one record per line.
+  variadic('HDEL', KEYS[1], done)
+  variadic('ZREM', KEYS[2], done)
+  redis.call('XADD', KEYS[4], '*', 'r', table.concat(records, '\n'))
+end
+return out

@@ -1,0 +1,25 @@
+-- fail: record a failed attempt; retry with exponential backoff or give up.
+-- KEYS[1] active hash   KEYS[2] leases zset   KEYS[3] pending zset
+-- ARGV[1] pid   ARGV[2] token   ARGV[3] now ms   ARGV[4] error text   ARGV[5] max attempts
+--      ARGV[6] backoff base ms   ARGV[7] backoff cap ms
+-- Reply: {LOST} | {OK, ready ms} (retry scheduled) | {OK, -1} (failed for good)
+local pid, token, now = ARGV[1], ARGV[2], ARGV[3]
+local r = decode(redis.call('HGET', KEYS[1], pid) or '')
+if not leased(r, token) then return {LOST} end
+local attempts = tonumber(r[2])
+r[4] = ''
+r[7] = now
+r[12] = ARGV[4]
+redis.call('ZREM', KEYS[2], pid)
+if attempts >= tonumber(ARGV[5]) then
+  -- Kept in the active hash, out of every index, for `retry_failed` or `discard`.
+  r[1] = 'f'
+  redis.call('HSET', KEYS[1], pid, encode(r))
+  return {OK, -1}
+end
+local backoff = math.min(tonumber(ARGV[6]) * 2 ^ (attempts - 1), tonumber(ARGV[7]))
+local ready = int(tonumber(now) + backoff)
+r[1] = 'p'
+redis.call('HSET', KEYS[1], pid, encode(r))
+redis.call('ZADD', KEYS[3], ready, pid)
+return {OK, tonumber(ready)}

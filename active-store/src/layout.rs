@@ -1,0 +1,147 @@
+//! Which shard owns a pid, and how a shard's cursor walks its own batches.
+
+use tranche_codec::KeySchema;
+
+use crate::Result;
+use crate::model::Config;
+
+/// The shard arithmetic of one namespace, on top of the codec's key schema (a batch is
+/// `pid / 100`; a batch, its index bits and its statistics live on shard
+/// `batch % num_shards`).
+#[derive(Debug, Clone)]
+pub(crate) struct Layout {
+    schema: KeySchema,
+    shards: u32,
+    per_batch: u64,
+}
+
+impl Layout {
+    pub(crate) fn new(config: &Config) -> Result<Self> {
+        let schema = KeySchema::new(&config.namespace, config.num_shards)?;
+        Ok(Self {
+            shards: schema.num_shards(),
+            per_batch: schema.batch_size(),
+            schema,
+        })
+    }
+
+    pub(crate) fn schema(&self) -> &KeySchema {
+        &self.schema
+    }
+
+    pub(crate) fn shards(&self) -> u32 {
+        self.shards
+    }
+
+    pub(crate) fn per_batch(&self) -> u64 {
+        self.per_batch
+    }
+
+    /// The shard owning `pid`.
+    pub(crate) fn shard_of(&self, pid: u64) -> u32 {
+        self.schema.shard_of(pid)
+    }
+
+    /// The smallest pid `>= pid` owned by `shard` (as `lua/claim.lua` computes it).
+    pub(crate) fn align(&self, pid: u64, shard: u32) -> u64 {
+        let n = u64::from(self.shards);
+        let batch = pid / self.per_batch;
+        let skip = (u64::from(shard) + n - batch % n) % n;
+        if skip == 0 {
+            pid
+        } else {
+            (batch + skip).saturating_mul(self.per_batch)
+        }
+    }
+
+    /// How many pids of `from..=last` `shard` owns, for `from` already aligned.
+    pub(crate) fn count_in_shard(&self, from: u64, last: u64, shard: u32) -> u64 {
+        if from > last {
+            return 0;
+        }
+        let n = u64::from(self.shards);
+        // Whole batches of this shard between the two ends, plus the partial ends.
+        let (b0, b1) = (from / self.per_batch, last / self.per_batch);
+        if b0 == b1 {
+            return if self.shard_of(from) == shard {
+                last - from + 1
+            } else {
+                0
+            };
+        }
+        let head = (b0 + 1) * self.per_batch - from; // from is in b0, which is ours
+        let tail = if b1 % n == u64::from(shard) {
+            last - b1 * self.per_batch + 1
+        } else {
+            0
+        };
+        // Batches strictly between b0 and b1 owned by this shard.
+        let mut middle = 0;
+        if b1 > b0 + 1 {
+            let first = self.align((b0 + 1) * self.per_batch, shard) / self.per_batch;
+            if first < b1 {
+                middle = (b1 - 1 - first) / n + 1;
+            }
+        }
+        head + middle * self.per_batch + tail
+    }
+
+    /// The order in which `worker` visits shards when claiming: from a shard derived from
+    /// its id, so that a fleet spreads over the shards, then round the ring.
+    pub(crate) fn claim_order(&self, worker: &str) -> impl Iterator<Item = u32> + use<> {
+        let n = self.shards;
+        // FNV-1a: stable across processes and versions, unlike std's hasher.
+        let hash = worker.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        let start = (hash % u64::from(n)) as u32;
+        (0..n).map(move |i| (start + i) % n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(shards: u32) -> Layout {
+        Layout::new(&Config {
+            num_shards: shards,
+            ..Config::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn align_and_count_agree_with_brute_force() {
+        for shards in [1, 2, 3, 4, 7] {
+            let l = layout(shards);
+            for shard in 0..shards {
+                for from in (0..1500).step_by(37) {
+                    let expect = (from..).find(|&p| l.shard_of(p) == shard).unwrap();
+                    assert_eq!(
+                        l.align(from, shard),
+                        expect,
+                        "align({from}, {shard}) of {shards}"
+                    );
+                    for last in [from, from + 99, from + 250, from + 1234] {
+                        let a = l.align(from, shard);
+                        let brute = (a..=last).filter(|&p| l.shard_of(p) == shard).count() as u64;
+                        assert_eq!(
+                            l.count_in_shard(a, last, shard),
+                            brute,
+                            "{a}..={last} s{shard}/{shards}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn claim_order_visits_every_shard_once() {
+        let l = layout(8);
+        let mut seen: Vec<u32> = l.claim_order("worker-1").collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..8).collect::<Vec<_>>());
+    }
+}

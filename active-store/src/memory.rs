@@ -1,0 +1,473 @@
+//! The embedded backend: the same semantics as Redis, in one process.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use crossbeam_channel::{Receiver, Sender};
+use dashmap::DashMap;
+use tranche_codec::{CompletedRecord, Partition, Status};
+
+use crate::clock::{Clock, TokioClock};
+use crate::layout::Layout;
+use crate::model::{
+    ActiveSnapshot, Completion, Config, FailOutcome, Lease, Plan, PlanEntry, PlanOutcome,
+    StatusCounts, Unissued, WorkerInfo, WorkerState,
+};
+use crate::plans::{self, Registry};
+use crate::store::{ActiveQuery, Leases, Maintenance, Planner, WorkerRegistry};
+use crate::{Error, Result};
+
+/// The active layer in memory: the embedded default when no Redis is configured.
+///
+/// Each shard is a mutex over plain collections, so every operation is as atomic as a
+/// Lua script is on Redis; the worker registry is a `DashMap`. Completed records go to a
+/// per-shard crossbeam channel, the in-process counterpart of the Redis inbox stream:
+/// [`MemoryActiveStore::inbox`] hands its receiver to an archiver.
+///
+/// Time comes from a [`Clock`]; the default [`TokioClock`] follows tokio's clock, so
+/// tests can `tokio::time::pause()` and advance through lease expiry and backoff.
+#[derive(Debug)]
+pub struct MemoryActiveStore {
+    config: Config,
+    layout: Layout,
+    clock: Arc<dyn Clock>,
+    registry: Mutex<Registry>,
+    shards: Vec<Mutex<Shard>>,
+    inbox: Vec<(Sender<CompletedRecord>, Receiver<CompletedRecord>)>,
+    workers: DashMap<String, WorkerInfo>,
+}
+
+/// One shard's state: the same structures as its Redis keys.
+#[derive(Debug, Default)]
+struct Shard {
+    /// Materialised partitions (pending, claimed, running, failed).
+    active: HashMap<u64, Partition>,
+    /// Pending partitions by ready time.
+    pending: BTreeSet<(u64, u64)>,
+    /// Leased partitions by deadline.
+    leases: BTreeSet<(u64, u64)>,
+    /// Uniform plans known to this shard: first pid -> (last pid, next pid to consider).
+    cursors: Vec<(u64, u64, u64)>,
+    /// The completed index: pids ever completed here.
+    completed: HashSet<u64>,
+    /// The last fencing token handed out.
+    token: u64,
+}
+
+impl MemoryActiveStore {
+    /// An empty store with `config`, following tokio's clock.
+    pub fn new(config: Config) -> Result<Self> {
+        Self::with_clock(config, Arc::new(TokioClock::new()))
+    }
+
+    /// An empty store with `config` and `clock`.
+    pub fn with_clock(config: Config, clock: Arc<dyn Clock>) -> Result<Self> {
+        let layout = Layout::new(&config)?;
+        let n = config.num_shards as usize;
+        Ok(Self {
+            config,
+            layout,
+            clock,
+            registry: Mutex::new(Registry::default()),
+            shards: (0..n).map(|_| Mutex::new(Shard::default())).collect(),
+            inbox: (0..n).map(|_| crossbeam_channel::unbounded()).collect(),
+            workers: DashMap::new(),
+        })
+    }
+
+    /// The receiving end of `shard`'s inbox: every completed record, once, in completion
+    /// order. Clones share the queue (each record goes to one receiver).
+    pub fn inbox(&self, shard: u32) -> Option<Receiver<CompletedRecord>> {
+        self.inbox.get(shard as usize).map(|(_, rx)| rx.clone())
+    }
+
+    /// The store's settings.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    fn shard(&self, pid: u64) -> MutexGuard<'_, Shard> {
+        lock(&self.shards[self.layout.shard_of(pid) as usize])
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.now_ms()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock cannot leave a half-applied change behind (every
+    // operation validates before it mutates), so a poisoned lock is still usable.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Shard {
+    /// Leases `p` to `worker` with a fresh token (as `lua/claim.lua` does).
+    fn lease(&mut self, mut p: Partition, worker: &str, now: u64, deadline: u64) -> Lease {
+        self.token += 1;
+        p.status = Status::Claimed;
+        p.attempts += 1;
+        p.lease_token = Some(self.token);
+        p.deadline_ms = Some(deadline);
+        p.claimed_at_ms = Some(now);
+        p.updated_at_ms = now;
+        p.worker = Some(worker.to_owned());
+        self.leases.insert((deadline, p.pid));
+        let lease = Lease {
+            pid: p.pid,
+            token: self.token,
+            worker: worker.to_owned(),
+            min_id: p.min_id,
+            max_id: p.max_id,
+            attempt: p.attempts,
+            progress: p.progress,
+            deadline_ms: deadline,
+        };
+        self.active.insert(p.pid, p);
+        lease
+    }
+
+    fn leased(&mut self, lease: &Lease) -> Option<&mut Partition> {
+        self.active
+            .get_mut(&lease.pid)
+            .filter(|p| p.status.is_leased() && p.lease_token == Some(lease.token))
+    }
+
+    /// Moves a leased partition out of the lease index, to pending at `ready`.
+    fn requeue(&mut self, pid: u64, ready: u64, now: u64) {
+        if let Some(p) = self.active.get_mut(&pid) {
+            if let Some(deadline) = p.deadline_ms.take() {
+                self.leases.remove(&(deadline, pid));
+            }
+            p.status = Status::Pending;
+            p.updated_at_ms = now;
+            self.pending.insert((ready, pid));
+        }
+    }
+}
+
+#[async_trait]
+impl Planner for MemoryActiveStore {
+    async fn plan(&self, plan: &Plan) -> Result<PlanOutcome> {
+        let request = plans::validate(plan)?;
+        let now = self.now();
+        let mut registry = lock(&self.registry);
+        let outcome = registry.add(&request)?;
+        for entry in &outcome.entries {
+            if entry.explicit {
+                let pid = entry.plan.first_pid();
+                let mut shard = self.shard(pid);
+                if !shard.completed.contains(&pid) && !shard.active.contains_key(&pid) {
+                    let p = Partition::pending(pid, entry.plan.min(), entry.plan.max(), now);
+                    shard.active.insert(pid, p);
+                    shard.pending.insert((now, pid));
+                }
+            } else {
+                for shard in &self.shards {
+                    let mut shard = lock(shard);
+                    let (first, last) = (entry.plan.first_pid(), entry.plan.last_pid());
+                    if !shard.cursors.iter().any(|c| (c.0, c.1) == (first, last)) {
+                        shard.cursors.push((first, last, first));
+                    }
+                }
+            }
+        }
+        Ok(outcome)
+    }
+
+    async fn plans(&self) -> Result<Vec<PlanEntry>> {
+        Ok(lock(&self.registry).entries().to_vec())
+    }
+}
+
+#[async_trait]
+impl Leases for MemoryActiveStore {
+    async fn claim(&self, worker: &str, n: usize) -> Result<Vec<Lease>> {
+        plans::check_worker(worker)?;
+        let now = self.now();
+        let deadline = now + self.config.lease.as_millis() as u64;
+        let registry = lock(&self.registry).clone();
+        let mut out = Vec::with_capacity(n);
+        for shard_no in self.layout.claim_order(worker) {
+            if out.len() >= n {
+                break;
+            }
+            let mut guard = lock(&self.shards[shard_no as usize]);
+            let shard = &mut *guard;
+            // Ready retries first.
+            let ready: Vec<(u64, u64)> = shard
+                .pending
+                .range(..=(now, u64::MAX))
+                .take(n - out.len())
+                .copied()
+                .collect();
+            for key in ready {
+                shard.pending.remove(&key);
+                if let Some(p) = shard.active.remove(&key.1) {
+                    out.push(shard.lease(p, worker, now, deadline));
+                }
+            }
+            // Then fresh pids from the cursors.
+            for c in 0..shard.cursors.len() {
+                let (_, last, mut at) = shard.cursors[c];
+                at = self.layout.align(at, shard_no);
+                while out.len() < n && at <= last {
+                    let (min, max) = registry.range_of(at).ok_or_else(|| Error::Corrupt {
+                        key: "plans".into(),
+                        detail: format!("pid {at} is in a cursor but in no plan"),
+                    })?;
+                    out.push(shard.lease(
+                        Partition::pending(at, min, max, now),
+                        worker,
+                        now,
+                        deadline,
+                    ));
+                    at = self.layout.align(at + 1, shard_no);
+                }
+                shard.cursors[c].2 = at;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn heartbeat(&self, lease: &Lease, progress: u64) -> Result<()> {
+        let now = self.now();
+        let deadline = now + self.config.lease.as_millis() as u64;
+        let mut shard = self.shard(lease.pid);
+        let p = shard.leased(lease).ok_or_else(|| lost(lease))?;
+        let old = p.deadline_ms.replace(deadline);
+        p.status = Status::Running;
+        p.progress = progress;
+        p.updated_at_ms = now;
+        if let Some(old) = old {
+            shard.leases.remove(&(old, lease.pid));
+        }
+        shard.leases.insert((deadline, lease.pid));
+        Ok(())
+    }
+
+    async fn complete_many(&self, done: &[(Lease, u64)]) -> Result<Vec<Result<Completion>>> {
+        let now = self.now();
+        let mut out = Vec::with_capacity(done.len());
+        for (lease, duration_ms) in done {
+            let shard_no = self.layout.shard_of(lease.pid) as usize;
+            let mut shard = lock(&self.shards[shard_no]);
+            if shard.completed.contains(&lease.pid) {
+                out.push(Ok(Completion::Duplicate));
+                continue;
+            }
+            if shard.leased(lease).is_none() {
+                out.push(Err(lost(lease)));
+                continue;
+            }
+            let p = shard.active.remove(&lease.pid).expect("checked above");
+            if let Some(deadline) = p.deadline_ms {
+                shard.leases.remove(&(deadline, lease.pid));
+            }
+            shard.completed.insert(lease.pid);
+            let record = CompletedRecord {
+                pid: lease.pid,
+                min_id: p.min_id,
+                max_id: p.max_id,
+                worker: lease.worker.as_str().into(),
+                completed_at_ms: now,
+                duration_ms: *duration_ms,
+            };
+            // The receiver lives in `self`, so the channel cannot be disconnected.
+            let _ = self.inbox[shard_no].0.send(record);
+            out.push(Ok(Completion::Completed));
+        }
+        Ok(out)
+    }
+
+    async fn fail(&self, lease: &Lease, error: &str) -> Result<FailOutcome> {
+        let now = self.now();
+        let mut shard = self.shard(lease.pid);
+        let p = shard.leased(lease).ok_or_else(|| lost(lease))?;
+        p.last_error = Some(error.to_owned());
+        let attempts = p.attempts;
+        if attempts >= self.config.max_attempts {
+            p.status = Status::Failed;
+            p.updated_at_ms = now;
+            if let Some(deadline) = p.deadline_ms.take() {
+                shard.leases.remove(&(deadline, lease.pid));
+            }
+            return Ok(FailOutcome::Failed);
+        }
+        let ready_at_ms = now + self.config.backoff(attempts).as_millis() as u64;
+        shard.requeue(lease.pid, ready_at_ms, now);
+        Ok(FailOutcome::Retry { ready_at_ms })
+    }
+
+    async fn release(&self, lease: &Lease, progress: u64) -> Result<()> {
+        let now = self.now();
+        let mut shard = self.shard(lease.pid);
+        let p = shard.leased(lease).ok_or_else(|| lost(lease))?;
+        p.progress = progress;
+        shard.requeue(lease.pid, now, now);
+        Ok(())
+    }
+}
+
+fn lost(lease: &Lease) -> Error {
+    Error::LeaseLost {
+        pid: lease.pid,
+        token: lease.token,
+    }
+}
+
+#[async_trait]
+impl Maintenance for MemoryActiveStore {
+    async fn reap(&self, now_ms: u64) -> Result<Vec<u64>> {
+        let mut out = Vec::new();
+        for shard in &self.shards {
+            let mut shard = lock(shard);
+            let expired: Vec<u64> = shard
+                .leases
+                .range(..=(now_ms, u64::MAX))
+                .map(|&(_, pid)| pid)
+                .collect();
+            for pid in expired {
+                shard.requeue(pid, now_ms, now_ms);
+                out.push(pid);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn release_worker(&self, worker: &str) -> Result<Vec<u64>> {
+        let now = self.now();
+        let mut out = Vec::new();
+        for shard in &self.shards {
+            let mut shard = lock(shard);
+            let held: Vec<u64> = shard
+                .leases
+                .iter()
+                .map(|&(_, pid)| pid)
+                .filter(|pid| shard.active[pid].worker.as_deref() == Some(worker))
+                .collect();
+            for pid in held {
+                shard.requeue(pid, now, now);
+                out.push(pid);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn retry_failed(&self, pid: Option<u64>) -> Result<Vec<u64>> {
+        let now = self.now();
+        let mut out = Vec::new();
+        for shard in &self.shards {
+            let mut shard = lock(shard);
+            let failed: Vec<u64> = shard
+                .active
+                .values()
+                .filter(|p| p.status == Status::Failed && pid.is_none_or(|only| only == p.pid))
+                .map(|p| p.pid)
+                .collect();
+            for pid in failed {
+                let p = shard.active.get_mut(&pid).expect("listed above");
+                p.attempts = 0;
+                p.status = Status::Pending;
+                p.updated_at_ms = now;
+                shard.pending.insert((now, pid));
+                out.push(pid);
+            }
+        }
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    async fn discard(&self, pid: u64) -> Result<bool> {
+        let mut shard = self.shard(pid);
+        match shard.active.get(&pid).map(|p| p.status) {
+            None => Ok(false),
+            Some(status) if status.is_leased() => Err(Error::Leased(pid)),
+            Some(_) => {
+                shard.active.remove(&pid);
+                shard.pending.retain(|&(_, p)| p != pid);
+                Ok(true)
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl WorkerRegistry for MemoryActiveStore {
+    async fn worker_heartbeat(&self, mut info: WorkerInfo) -> Result<()> {
+        plans::check_worker(&info.id)?;
+        info.last_beat_ms = self.now();
+        self.workers.insert(info.id.clone(), info);
+        Ok(())
+    }
+
+    async fn workers(&self) -> Result<Vec<WorkerState>> {
+        let now = self.now();
+        let mut out: Vec<WorkerState> = self
+            .workers
+            .iter()
+            .map(|w| WorkerState {
+                active: self.config.worker_active(w.last_beat_ms, now),
+                info: w.value().clone(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.info.id.cmp(&b.info.id));
+        Ok(out)
+    }
+
+    async fn deregister(&self, worker: &str) -> Result<()> {
+        self.workers.remove(worker);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ActiveQuery for MemoryActiveStore {
+    async fn get(&self, pid: u64) -> Result<Option<Partition>> {
+        let shard_no = self.layout.shard_of(pid);
+        let shard = self.shard(pid);
+        if let Some(p) = shard.active.get(&pid) {
+            return Ok(Some(p.clone()));
+        }
+        let unissued = shard
+            .cursors
+            .iter()
+            .any(|&(_, last, at)| pid <= last && self.layout.align(at, shard_no) <= pid);
+        drop(shard);
+        if unissued {
+            let registry = lock(&self.registry);
+            if let Some((min, max)) = registry.range_of(pid) {
+                return Ok(Some(Partition::pending(pid, min, max, 0)));
+            }
+        }
+        Ok(None)
+    }
+
+    async fn all_active(&self) -> Result<ActiveSnapshot> {
+        let mut snapshot = ActiveSnapshot::default();
+        for (shard_no, shard) in self.shards.iter().enumerate() {
+            let shard = lock(shard);
+            snapshot.partitions.extend(shard.active.values().cloned());
+            for &(_, last, at) in &shard.cursors {
+                let at = self.layout.align(at, shard_no as u32);
+                let count = self.layout.count_in_shard(at, last, shard_no as u32);
+                if count > 0 {
+                    snapshot.unissued.push(Unissued {
+                        shard: shard_no as u32,
+                        next_pid: at,
+                        last_pid: last,
+                        count,
+                    });
+                }
+            }
+        }
+        snapshot.partitions.sort_by_key(|p| p.pid);
+        Ok(snapshot)
+    }
+
+    async fn counts(&self) -> Result<StatusCounts> {
+        let snapshot = self.all_active().await?;
+        Ok(plans::count(&snapshot))
+    }
+}

@@ -1,0 +1,959 @@
+//! The Redis backend: every state change is one Lua script on one shard's hash slot.
+
+mod conn;
+mod record;
+
+use std::sync::{Arc, LazyLock, OnceLock, RwLock};
+
+use async_trait::async_trait;
+use redis::aio::ConnectionLike;
+use redis::{AsyncCommands, Script};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
+use tranche_codec::{CompletedRecord, KeySchema, Partition};
+
+pub use conn::RedisConnection;
+use conn::retry;
+
+use crate::clock::{Clock, SystemClock};
+use crate::layout::Layout;
+use crate::model::{
+    ActiveSnapshot, Completion, Config, FailOutcome, Lease, Plan, PlanEntry, PlanOutcome,
+    StatusCounts, Unissued, WorkerInfo, WorkerState,
+};
+use crate::plans::{self, Registry, Request};
+use crate::store::{ActiveQuery, Leases, Maintenance, Planner, WorkerRegistry};
+use crate::{Error, Result};
+
+macro_rules! script {
+    ($name:literal) => {
+        LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!("../../lua/record.lua"),
+                include_str!(concat!("../../lua/", $name, ".lua"))
+            ))
+        })
+    };
+}
+
+static PLAN: LazyLock<Script> = script!("plan");
+static PLAN_CURSOR: LazyLock<Script> = script!("plan_cursor");
+static PLAN_RANGES: LazyLock<Script> = script!("plan_ranges");
+static CLAIM: LazyLock<Script> = script!("claim");
+static HEARTBEAT: LazyLock<Script> = script!("heartbeat");
+static COMPLETE: LazyLock<Script> = script!("complete");
+static FAIL: LazyLock<Script> = script!("fail");
+static RELEASE: LazyLock<Script> = script!("release");
+static REAP: LazyLock<Script> = script!("reap");
+static RETRY_FAILED: LazyLock<Script> = script!("retry_failed");
+static DISCARD: LazyLock<Script> = script!("discard");
+
+/// Every script with its source, for tests that check each keeps to one slot.
+pub fn scripts() -> Vec<(&'static str, &'static Script)> {
+    vec![
+        ("plan", &PLAN),
+        ("plan_cursor", &PLAN_CURSOR),
+        ("plan_ranges", &PLAN_RANGES),
+        ("claim", &CLAIM),
+        ("heartbeat", &HEARTBEAT),
+        ("complete", &COMPLETE),
+        ("fail", &FAIL),
+        ("release", &RELEASE),
+        ("reap", &REAP),
+        ("retry_failed", &RETRY_FAILED),
+        ("discard", &DISCARD),
+    ]
+}
+
+/// Items per script call at most (claims, completions): Lua's `unpack` is bounded, and
+/// one call should not hold Redis for long.
+const MAX_SCRIPT_BATCH: usize = 1000;
+
+/// Field/value pairs of a hash, as read.
+type Pairs = Vec<(String, String)>;
+
+/// Reply codes of the scripts (`record.lua`).
+const OK: i64 = 1;
+const DUPLICATE: i64 = 0;
+
+/// The active layer on Redis (standalone or cluster).
+///
+/// Keys per shard `s` of namespace `ns` all carry the tag `{ns:s}`: `active` (hash pid ->
+/// record), `pending` and `leases` (sorted sets by ready time and deadline), `plans` and
+/// `cursor` (the uniform plans this shard issues from, and how far), `seq` (fencing
+/// tokens), `completed:index` (bitmap) and `inbox` (stream of completed records: each
+/// entry's field `r` holds one or more records as JSON lines, one line per completion of
+/// a group commit). The namespace's plan registry is `{ns}:plans` and its workers
+/// `{ns}:workers`.
+///
+/// Generic over the connection so any multiplexed [`ConnectionLike`] works;
+/// [`RedisConnection`] picks standalone or cluster by asking the server.
+#[derive(Debug)]
+pub struct RedisActiveStore<C = RedisConnection> {
+    conn: C,
+    config: Config,
+    layout: Layout,
+    clock: Arc<dyn Clock>,
+    keys: Arc<[ShardKeys]>,
+    registry_key: String,
+    workers_key: String,
+    /// The plan registry as last read: pid -> range lookups without a round trip. Plans
+    /// are append-only, so a miss just means "read it again".
+    registry: Arc<RwLock<Registry>>,
+    /// Feeds the group-commit task, started by the first `complete`.
+    committer: OnceLock<mpsc::UnboundedSender<Waiting>>,
+}
+
+/// A completion waiting for the group-commit task, and where its outcome goes.
+type Waiting = (Lease, u64, oneshot::Sender<Result<Completion>>);
+
+/// Completions per script call at most.
+const MAX_GROUP: usize = 256;
+/// Group-commit script calls in flight at once. While they are, new completions queue
+/// and go out together in the next call: under load a call carries many completions,
+/// and alone a completion waits for nothing but its own round trip.
+const MAX_IN_FLIGHT: usize = 2;
+
+/// The keys of one shard, built once.
+#[derive(Debug, Clone)]
+struct ShardKeys {
+    active: String,
+    pending: String,
+    leases: String,
+    plans: String,
+    cursor: String,
+    seq: String,
+    index: String,
+    inbox: String,
+}
+
+impl ShardKeys {
+    fn new(schema: &KeySchema, shard: u32) -> Self {
+        Self {
+            active: schema.active(shard),
+            pending: schema.pending(shard),
+            leases: schema.leases(shard),
+            plans: schema.shard_key(shard, "plans"),
+            cursor: schema.shard_key(shard, "cursor"),
+            seq: schema.shard_key(shard, "seq"),
+            index: schema.completed_index(shard),
+            inbox: schema.inbox(shard),
+        }
+    }
+
+    /// Every key, for the one-slot test.
+    fn all(&self) -> [&str; 8] {
+        [
+            &self.active,
+            &self.pending,
+            &self.leases,
+            &self.plans,
+            &self.cursor,
+            &self.seq,
+            &self.index,
+            &self.inbox,
+        ]
+    }
+}
+
+impl<C> RedisActiveStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// A store over `conn` with `config`, on the system clock.
+    pub fn new(conn: C, config: Config) -> Result<Self> {
+        Self::with_clock(conn, config, Arc::new(SystemClock))
+    }
+
+    /// A store over `conn` with `config` and `clock`.
+    pub fn with_clock(conn: C, config: Config, clock: Arc<dyn Clock>) -> Result<Self> {
+        let layout = Layout::new(&config)?;
+        let schema = layout.schema();
+        Ok(Self {
+            keys: schema
+                .shards()
+                .map(|s| ShardKeys::new(schema, s))
+                .collect::<Vec<_>>()
+                .into(),
+            registry_key: schema.plans(),
+            workers_key: schema.workers(),
+            conn,
+            layout,
+            clock,
+            registry: Arc::default(),
+            committer: OnceLock::new(),
+            config,
+        })
+    }
+
+    /// A copy sharing everything but the group-commit channel, for the commit task (so
+    /// the task does not keep its own channel open).
+    fn detached(&self) -> Self {
+        Self {
+            conn: self.conn.clone(),
+            config: self.config.clone(),
+            layout: self.layout.clone(),
+            clock: self.clock.clone(),
+            keys: self.keys.clone(),
+            registry_key: self.registry_key.clone(),
+            workers_key: self.workers_key.clone(),
+            registry: self.registry.clone(),
+            committer: OnceLock::new(),
+        }
+    }
+
+    /// The sender of the group-commit task, starting the task on first use. The task
+    /// ends when the store is dropped (the channel closes) after its last batch.
+    fn committer(&self) -> &mpsc::UnboundedSender<Waiting> {
+        self.committer.get_or_init(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(self.detached().commit_loop(rx));
+            tx
+        })
+    }
+
+    async fn commit_loop(self, mut rx: mpsc::UnboundedReceiver<Waiting>) {
+        let this = Arc::new(self);
+        let mut in_flight = JoinSet::new();
+        while let Some(first) = rx.recv().await {
+            while in_flight.len() >= MAX_IN_FLIGHT {
+                in_flight.join_next().await;
+            }
+            let mut batch = vec![first];
+            while batch.len() < MAX_GROUP {
+                match rx.try_recv() {
+                    Ok(next) => batch.push(next),
+                    Err(_) => break,
+                }
+            }
+            let this = this.clone();
+            in_flight.spawn(async move {
+                let (done, replies): (Vec<(Lease, u64)>, Vec<_>) = batch
+                    .into_iter()
+                    .map(|(lease, ms, reply)| ((lease, ms), reply))
+                    .unzip();
+                match this.complete_now(&done).await {
+                    Ok(outcomes) => {
+                        for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                            let _ = reply.send(outcome);
+                        }
+                    }
+                    Err(err) => {
+                        let err = Arc::new(err);
+                        for reply in replies {
+                            let _ = reply.send(Err(Error::Shared(err.clone())));
+                        }
+                    }
+                }
+            });
+        }
+        while in_flight.join_next().await.is_some() {}
+    }
+
+    /// The store's settings.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Every key of `shard`, for tests and tools that check slot placement.
+    pub fn shard_keys(&self, shard: u32) -> Vec<String> {
+        self.keys[shard as usize]
+            .all()
+            .iter()
+            .map(|k| k.to_string())
+            .collect()
+    }
+
+    /// The inbox stream key of `shard`, where completed records arrive for the archiver.
+    pub fn inbox_key(&self, shard: u32) -> &str {
+        &self.keys[shard as usize].inbox
+    }
+
+    fn keys_of(&self, pid: u64) -> &ShardKeys {
+        &self.keys[self.layout.shard_of(pid) as usize]
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    fn deadline(&self, now: u64) -> u64 {
+        now + self.config.lease.as_millis() as u64
+    }
+
+    /// The bit of `pid` in its shard's dense completed index.
+    fn bit(&self, pid: u64) -> u64 {
+        self.layout.schema().bit_offset(pid)
+    }
+
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: &[String],
+    ) -> Result<T> {
+        Ok(retry(&self.conn, |mut conn| async move {
+            let mut call = script.prepare_invoke();
+            for key in keys {
+                call.key(*key);
+            }
+            for arg in args {
+                call.arg(arg.as_str());
+            }
+            call.invoke_async(&mut conn).await
+        })
+        .await?)
+    }
+
+    /// The range of `pid`, reading the registry again if the cache does not know it.
+    async fn range_of(&self, pid: u64) -> Result<(u64, u64)> {
+        if let Some(range) = read(&self.registry).range_of(pid) {
+            return Ok(range);
+        }
+        self.refresh_registry().await?;
+        read(&self.registry)
+            .range_of(pid)
+            .ok_or_else(|| Error::Corrupt {
+                key: self.registry_key.clone(),
+                detail: format!("pid {pid} is active but in no plan"),
+            })
+    }
+
+    async fn refresh_registry(&self) -> Result<Registry> {
+        let raw: Vec<String> = retry(&self.conn, |mut conn| {
+            let key = self.registry_key.clone();
+            async move { conn.lrange(key, 0, -1).await }
+        })
+        .await?;
+        let entries = raw
+            .iter()
+            .map(|e| record::parse_plan_entry(e).ok_or_else(|| self.corrupt_registry(e)))
+            .collect::<Result<Vec<_>>>()?;
+        let registry = Registry::from_entries(entries);
+        *self.registry.write().unwrap_or_else(|p| p.into_inner()) = registry.clone();
+        Ok(registry)
+    }
+
+    fn corrupt_registry(&self, entry: &str) -> Error {
+        Error::Corrupt {
+            key: self.registry_key.clone(),
+            detail: format!("unreadable plan entry {entry:?}"),
+        }
+    }
+
+    /// Turns a claim reply into leases.
+    async fn leases_from(
+        &self,
+        worker: &str,
+        deadline: u64,
+        reply: Vec<String>,
+    ) -> Result<Vec<Lease>> {
+        let mut out = Vec::with_capacity(reply.len() / 6);
+        for f in reply.chunks_exact(6) {
+            let pid = parse_u64(&f[0], "claim reply pid")?;
+            let (min_id, max_id) = if f[3].is_empty() {
+                self.range_of(pid).await?
+            } else {
+                (parse_u64(&f[3], "min")?, parse_u64(&f[4], "max")?)
+            };
+            out.push(Lease {
+                pid,
+                token: parse_u64(&f[1], "token")?,
+                worker: worker.to_owned(),
+                min_id,
+                max_id,
+                attempt: parse_u64(&f[2], "attempts")? as u32,
+                progress: if f[5].is_empty() {
+                    min_id
+                } else {
+                    parse_u64(&f[5], "progress")?
+                },
+                deadline_ms: deadline,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn per_shard_pids(&self, script: &Script, args: &[String]) -> Result<Vec<u64>> {
+        let mut out = Vec::new();
+        for keys in self.keys.iter() {
+            let reply: Vec<String> = self
+                .invoke(script, &[&keys.active, &keys.leases, &keys.pending], args)
+                .await?;
+            for pid in reply {
+                out.push(parse_u64(&pid, "pid")?);
+            }
+        }
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    /// One shard's materialised partitions and unissued runs, in one pipeline.
+    async fn shard_snapshot(&self, shard: u32, registry: &Registry) -> Result<ActiveSnapshot> {
+        let keys = &self.keys[shard as usize];
+        let (active, plans, cursor): (Pairs, Vec<String>, Pairs) =
+            retry(&self.conn, |mut conn| async move {
+                redis::pipe()
+                    .hgetall(&keys.active)
+                    .lrange(&keys.plans, 0, -1)
+                    .hgetall(&keys.cursor)
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await?;
+        let mut snapshot = ActiveSnapshot::default();
+        for (pid, rec) in &active {
+            let pid = parse_u64(pid, "active pid")?;
+            let p = record::parse(pid, rec, |pid| registry.range_of(pid)).ok_or_else(|| {
+                Error::Corrupt {
+                    key: format!("{} {pid}", keys.active),
+                    detail: format!("unreadable record {rec:?}"),
+                }
+            })?;
+            snapshot.partitions.push(p);
+        }
+        for (_, last, at) in self.cursors(shard, &plans, &cursor)? {
+            let count = self.layout.count_in_shard(at, last, shard);
+            if count > 0 {
+                snapshot.unissued.push(Unissued {
+                    shard,
+                    next_pid: at,
+                    last_pid: last,
+                    count,
+                });
+            }
+        }
+        Ok(snapshot)
+    }
+
+    /// A shard's uniform plans as (first pid, last pid, next pid it will issue), from its
+    /// `plans` list and `cursor` hash.
+    fn cursors(
+        &self,
+        shard: u32,
+        plans: &[String],
+        cursor: &Pairs,
+    ) -> Result<Vec<(u64, u64, u64)>> {
+        let keys = &self.keys[shard as usize];
+        plans
+            .iter()
+            .map(|entry| {
+                let (first, last) =
+                    record::parse_cursor_plan(entry).ok_or_else(|| Error::Corrupt {
+                        key: keys.plans.clone(),
+                        detail: format!("unreadable entry {entry:?}"),
+                    })?;
+                let at = cursor
+                    .iter()
+                    .find(|(f, _)| f.parse() == Ok(first))
+                    .map(|(_, at)| parse_u64(at, &keys.cursor))
+                    .transpose()?
+                    .unwrap_or(first);
+                Ok((first, last, self.layout.align(at, shard)))
+            })
+            .collect()
+    }
+
+    /// Completes `done` now: one `complete` script call per shard involved.
+    async fn complete_now(&self, done: &[(Lease, u64)]) -> Result<Vec<Result<Completion>>> {
+        let now = self.now();
+        let mut out: Vec<Option<Result<Completion>>> = (0..done.len()).map(|_| None).collect();
+        // Group by shard: one script call per shard, whatever the number of completions.
+        let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); self.keys.len()];
+        for (i, (lease, _)) in done.iter().enumerate() {
+            by_shard[self.layout.shard_of(lease.pid) as usize].push(i);
+        }
+        for (shard, members) in by_shard.iter().enumerate() {
+            if members.is_empty() {
+                continue;
+            }
+            let keys = &self.keys[shard];
+            for chunk in members.chunks(MAX_SCRIPT_BATCH) {
+                let mut args = Vec::with_capacity(chunk.len() * 4);
+                for &i in chunk {
+                    let (lease, duration_ms) = &done[i];
+                    let record = CompletedRecord {
+                        pid: lease.pid,
+                        min_id: lease.min_id,
+                        max_id: lease.max_id,
+                        worker: lease.worker.as_str().into(),
+                        completed_at_ms: now,
+                        duration_ms: *duration_ms,
+                    };
+                    args.push(lease.pid.to_string());
+                    args.push(lease.token.to_string());
+                    args.push(self.bit(lease.pid).to_string());
+                    args.push(tranche_codec::encode_json(&record));
+                }
+                let reply: Vec<i64> = self
+                    .invoke(
+                        &COMPLETE,
+                        &[&keys.active, &keys.leases, &keys.index, &keys.inbox],
+                        &args,
+                    )
+                    .await?;
+                for (&i, code) in chunk.iter().zip(reply) {
+                    out[i] = Some(match code {
+                        OK => Ok(Completion::Completed),
+                        DUPLICATE => Ok(Completion::Duplicate),
+                        _ => Err(lost(&done[i].0)),
+                    });
+                }
+            }
+        }
+        out.into_iter()
+            .zip(done)
+            .map(|(o, (lease, _))| {
+                o.ok_or_else(|| Error::Corrupt {
+                    key: self.keys_of(lease.pid).active.clone(),
+                    detail: "complete script replied for fewer leases than sent".into(),
+                })
+            })
+            .collect()
+    }
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn parse_u64(s: &str, what: &str) -> Result<u64> {
+    s.parse().map_err(|_| Error::Corrupt {
+        key: what.to_owned(),
+        detail: format!("{s:?} is not a u64"),
+    })
+}
+
+fn plan_error(err: redis::RedisError) -> Error {
+    match err.code() {
+        Some("PLAN") => Error::InvalidPlan(err.detail().unwrap_or_default().to_owned()),
+        _ => Error::Redis(err),
+    }
+}
+
+#[async_trait]
+impl<C> Planner for RedisActiveStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn plan(&self, plan: &Plan) -> Result<PlanOutcome> {
+        let request = plans::validate(plan)?;
+        let args: Vec<String> = match &request {
+            Request::Uniform {
+                min,
+                max,
+                size,
+                count,
+            } => {
+                vec![
+                    "u".into(),
+                    min.to_string(),
+                    max.to_string(),
+                    size.to_string(),
+                    count.to_string(),
+                ]
+            }
+            Request::Ranges(ranges) => std::iter::once("r".to_owned())
+                .chain(ranges.iter().flat_map(|&(min, max)| {
+                    [
+                        min.to_string(),
+                        max.to_string(),
+                        (max - min + 1).to_string(),
+                    ]
+                }))
+                .collect(),
+        };
+        // Step 1, atomic on the registry's slot: validate and record. A rejected plan
+        // stops here with nothing written.
+        let reply: Vec<String> = match self.invoke(&PLAN, &[&self.registry_key], &args).await {
+            Err(Error::Redis(err)) => return Err(plan_error(err)),
+            other => other?,
+        };
+        let created = reply.first().map(String::as_str) == Some("1");
+        let mut entries = Vec::new();
+        for f in reply[1..].chunks_exact(5) {
+            let n: Vec<u64> = f
+                .iter()
+                .map(|s| parse_u64(s, "plan reply"))
+                .collect::<Result<_>>()?;
+            let plan = tranche_codec::Plan::new(n[0], n[2], n[3], n[4])
+                .map_err(|err| Error::InvalidPlan(err.to_string()))?;
+            entries.push(PlanEntry {
+                plan,
+                explicit: matches!(request, Request::Ranges(_)),
+            });
+        }
+        // Step 2, per shard: make the plan claimable. Idempotent, so a crash between the
+        // steps is repaired by planning again (which is then a no-op in step 1).
+        let now = self.now().to_string();
+        for entry in &entries {
+            let p = &entry.plan;
+            if entry.explicit {
+                let pid = p.first_pid();
+                let keys = self.keys_of(pid);
+                let args = [
+                    now.clone(),
+                    pid.to_string(),
+                    p.min().to_string(),
+                    p.max().to_string(),
+                    self.bit(pid).to_string(),
+                ];
+                let _: i64 = self
+                    .invoke(
+                        &PLAN_RANGES,
+                        &[&keys.active, &keys.pending, &keys.index],
+                        &args,
+                    )
+                    .await?;
+            } else {
+                let arg = [format!("{}|{}", p.first_pid(), p.last_pid())];
+                for keys in self.keys.iter() {
+                    let _: i64 = self.invoke(&PLAN_CURSOR, &[&keys.plans], &arg).await?;
+                }
+            }
+        }
+        self.refresh_registry().await?;
+        Ok(PlanOutcome { entries, created })
+    }
+
+    async fn plans(&self) -> Result<Vec<PlanEntry>> {
+        Ok(self.refresh_registry().await?.entries().to_vec())
+    }
+}
+
+#[async_trait]
+impl<C> Leases for RedisActiveStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn claim(&self, worker: &str, n: usize) -> Result<Vec<Lease>> {
+        plans::check_worker(worker)?;
+        let now = self.now();
+        let deadline = self.deadline(now);
+        let mut out = Vec::new();
+        for shard in self.layout.claim_order(worker) {
+            if out.len() >= n {
+                break;
+            }
+            let keys = &self.keys[shard as usize];
+            let args = [
+                worker.to_owned(),
+                (n - out.len()).min(MAX_SCRIPT_BATCH).to_string(),
+                now.to_string(),
+                deadline.to_string(),
+                shard.to_string(),
+                self.layout.shards().to_string(),
+                self.layout.per_batch().to_string(),
+            ];
+            let reply: Vec<String> = self
+                .invoke(
+                    &CLAIM,
+                    &[
+                        &keys.active,
+                        &keys.pending,
+                        &keys.leases,
+                        &keys.plans,
+                        &keys.cursor,
+                        &keys.seq,
+                    ],
+                    &args,
+                )
+                .await?;
+            out.extend(self.leases_from(worker, deadline, reply).await?);
+        }
+        Ok(out)
+    }
+
+    async fn heartbeat(&self, lease: &Lease, progress: u64) -> Result<()> {
+        let now = self.now();
+        let keys = self.keys_of(lease.pid);
+        let args = [
+            now.to_string(),
+            self.deadline(now).to_string(),
+            lease.pid.to_string(),
+            lease.token.to_string(),
+            progress.to_string(),
+        ];
+        let reply: Vec<i64> = self
+            .invoke(&HEARTBEAT, &[&keys.active, &keys.leases], &args)
+            .await?;
+        match reply.first() {
+            Some(&OK) => Ok(()),
+            _ => Err(lost(lease)),
+        }
+    }
+
+    async fn complete(&self, lease: &Lease, duration_ms: u64) -> Result<Completion> {
+        let (tx, rx) = oneshot::channel();
+        if self
+            .committer()
+            .send((lease.clone(), duration_ms, tx))
+            .is_err()
+        {
+            // The commit task is gone (its runtime shut down): complete directly.
+            let mut out = self.complete_now(&[(lease.clone(), duration_ms)]).await?;
+            return out.pop().expect("one outcome per completion");
+        }
+        match rx.await {
+            Ok(outcome) => outcome,
+            Err(_) => self
+                .complete_now(&[(lease.clone(), duration_ms)])
+                .await?
+                .pop()
+                .expect("one outcome"),
+        }
+    }
+
+    async fn complete_many(&self, done: &[(Lease, u64)]) -> Result<Vec<Result<Completion>>> {
+        self.complete_now(done).await
+    }
+
+    async fn fail(&self, lease: &Lease, error: &str) -> Result<FailOutcome> {
+        let keys = self.keys_of(lease.pid);
+        let args = [
+            lease.pid.to_string(),
+            lease.token.to_string(),
+            self.now().to_string(),
+            error.to_owned(),
+            self.config.max_attempts.to_string(),
+            self.config.backoff_base.as_millis().to_string(),
+            self.config.backoff_max.as_millis().to_string(),
+        ];
+        let reply: Vec<i64> = self
+            .invoke(&FAIL, &[&keys.active, &keys.leases, &keys.pending], &args)
+            .await?;
+        match reply.as_slice() {
+            [OK, -1] => Ok(FailOutcome::Failed),
+            [OK, ready] => Ok(FailOutcome::Retry {
+                ready_at_ms: *ready as u64,
+            }),
+            _ => Err(lost(lease)),
+        }
+    }
+
+    async fn release(&self, lease: &Lease, progress: u64) -> Result<()> {
+        let keys = self.keys_of(lease.pid);
+        let args = [
+            self.now().to_string(),
+            lease.pid.to_string(),
+            lease.token.to_string(),
+            progress.to_string(),
+        ];
+        let reply: Vec<i64> = self
+            .invoke(
+                &RELEASE,
+                &[&keys.active, &keys.leases, &keys.pending],
+                &args,
+            )
+            .await?;
+        match reply.first() {
+            Some(&OK) => Ok(()),
+            _ => Err(lost(lease)),
+        }
+    }
+}
+
+fn lost(lease: &Lease) -> Error {
+    Error::LeaseLost {
+        pid: lease.pid,
+        token: lease.token,
+    }
+}
+
+/// Leases reaped per shard per script call: bounds the time one call holds Redis.
+const REAP_BATCH: usize = 1000;
+
+#[async_trait]
+impl<C> Maintenance for RedisActiveStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn reap(&self, now_ms: u64) -> Result<Vec<u64>> {
+        let args = [now_ms.to_string(), REAP_BATCH.to_string(), String::new()];
+        let mut all = Vec::new();
+        loop {
+            let batch = self.per_shard_pids(&REAP, &args).await?;
+            let done = batch.len() < REAP_BATCH;
+            all.extend(batch);
+            if done {
+                break;
+            }
+        }
+        all.sort_unstable();
+        Ok(all)
+    }
+
+    async fn release_worker(&self, worker: &str) -> Result<Vec<u64>> {
+        plans::check_worker(worker)?;
+        let args = [self.now().to_string(), "0".to_owned(), worker.to_owned()];
+        self.per_shard_pids(&REAP, &args).await
+    }
+
+    async fn retry_failed(&self, pid: Option<u64>) -> Result<Vec<u64>> {
+        let args = [
+            self.now().to_string(),
+            pid.map(|p| p.to_string()).unwrap_or_default(),
+        ];
+        let shards: Vec<&ShardKeys> = match pid {
+            Some(pid) => vec![self.keys_of(pid)],
+            None => self.keys.iter().collect(),
+        };
+        let mut out = Vec::new();
+        for keys in shards {
+            let reply: Vec<String> = self
+                .invoke(&RETRY_FAILED, &[&keys.active, &keys.pending], &args)
+                .await?;
+            for pid in reply {
+                out.push(parse_u64(&pid, "pid")?);
+            }
+        }
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    async fn discard(&self, pid: u64) -> Result<bool> {
+        let keys = self.keys_of(pid);
+        let code: i64 = self
+            .invoke(&DISCARD, &[&keys.active, &keys.pending], &[pid.to_string()])
+            .await?;
+        match code {
+            1 => Ok(true),
+            0 => Ok(false),
+            _ => Err(Error::Leased(pid)),
+        }
+    }
+}
+
+#[async_trait]
+impl<C> WorkerRegistry for RedisActiveStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn worker_heartbeat(&self, mut info: WorkerInfo) -> Result<()> {
+        plans::check_worker(&info.id)?;
+        info.last_beat_ms = self.now();
+        let json = serde_json::to_string(&info).expect("WorkerInfo serialises");
+        let key = &self.workers_key;
+        let id = &info.id;
+        retry(&self.conn, |mut conn| {
+            let json = json.clone();
+            async move { conn.hset::<_, _, _, ()>(key, id, json).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn workers(&self) -> Result<Vec<WorkerState>> {
+        let key = &self.workers_key;
+        let raw: Vec<(String, String)> =
+            retry(
+                &self.conn,
+                |mut conn| async move { conn.hgetall(key).await },
+            )
+            .await?;
+        let now = self.now();
+        let mut out = Vec::with_capacity(raw.len());
+        for (id, json) in raw {
+            let info: WorkerInfo = serde_json::from_str(&json).map_err(|err| Error::Corrupt {
+                key: format!("{key} {id}"),
+                detail: err.to_string(),
+            })?;
+            out.push(WorkerState {
+                active: self.config.worker_active(info.last_beat_ms, now),
+                info,
+            });
+        }
+        out.sort_by(|a, b| a.info.id.cmp(&b.info.id));
+        Ok(out)
+    }
+
+    async fn deregister(&self, worker: &str) -> Result<()> {
+        let key = &self.workers_key;
+        retry(&self.conn, |mut conn| async move {
+            conn.hdel::<_, _, ()>(key, worker).await
+        })
+        .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl<C> ActiveQuery for RedisActiveStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn get(&self, pid: u64) -> Result<Option<Partition>> {
+        let shard = self.layout.shard_of(pid);
+        let keys = &self.keys[shard as usize];
+        // One round trip: the record, and the cursors in case it is not issued yet.
+        let (rec, plans, cursor): (Option<String>, Vec<String>, Pairs) =
+            retry(&self.conn, |mut conn| async move {
+                redis::pipe()
+                    .hget(&keys.active, pid)
+                    .lrange(&keys.plans, 0, -1)
+                    .hgetall(&keys.cursor)
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await?;
+        if let Some(rec) = rec {
+            let registry = read(&self.registry).clone();
+            let mut p = record::parse(pid, &rec, |pid| registry.range_of(pid));
+            if p.is_none() {
+                let registry = self.refresh_registry().await?;
+                p = record::parse(pid, &rec, |pid| registry.range_of(pid));
+            }
+            return p.map(Some).ok_or_else(|| Error::Corrupt {
+                key: format!("{} {pid}", keys.active),
+                detail: format!("unreadable record {rec:?}"),
+            });
+        }
+        let unissued = self
+            .cursors(shard, &plans, &cursor)?
+            .into_iter()
+            .any(|(first, last, at)| (first..=last).contains(&pid) && at <= pid);
+        if unissued {
+            let (min, max) = self.range_of(pid).await?;
+            return Ok(Some(Partition::pending(pid, min, max, 0)));
+        }
+        Ok(None)
+    }
+
+    async fn all_active(&self) -> Result<ActiveSnapshot> {
+        let registry = self.refresh_registry().await?;
+        let mut snapshot = ActiveSnapshot::default();
+        for shard in 0..self.layout.shards() {
+            let part = self.shard_snapshot(shard, &registry).await?;
+            snapshot.partitions.extend(part.partitions);
+            snapshot.unissued.extend(part.unissued);
+        }
+        snapshot.partitions.sort_by_key(|p| p.pid);
+        Ok(snapshot)
+    }
+
+    async fn counts(&self) -> Result<StatusCounts> {
+        Ok(plans::count(&self.all_active().await?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_shard_key_hashes_to_one_slot() {
+        for shards in [1u32, 4, 16, 1024] {
+            let schema = KeySchema::new("elk", shards).unwrap();
+            for s in [0, shards / 2, shards - 1] {
+                let keys = ShardKeys::new(&schema, s);
+                let slot = tranche_codec::key_slot(&keys.active);
+                assert!(
+                    keys.all()
+                        .iter()
+                        .all(|k| tranche_codec::key_slot(k) == slot),
+                    "{keys:?}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! The active layer's capability traits. Callers hold `Arc<dyn ActiveStore>`; a piece
+//! that only claims work can take `&dyn Leases`.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tranche_codec::Partition;
+
+use crate::Result;
+use crate::model::{
+    ActiveSnapshot, Completion, FailOutcome, Lease, Plan, PlanEntry, PlanOutcome, StatusCounts,
+    WorkerInfo, WorkerState,
+};
+
+/// Plans: the generators of partitions.
+#[async_trait]
+pub trait Planner: Send + Sync {
+    /// Adds a plan. Validated first (`max >= min`, `size > 0`, no overlap with another
+    /// plan); a rejected plan writes nothing, and the same plan twice is a no-op.
+    async fn plan(&self, plan: &Plan) -> Result<PlanOutcome>;
+
+    /// Every plan entry of the namespace, by first pid.
+    async fn plans(&self) -> Result<Vec<PlanEntry>>;
+}
+
+/// The lease lifecycle: claim, heartbeat, then complete, fail or release.
+#[async_trait]
+pub trait Leases: Send + Sync {
+    /// Claims up to `n` partitions for `worker`: ready retries first, then fresh pids.
+    /// One round trip per shard visited; starts at a shard derived from the worker id
+    /// and moves on only while it has fewer than `n`. Empty when there is no work.
+    async fn claim(&self, worker: &str, n: usize) -> Result<Vec<Lease>>;
+
+    /// Renews `lease` and stores `progress` (every ID below it is done) as its
+    /// checkpoint. [`Error::LeaseLost`](crate::Error::LeaseLost) if the token is stale.
+    async fn heartbeat(&self, lease: &Lease, progress: u64) -> Result<()>;
+
+    /// Completes `lease`: the partition leaves the active set, its completed-index bit is
+    /// set and its record goes to the archive inbox, atomically.
+    async fn complete(&self, lease: &Lease, duration_ms: u64) -> Result<Completion> {
+        let mut out = self.complete_many(&[(lease.clone(), duration_ms)]).await?;
+        out.pop().expect("one outcome per completion")
+    }
+
+    /// Completes many leases at once (group commit): one round trip per shard. Each
+    /// completion has its own outcome; the outer error is for the store as a whole.
+    async fn complete_many(&self, done: &[(Lease, u64)]) -> Result<Vec<Result<Completion>>>;
+
+    /// Reports a failed attempt: retried after a backoff, or failed once `max_attempts`
+    /// were spent.
+    async fn fail(&self, lease: &Lease, error: &str) -> Result<FailOutcome>;
+
+    /// Gives `lease` back before its deadline with checkpoint `progress` (graceful
+    /// shutdown): pending again at once, and the next claimant resumes from `progress`.
+    async fn release(&self, lease: &Lease, progress: u64) -> Result<()>;
+}
+
+/// Housekeeping that keeps the active set moving when workers die or give up.
+#[async_trait]
+pub trait Maintenance: Send + Sync {
+    /// Returns every lease whose deadline is at or before `now_ms` to pending, checkpoint
+    /// kept. Scans only the lease index up to `now_ms`. Idempotent. Returns the pids.
+    async fn reap(&self, now_ms: u64) -> Result<Vec<u64>>;
+
+    /// Releases every lease `worker` holds, whatever its deadline (the worker was found
+    /// inactive). Returns the pids.
+    async fn release_worker(&self, worker: &str) -> Result<Vec<u64>>;
+
+    /// Puts failed partitions back to pending with a fresh attempt budget: one pid, or
+    /// every failed partition. Returns the pids.
+    async fn retry_failed(&self, pid: Option<u64>) -> Result<Vec<u64>>;
+
+    /// Drops a failed or pending partition from the active set for good. False if the
+    /// pid was not active; [`Error::Leased`](crate::Error::Leased) if a worker holds it.
+    async fn discard(&self, pid: u64) -> Result<bool>;
+}
+
+/// The worker registry.
+#[async_trait]
+pub trait WorkerRegistry: Send + Sync {
+    /// Registers or refreshes a worker; `last_beat_ms` is set from the store's clock.
+    async fn worker_heartbeat(&self, info: WorkerInfo) -> Result<()>;
+
+    /// Every registered worker, inactive ones marked.
+    async fn workers(&self) -> Result<Vec<WorkerState>>;
+
+    /// Forgets a worker (it stopped cleanly).
+    async fn deregister(&self, worker: &str) -> Result<()>;
+}
+
+/// Reads of the active layer, for the router and the operator.
+#[async_trait]
+pub trait ActiveQuery: Send + Sync {
+    /// The partition if it is active, or planned and not yet issued (then pending, with
+    /// no attempts). `None` for a pid that is completed, discarded or never planned.
+    async fn get(&self, pid: u64) -> Result<Option<Partition>>;
+
+    /// Every materialised partition plus a summary of the unissued plan ranges.
+    async fn all_active(&self) -> Result<ActiveSnapshot>;
+
+    /// Partitions by status.
+    async fn counts(&self) -> Result<StatusCounts>;
+}
+
+/// The whole active layer: what the router and the worker binary hold.
+pub trait ActiveStore: Planner + Leases + Maintenance + WorkerRegistry + ActiveQuery {}
+
+impl<T: Planner + Leases + Maintenance + WorkerRegistry + ActiveQuery + ?Sized> ActiveStore for T {}
+
+macro_rules! forward {
+    ($($ptr:ty),*) => {$(
+        #[async_trait]
+        impl<T: Planner + ?Sized> Planner for $ptr {
+            async fn plan(&self, plan: &Plan) -> Result<PlanOutcome> { (**self).plan(plan).await }
+            async fn plans(&self) -> Result<Vec<PlanEntry>> { (**self).plans().await }
+        }
+
+        #[async_trait]
+        impl<T: Leases + ?Sized> Leases for $ptr {
+            async fn claim(&self, worker: &str, n: usize) -> Result<Vec<Lease>> {
+                (**self).claim(worker, n).await
+            }
+            async fn heartbeat(&self, lease: &Lease, progress: u64) -> Result<()> {
+                (**self).heartbeat(lease, progress).await
+            }
+            async fn complete(&self, lease: &Lease, duration_ms: u64) -> Result<Completion> {
+                (**self).complete(lease, duration_ms).await
+            }
+            async fn complete_many(&self, done: &[(Lease, u64)]) -> Result<Vec<Result<Completion>>> {
+                (**self).complete_many(done).await
+            }
+            async fn fail(&self, lease: &Lease, error: &str) -> Result<FailOutcome> {
+                (**self).fail(lease, error).await
+            }
+            async fn release(&self, lease: &Lease, progress: u64) -> Result<()> {
+                (**self).release(lease, progress).await
+            }
+        }
+
+        #[async_trait]
+        impl<T: Maintenance + ?Sized> Maintenance for $ptr {
+            async fn reap(&self, now_ms: u64) -> Result<Vec<u64>> { (**self).reap(now_ms).await }
+            async fn release_worker(&self, worker: &str) -> Result<Vec<u64>> {
+                (**self).release_worker(worker).await
+            }
+            async fn retry_failed(&self, pid: Option<u64>) -> Result<Vec<u64>> {
+                (**self).retry_failed(pid).await
+            }
+            async fn discard(&self, pid: u64) -> Result<bool> { (**self).discard(pid).await }
+        }
+
+        #[async_trait]
+        impl<T: WorkerRegistry + ?Sized> WorkerRegistry for $ptr {
+            async fn worker_heartbeat(&self, info: WorkerInfo) -> Result<()> {
+                (**self).worker_heartbeat(info).await
+            }
+            async fn workers(&self) -> Result<Vec<WorkerState>> { (**self).workers().await }
+            async fn deregister(&self, worker: &str) -> Result<()> {
+                (**self).deregister(worker).await
+            }
+        }
+
+        #[async_trait]
+        impl<T: ActiveQuery + ?Sized> ActiveQuery for $ptr {
+            async fn get(&self, pid: u64) -> Result<Option<Partition>> { (**self).get(pid).await }
+            async fn all_active(&self) -> Result<ActiveSnapshot> { (**self).all_active().await }
+            async fn counts(&self) -> Result<StatusCounts> { (**self).counts().await }
+        }
+    )*};
+}
+
+forward!(Arc<T>, Box<T>);

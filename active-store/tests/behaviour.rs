@@ -1,0 +1,585 @@
+//! One behaviour suite for the active store, run against every backend: memory, a private
+//! standalone Redis, and a private one-node Redis Cluster (where a script touching keys
+//! of two slots fails with CROSSSLOT), each at 1 and 4 shards.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use tranche_active_store::{
+    ActiveStore, Completion, Config, Error, FailOutcome, Lease, ManualClock, MemoryActiveStore,
+    Plan, RedisActiveStore, RedisConnection, WorkerInfo,
+};
+use tranche_codec::{CompletedRecord, Status, decode_json};
+
+use support::TestRedis;
+
+const T0: u64 = 1_719_234_405_000;
+
+/// A store under test, its clock, and a way to read its inbox.
+struct Harness {
+    store: Arc<dyn ActiveStore>,
+    clock: Arc<ManualClock>,
+    config: Config,
+    backend: Backend,
+    seen: std::sync::Mutex<Vec<CompletedRecord>>,
+}
+
+enum Backend {
+    Memory(Arc<MemoryActiveStore>),
+    Redis(#[allow(dead_code)] TestRedis, RedisConnection),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Memory,
+    Redis,
+    Cluster,
+}
+
+impl Harness {
+    async fn new(kind: Kind, shards: u32) -> Self {
+        Self::with(
+            kind,
+            Config {
+                num_shards: shards,
+                lease: Duration::from_secs(30),
+                max_attempts: 3,
+                backoff_base: Duration::from_secs(1),
+                backoff_max: Duration::from_secs(60),
+                ..Config::default()
+            },
+        )
+        .await
+    }
+
+    async fn with(kind: Kind, config: Config) -> Self {
+        let clock = Arc::new(ManualClock::new(T0));
+        let (store, backend): (Arc<dyn ActiveStore>, Backend) = match kind {
+            Kind::Memory => {
+                let store =
+                    Arc::new(MemoryActiveStore::with_clock(config.clone(), clock.clone()).unwrap());
+                (store.clone(), Backend::Memory(store))
+            }
+            Kind::Redis | Kind::Cluster => {
+                let server = if matches!(kind, Kind::Cluster) {
+                    TestRedis::start_cluster()
+                } else {
+                    TestRedis::start()
+                };
+                let conn = RedisConnection::connect(&server.url()).await.unwrap();
+                assert_eq!(conn.is_cluster(), matches!(kind, Kind::Cluster));
+                let store =
+                    RedisActiveStore::with_clock(conn.clone(), config.clone(), clock.clone())
+                        .unwrap();
+                (Arc::new(store), Backend::Redis(server, conn))
+            }
+        };
+        Self {
+            store,
+            clock,
+            config,
+            backend,
+            seen: Default::default(),
+        }
+    }
+
+    /// Every record in every shard's inbox, oldest first per shard.
+    async fn inbox(&self) -> Vec<CompletedRecord> {
+        let mut out = Vec::new();
+        match &self.backend {
+            Backend::Memory(store) => {
+                // Reading a channel consumes it, so the harness keeps what it read.
+                let mut seen = self.seen.lock().unwrap();
+                for shard in 0..self.config.num_shards {
+                    seen.extend(store.inbox(shard).unwrap().try_iter());
+                }
+                out = seen.clone();
+            }
+            Backend::Redis(_, conn) => {
+                let schema =
+                    tranche_codec::KeySchema::new(&self.config.namespace, self.config.num_shards)
+                        .unwrap();
+                let mut conn = conn.clone();
+                for shard in schema.shards() {
+                    let reply: redis::streams::StreamRangeReply =
+                        conn.xrange_all(schema.inbox(shard)).await.unwrap();
+                    for entry in reply.ids {
+                        let lines: String = entry.get("r").unwrap();
+                        out.extend(lines.lines().map(|json| decode_json(json).unwrap()));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+fn uniform(min: u64, max: u64, size: u64) -> Plan {
+    Plan::Uniform { min, max, size }
+}
+
+fn lost(err: Error) -> bool {
+    matches!(err, Error::LeaseLost { .. })
+}
+
+/// Generates one `#[tokio::test]` per backend and shard count for each check.
+macro_rules! suite {
+    ($($check:ident),* $(,)?) => {
+        mod memory_1 { $( #[tokio::test(flavor = "current_thread")] async fn $check() { super::$check(super::Harness::new(super::Kind::Memory, 1).await).await } )* }
+        mod memory_4 { $( #[tokio::test(flavor = "current_thread")] async fn $check() { super::$check(super::Harness::new(super::Kind::Memory, 4).await).await } )* }
+        mod redis_1 { $( #[tokio::test] async fn $check() { super::$check(super::Harness::new(super::Kind::Redis, 1).await).await } )* }
+        mod redis_4 { $( #[tokio::test] async fn $check() { super::$check(super::Harness::new(super::Kind::Redis, 4).await).await } )* }
+        mod cluster_4 { $( #[tokio::test] async fn $check() { super::$check(super::Harness::new(super::Kind::Cluster, 4).await).await } )* }
+    };
+}
+
+suite!(
+    plan_validation,
+    plans_are_generators,
+    explicit_ranges,
+    claim_order,
+    claims_hand_out_each_pid_once,
+    lease_expiry_resumes_from_checkpoint,
+    fencing,
+    duplicate_completion,
+    retry_backoff_and_dead,
+    retry_failed_and_discard,
+    worker_registry,
+    reaper_is_idempotent,
+    queries,
+);
+
+async fn plan_validation(h: Harness) {
+    let s = &h.store;
+    for bad in [
+        uniform(10, 9, 1),
+        uniform(1, 10, 0),
+        Plan::Ranges(vec![]),
+        Plan::Ranges(vec![1..=5, 5..=9]),
+    ] {
+        let err = s.plan(&bad).await.unwrap_err();
+        assert!(matches!(err, Error::InvalidPlan(_)), "{bad:?}: {err}");
+    }
+    assert!(
+        s.plans().await.unwrap().is_empty(),
+        "a rejected plan writes nothing"
+    );
+    assert_eq!(s.counts().await.unwrap().outstanding(), 0);
+
+    let first = s.plan(&uniform(1, 5_000_000, 1000)).await.unwrap();
+    assert!(first.created);
+    assert_eq!(
+        (
+            first.entries[0].plan.first_pid(),
+            first.entries[0].plan.last_pid()
+        ),
+        (1, 5000)
+    );
+    assert_eq!(
+        first.entries[0].plan.range_of(4970),
+        Some(4_969_001..=4_970_000),
+        "the seed's numbering"
+    );
+
+    let again = s.plan(&uniform(1, 5_000_000, 1000)).await.unwrap();
+    assert!(!again.created, "the same plan twice is a no-op");
+    assert_eq!(again.entries, first.entries);
+
+    for overlap in [
+        uniform(5_000_000, 6_000_000, 1000),
+        uniform(1, 5_000_000, 500),
+        Plan::Ranges(vec![10..=20]),
+    ] {
+        let err = s.plan(&overlap).await.unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidPlan(ref m) if m.contains("overlap")),
+            "{overlap:?}: {err}"
+        );
+    }
+    assert_eq!(
+        s.plans().await.unwrap().len(),
+        1,
+        "rejected plans left the registry alone"
+    );
+
+    let second = s.plan(&uniform(5_000_001, 5_000_500, 100)).await.unwrap();
+    assert_eq!(
+        second.entries[0].plan.first_pid(),
+        5001,
+        "pids continue after the last plan"
+    );
+    assert_eq!(s.counts().await.unwrap().unissued, 5005);
+}
+
+async fn plans_are_generators(h: Harness) {
+    let s = &h.store;
+    s.plan(&uniform(1, 5_000_000_000, 1000)).await.unwrap();
+    let counts = s.counts().await.unwrap();
+    assert_eq!(counts.unissued, 5_000_000);
+    assert_eq!(
+        s.all_active().await.unwrap().partitions.len(),
+        0,
+        "nothing materialised"
+    );
+    let leases = s.claim("w1", 3).await.unwrap();
+    assert_eq!(leases.len(), 3);
+    assert_eq!(s.all_active().await.unwrap().partitions.len(), 3);
+    assert_eq!(s.counts().await.unwrap().unissued, 5_000_000 - 3);
+}
+
+async fn explicit_ranges(h: Harness) {
+    let s = &h.store;
+    let ranges = vec![1..=10, 11..=500, 501..=501, 10_000..=u64::MAX - 1];
+    let out = s.plan(&Plan::Ranges(ranges.clone())).await.unwrap();
+    assert_eq!(out.entries.len(), 4);
+    let counts = s.counts().await.unwrap();
+    assert_eq!(
+        (counts.pending, counts.unissued),
+        (4, 0),
+        "explicit ranges are materialised"
+    );
+    let mut leases = s.claim("w1", 10).await.unwrap();
+    leases.sort_by_key(|l| l.min_id);
+    let got: Vec<_> = leases.iter().map(|l| l.min_id..=l.max_id).collect();
+    assert_eq!(
+        got, ranges,
+        "each range is one partition with its own bounds"
+    );
+    assert_eq!(leases[3].progress, 10_000);
+    for l in &leases {
+        assert_eq!(s.complete(l, 5).await.unwrap(), Completion::Completed);
+    }
+    let again = s.plan(&Plan::Ranges(ranges)).await.unwrap();
+    assert!(!again.created);
+    assert_eq!(
+        s.counts().await.unwrap().outstanding(),
+        0,
+        "completed ranges are not planned again"
+    );
+    let inbox = h.inbox().await;
+    assert!(
+        inbox.iter().any(|r| r.max_id == u64::MAX - 1),
+        "huge IDs survive the Lua round trip"
+    );
+}
+
+async fn claim_order(h: Harness) {
+    let s = &h.store;
+    s.plan(&uniform(1, 100_000, 10)).await.unwrap();
+    let first = s.claim("w1", 1).await.unwrap().remove(0);
+    let FailOutcome::Retry { ready_at_ms } = s.fail(&first, "boom").await.unwrap() else {
+        panic!("first failure retries")
+    };
+    assert_eq!(ready_at_ms, T0 + 1000);
+    // Still backing off: fresh work comes out instead.
+    let fresh = s.claim("w1", 1).await.unwrap().remove(0);
+    assert_ne!(fresh.pid, first.pid);
+    h.clock.advance(1000);
+    // Ready now: the retry comes before fresh pids.
+    let next = s.claim("w1", 2).await.unwrap();
+    assert_eq!(next[0].pid, first.pid);
+    assert_eq!(next[0].attempt, 2);
+    assert_ne!(next[0].token, first.token, "every claim has a fresh token");
+    assert_eq!(next[1].attempt, 1);
+}
+
+async fn claims_hand_out_each_pid_once(h: Harness) {
+    let s = &h.store;
+    s.plan(&uniform(1, 25_000, 10)).await.unwrap(); // 2500 pids over 25 batches
+    s.plan(&Plan::Ranges(vec![30_000..=30_004, 40_000..=49_999]))
+        .await
+        .unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    for round in 0.. {
+        let worker = format!("w{}", round % 7);
+        let leases = s.claim(&worker, 37).await.unwrap();
+        if leases.is_empty() {
+            break;
+        }
+        for l in leases {
+            assert!(seen.insert(l.pid), "pid {} handed out twice", l.pid);
+            let expect = if l.pid <= 2500 {
+                ((l.pid - 1) * 10 + 1, l.pid * 10)
+            } else {
+                (l.min_id, l.max_id)
+            };
+            assert_eq!((l.min_id, l.max_id), expect);
+        }
+    }
+    assert_eq!(seen.len(), 2502);
+    assert_eq!(
+        seen.iter().copied().collect::<Vec<_>>(),
+        (1..=2502).collect::<Vec<_>>()
+    );
+    assert_eq!(s.counts().await.unwrap().claimed, 2502);
+}
+
+async fn lease_expiry_resumes_from_checkpoint(h: Harness) {
+    let s = &h.store;
+    s.plan(&uniform(1, 10_000, 1000)).await.unwrap();
+    let a = s.claim("a", 1).await.unwrap().remove(0);
+    assert_eq!(a.progress, a.min_id);
+    s.heartbeat(&a, a.min_id + 500).await.unwrap();
+    assert_eq!(s.get(a.pid).await.unwrap().unwrap().status, Status::Running);
+    h.clock.advance(29_999);
+    assert!(
+        s.reap(h.clock_now()).await.unwrap().is_empty(),
+        "the heartbeat renewed the lease"
+    );
+    h.clock.advance(1);
+    assert_eq!(s.reap(h.clock_now()).await.unwrap(), vec![a.pid]);
+    let p = s.get(a.pid).await.unwrap().unwrap();
+    assert_eq!((p.status, p.progress), (Status::Pending, a.min_id + 500));
+    let b = s.claim("b", 1).await.unwrap().remove(0);
+    assert_eq!(b.pid, a.pid, "the reaped partition comes back first");
+    assert_eq!(
+        (b.progress, b.attempt, b.worker.as_str()),
+        (a.min_id + 500, 2, "b")
+    );
+}
+
+async fn fencing(h: Harness) {
+    let s = &h.store;
+    s.plan(&uniform(1, 10_000, 1000)).await.unwrap();
+    let a = s.claim("a", 1).await.unwrap().remove(0);
+    h.clock.advance(30_000);
+    s.reap(h.clock_now()).await.unwrap();
+    // Reaped but not yet reclaimed: the old token is already dead.
+    assert!(lost(s.heartbeat(&a, a.min_id + 1).await.unwrap_err()));
+    let b = s.claim("b", 1).await.unwrap().remove(0);
+    assert_eq!(b.pid, a.pid);
+    assert!(lost(s.heartbeat(&a, a.min_id + 7).await.unwrap_err()));
+    assert!(lost(s.complete(&a, 10).await.unwrap_err()));
+    assert!(lost(s.fail(&a, "late").await.unwrap_err()));
+    assert!(lost(s.release(&a, a.min_id + 9).await.unwrap_err()));
+    let p = s.get(b.pid).await.unwrap().unwrap();
+    assert_eq!(p.worker.as_deref(), Some("b"));
+    assert_eq!(
+        (p.lease_token, p.progress, p.status),
+        (Some(b.token), b.min_id, Status::Claimed)
+    );
+    assert!(p.last_error.is_none(), "the stale failure changed nothing");
+    let forged = Lease {
+        token: b.token + 1000,
+        ..b.clone()
+    };
+    assert!(lost(s.complete(&forged, 1).await.unwrap_err()));
+    assert_eq!(s.complete(&b, 10).await.unwrap(), Completion::Completed);
+}
+
+async fn duplicate_completion(h: Harness) {
+    let s = &h.store;
+    s.plan(&uniform(1, 10_000, 1000)).await.unwrap();
+    let l = s.claim("worker1", 1).await.unwrap().remove(0);
+    h.clock.advance(1234);
+    assert_eq!(
+        s.complete(&l, 295_123).await.unwrap(),
+        Completion::Completed
+    );
+    assert_eq!(
+        s.complete(&l, 295_123).await.unwrap(),
+        Completion::Duplicate
+    );
+    let batch = s
+        .complete_many(&[(l.clone(), 1), (l.clone(), 2)])
+        .await
+        .unwrap();
+    assert!(batch.iter().all(|r| matches!(r, Ok(Completion::Duplicate))));
+    assert_eq!(
+        s.get(l.pid).await.unwrap(),
+        None,
+        "completed partitions leave the active set"
+    );
+    let inbox = h.inbox().await;
+    assert_eq!(
+        inbox,
+        vec![CompletedRecord {
+            pid: l.pid,
+            min_id: l.min_id,
+            max_id: l.max_id,
+            worker: "worker1".into(),
+            completed_at_ms: T0 + 1234,
+            duration_ms: 295_123,
+        }],
+        "exactly one record, with millisecond precision"
+    );
+}
+
+async fn retry_backoff_and_dead(h: Harness) {
+    let s = &h.store;
+    s.plan(&uniform(1, 1000, 1000)).await.unwrap();
+    let mut expected_backoff = 1000;
+    for attempt in 1..=3 {
+        let l = s.claim("w", 1).await.unwrap().remove(0);
+        assert_eq!(l.attempt, attempt);
+        let outcome = s
+            .fail(&l, &format!("exit 1: try {attempt} | stderr tail"))
+            .await
+            .unwrap();
+        if attempt < 3 {
+            assert_eq!(
+                outcome,
+                FailOutcome::Retry {
+                    ready_at_ms: h.clock_now() + expected_backoff
+                }
+            );
+            assert!(s.claim("w", 1).await.unwrap().is_empty(), "backing off");
+            h.clock.advance(expected_backoff);
+            expected_backoff *= 2;
+        } else {
+            assert_eq!(outcome, FailOutcome::Failed);
+        }
+    }
+    let p = s.get(1).await.unwrap().unwrap();
+    assert_eq!(p.status, Status::Failed);
+    assert_eq!(p.last_error.as_deref(), Some("exit 1: try 3 | stderr tail"));
+    h.clock.advance(1_000_000);
+    assert!(
+        s.claim("w", 1).await.unwrap().is_empty(),
+        "failed partitions are not retried by themselves"
+    );
+    let c = s.counts().await.unwrap();
+    assert_eq!((c.failed, c.outstanding()), (1, 0));
+}
+
+async fn retry_failed_and_discard(h: Harness) {
+    let s = &h.store;
+    s.plan(&uniform(1, 2000, 1000)).await.unwrap();
+    for _ in 0..3 {
+        for l in s.claim("w", 2).await.unwrap() {
+            s.fail(&l, "no").await.unwrap();
+        }
+        h.clock.advance(10_000);
+    }
+    assert_eq!(s.counts().await.unwrap().failed, 2);
+    assert_eq!(s.retry_failed(Some(1)).await.unwrap(), vec![1]);
+    let l = s.claim("w", 5).await.unwrap();
+    assert_eq!(l.len(), 1);
+    assert_eq!((l[0].pid, l[0].attempt), (1, 1), "a fresh attempt budget");
+    assert!(matches!(s.discard(1).await.unwrap_err(), Error::Leased(1)));
+    assert!(s.discard(2).await.unwrap());
+    assert!(!s.discard(2).await.unwrap());
+    assert_eq!(s.get(2).await.unwrap(), None);
+    assert_eq!(s.retry_failed(None).await.unwrap(), Vec::<u64>::new());
+}
+
+async fn worker_registry(h: Harness) {
+    let s = &h.store;
+    let info = |id: &str| WorkerInfo {
+        id: id.into(),
+        host: "host-1".into(),
+        process_id: 42,
+        started_ms: T0,
+        last_beat_ms: 0,
+        in_flight: 3,
+        completed: 1000,
+        rate_per_s: 12.5,
+        latency_p50_ms: 280.0,
+        latency_p99_ms: 390.0,
+        version: "0.1.0".into(),
+    };
+    s.worker_heartbeat(info("worker-1")).await.unwrap();
+    s.worker_heartbeat(info("worker-2")).await.unwrap();
+    assert!(s.worker_heartbeat(info("bad|id")).await.is_err());
+    h.clock.advance(25_000);
+    s.worker_heartbeat(info("worker-2")).await.unwrap();
+    h.clock.advance(5_001);
+    let workers = s.workers().await.unwrap();
+    assert_eq!(workers.len(), 2);
+    assert_eq!(
+        (workers[0].info.id.as_str(), workers[0].active),
+        ("worker-1", false),
+        "3 missed beats"
+    );
+    assert_eq!(
+        (workers[1].info.id.as_str(), workers[1].active),
+        ("worker-2", true)
+    );
+    assert_eq!(workers[1].info.last_beat_ms, T0 + 25_000);
+    assert_eq!(
+        workers[1].info,
+        WorkerInfo {
+            last_beat_ms: T0 + 25_000,
+            ..info("worker-2")
+        }
+    );
+
+    // The inactive worker's leases go back early, long before their deadline.
+    s.plan(&uniform(1, 10_000, 100)).await.unwrap();
+    let held = s.claim("worker-1", 3).await.unwrap();
+    let other = s.claim("worker-2", 2).await.unwrap();
+    let mut released = s.release_worker("worker-1").await.unwrap();
+    released.sort_unstable();
+    let mut expect: Vec<u64> = held.iter().map(|l| l.pid).collect();
+    expect.sort_unstable();
+    assert_eq!(released, expect);
+    assert!(lost(s.heartbeat(&held[0], 5).await.unwrap_err()));
+    s.heartbeat(&other[0], other[0].min_id).await.unwrap();
+    s.deregister("worker-1").await.unwrap();
+    assert_eq!(s.workers().await.unwrap().len(), 1);
+}
+
+async fn reaper_is_idempotent(h: Harness) {
+    let s = &h.store;
+    s.plan(&uniform(1, 1_000_000, 1000)).await.unwrap();
+    let early = s.claim("a", 150).await.unwrap();
+    h.clock.advance(10_000);
+    let late = s.claim("b", 5).await.unwrap();
+    h.clock.advance(20_000);
+    let mut reaped = s.reap(h.clock_now()).await.unwrap();
+    reaped.sort_unstable();
+    let mut expect: Vec<u64> = early.iter().map(|l| l.pid).collect();
+    expect.sort_unstable();
+    assert_eq!(reaped, expect, "only leases whose deadline passed");
+    assert!(
+        s.reap(h.clock_now()).await.unwrap().is_empty(),
+        "a second reaper finds nothing"
+    );
+    for l in &late {
+        s.heartbeat(l, l.min_id + 1).await.unwrap();
+    }
+    let c = s.counts().await.unwrap();
+    assert_eq!((c.pending, c.running, c.claimed), (150, 5, 0));
+}
+
+async fn queries(h: Harness) {
+    let s = &h.store;
+    assert_eq!(s.get(1).await.unwrap(), None, "never planned");
+    s.plan(&uniform(1, 1_000_000, 1000)).await.unwrap();
+    let p = s.get(777).await.unwrap().unwrap();
+    assert_eq!(
+        (p.status, p.attempts, p.min_id, p.max_id),
+        (Status::Pending, 0, 776_001, 777_000),
+        "unissued"
+    );
+    let leases = s.claim("w", 10).await.unwrap();
+    let l = &leases[0];
+    let p = s.get(l.pid).await.unwrap().unwrap();
+    assert_eq!(
+        (p.status, p.worker.as_deref(), p.lease_token),
+        (Status::Claimed, Some("w"), Some(l.token))
+    );
+    assert_eq!(p.deadline_ms, Some(T0 + 30_000));
+    s.complete(l, 1).await.unwrap();
+    assert_eq!(s.get(l.pid).await.unwrap(), None);
+    let snap = s.all_active().await.unwrap();
+    assert_eq!(snap.partitions.len(), 9);
+    assert!(
+        snap.partitions.windows(2).all(|w| w[0].pid < w[1].pid),
+        "sorted by pid"
+    );
+    let unissued: u64 = snap.unissued.iter().map(|u| u.count).sum();
+    assert_eq!(unissued, 1000 - 10);
+    let c = s.counts().await.unwrap();
+    assert_eq!((c.unissued, c.claimed, c.outstanding()), (990, 9, 999));
+}
+
+impl Harness {
+    fn clock_now(&self) -> u64 {
+        use tranche_active_store::Clock;
+        self.clock.now_ms()
+    }
+}

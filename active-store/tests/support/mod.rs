@@ -1,0 +1,141 @@
+//! Test support: a private `redis-server` per test, on a free port, killed on drop.
+//!
+//! Never the shared 6379 and never a silent skip: without a `redis-server` binary the
+//! test fails and says how to get one.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running private Redis.
+pub struct TestRedis {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl TestRedis {
+    /// A standalone server.
+    pub fn start() -> Self {
+        Self::spawn(&[])
+    }
+
+    /// A one-node Redis Cluster owning every slot: scripts whose keys are not all in one
+    /// slot fail on it with CROSSSLOT, exactly as on a real cluster.
+    pub fn start_cluster() -> Self {
+        let server = Self::spawn(&["--cluster-enabled", "yes"]);
+        let out = server.cli(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
+        assert!(out.contains("OK"), "CLUSTER ADDSLOTSRANGE: {out}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !server
+            .cli(&["CLUSTER", "INFO"])
+            .contains("cluster_state:ok")
+        {
+            assert!(Instant::now() < deadline, "cluster did not become ok");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
+    fn spawn(extra: &[&str]) -> Self {
+        let binary = std::env::var_os("TRANCHE_REDIS_SERVER")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("redis-server"));
+        for _ in 0..10 {
+            let port = free_port();
+            let dir =
+                std::env::temp_dir().join(format!("tranche-redis-{}-{port}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let child = Command::new(&binary)
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+                .arg("--dir")
+                .arg(&dir)
+                .args(extra)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|err| {
+                    panic!(
+                        "cannot start {}: {err}; run `cargo xtask test` (it installs redis-server) \
+                         or set TRANCHE_REDIS_SERVER",
+                        binary.display()
+                    )
+                });
+            let mut server = Self { child, port, dir };
+            if server.wait_ready() {
+                return server;
+            }
+            // The port was taken between probing and binding: try another.
+        }
+        panic!("could not start a private redis-server after 10 attempts");
+    }
+
+    fn wait_ready(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return false;
+            }
+            if TcpStream::connect((Ipv4Addr::LOCALHOST, self.port)).is_ok() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        false
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Runs one command through a fresh synchronous connection and returns the reply
+    /// rendered as text.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let client = redis::Client::open(self.url()).unwrap();
+        let mut conn = client.get_connection().unwrap();
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        match cmd.query::<redis::Value>(&mut conn) {
+            Ok(redis::Value::Okay) => "OK".to_owned(),
+            Ok(v) => {
+                redis::from_redis_value::<String>(v.clone()).unwrap_or_else(|_| format!("{v:?}"))
+            }
+            Err(e) => format!("ERR {e}"),
+        }
+    }
+
+    /// Runs a command and parses the reply.
+    pub fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
+        let client = redis::Client::open(self.url()).unwrap();
+        let mut conn = client.get_connection().unwrap();
+        cmd.query(&mut conn).unwrap()
+    }
+}
+
+impl Drop for TestRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
