@@ -34,17 +34,25 @@
 //! window restarted at the last checkpoint hands out every number from there again,
 //! including up to `size` numbers that had finished above the mark. Processing must
 //! therefore be idempotent, and the window should be no larger than it needs to be:
-//! about twice the number of concurrent workers keeps them busy (a smaller window
-//! stalls behind the slowest item) while bounding the rework.
+//! about twice the number of concurrent workers keeps them busy while bounding the
+//! rework. A smaller window stalls behind the slowest item: with items taking 0 to
+//! 49 ms, workers reach about half their possible rate with a window as wide as
+//! their number, and 99 % with one twice as wide.
 //!
 //! # Cost
 //!
-//! `next` and `ack` are a handful of atomic operations and never allocate or lock
-//! unless someone has to wait: the mark moves by compare-exchange, done by whichever
-//! ack finds the oldest number finished, and a parked `next` or `wait` is woken only
-//! when the mark passes what it needs. The blocking variants
+//! `next` and `ack` never lock or allocate unless someone has to wait. `next` claims
+//! a number with one compare-exchange; `ack` writes the number's done marker into a
+//! ring slot with another. The low-water mark is moved lazily, over the run of done
+//! markers at its head, by whoever needs it: `next` when the window looks full,
+//! `progress` and `wait`, and acks only while a `next` or `wait` is parked. About
+//! 30 ns per `next` + `ack` pair on one thread, 70 ns with two threads contending
+//! (`cargo bench -p tranche-window --bench window`). The blocking variants
 //! ([`next_blocking`](SlidingWindow::next_blocking),
 //! [`wait_blocking`](SlidingWindow::wait_blocking)) share the same core.
+//!
+//! Misuse cannot corrupt the window: acking a number twice, or one it never handed
+//! out, is an [`Error`] and changes nothing.
 
 mod blocking;
 mod error;

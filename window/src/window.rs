@@ -65,7 +65,8 @@ impl SlidingWindow {
     ///
     /// # Panics
     ///
-    /// If `size` is zero: such a window could never hand out a number.
+    /// If `size` is zero (such a window could never hand out a number), or too large
+    /// to allocate.
     pub fn new(size: usize, start: u64) -> Self {
         assert!(size > 0, "a sliding window needs at least one slot");
         let len = size
@@ -130,9 +131,9 @@ impl SlidingWindow {
         }
     }
 
-    /// Marks `sn` as done. If it was the oldest unfinished number, the low-water mark
-    /// moves past it and past every acked number after it, and the waiters this frees
-    /// are woken.
+    /// Marks `sn` as done. Once every number below it is done too,
+    /// [`progress`](Self::progress) is past it, and any `next` or `wait` this frees is
+    /// woken.
     ///
     /// Acks still count after [`close`](Self::close), so work already in flight can
     /// finish and be reflected in [`progress`](Self::progress).
@@ -167,9 +168,12 @@ impl SlidingWindow {
         block_on(self.wait(target))
     }
 
-    /// The low-water mark: every sequence number below it is acked. This is the
-    /// checkpoint to persist; a restart at it redoes at most `size` numbers.
-    #[inline]
+    /// The low-water mark: every sequence number below it is acked, and the one at it
+    /// is not (or has not been handed out yet). This is the checkpoint to persist; a
+    /// restart at it redoes at most `size` numbers.
+    ///
+    /// Acks do not move the mark themselves unless someone waits; this call catches it
+    /// up, scanning the acks since the last move.
     pub fn progress(&self) -> u64 {
         self.shared.advance()
     }
