@@ -19,8 +19,9 @@ const BATCH: usize = 32;
 /// hot path (every ack) reads [`first`](Self::first), one atomic load, and takes the
 /// lock only when a waiter could be due.
 pub(crate) struct WaitList {
-    /// The smallest key in `entries`, or [`NONE`] when it is empty. Written only
-    /// with the lock held, so it always matches the map; read without the lock.
+    /// The smallest key in `entries`, or [`NONE`] when it is empty (see
+    /// [`first`](Self::first)). Written only with the lock held, so it always matches
+    /// the map; read without the lock.
     first: AtomicU64,
     entries: Mutex<Entries>,
 }
@@ -40,11 +41,13 @@ impl WaitList {
         }
     }
 
-    /// The smallest registered key, `u64::MAX` when nobody waits.
+    /// The smallest registered key (at most `u64::MAX - 1`), or [`NONE`] when nobody
+    /// waits.
     ///
-    /// `SeqCst` pairs with the `SeqCst` update of the low-water mark: a waiter
-    /// registers, then re-reads the mark; an acker moves the mark, then reads this.
-    /// At least one of the two sees the other's write, so no wake-up is lost.
+    /// `SeqCst` pairs with the window's `SeqCst` writes: a waiter registers, then
+    /// looks at the window again; an ack writes its done marker (and an advance moves
+    /// the mark), then reads this. At least one of the two sees the other's write, so
+    /// no wake-up is lost.
     #[inline]
     pub(crate) fn first(&self) -> u64 {
         self.first.load(SeqCst)
@@ -106,14 +109,20 @@ impl WaitList {
             for waker in batch.iter_mut().take(taken).filter_map(Option::take) {
                 waker.wake();
             }
-            if taken < BATCH {
+            if taken < BATCH || limit == 0 {
                 return;
             }
         }
     }
 
     fn publish_first(&self, entries: &Entries) {
-        let first = entries.waiters.first_key_value().map_or(NONE, |(k, _)| k.0);
+        // A waiter keyed `u64::MAX` is published as `u64::MAX - 1`, so that `NONE`
+        // always means "nobody": the hot path then takes the lock one step early,
+        // finds nobody due, and no waiter can be overlooked.
+        let first = entries
+            .waiters
+            .first_key_value()
+            .map_or(NONE, |(k, _)| k.0.min(NONE - 1));
         self.first.store(first, SeqCst);
     }
 

@@ -236,3 +236,17 @@ fn watcher_reports_each_move_and_then_close() {
     );
     assert_eq!(watcher.seen(), 3);
 }
+
+#[test]
+fn a_wait_at_the_top_of_the_sequence_wakes() {
+    let window = SlidingWindow::new(2, u64::MAX - 2);
+    let sn = window.try_next().unwrap();
+    let last = window.try_next().unwrap();
+    assert_eq!(last, u64::MAX - 1);
+    let mut wait = Polled::new(window.wait(last));
+    assert_eq!(wait.poll(), None);
+    window.ack(last).unwrap();
+    window.ack(sn).unwrap();
+    assert_eq!(wait.wakes(), 1);
+    assert_eq!(wait.poll(), Some(Ok(())));
+}
