@@ -8,12 +8,14 @@
 //! JSON then holds only what ran): `cargo bench -p tranche-window --bench window --
 //! threads 10000`.
 
-use std::collections::BTreeSet;
-use std::future::Future;
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap};
+use std::future::{Future, poll_fn};
 use std::hint::black_box;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Barrier, LazyLock, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Condvar, LazyLock, Mutex};
+use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
@@ -189,20 +191,20 @@ static TIMER: LazyLock<PreciseTimer> = LazyLock::new(PreciseTimer::start);
 /// (every wake-up crosses threads) but keeps time.
 struct PreciseTimer {
     state: Mutex<TimerState>,
-    changed: std::sync::Condvar,
+    changed: Condvar,
 }
 
 #[derive(Default)]
 struct TimerState {
-    heap: std::collections::BinaryHeap<std::cmp::Reverse<TimerEntry>>,
+    heap: BinaryHeap<Reverse<TimerEntry>>,
     seq: u64,
 }
 
 struct TimerEntry {
     at: Instant,
     seq: u64,
-    fired: Arc<std::sync::atomic::AtomicBool>,
-    waker: std::task::Waker,
+    fired: Arc<AtomicBool>,
+    waker: Waker,
 }
 
 impl PartialEq for TimerEntry {
@@ -227,7 +229,7 @@ impl PreciseTimer {
         std::thread::spawn(|| TIMER.run());
         PreciseTimer {
             state: Mutex::default(),
-            changed: std::sync::Condvar::new(),
+            changed: Condvar::new(),
         }
     }
 
@@ -246,7 +248,7 @@ impl PreciseTimer {
             }
             if !due.is_empty() {
                 drop(state);
-                due.drain(..).for_each(std::task::Waker::wake);
+                due.drain(..).for_each(Waker::wake);
                 state = self.state.lock().unwrap();
                 continue;
             }
@@ -261,11 +263,11 @@ impl PreciseTimer {
         if at <= Instant::now() {
             return;
         }
-        let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let fired = Arc::new(AtomicBool::new(false));
         let mut registered = false;
-        std::future::poll_fn(|cx| {
+        poll_fn(|cx| {
             if fired.load(Ordering::Acquire) {
-                return std::task::Poll::Ready(());
+                return Poll::Ready(());
             }
             if !registered {
                 registered = true;
@@ -273,7 +275,7 @@ impl PreciseTimer {
                 let earliest = state.heap.peek().is_none_or(|top| at < top.0.at);
                 state.seq += 1;
                 let seq = state.seq;
-                state.heap.push(std::cmp::Reverse(TimerEntry {
+                state.heap.push(Reverse(TimerEntry {
                     at,
                     seq,
                     fired: fired.clone(),
@@ -284,7 +286,7 @@ impl PreciseTimer {
                     self.changed.notify_one();
                 }
             }
-            std::task::Poll::Pending
+            Poll::Pending
         })
         .await
     }
@@ -381,7 +383,8 @@ fn multithreading(only_threads: &[usize]) -> (Vec<Value>, Vec<Value>) {
 // ---------------------------------------------------------------------------------
 
 /// The operations the raw benchmarks need, implemented by the window and by the
-/// tracker it is compared with. None of the runs below ever has to wait.
+/// tracker it is compared with. Only the contended runs may ever have to wait (when
+/// one thread is descheduled for 1024 numbers).
 trait Pairs: Send + Sync + 'static {
     fn new(size: usize) -> Self;
     fn next_sync(&self) -> u64;
