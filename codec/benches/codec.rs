@@ -16,7 +16,7 @@
 //! Run with `cargo bench -p tranche-codec --bench codec`.
 
 use std::hint::black_box;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -184,7 +184,9 @@ fn output_path() -> PathBuf {
     match std::env::var_os("TRANCHE_BENCH_OUT") {
         Some(path) => PathBuf::from(path),
         None => {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/tranche-bench/codec.json")
+            let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let workspace = manifest.parent().unwrap_or(manifest);
+            workspace.join("target/tranche-bench/codec.json")
         }
     }
 }

@@ -180,6 +180,10 @@ fn unpack_at(data: &[u8], width: u32, i: usize) -> u64 {
 /// Writes `base + value i` of a packed array of `width`-bit values into `out[i]`,
 /// for every slot of `out`. The caller has checked that no sum overflows.
 fn unpack_into(data: &[u8], width: u32, base: u64, out: &mut [u64]) {
+    if width == 0 {
+        out.fill(base);
+        return;
+    }
     if width > 56 {
         // Rare: a value may straddle nine bytes.
         for (i, slot) in out.iter_mut().enumerate() {
@@ -417,7 +421,12 @@ mod tests {
             // Every prefix, so the split between direct and padded loads moves around.
             for n in 0..=values.len() {
                 let mut out = vec![0; n];
-                unpack_into(&buf[..packed_len(n, width).unwrap_or(0)], width, 3, &mut out);
+                unpack_into(
+                    &buf[..packed_len(n, width).unwrap_or(0)],
+                    width,
+                    3,
+                    &mut out,
+                );
                 let expect: Vec<u64> = values[..n].iter().map(|v| v + 3).collect();
                 assert_eq!(out, expect, "width {width} n {n}");
             }
