@@ -187,7 +187,8 @@ impl Leases for MemoryActiveStore {
         plans::check_worker(worker)?;
         let now = self.now();
         let deadline = now + self.config.lease.as_millis() as u64;
-        let registry = lock(&self.registry).clone();
+        // Lock order everywhere: registry, then shards.
+        let registry = lock(&self.registry);
         let mut out = Vec::with_capacity(n);
         for shard_no in self.layout.claim_order(worker) {
             if out.len() >= n {

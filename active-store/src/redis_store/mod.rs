@@ -897,8 +897,7 @@ where
             })
             .await?;
         if let Some(rec) = rec {
-            let registry = read(&self.registry).clone();
-            let mut p = record::parse(pid, &rec, |pid| registry.range_of(pid));
+            let mut p = record::parse(pid, &rec, |pid| read(&self.registry).range_of(pid));
             if p.is_none() {
                 let registry = self.refresh_registry().await?;
                 p = record::parse(pid, &rec, |pid| registry.range_of(pid));
