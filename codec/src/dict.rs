@@ -16,6 +16,11 @@ use crate::wire::{Reader, put_varint};
 /// order and then frozen: a code is never derived again from an id, only looked up, so
 /// an archive stays decodable whatever workers are called. Keep the dictionary with the
 /// data (`{ns}:dict` in Redis, a section of every export) and pass it to every decode.
+///
+/// It only ever grows: an entry, once written, keeps its index and code, so a newer
+/// dictionary decodes everything an older one did. Where several processes add workers,
+/// one atomic step must append each entry (for example a script over `{ns}:dict`), so
+/// that they all agree on the indices.
 #[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "Vec<WorkerEntry>", into = "Vec<WorkerEntry>")]
 pub struct WorkerDict {

@@ -92,8 +92,9 @@ pub enum Error {
         /// The offending text.
         text: String,
     },
-    /// A negative time, a time beyond `u64::MAX` milliseconds, or one that is not a number.
-    #[error("{field} {text:?} is not a number of seconds from 0 to u64::MAX milliseconds")]
+    /// A time that is not a number, is negative, exceeds `u64::MAX` milliseconds, or (in
+    /// text v1, which has one spelling per value) is not written canonically.
+    #[error("{field} {text:?} is not a valid time in seconds")]
     InvalidTime {
         /// `completed_at` or `duration`.
         field: &'static str,

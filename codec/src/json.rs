@@ -1,5 +1,7 @@
 //! The seed's simple-archive JSON, one object per completed partition.
 
+use std::fmt::Write;
+
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -15,14 +17,17 @@ use crate::{CompletedRecord, Error};
 /// dictionary. Encoding cannot fail.
 pub fn encode_json(record: &CompletedRecord) -> String {
     let mut out = String::with_capacity(128 + record.worker.len());
-    out.push_str("{\"pid\":");
-    out.push_str(&record.pid.to_string());
-    out.push_str(",\"min_id\":");
-    out.push_str(&record.min_id.to_string());
-    out.push_str(",\"max_id\":");
-    out.push_str(&record.max_id.to_string());
-    out.push_str(",\"worker_id\":");
-    // Serializing a str only fails for a writer error, which a String never has.
+    let CompletedRecord {
+        pid,
+        min_id,
+        max_id,
+        ..
+    } = record;
+    // Neither writing to a String nor serializing a str can fail.
+    let _ = write!(
+        out,
+        r#"{{"pid":{pid},"min_id":{min_id},"max_id":{max_id},"worker_id":"#
+    );
     out.push_str(&serde_json::to_string(&*record.worker).unwrap_or_default());
     out.push_str(",\"completed_at\":");
     write_seconds(&mut out, record.completed_at_ms);

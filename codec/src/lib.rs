@@ -19,6 +19,27 @@
 //! the data (`{ns}:dict`, every export); an archive is unreadable without it, whatever
 //! the workers are called. JSON carries full worker ids and needs no dictionary.
 //!
+//! ```
+//! use tranche_codec::{BinaryV2Options, WorkerDict, decode_binary_v2, decode_text_v1, encode_binary_v2, encode_json};
+//!
+//! let mut dict = WorkerDict::new();
+//! dict.insert("worker1")?;
+//! dict.insert("worker2")?;
+//! let text = "P4970:4969001-4970000:w1:1719234405:295,P4971:4970001-4971000:w2:1719234410:300";
+//! let records = decode_text_v1(text, &dict)?;
+//! assert_eq!(&*records[1].worker, "worker2");
+//! assert_eq!(records[1].completed_at_ms, 1_719_234_410_000);
+//! assert_eq!(
+//!     encode_json(&records[0]),
+//!     r#"{"pid":4970,"min_id":4969001,"max_id":4970000,"worker_id":"worker1","completed_at":1719234405,"duration":295}"#
+//! );
+//!
+//! // Pids 4970 and 4971 belong to batch 49 of 100.
+//! let sealed = encode_binary_v2(49, &records, &dict, &BinaryV2Options::default())?;
+//! assert_eq!(decode_binary_v2(&sealed, &dict)?.records, records);
+//! # Ok::<(), tranche_codec::Error>(())
+//! ```
+//!
 //! Times are `u64` milliseconds since the Unix epoch and durations `u64` milliseconds,
 //! everywhere; the seed's formats print seconds and grow up to three decimals only
 //! when a time has a millisecond part, so no encoding loses precision. Nothing here

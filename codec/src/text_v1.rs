@@ -1,6 +1,8 @@
 //! The seed's compressed text: `P{pid}:{min_id}-{max_id}:{worker}:{time}:{duration}`,
 //! comma-joined per batch.
 
+use std::fmt::Write;
+
 use crate::seconds::{SecondsError, parse_canonical_seconds, parse_canonical_u64, write_seconds};
 use crate::{CompletedRecord, Error, WorkerDict};
 
@@ -20,15 +22,8 @@ pub fn encode_text_v1(records: &[CompletedRecord], dict: &WorkerDict) -> Result<
         if i > 0 {
             out.push(',');
         }
-        out.push('P');
-        out.push_str(&r.pid.to_string());
-        out.push(':');
-        out.push_str(&r.min_id.to_string());
-        out.push('-');
-        out.push_str(&r.max_id.to_string());
-        out.push(':');
-        out.push_str(code);
-        out.push(':');
+        // Writing to a String cannot fail.
+        let _ = write!(out, "P{}:{}-{}:{code}:", r.pid, r.min_id, r.max_id);
         write_seconds(&mut out, r.completed_at_ms);
         out.push(':');
         write_seconds(&mut out, r.duration_ms);
