@@ -167,13 +167,13 @@ fn run_cell(rt: &tokio::runtime::Runtime, threads: usize, ops: u64, source: Sour
 
 /// Sleeps until `deadline`, on the precise timer unless `TRANCHE_WINDOW_SLEEP=tokio`.
 ///
-/// How a holder sleeps matters as much as the window. Tokio's timer has 1 ms ticks and
-/// rounds each deadline up, and its driver parks with a millisecond timeout: items
-/// wake about 1.1 ms late on average (4.5 % of the 24.5 ms mean), so the no-window
-/// ceiling reaches only about 0.95 of `T / 24.5 ms`. Worse, the lateness costs the
-/// windowed runs more than the ceiling: a 2x window is just wide enough for the
-/// longest item (49 ms) at the mean rate, so items that outlive 49 ms stall it. The
-/// precise timer wakes within about 0.1 ms, as Go's timers do.
+/// Tokio's timer has 1 ms ticks, rounds each deadline up to the next tick, and its
+/// driver parks with a millisecond timeout: items wake about 1.1 ms late on average
+/// (4.5 % of the 24.5 ms mean), so with `tokio::time::sleep` the no-window ceiling
+/// reaches only 0.96 to 0.98 of `T / 24.5 ms`, and every cell is that much slower
+/// than a precise clock would make it. The precise timer wakes about 0.1 ms late.
+/// (Ceilings slightly above 1 are the start: the first `T` numbers are handed out at
+/// once, and with few holders their fixed seeds draw a mean a little off 24.5 ms.)
 async fn sleep_until(deadline: Instant) {
     static TOKIO: LazyLock<bool> =
         LazyLock::new(|| std::env::var("TRANCHE_WINDOW_SLEEP").is_ok_and(|v| v == "tokio"));
