@@ -59,7 +59,12 @@ fn main() {
     }
 
     let out = std::env::var_os("TRANCHE_BENCH_OUT").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/tranche-bench/window.json"),
+        || {
+            let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .expect("the crate lives in the workspace");
+            workspace.join("target/tranche-bench/window.json")
+        },
         PathBuf::from,
     );
     if let Some(dir) = out.parent() {
