@@ -33,7 +33,7 @@ pub struct SlidingWindow {
 /// nothing beyond the locked instructions the read-modify-writes need anyway, and the
 /// wake-up protocol relies on a single total order (see [`WaitList::first`]).
 struct Shared {
-    /// The two counters every `next` reads, on one cache line of their own.
+    /// `next` and the low-water mark.
     head: CachePadded<Head>,
     /// One done marker per ring slot: the slot of `sn` holds `sn + 1` once `sn` is
     /// acked. A marker names its number rather than being a flag, so slots need no
@@ -391,6 +391,8 @@ impl Spread {
     }
 }
 
+/// The counters every `next` reads and writes, together on one cache line: a `next`
+/// then costs one line transfer between threads, not two.
 struct Head {
     /// The next sequence number `next` hands out. Written only by a successful
     /// compare-exchange in [`Shared::try_reserve`].
@@ -411,6 +413,7 @@ struct Parked<'a> {
     /// Whether a wake-up this waiter received and did not use must go to the next
     /// waiter: true for `next`, where one freed slot wakes exactly one waiter.
     pass_on: bool,
+    /// Whether the future returned `Ready`: a wake-up it received was used.
     done: bool,
 }
 
@@ -454,8 +457,8 @@ impl Drop for Parked<'_> {
     }
 }
 
-/// Keeps a hot atomic on its own cache lines (two, against adjacent-line prefetch),
-/// so `next` callers and ackers do not invalidate each other's unrelated data.
+/// Keeps hot atomics on cache lines of their own (two lines, against adjacent-line
+/// prefetch), so writes to them do not evict the read-only fields beside them.
 #[repr(align(128))]
 struct CachePadded<T>(T);
 
