@@ -250,3 +250,18 @@ fn a_wait_at_the_top_of_the_sequence_wakes() {
     assert_eq!(wait.wakes(), 1);
     assert_eq!(wait.poll(), Some(Ok(())));
 }
+
+#[test]
+fn handles_and_futures_can_move_between_threads() {
+    fn send_sync<T: Send + Sync>(_: &T) {}
+    fn send<T: Send>(_: &T) {}
+    let window = SlidingWindow::new(1, 0);
+    send_sync(&window);
+    send_sync(&std::sync::Arc::new(window.clone()));
+    send(&window.next());
+    send(&window.wait(0));
+    let mut watcher = window.subscribe();
+    send(&watcher.changed());
+    send_sync(&watcher);
+    send_sync(&Error::Closed);
+}
