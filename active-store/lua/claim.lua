@@ -10,7 +10,9 @@
 -- called from Lua costs about as much as the work it does.
 local worker, want, now, deadline = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local shard, shards, per_batch = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+-- Arrays are filled through explicit counters: `#t` is a search in Lua 5.1.
 local out, records, scores, got = {}, {}, {}, 0
+local no, nr, ns = 0, 0, 0
 -- Fresh tokens for this call, reserved up front: every later call on a lease must
 -- present its token (fencing). Unused ones are simply skipped.
 local token = tonumber(redis.call('INCRBY', KEYS[6], want)) - want
@@ -24,16 +26,10 @@ local function lease(pid, r)
   r[6] = now
   r[7] = now
   r[8] = worker
-  records[#records + 1] = pid
-  records[#records + 1] = encode(r)
-  scores[#scores + 1] = deadline
-  scores[#scores + 1] = pid
-  out[#out + 1] = pid
-  out[#out + 1] = r[3]
-  out[#out + 1] = r[2]
-  out[#out + 1] = r[9]
-  out[#out + 1] = r[10]
-  out[#out + 1] = r[11]
+  records[nr + 1], records[nr + 2], nr = pid, encode(r), nr + 2
+  scores[ns + 1], scores[ns + 2], ns = deadline, pid, ns + 2
+  out[no + 1], out[no + 2], out[no + 3], out[no + 4], out[no + 5], out[no + 6] = pid, r[3], r[2], r[9], r[10], r[11]
+  no = no + 6
   got = got + 1
 end
 
@@ -57,6 +53,10 @@ local function align(x)
 end
 
 -- Then fresh pids from each uniform plan's cursor: nothing is materialised before this.
+-- A fresh record differs from the next only in its token, so it is one concatenation
+-- (status c, attempt 1, token, deadline, created, claimed, updated, worker, and empty
+-- min/max/progress/error: the client derives the range from the plan).
+local tail = '|' .. deadline .. '|' .. now .. '|' .. now .. '|' .. now .. '|' .. worker .. '||||'
 if got < want then
   local plans = redis.call('LRANGE', KEYS[4], 0, -1)
   for _, plan in ipairs(plans) do
@@ -67,7 +67,14 @@ if got < want then
     if at <= last then
       at = align(at)
       while got < want and at <= last do
-        lease(int(at), {'p', '0', '', '', now, '', '', '', '', '', '', ''})
+        local pid = int(at)
+        token = token + 1
+        local t = int(token)
+        records[nr + 1], records[nr + 2], nr = pid, 'c|1|' .. t .. tail, nr + 2
+        scores[ns + 1], scores[ns + 2], ns = deadline, pid, ns + 2
+        out[no + 1], out[no + 2], out[no + 3], out[no + 4], out[no + 5], out[no + 6] = pid, t, '1', '', '', ''
+        no = no + 6
+        got = got + 1
         at = align(at + 1)
       end
       redis.call('HSET', KEYS[5], int(first), int(at))

@@ -12,34 +12,36 @@ local recs = redis.call('HMGET', KEYS[1], unpack(pids))
 
 -- One BITFIELD for the whole batch: held leases set their bit (and read the old one);
 -- the others only read theirs, to tell a duplicate from a lost lease.
-local ops, held = {}, {}
+local ops, held, no = {}, {}, 0
 for i = 1, n do
   local bit = ARGV[4 * i - 1]
   held[i] = holds(recs[i], ARGV[4 * i - 2])
   if held[i] then
-    ops[#ops + 1] = 'SET'; ops[#ops + 1] = 'u1'; ops[#ops + 1] = bit; ops[#ops + 1] = 1
+    ops[no + 1], ops[no + 2], ops[no + 3], ops[no + 4] = 'SET', 'u1', bit, 1
+    no = no + 4
   else
-    ops[#ops + 1] = 'GET'; ops[#ops + 1] = 'u1'; ops[#ops + 1] = bit
+    ops[no + 1], ops[no + 2], ops[no + 3] = 'GET', 'u1', bit
+    no = no + 3
   end
 end
 local bits = redis.call('BITFIELD', KEYS[3], unpack(ops))
 
-local out, done, records = {}, {}, {}
+local out, done, records, nd = {}, {}, {}, 0
 for i = 1, n do
   if bits[i] == 1 then
     -- Idempotency: the index bit is set exactly once per pid, so a retried or late
     -- completion changes nothing and reaches the inbox (and the statistics) only once.
     out[i] = DUPLICATE
   elseif held[i] then
-    done[#done + 1] = pids[i]
-    records[#records + 1] = ARGV[4 * i]
+    nd = nd + 1
+    done[nd], records[nd] = pids[i], ARGV[4 * i]
     out[i] = OK
   else
     out[i] = LOST
   end
 end
 
-if #done > 0 then
+if nd > 0 then
   -- Remove from the hot set, mark done (above) and hand the records to the archiver,
   -- in one atomic step: the inbox stream is durable, so nothing is lost between layers.
   -- One stream entry carries the whole batch, one record per line.

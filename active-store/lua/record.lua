@@ -25,9 +25,10 @@ local function encode(r)
   return table.concat(r, '|', 1, 12)
 end
 
--- Integers formatted without an exponent (tostring would print 1e+15).
+-- Integers formatted without an exponent (tostring would print 1e+15). '%d' goes through
+-- a C long, exact below 2^63, and is several times cheaper than '%.0f'.
 local function int(x)
-  return string.format('%.0f', x)
+  return string.format('%d', x)
 end
 
 -- A lease is held by (pid, token) only while the record is claimed or running with that

@@ -86,11 +86,11 @@ async fn race(store: Arc<dyn ActiveStore>, clock: Arc<ManualClock>) {
                     .extend(leases.iter().map(|l| (l.pid, l.token, l.deadline_ms)));
                 for l in leases {
                     let roll: f64 = rng.random();
-                    if roll < 0.05 {
+                    if roll < 0.01 {
                         // Stall past the deadline: somebody reaps, and this lease is dead.
                         clock.advance(LEASE_MS + 1);
                         store.reap(clock.now_ms()).await.unwrap();
-                    } else if roll < 0.07 {
+                    } else if roll < 0.03 {
                         match store.fail(&l, "flaky").await {
                             Ok(_) => {
                                 live.lock().unwrap().failed.insert((l.pid, l.token));
