@@ -316,13 +316,19 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
-/// The run with the median rate of `REPEATS` runs.
-fn median_run(mut run: impl FnMut() -> CellRun) -> CellRun {
-    let mut runs: Vec<CellRun> = (0..REPEATS).map(|_| run()).collect();
+/// The run with the median rate.
+fn median_run(mut runs: Vec<CellRun>) -> CellRun {
     runs.sort_by(|a, b| a.ops_per_s.total_cmp(&b.ops_per_s));
-    runs.swap_remove(REPEATS / 2)
+    runs.swap_remove(runs.len() / 2)
 }
 
+/// The table, row by row: per thread count, the no-window ceiling, then a cell per
+/// window multiplier.
+///
+/// Every windowed run is paired with a ceiling run just before it, and a cell's
+/// "of ceiling" is the median of its paired ratios: the machine is shared, and a
+/// ceiling measured once per row would drift from cells measured a minute later. The
+/// ceiling row is the median of all its runs.
 fn multithreading(only_threads: &[usize]) -> (Vec<Value>, Vec<Value>) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_time()
@@ -331,8 +337,9 @@ fn multithreading(only_threads: &[usize]) -> (Vec<Value>, Vec<Value>) {
     let mut cells = Vec::new();
     let mut ceiling = Vec::new();
     println!("BenchmarkMultithreading: T holders, each item sleeps uniform 0-49 ms then acks.");
-    println!("efficiency = op/s / (T / 24.5 ms); median of {REPEATS} runs of about 1 s;");
-    println!("late: mean wake-up after the item's deadline; cpu: process CPU per item.\n");
+    println!("efficiency = op/s / (T / 24.5 ms); median of {REPEATS} runs of about 1 s, each");
+    println!("paired with a no-window run for \"of ceiling\"; late: mean wake-up after the");
+    println!("item's deadline; cpu: process CPU per item.\n");
     println!(
         "{:>7} {:>7} {:>10} {:>10} {:>10} {:>8} {:>10}",
         "threads", "window", "op/s", "efficiency", "of ceiling", "late ms", "cpu us/op"
@@ -343,41 +350,49 @@ fn multithreading(only_threads: &[usize]) -> (Vec<Value>, Vec<Value>) {
     {
         let ideal = threads as f64 / MEAN_SLEEP.as_secs_f64();
         let ops = ideal.round() as u64;
-        let free =
-            median_run(|| run_cell(&rt, threads, ops, Source::Unbounded(Default::default())));
-        let row = |label: String, run: &CellRun| {
-            println!(
-                "{threads:>7} {label:>7} {:>10.0} {:>10.3} {:>10.3} {:>8.2} {:>10.2}",
-                run.ops_per_s,
-                run.ops_per_s / ideal,
-                run.ops_per_s / free.ops_per_s,
-                run.late_ms,
-                run.cpu_us,
-            );
-        };
-        row("none".into(), &free);
-        ceiling.push(json!({
-            "threads": threads,
-            "ops_per_s": free.ops_per_s,
-            "efficiency": free.ops_per_s / ideal,
-        }));
+        let free = || run_cell(&rt, threads, ops, Source::Unbounded(Default::default()));
+        let mut free_runs = Vec::new();
+        let mut rows = Vec::new();
         for &m in &MULTIPLIERS {
             let size = (threads as f64 * m).round() as usize;
-            let run = median_run(|| {
-                run_cell(
+            let (mut runs, mut ratios) = (Vec::new(), Vec::new());
+            for _ in 0..REPEATS {
+                let reference = free();
+                let run = run_cell(
                     &rt,
                     threads,
                     ops,
                     Source::Window(SlidingWindow::new(size, 0)),
-                )
-            });
-            row(format!("{m:.1}x"), &run);
+                );
+                ratios.push(run.ops_per_s / reference.ops_per_s);
+                runs.push(run);
+                free_runs.push(reference);
+            }
+            rows.push((format!("{m:.1}x"), median_run(runs), median(ratios)));
+            let run = &rows.last().expect("just pushed").1;
             cells.push(json!({
                 "threads": threads,
                 "multiplier": m,
                 "ops_per_s": run.ops_per_s,
                 "efficiency": run.ops_per_s / ideal,
             }));
+        }
+        let free = median_run(free_runs);
+        ceiling.push(json!({
+            "threads": threads,
+            "ops_per_s": free.ops_per_s,
+            "efficiency": free.ops_per_s / ideal,
+        }));
+        rows.insert(0, ("none".into(), free, 1.0));
+        for (label, run, of_ceiling) in rows {
+            println!(
+                "{threads:>7} {label:>7} {:>10.0} {:>10.3} {:>10.3} {:>8.2} {:>10.2}",
+                run.ops_per_s,
+                run.ops_per_s / ideal,
+                of_ceiling,
+                run.late_ms,
+                run.cpu_us,
+            );
         }
     }
     (cells, ceiling)
