@@ -45,8 +45,9 @@
 //! a number with one compare-exchange; `ack` writes the number's done marker into a
 //! ring slot with another. The low-water mark is moved lazily, over the run of done
 //! markers at its head, by whoever needs it: `next` when the window looks full,
-//! `progress` and `wait`, and acks only while a `next` or `wait` is parked. About
-//! 30 ns per `next` + `ack` pair on one thread, 70 ns with two threads contending
+//! `progress` and `wait`, and acks only while a `next` or `wait` is parked. A
+//! `next` + `ack` pair costs 25 to 40 ns on one thread and 70 to 90 ns with two
+//! threads contending, three to nine times less than a `Mutex<BTreeSet>` tracker
 //! (`cargo bench -p tranche-window --bench window`). The blocking variants
 //! ([`next_blocking`](SlidingWindow::next_blocking),
 //! [`wait_blocking`](SlidingWindow::wait_blocking)) share the same core.
