@@ -4,7 +4,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// Every Rust file under `*/src`, `*/tests` and `*/benches` of every member folder.
@@ -19,12 +22,18 @@ fn sources() -> Vec<PathBuf> {
             collect(&member.join(sub), &mut out);
         }
     }
-    assert!(!out.is_empty(), "found no sources under {}", workspace_root().display());
+    assert!(
+        !out.is_empty(),
+        "found no sources under {}",
+        workspace_root().display()
+    );
     out
 }
 
 fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = fs::read_dir(dir) else { return };
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
     for entry in entries {
         let path = entry.unwrap().path();
         if path.is_dir() {
@@ -42,18 +51,30 @@ fn every_file_opens_with_module_docs() {
         .into_iter()
         .filter(|path| {
             let text = fs::read_to_string(path).unwrap();
-            let first = text.lines().find(|line| !line.trim().is_empty()).unwrap_or("");
+            let first = text
+                .lines()
+                .find(|line| !line.trim().is_empty())
+                .unwrap_or("");
             !first.starts_with("//!")
         })
         .map(|path| path.display().to_string())
         .collect();
-    assert!(missing.is_empty(), "files without `//!` docs at the top: {missing:#?}");
+    assert!(
+        missing.is_empty(),
+        "files without `//!` docs at the top: {missing:#?}"
+    );
 }
 
 /// Stubs and debug prints do not land.
 #[test]
 fn no_stubs_or_debug_prints() {
-    let banned = ["todo!(", "unimplemented!(", "dbg!(", "#[ignore", "#[should_panic"];
+    let banned = [
+        "todo!(",
+        "unimplemented!(",
+        "dbg!(",
+        "#[ignore",
+        "#[should_panic",
+    ];
     let mut found = Vec::new();
     for path in sources() {
         if path.ends_with("tidy.rs") {
