@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use redis::AsyncCommands;
 use tranche_active_store::{Config, Leases, Plan, Planner, RedisActiveStore, RedisConnection};
 
 use support::TestRedis;
@@ -225,16 +224,5 @@ async fn plan_cost(server: &TestRedis) -> u64 {
         })
         .await
         .unwrap();
-    let keys: Vec<String> = conn.keys("*").await.unwrap();
-    let mut total = 0;
-    for key in keys {
-        let n: Option<u64> = redis::cmd("MEMORY")
-            .arg("USAGE")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        total += n.unwrap_or(0);
-    }
-    total
+    server.bytes_of_all_keys()
 }

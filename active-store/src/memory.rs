@@ -267,16 +267,10 @@ impl Leases for MemoryActiveStore {
                 shard.leases.remove(&(deadline, lease.pid));
             }
             shard.completed.insert(lease.pid);
-            let record = CompletedRecord {
-                pid: lease.pid,
-                min_id: p.min_id,
-                max_id: p.max_id,
-                worker: lease.worker.as_str().into(),
-                completed_at_ms: now,
-                duration_ms: *duration_ms,
-            };
             // The receiver lives in `self`, so the channel cannot be disconnected.
-            let _ = self.inbox[shard_no].0.send(record);
+            let _ = self.inbox[shard_no]
+                .0
+                .send(lease.completed(now, *duration_ms));
             out.push(Ok(Completion::Completed));
         }
         Ok(out)

@@ -66,6 +66,21 @@ pub struct Lease {
     pub deadline_ms: u64,
 }
 
+impl Lease {
+    /// The archived form of this lease's partition, completed at `now_ms` after
+    /// `duration_ms`.
+    pub fn completed(&self, now_ms: u64, duration_ms: u64) -> tranche_codec::CompletedRecord {
+        tranche_codec::CompletedRecord {
+            pid: self.pid,
+            min_id: self.min_id,
+            max_id: self.max_id,
+            worker: self.worker.as_str().into(),
+            completed_at_ms: now_ms,
+            duration_ms,
+        }
+    }
+}
+
 /// The outcome of a completion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Completion {

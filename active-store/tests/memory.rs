@@ -8,27 +8,11 @@ use tranche_active_store::{Config, Leases, Plan, Planner, RedisActiveStore, Redi
 
 use support::TestRedis;
 
-/// Total `MEMORY USAGE` of every key in the server.
-async fn bytes_of_all_keys(conn: &mut RedisConnection) -> u64 {
-    let keys: Vec<String> = conn.keys("*").await.unwrap();
-    let mut total = 0;
-    for key in keys {
-        let n: Option<u64> = redis::cmd("MEMORY")
-            .arg("USAGE")
-            .arg(&key)
-            .query_async(conn)
-            .await
-            .unwrap();
-        total += n.unwrap_or(0);
-    }
-    total
-}
-
 #[tokio::test]
 async fn a_five_billion_id_plan_costs_under_a_kilobyte() {
     for shards in [1, 4] {
         let server = TestRedis::start();
-        let mut conn = RedisConnection::connect(&server.url()).await.unwrap();
+        let conn = RedisConnection::connect(&server.url()).await.unwrap();
         let store = RedisActiveStore::new(
             conn.clone(),
             Config {
@@ -45,7 +29,7 @@ async fn a_five_billion_id_plan_costs_under_a_kilobyte() {
             })
             .await
             .unwrap();
-        let bytes = bytes_of_all_keys(&mut conn).await;
+        let bytes = server.bytes_of_all_keys();
         assert!(
             bytes > 0 && bytes < 1024,
             "{shards} shards: 5e9 IDs planned in {bytes} bytes"
@@ -78,16 +62,7 @@ async fn the_active_set_stays_flat_while_100k_partitions_complete() {
         assert_eq!(leases.len(), 100);
         if round % 250 == 0 {
             // Peak: 100 partitions in flight.
-            let mut bytes = 0;
-            for key in active_keys {
-                let n: Option<u64> = redis::cmd("MEMORY")
-                    .arg("USAGE")
-                    .arg(key)
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap();
-                bytes += n.unwrap_or(0);
-            }
+            let bytes = server.bytes_of(&active_keys);
             let len: u64 = conn.hlen("{elk:0}:active").await.unwrap();
             samples.push((round * 100, len, bytes));
         }

@@ -10,7 +10,7 @@ use redis::aio::ConnectionLike;
 use redis::{AsyncCommands, Script};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
-use tranche_codec::{CompletedRecord, KeySchema, Partition};
+use tranche_codec::{KeySchema, Partition};
 
 pub use conn::RedisConnection;
 use conn::retry;
@@ -472,14 +472,7 @@ where
                 let mut args = Vec::with_capacity(chunk.len() * 4);
                 for &i in chunk {
                     let (lease, duration_ms) = &done[i];
-                    let record = CompletedRecord {
-                        pid: lease.pid,
-                        min_id: lease.min_id,
-                        max_id: lease.max_id,
-                        worker: lease.worker.as_str().into(),
-                        completed_at_ms: now,
-                        duration_ms: *duration_ms,
-                    };
+                    let record = lease.completed(now, *duration_ms);
                     args.push(lease.pid.to_string());
                     args.push(lease.token.to_string());
                     args.push(self.bit(lease.pid).to_string());

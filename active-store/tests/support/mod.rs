@@ -116,6 +116,23 @@ impl TestRedis {
         }
     }
 
+    /// Redis memory of every key, by `MEMORY USAGE`: what the data costs, without the
+    /// server's own overhead that `used_memory` includes.
+    pub fn bytes_of_all_keys(&self) -> u64 {
+        let keys: Vec<String> = self.query(redis::cmd("KEYS").arg("*"));
+        self.bytes_of(&keys)
+    }
+
+    /// Total `MEMORY USAGE` of `keys` (missing keys count 0).
+    pub fn bytes_of<K: AsRef<str>>(&self, keys: &[K]) -> u64 {
+        keys.iter()
+            .map(|key| {
+                self.query::<Option<u64>>(redis::cmd("MEMORY").arg("USAGE").arg(key.as_ref()))
+                    .unwrap_or(0)
+            })
+            .sum()
+    }
+
     /// Runs a command and parses the reply.
     pub fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
         let client = redis::Client::open(self.url()).unwrap();
