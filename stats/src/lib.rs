@@ -1,0 +1,42 @@
+//! The statistics layer of tranche: global, per-worker, per-100,000-ID-range and hourly
+//! statistics of completed partitions, with duration percentiles, versioned snapshots
+//! and a consistency check.
+//!
+//! [`StatsStore`] is what readers hold (`Arc<dyn StatsStore>`): [`RedisStats`] is the
+//! real implementation and [`MemoryStats`] the embedded one, with the same behaviour.
+//! [`Stats`] is the seed's JSON shape, merged across shards; [`diff`] compares it with
+//! [`Stats::from_records`] for `check`, and [`StatsStore::replace`] repairs a shard.
+//!
+//! The design choice a reader might get wrong: **this crate never updates statistics
+//! by itself, and exactly-once is not its job.** The archiver aggregates a batch of one
+//! shard's records into a [`StatsDelta`] and applies it in the *same atomic step* as
+//! the archive write: on Redis by concatenating [`APPLY_DELTA_LUA`] with its own script
+//! and passing [`stats_keys`] and [`delta_args`]; in memory by calling
+//! [`MemoryStats::apply`] under its own lock. The archive's per-pid "archived" bit,
+//! set in that same step, decides which records enter the delta, so a partition whose
+//! completion or archiving is retried still counts once.
+//!
+//! Statistics are kept per shard (every key of a script in one cluster slot) and merged
+//! on read. Percentiles come from a log-linear histogram whose buckets merge by
+//! addition; a reported percentile is within [`PERCENTILE_RELATIVE_ERROR`] (1/64) of
+//! the exact nearest-rank percentile, and exact below 64 ms.
+
+mod aggregate;
+mod diff;
+mod error;
+mod hist;
+mod memory;
+mod model;
+mod redis_store;
+mod store;
+
+pub use aggregate::{RANGE_SIZE, StatsDelta};
+pub use diff::{Difference, diff};
+pub use error::{Error, Result};
+pub use hist::PERCENTILE_RELATIVE_ERROR;
+pub use memory::MemoryStats;
+pub use model::{
+    DataRange, DayStats, GlobalStats, RangeStats, Stats, TimeRange, WorkerShare, WorkerStats,
+};
+pub use redis_store::{APPLY_DELTA_LUA, RedisStats, delta_args, scripts, stats_keys};
+pub use store::{SNAPSHOTS_KEPT, Snapshot, SnapshotConfig, SnapshotSchedule, StatsStore};

@@ -1,0 +1,141 @@
+//! The in-memory statistics backend, for the embedded mode.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use dashmap::DashMap;
+
+use crate::aggregate::{Aggregate, RANGE_SIZE};
+use crate::model::render_range;
+use crate::store::{SNAPSHOTS_KEPT, Snapshot, SnapshotConfig, StatsStore, now_ms};
+use crate::{RangeStats, Result, Stats, StatsDelta};
+
+/// Statistics in memory, per shard, with the same behaviour as [`RedisStats`].
+///
+/// The memory archive calls [`MemoryStats::apply`] while it holds its own shard lock,
+/// which gives the same "archive write and statistics together" atomicity as the Redis
+/// script.
+///
+/// [`RedisStats`]: crate::RedisStats
+#[derive(Debug, Default)]
+pub struct MemoryStats {
+    shards: DashMap<u32, Aggregate>,
+    snapshots: Mutex<Snapshots>,
+}
+
+#[derive(Debug, Default)]
+struct Snapshots {
+    next: u64,
+    kept: BTreeMap<u64, Snapshot>,
+    config: Option<SnapshotConfig>,
+}
+
+impl MemoryStats {
+    /// Empty statistics.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `delta` to shard `shard`'s statistics, stamped with the current time.
+    pub fn apply(&self, shard: u32, delta: &StatsDelta) {
+        self.apply_at(shard, delta, now_ms());
+    }
+
+    /// Adds `delta` to shard `shard`'s statistics, stamped `now_ms` (as [`delta_args`]
+    /// stamps it on Redis). An empty delta changes nothing.
+    ///
+    /// [`delta_args`]: crate::delta_args
+    pub fn apply_at(&self, shard: u32, delta: &StatsDelta, now_ms: u64) {
+        if delta.is_empty() {
+            return;
+        }
+        let mut agg = delta.agg.clone();
+        agg.updated = Some(now_ms);
+        self.shards.entry(shard).or_default().merge(&agg);
+    }
+
+    /// The configuration of the latest snapshot, if any.
+    pub fn snapshot_config(&self) -> Option<SnapshotConfig> {
+        lock(&self.snapshots).config.clone()
+    }
+
+    fn merged(&self) -> Aggregate {
+        let mut all = Aggregate::default();
+        let mut shards: Vec<u32> = self.shards.iter().map(|e| *e.key()).collect();
+        shards.sort_unstable();
+        for s in shards {
+            if let Some(agg) = self.shards.get(&s) {
+                all.merge(&agg);
+            }
+        }
+        all
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[async_trait]
+impl StatsStore for MemoryStats {
+    async fn stats(&self) -> Result<Stats> {
+        Ok(self.merged().render())
+    }
+
+    async fn range_summary(&self, id: u64) -> Result<Option<RangeStats>> {
+        let r = id / RANGE_SIZE;
+        let mut all = Aggregate::default();
+        for shard in self.shards.iter() {
+            if let Some(range) = shard.ranges.get(&r) {
+                let mut one = Aggregate::default();
+                one.ranges.insert(r, range.clone());
+                all.merge(&one);
+            }
+        }
+        Ok(all.ranges.get(&r).map(render_range))
+    }
+
+    async fn replace(&self, shard: u32, delta: &StatsDelta) -> Result<()> {
+        let mut agg = delta.agg.clone();
+        if !delta.is_empty() {
+            agg.updated = Some(now_ms());
+        }
+        self.shards.insert(shard, agg);
+        Ok(())
+    }
+
+    async fn publish_snapshot(&self) -> Result<u64> {
+        let stats = self.merged().render();
+        let timestamp_ms = now_ms();
+        let mut s = lock(&self.snapshots);
+        s.next += 1;
+        let version = s.next;
+        s.config = Some(SnapshotConfig {
+            version,
+            timestamp_ms,
+            count: stats.global_stats.total_completed,
+        });
+        s.kept.insert(
+            version,
+            Snapshot {
+                version,
+                timestamp_ms,
+                stats,
+            },
+        );
+        s.kept.retain(|&v, _| v + SNAPSHOTS_KEPT > version);
+        Ok(version)
+    }
+
+    async fn latest_snapshot(&self) -> Result<Option<Snapshot>> {
+        Ok(lock(&self.snapshots)
+            .kept
+            .last_key_value()
+            .map(|(_, s)| s.clone()))
+    }
+
+    async fn snapshot(&self, version: u64) -> Result<Option<Snapshot>> {
+        Ok(lock(&self.snapshots).kept.get(&version).cloned())
+    }
+}

@@ -1,0 +1,133 @@
+//! The trait every statistics backend implements, and the snapshot types.
+
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::{RangeStats, Result, Stats, StatsDelta};
+
+/// How many snapshot versions are kept; publishing one more deletes the oldest.
+pub const SNAPSHOTS_KEPT: u64 = 10;
+
+/// Reading, repairing and snapshotting the statistics of one namespace.
+///
+/// Writing is not here: statistics change only through [`StatsDelta`]s applied in the
+/// same atomic step as the archive write ([`APPLY_DELTA_LUA`] on Redis,
+/// [`MemoryStats::apply`] in memory), so that each partition counts once.
+///
+/// [`APPLY_DELTA_LUA`]: crate::APPLY_DELTA_LUA
+/// [`MemoryStats::apply`]: crate::MemoryStats::apply
+#[async_trait]
+pub trait StatsStore: Send + Sync {
+    /// Every statistic, merged across shards.
+    async fn stats(&self) -> Result<Stats>;
+
+    /// The statistics of the 100,000-ID range holding row ID `id`, merged across
+    /// shards; `None` if nothing completed there. The router's answer when a batch has
+    /// expired or fails to decode.
+    async fn range_summary(&self, id: u64) -> Result<Option<RangeStats>>;
+
+    /// Overwrites shard `shard`'s statistics with `delta`, recomputed from every record
+    /// the archive holds for that shard (`check --repair`). Atomic per shard.
+    async fn replace(&self, shard: u32, delta: &StatsDelta) -> Result<()>;
+
+    /// Publishes the current statistics as the next snapshot version and returns it.
+    /// The last [`SNAPSHOTS_KEPT`] versions are kept.
+    async fn publish_snapshot(&self) -> Result<u64>;
+
+    /// The latest published snapshot, if any.
+    async fn latest_snapshot(&self) -> Result<Option<Snapshot>>;
+
+    /// Snapshot `version`, if published and still kept.
+    async fn snapshot(&self, version: u64) -> Result<Option<Snapshot>>;
+}
+
+/// A published snapshot (seed 003's `snapshot:v{n}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Its version, from 1.
+    pub version: u64,
+    /// When it was published, in ms since the Unix epoch.
+    pub timestamp_ms: u64,
+    /// The statistics at that time.
+    pub stats: Stats,
+}
+
+/// The snapshot metadata kept beside the latest version (seed 003's `snapshot:config`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotConfig {
+    /// The latest version.
+    pub version: u64,
+    /// When it was published, in ms since the Unix epoch.
+    pub timestamp_ms: u64,
+    /// Completed partitions it counts.
+    pub count: u64,
+}
+
+/// When to publish the next snapshot: every `every_batches` archive batches or every
+/// `every` of time, whichever comes first (seed 003 refreshes every 10 batches).
+///
+/// The archiver calls [`SnapshotSchedule::batch_done`] after each batch and publishes
+/// when it returns `true`.
+#[derive(Debug, Clone)]
+pub struct SnapshotSchedule {
+    every_batches: u64,
+    every: Duration,
+    batches: u64,
+    last: Instant,
+}
+
+impl SnapshotSchedule {
+    /// A schedule starting at `now`.
+    pub fn new(every_batches: u64, every: Duration, now: Instant) -> Self {
+        Self {
+            every_batches: every_batches.max(1),
+            every,
+            batches: 0,
+            last: now,
+        }
+    }
+
+    /// Counts one archive batch; `true` when a snapshot is due (and restarts the count).
+    pub fn batch_done(&mut self, now: Instant) -> bool {
+        self.batches += 1;
+        self.due(now)
+    }
+
+    /// `true` when a snapshot is due by time alone (for an idle archiver's timer), and
+    /// restarts the count if so.
+    pub fn due(&mut self, now: Instant) -> bool {
+        let due = self.batches >= self.every_batches
+            || (self.batches > 0 && now.saturating_duration_since(self.last) >= self.every);
+        if due {
+            self.batches = 0;
+            self.last = now;
+        }
+        due
+    }
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshots_are_due_by_batches_or_by_time() {
+        let t0 = Instant::now();
+        let mut s = SnapshotSchedule::new(3, Duration::from_secs(30), t0);
+        assert!(!s.batch_done(t0));
+        assert!(!s.batch_done(t0));
+        assert!(s.batch_done(t0));
+        assert!(!s.due(t0 + Duration::from_secs(60)), "nothing new since");
+        assert!(!s.batch_done(t0 + Duration::from_secs(1)));
+        assert!(s.due(t0 + Duration::from_secs(31)));
+    }
+}
