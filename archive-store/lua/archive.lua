@@ -1,0 +1,57 @@
+-- archive: write one batch of completed records of one shard, exactly once.
+-- KEYS[1] archived bitmap   KEYS[2] simple-tier hash   KEYS[3] archive counters hash
+--      KEYS[4..] open batch hashes of the compressed tiers (as many as ARGV names)
+-- ARGV[1] n, the number of records
+-- ARGV per record (4 each, from ARGV[2]): pid, bit offset, payload, target
+--      (0: the simple hash; k > 0: the open batch hash KEYS[3 + k])
+-- Reply: {1, written} when every record was fresh and all were written;
+--        {0, i, j, ...} when records i, j, ... (1-based) were archived already, in which
+--        case nothing at all was written: the caller drops them and calls again, so the
+--        statistics delta it sends always covers exactly the records written.
+local n = tonumber(ARGV[1])
+if n == 0 then return {1, 0} end
+
+-- One BITFIELD reads every record's archived bit.
+local ops = {}
+for i = 1, n do
+  local base = 4 * (i - 1) + 2
+  ops[#ops + 1] = 'GET'
+  ops[#ops + 1] = 'u1'
+  ops[#ops + 1] = ARGV[base + 1]
+end
+local bits = redis.call('BITFIELD', KEYS[1], unpack(ops))
+
+-- Idempotency: a record whose bit is set was stored and counted before (a retried
+-- completion, or a batch an archiver wrote but died before acknowledging). Refuse the
+-- whole call rather than write part of it, so the statistics stay exact.
+local dups = {0}
+for i = 1, n do
+  if bits[i] == 1 then dups[#dups + 1] = i end
+end
+if #dups > 1 then return dups end
+
+-- All fresh: set the bits, write the tiers, count.
+local sets, simple, open = {}, {}, {}
+for i = 1, n do
+  local base = 4 * (i - 1) + 2
+  sets[#sets + 1] = 'SET'
+  sets[#sets + 1] = 'u1'
+  sets[#sets + 1] = ARGV[base + 1]
+  sets[#sets + 1] = 1
+  local target = tonumber(ARGV[base + 3])
+  if target == 0 then
+    simple[#simple + 1] = ARGV[base]
+    simple[#simple + 1] = ARGV[base + 2]
+  else
+    local k = 3 + target
+    open[k] = open[k] or {}
+    local f = open[k]
+    f[#f + 1] = ARGV[base]
+    f[#f + 1] = ARGV[base + 2]
+  end
+end
+redis.call('BITFIELD', KEYS[1], unpack(sets))
+if #simple > 0 then variadic('HSET', KEYS[2], simple) end
+for k, fields in pairs(open) do variadic('HSET', KEYS[k], fields) end
+redis.call('HINCRBY', KEYS[3], 'count', n)
+return {1, n}

@@ -1,0 +1,258 @@
+//! The embedded backend: the same tiers and rules as Redis, in process memory.
+
+use std::collections::{BTreeMap, HashSet};
+use std::ops::RangeInclusive;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use crossbeam_channel::Receiver;
+use tokio::time::Instant;
+use tranche_codec::{
+    BinaryV2Options, CompletedRecord, KeySchema, WorkerDict, decode_binary_v2, encode_binary_v2,
+};
+
+use crate::model::{ArchivePass, Config, Lookup, RangePage, Tier};
+use crate::store::{ArchiveQuery, Archiver};
+use crate::{Error, Result};
+
+/// The archive in memory, fed by one channel per shard (the memory active store's
+/// inboxes). Archiving and querying go through the same object.
+///
+/// A channel hands each record out once, so there is nothing to take over from a dead
+/// archiver here; the exactly-once rule still holds: a record whose pid is archived
+/// already is dropped and not counted. Without the active store's completed index this
+/// backend never answers [`Lookup::Archiving`].
+#[derive(Debug)]
+pub struct MemoryArchive {
+    config: Config,
+    schema: KeySchema,
+    inboxes: Vec<Receiver<CompletedRecord>>,
+    shards: Vec<Mutex<Shard>>,
+    /// The worker dictionary every sealed batch is written with.
+    dict: Mutex<WorkerDict>,
+    decode_failures: Mutex<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    /// The archived pids: the memory twin of `{ns:s}:archived`.
+    archived: HashSet<u64>,
+    /// Records archived by this shard.
+    count: u64,
+    simple: BTreeMap<u64, CompletedRecord>,
+    /// Batches still filling, batch id -> records by pid.
+    open: BTreeMap<u64, (Tier, BTreeMap<u64, CompletedRecord>)>,
+    /// Sealed batches: binary v2 bytes, tier, and when they expire.
+    sealed: BTreeMap<u64, Sealed>,
+}
+
+#[derive(Debug)]
+struct Sealed {
+    bytes: Vec<u8>,
+    tier: Tier,
+    expires: Option<Instant>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl MemoryArchive {
+    /// An archive draining `inboxes`, one receiver per shard in shard order.
+    pub fn new(config: Config, inboxes: Vec<Receiver<CompletedRecord>>) -> Result<Self> {
+        let schema = config.schema()?;
+        if inboxes.len() != schema.num_shards() as usize {
+            return Err(Error::InvalidArgument(format!(
+                "{} inboxes for {} shards",
+                inboxes.len(),
+                schema.num_shards()
+            )));
+        }
+        Ok(Self {
+            shards: schema.shards().map(|_| Mutex::default()).collect(),
+            config,
+            schema,
+            inboxes,
+            dict: Mutex::default(),
+            decode_failures: Mutex::default(),
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Records archived so far, over every shard.
+    pub fn archived_count(&self) -> u64 {
+        self.shards.iter().map(|s| lock(s).count).sum()
+    }
+
+    /// Overwrites the sealed bytes of `batch` (tests of the corrupt-batch path).
+    /// Returns whether the batch was sealed.
+    pub fn corrupt_batch(&self, batch: u64, bytes: Vec<u8>) -> bool {
+        let mut shard = lock(&self.shards[self.schema.shard_of_batch(batch) as usize]);
+        match shard.sealed.get_mut(&batch) {
+            Some(s) => {
+                s.bytes = bytes;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn archive_records(
+        &self,
+        shard: u32,
+        records: Vec<CompletedRecord>,
+        tier: Tier,
+    ) -> Result<(usize, usize)> {
+        let mut dict = lock(&self.dict);
+        let mut s = lock(&self.shards[shard as usize]);
+        let (mut written, mut dups) = (0, 0);
+        let batch_size = self.schema.batch_size();
+        for record in records {
+            if !s.archived.insert(record.pid) {
+                dups += 1;
+                continue;
+            }
+            written += 1;
+            s.count += 1;
+            if tier == Tier::Simple {
+                s.simple.insert(record.pid, record);
+                continue;
+            }
+            dict.insert(&record.worker)?;
+            let batch = self.schema.batch_of(record.pid);
+            let open = s
+                .open
+                .entry(batch)
+                .or_insert_with(|| (tier, BTreeMap::new()));
+            open.0 = open.0.max(tier);
+            open.1.insert(record.pid, record);
+            if open.1.len() as u64 == batch_size {
+                let Some((tier, recs)) = s.open.remove(&batch) else {
+                    continue;
+                };
+                let recs: Vec<CompletedRecord> = recs.into_values().collect();
+                let bytes =
+                    encode_binary_v2(batch, &recs, &dict, &BinaryV2Options::new(batch_size)?)?;
+                let expires =
+                    (tier == Tier::Summary).then(|| Instant::now() + self.config.summary_ttl);
+                s.sealed.insert(
+                    batch,
+                    Sealed {
+                        bytes,
+                        tier,
+                        expires,
+                    },
+                );
+            }
+        }
+        Ok((written, dups))
+    }
+
+    fn lookup(&self, pid: u64) -> Lookup {
+        let shard = lock(&self.shards[self.schema.shard_of(pid) as usize]);
+        if !shard.archived.contains(&pid) {
+            return Lookup::Unknown;
+        }
+        if let Some(r) = shard.simple.get(&pid) {
+            return Lookup::Archived {
+                record: r.clone(),
+                tier: Tier::Simple,
+            };
+        }
+        let batch = self.schema.batch_of(pid);
+        if let Some((tier, recs)) = shard.open.get(&batch)
+            && let Some(r) = recs.get(&pid)
+        {
+            return Lookup::Archived {
+                record: r.clone(),
+                tier: *tier,
+            };
+        }
+        let Some(sealed) = shard.sealed.get(&batch) else {
+            return Lookup::Expired;
+        };
+        if sealed.expires.is_some_and(|e| e <= Instant::now()) {
+            return Lookup::Expired;
+        }
+        let dict = lock(&self.dict);
+        match decode_binary_v2(&sealed.bytes, &dict) {
+            Ok(b) => match b.records.into_iter().find(|r| r.pid == pid) {
+                Some(record) => Lookup::Archived {
+                    record,
+                    tier: sealed.tier,
+                },
+                None => self.failed(format!("batch {batch} lacks pid {pid}")),
+            },
+            Err(err) => self.failed(format!("batch {batch}: {err}")),
+        }
+    }
+
+    fn failed(&self, detail: String) -> Lookup {
+        *lock(&self.decode_failures) += 1;
+        Lookup::Undecodable { detail }
+    }
+}
+
+#[async_trait]
+impl Archiver for MemoryArchive {
+    async fn archive_once(&self) -> Result<ArchivePass> {
+        let mut pass = ArchivePass::default();
+        let tier = self.config.tier_for(self.archived_count());
+        for shard in self.schema.shards() {
+            let records: Vec<CompletedRecord> = self.inboxes[shard as usize]
+                .try_iter()
+                .take(self.config.batch)
+                .collect();
+            pass.entries += records.len();
+            let (written, dups) = self.archive_records(shard, records, tier)?;
+            pass.archived += written;
+            pass.duplicates += dups;
+        }
+        Ok(pass)
+    }
+
+    fn idle_wait(&self) -> Duration {
+        self.config.block
+    }
+}
+
+#[async_trait]
+impl ArchiveQuery for MemoryArchive {
+    async fn get(&self, pid: u64) -> Result<Lookup> {
+        Ok(self.lookup(pid))
+    }
+
+    async fn range(&self, pids: RangeInclusive<u64>, limit: usize) -> Result<RangePage> {
+        let limit = limit.max(1);
+        let (mut pid, end) = (*pids.start(), *pids.end());
+        let mut records = Vec::new();
+        while pid <= end {
+            if records.len() == limit {
+                return Ok(RangePage {
+                    records,
+                    next: Some(pid),
+                });
+            }
+            if let Lookup::Archived { record, .. } = self.lookup(pid) {
+                records.push(record);
+            }
+            if pid == u64::MAX {
+                break;
+            }
+            pid += 1;
+        }
+        Ok(RangePage {
+            records,
+            next: None,
+        })
+    }
+
+    async fn decode_failures(&self) -> Result<u64> {
+        Ok(*lock(&self.decode_failures))
+    }
+}

@@ -1,0 +1,163 @@
+//! Settings and the values the archive answers with.
+
+use std::time::Duration;
+
+use tranche_codec::{CompletedRecord, KeySchema};
+
+use crate::{Error, Result};
+
+/// How the archive is set up. The same settings serve both backends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// The namespace all keys live under (`elk` in the seed).
+    pub namespace: String,
+    /// Shards, 1..=1024; must match the active store's.
+    pub num_shards: u32,
+    /// Inbox entries read per shard and pass at most (the seed's "every 100 updates").
+    pub batch: usize,
+    /// The longest an idle archiver waits before looking at the inbox again (the seed's
+    /// "or every 30 s"); it polls sooner while work keeps arriving.
+    pub block: Duration,
+    /// Archived count from which new records go to the compressed tier.
+    pub compressed_at: u64,
+    /// Archived count from which new records go to the summary tier.
+    pub summary_at: u64,
+    /// How long sealed batches of the summary tier live.
+    pub summary_ttl: Duration,
+    /// How long an inbox entry must sit unacknowledged with another archiver before
+    /// this one takes it over (XAUTOCLAIM): longer than any sane pass, so a live
+    /// archiver never loses its entries to a colleague.
+    pub claim_idle: Duration,
+    /// This archiver's consumer name in the `archivers` group; unique per process.
+    pub consumer: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            namespace: "elk".to_owned(),
+            num_shards: 1,
+            batch: 100,
+            block: Duration::from_secs(30),
+            compressed_at: 100_000,
+            summary_at: 500_000,
+            summary_ttl: Duration::from_secs(24 * 3600),
+            claim_idle: Duration::from_secs(60),
+            consumer: format!("archiver-{}", std::process::id()),
+        }
+    }
+}
+
+impl Config {
+    /// Checks the settings and returns the key schema they imply.
+    pub fn schema(&self) -> Result<KeySchema> {
+        if self.batch == 0 {
+            return Err(Error::InvalidArgument("batch must be at least 1".into()));
+        }
+        if self.summary_at < self.compressed_at {
+            return Err(Error::InvalidArgument(format!(
+                "summary_at {} is below compressed_at {}",
+                self.summary_at, self.compressed_at
+            )));
+        }
+        if self.consumer.is_empty() {
+            return Err(Error::InvalidArgument("empty consumer name".into()));
+        }
+        Ok(KeySchema::new(&self.namespace, self.num_shards)?)
+    }
+
+    /// The tier new records go to once `archived` records are in the archive.
+    pub fn tier_for(&self, archived: u64) -> Tier {
+        if archived >= self.summary_at {
+            Tier::Summary
+        } else if archived >= self.compressed_at {
+            Tier::Compressed
+        } else {
+            Tier::Simple
+        }
+    }
+}
+
+/// Where a record is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Tier {
+    /// The shard's hash of the seed's JSON, pid -> record.
+    Simple,
+    /// Batches of 100: open hashes while they fill, sealed binary v2 strings once full.
+    Compressed,
+    /// As compressed, but sealed batches expire; the statistics layer answers after.
+    Summary,
+}
+
+impl Tier {
+    /// `simple`, `compressed` or `summary`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Tier::Simple => "simple",
+            Tier::Compressed => "compressed",
+            Tier::Summary => "summary",
+        }
+    }
+}
+
+/// What the archive says about one pid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Lookup {
+    /// The record, decoded, and the tier it was found in.
+    Archived {
+        /// The record, exactly as completed.
+        record: CompletedRecord,
+        /// Where it was found.
+        tier: Tier,
+    },
+    /// Completed (the active store set its index bit) but not archived yet: "completed,
+    /// archiving", never "unknown".
+    Archiving,
+    /// Archived, but its batch expired (summary tier): ask the statistics layer.
+    Expired,
+    /// Archived, but its batch does not decode; the failure was counted. Ask the
+    /// statistics layer.
+    Undecodable {
+        /// What was wrong.
+        detail: String,
+    },
+    /// The archive knows nothing of this pid.
+    Unknown,
+}
+
+/// What one archiver pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ArchivePass {
+    /// Inbox entries read (each may carry several records).
+    pub entries: usize,
+    /// Records written to the archive (and counted) by this pass.
+    pub archived: usize,
+    /// Records dropped because they were archived already.
+    pub duplicates: usize,
+    /// Inbox entries taken over from a dead archiver.
+    pub claimed: usize,
+    /// Inbox lines that did not decode; acknowledged and dropped, and logged.
+    pub malformed: usize,
+}
+
+impl ArchivePass {
+    /// Adds `other` into `self`.
+    pub fn add(&mut self, other: ArchivePass) {
+        self.entries += other.entries;
+        self.archived += other.archived;
+        self.duplicates += other.duplicates;
+        self.claimed += other.claimed;
+        self.malformed += other.malformed;
+    }
+}
+
+/// One page of a range scan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RangePage {
+    /// The archived records found, in pid order.
+    pub records: Vec<CompletedRecord>,
+    /// Where the next page starts, or `None` when the range is done.
+    pub next: Option<u64>,
+}

@@ -1,0 +1,566 @@
+//! The Redis backend: every archive batch and every `get` is one Lua script on one
+//! shard's hash slot.
+
+mod conn;
+
+use std::collections::HashSet;
+use std::ops::RangeInclusive;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, RwLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::ConnectionLike;
+use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
+use redis::{Script, Value};
+use tranche_codec::{
+    CompletedRecord, KeySchema, WorkerDict, decode_binary_v2, decode_json, encode_json,
+};
+
+use conn::retry;
+
+use crate::model::{ArchivePass, Config, Lookup, RangePage, Tier};
+use crate::store::{ArchiveQuery, Archiver};
+use crate::{Error, Result};
+
+macro_rules! script {
+    ($name:literal) => {
+        LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!("../../lua/prelude.lua"),
+                include_str!(concat!("../../lua/", $name, ".lua"))
+            ))
+        })
+    };
+}
+
+static ARCHIVE: LazyLock<Script> = script!("archive");
+static GET: LazyLock<Script> = script!("get");
+
+/// Every script with its name, for tests that check each keeps to one slot.
+pub fn scripts() -> Vec<(&'static str, &'static Script)> {
+    vec![("archive", &ARCHIVE), ("get", &GET)]
+}
+
+/// The consumer group every archiver of a namespace joins, on every inbox.
+const GROUP: &str = "archivers";
+/// Records per archive script call at most: Lua's `unpack` is bounded.
+const MAX_SCRIPT_RECORDS: usize = 1000;
+
+/// The archive on Redis (standalone or cluster).
+///
+/// Keys of shard `s` (tag `{ns:s}`): `inbox` (read through the `archivers` consumer
+/// group), `completed:index` (read only: the active store's), `archived` (bitmap of
+/// archived pids, at [`KeySchema::bit_offset`]), `completed` (simple tier, pid -> JSON),
+/// `completed:batch:N:open` (hash of a compressed batch still filling, pid -> JSON),
+/// `completed:batch:N` (a sealed binary v2 batch) and `archive` (counters: `count`).
+/// Namespace keys: `{ns}:dict` (the worker dictionary) and `{ns}:meta`
+/// (`decode_failures`).
+///
+/// Generic over the connection so any multiplexed [`ConnectionLike`] works.
+#[derive(Debug)]
+pub struct RedisArchive<C> {
+    conn: C,
+    config: Config,
+    schema: KeySchema,
+    keys: Arc<[ShardKeys]>,
+    dict_key: String,
+    meta_key: String,
+    /// The worker dictionary as last read; it only grows, so a decode that meets an
+    /// unknown index reads it again.
+    dict: RwLock<Arc<WorkerDict>>,
+    /// Per shard: whether this archiver has made sure the group exists and re-read its
+    /// own pending entries (left by an earlier run under the same consumer name).
+    started: Arc<[AtomicBool]>,
+}
+
+#[derive(Debug, Clone)]
+struct ShardKeys {
+    inbox: String,
+    index: String,
+    archived: String,
+    completed: String,
+    counters: String,
+}
+
+impl ShardKeys {
+    fn new(schema: &KeySchema, shard: u32) -> Self {
+        Self {
+            inbox: schema.inbox(shard),
+            index: schema.completed_index(shard),
+            archived: schema.shard_key(shard, "archived"),
+            completed: schema.completed(shard),
+            counters: schema.shard_key(shard, "archive"),
+        }
+    }
+}
+
+/// The hash of a compressed batch still taking records.
+fn open_batch_key(schema: &KeySchema, batch: u64) -> String {
+    format!("{}:open", schema.completed_batch(batch))
+}
+
+/// One inbox entry, parsed.
+struct Entry {
+    id: String,
+    records: Vec<CompletedRecord>,
+}
+
+impl<C> RedisArchive<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// An archive over `conn` with `config`.
+    pub fn new(conn: C, config: Config) -> Result<Self> {
+        let schema = config.schema()?;
+        Ok(Self {
+            keys: schema
+                .shards()
+                .map(|s| ShardKeys::new(&schema, s))
+                .collect::<Vec<_>>()
+                .into(),
+            started: schema
+                .shards()
+                .map(|_| AtomicBool::new(false))
+                .collect::<Vec<_>>()
+                .into(),
+            dict_key: schema.dict(),
+            meta_key: schema.meta(),
+            dict: RwLock::default(),
+            conn,
+            config,
+            schema,
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Records archived so far, over every shard (one read per shard).
+    pub async fn archived_count(&self) -> Result<u64> {
+        let mut total = 0;
+        for k in self.keys.iter() {
+            let n: Option<u64> = retry(&self.conn, |mut c| {
+                let key = k.counters.clone();
+                async move {
+                    redis::cmd("HGET")
+                        .arg(key)
+                        .arg("count")
+                        .query_async(&mut c)
+                        .await
+                }
+            })
+            .await?;
+            total += n.unwrap_or(0);
+        }
+        Ok(total)
+    }
+
+    async fn ensure_group(&self, shard: u32) -> Result<bool> {
+        if self.started[shard as usize].load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let key = self.keys[shard as usize].inbox.clone();
+        let created: redis::RedisResult<Value> = retry(&self.conn, |mut c| {
+            let key = key.clone();
+            async move {
+                redis::cmd("XGROUP")
+                    .arg("CREATE")
+                    .arg(key)
+                    .arg(GROUP)
+                    .arg("0")
+                    .arg("MKSTREAM")
+                    .query_async(&mut c)
+                    .await
+            }
+        })
+        .await;
+        match created {
+            Ok(_) => {}
+            Err(e) if e.code() == Some("BUSYGROUP") => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(true)
+    }
+
+    /// Reads up to `batch` entries of `shard`: a dead archiver's (idle long enough),
+    /// then, on the first pass, this consumer's own pending ones, then new ones.
+    async fn read(&self, shard: u32, pass: &mut ArchivePass) -> Result<Vec<StreamId>> {
+        let first = self.ensure_group(shard).await?;
+        let inbox = &self.keys[shard as usize].inbox;
+        let consumer = &self.config.consumer;
+        let mut want = self.config.batch;
+        let idle = self.config.claim_idle.as_millis().min(u64::MAX as u128) as u64;
+        let claimed: StreamAutoClaimReply = retry(&self.conn, |mut c| async move {
+            redis::cmd("XAUTOCLAIM")
+                .arg(inbox)
+                .arg(GROUP)
+                .arg(consumer)
+                .arg(idle)
+                .arg("0-0")
+                .arg("COUNT")
+                .arg(want)
+                .query_async(&mut c)
+                .await
+        })
+        .await?;
+        pass.claimed += claimed.claimed.len();
+        let mut out = claimed.claimed;
+        want -= out.len().min(want);
+        for from in [first.then_some("0"), Some(">")].into_iter().flatten() {
+            if want == 0 {
+                break;
+            }
+            let reply: Option<StreamReadReply> = retry(&self.conn, |mut c| async move {
+                redis::cmd("XREADGROUP")
+                    .arg("GROUP")
+                    .arg(GROUP)
+                    .arg(consumer)
+                    .arg("COUNT")
+                    .arg(want)
+                    .arg("STREAMS")
+                    .arg(inbox)
+                    .arg(from)
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+            let ids: Vec<StreamId> = reply
+                .into_iter()
+                .flat_map(|r| r.keys)
+                .flat_map(|k| k.ids)
+                .filter(|id| !out.iter().any(|o| o.id == id.id))
+                .collect();
+            want -= ids.len().min(want);
+            out.extend(ids);
+        }
+        if first {
+            self.started[shard as usize].store(true, Ordering::Release);
+        }
+        Ok(out)
+    }
+
+    async fn archive_shard(&self, shard: u32, tier: Tier) -> Result<ArchivePass> {
+        let mut pass = ArchivePass::default();
+        let raw = self.read(shard, &mut pass).await?;
+        if raw.is_empty() {
+            return Ok(pass);
+        }
+        pass.entries = raw.len();
+        let mut entries = Vec::with_capacity(raw.len());
+        for id in raw {
+            let text: Option<String> = id.get("r");
+            let mut records = Vec::new();
+            for line in text
+                .as_deref()
+                .unwrap_or("")
+                .lines()
+                .filter(|l| !l.is_empty())
+            {
+                match decode_json(line) {
+                    Ok(r) => records.push(r),
+                    Err(err) => {
+                        pass.malformed += 1;
+                        tracing::warn!(%err, entry = %id.id, line, "undecodable inbox line dropped");
+                    }
+                }
+            }
+            if text.is_none() {
+                pass.malformed += 1;
+                tracing::warn!(entry = %id.id, "inbox entry without field r dropped");
+            }
+            entries.push(Entry { id: id.id, records });
+        }
+        // A pid twice in one pass is a duplicate completion: keep the first.
+        let mut seen = HashSet::new();
+        let mut records = Vec::new();
+        for e in &entries {
+            for r in &e.records {
+                if seen.insert(r.pid) {
+                    records.push(r.clone());
+                } else {
+                    pass.duplicates += 1;
+                }
+            }
+        }
+        for chunk in records.chunks(MAX_SCRIPT_RECORDS) {
+            let (written, dups) = self.write(shard, chunk.to_vec(), tier).await?;
+            pass.archived += written;
+            pass.duplicates += dups;
+        }
+        // Only now, with every record stored and counted, let the entries go. A crash
+        // before this line leaves them pending; whoever takes them over finds their bits
+        // set and writes nothing twice.
+        let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+        let inbox = &self.keys[shard as usize].inbox;
+        retry(&self.conn, |mut c| {
+            let mut pipe = redis::pipe();
+            pipe.cmd("XACK").arg(inbox).arg(GROUP).arg(&ids).ignore();
+            pipe.cmd("XDEL").arg(inbox).arg(&ids).ignore();
+            async move { pipe.query_async::<()>(&mut c).await }
+        })
+        .await?;
+        Ok(pass)
+    }
+
+    /// Writes `records` (distinct pids of `shard`) with the archive script, dropping
+    /// those archived already and calling again until the call goes through.
+    async fn write(
+        &self,
+        shard: u32,
+        mut records: Vec<CompletedRecord>,
+        tier: Tier,
+    ) -> Result<(usize, usize)> {
+        let keys = &self.keys[shard as usize];
+        let mut dups = 0;
+        loop {
+            if records.is_empty() {
+                return Ok((0, dups));
+            }
+            let mut inv = ARCHIVE.prepare_invoke();
+            inv.key(&keys.archived)
+                .key(&keys.completed)
+                .key(&keys.counters);
+            inv.arg(records.len());
+            let mut open: Vec<u64> = Vec::new();
+            for r in &records {
+                let target = if tier == Tier::Simple {
+                    0
+                } else {
+                    let batch = self.schema.batch_of(r.pid);
+                    match open.iter().position(|&b| b == batch) {
+                        Some(i) => i + 1,
+                        None => {
+                            open.push(batch);
+                            open.len()
+                        }
+                    }
+                };
+                inv.arg(r.pid)
+                    .arg(self.schema.bit_offset(r.pid))
+                    .arg(encode_json(r))
+                    .arg(target);
+            }
+            for &b in &open {
+                inv.key(open_batch_key(&self.schema, b));
+            }
+            let reply: Vec<i64> = retry(&self.conn, |mut c| {
+                let inv = &inv;
+                async move { inv.invoke_async(&mut c).await }
+            })
+            .await?;
+            match reply.split_first() {
+                Some((1, rest)) => {
+                    let n = rest.first().copied().unwrap_or(0) as usize;
+                    return Ok((n, dups));
+                }
+                Some((0, taken)) => {
+                    let taken: HashSet<usize> = taken.iter().map(|&i| i as usize - 1).collect();
+                    dups += taken.len();
+                    records = records
+                        .into_iter()
+                        .enumerate()
+                        .filter(|(i, _)| !taken.contains(i))
+                        .map(|(_, r)| r)
+                        .collect();
+                }
+                _ => {
+                    return Err(Error::Corrupt {
+                        key: keys.archived.clone(),
+                        detail: format!("unexpected archive reply {reply:?}"),
+                    });
+                }
+            }
+        }
+    }
+
+    async fn load_dict(&self) -> Result<Arc<WorkerDict>> {
+        let key = &self.dict_key;
+        let bytes: Option<Vec<u8>> = retry(&self.conn, |mut c| async move {
+            redis::cmd("GET").arg(key).query_async(&mut c).await
+        })
+        .await?;
+        let dict = match bytes {
+            Some(b) => WorkerDict::from_bytes(&b)?,
+            None => WorkerDict::new(),
+        };
+        let dict = Arc::new(dict);
+        *self.dict.write().unwrap_or_else(|p| p.into_inner()) = dict.clone();
+        Ok(dict)
+    }
+
+    async fn decode_sealed(
+        &self,
+        batch: u64,
+        bytes: &[u8],
+        pid: u64,
+    ) -> Result<Option<CompletedRecord>, String> {
+        let cached = self.dict.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let decoded = match decode_binary_v2(bytes, &cached) {
+            Err(tranche_codec::Error::UnknownWorkerIndex(_)) => {
+                let dict = self.load_dict().await.map_err(|e| e.to_string())?;
+                decode_binary_v2(bytes, &dict)
+            }
+            other => other,
+        };
+        match decoded {
+            Ok(b) => Ok(b.records.into_iter().find(|r| r.pid == pid)),
+            Err(err) => Err(format!("batch {batch}: {err}")),
+        }
+    }
+
+    async fn count_failure(&self, detail: String) -> Result<Lookup> {
+        tracing::warn!(%detail, "archive batch failed to decode");
+        let key = &self.meta_key;
+        let _: i64 = retry(&self.conn, |mut c| async move {
+            redis::cmd("HINCRBY")
+                .arg(key)
+                .arg("decode_failures")
+                .arg(1)
+                .query_async(&mut c)
+                .await
+        })
+        .await?;
+        Ok(Lookup::Undecodable { detail })
+    }
+
+    async fn lookup(&self, pid: u64) -> Result<Lookup> {
+        let shard = self.schema.shard_of(pid);
+        let keys = &self.keys[shard as usize];
+        let batch = self.schema.batch_of(pid);
+        let mut inv = GET.prepare_invoke();
+        inv.key(&keys.index)
+            .key(&keys.archived)
+            .key(&keys.completed)
+            .key(self.schema.completed_batch(batch))
+            .key(open_batch_key(&self.schema, batch))
+            .arg(pid)
+            .arg(self.schema.bit_offset(pid));
+        let (index, archived, simple, sealed, open): (
+            i64,
+            i64,
+            Option<String>,
+            Option<Vec<u8>>,
+            Option<String>,
+        ) = retry(&self.conn, |mut c| {
+            let inv = &inv;
+            async move { inv.invoke_async(&mut c).await }
+        })
+        .await?;
+        if archived == 0 {
+            return Ok(if index == 1 {
+                Lookup::Archiving
+            } else {
+                Lookup::Unknown
+            });
+        }
+        if let Some(json) = simple {
+            return match decode_json(&json) {
+                Ok(record) => Ok(Lookup::Archived {
+                    record,
+                    tier: Tier::Simple,
+                }),
+                Err(err) => {
+                    self.count_failure(format!("simple record {pid}: {err}"))
+                        .await
+                }
+            };
+        }
+        if let Some(json) = open {
+            let tier = self
+                .config
+                .tier_for(self.archived_count().await?)
+                .max(Tier::Compressed);
+            return match decode_json(&json) {
+                Ok(record) => Ok(Lookup::Archived { record, tier }),
+                Err(err) => {
+                    self.count_failure(format!("open batch record {pid}: {err}"))
+                        .await
+                }
+            };
+        }
+        let Some(bytes) = sealed else {
+            return Ok(Lookup::Expired);
+        };
+        match self.decode_sealed(batch, &bytes, pid).await {
+            Ok(Some(record)) => Ok(Lookup::Archived {
+                record,
+                tier: Tier::Compressed,
+            }),
+            Ok(None) => {
+                self.count_failure(format!("batch {batch} lacks pid {pid}"))
+                    .await
+            }
+            Err(detail) => self.count_failure(detail).await,
+        }
+    }
+}
+
+#[async_trait]
+impl<C> Archiver for RedisArchive<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn archive_once(&self) -> Result<ArchivePass> {
+        let tier = self.config.tier_for(self.archived_count().await?);
+        let mut pass = ArchivePass::default();
+        for shard in self.schema.shards() {
+            pass.add(self.archive_shard(shard, tier).await?);
+        }
+        Ok(pass)
+    }
+
+    fn idle_wait(&self) -> Duration {
+        self.config.block
+    }
+}
+
+#[async_trait]
+impl<C> ArchiveQuery for RedisArchive<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn get(&self, pid: u64) -> Result<Lookup> {
+        self.lookup(pid).await
+    }
+
+    async fn range(&self, pids: RangeInclusive<u64>, limit: usize) -> Result<RangePage> {
+        let limit = limit.max(1);
+        let (mut pid, end) = (*pids.start(), *pids.end());
+        let mut records = Vec::new();
+        while pid <= end {
+            if records.len() == limit {
+                return Ok(RangePage {
+                    records,
+                    next: Some(pid),
+                });
+            }
+            if let Lookup::Archived { record, .. } = self.lookup(pid).await? {
+                records.push(record);
+            }
+            if pid == u64::MAX {
+                break;
+            }
+            pid += 1;
+        }
+        Ok(RangePage {
+            records,
+            next: None,
+        })
+    }
+
+    async fn decode_failures(&self) -> Result<u64> {
+        let key = &self.meta_key;
+        let n: Option<u64> = retry(&self.conn, |mut c| async move {
+            redis::cmd("HGET")
+                .arg(key)
+                .arg("decode_failures")
+                .query_async(&mut c)
+                .await
+        })
+        .await?;
+        Ok(n.unwrap_or(0))
+    }
+}

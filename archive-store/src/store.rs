@@ -1,0 +1,98 @@
+//! The capability traits: archiving and querying, held as `Arc<dyn …>`.
+
+use std::future::Future;
+use std::ops::RangeInclusive;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::Result;
+use crate::model::{ArchivePass, Lookup, RangePage};
+
+/// Drains the shards' inboxes into the archive.
+#[async_trait]
+pub trait Archiver: Send + Sync {
+    /// One pass: reads up to the configured batch of inbox entries per shard (taking
+    /// over a dead archiver's entries first), writes each fresh record into the tier in
+    /// force and counts it in the statistics in the same atomic step, then acknowledges
+    /// the entries. Never waits for entries that are not there.
+    async fn archive_once(&self) -> Result<ArchivePass>;
+
+    /// The longest an idle [`run`] loop waits between passes.
+    fn idle_wait(&self) -> Duration;
+}
+
+/// Reads the archive.
+#[async_trait]
+pub trait ArchiveQuery: Send + Sync {
+    /// What the archive knows of `pid`, in one round trip on Redis.
+    async fn get(&self, pid: u64) -> Result<Lookup>;
+
+    /// Archived records with pids in `pids`, at most `limit` per page, in pid order:
+    /// call again from `next` until it is `None`. Memory stays bounded by `limit`.
+    async fn range(&self, pids: RangeInclusive<u64>, limit: usize) -> Result<RangePage>;
+
+    /// How many batches failed to decode since the namespace was created.
+    async fn decode_failures(&self) -> Result<u64>;
+}
+
+macro_rules! forward {
+    ($($ty:ty),*) => {$(
+        #[async_trait]
+        impl<T: Archiver + ?Sized> Archiver for $ty {
+            async fn archive_once(&self) -> Result<ArchivePass> {
+                (**self).archive_once().await
+            }
+            fn idle_wait(&self) -> Duration {
+                (**self).idle_wait()
+            }
+        }
+
+        #[async_trait]
+        impl<T: ArchiveQuery + ?Sized> ArchiveQuery for $ty {
+            async fn get(&self, pid: u64) -> Result<Lookup> {
+                (**self).get(pid).await
+            }
+            async fn range(&self, pids: RangeInclusive<u64>, limit: usize) -> Result<RangePage> {
+                (**self).range(pids, limit).await
+            }
+            async fn decode_failures(&self) -> Result<u64> {
+                (**self).decode_failures().await
+            }
+        }
+    )*};
+}
+
+forward!(Arc<T>, Box<T>);
+
+/// Runs `archiver` until `shutdown` resolves: pass after pass while work arrives, and
+/// while idle, passes spaced from 5 ms doubling up to [`Archiver::idle_wait`] (so an
+/// entry waits at most that long, the seed's "every 30 s"). A failed pass is logged and
+/// retried after the idle wait; the loop never gives up on its own.
+pub async fn run<A: Archiver + ?Sized>(archiver: &A, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    let max = archiver.idle_wait().max(Duration::from_millis(1));
+    let mut wait = Duration::from_millis(5).min(max);
+    loop {
+        let pause = match archiver.archive_once().await {
+            Ok(pass) if pass.entries > 0 => {
+                wait = Duration::from_millis(5).min(max);
+                Duration::ZERO
+            }
+            Ok(_) => {
+                let w = wait;
+                wait = (wait * 2).min(max);
+                w
+            }
+            Err(err) => {
+                tracing::warn!(%err, "archive pass failed");
+                max
+            }
+        };
+        tokio::select! {
+            () = &mut shutdown => return,
+            () = tokio::time::sleep(pause) => {}
+        }
+    }
+}

@@ -1,0 +1,382 @@
+//! One behaviour suite for the archive, run against every backend: memory, a private
+//! standalone Redis, and a private one-node Redis Cluster (where a script touching keys
+//! of two slots fails with CROSSSLOT), each at 1 and 4 shards.
+
+#[path = "../../active-store/tests/support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+use redis::AsyncCommands;
+use tranche_active_store::RedisConnection;
+use tranche_archive_store::{
+    ArchivePass, ArchiveQuery, Archiver, Config, Lookup, MemoryArchive, RedisArchive, Tier,
+};
+use tranche_codec::{CompletedRecord, KeySchema, encode_json};
+
+use support::TestRedis;
+
+const T0: u64 = 1_719_234_405_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Memory,
+    Redis,
+    Cluster,
+}
+
+enum Backend {
+    Memory(Vec<Sender<CompletedRecord>>),
+    Redis(#[allow(dead_code)] TestRedis, RedisConnection),
+}
+
+/// An archive under test and a way to fill its inboxes as the active store would.
+struct Harness {
+    config: Config,
+    schema: KeySchema,
+    archiver: Arc<dyn Archiver>,
+    query: Arc<dyn ArchiveQuery>,
+    backend: Backend,
+}
+
+impl Harness {
+    async fn new(kind: Kind, shards: u32) -> Self {
+        Self::with(
+            kind,
+            Config {
+                num_shards: shards,
+                consumer: "a1".into(),
+                ..Config::default()
+            },
+        )
+        .await
+    }
+
+    async fn with(kind: Kind, config: Config) -> Self {
+        let schema = config.schema().unwrap();
+        match kind {
+            Kind::Memory => {
+                let (txs, rxs): (Vec<_>, Vec<_>) = schema
+                    .shards()
+                    .map(|_| crossbeam_channel::unbounded())
+                    .unzip();
+                let archive = Arc::new(MemoryArchive::new(config.clone(), rxs).unwrap());
+                Self {
+                    schema,
+                    archiver: archive.clone(),
+                    query: archive.clone(),
+                    backend: Backend::Memory(txs),
+                    config,
+                }
+            }
+            Kind::Redis | Kind::Cluster => {
+                let server = if kind == Kind::Cluster {
+                    TestRedis::start_cluster()
+                } else {
+                    TestRedis::start()
+                };
+                let conn = RedisConnection::connect(&server.url()).await.unwrap();
+                assert_eq!(conn.is_cluster(), kind == Kind::Cluster);
+                let archive = Arc::new(RedisArchive::new(conn.clone(), config.clone()).unwrap());
+                Self {
+                    schema,
+                    archiver: archive.clone(),
+                    query: archive,
+                    backend: Backend::Redis(server, conn),
+                    config,
+                }
+            }
+        }
+    }
+
+    /// A second archiver on the same inboxes (Redis) under another consumer name.
+    fn another(&self, consumer: &str, claim_idle: Duration) -> Option<Arc<dyn Archiver>> {
+        match &self.backend {
+            Backend::Memory(_) => None,
+            Backend::Redis(_, conn) => {
+                let config = Config {
+                    consumer: consumer.into(),
+                    claim_idle,
+                    ..self.config.clone()
+                };
+                Some(Arc::new(RedisArchive::new(conn.clone(), config).unwrap()))
+            }
+        }
+    }
+
+    /// Completes `records` as the active store does: index bit, then one inbox entry per
+    /// shard holding that shard's records as JSON lines.
+    async fn complete(&self, records: &[CompletedRecord]) {
+        match &self.backend {
+            Backend::Memory(txs) => {
+                for r in records {
+                    txs[self.schema.shard_of(r.pid) as usize]
+                        .send(r.clone())
+                        .unwrap();
+                }
+            }
+            Backend::Redis(_, conn) => {
+                let mut by_shard: BTreeMap<u32, Vec<&CompletedRecord>> = BTreeMap::new();
+                for r in records {
+                    by_shard
+                        .entry(self.schema.shard_of(r.pid))
+                        .or_default()
+                        .push(r);
+                }
+                let mut conn = conn.clone();
+                for (shard, recs) in by_shard {
+                    for r in &recs {
+                        let _: i64 = conn
+                            .setbit(
+                                self.schema.completed_index(shard),
+                                self.schema.bit_offset(r.pid) as usize,
+                                true,
+                            )
+                            .await
+                            .unwrap();
+                    }
+                    let lines: Vec<String> = recs.iter().map(|r| encode_json(r)).collect();
+                    let _: String = conn
+                        .xadd(self.schema.inbox(shard), "*", &[("r", lines.join("\n"))])
+                        .await
+                        .unwrap();
+                }
+            }
+        }
+    }
+
+    /// Passes until the inboxes are empty; the sum of what they did.
+    async fn drain(&self) -> ArchivePass {
+        drain(&*self.archiver).await
+    }
+
+    async fn get(&self, pid: u64) -> Lookup {
+        self.query.get(pid).await.unwrap()
+    }
+}
+
+async fn drain(archiver: &dyn Archiver) -> ArchivePass {
+    let mut total = ArchivePass::default();
+    loop {
+        let pass = archiver.archive_once().await.unwrap();
+        total.add(pass);
+        if pass.entries == 0 {
+            return total;
+        }
+    }
+}
+
+/// A seed-shaped record; odd pids get a millisecond part, which must survive.
+fn record(pid: u64) -> CompletedRecord {
+    CompletedRecord {
+        pid,
+        min_id: (pid - 1) * 1000 + 1,
+        max_id: pid * 1000,
+        worker: Arc::from(format!("worker{}", pid % 5 + 1)),
+        completed_at_ms: T0 + pid * 1000 + (pid % 2) * 17,
+        duration_ms: 295_000 + (pid % 7) * 1000 + (pid % 3),
+    }
+}
+
+fn records(pids: impl IntoIterator<Item = u64>) -> Vec<CompletedRecord> {
+    pids.into_iter().map(record).collect()
+}
+
+fn archived(r: &CompletedRecord, tier: Tier) -> Lookup {
+    Lookup::Archived {
+        record: r.clone(),
+        tier,
+    }
+}
+
+macro_rules! suite {
+    ($($check:ident),* $(,)?) => {
+        mod memory_1 { $( #[tokio::test(flavor = "current_thread")] async fn $check() { super::$check(super::Kind::Memory, 1).await } )* }
+        mod memory_4 { $( #[tokio::test(flavor = "current_thread")] async fn $check() { super::$check(super::Kind::Memory, 4).await } )* }
+        mod redis_1 { $( #[tokio::test] async fn $check() { super::$check(super::Kind::Redis, 1).await } )* }
+        mod redis_4 { $( #[tokio::test] async fn $check() { super::$check(super::Kind::Redis, 4).await } )* }
+        mod cluster_4 { $( #[tokio::test] async fn $check() { super::$check(super::Kind::Cluster, 4).await } )* }
+    };
+}
+
+suite!(
+    simple_tier_round_trip,
+    duplicates_are_stored_once,
+    unknown_and_archiving,
+    tier_transitions,
+    range_pages,
+);
+
+async fn simple_tier_round_trip(kind: Kind, shards: u32) {
+    let h = Harness::new(kind, shards).await;
+    let recs = records(1..=250);
+    h.complete(&recs[..100]).await;
+    h.complete(&recs[100..]).await;
+    let pass = h.drain().await;
+    assert_eq!(pass.archived, 250);
+    assert_eq!(pass.duplicates, 0);
+    for r in &recs {
+        assert_eq!(
+            h.get(r.pid).await,
+            archived(r, Tier::Simple),
+            "pid {}",
+            r.pid
+        );
+    }
+    // Nothing left to do.
+    assert_eq!(h.drain().await, ArchivePass::default());
+}
+
+async fn duplicates_are_stored_once(kind: Kind, shards: u32) {
+    let h = Harness::new(kind, shards).await;
+    let recs = records(1..=120);
+    h.complete(&recs).await;
+    // The same pids again, in one pass with the originals and in a later pass.
+    h.complete(&recs[..30]).await;
+    let first = h.drain().await;
+    h.complete(&recs[50..70]).await;
+    let second = h.drain().await;
+    assert_eq!(first.archived + second.archived, 120);
+    assert_eq!(first.duplicates + second.duplicates, 50);
+    for r in &recs {
+        assert_eq!(h.get(r.pid).await, archived(r, Tier::Simple));
+    }
+}
+
+async fn unknown_and_archiving(kind: Kind, shards: u32) {
+    let h = Harness::new(kind, shards).await;
+    assert_eq!(h.get(7).await, Lookup::Unknown);
+    h.complete(&records([7])).await;
+    if kind != Kind::Memory {
+        // Completed (index bit set) but not archived yet.
+        assert_eq!(h.get(7).await, Lookup::Archiving);
+    }
+    h.drain().await;
+    assert_eq!(h.get(7).await, archived(&record(7), Tier::Simple));
+    assert_eq!(h.get(8).await, Lookup::Unknown);
+}
+
+async fn tier_transitions(kind: Kind, shards: u32) {
+    let config = Config {
+        num_shards: shards,
+        consumer: "a1".into(),
+        compressed_at: 100,
+        summary_at: 300,
+        ..Config::default()
+    };
+    let h = Harness::with(kind, config).await;
+    // Rounds of 50: the tier is read once per pass, so each round lands in one tier.
+    let recs = records(1..=600);
+    let mut tiers = Vec::new();
+    for round in recs.chunks(50) {
+        h.complete(round).await;
+        h.drain().await;
+        tiers.push(h.config.tier_for((tiers.len() as u64) * 50));
+    }
+    for (i, r) in recs.iter().enumerate() {
+        let want = tiers[i / 50];
+        match h.get(r.pid).await {
+            Lookup::Archived { record, tier } => {
+                assert_eq!(&record, r, "pid {}", r.pid);
+                if want == Tier::Simple {
+                    assert_eq!(tier, Tier::Simple, "pid {}", r.pid);
+                } else {
+                    assert_ne!(tier, Tier::Simple, "pid {}", r.pid);
+                }
+            }
+            other => panic!("pid {}: {other:?}", r.pid),
+        }
+    }
+}
+
+async fn range_pages(kind: Kind, shards: u32) {
+    let h = Harness::new(kind, shards).await;
+    let recs = records((1..=90).filter(|p| p % 3 != 0));
+    h.complete(&recs).await;
+    h.drain().await;
+    let mut got = Vec::new();
+    let mut from = Some(1);
+    while let Some(start) = from {
+        let page = h.query.range(start..=95, 7).await.unwrap();
+        assert!(page.records.len() <= 7);
+        got.extend(page.records);
+        from = page.next;
+    }
+    assert_eq!(got, recs);
+}
+
+// ---- Redis only: consumer groups.
+
+#[tokio::test]
+async fn a_dead_archivers_entries_are_taken_over() {
+    for shards in [1, 4] {
+        let h = Harness::new(Kind::Redis, shards).await;
+        let Backend::Redis(_, conn) = &h.backend else {
+            unreachable!()
+        };
+        let mut c = conn.clone();
+        let recs = records(1..=400);
+        h.complete(&recs[..200]).await;
+        // The dead archiver read (so its entries are pending) but never wrote or acked:
+        // simulated with a bare XREADGROUP under its consumer name.
+        read_as(&h, "dead").await;
+        // A live colleague with a long idle time takes nothing of the dead one's.
+        h.complete(&recs[200..]).await;
+        let patient = h.another("patient", Duration::from_secs(3600)).unwrap();
+        let pass = drain(&*patient).await;
+        assert_eq!((pass.claimed, pass.archived), (0, 200), "{pass:?}");
+        // Replayed completions of archived pids, read by a second archiver that dies.
+        h.complete(&recs[200..300]).await;
+        read_as(&h, "dead2").await;
+        assert_eq!(drain(&*patient).await, ArchivePass::default());
+        // The taker, with a short idle time, finishes both dead archivers' work: the
+        // fresh records once, the replayed ones not at all.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let taker = h.another("taker", Duration::from_millis(10)).unwrap();
+        let pass = drain(&*taker).await;
+        assert!(pass.claimed >= 1, "{pass:?}");
+        assert_eq!((pass.archived, pass.duplicates), (200, 100), "{pass:?}");
+        for r in &recs {
+            assert_eq!(h.get(r.pid).await, archived(r, Tier::Simple));
+        }
+        // Nothing pending anywhere.
+        for shard in h.schema.shards() {
+            let len: usize = c.xlen(h.schema.inbox(shard)).await.unwrap();
+            assert_eq!(len, 0, "shard {shard}");
+        }
+    }
+}
+
+/// Reads every inbox entry as consumer `name` of the archivers' group, and dies.
+async fn read_as(h: &Harness, name: &str) {
+    let Backend::Redis(_, conn) = &h.backend else {
+        unreachable!()
+    };
+    let mut c = conn.clone();
+    for shard in h.schema.shards() {
+        let created: redis::RedisResult<redis::Value> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(h.schema.inbox(shard))
+            .arg("archivers")
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut c)
+            .await;
+        assert!(created.is_ok() || created.unwrap_err().code() == Some("BUSYGROUP"));
+        let _: redis::Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg("archivers")
+            .arg(name)
+            .arg("COUNT")
+            .arg(1000)
+            .arg("STREAMS")
+            .arg(h.schema.inbox(shard))
+            .arg(">")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+}
