@@ -1,0 +1,488 @@
+//! One behaviour suite for the statistics stores, run against every backend: memory, a
+//! private standalone Redis and a private one-node Redis Cluster (where a script
+//! touching keys of two slots fails with CROSSSLOT), at 1 and 4 shards.
+
+#[path = "../../active-store/tests/support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rand::{Rng, SeedableRng};
+use redis::aio::ConnectionManager;
+use redis::cluster_async::ClusterConnection;
+use tranche_codec::{CompletedRecord, KeySchema};
+use tranche_stats::{
+    MemoryStats, PERCENTILE_RELATIVE_ERROR, RedisStats, SNAPSHOTS_KEPT, Stats, StatsDelta,
+    StatsStore, diff,
+};
+
+use support::TestRedis;
+
+/// 2024-06-24 13:46:45 UTC, the seed's example completion time.
+const T0: u64 = 1_719_234_405_000;
+/// When the tests say the deltas were applied.
+const NOW: u64 = 1_719_240_000_123;
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Memory,
+    Redis,
+    Cluster,
+}
+
+const BACKENDS: [(Kind, u32); 5] = [
+    (Kind::Memory, 1),
+    (Kind::Memory, 4),
+    (Kind::Redis, 1),
+    (Kind::Redis, 4),
+    (Kind::Cluster, 4),
+];
+
+enum Applier {
+    Memory(Arc<MemoryStats>),
+    Single(RedisStats<ConnectionManager>),
+    Cluster(RedisStats<ClusterConnection>),
+}
+
+/// A store under test and the way the archive would feed it.
+struct Harness {
+    store: Arc<dyn StatsStore>,
+    applier: Applier,
+    schema: KeySchema,
+    label: String,
+    server: Option<TestRedis>,
+}
+
+impl Harness {
+    async fn new(kind: Kind, shards: u32) -> Self {
+        let schema = KeySchema::new("elk", shards).unwrap();
+        let label = format!("{kind:?}/{shards}");
+        match kind {
+            Kind::Memory => {
+                let m = Arc::new(MemoryStats::new());
+                Self {
+                    store: m.clone(),
+                    applier: Applier::Memory(m),
+                    schema,
+                    label,
+                    server: None,
+                }
+            }
+            Kind::Redis => {
+                let server = TestRedis::start();
+                let client = redis::Client::open(server.url()).unwrap();
+                let conn = client.get_connection_manager().await.unwrap();
+                let s = RedisStats::new(conn, schema.clone());
+                Self {
+                    store: Arc::new(s.clone()),
+                    applier: Applier::Single(s),
+                    schema,
+                    label,
+                    server: Some(server),
+                }
+            }
+            Kind::Cluster => {
+                let server = TestRedis::start_cluster();
+                let client = redis::cluster::ClusterClient::new(vec![server.url()]).unwrap();
+                let conn = client.get_async_connection().await.unwrap();
+                let s = RedisStats::new(conn, schema.clone());
+                Self {
+                    store: Arc::new(s.clone()),
+                    applier: Applier::Cluster(s),
+                    schema,
+                    label,
+                    server: Some(server),
+                }
+            }
+        }
+    }
+
+    async fn apply(&self, shard: u32, delta: &StatsDelta) {
+        match &self.applier {
+            Applier::Memory(m) => m.apply_at(shard, delta, NOW),
+            Applier::Single(s) => s.apply(shard, delta, NOW).await.unwrap(),
+            Applier::Cluster(s) => s.apply(shard, delta, NOW).await.unwrap(),
+        }
+    }
+
+    /// Applies `records` as the archiver would: grouped by shard, in batches of `batch`.
+    async fn feed(&self, records: &[CompletedRecord], batch: usize) {
+        for (shard, recs) in by_shard(&self.schema, records) {
+            for chunk in recs.chunks(batch) {
+                self.apply(shard, &StatsDelta::from_records(chunk)).await;
+            }
+        }
+    }
+}
+
+fn by_shard(
+    schema: &KeySchema,
+    records: &[CompletedRecord],
+) -> BTreeMap<u32, Vec<CompletedRecord>> {
+    let mut out: BTreeMap<u32, Vec<CompletedRecord>> = BTreeMap::new();
+    for r in records {
+        out.entry(schema.shard_of(r.pid))
+            .or_default()
+            .push(r.clone());
+    }
+    out
+}
+
+fn rec(pid: u64, worker: &str, completed_at_ms: u64, duration_ms: u64) -> CompletedRecord {
+    CompletedRecord {
+        pid,
+        min_id: (pid - 1) * 1000 + 1,
+        max_id: pid * 1000,
+        worker: Arc::from(worker),
+        completed_at_ms,
+        duration_ms,
+    }
+}
+
+/// A small fixed workload over three workers, two ranges and a few hours.
+fn small_workload() -> Vec<CompletedRecord> {
+    let workers = ["worker1", "worker2", "worker3"];
+    (0..40u64)
+        .map(|i| {
+            let pid = if i < 25 { 4970 + i } else { 4990 + i * 3 };
+            rec(
+                pid,
+                workers[(i % 3) as usize],
+                T0 + i * 997_531,
+                280_000 + (i * 7919) % 40_000 + i % 2 * 500,
+            )
+        })
+        .collect()
+}
+
+/// What the kept statistics must be: recomputed from the records, stamped NOW.
+fn expected(records: &[CompletedRecord]) -> Stats {
+    let mut s = Stats::from_records(records);
+    s.global_stats.last_updated = NOW as f64 / 1000.0;
+    s
+}
+
+#[tokio::test]
+async fn a_fixed_workload_reads_back_exactly() {
+    let records = small_workload();
+    for (kind, shards) in BACKENDS {
+        let h = Harness::new(kind, shards).await;
+        assert_eq!(
+            h.store.stats().await.unwrap(),
+            Stats::default(),
+            "{}",
+            h.label
+        );
+        h.feed(&records, 7).await;
+        let got = h.store.stats().await.unwrap();
+        assert_eq!(
+            got,
+            expected(&records),
+            "{}: {:#?}",
+            h.label,
+            diff(&expected(&records), &got)
+        );
+        let g = &got.global_stats;
+        assert_eq!(g.total_completed, 40);
+        assert_eq!(g.total_processed_data, 40_000);
+        assert_eq!(got.worker_stats["worker1"].completed_count, 14);
+        assert_eq!(got.range_stats["4900000_5000000"].completed_count, 25);
+        insta::assert_json_snapshot!("small_workload", got);
+    }
+}
+
+#[tokio::test]
+async fn shards_merge_on_read_whatever_the_batching() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let records: Vec<CompletedRecord> = (1..=500u64)
+        .map(|pid| {
+            let w = format!("w{}", rng.random_range(0..6));
+            rec(
+                pid * 37,
+                &w,
+                T0 + rng.random_range(0..200_000_000),
+                rng.random_range(1..900_000),
+            )
+        })
+        .collect();
+    for (kind, shards) in BACKENDS {
+        let h = Harness::new(kind, shards).await;
+        h.feed(&records[..200], 1).await;
+        h.feed(&records[200..], 64).await;
+        let got = h.store.stats().await.unwrap();
+        let want = expected(&records);
+        assert!(
+            diff(&want, &got).is_empty(),
+            "{}: {:#?}",
+            h.label,
+            diff(&want, &got)
+        );
+        assert_eq!(got, want, "{}", h.label);
+    }
+}
+
+#[tokio::test]
+async fn huge_ids_keep_exact_bounds() {
+    let top = CompletedRecord {
+        pid: u64::MAX / 1000,
+        min_id: u64::MAX - 999,
+        max_id: u64::MAX,
+        worker: Arc::from("w1"),
+        completed_at_ms: T0,
+        duration_ms: 1,
+    };
+    // 2^53 + 1 is where a double would round.
+    let odd = CompletedRecord {
+        pid: 9_007_199_254_740,
+        min_id: 9_007_199_254_740_993,
+        max_id: 9_007_199_254_740_993,
+        worker: Arc::from("w2"),
+        completed_at_ms: T0 + 1,
+        duration_ms: 2,
+    };
+    let mut near_top = top.clone();
+    near_top.pid -= 1;
+    near_top.min_id -= 1000;
+    near_top.max_id -= 1000;
+    let records = vec![near_top, top, odd];
+    for (kind, shards) in BACKENDS {
+        let h = Harness::new(kind, shards).await;
+        h.feed(&records, 1).await;
+        let got = h.store.stats().await.unwrap();
+        assert_eq!(got, expected(&records), "{}", h.label);
+        let r = &got.range_stats["18446744073709500000_18446744073709600000"];
+        assert_eq!(
+            (r.data_range.min, r.data_range.max),
+            (u64::MAX - 1999, u64::MAX),
+            "{}",
+            h.label
+        );
+        assert_eq!(r.completed_count, 2);
+        let r = &got.range_stats["9007199254700000_9007199254800000"];
+        assert_eq!(r.data_range.min, 9_007_199_254_740_993, "{}", h.label);
+        assert_eq!(got.global_stats.total_processed_data, 2001);
+        let summary = h.store.range_summary(u64::MAX).await.unwrap().unwrap();
+        assert_eq!(summary.data_range.max, u64::MAX, "{}", h.label);
+    }
+}
+
+#[tokio::test]
+async fn hourly_buckets_split_at_midnight_utc() {
+    // 2024-06-24 23:59:59.999 and 2024-06-25 00:00:00.000 UTC.
+    let midnight = 1_719_273_600_000;
+    let records = vec![
+        rec(1, "w", midnight - 1, 10),
+        rec(2, "w", midnight, 10),
+        rec(3, "w", midnight + 3_599_999, 10),
+        rec(4, "w", midnight + 3_600_000, 10),
+    ];
+    for (kind, shards) in BACKENDS {
+        let h = Harness::new(kind, shards).await;
+        h.feed(&records, 2).await;
+        let ts = h.store.stats().await.unwrap().time_series_stats;
+        let mut day1 = [0; 24];
+        day1[23] = 1;
+        let mut day2 = [0; 24];
+        day2[0] = 2;
+        day2[1] = 1;
+        assert_eq!(ts.len(), 2, "{}", h.label);
+        assert_eq!(ts["2024-06-24"].hourly_completion, day1, "{}", h.label);
+        assert_eq!(ts["2024-06-25"].hourly_completion, day2, "{}", h.label);
+    }
+}
+
+fn exact_percentile(sorted: &[u64], p: u64) -> f64 {
+    let rank = (sorted.len() as u64 * p).div_ceil(100).max(1);
+    sorted[rank as usize - 1] as f64 / 1000.0
+}
+
+fn assert_close(got: f64, want: f64, what: &str) {
+    // Seconds with millisecond precision: allow the bound plus the rounding to 1 ms.
+    let err = (got - want).abs();
+    assert!(
+        err <= want * PERCENTILE_RELATIVE_ERROR + 0.0005,
+        "{what}: exact {want}, reported {got}"
+    );
+}
+
+#[tokio::test]
+async fn percentiles_are_within_the_stated_bound() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let records: Vec<CompletedRecord> = (1..=3000u64)
+        .map(|pid| {
+            let w = ["a", "b", "c"][rng.random_range(0..3)];
+            // Mostly around five minutes, with a long tail and some tiny ones.
+            let d = match rng.random_range(0..10) {
+                0 => rng.random_range(0..64),
+                1 => rng.random_range(0..10_000_000),
+                _ => rng.random_range(200_000..400_000),
+            };
+            rec(pid, w, T0 + pid, d)
+        })
+        .collect();
+    let mut all: Vec<u64> = records.iter().map(|r| r.duration_ms).collect();
+    all.sort_unstable();
+    for (kind, shards) in BACKENDS {
+        let h = Harness::new(kind, shards).await;
+        h.feed(&records, 100).await;
+        let got = h.store.stats().await.unwrap();
+        for (p, v) in [
+            (50, got.global_stats.p50),
+            (95, got.global_stats.p95),
+            (99, got.global_stats.p99),
+        ] {
+            assert_close(
+                v,
+                exact_percentile(&all, p),
+                &format!("{} global p{p}", h.label),
+            );
+        }
+        for w in ["a", "b", "c"] {
+            let mut mine: Vec<u64> = records
+                .iter()
+                .filter(|r| &*r.worker == w)
+                .map(|r| r.duration_ms)
+                .collect();
+            mine.sort_unstable();
+            let ws = &got.worker_stats[w];
+            for (p, v) in [(50, ws.p50), (95, ws.p95), (99, ws.p99)] {
+                assert_close(
+                    v,
+                    exact_percentile(&mine, p),
+                    &format!("{} {w} p{p}", h.label),
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn range_summaries_merge_the_range_across_shards() {
+    let records = small_workload();
+    for (kind, shards) in BACKENDS {
+        let h = Harness::new(kind, shards).await;
+        h.feed(&records, 5).await;
+        let stats = h.store.stats().await.unwrap();
+        let summary = h.store.range_summary(4_969_001).await.unwrap();
+        assert_eq!(
+            summary.as_ref(),
+            Some(&stats.range_stats["4900000_5000000"]),
+            "{}",
+            h.label
+        );
+        let summary = h.store.range_summary(5_099_999).await.unwrap();
+        assert_eq!(
+            summary.as_ref(),
+            Some(&stats.range_stats["5000000_5100000"]),
+            "{}",
+            h.label
+        );
+        assert_eq!(h.store.range_summary(1).await.unwrap(), None, "{}", h.label);
+    }
+}
+
+#[tokio::test]
+async fn snapshots_keep_the_last_ten_versions() {
+    let records = small_workload();
+    for (kind, shards) in BACKENDS {
+        let h = Harness::new(kind, shards).await;
+        assert_eq!(
+            h.store.latest_snapshot().await.unwrap(),
+            None,
+            "{}",
+            h.label
+        );
+        for (i, r) in records.iter().take(11).enumerate() {
+            h.feed(std::slice::from_ref(r), 1).await;
+            assert_eq!(
+                h.store.publish_snapshot().await.unwrap(),
+                i as u64 + 1,
+                "{}",
+                h.label
+            );
+        }
+        let latest = h.store.latest_snapshot().await.unwrap().unwrap();
+        assert_eq!(latest.version, 11, "{}", h.label);
+        assert_eq!(latest.stats, h.store.stats().await.unwrap(), "{}", h.label);
+        assert!(latest.timestamp_ms > 0);
+        assert_eq!(h.store.snapshot(1).await.unwrap(), None, "{}", h.label);
+        for v in 2..=11 {
+            let s = h.store.snapshot(v).await.unwrap().unwrap();
+            assert_eq!(s.version, v);
+            assert_eq!(s.stats.global_stats.total_completed, v, "{}", h.label);
+        }
+        if let Some(server) = &h.server {
+            let kept: Vec<String> = server.query(redis::cmd("KEYS").arg("{elk}:stats:snapshot:*"));
+            assert_eq!(kept.len() as u64, SNAPSHOTS_KEPT, "{}: {kept:?}", h.label);
+            let config: String = server.query(redis::cmd("GET").arg("{elk}:stats:config"));
+            let config: serde_json::Value = serde_json::from_str(&config).unwrap();
+            assert_eq!(config["version"], 11);
+            assert_eq!(config["count"], 11);
+            let latest: String = server.query(redis::cmd("GET").arg("{elk}:stats:latest"));
+            assert_eq!(latest, "11");
+        }
+    }
+}
+
+#[tokio::test]
+async fn check_finds_damage_and_replace_repairs_it() {
+    let records = small_workload();
+    for (kind, shards) in BACKENDS {
+        let h = Harness::new(kind, shards).await;
+        h.feed(&records, 9).await;
+        let want = Stats::from_records(&records);
+        assert!(
+            diff(&want, &h.store.stats().await.unwrap()).is_empty(),
+            "{}",
+            h.label
+        );
+
+        // A shard that lost its statistics and counted one record twice.
+        let groups = by_shard(&h.schema, &records);
+        let (&shard, recs) = groups.iter().next().unwrap();
+        let mut wrong = recs[1..].to_vec();
+        wrong.push(recs[1].clone());
+        h.store
+            .replace(shard, &StatsDelta::from_records(&wrong))
+            .await
+            .unwrap();
+        let damage = diff(&want, &h.store.stats().await.unwrap());
+        let paths: Vec<&str> = damage.iter().map(|d| d.path.as_str()).collect();
+        assert!(
+            paths.contains(&"global_stats.avg_duration"),
+            "{}: {paths:?}",
+            h.label
+        );
+        assert!(!damage.is_empty());
+
+        // Repair: every shard recomputed from its records.
+        for (shard, recs) in &groups {
+            h.store
+                .replace(*shard, &StatsDelta::from_records(recs))
+                .await
+                .unwrap();
+        }
+        let repaired = h.store.stats().await.unwrap();
+        assert!(
+            diff(&want, &repaired).is_empty(),
+            "{}: {:#?}",
+            h.label,
+            diff(&want, &repaired)
+        );
+
+        // Replacing with an empty delta clears a shard.
+        for shard in h.schema.shards() {
+            h.store
+                .replace(shard, &StatsDelta::default())
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            h.store.stats().await.unwrap(),
+            Stats::default(),
+            "{}",
+            h.label
+        );
+    }
+}
