@@ -1,9 +1,11 @@
 -- archive: write one batch of completed records of one shard, exactly once.
 -- KEYS[1] archived bitmap   KEYS[2] simple-tier hash   KEYS[3] archive counters hash
---      KEYS[4..] open batch hashes of the compressed tiers (as many as ARGV names)
+--      KEYS[4..8] the shard's five statistics keys (tranche-stats' stats_keys order)
+--      KEYS[9..] open batch hashes of the compressed tiers (as many as ARGV names)
 -- ARGV[1] n, the number of records
 -- ARGV per record (4 each, from ARGV[2]): pid, bit offset, payload, target
---      (0: the simple hash; k > 0: the open batch hash KEYS[3 + k])
+--      (0: the simple hash; k > 0: the open batch hash KEYS[8 + k])
+-- ARGV[2 + 4n ..] the statistics delta of exactly these records (apply_stats' args)
 -- Reply: {1, written} when every record was fresh and all were written;
 --        {0, i, j, ...} when records i, j, ... (1-based) were archived already, in which
 --        case nothing at all was written: the caller drops them and calls again, so the
@@ -43,7 +45,7 @@ for i = 1, n do
     simple[#simple + 1] = ARGV[base]
     simple[#simple + 1] = ARGV[base + 2]
   else
-    local k = 3 + target
+    local k = 8 + target
     open[k] = open[k] or {}
     local f = open[k]
     f[#f + 1] = ARGV[base]
@@ -54,4 +56,6 @@ redis.call('BITFIELD', KEYS[1], unpack(sets))
 if #simple > 0 then variadic('HSET', KEYS[2], simple) end
 for k, fields in pairs(open) do variadic('HSET', KEYS[k], fields) end
 redis.call('HINCRBY', KEYS[3], 'count', n)
+-- The statistics change in the same atomic step: they count exactly what was written.
+apply_stats(4, 2 + 4 * n)
 return {1, n}

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::ops::RangeInclusive;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -11,6 +11,8 @@ use tokio::time::Instant;
 use tranche_codec::{
     BinaryV2Options, CompletedRecord, KeySchema, WorkerDict, decode_binary_v2, encode_binary_v2,
 };
+
+use tranche_stats::{MemoryStats, StatsDelta};
 
 use crate::model::{ArchivePass, Config, Lookup, RangePage, Tier};
 use crate::store::{ArchiveQuery, Archiver};
@@ -32,6 +34,8 @@ pub struct MemoryArchive {
     /// The worker dictionary every sealed batch is written with.
     dict: Mutex<WorkerDict>,
     decode_failures: Mutex<u64>,
+    /// The statistics every archived record is counted in, under the shard's lock.
+    stats: Arc<MemoryStats>,
 }
 
 #[derive(Debug, Default)]
@@ -59,8 +63,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl MemoryArchive {
-    /// An archive draining `inboxes`, one receiver per shard in shard order.
-    pub fn new(config: Config, inboxes: Vec<Receiver<CompletedRecord>>) -> Result<Self> {
+    /// An archive draining `inboxes` (one receiver per shard, in shard order) and
+    /// counting what it archives in `stats`.
+    pub fn new(
+        config: Config,
+        inboxes: Vec<Receiver<CompletedRecord>>,
+        stats: Arc<MemoryStats>,
+    ) -> Result<Self> {
         let schema = config.schema()?;
         if inboxes.len() != schema.num_shards() as usize {
             return Err(Error::InvalidArgument(format!(
@@ -76,6 +85,7 @@ impl MemoryArchive {
             inboxes,
             dict: Mutex::default(),
             decode_failures: Mutex::default(),
+            stats,
         })
     }
 
@@ -112,11 +122,13 @@ impl MemoryArchive {
         let mut s = lock(&self.shards[shard as usize]);
         let (mut written, mut dups) = (0, 0);
         let batch_size = self.schema.batch_size();
+        let mut delta = StatsDelta::default();
         for record in records {
             if !s.archived.insert(record.pid) {
                 dups += 1;
                 continue;
             }
+            delta.add(&record);
             written += 1;
             s.count += 1;
             if tier == Tier::Simple {
@@ -150,6 +162,8 @@ impl MemoryArchive {
                 );
             }
         }
+        // Still under the shard lock: the statistics change with the archive.
+        self.stats.apply(shard, &delta);
         Ok((written, dups))
     }
 

@@ -16,6 +16,7 @@ use tranche_archive_store::{
     ArchivePass, ArchiveQuery, Archiver, Config, Lookup, MemoryArchive, RedisArchive, Tier,
 };
 use tranche_codec::{CompletedRecord, KeySchema, encode_json};
+use tranche_stats::{MemoryStats, RedisStats, Stats, StatsStore, diff};
 
 use support::TestRedis;
 
@@ -39,6 +40,7 @@ struct Harness {
     schema: KeySchema,
     archiver: Arc<dyn Archiver>,
     query: Arc<dyn ArchiveQuery>,
+    stats: Arc<dyn StatsStore>,
     backend: Backend,
 }
 
@@ -63,8 +65,11 @@ impl Harness {
                     .shards()
                     .map(|_| crossbeam_channel::unbounded())
                     .unzip();
-                let archive = Arc::new(MemoryArchive::new(config.clone(), rxs).unwrap());
+                let stats = Arc::new(MemoryStats::new());
+                let archive =
+                    Arc::new(MemoryArchive::new(config.clone(), rxs, stats.clone()).unwrap());
                 Self {
+                    stats,
                     schema,
                     archiver: archive.clone(),
                     query: archive.clone(),
@@ -82,6 +87,7 @@ impl Harness {
                 assert_eq!(conn.is_cluster(), kind == Kind::Cluster);
                 let archive = Arc::new(RedisArchive::new(conn.clone(), config.clone()).unwrap());
                 Self {
+                    stats: Arc::new(RedisStats::new(conn.clone(), schema.clone())),
                     schema,
                     archiver: archive.clone(),
                     query: archive,
@@ -151,6 +157,15 @@ impl Harness {
     /// Passes until the inboxes are empty; the sum of what they did.
     async fn drain(&self) -> ArchivePass {
         drain(&*self.archiver).await
+    }
+
+    /// The statistics count exactly `records` (each pid once), whatever was replayed.
+    async fn assert_stats(&self, records: &[CompletedRecord]) {
+        let found = self.stats.stats().await.unwrap();
+        let expected = Stats::from_records(records);
+        assert_eq!(found.global_stats.total_completed, records.len() as u64);
+        let differences = diff(&expected, &found);
+        assert!(differences.is_empty(), "{differences:#?}");
     }
 
     async fn get(&self, pid: u64) -> Lookup {
@@ -228,6 +243,7 @@ async fn simple_tier_round_trip(kind: Kind, shards: u32) {
     }
     // Nothing left to do.
     assert_eq!(h.drain().await, ArchivePass::default());
+    h.assert_stats(&recs).await;
 }
 
 async fn duplicates_are_stored_once(kind: Kind, shards: u32) {
@@ -244,6 +260,7 @@ async fn duplicates_are_stored_once(kind: Kind, shards: u32) {
     for r in &recs {
         assert_eq!(h.get(r.pid).await, archived(r, Tier::Simple));
     }
+    h.assert_stats(&recs).await;
 }
 
 async fn unknown_and_archiving(kind: Kind, shards: u32) {
@@ -290,6 +307,7 @@ async fn tier_transitions(kind: Kind, shards: u32) {
             other => panic!("pid {}: {other:?}", r.pid),
         }
     }
+    h.assert_stats(&recs).await;
 }
 
 async fn range_pages(kind: Kind, shards: u32) {
@@ -342,6 +360,7 @@ async fn a_dead_archivers_entries_are_taken_over() {
         for r in &recs {
             assert_eq!(h.get(r.pid).await, archived(r, Tier::Simple));
         }
+        h.assert_stats(&recs).await;
         // Nothing pending anywhere.
         for shard in h.schema.shards() {
             let len: usize = c.xlen(h.schema.inbox(shard)).await.unwrap();

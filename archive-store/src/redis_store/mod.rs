@@ -18,6 +18,7 @@ use tranche_codec::{
 };
 
 use conn::retry;
+use tranche_stats::{StatsDelta, delta_args};
 
 use crate::model::{ArchivePass, Config, Lookup, RangePage, Tier};
 use crate::store::{ArchiveQuery, Archiver};
@@ -34,7 +35,16 @@ macro_rules! script {
     };
 }
 
-static ARCHIVE: LazyLock<Script> = script!("archive");
+/// The archive script: the prelude, the statistics crate's `apply_stats` fragment, and
+/// `archive.lua`, so the archive write and the statistics change in one atomic step.
+static ARCHIVE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{}\n{}\n{}",
+        include_str!("../../lua/prelude.lua"),
+        tranche_stats::APPLY_DELTA_LUA,
+        include_str!("../../lua/archive.lua")
+    ))
+});
 static GET: LazyLock<Script> = script!("get");
 
 /// Every script with its name, for tests that check each keeps to one slot.
@@ -81,6 +91,7 @@ struct ShardKeys {
     archived: String,
     completed: String,
     counters: String,
+    stats: [String; 5],
 }
 
 impl ShardKeys {
@@ -91,6 +102,7 @@ impl ShardKeys {
             archived: schema.shard_key(shard, "archived"),
             completed: schema.completed(shard),
             counters: schema.shard_key(shard, "archive"),
+            stats: tranche_stats::stats_keys(schema, shard),
         }
     }
 }
@@ -323,6 +335,9 @@ where
             inv.key(&keys.archived)
                 .key(&keys.completed)
                 .key(&keys.counters);
+            for k in &keys.stats {
+                inv.key(k);
+            }
             inv.arg(records.len());
             let mut open: Vec<u64> = Vec::new();
             for r in &records {
@@ -345,6 +360,9 @@ where
             }
             for &b in &open {
                 inv.key(open_batch_key(&self.schema, b));
+            }
+            for a in delta_args(&StatsDelta::from_records(&records), now_ms()) {
+                inv.arg(a);
             }
             let reply: Vec<i64> = retry(&self.conn, |mut c| {
                 let inv = &inv;
@@ -563,4 +581,11 @@ where
         .await?;
         Ok(n.unwrap_or(0))
     }
+}
+
+/// Milliseconds since the Unix epoch, for the statistics' `last_updated`.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
