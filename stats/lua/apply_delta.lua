@@ -17,9 +17,15 @@
 --   nb, then nb times: '*|bucket' or 'worker|bucket' count
 -- n = 0 is an empty delta and writes nothing.
 --
+-- A caller may skip a delta without applying it: the next argument is ARGV[a + n + 1].
+--
 -- Exactly-once is the caller's job: apply a delta only for records it has not applied
--- before (the archive's per-pid archived bit). Counters are HINCRBY, so int64: a
--- shard's summed IDs or milliseconds must stay below 2^63. Row IDs and times are never
+-- before (the archive's per-pid archived bit). Counters are HINCRBY, so int64; Redis
+-- does not undo a script's writes when a later command fails, so before writing
+-- anything apply_stats raises an error if a global counter of the shard or of the
+-- delta has reached 10^18 (then no sum can pass 2^63 - 1, as every other counter is at
+-- most its global one). Call it before your own writes to keep that guarantee whole.
+-- Row IDs and times are never
 -- turned into Lua numbers (doubles, exact only below 2^53): min/max/first/last compare
 -- decimal strings by length, then bytewise. Only list lengths go through tonumber.
 -- The work is per field of the delta, never per record: a batch of a hundred records
@@ -60,18 +66,28 @@ local function apply_stats(k, a)
 
   -- Global counters, and the completion-time bounds and update time as maxima/minima.
   local now, count, ids, dur, first, last = nxt(), nxt(), nxt(), nxt(), nxt(), nxt()
+  local cur = redis.call('HMGET', KEYS[k], 'count', 'ids', 'dur_sum_ms',
+    'first_completed_ms', 'last_completed_ms', 'updated_ms')
+  -- The overflow guard, before any write (see the header).
+  for j = 1, 3 do
+    if cur[j] and #cur[j] > 18 then
+      error('stats: a counter of ' .. KEYS[k] .. ' reached 10^18; nothing was applied')
+    end
+  end
+  if #count > 18 or #ids > 18 or #dur > 18 then
+    error('stats: a delta counter reached 10^18; nothing was applied')
+  end
   redis.call('HINCRBY', KEYS[k], 'count', count)
   if ids ~= '0' then redis.call('HINCRBY', KEYS[k], 'ids', ids) end
   if dur ~= '0' then redis.call('HINCRBY', KEYS[k], 'dur_sum_ms', dur) end
-  local cur = redis.call('HMGET', KEYS[k], 'first_completed_ms', 'last_completed_ms', 'updated_ms')
   local set = {}
-  if not cur[1] or stats_less(first, cur[1]) then
+  if not cur[4] or stats_less(first, cur[4]) then
     set[#set + 1], set[#set + 2] = 'first_completed_ms', first
   end
-  if not cur[2] or stats_less(cur[2], last) then
+  if not cur[5] or stats_less(cur[5], last) then
     set[#set + 1], set[#set + 2] = 'last_completed_ms', last
   end
-  if not cur[3] or stats_less(cur[3], now) then
+  if not cur[6] or stats_less(cur[6], now) then
     set[#set + 1], set[#set + 2] = 'updated_ms', now
   end
   if #set > 0 then redis.call('HSET', KEYS[k], unpack(set)) end

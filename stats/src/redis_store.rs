@@ -23,8 +23,15 @@ use crate::{Error, RangeStats, Result, Stats, StatsDelta};
 /// count `n` of delta arguments that follow (the strings of [`delta_args`], whose first
 /// element is that count); it returns `a + n + 1`, the index of the first `ARGV` after
 /// the delta. It defines only `local` names starting with `stats_` besides
-/// `apply_stats`, and never reads outside its keys and arguments. Counters are
-/// `HINCRBY` (int64): a shard's summed IDs and milliseconds must stay below 2^63.
+/// `apply_stats`, and never reads outside its keys and arguments. A caller may skip a
+/// delta without applying it (its next argument is `ARGV[a + n + 1]`), for instance
+/// when its records turn out to be archived already.
+///
+/// Counters are `HINCRBY` (int64). Redis does not undo a script's earlier writes when
+/// a command fails, so before writing anything `apply_stats` raises a script error if
+/// the shard's or the delta's record count, summed IDs or summed milliseconds has
+/// reached 10^18: a shard holds at most 10^18 IDs' worth of statistics. Call it before
+/// the host script's own writes so that such an error leaves nothing half done.
 pub const APPLY_DELTA_LUA: &str = include_str!("../lua/apply_delta.lua");
 
 macro_rules! script {
@@ -200,20 +207,26 @@ where
     }
 
     fn shard_keys(&self, shard: u32) -> Result<&[String; 5]> {
-        self.keys.get(shard as usize).ok_or_else(|| Error::Corrupt {
-            key: format!("shard {shard}"),
-            detail: format!("the namespace has {} shards", self.keys.len()),
+        self.keys.get(shard as usize).ok_or(Error::InvalidShard {
+            shard,
+            shards: self.schema.num_shards(),
         })
     }
 
-    async fn read_shard(&self, shard: u32) -> Result<Aggregate> {
-        let keys = self.shard_keys(shard)?;
-        let mut pipe = redis::pipe();
-        for k in keys {
-            pipe.hgetall(k);
+    /// Every shard's statistics, merged: one pipeline of five `HGETALL` per shard
+    /// (a cluster client refuses pipelines that span slots).
+    async fn read_all(&self) -> Result<Aggregate> {
+        let mut all = Aggregate::default();
+        for keys in self.keys.iter() {
+            let mut pipe = redis::pipe();
+            for k in keys {
+                pipe.hgetall(k);
+            }
+            let hashes: Vec<Vec<(String, String)>> =
+                pipe.query_async(&mut self.conn.clone()).await?;
+            all.merge(&parse_shard(keys, &hashes)?);
         }
-        let hashes: Vec<Vec<(String, String)>> = pipe.query_async(&mut self.conn.clone()).await?;
-        parse_shard(keys, &hashes)
+        Ok(all)
     }
 
     fn snapshot_key(&self, version: u64) -> String {
@@ -231,11 +244,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     async fn stats(&self) -> Result<Stats> {
-        let mut all = Aggregate::default();
-        for shard in self.schema.shards() {
-            all.merge(&self.read_shard(shard).await?);
-        }
-        Ok(all.render())
+        Ok(self.read_all().await?.render())
     }
 
     async fn range_summary(&self, id: u64) -> Result<Option<RangeStats>> {
@@ -279,7 +288,6 @@ where
             timestamp_ms,
             stats,
         };
-        let json = |v: &dyn erased::Json| v.json();
         let mut call = PUBLISH.prepare_invoke();
         call.key(self.snapshot_key(version))
             .key(self.global_key("latest"))
@@ -287,7 +295,9 @@ where
         if version > SNAPSHOTS_KEPT {
             call.key(self.snapshot_key(version - SNAPSHOTS_KEPT));
         }
-        call.arg(version).arg(json(&snapshot)).arg(json(&config));
+        call.arg(version)
+            .arg(to_json(&snapshot))
+            .arg(to_json(&config));
         let _: i64 = call.invoke_async(&mut conn).await?;
         Ok(version)
     }
@@ -319,21 +329,10 @@ where
     }
 }
 
-mod erased {
-    //! Serialising the two snapshot values through one closure.
-
-    /// A value that serialises to JSON.
-    pub(super) trait Json {
-        fn json(&self) -> String;
-    }
-
-    impl<T: serde::Serialize> Json for T {
-        fn json(&self) -> String {
-            // Snapshot and SnapshotConfig hold only string-keyed maps and finite
-            // numbers, which always serialise.
-            serde_json::to_string(self).unwrap_or_default()
-        }
-    }
+/// `value` as JSON. Snapshots and their config hold only string-keyed maps and finite
+/// numbers, which always serialise.
+fn to_json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_default()
 }
 
 fn corrupt(key: &str, field: &str, detail: impl std::fmt::Display) -> Error {

@@ -321,3 +321,56 @@ async fn thousands_of_ranges_in_one_delta_fit_lua_limits() {
     assert_eq!(got.range_stats.len(), 3000);
     assert!(tranche_stats::diff(&Stats::from_records(&records), &got).is_empty());
 }
+
+#[tokio::test]
+async fn a_counter_near_int64_is_refused_before_any_write() {
+    let server = TestRedis::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let conn = client.get_connection_manager().await.unwrap();
+    let schema = KeySchema::new("elk", 1).unwrap();
+    let store = RedisStats::new(conn, schema.clone());
+    // One partition covering 10^18 IDs: the delta itself is refused.
+    let huge = CompletedRecord {
+        pid: 1,
+        min_id: 1,
+        max_id: 1_000_000_000_000_000_000,
+        worker: Arc::from("w"),
+        completed_at_ms: T0,
+        duration_ms: 1,
+    };
+    let err = store
+        .apply(
+            0,
+            &StatsDelta::from_records(std::slice::from_ref(&huge)),
+            T0,
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("nothing was applied"), "{err}");
+    let keys: Vec<String> = server.query(redis::cmd("KEYS").arg("*"));
+    assert!(keys.is_empty(), "{keys:?}");
+
+    // Half of it twice: the first is applied, the second would pass 10^18 only once
+    // the counter already holds more than 18 digits, so it is refused then.
+    let mut half = huge.clone();
+    half.max_id = 999_999_999_999_999_999;
+    store
+        .apply(0, &StatsDelta::from_records(&[half.clone()]), T0)
+        .await
+        .unwrap();
+    store
+        .apply(0, &StatsDelta::from_records(&[half.clone()]), T0)
+        .await
+        .unwrap();
+    let before: Vec<(String, String)> =
+        server.query(redis::cmd("HGETALL").arg(&stats_keys(&schema, 0)[1]));
+    let err = store
+        .apply(0, &StatsDelta::from_records(&[half]), T0)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("reached 10^18"), "{err}");
+    let after: Vec<(String, String)> =
+        server.query(redis::cmd("HGETALL").arg(&stats_keys(&schema, 0)[1]));
+    assert_eq!(before, after);
+    assert_eq!(store.stats().await.unwrap().global_stats.total_completed, 2);
+}
