@@ -233,6 +233,39 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn record() -> impl Strategy<Value = CompletedRecord> {
+        (
+            any::<u64>(),
+            0u64..5000,
+            0usize..4,
+            0u64..(1 << 45),
+            any::<u64>(),
+        )
+            .prop_map(|(min_id, len, w, at, dur)| CompletedRecord {
+                pid: min_id / 1000,
+                min_id,
+                max_id: min_id.saturating_add(len),
+                worker: Arc::from(["a", "b", "c", "d"][w]),
+                completed_at_ms: at,
+                duration_ms: dur,
+            })
+    }
+
+    proptest! {
+        /// Shards merge on read: the order and grouping of deltas never matters.
+        #[test]
+        fn merging_deltas_equals_one_delta_of_everything(
+            records in proptest::collection::vec(record(), 0..40),
+            cut in 0usize..40,
+        ) {
+            let cut = cut.min(records.len());
+            let mut merged = StatsDelta::from_records(&records[cut..]).agg;
+            merged.merge(&StatsDelta::from_records(&records[..cut]).agg);
+            prop_assert_eq!(merged, StatsDelta::from_records(&records).agg);
+        }
+    }
 
     #[test]
     fn days_and_hours_are_utc_calendar_dates() {

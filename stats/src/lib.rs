@@ -20,6 +20,35 @@
 //! on read. Percentiles come from a log-linear histogram whose buckets merge by
 //! addition; a reported percentile is within [`PERCENTILE_RELATIVE_ERROR`] (1/64) of
 //! the exact nearest-rank percentile, and exact below 64 ms.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tranche_codec::{CompletedRecord, KeySchema};
+//! use tranche_stats::{MemoryStats, Stats, StatsDelta, delta_args, diff, stats_keys};
+//!
+//! let records = vec![CompletedRecord {
+//!     pid: 4970,
+//!     min_id: 4_969_001,
+//!     max_id: 4_970_000,
+//!     worker: Arc::from("worker1"),
+//!     completed_at_ms: 1_719_234_405_000,
+//!     duration_ms: 295_000,
+//! }];
+//! // The archiver: one delta per batch of one shard's freshly archived records.
+//! let delta = StatsDelta::from_records(&records);
+//! let schema = KeySchema::new("elk", 1).unwrap();
+//! let keys = stats_keys(&schema, 0); // KEYS for apply_stats, "{elk:0}:stats:global", ...
+//! let args = delta_args(&delta, 1_719_234_500_000); // ARGV, starting with their count
+//! assert_eq!(keys[0], "{elk:0}:stats:global");
+//! assert_eq!(args[0], (args.len() - 1).to_string());
+//!
+//! // In memory the same delta goes to MemoryStats::apply.
+//! let memory = MemoryStats::new();
+//! memory.apply(0, &delta);
+//! let stats = Stats::from_records(&records);
+//! assert_eq!(stats.global_stats.avg_duration, 295.0);
+//! assert!(diff(&stats, &stats).is_empty());
+//! ```
 
 mod aggregate;
 mod diff;
