@@ -1,12 +1,15 @@
 -- archive: write one batch of completed records of one shard, exactly once.
 -- KEYS[1] archived bitmap   KEYS[2] simple-tier hash   KEYS[3] archive counters hash
 --      KEYS[4..8] the shard's five statistics keys (tranche-stats' stats_keys order)
---      KEYS[9..] open batch hashes of the compressed tiers (as many as ARGV names)
+--      KEYS[9] set of open batch ids   KEYS[10..] open batch hashes (as many as ARGV names)
 -- ARGV[1] n, the number of records
 -- ARGV per record (4 each, from ARGV[2]): pid, bit offset, payload, target
---      (0: the simple hash; k > 0: the open batch hash KEYS[8 + k])
--- ARGV[2 + 4n ..] the statistics delta of exactly these records (apply_stats' args)
--- Reply: {1, written} when every record was fresh and all were written;
+--      (0: the simple hash; k > 0: the open batch hash KEYS[9 + k])
+-- ARGV[2 + 4n] the number m of open batches, then their m batch ids (KEYS[10..] order)
+-- ARGV[3 + 4n + m ..] the statistics delta of exactly these records (apply_stats' args)
+-- Reply: {1, written, size of batch 1, size of batch 2, ...} when every record was fresh
+--        and all were written: a size counts the open hash and any earlier partial seal
+--        (counter `partial:{id}`), so the caller knows which batches are full;
 --        {0, i, j, ...} when records i, j, ... (1-based) were archived already, in which
 --        case nothing at all was written: the caller drops them and calls again, so the
 --        statistics delta it sends always covers exactly the records written.
@@ -45,7 +48,7 @@ for i = 1, n do
     simple[#simple + 1] = ARGV[base]
     simple[#simple + 1] = ARGV[base + 2]
   else
-    local k = 8 + target
+    local k = 9 + target
     open[k] = open[k] or {}
     local f = open[k]
     f[#f + 1] = ARGV[base]
@@ -56,6 +59,13 @@ redis.call('BITFIELD', KEYS[1], unpack(sets))
 if #simple > 0 then variadic('HSET', KEYS[2], simple) end
 for k, fields in pairs(open) do variadic('HSET', KEYS[k], fields) end
 redis.call('HINCRBY', KEYS[3], 'count', n)
+local m = tonumber(ARGV[2 + 4 * n])
+if m > 0 then redis.call('SADD', KEYS[9], unpack(ARGV, 3 + 4 * n, 2 + 4 * n + m)) end
 -- The statistics change in the same atomic step: they count exactly what was written.
-apply_stats(4, 2 + 4 * n)
-return {1, n}
+apply_stats(4, 3 + 4 * n + m)
+local out = {1, n}
+for j = 1, m do
+  local partial = redis.call('HGET', KEYS[3], 'partial:' .. ARGV[2 + 4 * n + j]) or 0
+  out[#out + 1] = redis.call('HLEN', KEYS[9 + j]) + tonumber(partial)
+end
+return out

@@ -24,4 +24,4 @@ pub use error::{Error, Result};
 pub use memory::MemoryArchive;
 pub use model::{ArchivePass, Config, Lookup, RangePage, Tier};
 pub use redis_store::{RedisArchive, scripts};
-pub use store::{ArchiveQuery, Archiver, run};
+pub use store::{ArchiveQuery, Archiver, Compaction, run};

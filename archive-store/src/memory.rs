@@ -15,7 +15,7 @@ use tranche_codec::{
 use tranche_stats::{MemoryStats, StatsDelta};
 
 use crate::model::{ArchivePass, Config, Lookup, RangePage, Tier};
-use crate::store::{ArchiveQuery, Archiver};
+use crate::store::{ArchiveQuery, Archiver, Compaction};
 use crate::{Error, Result};
 
 /// The archive in memory, fed by one channel per shard (the memory active store's
@@ -54,6 +54,8 @@ struct Shard {
 #[derive(Debug)]
 struct Sealed {
     bytes: Vec<u8>,
+    /// Records in the batch, so a partial seal's later records know when it is full.
+    count: u64,
     tier: Tier,
     expires: Option<Instant>,
 }
@@ -143,28 +145,58 @@ impl MemoryArchive {
                 .or_insert_with(|| (tier, BTreeMap::new()));
             open.0 = open.0.max(tier);
             open.1.insert(record.pid, record);
-            if open.1.len() as u64 == batch_size {
-                let Some((tier, recs)) = s.open.remove(&batch) else {
-                    continue;
-                };
-                let recs: Vec<CompletedRecord> = recs.into_values().collect();
-                let bytes =
-                    encode_binary_v2(batch, &recs, &dict, &BinaryV2Options::new(batch_size)?)?;
-                let expires =
-                    (tier == Tier::Summary).then(|| Instant::now() + self.config.summary_ttl);
-                s.sealed.insert(
-                    batch,
-                    Sealed {
-                        bytes,
-                        tier,
-                        expires,
-                    },
-                );
+            let partial = s.sealed.get(&batch).map_or(0, |b| b.count);
+            let open_len = s.open.get(&batch).map_or(0, |o| o.1.len() as u64);
+            if open_len + partial >= self.config.planned(batch, batch_size) {
+                self.seal_locked(&mut s, &dict, batch, tier)?;
             }
         }
         // Still under the shard lock: the statistics change with the archive.
         self.stats.apply(shard, &delta);
         Ok((written, dups))
+    }
+
+    /// Seals open batch `batch` of the locked shard `s`, merging an earlier partial seal.
+    fn seal_locked(
+        &self,
+        s: &mut Shard,
+        dict: &WorkerDict,
+        batch: u64,
+        tier: Tier,
+    ) -> Result<bool> {
+        let Some((_, recs)) = s.open.remove(&batch) else {
+            return Ok(false);
+        };
+        let mut records: BTreeMap<u64, CompletedRecord> = BTreeMap::new();
+        if let Some(old) = s.sealed.get(&batch) {
+            match decode_binary_v2(&old.bytes, dict) {
+                Ok(b) => records.extend(b.records.into_iter().map(|r| (r.pid, r))),
+                Err(err) => {
+                    // Sealing over it would lose it: leave the batch open.
+                    s.open.insert(batch, (tier, recs));
+                    return Err(Error::Corrupt {
+                        key: format!("batch {batch}"),
+                        detail: err.to_string(),
+                    });
+                }
+            }
+        }
+        records.extend(recs);
+        let records: Vec<CompletedRecord> = records.into_values().collect();
+        let options = BinaryV2Options::new(self.schema.batch_size())?;
+        let bytes = encode_binary_v2(batch, &records, dict, &options)?;
+        let count = records.len() as u64;
+        let expires = (tier == Tier::Summary).then(|| Instant::now() + self.config.summary_ttl);
+        s.sealed.insert(
+            batch,
+            Sealed {
+                bytes,
+                count,
+                tier,
+                expires,
+            },
+        );
+        Ok(true)
     }
 
     fn lookup(&self, pid: u64) -> Lookup {
@@ -179,12 +211,12 @@ impl MemoryArchive {
             };
         }
         let batch = self.schema.batch_of(pid);
-        if let Some((tier, recs)) = shard.open.get(&batch)
+        if let Some((_, recs)) = shard.open.get(&batch)
             && let Some(r) = recs.get(&pid)
         {
             return Lookup::Archived {
                 record: r.clone(),
-                tier: *tier,
+                tier: Tier::Compressed,
             };
         }
         let Some(sealed) = shard.sealed.get(&batch) else {
@@ -232,6 +264,26 @@ impl Archiver for MemoryArchive {
 
     fn idle_wait(&self) -> Duration {
         self.config.block
+    }
+}
+
+#[async_trait]
+impl Compaction for MemoryArchive {
+    async fn compact(&self) -> Result<usize> {
+        let tier = self
+            .config
+            .tier_for(self.archived_count())
+            .max(Tier::Compressed);
+        let dict = lock(&self.dict);
+        let mut sealed = 0;
+        for shard in &self.shards {
+            let mut s = lock(shard);
+            let batches: Vec<u64> = s.open.keys().copied().collect();
+            for batch in batches {
+                sealed += usize::from(self.seal_locked(&mut s, &dict, batch, tier)?);
+            }
+        }
+        Ok(sealed)
     }
 }
 

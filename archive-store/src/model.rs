@@ -28,6 +28,9 @@ pub struct Config {
     /// this one takes it over (XAUTOCLAIM): longer than any sane pass, so a live
     /// archiver never loses its entries to a colleague.
     pub claim_idle: Duration,
+    /// The lowest pid any plan issues (the seed numbers from 1): a batch counts as full,
+    /// and is sealed, once it holds every pid of its range from here on.
+    pub first_pid: u64,
     /// This archiver's consumer name in the `archivers` group; unique per process.
     pub consumer: String,
 }
@@ -43,6 +46,7 @@ impl Default for Config {
             summary_at: 500_000,
             summary_ttl: Duration::from_secs(24 * 3600),
             claim_idle: Duration::from_secs(60),
+            first_pid: 1,
             consumer: format!("archiver-{}", std::process::id()),
         }
     }
@@ -64,6 +68,13 @@ impl Config {
             return Err(Error::InvalidArgument("empty consumer name".into()));
         }
         Ok(KeySchema::new(&self.namespace, self.num_shards)?)
+    }
+
+    /// How many pids batch `batch` of `batch_size` can hold: those from `first_pid` on.
+    pub fn planned(&self, batch: u64, batch_size: u64) -> u64 {
+        let start = batch.saturating_mul(batch_size);
+        let end = start.saturating_add(batch_size);
+        end.saturating_sub(start.max(self.first_pid))
     }
 
     /// The tier new records go to once `archived` records are in the archive.

@@ -37,6 +37,16 @@ pub trait ArchiveQuery: Send + Sync {
     async fn decode_failures(&self) -> Result<u64>;
 }
 
+/// Background maintenance of the archive's tiers.
+#[async_trait]
+pub trait Compaction: Send + Sync {
+    /// Seals every open batch, full or not (batches left open by a crash between a
+    /// write and its seal, or the last partial batches of a job), merging any earlier
+    /// partial seal. Returns how many batches were sealed. Never stops the archiver:
+    /// a batch that changes while it is sealed is retried or left for the next run.
+    async fn compact(&self) -> Result<usize>;
+}
+
 macro_rules! forward {
     ($($ty:ty),*) => {$(
         #[async_trait]
@@ -46,6 +56,13 @@ macro_rules! forward {
             }
             fn idle_wait(&self) -> Duration {
                 (**self).idle_wait()
+            }
+        }
+
+        #[async_trait]
+        impl<T: Compaction + ?Sized> Compaction for $ty {
+            async fn compact(&self) -> Result<usize> {
+                (**self).compact().await
             }
         }
 

@@ -14,14 +14,15 @@ use redis::aio::ConnectionLike;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 use redis::{Script, Value};
 use tranche_codec::{
-    CompletedRecord, KeySchema, WorkerDict, decode_binary_v2, decode_json, encode_json,
+    BinaryV2Options, CompletedRecord, KeySchema, WorkerDict, decode_binary_v2, decode_json,
+    encode_binary_v2, encode_json,
 };
 
 use conn::retry;
 use tranche_stats::{StatsDelta, delta_args};
 
 use crate::model::{ArchivePass, Config, Lookup, RangePage, Tier};
-use crate::store::{ArchiveQuery, Archiver};
+use crate::store::{ArchiveQuery, Archiver, Compaction};
 use crate::{Error, Result};
 
 macro_rules! script {
@@ -46,10 +47,17 @@ static ARCHIVE: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 static GET: LazyLock<Script> = script!("get");
+static SEAL: LazyLock<Script> = script!("seal");
+static DICT: LazyLock<Script> = script!("dict");
 
 /// Every script with its name, for tests that check each keeps to one slot.
 pub fn scripts() -> Vec<(&'static str, &'static Script)> {
-    vec![("archive", &ARCHIVE), ("get", &GET)]
+    vec![
+        ("archive", &ARCHIVE),
+        ("get", &GET),
+        ("seal", &SEAL),
+        ("dict", &DICT),
+    ]
 }
 
 /// The consumer group every archiver of a namespace joins, on every inbox.
@@ -92,6 +100,8 @@ struct ShardKeys {
     completed: String,
     counters: String,
     stats: [String; 5],
+    /// The ids of the shard's open batches, so compaction finds them without SCAN.
+    open: String,
 }
 
 impl ShardKeys {
@@ -103,6 +113,7 @@ impl ShardKeys {
             completed: schema.completed(shard),
             counters: schema.shard_key(shard, "archive"),
             stats: tranche_stats::stats_keys(schema, shard),
+            open: schema.shard_key(shard, "archive:open"),
         }
     }
 }
@@ -111,6 +122,17 @@ impl ShardKeys {
 fn open_batch_key(schema: &KeySchema, batch: u64) -> String {
     format!("{}:open", schema.completed_batch(batch))
 }
+
+/// `get.lua`'s reply: index bit, archived bit, simple JSON, sealed batch, open-batch
+/// JSON, the sealed batch's PTTL.
+type GetReply = (
+    i64,
+    i64,
+    Option<String>,
+    Option<Vec<u8>>,
+    Option<String>,
+    i64,
+);
 
 /// One inbox entry, parsed.
 struct Entry {
@@ -338,6 +360,7 @@ where
             for k in &keys.stats {
                 inv.key(k);
             }
+            inv.key(&keys.open);
             inv.arg(records.len());
             let mut open: Vec<u64> = Vec::new();
             for r in &records {
@@ -358,8 +381,10 @@ where
                     .arg(encode_json(r))
                     .arg(target);
             }
+            inv.arg(open.len());
             for &b in &open {
                 inv.key(open_batch_key(&self.schema, b));
+                inv.arg(b);
             }
             for a in delta_args(&StatsDelta::from_records(&records), now_ms()) {
                 inv.arg(a);
@@ -372,6 +397,13 @@ where
             match reply.split_first() {
                 Some((1, rest)) => {
                     let n = rest.first().copied().unwrap_or(0) as usize;
+                    // Seal the batches this call filled. A crash here leaves them open
+                    // (readable, and sealed by the next compaction).
+                    for (&batch, &len) in open.iter().zip(rest.iter().skip(1)) {
+                        if len as u64 >= self.planned(batch) {
+                            self.seal(batch, tier).await?;
+                        }
+                    }
                     return Ok((n, dups));
                 }
                 Some((0, taken)) => {
@@ -392,6 +424,154 @@ where
                 }
             }
         }
+    }
+
+    /// How many pids batch `batch` can hold: pids below `first_pid` are never planned.
+    fn planned(&self, batch: u64) -> u64 {
+        self.config.planned(batch, self.schema.batch_size())
+    }
+
+    /// Seals open batch `batch`: its records (and those of an earlier partial seal) as
+    /// one binary v2 string, with the summary TTL when `tier` is the summary tier.
+    /// Returns whether there was anything to seal.
+    async fn seal(&self, batch: u64, tier: Tier) -> Result<bool> {
+        let shard = self.schema.shard_of_batch(batch);
+        let keys = &self.keys[shard as usize];
+        let open_key = open_batch_key(&self.schema, batch);
+        let sealed_key = self.schema.completed_batch(batch);
+        let ttl = if tier == Tier::Summary {
+            self.config.summary_ttl.as_millis().max(1) as u64
+        } else {
+            0
+        };
+        for _ in 0..10 {
+            let (fields, old): (Vec<(u64, String)>, Option<Vec<u8>>) =
+                retry(&self.conn, |mut c| {
+                    let mut pipe = redis::pipe();
+                    pipe.cmd("HGETALL").arg(&open_key);
+                    pipe.cmd("GET").arg(&sealed_key);
+                    async move { pipe.query_async(&mut c).await }
+                })
+                .await?;
+            if fields.is_empty() {
+                let id = batch;
+                let _: i64 = retry(&self.conn, |mut c| async move {
+                    redis::cmd("SREM")
+                        .arg(&keys.open)
+                        .arg(id)
+                        .query_async(&mut c)
+                        .await
+                })
+                .await?;
+                return Ok(false);
+            }
+            let mut records = Vec::with_capacity(fields.len());
+            for (pid, json) in &fields {
+                records.push(decode_json(json).map_err(|e| Error::Corrupt {
+                    key: format!("{open_key} {pid}"),
+                    detail: e.to_string(),
+                })?);
+            }
+            let workers: Vec<&str> = records.iter().map(|r| &*r.worker).collect();
+            let dict = self.ensure_workers(&workers).await?;
+            let old = old.unwrap_or_default();
+            if !old.is_empty() {
+                // An earlier seal of a partial batch (compaction): merge it in. If it no
+                // longer decodes, sealing would lose it: leave the batch open.
+                let earlier = decode_binary_v2(&old, &dict).map_err(|e| Error::Corrupt {
+                    key: sealed_key.clone(),
+                    detail: e.to_string(),
+                })?;
+                let fresh: HashSet<u64> = records.iter().map(|r| r.pid).collect();
+                records.extend(
+                    earlier
+                        .records
+                        .into_iter()
+                        .filter(|r| !fresh.contains(&r.pid)),
+                );
+            }
+            let options = BinaryV2Options::new(self.schema.batch_size())?;
+            let bytes = encode_binary_v2(batch, &records, &dict, &options)?;
+            let mut inv = SEAL.prepare_invoke();
+            inv.key(&open_key)
+                .key(&sealed_key)
+                .key(&keys.open)
+                .key(&keys.counters)
+                .arg(fields.len())
+                .arg(&old)
+                .arg(&bytes)
+                .arg(ttl)
+                .arg(batch)
+                .arg(records.len())
+                .arg(self.planned(batch));
+            let done: i64 = retry(&self.conn, |mut c| {
+                let inv = &inv;
+                async move { inv.invoke_async(&mut c).await }
+            })
+            .await?;
+            if done == 1 {
+                return Ok(true);
+            }
+        }
+        tracing::debug!(batch, "batch kept changing while sealing; left open");
+        Ok(false)
+    }
+
+    /// The worker dictionary, holding every one of `workers` (added atomically with a
+    /// compare-and-set, so concurrent archivers agree on every index).
+    async fn ensure_workers(&self, workers: &[&str]) -> Result<Arc<WorkerDict>> {
+        let cached = self.dict.read().unwrap_or_else(|p| p.into_inner()).clone();
+        if workers.iter().all(|w| cached.index_of(w).is_some()) {
+            return Ok(cached);
+        }
+        let key = &self.dict_key;
+        loop {
+            let bytes: Option<Vec<u8>> = retry(&self.conn, |mut c| async move {
+                redis::cmd("GET").arg(key).query_async(&mut c).await
+            })
+            .await?;
+            let old = bytes.unwrap_or_default();
+            let mut dict = if old.is_empty() {
+                WorkerDict::new()
+            } else {
+                WorkerDict::from_bytes(&old)?
+            };
+            let before = dict.len();
+            for w in workers {
+                dict.insert(w)?;
+            }
+            let dict = Arc::new(dict);
+            if dict.len() != before {
+                let mut inv = DICT.prepare_invoke();
+                inv.key(key).arg(&old).arg(dict.to_bytes());
+                let done: i64 = retry(&self.conn, |mut c| {
+                    let inv = &inv;
+                    async move { inv.invoke_async(&mut c).await }
+                })
+                .await?;
+                if done == 0 {
+                    continue;
+                }
+            }
+            *self.dict.write().unwrap_or_else(|p| p.into_inner()) = dict.clone();
+            return Ok(dict);
+        }
+    }
+
+    async fn seal_open_batches(&self) -> Result<usize> {
+        let tier = self.config.tier_for(self.archived_count().await?);
+        let mut sealed = 0;
+        for k in self.keys.iter() {
+            let key = &k.open;
+            let ids: Vec<u64> = retry(&self.conn, |mut c| async move {
+                redis::cmd("SMEMBERS").arg(key).query_async(&mut c).await
+            })
+            .await?;
+            for batch in ids {
+                sealed += usize::from(self.seal(batch, tier.max(Tier::Compressed)).await?);
+            }
+        }
+        Ok(sealed)
     }
 
     async fn load_dict(&self) -> Result<Arc<WorkerDict>> {
@@ -456,13 +636,7 @@ where
             .key(open_batch_key(&self.schema, batch))
             .arg(pid)
             .arg(self.schema.bit_offset(pid));
-        let (index, archived, simple, sealed, open): (
-            i64,
-            i64,
-            Option<String>,
-            Option<Vec<u8>>,
-            Option<String>,
-        ) = retry(&self.conn, |mut c| {
+        let (index, archived, simple, sealed, open, pttl): GetReply = retry(&self.conn, |mut c| {
             let inv = &inv;
             async move { inv.invoke_async(&mut c).await }
         })
@@ -487,12 +661,11 @@ where
             };
         }
         if let Some(json) = open {
-            let tier = self
-                .config
-                .tier_for(self.archived_count().await?)
-                .max(Tier::Compressed);
             return match decode_json(&json) {
-                Ok(record) => Ok(Lookup::Archived { record, tier }),
+                Ok(record) => Ok(Lookup::Archived {
+                    record,
+                    tier: Tier::Compressed,
+                }),
                 Err(err) => {
                     self.count_failure(format!("open batch record {pid}: {err}"))
                         .await
@@ -505,7 +678,11 @@ where
         match self.decode_sealed(batch, &bytes, pid).await {
             Ok(Some(record)) => Ok(Lookup::Archived {
                 record,
-                tier: Tier::Compressed,
+                tier: if pttl >= 0 {
+                    Tier::Summary
+                } else {
+                    Tier::Compressed
+                },
             }),
             Ok(None) => {
                 self.count_failure(format!("batch {batch} lacks pid {pid}"))
@@ -532,6 +709,16 @@ where
 
     fn idle_wait(&self) -> Duration {
         self.config.block
+    }
+}
+
+#[async_trait]
+impl<C> Compaction for RedisArchive<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn compact(&self) -> Result<usize> {
+        self.seal_open_batches().await
     }
 }
 
