@@ -373,4 +373,12 @@ async fn a_counter_near_int64_is_refused_before_any_write() {
         server.query(redis::cmd("HGETALL").arg(&stats_keys(&schema, 0)[1]));
     assert_eq!(before, after);
     assert_eq!(store.stats().await.unwrap().global_stats.total_completed, 2);
+
+    // A repair with such a delta keeps the old statistics rather than none.
+    let err = store
+        .replace(0, &StatsDelta::from_records(std::slice::from_ref(&huge)))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("nothing was replaced"), "{err}");
+    assert_eq!(store.stats().await.unwrap().global_stats.total_completed, 2);
 }
