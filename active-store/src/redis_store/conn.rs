@@ -34,7 +34,14 @@ impl std::fmt::Debug for RedisConnection {
 impl RedisConnection {
     /// Connects to `url`. If the server runs in cluster mode, connects to the whole
     /// cluster through it; otherwise keeps one auto-reconnecting multiplexed connection.
+    ///
+    /// `rediss://` URLs use TLS, verified against the system's roots; append `#insecure`
+    /// (`rediss://host:6380/#insecure`) to skip verification, for self-signed test setups.
     pub async fn connect(url: &str) -> RedisResult<Self> {
+        if url.starts_with("rediss://") {
+            // rustls needs a process-wide crypto provider; a second install is a no-op.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
         let client = redis::Client::open(url)?;
         let config = ConnectionManagerConfig::new()
             .set_number_of_retries(3)

@@ -40,7 +40,42 @@ impl TestRedis {
         server
     }
 
+    /// A server that wants `password` (URLs then need `redis://:password@...`).
+    pub fn start_with_password(password: &str) -> Self {
+        Self::spawn(&["--requirepass", password])
+    }
+
+    /// A server speaking TLS only, with the PEM certificate and key files given; connect
+    /// with [`TestRedis::tls_url`].
+    pub fn start_tls(cert: &std::path::Path, key: &std::path::Path) -> Self {
+        let (cert, key) = (cert.to_str().unwrap(), key.to_str().unwrap());
+        Self::spawn_with(|port| {
+            vec![
+                "--port".into(),
+                "0".into(),
+                "--tls-port".into(),
+                port.to_string(),
+                "--tls-cert-file".into(),
+                cert.into(),
+                "--tls-key-file".into(),
+                key.into(),
+                "--tls-auth-clients".into(),
+                "no".into(),
+            ]
+        })
+    }
+
+    /// `rediss://127.0.0.1:PORT/#insecure` (the test certificate is self-signed).
+    pub fn tls_url(&self) -> String {
+        format!("rediss://127.0.0.1:{}/#insecure", self.port)
+    }
+
     fn spawn(extra: &[&str]) -> Self {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        Self::spawn_with(move |_| extra.clone())
+    }
+
+    fn spawn_with(extra: impl Fn(u16) -> Vec<String>) -> Self {
         let binary = std::env::var_os("TRANCHE_REDIS_SERVER")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("redis-server"));
@@ -54,7 +89,7 @@ impl TestRedis {
                 .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
                 .arg("--dir")
                 .arg(&dir)
-                .args(extra)
+                .args(extra(port))
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
