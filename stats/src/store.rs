@@ -43,6 +43,34 @@ pub trait StatsStore: Send + Sync {
     async fn snapshot(&self, version: u64) -> Result<Option<Snapshot>>;
 }
 
+macro_rules! forward {
+    ($($ty:ty),*) => {$(
+        #[async_trait]
+        impl<T: StatsStore + ?Sized> StatsStore for $ty {
+            async fn stats(&self) -> Result<Stats> {
+                (**self).stats().await
+            }
+            async fn range_summary(&self, id: u64) -> Result<Option<RangeStats>> {
+                (**self).range_summary(id).await
+            }
+            async fn replace(&self, shard: u32, delta: &StatsDelta) -> Result<()> {
+                (**self).replace(shard, delta).await
+            }
+            async fn publish_snapshot(&self) -> Result<u64> {
+                (**self).publish_snapshot().await
+            }
+            async fn latest_snapshot(&self) -> Result<Option<Snapshot>> {
+                (**self).latest_snapshot().await
+            }
+            async fn snapshot(&self, version: u64) -> Result<Option<Snapshot>> {
+                (**self).snapshot(version).await
+            }
+        }
+    )*};
+}
+
+forward!(std::sync::Arc<T>, Box<T>);
+
 /// A published snapshot (seed 003's `snapshot:v{n}`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
@@ -118,6 +146,15 @@ pub(crate) fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shared_and_boxed_stores_are_stores() {
+        fn store<S: StatsStore>(_: &S) {}
+        let memory = std::sync::Arc::new(crate::MemoryStats::new());
+        store(&memory);
+        let boxed: Box<dyn StatsStore> = Box::new(crate::MemoryStats::new());
+        store(&boxed);
+    }
 
     #[test]
     fn snapshots_are_due_by_batches_or_by_time() {
