@@ -2,7 +2,10 @@
 //! [`APPLY_DELTA_LUA`], read back and merged here.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, LazyLock};
+use std::task::Poll;
 
 use async_trait::async_trait;
 use redis::Script;
@@ -214,17 +217,20 @@ where
     }
 
     /// Every shard's statistics, merged: one pipeline of five `HGETALL` per shard
-    /// (a cluster client refuses pipelines that span slots).
+    /// (a cluster client refuses pipelines that span slots), all shards at once.
     async fn read_all(&self) -> Result<Aggregate> {
-        let mut all = Aggregate::default();
-        for keys in self.keys.iter() {
+        let reads = self.keys.iter().map(|keys| async move {
             let mut pipe = redis::pipe();
             for k in keys {
                 pipe.hgetall(k);
             }
             let hashes: Vec<Vec<(String, String)>> =
                 pipe.query_async(&mut self.conn.clone()).await?;
-            all.merge(&parse_shard(keys, &hashes)?);
+            parse_shard(keys, &hashes)
+        });
+        let mut all = Aggregate::default();
+        for shard in join_all(reads).await {
+            all.merge(&shard?);
         }
         Ok(all)
     }
@@ -249,15 +255,18 @@ where
 
     async fn range_summary(&self, id: u64) -> Result<Option<RangeStats>> {
         let r = id / RANGE_SIZE;
-        let mut all = Aggregate::default();
-        for keys in self.keys.iter() {
+        let reads = self.keys.iter().map(|keys| async move {
             let reply: Vec<Option<String>> = RANGE
                 .key(keys[1].as_str())
                 .key(keys[2].as_str())
                 .arg(r)
                 .invoke_async(&mut self.conn.clone())
                 .await?;
-            if let Some(range) = parse_range(&keys[2], &reply)? {
+            parse_range(&keys[2], &reply)
+        });
+        let mut all = Aggregate::default();
+        for range in join_all(reads).await {
+            if let Some(range) = range? {
                 let mut one = Aggregate::default();
                 one.ranges.insert(r, range);
                 all.merge(&one);
@@ -327,6 +336,36 @@ where
         })
         .transpose()
     }
+}
+
+/// Runs `futures` concurrently (on a multiplexed connection, one round trip for all
+/// shards rather than one each) and returns their outputs in order.
+async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut pending: Vec<Option<Pin<Box<F>>>> =
+        futures.into_iter().map(|f| Some(Box::pin(f))).collect();
+    let mut out: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut waiting = false;
+        for (slot, result) in pending.iter_mut().zip(out.iter_mut()) {
+            if let Some(fut) = slot {
+                match fut.as_mut().poll(cx) {
+                    Poll::Ready(v) => {
+                        *result = Some(v);
+                        *slot = None;
+                    }
+                    Poll::Pending => waiting = true,
+                }
+            }
+        }
+        if waiting {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    // Every slot was filled before poll_fn returned Ready.
+    out.into_iter().flatten().collect()
 }
 
 /// `value` as JSON. Snapshots and their config hold only string-keyed maps and finite
