@@ -190,6 +190,22 @@ where
         self.run_delta(&APPLY, shard, delta, now_ms).await
     }
 
+    /// The configuration of the latest snapshot (`{ns}:stats:config`), if any.
+    pub async fn snapshot_config(&self) -> Result<Option<SnapshotConfig>> {
+        let key = self.global_key("config");
+        let json: Option<String> = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        json.map(|j| {
+            serde_json::from_str(&j).map_err(|e| Error::Corrupt {
+                key,
+                detail: e.to_string(),
+            })
+        })
+        .transpose()
+    }
+
     async fn run_delta(
         &self,
         script: &Script,

@@ -412,6 +412,14 @@ async fn snapshots_keep_the_last_ten_versions() {
             assert_eq!(s.version, v);
             assert_eq!(s.stats.global_stats.total_completed, v, "{}", h.label);
         }
+        let config = match &h.applier {
+            Applier::Memory(m) => m.snapshot_config(),
+            Applier::Single(s) => s.snapshot_config().await.unwrap(),
+            Applier::Cluster(s) => s.snapshot_config().await.unwrap(),
+        }
+        .unwrap();
+        assert_eq!((config.version, config.count), (11, 11), "{}", h.label);
+        assert_eq!(config.timestamp_ms, latest.timestamp_ms, "{}", h.label);
         if let Some(server) = &h.server {
             let kept: Vec<String> = server.query(redis::cmd("KEYS").arg("{elk}:stats:snapshot:*"));
             assert_eq!(kept.len() as u64, SNAPSHOTS_KEPT, "{}: {kept:?}", h.label);
