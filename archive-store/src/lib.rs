@@ -14,14 +14,16 @@
 //! acknowledging its entries and was taken over) is stored and counted exactly once.
 //! A set index bit with a clear archived bit answers [`Lookup::Archiving`].
 
+mod dump;
 mod error;
 mod memory;
 mod model;
 mod redis_store;
 mod store;
 
+pub use dump::{Dump, DumpBatch};
 pub use error::{Error, Result};
 pub use memory::MemoryArchive;
 pub use model::{ArchivePass, Config, Lookup, RangePage, Tier};
 pub use redis_store::{RedisArchive, scripts};
-pub use store::{ArchiveQuery, Archiver, Compaction, run};
+pub use store::{ArchiveQuery, Archiver, Compaction, Export, Import, run};

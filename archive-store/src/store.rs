@@ -8,6 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::Result;
+use crate::dump::Dump;
 use crate::model::{ArchivePass, Lookup, RangePage};
 
 /// Drains the shards' inboxes into the archive.
@@ -45,6 +46,23 @@ pub trait Compaction: Send + Sync {
     /// partial seal. Returns how many batches were sealed. Never stops the archiver:
     /// a batch that changes while it is sealed is retried or left for the next run.
     async fn compact(&self) -> Result<usize>;
+}
+
+/// Writes the whole archive out.
+#[async_trait]
+pub trait Export: Send + Sync {
+    /// Every record the archive still holds, grouped by batch in id order, stamped
+    /// `created_ms`. Expired batches are gone and left out; a batch that does not
+    /// decode is an error (a dump must be complete, or not be).
+    async fn export(&self, created_ms: u64) -> Result<Dump>;
+}
+
+/// Restores a dump.
+#[async_trait]
+pub trait Import: Send + Sync {
+    /// Restores `dump` into this archive, which must be empty: every record goes back
+    /// to its tier and is counted in the statistics once. Returns the records restored.
+    async fn import(&self, dump: &Dump) -> Result<u64>;
 }
 
 macro_rules! forward {

@@ -21,8 +21,9 @@ use tranche_codec::{
 use conn::retry;
 use tranche_stats::{StatsDelta, delta_args};
 
+use crate::dump::{Dump, DumpBatch};
 use crate::model::{ArchivePass, Config, Lookup, RangePage, Tier};
-use crate::store::{ArchiveQuery, Archiver, Compaction};
+use crate::store::{ArchiveQuery, Archiver, Compaction, Export, Import};
 use crate::{Error, Result};
 
 macro_rules! script {
@@ -131,6 +132,14 @@ type GetReply = (
     Option<String>,
     Option<Vec<u8>>,
     Option<String>,
+    i64,
+);
+
+/// One batch as read for export: simple JSON per pid, open fields, sealed bytes, PTTL.
+type BatchReply = (
+    Vec<Option<String>>,
+    Vec<(u64, String)>,
+    Option<Vec<u8>>,
     i64,
 );
 
@@ -775,4 +784,163 @@ pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl<C> RedisArchive<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// The batches of `shard` holding at least one archived pid, from the archived
+    /// bitmap (the one complete index of what the archive holds).
+    async fn shard_batches(&self, shard: u32) -> Result<Vec<u64>> {
+        let key = &self.keys[shard as usize].archived;
+        let bits: Option<Vec<u8>> = retry(&self.conn, |mut c| async move {
+            redis::cmd("GET").arg(key).query_async(&mut c).await
+        })
+        .await?;
+        let size = self.schema.batch_size();
+        let shards = u64::from(self.schema.num_shards());
+        let mut out: Vec<u64> = Vec::new();
+        for (i, &byte) in bits.unwrap_or_default().iter().enumerate() {
+            for bit in 0..8 {
+                if byte & (0x80 >> bit) != 0 {
+                    let offset = i as u64 * 8 + bit;
+                    let batch = (offset / size) * shards + u64::from(shard);
+                    if out.last() != Some(&batch) {
+                        out.push(batch);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every record of `batch` still held, and the highest tier they live in.
+    async fn batch_records(&self, batch: u64) -> Result<Option<DumpBatch>> {
+        let keys = &self.keys[self.schema.shard_of_batch(batch) as usize];
+        let first = batch * self.schema.batch_size();
+        let pids: Vec<u64> = (first..first + self.schema.batch_size()).collect();
+        let open_key = open_batch_key(&self.schema, batch);
+        let sealed_key = self.schema.completed_batch(batch);
+        let (simple, open, sealed, pttl): BatchReply = retry(&self.conn, |mut c| {
+            let mut pipe = redis::pipe();
+            pipe.cmd("HMGET").arg(&keys.completed).arg(&pids);
+            pipe.cmd("HGETALL").arg(&open_key);
+            pipe.cmd("GET").arg(&sealed_key);
+            pipe.cmd("PTTL").arg(&sealed_key);
+            async move { pipe.query_async(&mut c).await }
+        })
+        .await?;
+        let corrupt = |key: &str, e: tranche_codec::Error| Error::Corrupt {
+            key: key.to_owned(),
+            detail: e.to_string(),
+        };
+        let mut tier = Tier::Simple;
+        let mut records = Vec::new();
+        for json in simple.into_iter().flatten() {
+            records.push(decode_json(&json).map_err(|e| corrupt(&keys.completed, e))?);
+        }
+        for (_, json) in &open {
+            tier = Tier::Compressed;
+            records.push(decode_json(json).map_err(|e| corrupt(&open_key, e))?);
+        }
+        if let Some(bytes) = sealed {
+            tier = if pttl >= 0 {
+                Tier::Summary
+            } else {
+                Tier::Compressed
+            };
+            let cached = self.dict.read().unwrap_or_else(|p| p.into_inner()).clone();
+            let decoded = match decode_binary_v2(&bytes, &cached) {
+                Err(tranche_codec::Error::UnknownWorkerIndex(_)) => {
+                    decode_binary_v2(&bytes, &*self.load_dict().await?)
+                }
+                other => other,
+            };
+            records.extend(decoded.map_err(|e| corrupt(&sealed_key, e))?.records);
+        }
+        if records.is_empty() {
+            return Ok(None);
+        }
+        records.sort_unstable_by_key(|r| r.pid);
+        Ok(Some(DumpBatch {
+            id: batch,
+            tier,
+            records,
+        }))
+    }
+}
+
+#[async_trait]
+impl<C> Export for RedisArchive<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn export(&self, created_ms: u64) -> Result<Dump> {
+        let mut ids = Vec::new();
+        for shard in self.schema.shards() {
+            ids.extend(self.shard_batches(shard).await?);
+        }
+        ids.sort_unstable();
+        let mut batches = Vec::with_capacity(ids.len());
+        for id in ids {
+            batches.extend(self.batch_records(id).await?);
+        }
+        let dict = self.load_dict().await?;
+        // Simple-tier and open records are JSON: their workers may not be in the
+        // dictionary yet, and the dump's batches are binary v2.
+        let workers: Vec<&str> = batches
+            .iter()
+            .flat_map(|b| &b.records)
+            .map(|r| &*r.worker)
+            .collect();
+        let dict = if workers.iter().all(|w| dict.index_of(w).is_some()) {
+            dict
+        } else {
+            let mut d = (*dict).clone();
+            for w in workers {
+                d.insert(w)?;
+            }
+            Arc::new(d)
+        };
+        let updated_ms = batches
+            .iter()
+            .flat_map(|b| &b.records)
+            .map(|r| r.completed_at_ms)
+            .max()
+            .unwrap_or(0);
+        Ok(Dump {
+            namespace: self.config.namespace.clone(),
+            num_shards: self.schema.num_shards(),
+            batch_size: self.schema.batch_size(),
+            created_ms,
+            updated_ms,
+            dict: (*dict).clone(),
+            batches,
+        })
+    }
+}
+
+#[async_trait]
+impl<C> Import for RedisArchive<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn import(&self, dump: &Dump) -> Result<u64> {
+        if self.archived_count().await? != 0 {
+            return Err(Error::InvalidArgument(
+                "import needs an empty archive".into(),
+            ));
+        }
+        let mut restored = 0;
+        for b in &dump.batches {
+            let shard = self.schema.shard_of_batch(b.id);
+            for chunk in b.records.chunks(MAX_SCRIPT_RECORDS) {
+                let (written, _) = self.write(shard, chunk.to_vec(), b.tier).await?;
+                restored += written as u64;
+            }
+        }
+        self.seal_open_batches().await?;
+        Ok(restored)
+    }
 }
