@@ -1,0 +1,35 @@
+//! The query router of tranche: one answer for any partition, whichever layer holds it.
+//!
+//! [`Router`] holds the three layers as trait objects (`Arc<dyn ActiveStore>`,
+//! `Arc<dyn ArchiveQuery>`, `Arc<dyn StatsStore>`) and asks them in a fixed order
+//! (the seed's "查询路由优化"):
+//!
+//! 1. the **active layer**: pending (issued or not), claimed, running or failed;
+//! 2. the **archive**: its bitmap, then the simple hash or the batch, decoded (one round
+//!    trip on Redis); a completed pid not yet stored is "completed, archiving";
+//! 3. the **statistics layer**, only when the archive says the pid's batch expired (the
+//!    summary tier's TTL) or does not decode: the summary of the pid's 100,000-ID range
+//!    stands in for the record ([`PartitionView::Summarised`]).
+//!
+//! The design choice a reader might get wrong: **[`PartitionView::Unknown`] means "no
+//! plan has this pid", never "not found in any store".** A planned pid leaves the active
+//! layer only by being completed, and reaches the archive only when an archiver has
+//! drained it from the inbox; in between, neither store holds it. The router therefore
+//! answers [`PartitionView::Archiving`] for a planned pid that neither the active layer
+//! nor the archive holds, whether or not the archive backend can see the completed index
+//! itself (Redis can; the memory archive cannot). The price is that a partition an
+//! operator discarded (`Maintenance::discard`) also reads as archiving.
+//!
+//! The plans are cached: they are append-only, so a cached entry never goes stale and
+//! only a miss re-reads them. [`Router::stats`] merges the live active counts with the
+//! completed statistics (the seed's "统计合并策略") and, if the statistics layer fails,
+//! still answers with the active counts and the error beside them.
+
+mod error;
+mod model;
+mod plans;
+mod router;
+
+pub use error::{Error, Result};
+pub use model::{Fallback, Located, MergedStats, PartitionView};
+pub use router::{DEFAULT_RANGE_CONCURRENCY, Router};

@@ -1,0 +1,450 @@
+//! The router over the memory backends: a small job planned, partly claimed, completed
+//! and archived, then every kind of answer checked.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use tranche_active_store::{Lease, Leases, MemoryActiveStore, Plan, Planner, StatusCounts};
+use tranche_archive_store::{Archiver, MemoryArchive, Tier};
+use tranche_codec::Status;
+use tranche_router::{Error, Fallback, PartitionView, Router};
+use tranche_stats::{MemoryStats, RangeStats, Snapshot, Stats, StatsDelta, StatsStore};
+
+/// IDs `1..=30_000` in partitions of 100: pids 1..=300.
+const PLAN: Plan = Plan::Uniform {
+    min: 1,
+    max: 30_000,
+    size: 100,
+};
+
+/// One job: the three memory layers and a router over them.
+struct Job {
+    active: Arc<MemoryActiveStore>,
+    archive: Arc<MemoryArchive>,
+    stats: Arc<MemoryStats>,
+    router: Router,
+    /// Every lease claimed, by pid.
+    leases: BTreeMap<u64, Lease>,
+}
+
+impl Job {
+    /// Plans [`PLAN`] over `shards` shards and claims `claimed` partitions; the archive
+    /// is in `tier` from the first record on.
+    async fn new(shards: u32, claimed: usize, tier: Tier) -> Self {
+        let active = Arc::new(
+            MemoryActiveStore::new(tranche_active_store::Config {
+                num_shards: shards,
+                ..Default::default()
+            })
+            .unwrap(),
+        );
+        let outcome = active.plan(&PLAN).await.unwrap();
+        assert_eq!(outcome.entries[0].plan.pids(), 1..=300);
+        let (compressed_at, summary_at) = match tier {
+            Tier::Simple => (u64::MAX, u64::MAX),
+            Tier::Compressed => (0, u64::MAX),
+            _ => (0, 0),
+        };
+        let stats = Arc::new(MemoryStats::new());
+        let inboxes = (0..shards).map(|s| active.inbox(s).unwrap()).collect();
+        let archive = Arc::new(
+            MemoryArchive::new(
+                tranche_archive_store::Config {
+                    num_shards: shards,
+                    compressed_at,
+                    summary_at,
+                    summary_ttl: Duration::from_secs(3600),
+                    ..Default::default()
+                },
+                inboxes,
+                stats.clone(),
+            )
+            .unwrap(),
+        );
+        let router = Router::new(active.clone(), archive.clone(), stats.clone());
+        let mut leases = BTreeMap::new();
+        while leases.len() < claimed {
+            let got = active
+                .claim("w1", (claimed - leases.len()).min(64))
+                .await
+                .unwrap();
+            assert!(!got.is_empty(), "ran out of work");
+            leases.extend(got.into_iter().map(|l| (l.pid, l)));
+        }
+        Self {
+            active,
+            archive,
+            stats,
+            router,
+            leases,
+        }
+    }
+
+    /// Completes the leased pids of `pids`, each after `pid` ms.
+    async fn complete(&self, pids: impl IntoIterator<Item = u64>) {
+        let done: Vec<_> = pids
+            .into_iter()
+            .map(|pid| (self.leases[&pid].clone(), pid))
+            .collect();
+        for outcome in self.active.complete_many(&done).await.unwrap() {
+            outcome.unwrap();
+        }
+    }
+
+    /// Drains every inbox into the archive.
+    async fn archive(&self) {
+        while self.archive.archive_once().await.unwrap().entries > 0 {}
+    }
+}
+
+fn archived(view: &PartitionView) -> (u64, Tier) {
+    match view {
+        PartitionView::Archived { record, tier } => (record.pid, *tier),
+        other => panic!("expected an archived record, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn get_answers_from_each_layer_in_turn() {
+    // One shard: claims come in pid order, so pids 1..=200 are claimed.
+    let job = Job::new(1, 200, Tier::Simple).await;
+    job.complete(1..=150).await;
+    job.archive().await;
+    job.complete(151..=160).await; // Completed, archiver not run yet.
+
+    // Unissued: planned, never claimed, pending with no attempts.
+    match job.router.get(250).await.unwrap() {
+        PartitionView::Active(p) => {
+            assert_eq!((p.pid, p.min_id, p.max_id), (250, 24_901, 25_000));
+            assert_eq!((p.status, p.attempts), (Status::Pending, 0));
+        }
+        other => panic!("{other:?}"),
+    }
+    // Claimed.
+    match job.router.get(200).await.unwrap() {
+        PartitionView::Active(p) => {
+            assert_eq!(p.status, Status::Claimed);
+            assert_eq!(p.worker.as_deref(), Some("w1"));
+        }
+        other => panic!("{other:?}"),
+    }
+    // Archived: the record exactly as completed.
+    match job.router.get(42).await.unwrap() {
+        PartitionView::Archived { record, tier } => {
+            assert_eq!(tier, Tier::Simple);
+            let lease = &job.leases[&42];
+            let expected = lease.completed(record.completed_at_ms, 42);
+            assert_eq!(record, expected);
+            assert_eq!((record.min_id, record.max_id), (4101, 4200));
+        }
+        other => panic!("{other:?}"),
+    }
+    // Completed, not archived yet: archiving, never unknown.
+    for pid in 151..=160 {
+        let view = job.router.get(pid).await.unwrap();
+        let range = (pid - 1) * 100 + 1..=pid * 100;
+        assert_eq!(view, PartitionView::Archiving { pid, range }, "pid {pid}");
+        assert!(view.is_completed());
+    }
+    // Not planned.
+    for pid in [0, 301, u64::MAX] {
+        assert_eq!(job.router.get(pid).await.unwrap(), PartitionView::Unknown);
+    }
+
+    // Once the archiver runs, archiving turns into archived.
+    job.archive().await;
+    assert_eq!(
+        archived(&job.router.get(155).await.unwrap()),
+        (155, Tier::Simple)
+    );
+}
+
+#[tokio::test]
+async fn locate_finds_the_partition_at_range_edges() {
+    let job = Job::new(1, 10, Tier::Simple).await;
+    job.complete([1, 2]).await;
+    job.archive().await;
+    let cases = [
+        (1, 1),
+        (100, 1),
+        (101, 2),
+        (200, 2),
+        (201, 3),
+        (30_000, 300),
+    ];
+    for (id, pid) in cases {
+        let located = job.router.locate(id).await.unwrap().unwrap();
+        assert_eq!(located.id, id);
+        assert_eq!(located.pid, pid, "id {id}");
+        assert_eq!(located.range, (pid - 1) * 100 + 1..=pid * 100);
+        match (pid, &located.view) {
+            (1 | 2, v) => assert_eq!(archived(v), (pid, Tier::Simple)),
+            (3, PartitionView::Active(p)) => assert_eq!(p.status, Status::Claimed),
+            (300, PartitionView::Active(p)) => assert_eq!(p.status, Status::Pending),
+            (_, v) => panic!("id {id}: {v:?}"),
+        }
+    }
+    for id in [0, 30_001, u64::MAX] {
+        assert_eq!(job.router.locate(id).await.unwrap(), None, "id {id}");
+    }
+}
+
+#[tokio::test]
+async fn a_plan_added_after_the_first_lookup_is_found() {
+    let job = Job::new(1, 0, Tier::Simple).await;
+    // Fill the cache with the first plan only.
+    assert_eq!(job.router.locate(50).await.unwrap().unwrap().pid, 1);
+    assert_eq!(job.router.locate(1_000_000).await.unwrap(), None);
+    let second = Plan::Ranges(vec![1_000_000..=1_000_499]);
+    let outcome = job.active.plan(&second).await.unwrap();
+    let pid = outcome.entries[0].plan.first_pid();
+    let located = job.router.locate(1_000_250).await.unwrap().unwrap();
+    assert_eq!((located.pid, located.range), (pid, 1_000_000..=1_000_499));
+    assert!(matches!(located.view, PartitionView::Active(_)));
+    assert!(matches!(
+        job.router.get(pid).await.unwrap(),
+        PartitionView::Active(_)
+    ));
+}
+
+/// The range stream on `shards` shards: every pid once, in order, each answered by the
+/// layer that holds it.
+async fn check_range(shards: u32) {
+    let job = Job::new(shards, 200, Tier::Compressed).await;
+    let claimed: Vec<u64> = job.leases.keys().copied().collect();
+    job.complete(claimed[..150].iter().copied()).await;
+    job.archive().await;
+    job.complete(claimed[150..160].iter().copied()).await;
+
+    let router = Router::new(job.active.clone(), job.archive.clone(), job.stats.clone())
+        .with_range_concurrency(7);
+    let views: Vec<PartitionView> = router.range(0..=301).map(Result::unwrap).collect().await;
+    assert_eq!(views.len(), 302);
+    assert_eq!(views[0], PartitionView::Unknown);
+    assert_eq!(views[301], PartitionView::Unknown);
+    let (mut archived_n, mut archiving_n, mut active_n) = (0, 0, 0);
+    for (pid, view) in (0..=301u64).zip(&views).skip(1).take(300) {
+        let i = claimed.iter().position(|&c| c == pid);
+        match view {
+            PartitionView::Archived { record, .. } => {
+                assert!(i.is_some_and(|i| i < 150), "pid {pid}");
+                assert_eq!(record.pid, pid);
+                archived_n += 1;
+            }
+            PartitionView::Archiving { pid: p, .. } => {
+                assert!(i.is_some_and(|i| (150..160).contains(&i)), "pid {pid}");
+                assert_eq!(*p, pid);
+                archiving_n += 1;
+            }
+            PartitionView::Active(p) => {
+                assert_eq!(p.pid, pid);
+                let expected = if i.is_some() {
+                    Status::Claimed
+                } else {
+                    Status::Pending
+                };
+                assert_eq!(p.status, expected, "pid {pid}");
+                active_n += 1;
+            }
+            other => panic!("pid {pid}: {other:?}"),
+        }
+    }
+    assert_eq!((archived_n, archiving_n, active_n), (150, 10, 140));
+
+    // An empty range and a range past the plan.
+    #[allow(clippy::reversed_empty_ranges)]
+    let empty = 5..=4;
+    assert_eq!(router.range(empty).count().await, 0);
+    let tail: Vec<_> = router.range(u64::MAX - 1..=u64::MAX).collect().await;
+    assert!(tail.iter().all(|v| matches!(v, Ok(PartitionView::Unknown))));
+}
+
+#[tokio::test]
+async fn range_streams_every_pid_once_in_order_on_one_shard() {
+    check_range(1).await;
+}
+
+#[tokio::test]
+async fn range_streams_every_pid_once_in_order_on_four_shards() {
+    check_range(4).await;
+}
+
+#[tokio::test]
+async fn stats_merge_active_counts_with_completed_statistics() {
+    let job = Job::new(4, 200, Tier::Simple).await;
+    let claimed: Vec<u64> = job.leases.keys().copied().collect();
+    job.complete(claimed[..150].iter().copied()).await;
+    job.archive().await;
+    job.complete(claimed[150..160].iter().copied()).await;
+
+    let merged = job.router.stats().await.unwrap();
+    assert_eq!(
+        merged.active,
+        StatusCounts {
+            unissued: 100,
+            claimed: 40,
+            ..Default::default()
+        }
+    );
+    let completed = merged.completed.as_ref().unwrap();
+    assert_eq!(completed, &job.stats.stats().await.unwrap());
+    assert_eq!(completed.global_stats.total_completed, 150);
+    assert_eq!(completed.global_stats.total_processed_data, 150 * 100);
+    assert_eq!(completed.worker_stats["w1"].completed_count, 150);
+    assert_eq!(merged.completed_count(), Some(150));
+    // The ten in the inbox are counted by neither side until archived.
+    assert_eq!(merged.total(), 290);
+    assert_eq!(merged.completed_ratio(), Some(150.0 / 290.0));
+
+    job.archive().await;
+    let merged = job.router.stats().await.unwrap();
+    assert_eq!(merged.completed_count(), Some(160));
+    assert_eq!(merged.total(), 300);
+}
+
+/// A statistics layer that is down.
+struct FailingStats;
+
+fn down() -> tranche_stats::Error {
+    tranche_stats::Error::Corrupt {
+        key: "{elk:0}:stats:global".into(),
+        detail: "down for the test".into(),
+    }
+}
+
+#[async_trait]
+impl StatsStore for FailingStats {
+    async fn stats(&self) -> tranche_stats::Result<Stats> {
+        Err(down())
+    }
+    async fn range_summary(&self, _id: u64) -> tranche_stats::Result<Option<RangeStats>> {
+        Err(down())
+    }
+    async fn replace(&self, _shard: u32, _delta: &StatsDelta) -> tranche_stats::Result<()> {
+        Err(down())
+    }
+    async fn publish_snapshot(&self) -> tranche_stats::Result<u64> {
+        Err(down())
+    }
+    async fn latest_snapshot(&self) -> tranche_stats::Result<Option<Snapshot>> {
+        Err(down())
+    }
+    async fn snapshot(&self, _version: u64) -> tranche_stats::Result<Option<Snapshot>> {
+        Err(down())
+    }
+}
+
+#[tokio::test]
+async fn stats_fall_back_to_the_active_counts_when_the_statistics_layer_fails() {
+    let job = Job::new(1, 20, Tier::Simple).await;
+    job.complete(1..=5).await;
+    job.archive().await;
+    let router = Router::new(
+        job.active.clone(),
+        job.archive.clone(),
+        Arc::new(FailingStats),
+    );
+
+    let merged = router.stats().await.unwrap();
+    assert_eq!(
+        merged.active,
+        StatusCounts {
+            unissued: 280,
+            claimed: 15,
+            ..Default::default()
+        }
+    );
+    let err = merged.completed.as_ref().unwrap_err();
+    assert!(err.to_string().contains("down for the test"), "{err}");
+    assert_eq!(merged.completed_count(), None);
+    assert_eq!(merged.completed_ratio(), None);
+    assert_eq!(merged.total(), 295);
+
+    // Reads that do not need the statistics layer are unaffected.
+    assert_eq!(archived(&router.get(3).await.unwrap()), (3, Tier::Simple));
+}
+
+/// Completes pids 100..=199 (batch 1, full) into the summary tier.
+async fn summary_job(stats: Option<Arc<dyn StatsStore>>) -> (Job, Router) {
+    let job = Job::new(1, 200, Tier::Summary).await;
+    job.complete(100..=199).await;
+    job.archive().await;
+    let stats = stats.unwrap_or_else(|| job.stats.clone());
+    let router = Router::new(job.active.clone(), job.archive.clone(), stats);
+    (job, router)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_batch_is_answered_from_the_range_summary() {
+    let (job, router) = summary_job(None).await;
+    assert_eq!(
+        archived(&router.get(150).await.unwrap()),
+        (150, Tier::Summary)
+    );
+
+    tokio::time::advance(Duration::from_secs(3601)).await;
+    let expected_summary = job.stats.range_summary(14_901).await.unwrap().unwrap();
+    assert_eq!(expected_summary.completed_count, 100);
+    for pid in [100, 150, 199] {
+        let view = router.get(pid).await.unwrap();
+        assert_eq!(
+            view,
+            PartitionView::Summarised {
+                pid,
+                range: (pid - 1) * 100 + 1..=pid * 100,
+                cause: Fallback::Expired,
+                summary: Some(expected_summary.clone()),
+            }
+        );
+        assert!(view.is_completed());
+    }
+    let located = router.locate(15_000).await.unwrap().unwrap();
+    assert!(matches!(
+        located.view,
+        PartitionView::Summarised {
+            pid: 150,
+            cause: Fallback::Expired,
+            ..
+        }
+    ));
+    assert_eq!(router.decode_failures().await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn a_corrupted_batch_is_answered_from_the_range_summary_and_counted() {
+    let (job, router) = summary_job(None).await;
+    assert!(job.archive.corrupt_batch(1, vec![0xde, 0xad, 0xbe, 0xef]));
+    let view = router.get(123).await.unwrap();
+    match &view {
+        PartitionView::Summarised {
+            pid: 123,
+            range,
+            cause: Fallback::Undecodable { .. },
+            summary: Some(summary),
+        } => {
+            assert_eq!(range, &(12_201..=12_300));
+            assert_eq!(summary.completed_count, 100);
+            assert_eq!(summary.workers, ["w1"]);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(router.decode_failures().await.unwrap() >= 1);
+    // Other layers still answer for their pids.
+    assert!(matches!(
+        router.get(200).await.unwrap(),
+        PartitionView::Active(_)
+    ));
+}
+
+#[tokio::test]
+async fn a_fallback_with_the_statistics_layer_down_is_an_error() {
+    let (job, router) = summary_job(Some(Arc::new(FailingStats))).await;
+    assert!(job.archive.corrupt_batch(1, Vec::new()));
+    match router.get(150).await {
+        Err(Error::Stats(err)) => assert!(err.to_string().contains("down for the test")),
+        other => panic!("{other:?}"),
+    }
+}
