@@ -252,6 +252,7 @@ suite!(
     compaction_seals_partial_batches,
     export_import_round_trip,
     a_small_export_snapshot,
+    compaction_moves_older_records_to_the_current_tier,
 );
 
 async fn simple_tier_round_trip(kind: Kind, shards: u32) {
@@ -530,6 +531,35 @@ async fn a_small_export_snapshot(kind: Kind, shards: u32) {
     );
     let text = text.replace(&format!("shards {shards} "), "shards N ");
     insta::assert_snapshot!("small_export", text);
+}
+
+async fn compaction_moves_older_records_to_the_current_tier(kind: Kind, shards: u32) {
+    let config = Config {
+        num_shards: shards,
+        consumer: "a1".into(),
+        compressed_at: 100,
+        summary_at: 300,
+        ..Config::default()
+    };
+    let h = Harness::with(kind, config).await;
+    let recs = records(1..=450);
+    for round in recs.chunks(50) {
+        h.complete(round).await;
+        h.drain().await;
+    }
+    assert_eq!(h.get(5).await, archived(&recs[4], Tier::Simple));
+    h.compaction.compact().await.unwrap();
+    for r in &recs {
+        assert_eq!(
+            h.get(r.pid).await,
+            archived(r, Tier::Summary),
+            "pid {}",
+            r.pid
+        );
+    }
+    assert_eq!(h.compaction.compact().await.unwrap(), 0);
+    h.assert_stats(&recs).await;
+    assert_eq!(h.query.decode_failures().await.unwrap(), 0);
 }
 
 // ---- Redis only: consumer groups.

@@ -50,6 +50,7 @@ static ARCHIVE: LazyLock<Script> = LazyLock::new(|| {
 static GET: LazyLock<Script> = script!("get");
 static SEAL: LazyLock<Script> = script!("seal");
 static DICT: LazyLock<Script> = script!("dict");
+static MOVE: LazyLock<Script> = script!("move");
 
 /// Every script with its name, for tests that check each keeps to one slot.
 pub fn scripts() -> Vec<(&'static str, &'static Script)> {
@@ -58,6 +59,7 @@ pub fn scripts() -> Vec<(&'static str, &'static Script)> {
         ("get", &GET),
         ("seal", &SEAL),
         ("dict", &DICT),
+        ("move", &MOVE),
     ]
 }
 
@@ -567,6 +569,71 @@ where
         }
     }
 
+    /// Moves `shard`'s simple-tier records into open batches, a page at a time.
+    async fn move_simple(&self, shard: u32) -> Result<()> {
+        let keys = &self.keys[shard as usize];
+        let mut cursor = 0u64;
+        loop {
+            let (next, page): (u64, Vec<(u64, String)>) = retry(&self.conn, |mut c| async move {
+                redis::cmd("HSCAN")
+                    .arg(&keys.completed)
+                    .arg(cursor)
+                    .arg("COUNT")
+                    .arg(500)
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+            if !page.is_empty() {
+                let mut batches: Vec<u64> =
+                    page.iter().map(|(p, _)| self.schema.batch_of(*p)).collect();
+                batches.sort_unstable();
+                batches.dedup();
+                let mut inv = MOVE.prepare_invoke();
+                inv.key(&keys.completed).key(&keys.open).arg(batches.len());
+                for &b in &batches {
+                    inv.key(open_batch_key(&self.schema, b)).arg(b);
+                }
+                for (pid, _) in &page {
+                    let k = batches
+                        .binary_search(&self.schema.batch_of(*pid))
+                        .unwrap_or(0)
+                        + 1;
+                    inv.arg(pid).arg(k);
+                }
+                let _: i64 = retry(&self.conn, |mut c| {
+                    let inv = &inv;
+                    async move { inv.invoke_async(&mut c).await }
+                })
+                .await?;
+            }
+            if next == 0 {
+                return Ok(());
+            }
+            cursor = next;
+        }
+    }
+
+    /// Gives `shard`'s sealed batches without a TTL the summary tier's.
+    async fn expire_sealed(&self, shard: u32) -> Result<()> {
+        let ttl = self.config.summary_ttl.as_millis().max(1) as u64;
+        for chunk in self.shard_batches(shard).await?.chunks(500) {
+            retry(&self.conn, |mut c| {
+                let mut pipe = redis::pipe();
+                for &b in chunk {
+                    pipe.cmd("PEXPIRE")
+                        .arg(self.schema.completed_batch(b))
+                        .arg(ttl)
+                        .arg("NX")
+                        .ignore();
+                }
+                async move { pipe.query_async::<()>(&mut c).await }
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
     async fn seal_open_batches(&self) -> Result<usize> {
         let tier = self.config.tier_for(self.archived_count().await?);
         let mut sealed = 0;
@@ -727,7 +794,19 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     async fn compact(&self) -> Result<usize> {
-        self.seal_open_batches().await
+        let tier = self.config.tier_for(self.archived_count().await?);
+        if tier != Tier::Simple {
+            for shard in self.schema.shards() {
+                self.move_simple(shard).await?;
+            }
+        }
+        let sealed = self.seal_open_batches().await?;
+        if tier == Tier::Summary {
+            for shard in self.schema.shards() {
+                self.expire_sealed(shard).await?;
+            }
+        }
+        Ok(sealed)
     }
 }
 
