@@ -1,5 +1,4 @@
-//! The router's error type: the three layers' errors, and the one thing only the router
-//! can notice.
+//! The router's error type: the three layers' errors.
 
 /// What can go wrong while routing a query.
 #[derive(Debug, thiserror::Error)]
@@ -16,13 +15,6 @@ pub enum Error {
     /// this way: it answers with the active counts alone.
     #[error("statistics layer: {0}")]
     Stats(#[from] tranche_stats::Error),
-    /// The archive holds `pid` but no plan covers it: the stores were built for
-    /// different namespaces, or a plan registry was lost.
-    #[error("pid {pid} is archived but no plan covers it")]
-    NotPlanned {
-        /// The pid.
-        pid: u64,
-    },
 }
 
 /// `Result` with the router's [`Error`].

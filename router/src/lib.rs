@@ -2,7 +2,7 @@
 //!
 //! [`Router`] holds the three layers as trait objects (`Arc<dyn ActiveStore>`,
 //! `Arc<dyn ArchiveQuery>`, `Arc<dyn StatsStore>`) and asks them in a fixed order
-//! (the seed's "查询路由优化"):
+//! (the seed's "查询路由优化"), once the cached plans say the pid exists at all:
 //!
 //! 1. the **active layer**: pending (issued or not), claimed, running or failed;
 //! 2. the **archive**: its bitmap, then the simple hash or the batch, decoded (one round

@@ -8,9 +8,9 @@ use tranche_active_store::{ActiveSnapshot, ActiveStore};
 use tranche_archive_store::{ArchiveQuery, Lookup};
 use tranche_stats::StatsStore;
 
+use crate::Result;
 use crate::model::{Fallback, Located, MergedStats, PartitionView};
 use crate::plans::PlanCache;
-use crate::{Error, Result};
 
 /// How many pids [`Router::range`] resolves at once, unless told otherwise.
 pub const DEFAULT_RANGE_CONCURRENCY: usize = 32;
@@ -62,13 +62,19 @@ impl Router {
 
     /// What is known of `pid`.
     ///
-    /// The active layer first (a planned pid not yet issued is active too: pending);
-    /// then the archive, which answers with the record, "archiving" (completed, not yet
-    /// stored), "expired" or "undecodable"; for the last two, the statistics layer's
-    /// summary of the pid's 100,000-ID range. A planned pid that neither the active layer
-    /// nor the archive holds was completed and is still in the archive inbox, so it is
-    /// [`PartitionView::Archiving`]; [`PartitionView::Unknown`] means no plan has it.
+    /// A pid no plan has is [`PartitionView::Unknown`] at once (the plans are cached).
+    /// Otherwise the active layer first (a planned pid not yet issued is active too:
+    /// pending); then the archive, which answers with the record, "archiving"
+    /// (completed, not yet stored), "expired" or "undecodable"; for the last two, the
+    /// statistics layer's summary of the 100,000-ID range holding the pid's first ID.
+    /// A planned pid that neither the active layer nor the archive holds was completed
+    /// and is still in the archive inbox: [`PartitionView::Archiving`].
     pub async fn get(&self, pid: u64) -> Result<PartitionView> {
+        // The plans are cached, so an unplanned pid costs no store a round trip (and
+        // no store has to cope with pids beyond every plan).
+        let Some(range) = self.plans.range_of(&*self.active, pid).await? else {
+            return Ok(PartitionView::Unknown);
+        };
         if let Some(partition) = self.active.get(pid).await? {
             return Ok(PartitionView::Active(partition));
         }
@@ -76,22 +82,13 @@ impl Router {
             Lookup::Archived { record, tier } => {
                 return Ok(PartitionView::Archived { record, tier });
             }
-            Lookup::Archiving => {
-                let range = self.planned_range(pid).await?;
-                return Ok(PartitionView::Archiving { pid, range });
-            }
             Lookup::Expired => Fallback::Expired,
             Lookup::Undecodable { detail } => Fallback::Undecodable { detail },
-            // Unknown, and any answer a newer archive adds: completed but not archived
-            // if a plan has the pid (the active layer let go of it), else unknown.
-            _ => {
-                return Ok(match self.plans.range_of(&*self.active, pid).await? {
-                    Some(range) => PartitionView::Archiving { pid, range },
-                    None => PartitionView::Unknown,
-                });
-            }
+            // Archiving, Unknown (a backend that cannot see the completed index), and
+            // any answer a newer archive adds: the active layer let go of a planned pid,
+            // so it was completed and waits in the inbox.
+            _ => return Ok(PartitionView::Archiving { pid, range }),
         };
-        let range = self.planned_range(pid).await?;
         let summary = self.stats.range_summary(*range.start()).await?;
         Ok(PartitionView::Summarised {
             pid,
@@ -155,13 +152,5 @@ impl Router {
     /// read was answered from the statistics layer).
     pub async fn decode_failures(&self) -> Result<u64> {
         Ok(self.archive.decode_failures().await?)
-    }
-
-    /// The row IDs of a pid the archive knows: a plan must have it.
-    async fn planned_range(&self, pid: u64) -> Result<RangeInclusive<u64>> {
-        self.plans
-            .range_of(&*self.active, pid)
-            .await?
-            .ok_or(Error::NotPlanned { pid })
     }
 }

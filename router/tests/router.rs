@@ -1,5 +1,8 @@
-//! The router over the memory backends: a small job planned, partly claimed, completed
-//! and archived, then every kind of answer checked.
+//! The router over both backends (memory, and a private redis-server): a small job
+//! planned, partly claimed, completed and archived, then every kind of answer checked.
+
+#[path = "../../active-store/tests/support/mod.rs"]
+mod support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -7,11 +10,23 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::StreamExt;
-use tranche_active_store::{Lease, Leases, MemoryActiveStore, Plan, Planner, StatusCounts};
-use tranche_archive_store::{Archiver, MemoryArchive, Tier};
-use tranche_codec::Status;
+use redis::AsyncCommands;
+use tranche_active_store::{
+    ActiveStore, Lease, Leases, MemoryActiveStore, Plan, Planner, RedisActiveStore,
+    RedisConnection, StatusCounts,
+};
+use tranche_archive_store::{ArchiveQuery, Archiver, MemoryArchive, RedisArchive, Tier};
+use tranche_codec::{KeySchema, Status};
 use tranche_router::{Error, Fallback, PartitionView, Router};
-use tranche_stats::{MemoryStats, RangeStats, Snapshot, Stats, StatsDelta, StatsStore};
+use tranche_stats::{MemoryStats, RangeStats, RedisStats, Snapshot, Stats, StatsDelta, StatsStore};
+
+use support::TestRedis;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Memory,
+    Redis,
+}
 
 /// IDs `1..=30_000` in partitions of 100: pids 1..=300.
 const PLAN: Plan = Plan::Uniform {
@@ -20,51 +35,97 @@ const PLAN: Plan = Plan::Uniform {
     size: 100,
 };
 
-/// One job: the three memory layers and a router over them.
+/// What only one backend can do (corrupt a batch); the server lives as long as this.
+enum Backend {
+    Memory(Arc<MemoryArchive>),
+    Redis(#[allow(dead_code)] TestRedis, RedisConnection, KeySchema),
+}
+
+/// One job: the three layers of one backend and a router over them.
 struct Job {
-    active: Arc<MemoryActiveStore>,
-    archive: Arc<MemoryArchive>,
-    stats: Arc<MemoryStats>,
+    active: Arc<dyn ActiveStore>,
+    archiver: Arc<dyn Archiver>,
+    query: Arc<dyn ArchiveQuery>,
+    stats: Arc<dyn StatsStore>,
     router: Router,
+    backend: Backend,
     /// Every lease claimed, by pid.
     leases: BTreeMap<u64, Lease>,
 }
 
+/// Archive settings: `tier` from the first record on, summary batches living `ttl`.
+fn archive_config(shards: u32, tier: Tier, ttl: Duration) -> tranche_archive_store::Config {
+    let (compressed_at, summary_at) = match tier {
+        Tier::Simple => (u64::MAX, u64::MAX),
+        Tier::Compressed => (0, u64::MAX),
+        _ => (0, 0),
+    };
+    tranche_archive_store::Config {
+        num_shards: shards,
+        compressed_at,
+        summary_at,
+        summary_ttl: ttl,
+        consumer: "router-test".into(),
+        ..Default::default()
+    }
+}
+
+/// The three layers of one backend, and the backend.
+type Layers = (
+    Arc<dyn ActiveStore>,
+    Arc<dyn Archiver>,
+    Arc<dyn ArchiveQuery>,
+    Arc<dyn StatsStore>,
+    Backend,
+);
+
 impl Job {
     /// Plans [`PLAN`] over `shards` shards and claims `claimed` partitions; the archive
     /// is in `tier` from the first record on.
-    async fn new(shards: u32, claimed: usize, tier: Tier) -> Self {
-        let active = Arc::new(
-            MemoryActiveStore::new(tranche_active_store::Config {
-                num_shards: shards,
-                ..Default::default()
-            })
-            .unwrap(),
-        );
+    async fn new(kind: Kind, shards: u32, claimed: usize, tier: Tier) -> Self {
+        Self::with_ttl(kind, shards, claimed, tier, Duration::from_secs(3600)).await
+    }
+
+    async fn with_ttl(kind: Kind, shards: u32, claimed: usize, tier: Tier, ttl: Duration) -> Self {
+        let active_config = tranche_active_store::Config {
+            num_shards: shards,
+            ..Default::default()
+        };
+        let archive_config = archive_config(shards, tier, ttl);
+        let (active, archiver, query, stats, backend): Layers = match kind {
+            Kind::Memory => {
+                let active = Arc::new(MemoryActiveStore::new(active_config).unwrap());
+                let stats = Arc::new(MemoryStats::new());
+                let inboxes = (0..shards).map(|s| active.inbox(s).unwrap()).collect();
+                let archive =
+                    Arc::new(MemoryArchive::new(archive_config, inboxes, stats.clone()).unwrap());
+                (
+                    active,
+                    archive.clone(),
+                    archive.clone(),
+                    stats,
+                    Backend::Memory(archive),
+                )
+            }
+            Kind::Redis => {
+                let server = TestRedis::start();
+                let conn = RedisConnection::connect(&server.url()).await.unwrap();
+                let schema = KeySchema::new("elk", shards).unwrap();
+                let active = Arc::new(RedisActiveStore::new(conn.clone(), active_config).unwrap());
+                let archive = Arc::new(RedisArchive::new(conn.clone(), archive_config).unwrap());
+                let stats = Arc::new(RedisStats::new(conn.clone(), schema.clone()));
+                (
+                    active,
+                    archive.clone(),
+                    archive,
+                    stats,
+                    Backend::Redis(server, conn, schema),
+                )
+            }
+        };
         let outcome = active.plan(&PLAN).await.unwrap();
         assert_eq!(outcome.entries[0].plan.pids(), 1..=300);
-        let (compressed_at, summary_at) = match tier {
-            Tier::Simple => (u64::MAX, u64::MAX),
-            Tier::Compressed => (0, u64::MAX),
-            _ => (0, 0),
-        };
-        let stats = Arc::new(MemoryStats::new());
-        let inboxes = (0..shards).map(|s| active.inbox(s).unwrap()).collect();
-        let archive = Arc::new(
-            MemoryArchive::new(
-                tranche_archive_store::Config {
-                    num_shards: shards,
-                    compressed_at,
-                    summary_at,
-                    summary_ttl: Duration::from_secs(3600),
-                    ..Default::default()
-                },
-                inboxes,
-                stats.clone(),
-            )
-            .unwrap(),
-        );
-        let router = Router::new(active.clone(), archive.clone(), stats.clone());
+        let router = Router::new(active.clone(), query.clone(), stats.clone());
         let mut leases = BTreeMap::new();
         while leases.len() < claimed {
             let got = active
@@ -76,11 +137,18 @@ impl Job {
         }
         Self {
             active,
-            archive,
+            archiver,
+            query,
             stats,
             router,
+            backend,
             leases,
         }
+    }
+
+    /// A router over this job's active layer and archive, and `stats`.
+    fn router_with(&self, stats: Arc<dyn StatsStore>) -> Router {
+        Router::new(self.active.clone(), self.query.clone(), stats)
     }
 
     /// Completes the leased pids of `pids`, each after `pid` ms.
@@ -96,9 +164,53 @@ impl Job {
 
     /// Drains every inbox into the archive.
     async fn archive(&self) {
-        while self.archive.archive_once().await.unwrap().entries > 0 {}
+        while self.archiver.archive_once().await.unwrap().entries > 0 {}
+    }
+
+    /// Overwrites sealed batch `batch` with `bytes`.
+    async fn corrupt(&self, batch: u64, bytes: Vec<u8>) {
+        match &self.backend {
+            Backend::Memory(archive) => assert!(archive.corrupt_batch(batch, bytes)),
+            Backend::Redis(_, conn, schema) => {
+                let key = schema.completed_batch(batch);
+                let mut c = conn.clone();
+                assert!(c.exists::<_, bool>(&key).await.unwrap(), "{key} not sealed");
+                let _: () = c.set(key, bytes).await.unwrap();
+            }
+        }
     }
 }
+
+/// One `#[tokio::test]` per backend for each check.
+macro_rules! both {
+    ($($check:ident),* $(,)?) => {
+        mod in_memory {
+            $(#[tokio::test]
+            async fn $check() {
+                super::$check(super::Kind::Memory).await;
+            })*
+        }
+        mod on_redis {
+            $(#[tokio::test]
+            async fn $check() {
+                super::$check(super::Kind::Redis).await;
+            })*
+        }
+    };
+}
+
+both!(
+    get_answers_from_each_layer_in_turn,
+    locate_finds_the_partition_at_range_edges,
+    a_plan_added_after_the_first_lookup_is_found,
+    range_streams_every_pid_once_in_order_on_one_shard,
+    range_streams_every_pid_once_in_order_on_four_shards,
+    stats_merge_active_counts_with_completed_statistics,
+    stats_fall_back_to_the_active_counts_when_the_statistics_layer_fails,
+    an_expired_batch_is_answered_from_the_range_summary,
+    a_corrupted_batch_is_answered_from_the_range_summary_and_counted,
+    a_fallback_with_the_statistics_layer_down_is_an_error,
+);
 
 fn archived(view: &PartitionView) -> (u64, Tier) {
     match view {
@@ -107,10 +219,9 @@ fn archived(view: &PartitionView) -> (u64, Tier) {
     }
 }
 
-#[tokio::test]
-async fn get_answers_from_each_layer_in_turn() {
+async fn get_answers_from_each_layer_in_turn(kind: Kind) {
     // One shard: claims come in pid order, so pids 1..=200 are claimed.
-    let job = Job::new(1, 200, Tier::Simple).await;
+    let job = Job::new(kind, 1, 200, Tier::Simple).await;
     job.complete(1..=150).await;
     job.archive().await;
     job.complete(151..=160).await; // Completed, archiver not run yet.
@@ -162,9 +273,8 @@ async fn get_answers_from_each_layer_in_turn() {
     );
 }
 
-#[tokio::test]
-async fn locate_finds_the_partition_at_range_edges() {
-    let job = Job::new(1, 10, Tier::Simple).await;
+async fn locate_finds_the_partition_at_range_edges(kind: Kind) {
+    let job = Job::new(kind, 1, 10, Tier::Simple).await;
     job.complete([1, 2]).await;
     job.archive().await;
     let cases = [
@@ -192,9 +302,8 @@ async fn locate_finds_the_partition_at_range_edges() {
     }
 }
 
-#[tokio::test]
-async fn a_plan_added_after_the_first_lookup_is_found() {
-    let job = Job::new(1, 0, Tier::Simple).await;
+async fn a_plan_added_after_the_first_lookup_is_found(kind: Kind) {
+    let job = Job::new(kind, 1, 0, Tier::Simple).await;
     // Fill the cache with the first plan only.
     assert_eq!(job.router.locate(50).await.unwrap().unwrap().pid, 1);
     assert_eq!(job.router.locate(1_000_000).await.unwrap(), None);
@@ -212,15 +321,14 @@ async fn a_plan_added_after_the_first_lookup_is_found() {
 
 /// The range stream on `shards` shards: every pid once, in order, each answered by the
 /// layer that holds it.
-async fn check_range(shards: u32) {
-    let job = Job::new(shards, 200, Tier::Compressed).await;
+async fn check_range(kind: Kind, shards: u32) {
+    let job = Job::new(kind, shards, 200, Tier::Compressed).await;
     let claimed: Vec<u64> = job.leases.keys().copied().collect();
     job.complete(claimed[..150].iter().copied()).await;
     job.archive().await;
     job.complete(claimed[150..160].iter().copied()).await;
 
-    let router = Router::new(job.active.clone(), job.archive.clone(), job.stats.clone())
-        .with_range_concurrency(7);
+    let router = job.router_with(job.stats.clone()).with_range_concurrency(7);
     let views: Vec<PartitionView> = router.range(0..=301).map(Result::unwrap).collect().await;
     assert_eq!(views.len(), 302);
     assert_eq!(views[0], PartitionView::Unknown);
@@ -262,19 +370,16 @@ async fn check_range(shards: u32) {
     assert!(tail.iter().all(|v| matches!(v, Ok(PartitionView::Unknown))));
 }
 
-#[tokio::test]
-async fn range_streams_every_pid_once_in_order_on_one_shard() {
-    check_range(1).await;
+async fn range_streams_every_pid_once_in_order_on_one_shard(kind: Kind) {
+    check_range(kind, 1).await;
 }
 
-#[tokio::test]
-async fn range_streams_every_pid_once_in_order_on_four_shards() {
-    check_range(4).await;
+async fn range_streams_every_pid_once_in_order_on_four_shards(kind: Kind) {
+    check_range(kind, 4).await;
 }
 
-#[tokio::test]
-async fn stats_merge_active_counts_with_completed_statistics() {
-    let job = Job::new(4, 200, Tier::Simple).await;
+async fn stats_merge_active_counts_with_completed_statistics(kind: Kind) {
+    let job = Job::new(kind, 4, 200, Tier::Simple).await;
     let claimed: Vec<u64> = job.leases.keys().copied().collect();
     job.complete(claimed[..150].iter().copied()).await;
     job.archive().await;
@@ -337,16 +442,11 @@ impl StatsStore for FailingStats {
     }
 }
 
-#[tokio::test]
-async fn stats_fall_back_to_the_active_counts_when_the_statistics_layer_fails() {
-    let job = Job::new(1, 20, Tier::Simple).await;
+async fn stats_fall_back_to_the_active_counts_when_the_statistics_layer_fails(kind: Kind) {
+    let job = Job::new(kind, 1, 20, Tier::Simple).await;
     job.complete(1..=5).await;
     job.archive().await;
-    let router = Router::new(
-        job.active.clone(),
-        job.archive.clone(),
-        Arc::new(FailingStats),
-    );
+    let router = job.router_with(Arc::new(FailingStats));
 
     let merged = router.stats().await.unwrap();
     assert_eq!(
@@ -367,25 +467,33 @@ async fn stats_fall_back_to_the_active_counts_when_the_statistics_layer_fails() 
     assert_eq!(archived(&router.get(3).await.unwrap()), (3, Tier::Simple));
 }
 
-/// Completes pids 100..=199 (batch 1, full) into the summary tier.
-async fn summary_job(stats: Option<Arc<dyn StatsStore>>) -> (Job, Router) {
-    let job = Job::new(1, 200, Tier::Summary).await;
+/// Completes pids 100..=199 (batch 1, full) into the summary tier, whose batches live
+/// `ttl`; the router reads statistics from `stats`, or the job's own.
+async fn summary_job(
+    kind: Kind,
+    ttl: Duration,
+    stats: Option<Arc<dyn StatsStore>>,
+) -> (Job, Router) {
+    let job = Job::with_ttl(kind, 1, 200, Tier::Summary, ttl).await;
     job.complete(100..=199).await;
     job.archive().await;
-    let stats = stats.unwrap_or_else(|| job.stats.clone());
-    let router = Router::new(job.active.clone(), job.archive.clone(), stats);
+    let router = job.router_with(stats.unwrap_or_else(|| job.stats.clone()));
     (job, router)
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_expired_batch_is_answered_from_the_range_summary() {
-    let (job, router) = summary_job(None).await;
+/// Long enough never to expire during a test.
+const HOUR: Duration = Duration::from_secs(3600);
+
+async fn an_expired_batch_is_answered_from_the_range_summary(kind: Kind) {
+    // Real time on both backends: Redis expires keys by its own clock.
+    let ttl = Duration::from_millis(300);
+    let (job, router) = summary_job(kind, ttl, None).await;
     assert_eq!(
         archived(&router.get(150).await.unwrap()),
         (150, Tier::Summary)
     );
 
-    tokio::time::advance(Duration::from_secs(3601)).await;
+    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
     let expected_summary = job.stats.range_summary(14_901).await.unwrap().unwrap();
     assert_eq!(expected_summary.completed_count, 100);
     for pid in [100, 150, 199] {
@@ -413,10 +521,9 @@ async fn an_expired_batch_is_answered_from_the_range_summary() {
     assert_eq!(router.decode_failures().await.unwrap(), 0);
 }
 
-#[tokio::test]
-async fn a_corrupted_batch_is_answered_from_the_range_summary_and_counted() {
-    let (job, router) = summary_job(None).await;
-    assert!(job.archive.corrupt_batch(1, vec![0xde, 0xad, 0xbe, 0xef]));
+async fn a_corrupted_batch_is_answered_from_the_range_summary_and_counted(kind: Kind) {
+    let (job, router) = summary_job(kind, HOUR, None).await;
+    job.corrupt(1, vec![0xde, 0xad, 0xbe, 0xef]).await;
     let view = router.get(123).await.unwrap();
     match &view {
         PartitionView::Summarised {
@@ -439,10 +546,9 @@ async fn a_corrupted_batch_is_answered_from_the_range_summary_and_counted() {
     ));
 }
 
-#[tokio::test]
-async fn a_fallback_with_the_statistics_layer_down_is_an_error() {
-    let (job, router) = summary_job(Some(Arc::new(FailingStats))).await;
-    assert!(job.archive.corrupt_batch(1, Vec::new()));
+async fn a_fallback_with_the_statistics_layer_down_is_an_error(kind: Kind) {
+    let (job, router) = summary_job(kind, HOUR, Some(Arc::new(FailingStats))).await;
+    job.corrupt(1, b"not a batch".to_vec()).await;
     match router.get(150).await {
         Err(Error::Stats(err)) => assert!(err.to_string().contains("down for the test")),
         other => panic!("{other:?}"),
