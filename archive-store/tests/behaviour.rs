@@ -253,6 +253,7 @@ suite!(
     export_import_round_trip,
     a_small_export_snapshot,
     compaction_moves_older_records_to_the_current_tier,
+    a_random_workload_matches_a_model,
 );
 
 async fn simple_tier_round_trip(kind: Kind, shards: u32) {
@@ -560,6 +561,73 @@ async fn compaction_moves_older_records_to_the_current_tier(kind: Kind, shards: 
     assert_eq!(h.compaction.compact().await.unwrap(), 0);
     h.assert_stats(&recs).await;
     assert_eq!(h.query.decode_failures().await.unwrap(), 0);
+}
+
+/// Completions, duplicate completions, archive passes, archivers dying with entries
+/// pending and others taking over, compactions across tier thresholds: every answer and
+/// the statistics equal a map of first completions.
+async fn a_random_workload_matches_a_model(kind: Kind, shards: u32) {
+    use rand::{Rng, SeedableRng};
+    let config = Config {
+        num_shards: shards,
+        consumer: "a0".into(),
+        compressed_at: 150,
+        summary_at: 400,
+        claim_idle: Duration::from_millis(1),
+        ..Config::default()
+    };
+    let h = Harness::with(kind, config).await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(u64::from(shards) * 7 + 1);
+    let mut model: BTreeMap<u64, CompletedRecord> = BTreeMap::new();
+    let mut archiver = h.archiver.clone();
+    for step in 0..120 {
+        match rng.random_range(0..10) {
+            0..=4 => {
+                let n = rng.random_range(1..30);
+                let batch: Vec<CompletedRecord> =
+                    (0..n).map(|_| record(rng.random_range(1..=700))).collect();
+                for r in &batch {
+                    model.entry(r.pid).or_insert_with(|| r.clone());
+                }
+                h.complete(&batch).await;
+            }
+            5..=6 => {
+                archiver.archive_once().await.unwrap();
+            }
+            7 => {
+                // An archiver dies holding entries; a new one (another consumer) starts.
+                if kind != Kind::Memory {
+                    read_as(&h, &format!("dead{step}")).await;
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                    archiver = h
+                        .another(&format!("a{step}"), Duration::from_millis(1))
+                        .unwrap();
+                }
+            }
+            8 => {
+                h.compaction.compact().await.unwrap();
+            }
+            _ => {
+                let pid = rng.random_range(1..=700);
+                match h.get(pid).await {
+                    Lookup::Archived { record, .. } => assert_eq!(Some(&record), model.get(&pid)),
+                    Lookup::Archiving | Lookup::Unknown => {}
+                    other => panic!("pid {pid}: {other:?}"),
+                }
+            }
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(3)).await;
+    drain(&*archiver).await;
+    for pid in 1..=700 {
+        match (h.get(pid).await, model.get(&pid)) {
+            (Lookup::Archived { record, .. }, Some(want)) => assert_eq!(&record, want),
+            (Lookup::Unknown, None) => {}
+            (found, want) => panic!("pid {pid}: {found:?}, model {want:?}"),
+        }
+    }
+    let all: Vec<CompletedRecord> = model.into_values().collect();
+    h.assert_stats(&all).await;
 }
 
 // ---- Redis only: consumer groups.
