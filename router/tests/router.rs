@@ -26,6 +26,8 @@ use support::TestRedis;
 enum Kind {
     Memory,
     Redis,
+    /// A one-node Redis Cluster: any script touching two slots fails with CROSSSLOT.
+    Cluster,
 }
 
 /// IDs `1..=30_000` in partitions of 100: pids 1..=300.
@@ -107,9 +109,14 @@ impl Job {
                     Backend::Memory(archive),
                 )
             }
-            Kind::Redis => {
-                let server = TestRedis::start();
+            Kind::Redis | Kind::Cluster => {
+                let server = if kind == Kind::Cluster {
+                    TestRedis::start_cluster()
+                } else {
+                    TestRedis::start()
+                };
                 let conn = RedisConnection::connect(&server.url()).await.unwrap();
+                assert_eq!(conn.is_cluster(), kind == Kind::Cluster);
                 let schema = KeySchema::new("elk", shards).unwrap();
                 let active = Arc::new(RedisActiveStore::new(conn.clone(), active_config).unwrap());
                 let archive = Arc::new(RedisArchive::new(conn.clone(), archive_config).unwrap());
@@ -194,6 +201,12 @@ macro_rules! both {
             $(#[tokio::test]
             async fn $check() {
                 super::$check(super::Kind::Redis).await;
+            })*
+        }
+        mod on_a_cluster_node {
+            $(#[tokio::test]
+            async fn $check() {
+                super::$check(super::Kind::Cluster).await;
             })*
         }
     };
