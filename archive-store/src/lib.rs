@@ -1,9 +1,11 @@
 //! The archive layer of tranche: completed partitions, drained from the active store's
 //! inboxes into tiers, for ever queryable.
 //!
-//! [`Archiver`] drains; [`ArchiveQuery`] reads ([`Lookup`] says what is known of a
-//! pid). [`RedisArchive`] is the real implementation and [`MemoryArchive`] the embedded
-//! one; one behaviour suite runs against both. [`run`] is the archiver loop.
+//! [`Archiver`] drains (and [`run`] loops it); [`ArchiveQuery`] reads ([`Lookup`] says
+//! what is known of a pid); [`Compaction`] seals open batches and moves older records
+//! to the current [`Tier`]; [`Export`] and [`Import`] write and restore a [`Dump`].
+//! [`RedisArchive`] is the real implementation and [`MemoryArchive`] the embedded one;
+//! one behaviour suite runs against both.
 //!
 //! The design choice a reader might get wrong: **the archive keeps its own bitmap of
 //! archived pids** (`{ns:s}:archived`), distinct from the active store's completed index.
@@ -13,6 +15,16 @@
 //! a record delivered twice (a retried completion, an archiver that died before
 //! acknowledging its entries and was taken over) is stored and counted exactly once.
 //! A set index bit with a clear archived bit answers [`Lookup::Archiving`].
+//!
+//! Tiers follow the archived count, read once per pass, so a threshold is crossed
+//! between passes and never stops the archiver. Compressed batches take records in any
+//! order into a small hash (`…:completed:batch:N:open`, a listpack: no `APPEND`
+//! over-allocation) and are sealed into codec's binary v2 once they hold every planned
+//! pid of the batch; sealing replaces the hash only if it is unchanged. The worker
+//! dictionary (`{ns}:dict`) grows by compare-and-set, so every archiver agrees on it.
+//! A batch that fails to decode answers [`Lookup::Undecodable`] and counts in
+//! `{ns}:meta` `decode_failures`; an expired summary batch answers [`Lookup::Expired`]:
+//! in both cases the statistics layer answers instead.
 
 mod dump;
 mod error;

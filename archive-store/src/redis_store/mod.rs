@@ -74,7 +74,10 @@ const MAX_SCRIPT_RECORDS: usize = 1000;
 /// group), `completed:index` (read only: the active store's), `archived` (bitmap of
 /// archived pids, at [`KeySchema::bit_offset`]), `completed` (simple tier, pid -> JSON),
 /// `completed:batch:N:open` (hash of a compressed batch still filling, pid -> JSON),
-/// `completed:batch:N` (a sealed binary v2 batch) and `archive` (counters: `count`).
+/// `completed:batch:N` (a sealed binary v2 batch; with a TTL in the summary tier),
+/// `archive` (hash: `count` of archived records, `partial:N` sizes of partial seals)
+/// and `archive:open` (set of open batch ids, for compaction), beside the statistics
+/// keys of `tranche-stats` that `archive.lua` updates in the same step.
 /// Namespace keys: `{ns}:dict` (the worker dictionary) and `{ns}:meta`
 /// (`decode_failures`).
 ///

@@ -1,0 +1,324 @@
+//! Archive benchmark: Redis memory per completed partition, `get` latency per tier and
+//! archiver throughput, on a private `redis-server`.
+//!
+//! For sets S (seed-shaped: 8 workers, 1000-ID ranges, whole-second times and
+//! durations) and M (the same with milliseconds), records are fed into the inbox as the
+//! active store writes them (entries of 100 JSON lines) and drained by the archiver
+//! with the default tier thresholds (100,000 and 500,000). At each checkpoint
+//! (100,000, 500,000, 1,000,000 and 5,000,000 completed) a compaction runs and the
+//! `used_memory` delta over the empty server is divided by the count. The seed's own
+//! text batches (`APPEND` of `P{pid}:{min}-{max}:{code}:{ts}:{dur},` per record, one key
+//! per batch of 100) are measured the same way on a second server.
+//!
+//! Set `TRANCHE_BENCH_MAX` to stop earlier (e.g. 1000000). Output: a table on stdout
+//! and JSON at `$TRANCHE_BENCH_OUT` (default `target/tranche-bench/archive.json`).
+
+#[path = "../../active-store/tests/support/mod.rs"]
+mod support;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Map, Value, json};
+use tranche_active_store::RedisConnection;
+use tranche_archive_store::{
+    ArchiveQuery, Archiver, Compaction, Config, Lookup, RedisArchive, Tier,
+};
+use tranche_codec::{CompletedRecord, KeySchema, WorkerDict, encode_json, encode_text_v1};
+
+use support::TestRedis;
+
+const CHECKPOINTS: [u64; 4] = [100_000, 500_000, 1_000_000, 5_000_000];
+const WORKERS: usize = 8;
+const SEED: u64 = 0x0074_7261_6e63_6865;
+const FEED: u64 = 20_000;
+const SAMPLES: usize = 2000;
+
+/// Generates records `from..=to` of a set, continuing `free_at` and `rng`.
+struct Gen {
+    rng: StdRng,
+    free_at: [u64; WORKERS],
+    names: Vec<Arc<str>>,
+    millis: bool,
+}
+
+impl Gen {
+    fn new(millis: bool) -> Self {
+        Self {
+            rng: StdRng::seed_from_u64(SEED),
+            free_at: [1_719_234_000_000; WORKERS],
+            names: (1..=WORKERS).map(|w| format!("worker{w}").into()).collect(),
+            millis,
+        }
+    }
+
+    fn next(&mut self, pid: u64) -> CompletedRecord {
+        let w = (0..WORKERS).min_by_key(|&w| self.free_at[w]).unwrap_or(0);
+        let duration_ms = if self.millis {
+            self.rng.random_range(200_000..=400_000)
+        } else {
+            self.rng.random_range(200..=400u64) * 1000
+        };
+        let completed_at_ms = self.free_at[w] + duration_ms;
+        self.free_at[w] = completed_at_ms;
+        CompletedRecord {
+            pid,
+            min_id: (pid - 1) * 1000 + 1,
+            max_id: pid * 1000,
+            worker: Arc::clone(&self.names[w]),
+            completed_at_ms,
+            duration_ms,
+        }
+    }
+}
+
+fn used_memory(server: &TestRedis) -> u64 {
+    let info = server.cli(&["INFO", "memory"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("used_memory in INFO")
+}
+
+/// `MEMORY USAGE` summed by key kind (the key with digits blanked out).
+fn print_breakdown(server: &TestRedis) {
+    let keys: Vec<String> = server.query(redis::cmd("KEYS").arg("*"));
+    let mut kinds: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+    for k in keys {
+        let used: u64 = server.query(
+            redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(&k)
+                .arg("SAMPLES")
+                .arg(0),
+        );
+        let kind: String = k
+            .chars()
+            .map(|c| if c.is_ascii_digit() { '#' } else { c })
+            .collect();
+        let e = kinds.entry(kind).or_default();
+        e.0 += 1;
+        e.1 += used;
+    }
+    for (kind, (n, bytes)) in kinds {
+        println!("  {kind:<40} {n:>8} keys {bytes:>12} bytes");
+    }
+}
+
+fn p99_ms(mut xs: Vec<Duration>) -> f64 {
+    xs.sort();
+    xs[xs.len() * 99 / 100].as_secs_f64() * 1000.0
+}
+
+async fn get_p99(archive: &RedisArchive<RedisConnection>, upto: u64, want: Tier) -> f64 {
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut times = Vec::with_capacity(SAMPLES);
+    for _ in 0..SAMPLES {
+        let pid = rng.random_range(1..=upto);
+        let t = Instant::now();
+        let found = archive.get(pid).await.unwrap();
+        times.push(t.elapsed());
+        match found {
+            Lookup::Archived { record, tier } => {
+                assert_eq!(record.pid, pid);
+                assert_eq!(tier, want, "pid {pid}");
+            }
+            other => panic!("pid {pid}: {other:?}"),
+        }
+    }
+    p99_ms(times)
+}
+
+struct SetResult {
+    bytes: Vec<(u64, f64)>,
+    seed_text: Vec<(u64, f64)>,
+    get_p99: Vec<(&'static str, f64)>,
+    records_per_s: f64,
+}
+
+async fn run_set(millis: bool, max: u64) -> SetResult {
+    let server = TestRedis::start();
+    let conn = RedisConnection::connect(&server.url()).await.unwrap();
+    let config = Config {
+        consumer: "bench".into(),
+        ..Config::default()
+    };
+    let schema = config.schema().unwrap();
+    let archive = RedisArchive::new(conn.clone(), config).unwrap();
+    let base = used_memory(&server);
+    let mut source = Gen::new(millis);
+    let mut all_done = 0u64;
+    let mut busy = Duration::ZERO;
+    let mut bytes = Vec::new();
+    let mut gets = Vec::new();
+    for &checkpoint in CHECKPOINTS.iter().filter(|&&c| c <= max) {
+        while all_done < checkpoint {
+            let n = FEED.min(checkpoint - all_done);
+            let mut pipe = redis::pipe();
+            let recs: Vec<CompletedRecord> = (all_done + 1..=all_done + n)
+                .map(|p| source.next(p))
+                .collect();
+            for chunk in recs.chunks(100) {
+                let lines: Vec<String> = chunk.iter().map(encode_json).collect();
+                pipe.cmd("XADD")
+                    .arg(schema.inbox(0))
+                    .arg("*")
+                    .arg("r")
+                    .arg(lines.join("\n"))
+                    .ignore();
+            }
+            let _: () = pipe.query_async(&mut conn.clone()).await.unwrap();
+            let t = Instant::now();
+            loop {
+                let pass = archive.archive_once().await.unwrap();
+                if pass.entries == 0 {
+                    break;
+                }
+            }
+            busy += t.elapsed();
+            let before = all_done;
+            all_done += n;
+            if before < 300_000 && all_done >= 300_000 {
+                // Compacted at 100,000: everything is in batches, none expires yet.
+                gets.push((
+                    "compressed",
+                    get_p99(&archive, 300_000, Tier::Compressed).await,
+                ));
+            }
+            if before < 50_000 && all_done >= 50_000 {
+                gets.push(("simple", get_p99(&archive, 50_000, Tier::Simple).await));
+            }
+        }
+        archive.compact().await.unwrap();
+        if std::env::var_os("TRANCHE_BENCH_KEYS").is_some() {
+            print_breakdown(&server);
+        }
+        let used = used_memory(&server).saturating_sub(base);
+        bytes.push((checkpoint, used as f64 / checkpoint as f64));
+    }
+    if all_done >= 1_000_000 {
+        gets.push((
+            "summary",
+            get_p99(&archive, all_done - 1000, Tier::Summary).await,
+        ));
+    }
+    drop(server);
+    let seed_text = seed_text(millis, max).await;
+    SetResult {
+        bytes,
+        seed_text,
+        get_p99: gets,
+        records_per_s: all_done as f64 / busy.as_secs_f64(),
+    }
+}
+
+/// The seed's compressed format as the seed stores it: APPEND per record.
+async fn seed_text(millis: bool, max: u64) -> Vec<(u64, f64)> {
+    let server = TestRedis::start();
+    let conn = RedisConnection::connect(&server.url()).await.unwrap();
+    let schema = KeySchema::new("elk", 1).unwrap();
+    let mut dict = WorkerDict::new();
+    for w in 1..=WORKERS {
+        dict.insert(&format!("worker{w}")).unwrap();
+    }
+    let base = used_memory(&server);
+    let mut source = Gen::new(millis);
+    let mut done = 0u64;
+    let mut out = Vec::new();
+    for &checkpoint in CHECKPOINTS.iter().filter(|&&c| c <= max) {
+        while done < checkpoint {
+            let n = FEED.min(checkpoint - done);
+            let mut pipe = redis::pipe();
+            for pid in done + 1..=done + n {
+                let r = source.next(pid);
+                let text = encode_text_v1(std::slice::from_ref(&r), &dict).unwrap();
+                pipe.cmd("APPEND")
+                    .arg(schema.completed_batch(pid / 100))
+                    .arg(format!("{text},"))
+                    .ignore();
+            }
+            let _: () = pipe.query_async(&mut conn.clone()).await.unwrap();
+            done += n;
+        }
+        let used = used_memory(&server).saturating_sub(base);
+        out.push((checkpoint, used as f64 / checkpoint as f64));
+    }
+    out
+}
+
+fn by_count(xs: &[(u64, f64)]) -> Value {
+    Value::Object(
+        xs.iter()
+            .map(|(k, v)| (k.to_string(), json!((v * 100.0).round() / 100.0)))
+            .collect::<Map<_, _>>(),
+    )
+}
+
+#[tokio::main]
+async fn main() {
+    let max: u64 = std::env::var("TRANCHE_BENCH_MAX")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5_000_000);
+    let s = run_set(false, max).await;
+    let m = run_set(true, max).await;
+    // The seed's table: 100K simple ~ 20 MB, 500K compressed ~ 15 MB, 5M summary ~ 30 MB.
+    let seed_table = [
+        (100_000u64, 200.0),
+        (500_000, 30.0),
+        (1_000_000, 20.0),
+        (5_000_000, 6.0),
+    ];
+    println!(
+        "{:>10} {:>10} {:>10} {:>12} {:>14}",
+        "completed", "S B/part", "M B/part", "seed text", "seed table"
+    );
+    for (i, (count, s_b)) in s.bytes.iter().enumerate() {
+        let table = seed_table
+            .iter()
+            .find(|(c, _)| c == count)
+            .map_or(0.0, |t| t.1);
+        println!(
+            "{count:>10} {s_b:>10.2} {:>10.2} {:>12.2} {table:>14.1}",
+            m.bytes[i].1, s.seed_text[i].1
+        );
+    }
+    for (tier, p99) in &s.get_p99 {
+        println!("get p99 {tier:>10}: {p99:.3} ms (seed table: 0.5 / 3 / 5 ms)");
+    }
+    println!(
+        "archiver: {:.0} records/s (S), {:.0} (M)",
+        s.records_per_s, m.records_per_s
+    );
+    let mut get = Map::new();
+    get.insert("active".into(), Value::Null);
+    for (tier, p99) in &s.get_p99 {
+        get.insert((*tier).into(), json!(p99));
+    }
+    let out = json!({
+        "bytes_per_partition": by_count(&s.bytes),
+        "seed_text_bytes_per_partition": by_count(&s.seed_text),
+        "get_p99_ms": get,
+        "all_active_p99_ms": Value::Null,
+        "stats_p99_ms": Value::Null,
+        "archiver_records_per_s": s.records_per_s.round(),
+        "M": {
+            "bytes_per_partition": by_count(&m.bytes),
+            "seed_text_bytes_per_partition": by_count(&m.seed_text),
+            "archiver_records_per_s": m.records_per_s.round(),
+        },
+    });
+    let path = std::env::var_os("TRANCHE_BENCH_OUT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/tranche-bench/archive.json")
+        });
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    std::fs::write(&path, serde_json::to_string_pretty(&out).unwrap()).unwrap();
+    println!("written to {}", path.display());
+}
