@@ -12,8 +12,8 @@ use async_trait::async_trait;
 use futures_util::StreamExt;
 use redis::AsyncCommands;
 use tranche_active_store::{
-    ActiveStore, Lease, Leases, MemoryActiveStore, Plan, Planner, RedisActiveStore,
-    RedisConnection, StatusCounts,
+    ActiveStore, Completion, FailOutcome, Lease, Leases, ManualClock, MemoryActiveStore, Plan,
+    Planner, RedisActiveStore, RedisConnection, StatusCounts,
 };
 use tranche_archive_store::{ArchiveQuery, Archiver, MemoryArchive, RedisArchive, Tier};
 use tranche_codec::{KeySchema, Status};
@@ -91,12 +91,17 @@ impl Job {
     async fn with_ttl(kind: Kind, shards: u32, claimed: usize, tier: Tier, ttl: Duration) -> Self {
         let active_config = tranche_active_store::Config {
             num_shards: shards,
+            // Two claims, so a random workload reaches failed partitions.
+            max_attempts: 2,
             ..Default::default()
         };
         let archive_config = archive_config(shards, tier, ttl);
+        // The active layer's time stands still, so no backoff ever ends and a workload
+        // takes the same course on every run.
+        let clock = Arc::new(ManualClock::new(1_719_234_405_000));
         let (active, archiver, query, stats, backend): Layers = match kind {
             Kind::Memory => {
-                let active = Arc::new(MemoryActiveStore::new(active_config).unwrap());
+                let active = Arc::new(MemoryActiveStore::with_clock(active_config, clock).unwrap());
                 let stats = Arc::new(MemoryStats::new());
                 let inboxes = (0..shards).map(|s| active.inbox(s).unwrap()).collect();
                 let archive =
@@ -118,7 +123,9 @@ impl Job {
                 let conn = RedisConnection::connect(&server.url()).await.unwrap();
                 assert_eq!(conn.is_cluster(), kind == Kind::Cluster);
                 let schema = KeySchema::new("elk", shards).unwrap();
-                let active = Arc::new(RedisActiveStore::new(conn.clone(), active_config).unwrap());
+                let active = Arc::new(
+                    RedisActiveStore::with_clock(conn.clone(), active_config, clock).unwrap(),
+                );
                 let archive = Arc::new(RedisArchive::new(conn.clone(), archive_config).unwrap());
                 let stats = Arc::new(RedisStats::new(conn.clone(), schema.clone()));
                 (
@@ -223,6 +230,7 @@ both!(
     an_expired_batch_is_answered_from_the_range_summary,
     a_corrupted_batch_is_answered_from_the_range_summary_and_counted,
     a_fallback_with_the_statistics_layer_down_is_an_error,
+    a_random_workload_matches_a_model,
 );
 
 fn archived(view: &PartitionView) -> (u64, Tier) {
@@ -565,5 +573,214 @@ async fn a_fallback_with_the_statistics_layer_down_is_an_error(kind: Kind) {
     match router.get(150).await {
         Err(Error::Stats(err)) => assert!(err.to_string().contains("down for the test")),
         other => panic!("{other:?}"),
+    }
+}
+
+/// A tiny deterministic generator (xorshift64*), so a failure replays.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+}
+
+/// What the test believes of one pid.
+#[derive(Debug, Clone)]
+enum Model {
+    Unissued,
+    Held(Lease),
+    Pending,
+    Failed,
+    Completed {
+        worker: String,
+        duration_ms: u64,
+        archived: bool,
+    },
+}
+
+/// Checks every router answer, the range stream and the merged statistics against
+/// `model`.
+async fn check_model(job: &Job, model: &BTreeMap<u64, Model>) {
+    let views: Vec<PartitionView> = job
+        .router
+        .range(0..=301)
+        .map(Result::unwrap)
+        .collect()
+        .await;
+    assert_eq!(views.len(), 302);
+    assert_eq!(views[0], PartitionView::Unknown);
+    assert_eq!(views[301], PartitionView::Unknown);
+    let mut counts = StatusCounts::default();
+    let mut archived_n = 0;
+    for (pid, state) in model {
+        let view = &views[*pid as usize];
+        assert_eq!(view, &job.router.get(*pid).await.unwrap(), "pid {pid}");
+        let range = (pid - 1) * 100 + 1..=pid * 100;
+        match (state, view) {
+            (Model::Unissued, PartitionView::Active(p)) => {
+                assert_eq!((p.status, p.attempts), (Status::Pending, 0), "pid {pid}");
+                counts.unissued += 1;
+            }
+            (Model::Pending, PartitionView::Active(p)) => {
+                assert_eq!(p.status, Status::Pending, "pid {pid}");
+                assert!(p.attempts > 0, "pid {pid}");
+                counts.pending += 1;
+            }
+            (Model::Held(lease), PartitionView::Active(p)) => {
+                assert_eq!(p.status, Status::Claimed, "pid {pid}");
+                assert_eq!(p.worker.as_deref(), Some(lease.worker.as_str()));
+                assert_eq!(p.lease_token, Some(lease.token));
+                counts.claimed += 1;
+            }
+            (Model::Failed, PartitionView::Active(p)) => {
+                assert_eq!(p.status, Status::Failed, "pid {pid}");
+                counts.failed += 1;
+            }
+            (
+                Model::Completed {
+                    archived: false, ..
+                },
+                PartitionView::Archiving { pid: p, range: r },
+            ) => assert_eq!((*p, r), (*pid, &range)),
+            (
+                Model::Completed {
+                    worker,
+                    duration_ms,
+                    archived: true,
+                },
+                PartitionView::Archived { record, .. },
+            ) => {
+                assert_eq!(record.pid, *pid);
+                assert_eq!(record.min_id..=record.max_id, range);
+                assert_eq!(&*record.worker, worker.as_str(), "pid {pid}");
+                assert_eq!(record.duration_ms, *duration_ms, "pid {pid}");
+                archived_n += 1;
+            }
+            (state, view) => panic!("pid {pid}: model {state:?}, router {view:?}"),
+        }
+    }
+    let merged = job.router.stats().await.unwrap();
+    assert_eq!(merged.active, counts);
+    assert_eq!(merged.completed_count(), Some(archived_n));
+    let completed = merged.completed.as_ref().unwrap();
+    assert_eq!(
+        completed.global_stats.total_processed_data,
+        archived_n * 100
+    );
+    let by_worker: u64 = completed
+        .worker_stats
+        .values()
+        .map(|w| w.completed_count)
+        .sum();
+    assert_eq!(by_worker, archived_n);
+}
+
+async fn a_random_workload_matches_a_model(kind: Kind) {
+    for (seed, shards) in [(7, 1), (11, 4)] {
+        let mut rng = Rng(seed);
+        let job = Job::new(kind, shards, 0, Tier::Compressed).await;
+        let mut model: BTreeMap<u64, Model> = (1..=300).map(|p| (p, Model::Unissued)).collect();
+        for step in 0..400 {
+            let held: Vec<u64> = model
+                .iter()
+                .filter(|(_, s)| matches!(s, Model::Held(_)))
+                .map(|(p, _)| *p)
+                .collect();
+            let pick = |rng: &mut Rng| held[rng.below(held.len() as u64) as usize];
+            match rng.below(10) {
+                0..=2 => {
+                    let worker = format!("w{}", rng.below(3));
+                    let n = 1 + rng.below(8) as usize;
+                    for lease in job.active.claim(&worker, n).await.unwrap() {
+                        model.insert(lease.pid, Model::Held(lease));
+                    }
+                }
+                3..=5 if !held.is_empty() => {
+                    let pid = pick(&mut rng);
+                    let Model::Held(lease) = model[&pid].clone() else {
+                        unreachable!()
+                    };
+                    let duration_ms = 1 + rng.below(100_000);
+                    let first = job.active.complete(&lease, duration_ms).await.unwrap();
+                    assert_eq!(first, Completion::Completed);
+                    // A retried completion changes nothing.
+                    if rng.below(3) == 0 {
+                        let again = job.active.complete(&lease, duration_ms).await;
+                        assert!(
+                            matches!(again, Ok(Completion::Duplicate) | Err(_)),
+                            "{again:?}"
+                        );
+                    }
+                    let worker = lease.worker.clone();
+                    model.insert(
+                        pid,
+                        Model::Completed {
+                            worker,
+                            duration_ms,
+                            archived: false,
+                        },
+                    );
+                }
+                6 if !held.is_empty() => {
+                    let pid = pick(&mut rng);
+                    let Model::Held(lease) = model[&pid].clone() else {
+                        unreachable!()
+                    };
+                    let state = match job.active.fail(&lease, "boom").await.unwrap() {
+                        FailOutcome::Retry { .. } => Model::Pending,
+                        FailOutcome::Failed => Model::Failed,
+                    };
+                    model.insert(pid, state);
+                }
+                7 if !held.is_empty() => {
+                    let pid = pick(&mut rng);
+                    let Model::Held(lease) = model[&pid].clone() else {
+                        unreachable!()
+                    };
+                    job.active.release(&lease, lease.min_id).await.unwrap();
+                    model.insert(pid, Model::Pending);
+                }
+                _ => {
+                    job.archive().await;
+                    for state in model.values_mut() {
+                        if let Model::Completed { archived, .. } = state {
+                            *archived = true;
+                        }
+                    }
+                }
+            }
+            if step % 100 == 99 {
+                check_model(&job, &model).await;
+            }
+        }
+        job.archive().await;
+        for state in model.values_mut() {
+            if let Model::Completed { archived, .. } = state {
+                *archived = true;
+            }
+        }
+        check_model(&job, &model).await;
+        let mut seen = BTreeMap::<&str, u64>::new();
+        for state in model.values() {
+            let name = match state {
+                Model::Unissued => "unissued",
+                Model::Held(_) => "held",
+                Model::Pending => "pending",
+                Model::Failed => "failed",
+                Model::Completed { .. } => "completed",
+            };
+            *seen.entry(name).or_default() += 1;
+        }
+        // The workload reached every kind of state worth checking.
+        for name in ["completed", "held", "pending", "failed"] {
+            assert!(
+                seen.get(name).is_some_and(|&n| n > 0),
+                "seed {seed}: {seen:?}"
+            );
+        }
     }
 }
