@@ -24,6 +24,38 @@
 //! only a miss re-reads them. [`Router::stats`] merges the live active counts with the
 //! completed statistics (the seed's "统计合并策略") and, if the statistics layer fails,
 //! still answers with the active counts and the error beside them.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tranche_active_store::{Config, Leases, MemoryActiveStore, Plan, Planner};
+//! use tranche_archive_store::{Archiver, MemoryArchive};
+//! use tranche_router::{PartitionView, Router};
+//! use tranche_stats::MemoryStats;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let active = Arc::new(MemoryActiveStore::new(Config::default())?);
+//! active.plan(&Plan::Uniform { min: 1, max: 10_000, size: 1000 }).await?;
+//! let stats = Arc::new(MemoryStats::new());
+//! let inboxes = vec![active.inbox(0).unwrap()];
+//! let archive = Arc::new(MemoryArchive::new(Default::default(), inboxes, stats.clone())?);
+//! let router = Router::new(active.clone(), archive.clone(), stats);
+//!
+//! let lease = active.claim("w1", 1).await?.remove(0);
+//! active.complete(&lease, 295_000).await?;
+//! // Completed, still in the inbox: neither store holds it, and it is not unknown.
+//! assert!(matches!(router.get(lease.pid).await?, PartitionView::Archiving { .. }));
+//!
+//! archive.archive_once().await?;
+//! let located = router.locate(lease.max_id).await?.expect("planned");
+//! assert_eq!(located.pid, lease.pid);
+//! assert!(matches!(located.view, PartitionView::Archived { .. }));
+//!
+//! let merged = router.stats().await?;
+//! assert_eq!((merged.completed_count(), merged.total()), (Some(1), 10));
+//! # Ok(())
+//! # }
+//! ```
 
 mod error;
 mod model;
