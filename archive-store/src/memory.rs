@@ -256,6 +256,18 @@ impl Archiver for MemoryArchive {
                 .take(self.config.batch)
                 .collect();
             pass.entries += records.len();
+            // A record of another shard would take another pid's place: drop it loudly.
+            let (records, misrouted): (Vec<_>, Vec<_>) = records
+                .into_iter()
+                .partition(|r| self.schema.shard_of(r.pid) == shard);
+            for r in &misrouted {
+                tracing::warn!(
+                    pid = r.pid,
+                    shard,
+                    "record in another shard's inbox dropped"
+                );
+            }
+            pass.malformed += misrouted.len();
             let (written, dups) = self.archive_records(shard, records, tier)?;
             pass.archived += written;
             pass.duplicates += dups;

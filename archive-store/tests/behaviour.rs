@@ -178,6 +178,20 @@ impl Harness {
         assert!(differences.is_empty(), "{differences:#?}");
     }
 
+    /// Puts `r` into shard `shard`'s inbox, whether or not it belongs there.
+    async fn push_into(&self, shard: u32, r: &CompletedRecord) {
+        match &self.backend {
+            Backend::Memory(txs, _) => txs[shard as usize].send(r.clone()).unwrap(),
+            Backend::Redis(_, conn) => {
+                let _: String = conn
+                    .clone()
+                    .xadd(self.schema.inbox(shard), "*", &[("r", encode_json(r))])
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+
     /// Overwrites sealed batch `batch` with garbage.
     async fn corrupt(&self, batch: u64) {
         let garbage = b"TRB2 not a batch".to_vec();
@@ -254,6 +268,7 @@ suite!(
     a_small_export_snapshot,
     compaction_moves_older_records_to_the_current_tier,
     a_random_workload_matches_a_model,
+    records_in_the_wrong_inbox_are_dropped,
 );
 
 async fn simple_tier_round_trip(kind: Kind, shards: u32) {
@@ -628,6 +643,22 @@ async fn a_random_workload_matches_a_model(kind: Kind, shards: u32) {
     }
     let all: Vec<CompletedRecord> = model.into_values().collect();
     h.assert_stats(&all).await;
+}
+
+async fn records_in_the_wrong_inbox_are_dropped(kind: Kind, shards: u32) {
+    let h = Harness::new(kind, shards).await;
+    // Batch 1 lives in shard 1 of 4 (and in shard 0 of 1).
+    let r = record(150);
+    h.push_into(0, &r).await;
+    let pass = h.drain().await;
+    if shards == 1 {
+        assert_eq!((pass.archived, pass.malformed), (1, 0));
+        assert_eq!(h.get(150).await, archived(&r, Tier::Simple));
+    } else {
+        assert_eq!((pass.archived, pass.malformed), (0, 1));
+        assert_eq!(h.get(150).await, Lookup::Unknown);
+        h.assert_stats(&[]).await;
+    }
 }
 
 // ---- Redis only: consumer groups.

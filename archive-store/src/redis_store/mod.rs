@@ -308,6 +308,16 @@ where
                 .filter(|l| !l.is_empty())
             {
                 match decode_json(line) {
+                    // A record of another shard would land on this shard's bit offsets,
+                    // where another pid lives: drop it loudly rather than corrupt both.
+                    Ok(r) if self.schema.shard_of(r.pid) != shard => {
+                        pass.malformed += 1;
+                        tracing::warn!(
+                            pid = r.pid,
+                            shard,
+                            "record in another shard's inbox dropped"
+                        );
+                    }
                     Ok(r) => records.push(r),
                     Err(err) => {
                         pass.malformed += 1;
