@@ -1,12 +1,16 @@
 -- archive: write one batch of completed records of one shard, exactly once.
 -- KEYS[1] archived bitmap   KEYS[2] simple-tier hash   KEYS[3] archive counters hash
 --      KEYS[4..8] the shard's five statistics keys (tranche-stats' stats_keys order)
---      KEYS[9] set of open batch ids   KEYS[10..] open batch hashes (as many as ARGV names)
+--      KEYS[9] set of open batch ids   KEYS[10 .. 9 + m] open batch hashes
+--      KEYS[10 + m .. 9 + m + s] sealed batch strings written whole by this call
 -- ARGV[1] n, the number of records
 -- ARGV per record (4 each, from ARGV[2]): pid, bit offset, payload, target
---      (0: the simple hash; k > 0: the open batch hash KEYS[9 + k])
+--      (0: the simple hash; k > 0: the open batch hash KEYS[9 + k]; -1: its batch is
+--      complete in this call and written sealed, below)
 -- ARGV[2 + 4n] the number m of open batches, then their m batch ids (KEYS[10..] order)
--- ARGV[3 + 4n + m ..] the statistics delta of exactly these records (apply_stats' args)
+-- ARGV[a = 3 + 4n + m] the number s of sealed batches, then their s binary v2 strings,
+--      then the time to live of sealed batches in ms (0: none)
+-- ARGV[a + s + 2 ..] the statistics delta of exactly these records (apply_stats' args)
 -- Reply: {1, written, size of batch 1, size of batch 2, ...} when every record was fresh
 --        and all were written: a size counts the open hash and any earlier partial seal
 --        (counter `partial:{id}`), so the caller knows which batches are full;
@@ -47,7 +51,7 @@ for i = 1, n do
   if target == 0 then
     simple[#simple + 1] = ARGV[base]
     simple[#simple + 1] = ARGV[base + 2]
-  else
+  elseif target > 0 then
     local k = 9 + target
     open[k] = open[k] or {}
     local f = open[k]
@@ -61,8 +65,20 @@ for k, fields in pairs(open) do variadic('HSET', KEYS[k], fields) end
 redis.call('HINCRBY', KEYS[3], 'count', n)
 local m = tonumber(ARGV[2 + 4 * n])
 if m > 0 then redis.call('SADD', KEYS[9], unpack(ARGV, 3 + 4 * n, 2 + 4 * n + m)) end
+-- A batch whose every planned pid is in this call, all fresh, has nothing archived
+-- elsewhere (no open hash, no partial seal): the caller sealed it already.
+local a = 3 + 4 * n + m
+local s = tonumber(ARGV[a])
+local ttl = ARGV[a + s + 1]
+for j = 1, s do
+  if tonumber(ttl) > 0 then
+    redis.call('SET', KEYS[9 + m + j], ARGV[a + j], 'PX', ttl)
+  else
+    redis.call('SET', KEYS[9 + m + j], ARGV[a + j])
+  end
+end
 -- The statistics change in the same atomic step: they count exactly what was written.
-apply_stats(4, 3 + 4 * n + m)
+apply_stats(4, a + s + 2)
 local out = {1, n}
 for j = 1, m do
   local partial = redis.call('HGET', KEYS[3], 'partial:' .. ARGV[2 + 4 * n + j]) or 0

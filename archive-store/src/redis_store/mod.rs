@@ -386,30 +386,47 @@ where
             }
             inv.key(&keys.open);
             inv.arg(records.len());
+            // Batches complete in this call go straight to their sealed form.
+            let sealed = if tier == Tier::Simple {
+                Vec::new()
+            } else {
+                self.complete_batches(&records).await?
+            };
             let mut open: Vec<u64> = Vec::new();
             for r in &records {
-                let target = if tier == Tier::Simple {
+                let batch = self.schema.batch_of(r.pid);
+                let target: i64 = if tier == Tier::Simple {
                     0
+                } else if sealed.iter().any(|(b, _)| *b == batch) {
+                    -1
                 } else {
-                    let batch = self.schema.batch_of(r.pid);
                     match open.iter().position(|&b| b == batch) {
-                        Some(i) => i + 1,
+                        Some(i) => i as i64 + 1,
                         None => {
                             open.push(batch);
-                            open.len()
+                            open.len() as i64
                         }
                     }
                 };
-                inv.arg(r.pid)
-                    .arg(self.schema.bit_offset(r.pid))
-                    .arg(encode_json(r))
-                    .arg(target);
+                inv.arg(r.pid).arg(self.schema.bit_offset(r.pid));
+                if target == -1 {
+                    inv.arg("");
+                } else {
+                    inv.arg(encode_json(r));
+                }
+                inv.arg(target);
             }
             inv.arg(open.len());
             for &b in &open {
                 inv.key(open_batch_key(&self.schema, b));
                 inv.arg(b);
             }
+            inv.arg(sealed.len());
+            for (b, bytes) in &sealed {
+                inv.key(self.schema.completed_batch(*b));
+                inv.arg(bytes.as_slice());
+            }
+            inv.arg(self.ttl_ms(tier));
             for a in delta_args(&StatsDelta::from_records(&records), now_ms()) {
                 inv.arg(a);
             }
@@ -450,6 +467,41 @@ where
         }
     }
 
+    /// The TTL of sealed batches in `tier`, in ms (0: none).
+    fn ttl_ms(&self, tier: Tier) -> u64 {
+        if tier == Tier::Summary {
+            self.config.summary_ttl.as_millis().max(1) as u64
+        } else {
+            0
+        }
+    }
+
+    /// The batches of which `records` hold every planned pid, sealed as binary v2.
+    async fn complete_batches(&self, records: &[CompletedRecord]) -> Result<Vec<(u64, Vec<u8>)>> {
+        let mut groups: std::collections::BTreeMap<u64, Vec<CompletedRecord>> = Default::default();
+        for r in records {
+            groups
+                .entry(self.schema.batch_of(r.pid))
+                .or_default()
+                .push(r.clone());
+        }
+        let first = self.config.first_pid;
+        groups.retain(|&b, recs| {
+            recs.iter().filter(|r| r.pid >= first).count() as u64 == self.planned(b)
+        });
+        if groups.is_empty() {
+            return Ok(Vec::new());
+        }
+        let workers: Vec<&str> = groups.values().flatten().map(|r| &*r.worker).collect();
+        let dict = self.ensure_workers(&workers).await?;
+        let options = BinaryV2Options::new(self.schema.batch_size())?;
+        let mut out = Vec::with_capacity(groups.len());
+        for (b, recs) in groups {
+            out.push((b, encode_binary_v2(b, &recs, &dict, &options)?));
+        }
+        Ok(out)
+    }
+
     /// How many pids batch `batch` can hold: pids below `first_pid` are never planned.
     fn planned(&self, batch: u64) -> u64 {
         self.config.planned(batch, self.schema.batch_size())
@@ -463,11 +515,7 @@ where
         let keys = &self.keys[shard as usize];
         let open_key = open_batch_key(&self.schema, batch);
         let sealed_key = self.schema.completed_batch(batch);
-        let ttl = if tier == Tier::Summary {
-            self.config.summary_ttl.as_millis().max(1) as u64
-        } else {
-            0
-        };
+        let ttl = self.ttl_ms(tier);
         for _ in 0..10 {
             let (fields, old): (Vec<(u64, String)>, Option<Vec<u8>>) =
                 retry(&self.conn, |mut c| {
