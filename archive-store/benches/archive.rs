@@ -106,6 +106,11 @@ fn print_breakdown(server: &TestRedis) {
     for (kind, (n, bytes)) in kinds {
         println!("  {kind:<40} {n:>8} keys {bytes:>12} bytes");
     }
+    for line in server.cli(&["INFO", "commandstats"]).lines() {
+        if line.starts_with("cmdstat_") {
+            println!("  {line}");
+        }
+    }
 }
 
 fn p99_ms(mut xs: Vec<Duration>) -> f64 {
