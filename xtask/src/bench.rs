@@ -9,6 +9,7 @@ const BENCHES: &[(&str, &str, bool)] = &[
     ("codec", "tranche-codec", false),
     ("window", "tranche-window", false),
     ("active", "tranche-active-store", true),
+    ("archive", "tranche-archive-store", true),
 ];
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
