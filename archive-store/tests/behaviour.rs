@@ -320,6 +320,8 @@ async fn unknown_and_archiving(kind: Kind, shards: u32) {
     h.drain().await;
     assert_eq!(h.get(7).await, archived(&record(7), Tier::Simple));
     assert_eq!(h.get(8).await, Lookup::Unknown);
+    // Pids whose bit lies past Redis's 2^32-bit bitmap limit were never archived.
+    assert_eq!(h.get(u64::MAX).await, Lookup::Unknown);
 }
 
 async fn tier_transitions(kind: Kind, shards: u32) {

@@ -110,6 +110,8 @@ struct ShardKeys {
     open: String,
 }
 
+/// The largest bit offset a Redis bitmap accepts.
+const MAX_BIT_OFFSET: u64 = (1 << 32) - 1;
 impl ShardKeys {
     fn new(schema: &KeySchema, shard: u32) -> Self {
         Self {
@@ -762,6 +764,11 @@ where
     }
 
     async fn lookup(&self, pid: u64) -> Result<Lookup> {
+        // Redis bitmaps end at bit 2^32 - 1: a pid beyond it could never have been
+        // completed or archived here (the write would have failed), so it is unknown.
+        if self.schema.bit_offset(pid) > MAX_BIT_OFFSET {
+            return Ok(Lookup::Unknown);
+        }
         let shard = self.schema.shard_of(pid);
         let keys = &self.keys[shard as usize];
         let batch = self.schema.batch_of(pid);
