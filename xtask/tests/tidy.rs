@@ -68,18 +68,17 @@ fn every_file_opens_with_module_docs() {
 /// Stubs and debug prints do not land.
 #[test]
 fn no_stubs_or_debug_prints() {
+    // Spelled in pieces so that this file does not match its own list (and needs no
+    // exemption).
     let banned = [
-        "todo!(",
-        "unimplemented!(",
-        "dbg!(",
-        "#[ignore",
-        "#[should_panic",
+        concat!("todo", "!("),
+        concat!("unimplemented", "!("),
+        concat!("dbg", "!("),
+        concat!("#[", "ignore"),
+        concat!("#[", "should_panic"),
     ];
     let mut found = Vec::new();
     for path in sources() {
-        if path.ends_with("tidy.rs") {
-            continue;
-        }
         let text = fs::read_to_string(&path).unwrap();
         for (n, line) in text.lines().enumerate() {
             if banned.iter().any(|b| line.contains(b)) {
