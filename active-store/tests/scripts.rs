@@ -8,60 +8,15 @@
 
 mod support;
 
-use std::fs;
-use std::path::Path;
-
 use support::TestRedis;
 
 fn lua_sources() -> Vec<(String, String)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("lua");
-    let mut out: Vec<(String, String)> = fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "lua"))
-        .map(|p| {
-            (
-                p.file_name().unwrap().to_string_lossy().into_owned(),
-                fs::read_to_string(&p).unwrap(),
-            )
-        })
-        .collect();
-    out.sort();
-    out
+    support::lua_sources(env!("CARGO_MANIFEST_DIR"))
 }
 
 #[test]
 fn scripts_name_keys_only_through_keys() {
-    let mut offenders = Vec::new();
-    for (name, source) in lua_sources() {
-        for (n, line) in source.lines().enumerate() {
-            // `variadic(cmd, key, list)` in record.lua forwards its key to redis.call;
-            // its callers are checked like redis.call's.
-            if line.contains("redis.call(cmd, key,") {
-                continue;
-            }
-            let mut rest = line;
-            while let Some(at) = rest.find("redis.call(").or_else(|| rest.find("variadic(")) {
-                let call = if rest[at..].starts_with("redis.call(") {
-                    "redis.call("
-                } else {
-                    "variadic("
-                };
-                rest = &rest[at + call.len()..];
-                if rest.starts_with("cmd,") {
-                    continue; // the definition of variadic itself
-                }
-                // redis.call('CMD', FIRST, ...): FIRST must be KEYS[i] unless the command
-                // takes no key.
-                let args: Vec<&str> = rest.splitn(3, ',').map(str::trim).collect();
-                let command = args[0].trim_matches(|c| c == '\'' || c == '"' || c == ')');
-                let keyless = command == "TIME";
-                if !keyless && !args.get(1).is_some_and(|a| a.starts_with("KEYS[")) {
-                    offenders.push(format!("{name}:{}: {}", n + 1, line.trim()));
-                }
-            }
-        }
-    }
+    let offenders = support::keys_not_from_keys(&lua_sources(), &[("variadic", 1)]);
     assert!(offenders.is_empty(), "key not from KEYS[]: {offenders:#?}");
 }
 

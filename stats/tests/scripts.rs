@@ -4,8 +4,6 @@
 #[path = "../../active-store/tests/support/mod.rs"]
 mod support;
 
-use std::fs;
-use std::path::Path;
 use std::sync::Arc;
 
 use tranche_codec::{CompletedRecord, KeySchema};
@@ -29,17 +27,7 @@ fn rec(pid: u64, worker: &str, at: u64, dur: u64) -> CompletedRecord {
 }
 
 fn lua_sources() -> Vec<(String, String)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("lua");
-    let mut out: Vec<(String, String)> = fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "lua"))
-        .map(|p| {
-            let name = p.file_name().unwrap().to_string_lossy().into_owned();
-            (name, fs::read_to_string(&p).unwrap())
-        })
-        .collect();
-    out.sort();
+    let out = support::lua_sources(env!("CARGO_MANIFEST_DIR"));
     assert_eq!(
         out.len(),
         5,
@@ -51,31 +39,8 @@ fn lua_sources() -> Vec<(String, String)> {
 
 #[test]
 fn scripts_name_keys_only_through_keys() {
-    let mut offenders = Vec::new();
-    for (name, source) in lua_sources() {
-        for (n, line) in source.lines().enumerate() {
-            let code = line.split("--").next().unwrap_or("");
-            for call in ["redis.call(", "stats_hmget(", "stats_hset("] {
-                let mut rest = code;
-                while let Some(at) = rest.find(call) {
-                    rest = &rest[at + call.len()..];
-                    let args: Vec<&str> = rest.splitn(3, ',').map(str::trim).collect();
-                    // The helpers' own bodies forward their `key` parameter, whose
-                    // callers are checked here like redis.call's.
-                    let first = if call == "redis.call(" {
-                        args.get(1)
-                    } else {
-                        args.first()
-                    };
-                    let ok = first.is_some_and(|a| a.starts_with("KEYS[") || *a == "key");
-                    let definition = code.contains("local function");
-                    if !ok && !definition {
-                        offenders.push(format!("{name}:{}: {}", n + 1, line.trim()));
-                    }
-                }
-            }
-        }
-    }
+    let offenders =
+        support::keys_not_from_keys(&lua_sources(), &[("stats_hmget", 0), ("stats_hset", 0)]);
     assert!(offenders.is_empty(), "keys not from KEYS[]: {offenders:#?}");
 }
 

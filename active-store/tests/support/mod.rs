@@ -176,6 +176,73 @@ impl TestRedis {
     }
 }
 
+/// Every `lua/*.lua` file of the crate at `manifest_dir`, as (file name, source), by name.
+pub fn lua_sources(manifest_dir: &str) -> Vec<(String, String)> {
+    let dir = std::path::Path::new(manifest_dir).join("lua");
+    let mut out: Vec<(String, String)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "lua"))
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read_to_string(&p).unwrap())
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The lines of `sources` that hand Redis a key not taken from `KEYS[]`.
+///
+/// A script on a Redis Cluster must declare every key it touches, all in one slot;
+/// Redis 7 does not stop an undeclared key on a one-node cluster, so this is checked on
+/// the source. `redis.call(cmd, KEY, ...)` is checked, and so is every helper in
+/// `forwarders` (name, position of its key argument) that passes a `key` parameter on
+/// to `redis.call`: its callers must give it `KEYS[...]`, while its own body may
+/// forward `key`.
+pub fn keys_not_from_keys(
+    sources: &[(String, String)],
+    forwarders: &[(&str, usize)],
+) -> Vec<String> {
+    let calls: Vec<(String, usize)> = std::iter::once(("redis.call(".to_owned(), 1))
+        .chain(
+            forwarders
+                .iter()
+                .map(|&(name, at)| (format!("{name}("), at)),
+        )
+        .collect();
+    let mut offenders = Vec::new();
+    for (name, source) in sources {
+        for (n, line) in source.lines().enumerate() {
+            let code = line.split("--").next().unwrap_or("");
+            if code.contains("local function") {
+                continue;
+            }
+            for (call, key_at) in &calls {
+                let mut rest = code;
+                while let Some(at) = rest.find(call.as_str()) {
+                    // `xredis.call(` or `my_variadic(` are other functions.
+                    let boundary = at == 0
+                        || !rest[..at]
+                            .ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == '.');
+                    rest = &rest[at + call.len()..];
+                    if !boundary {
+                        continue;
+                    }
+                    let args: Vec<&str> = rest.splitn(key_at + 2, ',').map(str::trim).collect();
+                    let command = args[0].trim_matches(|c| c == '\'' || c == '"' || c == ')');
+                    let keyless = call == "redis.call(" && command == "TIME";
+                    let key = args.get(*key_at).copied().unwrap_or("");
+                    if !keyless && !key.starts_with("KEYS[") && key != "key" {
+                        offenders.push(format!("{name}:{}: {}", n + 1, line.trim()));
+                    }
+                }
+            }
+        }
+    }
+    offenders
+}
+
 impl Drop for TestRedis {
     fn drop(&mut self) {
         let _ = self.child.kill();
