@@ -1,0 +1,358 @@
+//! The command line: global options (accepted before or after the subcommand) and one
+//! struct per subcommand. Parsing only; nothing here touches a store.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Range-partitioned batch work, coordinated through Redis or embedded in one process.
+///
+/// Plan an ID range once, then start `tranche run` on as many machines as you like:
+/// workers claim partitions, run each one in chunks through a sliding window, and
+/// every finished partition moves to a compressed archive that answers for it for ever.
+#[derive(Debug, Parser)]
+#[command(
+    name = "tranche",
+    version,
+    propagate_version = true,
+    max_term_width = 100
+)]
+pub(crate) struct Cli {
+    #[command(flatten)]
+    pub(crate) global: Global,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// Options every subcommand takes.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct Global {
+    /// Redis to coordinate through (redis://, rediss://, passwords in the URL; a cluster
+    /// is detected). Without it everything runs embedded in this process.
+    #[arg(
+        long,
+        global = true,
+        env = "TRANCHE_REDIS_URL",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    pub(crate) redis: Option<String>,
+    /// Namespace of the job; every key (or the state file's content) lives under it.
+    #[arg(
+        long,
+        global = true,
+        env = "TRANCHE_NAMESPACE",
+        default_value = "tranche"
+    )]
+    pub(crate) namespace: String,
+    /// Shards of a new namespace (1..=1024). An existing namespace keeps its own; a
+    /// different value is refused.
+    #[arg(long, global = true, value_name = "N")]
+    pub(crate) shards: Option<u32>,
+    /// State file of the embedded mode (ignored with --redis).
+    #[arg(long, global = true, env = "TRANCHE_STATE", value_name = "FILE")]
+    pub(crate) state: Option<PathBuf>,
+    /// Print JSON instead of tables (status, get, locate, stats, workers, health).
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+}
+
+/// What to do.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Cut an ID range into partitions and register it (a repeated plan is a no-op).
+    Plan(PlanArgs),
+    /// Claim partitions and process them until none is left.
+    Run(RunArgs),
+    /// Run an archiver alone: drain completed partitions into the archive.
+    Archive(ArchiveArgs),
+    /// Partition counts by state, the archive and the workers.
+    Status(StatusArgs),
+    /// What happened to one partition.
+    Get {
+        /// The partition id.
+        pid: u64,
+    },
+    /// Which partition covered row ID N, and what happened to it.
+    Locate {
+        /// The row id.
+        id: u64,
+    },
+    /// Completed-partition statistics merged with live counts.
+    Stats,
+    /// Registered workers and their last heartbeat.
+    Workers,
+    /// Make failed partitions claimable again.
+    RetryFailed {
+        /// Only this partition (default: every failed one).
+        pid: Option<u64>,
+    },
+    /// Drop one pending or failed partition for good.
+    Discard {
+        /// The partition id.
+        pid: u64,
+    },
+    /// Write the whole archive to a dump file (or JSON lines).
+    Export(ExportArgs),
+    /// Restore a dump file into an empty namespace.
+    Import {
+        /// The dump written by `export`.
+        file: PathBuf,
+    },
+    /// Seal open archive batches now.
+    Compact,
+    /// Recompute statistics from the archive and report every difference.
+    Check {
+        /// Rewrite the statistics from the archive.
+        #[arg(long)]
+        repair: bool,
+    },
+    /// Evaluate the alert rules; exit non-zero naming each that fires.
+    Health(HealthArgs),
+}
+
+/// `plan`.
+#[derive(Debug, Args)]
+pub(crate) struct PlanArgs {
+    /// First row ID.
+    #[arg(long, value_name = "A")]
+    pub(crate) min: u64,
+    /// Last row ID, inclusive.
+    #[arg(long, value_name = "B")]
+    pub(crate) max: u64,
+    /// Row IDs per partition.
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub(crate) size: u64,
+    /// Print what the plan costs and write nothing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+    #[command(flatten)]
+    pub(crate) tiers: TierArgs,
+}
+
+/// `run`.
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    /// Shell command run per chunk, with TRANCHE_PID, TRANCHE_FROM, TRANCHE_TO,
+    /// TRANCHE_ATTEMPT and TRANCHE_CHUNK in its environment; exit 0 is success.
+    #[arg(
+        long,
+        value_name = "CMD",
+        conflicts_with = "simulate",
+        required_unless_present = "simulate"
+    )]
+    pub(crate) exec: Option<String>,
+    /// LOAD GENERATOR, not real work: each chunk sleeps a random time and fails at the
+    /// given rate (see --sim-latency, --sim-fail).
+    #[arg(long)]
+    pub(crate) simulate: bool,
+    /// Simulated chunk latency, uniform in MIN..MAX milliseconds.
+    #[arg(long, value_name = "MIN..MAX", default_value = "1..5", value_parser = parse_latency)]
+    pub(crate) sim_latency: (u64, u64),
+    /// Simulated chunk failure rate, 0..=1.
+    #[arg(long, value_name = "RATE", default_value_t = 0.0, value_parser = parse_rate)]
+    pub(crate) sim_fail: f64,
+    /// Row IDs per chunk.
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) chunk: u64,
+    /// Chunks in flight per partition.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub(crate) parallel: u32,
+    /// Sliding window per partition, in chunks (default: twice --parallel).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub(crate) window: Option<u32>,
+    /// Partitions processed at once by this process.
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub(crate) concurrency: u32,
+    /// This worker's id (default: host-pid).
+    #[arg(long, value_name = "ID")]
+    pub(crate) worker_id: Option<String>,
+    /// Lease length: a partition whose worker stops heartbeating is reclaimed after it.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub(crate) lease: Duration,
+    /// Attempts before a partition is marked failed.
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_attempts: u32,
+    /// First retry delay after a failure (doubling up to 5 min).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub(crate) backoff: Duration,
+    /// How long in-flight chunks may finish after SIGINT/SIGTERM before they are killed.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub(crate) grace: Duration,
+    /// Keep waiting for new plans instead of stopping when nothing is left.
+    #[arg(long)]
+    pub(crate) follow: bool,
+    /// Do not run the reaper (expired leases) in this process.
+    #[arg(long)]
+    pub(crate) no_reaper: bool,
+    /// Do not run an archiver in this process.
+    #[arg(long)]
+    pub(crate) no_archiver: bool,
+    /// Do not register this worker or send worker heartbeats.
+    #[arg(long)]
+    pub(crate) no_heartbeat: bool,
+    #[command(flatten)]
+    pub(crate) tiers: TierArgs,
+}
+
+/// Archive tier settings (`run`, `archive`).
+#[derive(Debug, Clone, Args)]
+pub(crate) struct TierArgs {
+    /// Archived count from which records go to the compressed tier.
+    #[arg(long, value_name = "N", default_value_t = 100_000)]
+    pub(crate) compressed_at: u64,
+    /// Archived count from which records go to the summary tier (batches expire).
+    #[arg(long, value_name = "N", default_value_t = 500_000)]
+    pub(crate) summary_at: u64,
+    /// How long summary-tier batches live.
+    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_duration)]
+    pub(crate) summary_ttl: Duration,
+}
+
+#[cfg(test)]
+impl TierArgs {
+    /// The seed's thresholds: 100,000 and 500,000, batches kept 24 h.
+    pub(crate) fn defaults() -> Self {
+        Self {
+            compressed_at: 100_000,
+            summary_at: 500_000,
+            summary_ttl: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// `archive`.
+#[derive(Debug, Args)]
+pub(crate) struct ArchiveArgs {
+    /// Keep draining until interrupted instead of stopping once the inboxes are empty.
+    #[arg(long)]
+    pub(crate) follow: bool,
+    #[command(flatten)]
+    pub(crate) tiers: TierArgs,
+}
+
+/// `status`.
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    /// Refresh every interval until interrupted.
+    #[arg(long)]
+    pub(crate) watch: bool,
+    /// Refresh interval of --watch.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    pub(crate) interval: Duration,
+}
+
+/// `export`.
+#[derive(Debug, Args)]
+pub(crate) struct ExportArgs {
+    /// Where to write.
+    #[arg(long, short, value_name = "FILE")]
+    pub(crate) output: PathBuf,
+    /// JSON lines, one seed-format record per partition, instead of a dump.
+    #[arg(long)]
+    pub(crate) jsonl: bool,
+}
+
+/// `health`.
+#[derive(Debug, Args)]
+pub(crate) struct HealthArgs {
+    /// Alert when more partitions than this are claimed or running.
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    pub(crate) max_active: u64,
+    /// Alert when the archive inboxes hold more entries than this.
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub(crate) max_inbox: u64,
+    /// Alert when worker update p99 exceeds this many milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 100.0)]
+    pub(crate) max_update_p99_ms: f64,
+    /// Also recompute statistics from the archive (reads every record).
+    #[arg(long)]
+    pub(crate) check: bool,
+}
+
+/// Parses `1500ms`, `30s`, `5m`, `24h` or a bare number of seconds.
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration (try 500ms, 30s, 5m, 24h)"))?;
+    let secs = match unit {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return Err(format!("`{s}` has an unknown unit (use ms, s, m or h)")),
+    };
+    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
+        return Err(format!("`{s}` is out of range"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn parse_latency(s: &str) -> Result<(u64, u64), String> {
+    let (a, b) = s.split_once("..").unwrap_or((s, s));
+    let min: u64 = a
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not MIN..MAX milliseconds"))?;
+    let max: u64 = b
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not MIN..MAX milliseconds"))?;
+    if min > max {
+        return Err(format!("`{s}`: MIN is above MAX"));
+    }
+    Ok((min, max))
+}
+
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        _ => Err(format!("`{s}` is not a rate between 0 and 1")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86_400)));
+        assert!(parse_duration("5 weeks").is_err());
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn latency_and_rate() {
+        assert_eq!(parse_latency("1..5"), Ok((1, 5)));
+        assert_eq!(parse_latency("7"), Ok((7, 7)));
+        assert!(parse_latency("5..1").is_err());
+        assert_eq!(parse_rate("0.25"), Ok(0.25));
+        assert!(parse_rate("1.5").is_err());
+    }
+
+    #[test]
+    fn global_options_go_before_or_after_the_subcommand() {
+        let before = Cli::try_parse_from(["tranche", "--namespace", "x", "stats"]).unwrap();
+        let after = Cli::try_parse_from(["tranche", "stats", "--namespace", "x"]).unwrap();
+        assert_eq!(before.global.namespace, "x");
+        assert_eq!(after.global.namespace, "x");
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,580 @@
+//! One function per subcommand, and the signal handling `run`, `archive` and
+//! `status --watch` share. Each opens the namespace, does its one thing and returns an
+//! [`Outcome`]; printing goes through [`render`](crate::render).
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+use tranche_active_store::{Config as ActiveConfig, Plan};
+use tranche_archive_store::Dump;
+use tranche_codec::{CompletedRecord, KeySchema};
+use tranche_stats::{Stats, StatsDelta, diff};
+
+use crate::backend::{Backend, Open, Tuning};
+use crate::cli::{Cli, Command, ExportArgs, HealthArgs, PlanArgs, RunArgs, StatusArgs, TierArgs};
+use crate::job::Job;
+use crate::render;
+use crate::work::until;
+use crate::work::{self, Settings, Stop};
+
+/// How a command ended, when it did not fail outright.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    Success,
+    /// It ran, and what it found is a failure (failed partitions, a firing alert).
+    Failed(String),
+    /// A signal stopped it; state was checkpointed.
+    Interrupted,
+}
+
+/// Runs the command the user asked for.
+pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
+    let g = &cli.global;
+    let json = g.json;
+    match cli.command {
+        Command::Plan(args) => {
+            plan(
+                &Backend::open(g, Open::Create, Tuning::default()).await?,
+                &args,
+                json,
+            )
+            .await
+        }
+        Command::Run(args) => run(g, args).await,
+        Command::Archive(args) => archive(g, args.follow, args.tiers).await,
+        Command::Status(args) => {
+            status(
+                &Backend::open(g, Open::Existing, Tuning::default()).await?,
+                &args,
+                json,
+            )
+            .await
+        }
+        Command::Get { pid } => {
+            let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+            let view = backend.router.get(pid).await?;
+            print!("{}", render::view(pid, &view, json));
+            Ok(Outcome::Success)
+        }
+        Command::Locate { id } => {
+            let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+            match backend.router.locate(id).await? {
+                Some(located) => {
+                    print!("{}", render::located(&located, json));
+                    Ok(Outcome::Success)
+                }
+                None => bail!(
+                    "no plan of namespace `{}` covers row ID {id}",
+                    backend.namespace
+                ),
+            }
+        }
+        Command::Stats => {
+            let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+            let merged = backend.router.stats().await?;
+            print!("{}", render::stats(&merged, json)?);
+            Ok(Outcome::Success)
+        }
+        Command::Workers => {
+            let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+            let workers = backend.active.workers().await?;
+            print!("{}", render::workers(&workers, work::now_ms(), json));
+            Ok(Outcome::Success)
+        }
+        Command::RetryFailed { pid } => {
+            let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+            let pids = backend.active.retry_failed(pid).await?;
+            backend.save().await?;
+            if let (Some(pid), true) = (pid, pids.is_empty()) {
+                bail!("partition {pid} is not failed");
+            }
+            println!("{} failed partition(s) pending again", pids.len());
+            Ok(Outcome::Success)
+        }
+        Command::Discard { pid } => {
+            let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+            if !backend.active.discard(pid).await? {
+                bail!(
+                    "partition {pid} is not pending or failed (claimed, completed or unknown): nothing discarded"
+                );
+            }
+            backend.save().await?;
+            println!("partition {pid} discarded");
+            Ok(Outcome::Success)
+        }
+        Command::Export(args) => {
+            export(
+                &Backend::open(g, Open::Existing, Tuning::default()).await?,
+                &args,
+            )
+            .await
+        }
+        Command::Import { file } => import(g, &file).await,
+        Command::Compact => {
+            let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+            let sealed = backend.archive.compact().await?;
+            backend.save().await?;
+            println!("{sealed} batch(es) sealed");
+            Ok(Outcome::Success)
+        }
+        Command::Check { repair } => {
+            check(
+                &Backend::open(g, Open::Existing, Tuning::default()).await?,
+                repair,
+                json,
+            )
+            .await
+        }
+        Command::Health(args) => {
+            health(
+                &Backend::open(g, Open::Existing, Tuning::default()).await?,
+                &args,
+                json,
+            )
+            .await
+        }
+    }
+}
+
+/// SIGINT/SIGTERM: the first asks to drain (and, after `grace`, to abort); a second
+/// exits at once.
+fn signals(grace: Duration) -> Result<watch::Receiver<Stop>> {
+    let (tx, rx) = watch::channel(Stop::Running);
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        tracing::warn!(
+            grace = ?grace,
+            "stopping: no new claims; in-flight chunks may finish, then partitions are checkpointed and released (signal again to exit at once)"
+        );
+        let _ = tx.send(Stop::Draining);
+        let second = async {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+        };
+        tokio::pin!(second);
+        tokio::select! {
+            () = &mut second => {}
+            () = tokio::time::sleep(grace) => {
+                tracing::warn!("grace period over: abandoning in-flight chunks");
+                let _ = tx.send(Stop::Abort);
+                second.await;
+            }
+        }
+        eprintln!("tranche: second signal, exiting now");
+        std::process::exit(130);
+    });
+    Ok(rx)
+}
+
+async fn plan(backend: &Backend, args: &PlanArgs, json: bool) -> Result<Outcome> {
+    // Validate as the store will, before anything is written.
+    let geometry = tranche_codec::Plan::new(1, args.min, args.max, args.size)
+        .map_err(|e| anyhow::anyhow!("invalid plan: {e}"))?;
+    if args.dry_run {
+        print!(
+            "{}",
+            render::plan_cost(&geometry, backend.shards, &args.tiers, json)
+        );
+        return Ok(Outcome::Success);
+    }
+    let outcome = backend
+        .active
+        .plan(&Plan::Uniform {
+            min: args.min,
+            max: args.max,
+            size: args.size,
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("invalid plan: {e}"))?;
+    backend.register_namespace().await?;
+    backend.save().await?;
+    let entry = outcome
+        .entries
+        .last()
+        .context("the store returned no plan")?;
+    let p = &entry.plan;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "namespace": backend.namespace, "created": outcome.created,
+                "first_pid": p.first_pid(), "last_pid": p.last_pid(), "partitions": p.partitions(),
+                "min": p.min(), "max": p.max(), "size": p.size(), "shards": backend.shards,
+            })
+        );
+    } else if outcome.created {
+        println!(
+            "planned {} partitions (pids {}..={}, IDs {}..={} by {}) in `{}` on {}",
+            p.partitions(),
+            p.first_pid(),
+            p.last_pid(),
+            p.min(),
+            p.max(),
+            p.size(),
+            backend.namespace,
+            backend.location()
+        );
+    } else {
+        println!(
+            "already planned: pids {}..={} in `{}`; nothing changed",
+            p.first_pid(),
+            p.last_pid(),
+            backend.namespace
+        );
+    }
+    Ok(Outcome::Success)
+}
+
+async fn run(g: &crate::cli::Global, args: RunArgs) -> Result<Outcome> {
+    let worker = args
+        .worker_id
+        .clone()
+        .unwrap_or_else(|| format!("{}-{}", work::hostname(), std::process::id()));
+    let active = ActiveConfig {
+        lease: args.lease,
+        max_attempts: args.max_attempts,
+        backoff_base: args.backoff,
+        ..ActiveConfig::default()
+    };
+    if args.lease < Duration::from_millis(300) {
+        bail!("--lease must be at least 300ms");
+    }
+    let tuning = Tuning {
+        active,
+        tiers: Some(args.tiers.clone()),
+        consumer: worker.clone(),
+        claim_idle: claim_idle(),
+    };
+    let stop = signals(args.grace)?;
+    let backend = Backend::open(g, Open::Existing, tuning).await?;
+    let job = match (&args.exec, args.simulate) {
+        (Some(cmd), false) => Job::Exec(cmd.clone()),
+        (None, true) => {
+            tracing::warn!("SIMULATED load: chunks sleep and fail at random; nothing is processed");
+            Job::Simulate {
+                latency: args.sim_latency,
+                fail: args.sim_fail,
+            }
+        }
+        _ => bail!("give exactly one of --exec CMD or --simulate"),
+    };
+    let parallel = args.parallel as usize;
+    let settings = Settings {
+        job,
+        chunk: args.chunk,
+        parallel,
+        window: args.window.map_or(2 * parallel, |w| w as usize),
+        concurrency: args.concurrency as usize,
+        worker,
+        lease: args.lease,
+        follow: args.follow,
+        reaper: !args.no_reaper,
+        archiver: !args.no_archiver,
+        heartbeat: !args.no_heartbeat,
+        save_every: Duration::from_secs(2),
+    };
+    let memory_before = backend.used_memory().await;
+    let report = work::run(&backend, settings, stop).await?;
+    let memory_after = backend.used_memory().await;
+    let stats = backend.stats.stats().await.ok();
+    let archive_bytes = match (memory_before, memory_after) {
+        // Below ten thousand partitions fixed overheads would dominate the figure.
+        (Some(a), Some(b)) if report.completed >= 10_000 => Some(
+            render::ArchiveBytes::RedisGrowth(b.saturating_sub(a) as f64 / report.completed as f64),
+        ),
+        (None, None) => embedded_archive_bytes(&backend).await,
+        _ => None,
+    };
+    print!(
+        "{}",
+        render::run_summary(&report, stats.as_ref(), archive_bytes.as_ref())
+    );
+    if report.interrupted {
+        return Ok(Outcome::Interrupted);
+    }
+    if report.counts.failed > 0 {
+        return Ok(Outcome::Failed(format!(
+            "{} partition(s) failed (see `tranche status`; `tranche retry-failed` requeues them)",
+            report.counts.failed
+        )));
+    }
+    Ok(Outcome::Success)
+}
+
+/// How long an archiver's unacknowledged inbox entries must sit before another takes
+/// them over. `TRANCHE_ARCHIVE_CLAIM_IDLE` shortens it for tests and demos.
+fn claim_idle() -> Duration {
+    std::env::var("TRANCHE_ARCHIVE_CLAIM_IDLE")
+        .ok()
+        .and_then(|s| crate::cli::parse_duration(&s).ok())
+        .unwrap_or(Duration::from_secs(60))
+}
+
+/// Archive bytes per archived partition in the embedded store: its dump's size.
+async fn embedded_archive_bytes(backend: &Backend) -> Option<render::ArchiveBytes> {
+    let dump = backend.archive.export(work::now_ms()).await.ok()?;
+    let entries = dump.entries();
+    let bytes = dump.to_bytes().ok()?.len();
+    (entries > 0).then(|| render::ArchiveBytes::Dump(bytes as f64 / entries as f64))
+}
+
+async fn archive(g: &crate::cli::Global, follow: bool, tiers: TierArgs) -> Result<Outcome> {
+    let tuning = Tuning {
+        tiers: Some(tiers),
+        consumer: format!("archiver-{}-{}", work::hostname(), std::process::id()),
+        claim_idle: claim_idle(),
+        ..Tuning::default()
+    };
+    let stop = signals(Duration::from_secs(5))?;
+    let backend = Backend::open(g, Open::Existing, tuning).await?;
+    if follow {
+        let mut s = stop.clone();
+        tranche_archive_store::run(backend.archive.as_ref(), async move {
+            let _ = s.wait_for(|s| *s != Stop::Running).await;
+        })
+        .await;
+    }
+    work::drain_archive(&backend, &stop).await;
+    backend.save().await?;
+    let left = backend.inbox_len().await?;
+    println!(
+        "archive drained; {left} inbox entr{} left",
+        if left == 1 { "y" } else { "ies" }
+    );
+    Ok(if *stop.borrow() == Stop::Running {
+        Outcome::Success
+    } else {
+        Outcome::Interrupted
+    })
+}
+
+async fn status(backend: &Backend, args: &StatusArgs, json: bool) -> Result<Outcome> {
+    let stop = if args.watch {
+        Some(signals(Duration::ZERO)?)
+    } else {
+        None
+    };
+    loop {
+        let status = render::Status {
+            namespace: backend.namespace.clone(),
+            location: backend.location(),
+            shards: backend.shards,
+            total: crate::progress::total_partitions(backend.active.as_ref()).await?,
+            counts: backend.active.counts().await?,
+            archived: backend.stats.stats().await?.global_stats.total_completed,
+            inbox: backend.inbox_len().await?,
+            workers: backend
+                .active
+                .workers()
+                .await?
+                .iter()
+                .filter(|w| w.active)
+                .count(),
+            decode_failures: backend.archive.decode_failures().await?,
+        };
+        let out = render::status(&status, json);
+        let Some(stop) = &stop else {
+            print!("{out}");
+            return Ok(Outcome::Success);
+        };
+        // Clear the screen and redraw, as `watch` does.
+        print!("\x1b[2J\x1b[H{out}");
+        let mut s = stop.clone();
+        tokio::select! {
+            () = until(&mut s, |s| *s != Stop::Running) => return Ok(Outcome::Success),
+            () = tokio::time::sleep(args.interval) => {}
+        }
+    }
+}
+
+async fn export(backend: &Backend, args: &ExportArgs) -> Result<Outcome> {
+    let dump = backend.archive.export(work::now_ms()).await?;
+    let bytes = if args.jsonl {
+        dump.to_json_lines().into_bytes()
+    } else {
+        dump.to_bytes()?
+    };
+    write_atomically(&args.output, &bytes)?;
+    println!(
+        "exported {} records in {} batches to {} ({} bytes)",
+        dump.entries(),
+        dump.batches.len(),
+        args.output.display(),
+        bytes.len()
+    );
+    Ok(Outcome::Success)
+}
+
+async fn import(g: &crate::cli::Global, file: &Path) -> Result<Outcome> {
+    let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let dump = Dump::from_bytes(&bytes)
+        .with_context(|| format!("{} is not a tranche dump", file.display()))?;
+    if let Some(shards) = g.shards
+        && shards != dump.num_shards
+    {
+        bail!("the dump has {} shards, not {shards}", dump.num_shards);
+    }
+    let mut global = g.clone();
+    global.shards = Some(dump.num_shards);
+    let backend = Backend::open(&global, Open::Create, Tuning::default()).await?;
+    if !backend.is_empty().await? {
+        bail!(
+            "namespace `{}` on {} is not empty; import only restores into an empty one",
+            backend.namespace,
+            backend.location()
+        );
+    }
+    let restored = backend.archive.import(&dump).await?;
+    backend.register_namespace().await?;
+    backend.save().await?;
+    println!(
+        "imported {restored} records into `{}` on {}",
+        backend.namespace,
+        backend.location()
+    );
+    Ok(Outcome::Success)
+}
+
+/// Every archived record, read page by page across the plans.
+async fn archived_records(backend: &Backend) -> Result<Vec<CompletedRecord>> {
+    let mut out = Vec::new();
+    for entry in backend.active.plans().await? {
+        let mut from = entry.plan.first_pid();
+        let last = entry.plan.last_pid();
+        loop {
+            let page = backend.archive.range(from..=last, 10_000).await?;
+            out.extend(page.records);
+            match page.next {
+                Some(next) => from = next,
+                None => break,
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Recomputes the statistics from the archive; repairs each shard if asked.
+async fn check_stats(
+    backend: &Backend,
+    repair: bool,
+) -> Result<(Vec<tranche_stats::Difference>, u64)> {
+    let records = archived_records(backend).await?;
+    let expected = Stats::from_records(&records);
+    let found = backend.stats.stats().await?;
+    let differences = diff(&expected, &found);
+    if repair && !differences.is_empty() {
+        let schema = KeySchema::new(&backend.namespace, backend.shards)?;
+        let mut by_shard: Vec<Vec<CompletedRecord>> = vec![Vec::new(); backend.shards as usize];
+        for r in records.iter() {
+            by_shard[schema.shard_of(r.pid) as usize].push(r.clone());
+        }
+        for (shard, recs) in by_shard.iter().enumerate() {
+            backend
+                .stats
+                .replace(shard as u32, &StatsDelta::from_records(recs))
+                .await?;
+        }
+        backend.save().await?;
+    }
+    Ok((differences, records.len() as u64))
+}
+
+async fn check(backend: &Backend, repair: bool, json: bool) -> Result<Outcome> {
+    let (differences, records) = check_stats(backend, repair).await?;
+    print!("{}", render::check(&differences, records, repair, json));
+    if differences.is_empty() || repair {
+        Ok(Outcome::Success)
+    } else {
+        Ok(Outcome::Failed(format!(
+            "{} difference(s); `tranche check --repair` rewrites the statistics",
+            differences.len()
+        )))
+    }
+}
+
+async fn health(backend: &Backend, args: &HealthArgs, json: bool) -> Result<Outcome> {
+    let counts = backend.active.counts().await?;
+    let inbox = backend.inbox_len().await?;
+    let stats = backend.stats.stats().await?;
+    let failures = backend.archive.decode_failures().await?;
+    let workers = backend.active.workers().await?;
+    let mut rules = vec![
+        render::Rule::new(
+            "active_partitions",
+            (counts.claimed + counts.running) as f64,
+            args.max_active as f64,
+        ),
+        render::Rule::new("archive_queue", inbox as f64, args.max_inbox as f64),
+        render::Rule::new(
+            "decode_failure_rate",
+            failures as f64 / stats.global_stats.total_completed.max(1) as f64,
+            0.01,
+        ),
+        render::Rule::new(
+            "worker_update_p99_ms",
+            workers
+                .iter()
+                .filter(|w| w.active)
+                .map(|w| w.info.latency_p99_ms)
+                .fold(0.0, f64::max),
+            args.max_update_p99_ms,
+        ),
+    ];
+    if args.check {
+        let (differences, _) = check_stats(backend, false).await?;
+        rules.push(render::Rule::new(
+            "statistics_consistency",
+            differences.len() as f64,
+            0.0,
+        ));
+    }
+    print!("{}", render::health(&rules, json));
+    let firing: Vec<&str> = rules
+        .iter()
+        .filter(|r| r.firing())
+        .map(|r| r.name)
+        .collect();
+    if firing.is_empty() {
+        Ok(Outcome::Success)
+    } else {
+        Ok(Outcome::Failed(format!(
+            "alert firing: {}",
+            firing.join(", ")
+        )))
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename, so a reader never
+/// sees half a file.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp{}",
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("tranche"),
+        std::process::id()
+    ));
+    let mut f =
+        std::fs::File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}

@@ -1,0 +1,875 @@
+//! What the commands print: readable tables for people, `--json` for scripts. Pure
+//! functions of the answers, so their output is tested with snapshots.
+
+use std::fmt::Write;
+
+use anyhow::Result;
+use hdrhistogram::Histogram;
+use serde_json::{Value, json};
+use tranche_active_store::{StatusCounts, WorkerState};
+use tranche_codec::{CompletedRecord, Partition};
+use tranche_router::{Fallback, Located, MergedStats, PartitionView};
+use tranche_stats::{Difference, RangeStats, Stats};
+
+use crate::cli::TierArgs;
+use crate::work::Report;
+
+/// Redis memory per partition, measured by `cargo xtask bench archive` on Redis 7.0
+/// (set S, seed-shaped records); the dry run multiplies by these.
+pub(crate) mod cost {
+    /// A plan: its registry entry and one cursor per shard.
+    pub(crate) const PLAN: f64 = 352.0;
+    /// A claimed or running partition (hash entry, lease zset member).
+    pub(crate) const ACTIVE: f64 = 260.0;
+    /// One record in the simple tier (the seed's JSON in a hash), statistics included.
+    pub(crate) const SIMPLE: f64 = 140.0;
+    /// One record in the compressed tier, statistics included.
+    pub(crate) const COMPRESSED: f64 = 4.0;
+    /// One record of the summary tier once its batch expired: statistics only.
+    pub(crate) const SUMMARY: f64 = 0.8;
+}
+
+/// Everything `status` shows.
+#[derive(Debug, Clone)]
+pub(crate) struct Status {
+    pub(crate) namespace: String,
+    pub(crate) location: String,
+    pub(crate) shards: u32,
+    pub(crate) total: u64,
+    pub(crate) counts: StatusCounts,
+    pub(crate) archived: u64,
+    pub(crate) inbox: u64,
+    pub(crate) workers: usize,
+    pub(crate) decode_failures: u64,
+}
+
+/// `status`.
+pub(crate) fn status(s: &Status, json: bool) -> String {
+    let c = &s.counts;
+    let finished = s.total.saturating_sub(c.outstanding() + c.failed);
+    if json {
+        return line(json!({
+            "namespace": s.namespace, "location": s.location, "shards": s.shards,
+            "partitions": s.total, "finished": finished, "archived": s.archived,
+            "unissued": c.unissued, "pending": c.pending, "claimed": c.claimed,
+            "running": c.running, "failed": c.failed, "inbox": s.inbox,
+            "active_workers": s.workers, "decode_failures": s.decode_failures,
+        }));
+    }
+    let pct = if s.total == 0 {
+        0.0
+    } else {
+        finished as f64 * 100.0 / s.total as f64
+    };
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "namespace  {} on {} ({} shards)",
+        s.namespace, s.location, s.shards
+    );
+    let _ = writeln!(
+        out,
+        "progress   {finished} / {} partitions finished ({pct:.1}%)",
+        s.total
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(out, "  unissued  {:>12}", c.unissued);
+    let _ = writeln!(out, "  pending   {:>12}", c.pending);
+    let _ = writeln!(out, "  claimed   {:>12}", c.claimed);
+    let _ = writeln!(out, "  running   {:>12}", c.running);
+    let _ = writeln!(out, "  failed    {:>12}", c.failed);
+    let _ = writeln!(out, "  archived  {:>12}", s.archived);
+    let _ = writeln!(out, "  inbox     {:>12}", s.inbox);
+    let _ = writeln!(out);
+    let _ = writeln!(out, "workers    {} active", s.workers);
+    let _ = writeln!(out, "decode failures {}", s.decode_failures);
+    out
+}
+
+/// `get PID`.
+pub(crate) fn view(pid: u64, view: &PartitionView, json: bool) -> String {
+    if json {
+        return line(view_json(pid, view));
+    }
+    let mut out = String::new();
+    match view {
+        PartitionView::Active(p) => partition(&mut out, p),
+        PartitionView::Archived { record, tier } => {
+            let _ = writeln!(out, "partition  {}", record.pid);
+            let _ = writeln!(
+                out,
+                "status     completed (archived, {} tier)",
+                tier.as_str()
+            );
+            record_lines(&mut out, record);
+        }
+        PartitionView::Archiving { pid, range } => {
+            let _ = writeln!(out, "partition  {pid}");
+            let _ = writeln!(
+                out,
+                "status     completed (archiving: in the archive inbox)"
+            );
+            let _ = writeln!(out, "ids        {}..={}", range.start(), range.end());
+        }
+        PartitionView::Summarised {
+            pid,
+            range,
+            cause,
+            summary,
+        } => {
+            let _ = writeln!(out, "partition  {pid}");
+            let why = match cause {
+                Fallback::Expired => "its batch expired".to_owned(),
+                Fallback::Undecodable { detail } => format!("its batch does not decode: {detail}"),
+            };
+            let _ = writeln!(out, "status     completed ({why}; range summary below)");
+            let _ = writeln!(out, "ids        {}..={}", range.start(), range.end());
+            match summary {
+                Some(r) => range_lines(&mut out, r),
+                None => {
+                    let _ = writeln!(out, "summary    none (statistics were reset)");
+                }
+            }
+        }
+        PartitionView::Unknown => {
+            let _ = writeln!(out, "partition  {pid}");
+            let _ = writeln!(out, "status     unknown (no plan has it)");
+        }
+    }
+    out
+}
+
+/// `locate ID`.
+pub(crate) fn located(l: &Located, json: bool) -> String {
+    if json {
+        let mut v = view_json(l.pid, &l.view);
+        v["id"] = json!(l.id);
+        return line(v);
+    }
+    let mut out = format!(
+        "row id     {} is in partition {} ({}..={})\n",
+        l.id,
+        l.pid,
+        l.range.start(),
+        l.range.end()
+    );
+    out.push_str(&view(l.pid, &l.view, false));
+    out
+}
+
+fn view_json(pid: u64, view: &PartitionView) -> Value {
+    match view {
+        PartitionView::Active(p) => json!({"pid": pid, "layer": "active", "partition": p}),
+        PartitionView::Archived { record, tier } => {
+            json!({"pid": pid, "layer": "archive", "tier": tier.as_str(), "record": record_json(record)})
+        }
+        PartitionView::Archiving { range, .. } => {
+            json!({"pid": pid, "layer": "inbox", "status": "archiving", "min_id": range.start(), "max_id": range.end()})
+        }
+        PartitionView::Summarised {
+            range,
+            cause,
+            summary,
+            ..
+        } => json!({
+            "pid": pid, "layer": "stats", "min_id": range.start(), "max_id": range.end(),
+            "cause": match cause { Fallback::Expired => "expired".to_owned(), Fallback::Undecodable { detail } => format!("undecodable: {detail}")},
+            "range_summary": summary,
+        }),
+        PartitionView::Unknown => json!({"pid": pid, "layer": null, "status": "unknown"}),
+    }
+}
+
+fn record_json(r: &CompletedRecord) -> Value {
+    json!({
+        "pid": r.pid, "min_id": r.min_id, "max_id": r.max_id, "worker": &*r.worker,
+        "completed_at_ms": r.completed_at_ms, "duration_ms": r.duration_ms,
+    })
+}
+
+fn partition(out: &mut String, p: &Partition) {
+    let _ = writeln!(out, "partition  {}", p.pid);
+    let _ = writeln!(
+        out,
+        "status     {}",
+        format!("{:?}", p.status).to_lowercase()
+    );
+    let _ = writeln!(out, "ids        {}..={}", p.min_id, p.max_id);
+    let done = p.progress.saturating_sub(p.min_id);
+    let _ = writeln!(
+        out,
+        "progress   {} of {} ids done (resumes at {})",
+        done,
+        p.max_id - p.min_id + 1,
+        p.progress
+    );
+    let _ = writeln!(out, "attempts   {}", p.attempts);
+    if let Some(w) = &p.worker {
+        let _ = writeln!(out, "worker     {w}");
+    }
+    if let Some(d) = p.deadline_ms {
+        let _ = writeln!(out, "lease ends {}", time(d));
+    }
+    if let Some(e) = &p.last_error {
+        let _ = writeln!(out, "last error {e}");
+    }
+}
+
+fn record_lines(out: &mut String, r: &CompletedRecord) {
+    let _ = writeln!(out, "ids        {}..={}", r.min_id, r.max_id);
+    let _ = writeln!(out, "worker     {}", r.worker);
+    let _ = writeln!(out, "completed  {}", time(r.completed_at_ms));
+    let _ = writeln!(out, "duration   {}", ms(r.duration_ms as f64));
+}
+
+fn range_lines(out: &mut String, r: &RangeStats) {
+    let _ = writeln!(
+        out,
+        "range      {} partitions, ids {}..={}",
+        r.completed_count, r.data_range.min, r.data_range.max
+    );
+    let _ = writeln!(
+        out,
+        "completed  {} .. {}",
+        time((r.completed_time_range.start * 1000.0) as u64),
+        time((r.completed_time_range.end * 1000.0) as u64)
+    );
+    let _ = writeln!(
+        out,
+        "duration   avg {}, total {}",
+        ms(r.avg_duration * 1000.0),
+        ms(r.total_duration * 1000.0)
+    );
+    for (w, share) in &r.worker_distribution {
+        let _ = writeln!(
+            out,
+            "  {w:<24} {:>8} partitions  avg {}",
+            share.count,
+            ms(share.avg_duration * 1000.0)
+        );
+    }
+}
+
+/// `stats`.
+pub(crate) fn stats(m: &MergedStats, json: bool) -> Result<String> {
+    let c = &m.active;
+    if json {
+        let completed = match &m.completed {
+            Ok(s) => serde_json::to_value(s)?,
+            Err(e) => json!({"error": e.to_string()}),
+        };
+        return Ok(line(json!({
+            "total": m.total(),
+            "active": {"unissued": c.unissued, "pending": c.pending, "claimed": c.claimed, "running": c.running, "failed": c.failed},
+            "completed": completed,
+        })));
+    }
+    let mut out = String::new();
+    let _ = writeln!(out, "partitions {}", m.total());
+    let _ = writeln!(
+        out,
+        "active     {} unissued, {} pending, {} claimed, {} running, {} failed",
+        c.unissued, c.pending, c.claimed, c.running, c.failed
+    );
+    match &m.completed {
+        Err(e) => {
+            let _ = writeln!(out, "completed  unavailable: {e}");
+        }
+        Ok(s) => stats_lines(&mut out, s),
+    }
+    Ok(out)
+}
+
+fn stats_lines(out: &mut String, s: &Stats) {
+    let g = &s.global_stats;
+    let _ = writeln!(
+        out,
+        "completed  {} partitions, {} ids",
+        g.total_completed, g.total_processed_data
+    );
+    let _ = writeln!(
+        out,
+        "duration   avg {}  p50 {}  p95 {}  p99 {}",
+        ms(g.avg_duration * 1000.0),
+        ms(g.p50 * 1000.0),
+        ms(g.p95 * 1000.0),
+        ms(g.p99 * 1000.0)
+    );
+    if g.last_updated > 0.0 {
+        let _ = writeln!(out, "updated    {}", time((g.last_updated * 1000.0) as u64));
+    }
+    if !s.worker_stats.is_empty() {
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "{:<28} {:>10} {:>12} {:>9} {:>9} {:>9}",
+            "worker", "completed", "ids", "avg", "p50", "p99"
+        );
+        for (w, ws) in &s.worker_stats {
+            let _ = writeln!(
+                out,
+                "{w:<28} {:>10} {:>12} {:>9} {:>9} {:>9}",
+                ws.completed_count,
+                ws.total_data,
+                ms(ws.avg_duration * 1000.0),
+                ms(ws.p50 * 1000.0),
+                ms(ws.p99 * 1000.0)
+            );
+        }
+    }
+    if !s.time_series_stats.is_empty() {
+        let _ = writeln!(out);
+        for (day, d) in &s.time_series_stats {
+            let hours: Vec<String> = d.hourly_completion.iter().map(u64::to_string).collect();
+            let _ = writeln!(out, "{day}  by hour (UTC): {}", hours.join(" "));
+        }
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "ranges     {} of 100,000 ids each (`--json` lists them)",
+        s.range_stats.len()
+    );
+}
+
+/// `workers`.
+pub(crate) fn workers(ws: &[WorkerState], now_ms: u64, json: bool) -> String {
+    if json {
+        let list: Vec<Value> = ws
+            .iter()
+            .map(|w| {
+                let i = &w.info;
+                json!({
+                    "id": i.id, "active": w.active, "host": i.host, "process_id": i.process_id,
+                    "started_ms": i.started_ms, "last_beat_ms": i.last_beat_ms, "in_flight": i.in_flight,
+                    "completed": i.completed, "rate_per_s": i.rate_per_s,
+                    "update_p50_ms": i.latency_p50_ms, "update_p99_ms": i.latency_p99_ms, "version": i.version,
+                })
+            })
+            .collect();
+        return line(Value::Array(list));
+    }
+    if ws.is_empty() {
+        return "no workers registered\n".to_owned();
+    }
+    let mut out = format!(
+        "{:<28} {:<8} {:>9} {:>10} {:>9} {:>11} {:>10}\n",
+        "worker", "state", "in flight", "completed", "rate/s", "update p99", "last beat"
+    );
+    for w in ws {
+        let i = &w.info;
+        let ago = now_ms.saturating_sub(i.last_beat_ms) as f64 / 1000.0;
+        let _ = writeln!(
+            out,
+            "{:<28} {:<8} {:>9} {:>10} {:>9.1} {:>11} {:>9.0}s",
+            i.id,
+            if w.active { "active" } else { "gone" },
+            i.in_flight,
+            i.completed,
+            i.rate_per_s,
+            ms(i.latency_p99_ms),
+            ago
+        );
+    }
+    out
+}
+
+/// `plan --dry-run`: the seed's capacity planning.
+pub(crate) fn plan_cost(
+    plan: &tranche_codec::Plan,
+    shards: u32,
+    tiers: &TierArgs,
+    json: bool,
+) -> String {
+    let n = plan.partitions();
+    let simple = n.min(tiers.compressed_at);
+    let compressed = n.min(tiers.summary_at).saturating_sub(tiers.compressed_at);
+    let summary = n.saturating_sub(tiers.summary_at);
+    let running = cost::PLAN * shards as f64 + cost::ACTIVE * 64.0;
+    let archived_live =
+        simple as f64 * cost::SIMPLE + (compressed + summary) as f64 * cost::COMPRESSED;
+    let archived_later = simple as f64 * cost::SIMPLE
+        + compressed as f64 * cost::COMPRESSED
+        + summary as f64 * cost::SUMMARY;
+    if json {
+        return line(json!({
+            "partitions": n, "first_pid": plan.first_pid(), "last_pid": plan.last_pid(), "shards": shards,
+            "tiers": {"simple": simple, "compressed": compressed, "summary": summary},
+            "bytes": {"running": running.round(), "archived": archived_live.round(), "archived_after_ttl": archived_later.round()},
+        }));
+    }
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "plan       {n} partitions of {} ids (ids {}..={}), {shards} shards",
+        plan.size(),
+        plan.min(),
+        plan.max()
+    );
+    let _ = writeln!(
+        out,
+        "tiers      {simple} simple, {compressed} compressed, {summary} summary"
+    );
+    let _ = writeln!(
+        out,
+        "            (thresholds {} and {})",
+        tiers.compressed_at, tiers.summary_at
+    );
+    let _ = writeln!(out, "Redis memory, estimated:");
+    let _ = writeln!(
+        out,
+        "  while running   {} (plan cursors + 64 leases in flight; unissued partitions cost nothing)",
+        bytes(running)
+    );
+    let _ = writeln!(out, "  once archived   {}", bytes(archived_live));
+    if summary > 0 {
+        let _ = writeln!(
+            out,
+            "  after the TTL   {} (summary batches expired; statistics answer)",
+            bytes(archived_later)
+        );
+    }
+    let _ = writeln!(out, "nothing written (--dry-run)");
+    out
+}
+
+/// How the run summary reports archive size.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ArchiveBytes {
+    /// Redis `used_memory` growth over the run, per partition this process completed.
+    RedisGrowth(f64),
+    /// The embedded archive's dump size per archived partition.
+    Dump(f64),
+}
+
+/// The lines `run` ends with.
+pub(crate) fn run_summary(
+    r: &Report,
+    stats: Option<&Stats>,
+    archive: Option<&ArchiveBytes>,
+) -> String {
+    let secs = r.elapsed.as_secs_f64().max(1e-3);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{}",
+        if r.interrupted {
+            "run interrupted"
+        } else {
+            "run finished"
+        }
+    );
+    let _ = writeln!(
+        out,
+        "  partitions  {} completed here in {:.1}s ({:.1}/s); {} failed attempt(s); {} released",
+        r.completed,
+        secs,
+        r.completed as f64 / secs,
+        r.failed_attempts,
+        r.released
+    );
+    if r.lost > 0 {
+        let _ = writeln!(out, "  lost leases {}", r.lost);
+    }
+    let c = &r.counts;
+    let _ = writeln!(
+        out,
+        "  namespace   {} outstanding, {} failed{}",
+        c.outstanding(),
+        c.failed,
+        stats
+            .map(|s| format!(", {} archived", s.global_stats.total_completed))
+            .unwrap_or_default()
+    );
+    if r.completed > 0 {
+        let _ = writeln!(out, "  durations   {}", percentiles(&r.durations_ms));
+    }
+    match archive {
+        Some(ArchiveBytes::RedisGrowth(b)) => {
+            let _ = writeln!(
+                out,
+                "  archive     {b:.1} bytes of Redis memory per partition (used_memory growth)"
+            );
+        }
+        Some(ArchiveBytes::Dump(b)) => {
+            let _ = writeln!(
+                out,
+                "  archive     {b:.1} bytes per partition (binary v2 dump)"
+            );
+        }
+        None => {}
+    }
+    out
+}
+
+fn percentiles(h: &Histogram<u64>) -> String {
+    format!(
+        "p50 {}  p95 {}  p99 {}  max {}",
+        ms(h.value_at_quantile(0.5) as f64),
+        ms(h.value_at_quantile(0.95) as f64),
+        ms(h.value_at_quantile(0.99) as f64),
+        ms(h.max() as f64)
+    )
+}
+
+/// `check`.
+pub(crate) fn check(
+    differences: &[Difference],
+    records: u64,
+    repaired: bool,
+    json: bool,
+) -> String {
+    if json {
+        let list: Vec<Value> = differences
+            .iter()
+            .map(|d| json!({"path": d.path, "expected": d.expected, "found": d.found}))
+            .collect();
+        return line(
+            json!({"records": records, "differences": list, "repaired": repaired && !differences.is_empty()}),
+        );
+    }
+    let mut out = format!("checked the statistics against {records} archived record(s)\n");
+    if differences.is_empty() {
+        out.push_str("consistent\n");
+        return out;
+    }
+    for d in differences {
+        let _ = writeln!(
+            out,
+            "  {}: expected {}, found {}",
+            d.path,
+            d.expected.as_deref().unwrap_or("nothing"),
+            d.found.as_deref().unwrap_or("nothing")
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{} difference(s){}",
+        differences.len(),
+        if repaired { "; repaired" } else { "" }
+    );
+    out
+}
+
+/// One alert rule of the seed and its reading.
+#[derive(Debug, Clone)]
+pub(crate) struct Rule {
+    pub(crate) name: &'static str,
+    pub(crate) value: f64,
+    pub(crate) threshold: f64,
+}
+
+impl Rule {
+    pub(crate) fn new(name: &'static str, value: f64, threshold: f64) -> Self {
+        Self {
+            name,
+            value,
+            threshold,
+        }
+    }
+
+    /// A rule fires when its reading is above its threshold.
+    pub(crate) fn firing(&self) -> bool {
+        self.value > self.threshold
+    }
+}
+
+/// `health`.
+pub(crate) fn health(rules: &[Rule], json: bool) -> String {
+    if json {
+        let list: Vec<Value> = rules
+            .iter()
+            .map(|r| json!({"rule": r.name, "value": r.value, "threshold": r.threshold, "firing": r.firing()}))
+            .collect();
+        return line(Value::Array(list));
+    }
+    let mut out = format!(
+        "{:<24} {:>14} {:>14}  state\n",
+        "rule", "value", "threshold"
+    );
+    for r in rules {
+        let _ = writeln!(
+            out,
+            "{:<24} {:>14} {:>14}  {}",
+            r.name,
+            number(r.value),
+            number(r.threshold),
+            if r.firing() { "FIRING" } else { "ok" }
+        );
+    }
+    out
+}
+
+fn line(v: Value) -> String {
+    format!("{v}\n")
+}
+
+fn number(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.4}")
+    }
+}
+
+/// Milliseconds, readable.
+fn ms(v: f64) -> String {
+    if v >= 60_000.0 {
+        format!("{:.1}m", v / 60_000.0)
+    } else if v >= 1000.0 {
+        format!("{:.2}s", v / 1000.0)
+    } else {
+        format!("{v:.0}ms")
+    }
+}
+
+fn bytes(b: f64) -> String {
+    const UNITS: [&str; 5] = ["B", "KB", "MB", "GB", "TB"];
+    let mut v = b;
+    let mut unit = 0;
+    while v >= 1000.0 && unit + 1 < UNITS.len() {
+        v /= 1000.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{v:.0} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+/// Milliseconds since the epoch as `YYYY-MM-DD hh:mm:ss.mmm UTC`.
+pub(crate) fn time(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days as i64);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:03} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+/// Howard Hinnant's days-to-civil algorithm (proleptic Gregorian, UTC).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tranche_active_store::WorkerInfo;
+    use tranche_archive_store::Tier;
+    use tranche_codec::Status as PartitionStatus;
+
+    use super::*;
+
+    fn record(pid: u64, worker: &str, at_s: u64, dur_ms: u64) -> CompletedRecord {
+        CompletedRecord {
+            pid,
+            min_id: (pid - 1) * 1000 + 1,
+            max_id: pid * 1000,
+            worker: Arc::from(worker),
+            completed_at_ms: at_s * 1000,
+            duration_ms: dur_ms,
+        }
+    }
+
+    fn fixed_stats() -> Stats {
+        let records: Vec<_> = (1..=12)
+            .map(|pid| {
+                record(
+                    pid,
+                    if pid % 3 == 0 { "worker2" } else { "worker1" },
+                    1_719_234_405 + pid * 7,
+                    250 + pid * 10,
+                )
+            })
+            .collect();
+        Stats::from_records(&records)
+    }
+
+    fn counts() -> StatusCounts {
+        StatusCounts {
+            unissued: 80,
+            pending: 3,
+            claimed: 2,
+            running: 2,
+            failed: 1,
+        }
+    }
+
+    #[test]
+    fn times_are_utc() {
+        assert_eq!(time(0), "1970-01-01 00:00:00.000 UTC");
+        assert_eq!(time(1_719_234_405_123), "2024-06-24 13:06:45.123 UTC");
+        assert_eq!(time(951_782_400_000), "2000-02-29 00:00:00.000 UTC");
+    }
+
+    #[test]
+    fn status_table() {
+        let s = Status {
+            namespace: "reindex".into(),
+            location: "redis://127.0.0.1:7001".into(),
+            shards: 4,
+            total: 100,
+            counts: counts(),
+            archived: 12,
+            inbox: 0,
+            workers: 2,
+            decode_failures: 0,
+        };
+        insta::assert_snapshot!(status(&s, false));
+        insta::assert_snapshot!(status(&s, true));
+    }
+
+    #[test]
+    fn get_in_every_layer() {
+        let mut p = Partition::pending(42, 41_001, 42_000, 1_719_234_400_000);
+        p.status = PartitionStatus::Running;
+        p.worker = Some("worker1".into());
+        p.attempts = 2;
+        p.progress = 41_301;
+        p.deadline_ms = Some(1_719_234_430_000);
+        p.last_error =
+            Some("chunk 3 (41301..=41400) failed: exit status 1: connection refused".into());
+        let mut out = view(42, &PartitionView::Active(p), false);
+        out.push_str("---\n");
+        let r = record(7, "worker2", 1_719_234_405, 295_000);
+        out.push_str(&view(
+            7,
+            &PartitionView::Archived {
+                record: r.clone(),
+                tier: Tier::Compressed,
+            },
+            false,
+        ));
+        out.push_str("---\n");
+        out.push_str(&view(
+            8,
+            &PartitionView::Archiving {
+                pid: 8,
+                range: 7001..=8000,
+            },
+            false,
+        ));
+        out.push_str("---\n");
+        let summary = fixed_stats().range_stats.into_values().next();
+        out.push_str(&view(
+            9,
+            &PartitionView::Summarised {
+                pid: 9,
+                range: 8001..=9000,
+                cause: Fallback::Expired,
+                summary,
+            },
+            false,
+        ));
+        out.push_str("---\n");
+        out.push_str(&view(99_999, &PartitionView::Unknown, false));
+        insta::assert_snapshot!(out);
+        insta::assert_snapshot!(view(
+            7,
+            &PartitionView::Archived {
+                record: r,
+                tier: Tier::Simple
+            },
+            true
+        ));
+    }
+
+    #[test]
+    fn stats_table() {
+        let merged = MergedStats {
+            active: counts(),
+            completed: Ok(fixed_stats()),
+        };
+        insta::assert_snapshot!(stats(&merged, false).unwrap());
+    }
+
+    #[test]
+    fn workers_table() {
+        let info = |id: &str, beat: u64| WorkerInfo {
+            id: id.into(),
+            host: "host-a".into(),
+            process_id: 4242,
+            started_ms: 1_000,
+            last_beat_ms: beat,
+            in_flight: 2,
+            completed: 1234,
+            rate_per_s: 41.5,
+            latency_p50_ms: 0.4,
+            latency_p99_ms: 1.9,
+            version: "0.1.0".into(),
+        };
+        let ws = vec![
+            WorkerState {
+                info: info("host-a-1", 95_000),
+                active: true,
+            },
+            WorkerState {
+                info: info("host-b-7", 20_000),
+                active: false,
+            },
+        ];
+        insta::assert_snapshot!(workers(&ws, 100_000, false));
+    }
+
+    #[test]
+    fn plan_cost_follows_the_tiers() {
+        let plan = tranche_codec::Plan::new(1, 1, 5_000_000_000, 1000).unwrap();
+        let out = plan_cost(&plan, 4, &TierArgs::defaults(), false);
+        insta::assert_snapshot!(out);
+        let small = tranche_codec::Plan::new(1, 1, 10_000, 1000).unwrap();
+        let v: Value =
+            serde_json::from_str(&plan_cost(&small, 1, &TierArgs::defaults(), true)).unwrap();
+        assert_eq!(v["tiers"]["simple"], 10);
+        assert_eq!(v["tiers"]["summary"], 0);
+    }
+
+    #[test]
+    fn health_names_what_fires() {
+        let rules = [
+            Rule::new("archive_queue", 1500.0, 1000.0),
+            Rule::new("decode_failure_rate", 0.001, 0.01),
+        ];
+        assert!(rules[0].firing());
+        assert!(!rules[1].firing());
+        insta::assert_snapshot!(health(&rules, false));
+    }
+
+    #[test]
+    fn summary_lines() {
+        let mut h = Histogram::new_with_bounds(1, 3_600_000, 2).unwrap();
+        for v in [120, 130, 150, 900] {
+            h.record(v).unwrap();
+        }
+        let report = Report {
+            completed: 4,
+            failed_attempts: 1,
+            released: 0,
+            lost: 0,
+            elapsed: Duration::from_secs(2),
+            durations_ms: h,
+            counts: StatusCounts::default(),
+            interrupted: false,
+        };
+        insta::assert_snapshot!(run_summary(
+            &report,
+            Some(&fixed_stats()),
+            Some(&ArchiveBytes::Dump(3.25))
+        ));
+    }
+}

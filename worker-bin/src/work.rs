@@ -1,0 +1,582 @@
+//! `tranche run`: claim partitions, run each one's chunks through a sliding window,
+//! report the outcome, and keep the reaper, the archiver and the worker heartbeat going
+//! beside it until nothing is left (or a signal says stop).
+//!
+//! The design choice a reader might get wrong: **the checkpoint is the window's
+//! low-water mark, never "the chunks that finished".** Chunks finish out of order; the
+//! heartbeat sends `min_id + progress × chunk`, below which every ID is done. A
+//! partition reclaimed after a crash restarts at its first unfinished chunk and redoes
+//! at most one window of chunks above it, so `--exec` commands must be idempotent.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use hdrhistogram::Histogram;
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+use tracing::Instrument;
+use tranche_active_store::{
+    ActiveStore, Error as ActiveError, FailOutcome, Lease, StatusCounts, WorkerInfo,
+};
+use tranche_window::SlidingWindow;
+
+use crate::backend::Backend;
+use crate::job::{Chunk, Job};
+use crate::progress::Progress;
+
+/// What a signal asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Stop {
+    /// Keep going.
+    Running,
+    /// Stop claiming; let in-flight chunks finish, then checkpoint and release.
+    Draining,
+    /// The grace period is over: abandon in-flight chunks now.
+    Abort,
+}
+
+/// How `run` works.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) job: Job,
+    pub(crate) chunk: u64,
+    pub(crate) parallel: usize,
+    pub(crate) window: usize,
+    pub(crate) concurrency: usize,
+    pub(crate) worker: String,
+    pub(crate) lease: Duration,
+    pub(crate) follow: bool,
+    pub(crate) reaper: bool,
+    pub(crate) archiver: bool,
+    pub(crate) heartbeat: bool,
+    /// How often the embedded backend saves its state while running.
+    pub(crate) save_every: Duration,
+}
+
+/// What this process did, for the summary.
+#[derive(Debug)]
+pub(crate) struct Report {
+    pub(crate) completed: u64,
+    pub(crate) failed_attempts: u64,
+    pub(crate) released: u64,
+    pub(crate) lost: u64,
+    pub(crate) elapsed: Duration,
+    pub(crate) durations_ms: Histogram<u64>,
+    /// The namespace's counts when the run ended.
+    pub(crate) counts: StatusCounts,
+    /// Whether a signal ended the run.
+    pub(crate) interrupted: bool,
+}
+
+/// Counters shared by the partition tasks and the worker heartbeat.
+struct Shared {
+    completed: AtomicU64,
+    failed_attempts: AtomicU64,
+    released: AtomicU64,
+    lost: AtomicU64,
+    in_flight: AtomicU64,
+    /// Partition durations, ms.
+    durations_ms: Mutex<Histogram<u64>>,
+    /// Latency of this worker's store updates (heartbeat, complete, fail), µs: the
+    /// seed's "worker update latency" alert reads its p99.
+    update_us: Mutex<Histogram<u64>>,
+}
+
+impl Shared {
+    fn new() -> Self {
+        let hist = || Histogram::new_with_bounds(1, 3_600_000_000, 2).expect("valid bounds");
+        Self {
+            completed: AtomicU64::new(0),
+            failed_attempts: AtomicU64::new(0),
+            released: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            durations_ms: Mutex::new(hist()),
+            update_us: Mutex::new(hist()),
+        }
+    }
+
+    fn timed_update(&self, started: Instant) {
+        let us = started.elapsed().as_micros().clamp(1, 3_600_000_000) as u64;
+        self.update_us
+            .lock()
+            .expect("not poisoned")
+            .saturating_record(us);
+    }
+}
+
+/// Runs until the namespace has nothing outstanding (or, with `follow`, until a signal).
+pub(crate) async fn run(
+    backend: &Backend,
+    settings: Settings,
+    stop: watch::Receiver<Stop>,
+) -> Result<Report> {
+    let started = Instant::now();
+    let shared = Arc::new(Shared::new());
+    let (bg_tx, bg_rx) = watch::channel(false);
+    let mut background = JoinSet::new();
+    if settings.reaper {
+        background.spawn(reaper(
+            backend.active.clone(),
+            settings.lease,
+            bg_rx.clone(),
+        ));
+    }
+    if settings.heartbeat {
+        background.spawn(worker_heartbeat(
+            backend.active.clone(),
+            settings.worker.clone(),
+            shared.clone(),
+            bg_rx.clone(),
+        ));
+    }
+    if settings.archiver {
+        let archive = backend.archive.clone();
+        let mut rx = bg_rx.clone();
+        background.spawn(async move {
+            tranche_archive_store::run(archive.as_ref(), async move {
+                let _ = rx.wait_for(|done| *done).await;
+            })
+            .await;
+        });
+        background.spawn(snapshots(backend.stats.clone(), bg_rx.clone()));
+    }
+    let progress = Progress::start(backend, bg_rx.clone()).await?;
+
+    let outcome = claim_loop(backend, &settings, &shared, stop.clone()).await;
+
+    // Background work stops only after the partitions: a heartbeat or reap between
+    // the last release and here is harmless, a missing one is not.
+    let _ = bg_tx.send(true);
+    while background.join_next().await.is_some() {}
+    let interrupted = *stop.borrow() != Stop::Running;
+    if settings.archiver && *stop.borrow() != Stop::Abort {
+        drain_archive(backend, &stop).await;
+    }
+    if settings.heartbeat
+        && let Err(err) = backend.active.deregister(&settings.worker).await
+    {
+        tracing::warn!(%err, "could not deregister the worker");
+    }
+    let counts = backend.active.counts().await?;
+    progress.finish(&counts);
+    backend.save().await?;
+    outcome?;
+    let durations_ms = shared.durations_ms.lock().expect("not poisoned").clone();
+    Ok(Report {
+        completed: shared.completed.load(Relaxed),
+        failed_attempts: shared.failed_attempts.load(Relaxed),
+        released: shared.released.load(Relaxed),
+        lost: shared.lost.load(Relaxed),
+        elapsed: started.elapsed(),
+        durations_ms,
+        counts,
+        interrupted,
+    })
+}
+
+/// Claims while there is room and work; returns once nothing is outstanding (unless
+/// following) or a signal stopped it, with every partition task finished.
+async fn claim_loop(
+    backend: &Backend,
+    settings: &Settings,
+    shared: &Arc<Shared>,
+    mut stop: watch::Receiver<Stop>,
+) -> Result<()> {
+    let mut tasks: JoinSet<()> = JoinSet::new();
+    let mut idle = Duration::from_millis(50);
+    let mut last_save = Instant::now();
+    loop {
+        if *stop.borrow() != Stop::Running {
+            break;
+        }
+        if backend.is_embedded() && last_save.elapsed() >= settings.save_every {
+            backend.save().await?;
+            last_save = Instant::now();
+        }
+        let room = settings.concurrency - tasks.len();
+        let mut claimed = 0;
+        if room > 0 {
+            match backend.active.claim(&settings.worker, room).await {
+                Ok(leases) => {
+                    claimed = leases.len();
+                    for lease in leases {
+                        let span = tracing::info_span!(
+                            "partition",
+                            pid = lease.pid,
+                            attempt = lease.attempt
+                        );
+                        let ctx = PartitionCtx {
+                            active: backend.active.clone(),
+                            settings: settings.clone(),
+                            shared: shared.clone(),
+                            stop: stop.clone(),
+                        };
+                        tasks.spawn(ctx.process(lease).instrument(span));
+                    }
+                }
+                Err(err) => tracing::warn!(%err, "claim failed; retrying"),
+            }
+        }
+        if claimed > 0 {
+            idle = Duration::from_millis(50);
+            continue;
+        }
+        if tasks.is_empty() && !settings.follow {
+            let counts = backend.active.counts().await?;
+            if counts.outstanding() == 0 {
+                break;
+            }
+        }
+        // Nothing to claim now: wait for a slot, a signal, or a while (retries in
+        // backoff and other workers' expiring leases become claimable over time).
+        tokio::select! {
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            _ = stop.changed() => {}
+            () = tokio::time::sleep(idle) => idle = (idle * 2).min(Duration::from_secs(1)),
+        }
+    }
+    // Draining: in-flight partitions checkpoint and release once their chunks are done;
+    // the signal handler turns Draining into Abort when the grace period is over.
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// What one partition task needs.
+struct PartitionCtx {
+    active: Arc<dyn ActiveStore>,
+    settings: Settings,
+    shared: Arc<Shared>,
+    stop: watch::Receiver<Stop>,
+}
+
+enum Ended {
+    Done,
+    Failed(String),
+    Lost,
+    Stopped,
+}
+
+impl PartitionCtx {
+    async fn process(self, lease: Lease) {
+        self.shared.in_flight.fetch_add(1, Relaxed);
+        let pid = lease.pid;
+        let started = Instant::now();
+        let (ended, checkpoint) = self.chunks(&lease).await;
+        let update = Instant::now();
+        let result = match ended {
+            Ended::Done => {
+                let ms = started.elapsed().as_millis() as u64;
+                let r = self.active.complete(&lease, ms).await.map(|_| ());
+                if r.is_ok() {
+                    self.shared.completed.fetch_add(1, Relaxed);
+                    self.shared
+                        .durations_ms
+                        .lock()
+                        .expect("not poisoned")
+                        .saturating_record(ms.max(1));
+                }
+                r
+            }
+            Ended::Failed(reason) => {
+                tracing::warn!(pid, attempt = lease.attempt, %reason, "partition failed");
+                self.shared.failed_attempts.fetch_add(1, Relaxed);
+                // Keep the checkpoint, so the retry resumes past the chunks that finished.
+                let r = match self.active.heartbeat(&lease, checkpoint).await {
+                    Ok(()) => self.active.fail(&lease, &reason).await,
+                    Err(e) => Err(e),
+                };
+                if let Ok(FailOutcome::Failed) = r {
+                    tracing::error!(
+                        pid,
+                        attempts = lease.attempt,
+                        "partition out of attempts: failed"
+                    );
+                }
+                r.map(|_| ())
+            }
+            Ended::Stopped => {
+                self.shared.released.fetch_add(1, Relaxed);
+                self.active.release(&lease, checkpoint).await
+            }
+            Ended::Lost => Err(ActiveError::LeaseLost {
+                pid,
+                token: lease.token,
+            }),
+        };
+        self.shared.timed_update(update);
+        match result {
+            Ok(()) => {}
+            Err(ActiveError::LeaseLost { .. }) => {
+                self.shared.lost.fetch_add(1, Relaxed);
+                tracing::warn!(
+                    pid,
+                    "lease lost to another worker (expired); its result is dropped"
+                );
+            }
+            Err(err) => {
+                tracing::warn!(pid, %err, "could not report the partition; its lease will expire")
+            }
+        }
+        self.shared.in_flight.fetch_sub(1, Relaxed);
+    }
+
+    /// Runs the partition's chunks from its checkpoint. Returns how it ended and the
+    /// checkpoint reached (an ID: every ID below it is done).
+    async fn chunks(&self, lease: &Lease) -> (Ended, u64) {
+        let chunk = self.settings.chunk;
+        let ids = (lease.max_id - lease.min_id) as u128 + 1;
+        let n_chunks = ids.div_ceil(chunk as u128) as u64;
+        let first = lease.progress.saturating_sub(lease.min_id) / chunk;
+        let (min_id, max_id) = (lease.min_id, lease.max_id);
+        let checkpoint = move |done: u64| {
+            let id = min_id as u128 + done as u128 * chunk as u128;
+            id.min(max_id as u128 + 1).min(u64::MAX as u128) as u64
+        };
+        if first >= n_chunks {
+            return (Ended::Done, checkpoint(n_chunks));
+        }
+        let window = SlidingWindow::new(self.settings.window, first);
+        let permits = Arc::new(Semaphore::new(self.settings.parallel));
+        let failure: Arc<Mutex<Option<String>>> = Arc::default();
+        let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+
+        // Heartbeats carry the checkpoint; a refused one means the lease was lost.
+        let beat = {
+            let (active, lease, window, lost, shared) = (
+                self.active.clone(),
+                lease.clone(),
+                window.clone(),
+                lost.clone(),
+                self.shared.clone(),
+            );
+            let every = (self.settings.lease / 3).max(Duration::from_millis(100));
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.tick().await;
+                loop {
+                    tick.tick().await;
+                    let at = Instant::now();
+                    let r = active
+                        .heartbeat(&lease, checkpoint(window.progress()))
+                        .await;
+                    shared.timed_update(at);
+                    match r {
+                        Ok(()) => {}
+                        Err(ActiveError::LeaseLost { .. }) => {
+                            lost.store(true, Relaxed);
+                            window.close();
+                            return;
+                        }
+                        Err(err) => {
+                            tracing::warn!(pid = lease.pid, %err, "heartbeat failed; retrying")
+                        }
+                    }
+                }
+            })
+        };
+        // A signal closes the window, which wakes an issuer parked on a full window.
+        let watcher = {
+            let (mut stop, window) = (self.stop.clone(), window.clone());
+            tokio::spawn(async move {
+                let _ = stop.wait_for(|s| *s != Stop::Running).await;
+                window.close();
+            })
+        };
+
+        let mut running = JoinSet::new();
+        for _ in first..n_chunks {
+            let Ok(permit) = permits.clone().acquire_owned().await else {
+                break;
+            };
+            let Ok(index) = window.next().await else {
+                break;
+            };
+            if index >= n_chunks {
+                break;
+            }
+            let from = lease.min_id + index * chunk;
+            let to = from.saturating_add(chunk - 1).min(lease.max_id);
+            let c = Chunk {
+                pid: lease.pid,
+                index,
+                from,
+                to,
+                attempt: lease.attempt,
+            };
+            let (job, window, failure) =
+                (self.settings.job.clone(), window.clone(), failure.clone());
+            running.spawn(async move {
+                let r = job.run(c).await;
+                drop(permit);
+                match r {
+                    Ok(()) => {
+                        let _ = window.ack(index);
+                    }
+                    Err(reason) => {
+                        failure.lock().expect("not poisoned").get_or_insert(reason);
+                        window.close();
+                    }
+                }
+            });
+        }
+        // Let in-flight chunks finish, unless the grace period runs out.
+        let mut stop = self.stop.clone();
+        loop {
+            tokio::select! {
+                next = running.join_next() => if next.is_none() { break },
+                () = until(&mut stop, |s| *s == Stop::Abort) => {
+                    running.abort_all();
+                    while running.join_next().await.is_some() {}
+                    break;
+                }
+            }
+        }
+        beat.abort();
+        watcher.abort();
+        let done = checkpoint(window.progress());
+        if lost.load(Relaxed) {
+            return (Ended::Lost, done);
+        }
+        if let Some(reason) = failure.lock().expect("not poisoned").take() {
+            return (Ended::Failed(reason), done);
+        }
+        if window.progress() >= n_chunks {
+            (Ended::Done, done)
+        } else {
+            (Ended::Stopped, done)
+        }
+    }
+}
+
+/// Requeues expired leases every half lease.
+async fn reaper(active: Arc<dyn ActiveStore>, lease: Duration, mut done: watch::Receiver<bool>) {
+    let every = (lease / 2).clamp(Duration::from_millis(200), Duration::from_secs(15));
+    loop {
+        tokio::select! {
+            () = until(&mut done, |d| *d) => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        match active.reap(now_ms()).await {
+            Ok(pids) if !pids.is_empty() => {
+                tracing::info!(count = pids.len(), "requeued expired leases")
+            }
+            Ok(_) => {}
+            Err(err) => tracing::warn!(%err, "reap failed"),
+        }
+    }
+}
+
+/// Registers the worker and beats every few seconds with its counters.
+async fn worker_heartbeat(
+    active: Arc<dyn ActiveStore>,
+    worker: String,
+    shared: Arc<Shared>,
+    mut done: watch::Receiver<bool>,
+) {
+    let started_ms = now_ms();
+    let started = Instant::now();
+    let host = hostname();
+    loop {
+        let (p50, p99) = {
+            let h = shared.update_us.lock().expect("not poisoned");
+            (
+                h.value_at_quantile(0.5) as f64 / 1000.0,
+                h.value_at_quantile(0.99) as f64 / 1000.0,
+            )
+        };
+        let completed = shared.completed.load(Relaxed);
+        let info = WorkerInfo {
+            id: worker.clone(),
+            host: host.clone(),
+            process_id: std::process::id(),
+            started_ms,
+            last_beat_ms: now_ms(),
+            in_flight: shared.in_flight.load(Relaxed),
+            completed,
+            rate_per_s: completed as f64 / started.elapsed().as_secs_f64().max(1e-3),
+            latency_p50_ms: p50,
+            latency_p99_ms: p99,
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+        };
+        if let Err(err) = active.worker_heartbeat(info).await {
+            tracing::warn!(%err, "worker heartbeat failed");
+        }
+        tokio::select! {
+            () = until(&mut done, |d| *d) => return,
+            () = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+    }
+}
+
+/// Publishes a statistics snapshot every minute while archiving.
+async fn snapshots(stats: Arc<dyn tranche_stats::StatsStore>, mut done: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            () = until(&mut done, |d| *d) => return,
+            () = tokio::time::sleep(Duration::from_secs(60)) => {}
+        }
+        if let Err(err) = stats.publish_snapshot().await {
+            tracing::warn!(%err, "statistics snapshot failed");
+        }
+    }
+}
+
+/// Archives what is left in the inboxes before the process ends, so a finished job is
+/// archived when `run` returns. Entries another live archiver holds are its business;
+/// entries of a dead one are taken over once they have been idle long enough.
+pub(crate) async fn drain_archive(backend: &Backend, stop: &watch::Receiver<Stop>) {
+    let patience = backend.archive_config.claim_idle + Duration::from_secs(5);
+    let started = Instant::now();
+    loop {
+        if *stop.borrow() == Stop::Abort {
+            return;
+        }
+        let pass = backend.archive.archive_once().await;
+        let left = backend.inbox_len().await;
+        match (pass, left) {
+            (_, Ok(0)) => break,
+            (Err(err), _) => tracing::warn!(%err, "archive pass failed"),
+            (Ok(pass), Ok(left)) if pass.entries == 0 => {
+                if started.elapsed() > patience {
+                    tracing::warn!(
+                        left,
+                        "inbox entries are held by other archivers; `tranche archive` will finish them"
+                    );
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            (Ok(_), _) => {}
+        }
+    }
+    if let Err(err) = backend.stats.publish_snapshot().await {
+        tracing::warn!(%err, "statistics snapshot failed");
+    }
+}
+
+/// Waits until the watched value satisfies `f` (or its sender is gone), holding no
+/// borrow of it across the wait's end, so the future stays `Send`.
+pub(crate) async fn until<T>(rx: &mut watch::Receiver<T>, f: impl FnMut(&T) -> bool) {
+    let _ = rx.wait_for(f).await;
+}
+
+/// Milliseconds since the epoch.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// This machine's name, for the worker registry.
+pub(crate) fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".to_owned())
+}

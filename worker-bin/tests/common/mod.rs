@@ -1,0 +1,123 @@
+//! Helpers for tests that spawn the real `tranche` binary.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_tranche");
+
+/// The example `--exec` script shipped in `examples/`.
+pub fn example_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/process-range.sh")
+}
+
+/// A fresh directory under the target dir, removed by nobody: tests leave their
+/// files for a human to read when they fail.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// `tranche ARGS` with a clean environment (no inherited TRANCHE_* settings).
+pub fn tranche(dir: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .current_dir(dir)
+        .env("RUST_LOG", "warn,tranche=info");
+    for (key, _) in std::env::vars() {
+        if key.starts_with("TRANCHE_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd
+}
+
+/// Runs to completion; panics with its output if it cannot be started.
+pub fn output(mut cmd: Command) -> Output {
+    cmd.stdin(Stdio::null()).output().expect("spawn tranche")
+}
+
+/// Runs and asserts success, returning stdout.
+pub fn ok(cmd: Command) -> String {
+    let out = output(cmd);
+    assert!(
+        out.status.success(),
+        "tranche failed ({:?})\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+/// Sends `signal` (a `kill` name such as `INT` or `KILL`) to `child`.
+pub fn signal(child: &Child, signal: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(child.id().to_string())
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -{signal} failed");
+}
+
+/// Waits for `child` to exit, at most `limit`.
+pub fn wait(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("tranche did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Lines of the chunk log the example script writes: (pid, from, to).
+pub fn chunk_log(path: &Path) -> Vec<(u64, u64, u64)> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace().map(|w| w.parse::<u64>());
+            Some((it.next()?.ok()?, it.next()?.ok()?, it.next()?.ok()?))
+        })
+        .collect()
+}
+
+/// Asserts every ID in `min..=max` appears in some chunk of the log.
+pub fn assert_every_id_processed(log: &[(u64, u64, u64)], min: u64, max: u64) {
+    let mut covered = vec![false; (max - min + 1) as usize];
+    for &(_, from, to) in log {
+        for id in from..=to {
+            covered[(id - min) as usize] = true;
+        }
+    }
+    let missing: Vec<u64> = covered
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| !**c)
+        .map(|(i, _)| min + i as u64)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} IDs never processed, first {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+}
+
+/// Polls until `f` is true, at most `limit`.
+pub fn eventually(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -1,0 +1,159 @@
+//! End to end on a private redis-server: three `tranche run` processes share a job,
+//! one is killed with SIGKILL half way, and the job still finishes with every ID
+//! processed, every partition archived exactly once and the statistics consistent.
+
+#[path = "../../active-store/tests/support/mod.rs"]
+mod support;
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{assert_every_id_processed, chunk_log, eventually, ok, scratch, tranche, wait};
+use support::TestRedis;
+
+const MIN: u64 = 1;
+const MAX: u64 = 60_000;
+const SIZE: u64 = 1000;
+
+#[test]
+fn three_workers_one_killed_half_way() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let dir = scratch("fleet");
+    let log = dir.join("chunks.log");
+    let script = common::example_script();
+    let exec = format!("{} && sleep 0.02", script.display());
+    let cmd = |args: &[&str]| {
+        let mut c = tranche(&dir, args);
+        c.env("TRANCHE_REDIS_URL", &url)
+            .env("TRANCHE_NAMESPACE", "reindex")
+            .env("TRANCHE_LOG", &log)
+            .env("TRANCHE_ARCHIVE_CLAIM_IDLE", "1s");
+        c
+    };
+    ok(cmd(&[
+        "plan",
+        "--min",
+        &MIN.to_string(),
+        "--max",
+        &MAX.to_string(),
+        "--size",
+        &SIZE.to_string(),
+    ]));
+
+    let spawn = |id: &str| {
+        cmd(&[
+            "run",
+            "--exec",
+            &exec,
+            "--chunk",
+            "250",
+            "--parallel",
+            "2",
+            "--concurrency",
+            "2",
+            "--lease",
+            "2s",
+            "--worker-id",
+            id,
+            // Small thresholds: the job crosses into the compressed tier.
+            "--compressed-at",
+            "20",
+            "--summary-at",
+            "100000",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn run")
+    };
+    let mut workers = [spawn("w1"), spawn("w2"), spawn("w3")];
+
+    // Half way through, w1 dies without a word: its leases must expire and be redone.
+    let partitions = (MAX - MIN + 1) / SIZE;
+    eventually(Duration::from_secs(120), "a third of the chunks", || {
+        chunk_log(&log).len() as u64 >= partitions * 4 / 3
+    });
+    workers[0].kill().expect("SIGKILL w1");
+    let killed = wait(&mut workers[0], Duration::from_secs(10));
+    assert_eq!(killed.code(), None, "w1 should die of SIGKILL");
+
+    for (i, w) in workers.iter_mut().enumerate().skip(1) {
+        let status = wait(w, Duration::from_secs(180));
+        let out = w.wait_with_output_ref();
+        assert!(status.success(), "w{} exited {status:?}\n{out}", i + 1);
+        assert!(out.contains("run finished"), "w{}:\n{out}", i + 1);
+    }
+
+    let log = chunk_log(&log);
+    assert_every_id_processed(&log, MIN, MAX);
+
+    // Nothing is left active and every partition is archived, once.
+    let status: serde_json::Value = serde_json::from_str(&ok(cmd(&["status", "--json"]))).unwrap();
+    for field in [
+        "unissued", "pending", "claimed", "running", "failed", "inbox",
+    ] {
+        assert_eq!(status[field], 0, "{field} in {status}");
+    }
+    assert_eq!(status["archived"], partitions, "{status}");
+    let stats: serde_json::Value = serde_json::from_str(&ok(cmd(&["stats", "--json"]))).unwrap();
+    assert_eq!(
+        stats["completed"]["global_stats"]["total_completed"],
+        partitions
+    );
+    assert_eq!(
+        stats["completed"]["global_stats"]["total_processed_data"],
+        MAX - MIN + 1
+    );
+
+    // The statistics agree with the archive record by record.
+    let check = ok(cmd(&["check"]));
+    assert!(
+        check.contains(&format!("against {partitions} archived record(s)")),
+        "{check}"
+    );
+    assert!(check.contains("consistent"), "{check}");
+
+    // Every pid answers as archived, with a worker that really ran it.
+    for pid in [1, 17, 33, 60] {
+        let v: serde_json::Value =
+            serde_json::from_str(&ok(cmd(&["get", &pid.to_string(), "--json"]))).unwrap();
+        assert_eq!(v["layer"], "archive", "{v}");
+        let worker = v["record"]["worker"].as_str().unwrap().to_owned();
+        assert!(["w1", "w2", "w3"].contains(&worker.as_str()), "{v}");
+    }
+    // An export holds each partition once.
+    let dump = dir.join("reindex.dump");
+    let out = ok(cmd(&["export", "-o", dump.to_str().unwrap()]));
+    assert!(
+        out.starts_with(&format!("exported {partitions} records")),
+        "{out}"
+    );
+    let health = common::output(cmd(&["health"]));
+    assert!(
+        health.status.success(),
+        "{}",
+        String::from_utf8_lossy(&health.stdout)
+    );
+}
+
+/// Collects a finished child's output for messages.
+trait OutputRef {
+    fn wait_with_output_ref(&mut self) -> String;
+}
+
+impl OutputRef for std::process::Child {
+    fn wait_with_output_ref(&mut self) -> String {
+        use std::io::Read;
+        let mut s = String::new();
+        if let Some(o) = self.stdout.as_mut() {
+            let _ = o.read_to_string(&mut s);
+        }
+        if let Some(e) = self.stderr.as_mut() {
+            let _ = e.read_to_string(&mut s);
+        }
+        s
+    }
+}
