@@ -181,8 +181,8 @@ impl MemoryActiveStore {
         let planned_last = plans.last().map_or(0, |e| e.plan.last_pid());
         *lock(&store.registry) = Registry::from_entries(plans);
         for (no, saved) in state.shards.into_iter().enumerate() {
-            let shard = Shard::restore(&store.layout, no as u32, planned_last, saved)
-                .map_err(corrupt)?;
+            let shard =
+                Shard::restore(&store.layout, no as u32, planned_last, saved).map_err(corrupt)?;
             *lock(&store.shards[no]) = shard;
         }
         for w in state.workers {
@@ -258,7 +258,9 @@ impl Shard {
         let mut prev: Option<u64> = None;
         for (first, last) in saved.completed {
             if first > last || prev.is_some_and(|p| p >= first) {
-                return Err(format!("shard {no}: completed runs out of order at {first}"));
+                return Err(format!(
+                    "shard {no}: completed runs out of order at {first}"
+                ));
             }
             if last > planned_last {
                 return Err(format!("shard {no}: completed pid {last} is in no plan"));

@@ -5,9 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tranche_active_store::{
-    ActiveQuery, ActiveState, Completion, Config, Error, FailOutcome, Lease, Leases,
-    Maintenance, ManualClock, MemoryActiveStore, Plan, Planner, RestoredLeases, WorkerInfo,
-    WorkerRegistry,
+    ActiveQuery, ActiveState, Completion, Config, Error, FailOutcome, Lease, Leases, Maintenance,
+    ManualClock, MemoryActiveStore, Plan, Planner, RestoredLeases, WorkerInfo, WorkerRegistry,
 };
 use tranche_codec::Status;
 
@@ -196,9 +195,13 @@ async fn release_on_restore_resumes_each_lease_from_its_checkpoint() {
         let (live, held, all) = busy_store(shards, clock.clone()).await;
         let schema = tranche_codec::KeySchema::new("elk", shards).unwrap();
         let state = live.state();
-        let restored =
-            MemoryActiveStore::restore(config(shards), clock.clone(), state, RestoredLeases::Release)
-                .unwrap();
+        let restored = MemoryActiveStore::restore(
+            config(shards),
+            clock.clone(),
+            state,
+            RestoredLeases::Release,
+        )
+        .unwrap();
         let counts = restored.counts().await.unwrap();
         assert_eq!((counts.claimed, counts.running), (0, 0));
         assert_eq!(counts.failed, 1);
@@ -236,7 +239,10 @@ async fn release_on_restore_resumes_each_lease_from_its_checkpoint() {
             );
         }
         // Nothing completed is handed out again.
-        assert_eq!(restored.counts().await.unwrap().outstanding(), leases.len() as u64);
+        assert_eq!(
+            restored.counts().await.unwrap().outstanding(),
+            leases.len() as u64
+        );
         assert!(restored.release_all().len() == leases.len());
         assert_eq!(restored.reap(u64::MAX).await.unwrap(), Vec::<u64>::new());
     }

@@ -199,7 +199,10 @@ impl Shard {
         }
         for b in saved.sealed {
             if schema.shard_of_batch(b.batch) != no {
-                return Err(format!("shard {no}: sealed batch {} is not its own", b.batch));
+                return Err(format!(
+                    "shard {no}: sealed batch {} is not its own",
+                    b.batch
+                ));
             }
             let expires = b
                 .expires_at_ms

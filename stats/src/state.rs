@@ -45,6 +45,9 @@ impl StatsState {
 /// Count, summed IDs and summed milliseconds: [`Counters`] as a tuple.
 type CountersState = (u64, u128, u128);
 
+/// A histogram's non-empty buckets as `(bucket, count)`.
+type HistState = Vec<(u32, u64)>;
+
 /// One shard's [`Aggregate`], field for field; histograms as `(bucket, count)` lists.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct AggState {
@@ -52,9 +55,9 @@ pub(crate) struct AggState {
     first: Option<u64>,
     last: Option<u64>,
     updated: Option<u64>,
-    hist: Vec<(u32, u64)>,
+    hist: HistState,
     /// Worker id, counters, histogram.
-    workers: Vec<(String, CountersState, Vec<(u32, u64)>)>,
+    workers: Vec<(String, CountersState, HistState)>,
     ranges: Vec<(u64, RangeState)>,
     hourly: Vec<(String, [u64; 24])>,
 }
