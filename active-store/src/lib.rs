@@ -21,6 +21,7 @@ mod memory;
 mod model;
 mod plans;
 mod redis_store;
+mod state;
 mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
@@ -31,4 +32,5 @@ pub use model::{
     StatusCounts, Unissued, WorkerInfo, WorkerState,
 };
 pub use redis_store::{RedisActiveStore, RedisConnection, scripts};
+pub use state::{ACTIVE_STATE_VERSION, ActiveState, RestoredLeases};
 pub use store::{ActiveQuery, ActiveStore, Leases, Maintenance, Planner, WorkerRegistry};

@@ -15,6 +15,7 @@ use crate::model::{
     StatusCounts, Unissued, WorkerInfo, WorkerState,
 };
 use crate::plans::{self, Registry};
+use crate::state::{ACTIVE_STATE_VERSION, ActiveState, RestoredLeases, ShardState, runs};
 use crate::store::{ActiveQuery, Leases, Maintenance, Planner, WorkerRegistry};
 use crate::{Error, Result};
 
@@ -87,6 +88,130 @@ impl MemoryActiveStore {
         &self.config
     }
 
+    /// Everything the store holds, for the embedded state file.
+    pub fn state(&self) -> ActiveState {
+        self.state_with(|| ()).0
+    }
+
+    /// Everything the store holds, and what `f` returns when run while the store is
+    /// held still: no claim, completion or other change can happen between the state
+    /// and `f`. The embedded state file takes the archive's state (with the inbox
+    /// records) in `f`, so a partition completed around the save is either completed
+    /// in both states or in neither: never lost between them, never redone.
+    ///
+    /// Every shard is locked for the duration, so `f` must be quick and must not call
+    /// this store.
+    pub fn state_with<R>(&self, f: impl FnOnce() -> R) -> (ActiveState, R) {
+        // Lock order everywhere: registry, then shards in order.
+        let registry = lock(&self.registry);
+        let guards: Vec<MutexGuard<'_, Shard>> = self.shards.iter().map(lock).collect();
+        let saved_at_ms = self.now();
+        let shards = guards.iter().map(|s| s.state()).collect();
+        let mut workers: Vec<WorkerInfo> = self.workers.iter().map(|w| w.clone()).collect();
+        workers.sort_by(|a, b| a.id.cmp(&b.id));
+        let state = ActiveState {
+            version: ACTIVE_STATE_VERSION,
+            namespace: self.config.namespace.clone(),
+            num_shards: self.config.num_shards,
+            saved_at_ms,
+            plans: registry.entries().to_vec(),
+            shards,
+            workers,
+        };
+        let out = f();
+        drop(guards);
+        drop(registry);
+        (state, out)
+    }
+
+    /// A store answering exactly as the one that saved `state` did, with `config`
+    /// (its namespace and shard count must be the saved ones; lease, backoff and the
+    /// other settings may change) and `clock`. `leases` says what becomes of the leases
+    /// the saving process held. The inboxes start empty: their records were saved with
+    /// the archive.
+    ///
+    /// Claims go on from the saved cursors and fencing tokens from the saved counters,
+    /// so a token handed out after the restore is larger than any before it.
+    /// [`Error::InvalidArgument`] when the namespace or shard count differ,
+    /// [`Error::Corrupt`] for another state version or a state that breaks the store's
+    /// invariants.
+    pub fn restore(
+        config: Config,
+        clock: Arc<dyn Clock>,
+        state: ActiveState,
+        leases: RestoredLeases,
+    ) -> Result<Self> {
+        let corrupt = |detail: String| Error::Corrupt {
+            key: "active state".into(),
+            detail,
+        };
+        if state.version != ACTIVE_STATE_VERSION {
+            return Err(corrupt(format!(
+                "version {} (this build reads version {ACTIVE_STATE_VERSION})",
+                state.version
+            )));
+        }
+        if (state.namespace.as_str(), state.num_shards)
+            != (config.namespace.as_str(), config.num_shards)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "the state is of namespace {:?} with {} shards, not {:?} with {}",
+                state.namespace, state.num_shards, config.namespace, config.num_shards
+            )));
+        }
+        if state.shards.len() != config.num_shards as usize {
+            return Err(corrupt(format!(
+                "{} shards saved for {}",
+                state.shards.len(),
+                config.num_shards
+            )));
+        }
+        let store = Self::with_clock(config, clock)?;
+        let mut plans = state.plans;
+        plans.sort_by_key(|e| e.plan.first_pid());
+        for pair in plans.windows(2) {
+            if pair[0].plan.last_pid() >= pair[1].plan.first_pid() {
+                return Err(corrupt(format!(
+                    "plans from pid {} and {} overlap",
+                    pair[0].plan.first_pid(),
+                    pair[1].plan.first_pid()
+                )));
+            }
+        }
+        let planned_last = plans.last().map_or(0, |e| e.plan.last_pid());
+        *lock(&store.registry) = Registry::from_entries(plans);
+        for (no, saved) in state.shards.into_iter().enumerate() {
+            let shard =
+                Shard::restore(&store.layout, no as u32, planned_last, saved).map_err(corrupt)?;
+            *lock(&store.shards[no]) = shard;
+        }
+        for w in state.workers {
+            store.workers.insert(w.id.clone(), w);
+        }
+        if leases == RestoredLeases::Release {
+            store.release_all();
+        }
+        Ok(store)
+    }
+
+    /// Releases every lease at once, whoever holds it: pending and ready now, the
+    /// checkpoint kept. Returns the pids, in order. For a process that knows it is the
+    /// only worker and starts again (an embedded run resumed from its state file).
+    pub fn release_all(&self) -> Vec<u64> {
+        let now = self.now();
+        let mut out = Vec::new();
+        for shard in &self.shards {
+            let mut shard = lock(shard);
+            let held: Vec<u64> = shard.leases.iter().map(|&(_, pid)| pid).collect();
+            for pid in held {
+                shard.requeue(pid, now, now);
+                out.push(pid);
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+
     fn shard(&self, pid: u64) -> MutexGuard<'_, Shard> {
         lock(&self.shards[self.layout.shard_of(pid) as usize])
     }
@@ -103,6 +228,94 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shard {
+    fn state(&self) -> ShardState {
+        let mut partitions: Vec<Partition> = self.active.values().cloned().collect();
+        partitions.sort_unstable_by_key(|p| p.pid);
+        let mut completed: Vec<u64> = self.completed.iter().copied().collect();
+        completed.sort_unstable();
+        ShardState {
+            partitions,
+            pending: self.pending.iter().copied().collect(),
+            cursors: self.cursors.clone(),
+            completed: runs(&completed),
+            token: self.token,
+        }
+    }
+
+    /// Shard `no` from its saved state, checked against the invariants every
+    /// operation keeps; no completed pid lies past `planned_last`, the last planned.
+    fn restore(
+        layout: &Layout,
+        no: u32,
+        planned_last: u64,
+        saved: ShardState,
+    ) -> Result<Self, String> {
+        let mut shard = Shard {
+            cursors: saved.cursors,
+            token: saved.token,
+            ..Shard::default()
+        };
+        let mut prev: Option<u64> = None;
+        for (first, last) in saved.completed {
+            if first > last || prev.is_some_and(|p| p >= first) {
+                return Err(format!(
+                    "shard {no}: completed runs out of order at {first}"
+                ));
+            }
+            if last > planned_last {
+                return Err(format!("shard {no}: completed pid {last} is in no plan"));
+            }
+            prev = Some(last);
+            for pid in first..=last {
+                if layout.shard_of(pid) != no {
+                    return Err(format!("shard {no}: completed pid {pid} is not its own"));
+                }
+                shard.completed.insert(pid);
+            }
+        }
+        for p in saved.partitions {
+            let pid = p.pid;
+            if layout.shard_of(pid) != no {
+                return Err(format!("shard {no}: partition {pid} is not its own"));
+            }
+            if shard.completed.contains(&pid) {
+                return Err(format!("partition {pid} is both active and completed"));
+            }
+            let leased = p.status.is_leased();
+            match (leased, p.deadline_ms, p.lease_token) {
+                (true, Some(deadline), Some(token)) if token <= shard.token => {
+                    shard.leases.insert((deadline, pid));
+                }
+                (false, None, _) if p.status != Status::Completed => {}
+                _ => return Err(format!("partition {pid}: inconsistent lease fields")),
+            }
+            if shard.active.insert(pid, p).is_some() {
+                return Err(format!("partition {pid} saved twice"));
+            }
+        }
+        for (ready, pid) in saved.pending {
+            if shard.active.get(&pid).map(|p| p.status) != Some(Status::Pending) {
+                return Err(format!("pending entry {pid} is not a pending partition"));
+            }
+            shard.pending.insert((ready, pid));
+        }
+        let pending = shard
+            .active
+            .values()
+            .filter(|p| p.status == Status::Pending)
+            .count();
+        if pending != shard.pending.len() {
+            return Err(format!(
+                "shard {no}: {pending} pending partitions but {} pending entries",
+                shard.pending.len()
+            ));
+        }
+        if let Some(&(first, last, _)) = shard.cursors.iter().find(|c| c.0 > c.1 || c.2 < c.0) {
+            return Err(format!("shard {no}: bad cursor over {first}..={last}"));
+        }
+        Ok(shard)
+    }
+
     /// Leases `p` to `worker` with a fresh token (as `lua/claim.lua` does).
     fn lease(&mut self, mut p: Partition, worker: &str, now: u64, deadline: u64) -> Lease {
         self.token += 1;

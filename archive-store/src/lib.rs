@@ -31,6 +31,7 @@ mod error;
 mod memory;
 mod model;
 mod redis_store;
+mod state;
 mod store;
 
 pub use dump::{Dump, DumpBatch};
@@ -38,4 +39,5 @@ pub use error::{Error, Result};
 pub use memory::MemoryArchive;
 pub use model::{ArchivePass, Config, Lookup, RangePage, Tier};
 pub use redis_store::{RedisArchive, scripts};
+pub use state::{ARCHIVE_STATE_VERSION, ArchiveState};
 pub use store::{ArchiveQuery, Archiver, Compaction, Export, Import, run};

@@ -1,9 +1,9 @@
 //! The embedded backend: the same tiers and rules as Redis, in process memory.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::ops::RangeInclusive;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use crossbeam_channel::Receiver;
@@ -13,6 +13,8 @@ use tranche_codec::{
 };
 
 use tranche_stats::{MemoryStats, StatsDelta};
+
+use crate::state::{ARCHIVE_STATE_VERSION, ArchiveState, SealedState, ShardState};
 
 use crate::dump::{Dump, DumpBatch};
 use crate::model::{ArchivePass, Config, Lookup, RangePage, Tier};
@@ -24,8 +26,20 @@ use crate::{Error, Result};
 ///
 /// A channel hands each record out once, so there is nothing to take over from a dead
 /// archiver here; the exactly-once rule still holds: a record whose pid is archived
-/// already is dropped and not counted. Without the active store's completed index this
-/// backend never answers [`Lookup::Archiving`].
+/// already is dropped and not counted.
+///
+/// The archive cannot see the memory active store's completed index, so it keeps its
+/// own view of "completed, not archived yet": whenever it looks at a shard (a pass, a
+/// lookup of a pid it has not archived, a state save) it moves everything waiting in
+/// that shard's channel into its own per-shard queue of received records, under the
+/// shard's lock. A pid in that queue answers [`Lookup::Archiving`]. Every completion
+/// sends to the channel before it returns, so a pid completed before a lookup is
+/// archived, received or still in the channel, and the lookup drains the channel
+/// first: it never answers [`Lookup::Unknown`] for a completed pid. A discarded pid
+/// never reaches an inbox and stays [`Lookup::Unknown`].
+///
+/// [`MemoryArchive::state`] saves everything, received records included, for the
+/// embedded state file; [`MemoryArchive::restore`] reads it back.
 #[derive(Debug)]
 pub struct MemoryArchive {
     config: Config,
@@ -41,6 +55,11 @@ pub struct MemoryArchive {
 
 #[derive(Debug, Default)]
 struct Shard {
+    /// Records taken from the inbox channel and not archived yet, in arrival order
+    /// (duplicates kept: archiving drops and counts them as on Redis).
+    received: VecDeque<CompletedRecord>,
+    /// How many times each pid is in `received`: the pids answering "archiving".
+    waiting: HashMap<u64, u32>,
     /// The archived pids: the memory twin of `{ns:s}:archived`.
     archived: HashSet<u64>,
     /// Records archived by this shard.
@@ -63,6 +82,171 @@ struct Sealed {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Milliseconds since the Unix epoch, by the system clock.
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_millis() as u64
+}
+
+/// Runs of consecutive values in `sorted` (ascending, distinct).
+fn runs(sorted: &[u64]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &v in sorted {
+        match out.last_mut() {
+            Some(run) if run.1.checked_add(1) == Some(v) => run.1 = v,
+            _ => out.push((v, v)),
+        }
+    }
+    out
+}
+
+/// Shares one `Arc` per worker id among restored records, as decoding does.
+fn intern(names: &mut HashSet<Arc<str>>, mut r: CompletedRecord) -> CompletedRecord {
+    match names.get(&*r.worker) {
+        Some(name) => r.worker = name.clone(),
+        None => {
+            names.insert(r.worker.clone());
+        }
+    }
+    r
+}
+
+/// The most pids one shard's archived set may hold: Redis's bitmap limit.
+const MAX_ARCHIVED: u64 = 1 << 32;
+
+impl Shard {
+    /// The saved form, with `now` and `wall` the same instant on both clocks.
+    fn state(&self, now: Instant, wall: u64) -> ShardState {
+        let mut archived: Vec<u64> = self.archived.iter().copied().collect();
+        archived.sort_unstable();
+        ShardState {
+            archived: runs(&archived),
+            simple: self.simple.values().cloned().collect(),
+            open: self
+                .open
+                .iter()
+                .map(|(&b, (tier, recs))| (b, *tier, recs.values().cloned().collect()))
+                .collect(),
+            sealed: self
+                .sealed
+                .iter()
+                .map(|(&batch, b)| SealedState {
+                    batch,
+                    bytes: b.bytes.clone(),
+                    count: b.count,
+                    tier: b.tier,
+                    expires_at_ms: b.expires.map(|e| {
+                        wall.saturating_add(e.saturating_duration_since(now).as_millis() as u64)
+                    }),
+                })
+                .collect(),
+            received: self.received.iter().cloned().collect(),
+        }
+    }
+
+    /// Shard `no` from its saved state, checked against the invariants every write
+    /// keeps.
+    fn restore(
+        schema: &KeySchema,
+        no: u32,
+        saved: ShardState,
+        names: &mut HashSet<Arc<str>>,
+        now: Instant,
+        wall: u64,
+    ) -> Result<Self, String> {
+        let mut s = Shard::default();
+        let mut prev: Option<u64> = None;
+        for (first, last) in saved.archived {
+            if first > last || prev.is_some_and(|p| p >= first) {
+                return Err(format!("shard {no}: archived runs out of order at {first}"));
+            }
+            prev = Some(last);
+            if (s.archived.len() as u64).saturating_add(last - first) >= MAX_ARCHIVED {
+                return Err(format!("shard {no}: more archived pids than a shard holds"));
+            }
+            for pid in first..=last {
+                if schema.shard_of(pid) != no {
+                    return Err(format!("shard {no}: archived pid {pid} is not its own"));
+                }
+                s.archived.insert(pid);
+            }
+        }
+        s.count = s.archived.len() as u64;
+        let own = |pid: u64, s: &Shard| -> Result<(), String> {
+            if schema.shard_of(pid) != no || !s.archived.contains(&pid) {
+                return Err(format!("shard {no}: record {pid} is not archived here"));
+            }
+            Ok(())
+        };
+        for r in saved.simple {
+            own(r.pid, &s)?;
+            s.simple.insert(r.pid, intern(names, r));
+        }
+        for (batch, tier, recs) in saved.open {
+            let mut records = BTreeMap::new();
+            for r in recs {
+                own(r.pid, &s)?;
+                if schema.batch_of(r.pid) != batch {
+                    return Err(format!("open batch {batch} holds pid {}", r.pid));
+                }
+                records.insert(r.pid, intern(names, r));
+            }
+            s.open.insert(batch, (tier, records));
+        }
+        for b in saved.sealed {
+            if schema.shard_of_batch(b.batch) != no {
+                return Err(format!(
+                    "shard {no}: sealed batch {} is not its own",
+                    b.batch
+                ));
+            }
+            let expires = b
+                .expires_at_ms
+                .map(|at| now + Duration::from_millis(at.saturating_sub(wall)));
+            let sealed = Sealed {
+                bytes: b.bytes,
+                count: b.count,
+                tier: b.tier,
+                expires,
+            };
+            s.sealed.insert(b.batch, sealed);
+        }
+        for r in saved.received {
+            s.push_received(intern(names, r));
+        }
+        Ok(s)
+    }
+
+    /// Moves every record waiting in `inbox` into `received`.
+    fn receive(&mut self, inbox: &Receiver<CompletedRecord>) {
+        for r in inbox.try_iter() {
+            self.push_received(r);
+        }
+    }
+
+    fn push_received(&mut self, r: CompletedRecord) {
+        *self.waiting.entry(r.pid).or_default() += 1;
+        self.received.push_back(r);
+    }
+
+    /// Takes up to `n` received records, oldest first.
+    fn take_received(&mut self, n: usize) -> Vec<CompletedRecord> {
+        let n = n.min(self.received.len());
+        let out: Vec<CompletedRecord> = self.received.drain(..n).collect();
+        for r in &out {
+            if let Some(c) = self.waiting.get_mut(&r.pid) {
+                *c -= 1;
+                if *c == 0 {
+                    self.waiting.remove(&r.pid);
+                }
+            }
+        }
+        out
+    }
 }
 
 impl MemoryArchive {
@@ -97,9 +281,119 @@ impl MemoryArchive {
         &self.config
     }
 
+    /// The statistics every archived record is counted in.
+    pub fn stats(&self) -> &Arc<MemoryStats> {
+        &self.stats
+    }
+
+    /// Everything the archive holds and the statistics it counts into, taken at one
+    /// instant for the embedded state file. Every record waiting in an inbox channel
+    /// is moved into the archive's queue of received records first, and saved with it.
+    ///
+    /// Take it inside `MemoryActiveStore::state_with`, so the active store is held
+    /// still meanwhile: a partition completed around the save is then in both states
+    /// or in neither. Taken after the active store's state instead, a partition
+    /// completed in between would be saved as archived (or received) while the saved
+    /// active store still holds it leased; it would be redone, and its second record
+    /// dropped as a duplicate.
+    pub fn state(&self) -> ArchiveState {
+        // Lock order everywhere: the dictionary, then shards in order. With all of them
+        // held no archive write, and so no statistics delta, can happen.
+        let dict = lock(&self.dict);
+        let mut guards: Vec<MutexGuard<'_, Shard>> = self.shards.iter().map(lock).collect();
+        let (now, wall) = (Instant::now(), wall_ms());
+        let shards = guards
+            .iter_mut()
+            .zip(&self.inboxes)
+            .map(|(s, inbox)| {
+                s.receive(inbox);
+                s.state(now, wall)
+            })
+            .collect();
+        ArchiveState {
+            version: ARCHIVE_STATE_VERSION,
+            namespace: self.config.namespace.clone(),
+            num_shards: self.schema.num_shards(),
+            batch_size: self.schema.batch_size(),
+            dict: dict.clone(),
+            decode_failures: *lock(&self.decode_failures),
+            shards,
+            stats: self.stats.state(),
+        }
+    }
+
+    /// An archive holding exactly what `state` saved, draining `inboxes` from here on,
+    /// with statistics restored from the state too ([`MemoryArchive::stats`]).
+    /// `config` must have the saved namespace and shard count; tier thresholds, TTL and
+    /// pass size may change (they apply from the next pass on). Summary batches keep
+    /// their wall-clock expiry.
+    ///
+    /// [`Error::InvalidArgument`] when the namespace or shard count differ,
+    /// [`Error::Corrupt`] for another state version or a state that breaks the
+    /// archive's invariants.
+    pub fn restore(
+        config: Config,
+        inboxes: Vec<Receiver<CompletedRecord>>,
+        state: ArchiveState,
+    ) -> Result<Self> {
+        let corrupt = |detail: String| Error::Corrupt {
+            key: "archive state".into(),
+            detail,
+        };
+        if state.version != ARCHIVE_STATE_VERSION {
+            return Err(corrupt(format!(
+                "version {} (this build reads version {ARCHIVE_STATE_VERSION})",
+                state.version
+            )));
+        }
+        if (state.namespace.as_str(), state.num_shards)
+            != (config.namespace.as_str(), config.num_shards)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "the state is of namespace {:?} with {} shards, not {:?} with {}",
+                state.namespace, state.num_shards, config.namespace, config.num_shards
+            )));
+        }
+        let stats = MemoryStats::restore(state.stats).map_err(|e| corrupt(e.to_string()))?;
+        let archive = Self::new(config, inboxes, Arc::new(stats))?;
+        if state.batch_size != archive.schema.batch_size() {
+            return Err(corrupt(format!(
+                "batches of {} pids, not {}",
+                state.batch_size,
+                archive.schema.batch_size()
+            )));
+        }
+        if state.shards.len() != archive.shards.len() {
+            return Err(corrupt(format!(
+                "{} shards saved for {}",
+                state.shards.len(),
+                archive.shards.len()
+            )));
+        }
+        let (now, wall) = (Instant::now(), wall_ms());
+        let mut names = HashSet::new();
+        for (no, saved) in state.shards.into_iter().enumerate() {
+            let shard = Shard::restore(&archive.schema, no as u32, saved, &mut names, now, wall)
+                .map_err(corrupt)?;
+            *lock(&archive.shards[no]) = shard;
+        }
+        *lock(&archive.dict) = state.dict;
+        *lock(&archive.decode_failures) = state.decode_failures;
+        Ok(archive)
+    }
+
     /// Records archived so far, over every shard.
     pub fn archived_count(&self) -> u64 {
         self.shards.iter().map(|s| lock(s).count).sum()
+    }
+
+    /// Records received from the inboxes and not archived yet (those still in the
+    /// channels are not counted: the active store's receivers tell those).
+    pub fn received_count(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| lock(s).received.len() as u64)
+            .sum()
     }
 
     /// Overwrites the sealed bytes of `batch` (tests of the corrupt-batch path).
@@ -121,8 +415,21 @@ impl MemoryArchive {
         records: Vec<CompletedRecord>,
         tier: Tier,
     ) -> Result<(usize, usize)> {
+        // Lock order everywhere: the dictionary, then shards in order.
         let mut dict = lock(&self.dict);
         let mut s = lock(&self.shards[shard as usize]);
+        self.archive_locked(shard, &mut s, &mut dict, records, tier)
+    }
+
+    /// Archives `records` into the locked shard `s` (number `shard`).
+    fn archive_locked(
+        &self,
+        shard: u32,
+        s: &mut Shard,
+        dict: &mut WorkerDict,
+        records: Vec<CompletedRecord>,
+        tier: Tier,
+    ) -> Result<(usize, usize)> {
         let (mut written, mut dups) = (0, 0);
         let batch_size = self.schema.batch_size();
         let mut delta = StatsDelta::default();
@@ -149,7 +456,7 @@ impl MemoryArchive {
             let partial = s.sealed.get(&batch).map_or(0, |b| b.count);
             let open_len = s.open.get(&batch).map_or(0, |o| o.1.len() as u64);
             if open_len + partial >= self.config.planned(batch, batch_size) {
-                self.seal_locked(&mut s, &dict, batch, tier)?;
+                self.seal_locked(s, dict, batch, tier)?;
             }
         }
         // Still under the shard lock: the statistics change with the archive.
@@ -201,9 +508,15 @@ impl MemoryArchive {
     }
 
     fn lookup(&self, pid: u64) -> Lookup {
-        let shard = lock(&self.shards[self.schema.shard_of(pid) as usize]);
+        let shard_no = self.schema.shard_of(pid) as usize;
+        let mut shard = lock(&self.shards[shard_no]);
         if !shard.archived.contains(&pid) {
-            return Lookup::Unknown;
+            shard.receive(&self.inboxes[shard_no]);
+            return if shard.waiting.contains_key(&pid) {
+                Lookup::Archiving
+            } else {
+                Lookup::Unknown
+            };
         }
         if let Some(r) = shard.simple.get(&pid) {
             return Lookup::Archived {
@@ -226,13 +539,14 @@ impl MemoryArchive {
         if sealed.expires.is_some_and(|e| e <= Instant::now()) {
             return Lookup::Expired;
         }
+        let (bytes, tier) = (sealed.bytes.clone(), sealed.tier);
+        // The dictionary is locked before a shard everywhere else: let the shard go
+        // first. The dictionary only grows, so it still decodes these bytes.
+        drop(shard);
         let dict = lock(&self.dict);
-        match decode_binary_v2(&sealed.bytes, &dict) {
+        match decode_binary_v2(&bytes, &dict) {
             Ok(b) => match b.records.into_iter().find(|r| r.pid == pid) {
-                Some(record) => Lookup::Archived {
-                    record,
-                    tier: sealed.tier,
-                },
+                Some(record) => Lookup::Archived { record, tier },
                 None => self.failed(format!("batch {batch} lacks pid {pid}")),
             },
             Err(err) => self.failed(format!("batch {batch}: {err}")),
@@ -251,10 +565,10 @@ impl Archiver for MemoryArchive {
         let mut pass = ArchivePass::default();
         let tier = self.config.tier_for(self.archived_count());
         for shard in self.schema.shards() {
-            let records: Vec<CompletedRecord> = self.inboxes[shard as usize]
-                .try_iter()
-                .take(self.config.batch)
-                .collect();
+            let mut dict = lock(&self.dict);
+            let mut s = lock(&self.shards[shard as usize]);
+            s.receive(&self.inboxes[shard as usize]);
+            let records = s.take_received(self.config.batch);
             pass.entries += records.len();
             // A record of another shard would take another pid's place: drop it loudly.
             let (records, misrouted): (Vec<_>, Vec<_>) = records
@@ -268,7 +582,7 @@ impl Archiver for MemoryArchive {
                 );
             }
             pass.malformed += misrouted.len();
-            let (written, dups) = self.archive_records(shard, records, tier)?;
+            let (written, dups) = self.archive_locked(shard, &mut s, &mut dict, records, tier)?;
             pass.archived += written;
             pass.duplicates += dups;
         }

@@ -90,7 +90,9 @@ impl Config {
 }
 
 /// Where a record is kept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[non_exhaustive]
 pub enum Tier {
     /// The shard's hash of the seed's JSON, pid -> record.

@@ -17,8 +17,9 @@
 //! drained it from the inbox; in between, neither store holds it. The router therefore
 //! answers [`PartitionView::Archiving`] for a planned pid that neither the active layer
 //! nor the archive holds, whether or not the archive backend can see the completed index
-//! itself (Redis can; the memory archive cannot). The price is that a partition an
-//! operator discarded (`Maintenance::discard`) also reads as archiving.
+//! itself (Redis can; the memory archive knows the pids it has received). The price is
+//! that a partition an operator discarded (`Maintenance::discard`) also reads as
+//! archiving.
 //!
 //! The plans are cached: they are append-only, so a cached entry never goes stale and
 //! only a miss re-reads them. [`Router::stats`] merges the live active counts with the

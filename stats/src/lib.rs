@@ -57,6 +57,7 @@ mod hist;
 mod memory;
 mod model;
 mod redis_store;
+mod state;
 mod store;
 
 pub use aggregate::{RANGE_SIZE, StatsDelta};
@@ -68,4 +69,5 @@ pub use model::{
     DataRange, DayStats, GlobalStats, RangeStats, Stats, TimeRange, WorkerShare, WorkerStats,
 };
 pub use redis_store::{APPLY_DELTA_LUA, RedisStats, delta_args, scripts, stats_keys};
+pub use state::{STATS_STATE_VERSION, StatsState};
 pub use store::{SNAPSHOTS_KEPT, Snapshot, SnapshotConfig, SnapshotSchedule, StatsStore};

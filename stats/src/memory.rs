@@ -8,8 +8,9 @@ use dashmap::DashMap;
 
 use crate::aggregate::{Aggregate, RANGE_SIZE};
 use crate::model::render_range;
+use crate::state::{AggState, STATS_STATE_VERSION, StatsState};
 use crate::store::{SNAPSHOTS_KEPT, Snapshot, SnapshotConfig, StatsStore, now_ms};
-use crate::{RangeStats, Result, Stats, StatsDelta};
+use crate::{Error, RangeStats, Result, Stats, StatsDelta};
 
 /// Statistics in memory, per shard, with the same behaviour as [`RedisStats`].
 ///
@@ -53,6 +54,71 @@ impl MemoryStats {
         let mut agg = delta.agg.clone();
         agg.updated = Some(now_ms);
         self.shards.entry(shard).or_default().merge(&agg);
+    }
+
+    /// Everything these statistics hold, for the embedded state file. Consistent with
+    /// an archive only while nothing applies a delta, so the memory archive takes it
+    /// under its own locks when it saves its state.
+    pub fn state(&self) -> StatsState {
+        let mut shards: Vec<(u32, AggState)> = self
+            .shards
+            .iter()
+            .map(|e| (*e.key(), AggState::from_agg(e.value())))
+            .collect();
+        shards.sort_unstable_by_key(|(s, _)| *s);
+        let snapshots = lock(&self.snapshots);
+        StatsState {
+            version: STATS_STATE_VERSION,
+            shards,
+            next_snapshot: snapshots.next,
+            snapshots: snapshots.kept.values().cloned().collect(),
+            snapshot_config: snapshots.config.clone(),
+        }
+    }
+
+    /// Statistics exactly as `state` saved them: every query answers as it did.
+    /// [`Error::Corrupt`] for another state version or a malformed state.
+    pub fn restore(state: StatsState) -> Result<Self> {
+        if state.version != STATS_STATE_VERSION {
+            return Err(Error::Corrupt {
+                key: "stats state".into(),
+                detail: format!(
+                    "version {} (this build reads version {STATS_STATE_VERSION})",
+                    state.version
+                ),
+            });
+        }
+        let shards = DashMap::new();
+        for (shard, agg) in state.shards {
+            if shards.insert(shard, agg.into_agg()?).is_some() {
+                return Err(Error::Corrupt {
+                    key: "stats state".into(),
+                    detail: format!("shard {shard} saved twice"),
+                });
+            }
+        }
+        let kept: BTreeMap<u64, Snapshot> = state
+            .snapshots
+            .into_iter()
+            .map(|s| (s.version, s))
+            .collect();
+        if kept.keys().any(|&v| v > state.next_snapshot) {
+            return Err(Error::Corrupt {
+                key: "stats state".into(),
+                detail: format!(
+                    "a snapshot is newer than the last version {}",
+                    state.next_snapshot
+                ),
+            });
+        }
+        Ok(Self {
+            shards,
+            snapshots: Mutex::new(Snapshots {
+                next: state.next_snapshot,
+                kept,
+                config: state.snapshot_config,
+            }),
+        })
     }
 
     /// The configuration of the latest snapshot, if any.

@@ -19,7 +19,7 @@ use tranche_router::Router;
 use tranche_stats::{RedisStats, StatsStore};
 
 use crate::cli::{Global, TierArgs};
-use crate::state::Embedded;
+use crate::embedded::EmbeddedBackend;
 
 /// Shards of a namespace created without `--shards`.
 pub(crate) const DEFAULT_SHARDS: u32 = 4;
@@ -78,7 +78,7 @@ enum Place {
         schema: KeySchema,
         shown: String,
     },
-    Embedded(Embedded),
+    Embedded(EmbeddedBackend),
 }
 
 impl Backend {
@@ -164,7 +164,7 @@ impl Backend {
     async fn open_embedded(global: &Global, open: Open, tuning: Tuning) -> Result<Self> {
         let ns = &global.namespace;
         let path = state_path(global);
-        let embedded = Embedded::open(&path, ns, global.shards, open, &tuning).await?;
+        let embedded = EmbeddedBackend::open(&path, ns, global.shards, open, &tuning).await?;
         let shards = embedded.shards();
         let archive_config = embedded.archive_config().clone();
         let (active, archive, stats) = embedded.layers();

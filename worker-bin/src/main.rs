@@ -8,6 +8,7 @@
 
 mod backend;
 mod cli;
+mod embedded;
 mod job;
 mod ops;
 mod progress;
@@ -70,9 +71,17 @@ fn main() -> ExitCode {
         }
         Ok(ops::Outcome::Interrupted) => ExitCode::from(EXIT_INTERRUPTED),
         Err(err) => {
-            // One line: the outermost context, then its causes.
-            let chain: Vec<String> = err.chain().map(|e| e.to_string()).collect();
-            eprintln!("tranche: {}", chain.join(": "));
+            // One line: the outermost context, then each cause it does not already say.
+            let mut line = String::new();
+            for cause in err.chain().map(|e| e.to_string()) {
+                if !line.contains(&cause) {
+                    if !line.is_empty() {
+                        line.push_str(": ");
+                    }
+                    line.push_str(&cause);
+                }
+            }
+            eprintln!("tranche: {line}");
             ExitCode::from(EXIT_ERROR)
         }
     }

@@ -10,6 +10,7 @@ const BENCHES: &[(&str, &str, bool)] = &[
     ("window", "tranche-window", false),
     ("active", "tranche-active-store", true),
     ("archive", "tranche-archive-store", true),
+    ("embedded_state", "tranche-worker", false),
 ];
 
 pub(crate) fn run(args: &[String]) -> Result<()> {

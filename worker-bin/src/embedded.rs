@@ -1,0 +1,134 @@
+//! The embedded backend as the rest of the binary sees it: [`state::Embedded`]'s three
+//! memory stores, the state file they are saved to, and the settings they were opened
+//! with.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Result, bail};
+use tranche_active_store::{ActiveStore, Config as ActiveConfig, SystemClock};
+use tranche_archive_store::Config as ArchiveConfig;
+use tranche_stats::StatsStore;
+
+use crate::backend::{ArchiveStore, DEFAULT_SHARDS, Open, Tuning, archive_config};
+use crate::state::{self, Embedded};
+
+/// One namespace held in this process, and the file it is saved to.
+pub(crate) struct EmbeddedBackend {
+    path: PathBuf,
+    stores: Embedded,
+    archive_config: ArchiveConfig,
+    shards: u32,
+}
+
+impl EmbeddedBackend {
+    /// Loads the namespace from `path`, or starts an empty one when `open` allows. The
+    /// leases a previous process held are released at once, checkpoints kept: an
+    /// embedded namespace has one worker, and the one that saved them is gone.
+    pub(crate) async fn open(
+        path: &Path,
+        ns: &str,
+        shards: Option<u32>,
+        open: Open,
+        tuning: &Tuning,
+    ) -> Result<Self> {
+        let saved = state::load(path)?;
+        let shards = match (&saved, shards) {
+            (Some(s), Some(asked)) if s.active.num_shards != asked => bail!(
+                "namespace `{ns}` in {} has {} shards, not {asked}",
+                path.display(),
+                s.active.num_shards
+            ),
+            (Some(s), _) if s.active.namespace != ns => bail!(
+                "{} holds namespace `{}`, not `{ns}` (pass --namespace {} or another --state)",
+                path.display(),
+                s.active.namespace,
+                s.active.namespace
+            ),
+            (Some(s), _) => s.active.num_shards,
+            (None, _) if open == Open::Existing => bail!(
+                "namespace `{ns}` has no state file at {} (run `tranche plan` first, or pass --state or --redis)",
+                path.display()
+            ),
+            (None, asked) => asked.unwrap_or(DEFAULT_SHARDS),
+        };
+        let active_config = ActiveConfig {
+            namespace: ns.to_owned(),
+            num_shards: shards,
+            ..tuning.active.clone()
+        };
+        let first_pid = saved
+            .as_ref()
+            .and_then(|s| s.active.first_pid())
+            .unwrap_or(1);
+        let archive_config = archive_config(ns, shards, first_pid, tuning);
+        let clock = Arc::new(SystemClock);
+        let stores = match saved {
+            Some(saved) => Embedded::restore(
+                active_config,
+                archive_config.clone(),
+                clock,
+                saved,
+                tranche_active_store::RestoredLeases::Release,
+            )?,
+            None => Embedded::new(active_config, archive_config.clone(), clock)?,
+        };
+        Ok(Self {
+            path: path.to_owned(),
+            stores,
+            archive_config,
+            shards,
+        })
+    }
+
+    /// The namespace's shard count.
+    pub(crate) fn shards(&self) -> u32 {
+        self.shards
+    }
+
+    /// The archive settings the stores were opened with.
+    pub(crate) fn archive_config(&self) -> &ArchiveConfig {
+        &self.archive_config
+    }
+
+    /// The state file.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The three layers as trait objects.
+    pub(crate) fn layers(
+        &self,
+    ) -> (
+        Arc<dyn ActiveStore>,
+        Arc<dyn ArchiveStore>,
+        Arc<dyn StatsStore>,
+    ) {
+        (
+            self.stores.active.clone(),
+            self.stores.archive.clone(),
+            self.stores.stats.clone(),
+        )
+    }
+
+    /// Records completed and not yet archived.
+    pub(crate) fn inbox_len(&self) -> u64 {
+        let channels: u64 = (0..self.shards)
+            .filter_map(|s| self.stores.active.inbox(s))
+            .map(|r| r.len() as u64)
+            .sum();
+        channels + self.stores.archive.received_count()
+    }
+
+    /// Writes the state file (atomically; see [`state`]). Blocking I/O, moved off the
+    /// async workers.
+    pub(crate) async fn save(&self) -> Result<()> {
+        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+        }
+        let report = tokio::task::block_in_place(|| self.stores.save(&self.path))?;
+        tracing::debug!(bytes = report.bytes, held = ?report.held, total = ?report.total, "state saved");
+        Ok(())
+    }
+}

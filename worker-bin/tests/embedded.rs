@@ -1,0 +1,127 @@
+//! The embedded mode end to end: a job interrupted with SIGINT and started again
+//! resumes from its state file and finishes, redoing no finished partition and
+//! resuming a released one at its checkpoint.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{
+    assert_every_id_processed, chunk_log, eventually, ok, scratch, signal, tranche, wait,
+};
+
+const MIN: u64 = 1;
+const MAX: u64 = 40_000;
+
+#[test]
+fn interrupted_embedded_job_resumes_where_it_stopped() {
+    let dir = scratch("embedded");
+    let log = dir.join("chunks.log");
+    let exec = format!("{} && sleep 0.03", common::example_script().display());
+    let cmd = |args: &[&str]| {
+        let mut c = tranche(&dir, args);
+        c.env("TRANCHE_LOG", &log);
+        c
+    };
+    ok(cmd(&[
+        "plan",
+        "--min",
+        &MIN.to_string(),
+        "--max",
+        &MAX.to_string(),
+        "--size",
+        "1000",
+    ]));
+    assert!(
+        dir.join(".tranche/tranche.state").exists(),
+        "plan saves the state file"
+    );
+
+    let run = [
+        "run",
+        "--exec",
+        &exec,
+        "--chunk",
+        "100",
+        "--parallel",
+        "2",
+        "--concurrency",
+        "3",
+    ];
+    let mut first = cmd(&run)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    eventually(Duration::from_secs(120), "a third of the chunks", || {
+        chunk_log(&log).len() >= 140
+    });
+    signal(&first, "INT");
+    let status = wait(&mut first, Duration::from_secs(60));
+    assert_eq!(status.code(), Some(130), "an interrupted run exits 130");
+
+    // What the first run finished, and where the partitions it released stand.
+    let before = chunk_log(&log).len();
+    let mut finished = BTreeSet::new();
+    let mut checkpoints = BTreeMap::new();
+    for pid in 1..=40u64 {
+        let v: serde_json::Value =
+            serde_json::from_str(&ok(cmd(&["get", &pid.to_string(), "--json"]))).unwrap();
+        match v["layer"].as_str() {
+            Some("archive") | Some("inbox") => {
+                finished.insert(pid);
+            }
+            Some("active") => {
+                let p = &v["partition"];
+                assert_ne!(
+                    p["status"], "claimed",
+                    "pid {pid} still claimed after a clean stop: {v}"
+                );
+                assert_ne!(
+                    p["status"], "running",
+                    "pid {pid} still running after a clean stop: {v}"
+                );
+                checkpoints.insert(pid, p["progress"].as_u64().unwrap());
+            }
+            other => panic!("pid {pid}: unexpected layer {other:?}: {v}"),
+        }
+    }
+    assert!(!finished.is_empty(), "the first run finished nothing");
+    assert!(
+        finished.len() < 40,
+        "the first run finished everything before the signal"
+    );
+    let resumed: Vec<_> = checkpoints
+        .iter()
+        .filter(|(pid, cp)| **cp > (*pid - 1) * 1000 + 1)
+        .collect();
+    assert!(
+        !resumed.is_empty(),
+        "no released partition carried a checkpoint: {checkpoints:?}"
+    );
+
+    let out = ok(cmd(&run));
+    assert!(out.contains("run finished"), "{out}");
+
+    let all = chunk_log(&log);
+    assert_every_id_processed(&all, MIN, MAX);
+    for &(pid, from, _) in &all[before..] {
+        assert!(
+            !finished.contains(&pid),
+            "partition {pid} was finished, and ran again from {from}"
+        );
+        if let Some(&cp) = checkpoints.get(&pid) {
+            assert!(
+                from >= cp,
+                "partition {pid} restarted at {from}, below its checkpoint {cp}"
+            );
+        }
+    }
+    let status: serde_json::Value = serde_json::from_str(&ok(cmd(&["status", "--json"]))).unwrap();
+    assert_eq!(status["archived"], 40, "{status}");
+    assert_eq!(status["finished"], 40, "{status}");
+    let check = ok(cmd(&["check"]));
+    assert!(check.contains("consistent"), "{check}");
+}
