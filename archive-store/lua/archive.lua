@@ -39,7 +39,16 @@ for i = 1, n do
 end
 if #dups > 1 then return dups end
 
--- All fresh: set the bits, write the tiers, count.
+-- All fresh. The statistics first: apply_stats refuses, before writing anything, a
+-- delta that could overflow a counter, and Redis does not undo a script's earlier
+-- writes, so a refused batch must find nothing written yet. The statistics then count
+-- exactly what the rest of this call writes, in the same atomic step.
+local m = tonumber(ARGV[2 + 4 * n])
+local a = 3 + 4 * n + m
+local s = tonumber(ARGV[a])
+apply_stats(4, a + s + 2)
+
+-- Set the bits, write the tiers, count.
 local sets, simple, open = {}, {}, {}
 for i = 1, n do
   local base = 4 * (i - 1) + 2
@@ -63,12 +72,9 @@ redis.call('BITFIELD', KEYS[1], unpack(sets))
 if #simple > 0 then variadic('HSET', KEYS[2], simple) end
 for k, fields in pairs(open) do variadic('HSET', KEYS[k], fields) end
 redis.call('HINCRBY', KEYS[3], 'count', n)
-local m = tonumber(ARGV[2 + 4 * n])
 if m > 0 then redis.call('SADD', KEYS[9], unpack(ARGV, 3 + 4 * n, 2 + 4 * n + m)) end
 -- A batch whose every planned pid is in this call, all fresh, has nothing archived
 -- elsewhere (no open hash, no partial seal): the caller sealed it already.
-local a = 3 + 4 * n + m
-local s = tonumber(ARGV[a])
 local ttl = ARGV[a + s + 1]
 for j = 1, s do
   if tonumber(ttl) > 0 then
@@ -77,8 +83,6 @@ for j = 1, s do
     redis.call('SET', KEYS[9 + m + j], ARGV[a + j])
   end
 end
--- The statistics change in the same atomic step: they count exactly what was written.
-apply_stats(4, a + s + 2)
 local out = {1, n}
 for j = 1, m do
   local partial = redis.call('HGET', KEYS[3], 'partial:' .. ARGV[2 + 4 * n + j]) or 0
