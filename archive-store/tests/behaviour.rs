@@ -269,6 +269,7 @@ suite!(
     compaction_moves_older_records_to_the_current_tier,
     a_random_workload_matches_a_model,
     records_in_the_wrong_inbox_are_dropped,
+    open_batches_answer_compressed_until_sealed,
 );
 
 async fn simple_tier_round_trip(kind: Kind, shards: u32) {
@@ -663,6 +664,26 @@ async fn records_in_the_wrong_inbox_are_dropped(kind: Kind, shards: u32) {
     }
 }
 
+async fn open_batches_answer_compressed_until_sealed(kind: Kind, shards: u32) {
+    let h = Harness::with(
+        kind,
+        compressed_config(shards, 0, Duration::from_secs(3600)),
+    )
+    .await;
+    // The summary tier from the start. Batch 0 (pids 1..=99) is complete and sealed at
+    // once; batch 1 gets half its pids and stays open.
+    let recs = records(1..=150);
+    h.complete(&recs).await;
+    h.drain().await;
+    assert_eq!(h.get(5).await, archived(&recs[4], Tier::Summary));
+    // An open batch has no expiry: it answers as compressed, whatever tier is in force.
+    assert_eq!(h.get(120).await, archived(&recs[119], Tier::Compressed));
+    // Sealed (here by compaction) under the summary tier, it expires and says so.
+    assert_eq!(h.compaction.compact().await.unwrap(), 1);
+    assert_eq!(h.get(120).await, archived(&recs[119], Tier::Summary));
+    h.assert_stats(&recs).await;
+}
+
 // ---- Redis only: consumer groups.
 
 #[tokio::test]
@@ -704,6 +725,40 @@ async fn a_dead_archivers_entries_are_taken_over() {
             assert_eq!(len, 0, "shard {shard}");
         }
     }
+}
+
+#[tokio::test]
+async fn a_batch_the_statistics_refuse_writes_nothing() {
+    let h = Harness::new(Kind::Redis, 1).await;
+    let Backend::Redis(_, conn) = &h.backend else {
+        unreachable!()
+    };
+    let mut c = conn.clone();
+    // The shard's count has reached 10^18: the statistics refuse any further delta.
+    let global = tranche_stats::stats_keys(&h.schema, 0)[0].clone();
+    let _: () = c
+        .hset(&global, "count", "1000000000000000000")
+        .await
+        .unwrap();
+    h.complete(&records(1..=10)).await;
+    assert!(h.archiver.archive_once().await.is_err());
+    // Nothing of the batch was written: no archived bit, no record, no count, and the
+    // entry is still pending for a later pass.
+    let archived: Option<Vec<u8>> = c.get(h.schema.shard_key(0, "archived")).await.unwrap();
+    assert_eq!(archived, None);
+    let simple: usize = c.hlen(h.schema.completed(0)).await.unwrap();
+    assert_eq!(simple, 0);
+    let count: Option<u64> = c
+        .hget(h.schema.shard_key(0, "archive"), "count")
+        .await
+        .unwrap();
+    assert_eq!(count, None);
+    assert_eq!(h.get(3).await, Lookup::Archiving);
+    let pending: redis::Value = c.xpending(h.schema.inbox(0), "archivers").await.unwrap();
+    assert!(
+        matches!(pending, redis::Value::Array(ref v) if v.first() == Some(&redis::Value::Int(1))),
+        "{pending:?}"
+    );
 }
 
 /// Reads every inbox entry as consumer `name` of the archivers' group, and dies.

@@ -24,7 +24,7 @@ use tranche_stats::{StatsDelta, delta_args};
 
 use crate::dump::{Dump, DumpBatch};
 use crate::model::{ArchivePass, Config, Lookup, RangePage, Tier};
-use crate::store::{ArchiveQuery, Archiver, Compaction, Export, Import};
+use crate::store::{ArchiveQuery, Archiver, Compaction, Export, Import, page_by_lookup};
 use crate::{Error, Result};
 
 macro_rules! script {
@@ -81,6 +81,13 @@ const MAX_SCRIPT_RECORDS: usize = 1000;
 /// keys of `tranche-stats` that `archive.lua` updates in the same step.
 /// Namespace keys: `{ns}:dict` (the worker dictionary) and `{ns}:meta`
 /// (`decode_failures`).
+///
+/// A pass reads every shard's inbox at once and sends a shard's archive calls (up to
+/// [`MAX_SCRIPT_RECORDS`] records each, cut at batch boundaries) together, pipelined
+/// on the connection: on a cluster the shards' calls go to their own nodes in
+/// parallel. The simple tier and open batches store each record's inbox line as it
+/// arrived (the active store's `encode_json`), decoded once to check it, to count it
+/// and to seal full batches, but never encoded again.
 ///
 /// Generic over the connection so any multiplexed [`ConnectionLike`] works.
 #[derive(Debug)]
@@ -954,28 +961,7 @@ where
     }
 
     async fn range(&self, pids: RangeInclusive<u64>, limit: usize) -> Result<RangePage> {
-        let limit = limit.max(1);
-        let (mut pid, end) = (*pids.start(), *pids.end());
-        let mut records = Vec::new();
-        while pid <= end {
-            if records.len() == limit {
-                return Ok(RangePage {
-                    records,
-                    next: Some(pid),
-                });
-            }
-            if let Lookup::Archived { record, .. } = self.lookup(pid).await? {
-                records.push(record);
-            }
-            if pid == u64::MAX {
-                break;
-            }
-            pid += 1;
-        }
-        Ok(RangePage {
-            records,
-            next: None,
-        })
+        page_by_lookup(pids, limit, |pid| self.lookup(pid)).await
     }
 
     async fn decode_failures(&self) -> Result<u64> {
