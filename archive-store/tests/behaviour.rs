@@ -270,6 +270,7 @@ suite!(
     a_random_workload_matches_a_model,
     records_in_the_wrong_inbox_are_dropped,
     open_batches_answer_compressed_until_sealed,
+    duplicates_in_a_complete_batch_are_found,
 );
 
 async fn simple_tier_round_trip(kind: Kind, shards: u32) {
@@ -681,6 +682,35 @@ async fn open_batches_answer_compressed_until_sealed(kind: Kind, shards: u32) {
     // Sealed (here by compaction) under the summary tier, it expires and says so.
     assert_eq!(h.compaction.compact().await.unwrap(), 1);
     assert_eq!(h.get(120).await, archived(&recs[119], Tier::Summary));
+    h.assert_stats(&recs).await;
+}
+
+async fn duplicates_in_a_complete_batch_are_found(kind: Kind, shards: u32) {
+    let h = Harness::with(kind, compressed_config(shards, u64::MAX, Duration::ZERO)).await;
+    // Some pids of batches 0 and 1 first (at both ends of the script's 32-bit fields
+    // and inside them), then both batches whole: those arrive complete in one call,
+    // and the archived ones must be found and dropped, the rest written once.
+    let recs = records(1..=199);
+    let early: Vec<CompletedRecord> = [1, 32, 33, 64, 70, 99, 100, 131, 150, 199]
+        .iter()
+        .map(|&p| record(p))
+        .collect();
+    h.complete(&early).await;
+    assert_eq!(h.drain().await.archived, early.len());
+    h.complete(&recs).await;
+    let pass = h.drain().await;
+    assert_eq!(
+        (pass.archived, pass.duplicates),
+        (recs.len() - early.len(), early.len())
+    );
+    for r in &recs {
+        assert_eq!(
+            h.get(r.pid).await,
+            archived(r, Tier::Compressed),
+            "pid {}",
+            r.pid
+        );
+    }
     h.assert_stats(&recs).await;
 }
 

@@ -423,15 +423,17 @@ where
             if items.is_empty() {
                 return Ok((0, dups));
             }
-            // Per batch (a run of adjacent items): its target in the script, 0 for the
-            // simple hash, k for the k-th open batch, -1 when this call holds every
-            // planned pid of it and it goes straight to its sealed form.
+            // Per batch (a run of adjacent items): whether this call holds every planned
+            // pid of it, so that it goes straight to its sealed form. Such a run's pids,
+            // and so its bits, are contiguous: the script takes its first bit and count.
             let runs = self.batch_runs(&items);
             let full: Vec<bool> = runs
                 .iter()
                 .map(|&(b, ref r)| {
+                    let run = &items[r.clone()];
                     tier != Tier::Simple
-                        && items[r.clone()]
+                        && run[run.len() - 1].record.pid - run[0].record.pid + 1 == run.len() as u64
+                        && run
                             .iter()
                             .filter(|i| i.record.pid >= self.config.first_pid)
                             .count() as u64
@@ -447,28 +449,35 @@ where
                 inv.key(k);
             }
             inv.key(&keys.open);
-            inv.arg(items.len());
+            // The script numbers records as it receives them: the ones sent one by one,
+            // then the sealed batches'. `order` maps its numbers back to `items`.
+            let mut order: Vec<usize> = Vec::with_capacity(items.len());
             let mut open: Vec<u64> = Vec::new();
             let mut delta = StatsDelta::default();
-            for (&(batch, ref range), &full) in runs.iter().zip(&full) {
+            for item in &items {
+                delta.add(&item.record);
+            }
+            let one_by_one: usize = runs
+                .iter()
+                .zip(&full)
+                .filter(|(_, f)| !**f)
+                .map(|((_, r), _)| r.len())
+                .sum();
+            inv.arg(one_by_one);
+            for (&(batch, ref range), _) in runs.iter().zip(&full).filter(|(_, f)| !**f) {
                 let target: i64 = if tier == Tier::Simple {
                     0
-                } else if full {
-                    -1
                 } else {
                     open.push(batch);
                     open.len() as i64
                 };
-                for item in &items[range.clone()] {
+                for (i, item) in items[range.clone()].iter().enumerate() {
                     let r = &item.record;
-                    delta.add(r);
-                    inv.arg(r.pid).arg(self.schema.bit_offset(r.pid));
-                    if target == -1 {
-                        inv.arg("");
-                    } else {
-                        inv.arg(item.json().as_ref());
-                    }
-                    inv.arg(target);
+                    order.push(range.start + i);
+                    inv.arg(r.pid)
+                        .arg(self.schema.bit_offset(r.pid))
+                        .arg(item.json().as_ref())
+                        .arg(target);
                 }
             }
             inv.arg(open.len());
@@ -482,6 +491,11 @@ where
                 inv.arg(bytes.as_slice());
             }
             inv.arg(self.ttl_ms(tier));
+            for ((_, range), _) in runs.iter().zip(&full).filter(|(_, f)| **f) {
+                order.extend(range.clone());
+                inv.arg(self.schema.bit_offset(items[range.start].record.pid))
+                    .arg(range.len());
+            }
             for a in delta_args(&delta, now_ms()) {
                 inv.arg(a);
             }
@@ -503,7 +517,10 @@ where
                     return Ok((n, dups));
                 }
                 Some((0, taken)) => {
-                    let taken: HashSet<usize> = taken.iter().map(|&i| i as usize - 1).collect();
+                    let taken: HashSet<usize> = taken
+                        .iter()
+                        .filter_map(|&i| order.get((i as usize).wrapping_sub(1)).copied())
+                        .collect();
                     dups += taken.len();
                     items = items
                         .into_iter()
