@@ -87,7 +87,9 @@ const MAX_SCRIPT_RECORDS: usize = 1000;
 /// on the connection: on a cluster the shards' calls go to their own nodes in
 /// parallel. The simple tier and open batches store each record's inbox line as it
 /// arrived (the active store's `encode_json`), decoded once to check it, to count it
-/// and to seal full batches, but never encoded again.
+/// and to seal full batches, but never encoded again. A batch complete within one call
+/// is sealed before the call and sent as its binary v2 string plus its first bit
+/// offset and record count (its bits are contiguous), with no per-record arguments.
 ///
 /// Generic over the connection so any multiplexed [`ConnectionLike`] works.
 #[derive(Debug)]
