@@ -10,6 +10,9 @@
 //! text batches (`APPEND` of `P{pid}:{min}-{max}:{code}:{ts}:{dur},` per record, one key
 //! per batch of 100) are measured the same way on a second server.
 //!
+//! Beside the archiver's records per second (wall time), the CPU that Redis and this
+//! process spent per record while it ran, which other load on the machine skews less.
+//!
 //! Set `TRANCHE_BENCH_MAX` to stop earlier (e.g. 1000000). Output: a table on stdout
 //! and JSON at `$TRANCHE_BENCH_OUT` (default `target/tranche-bench/archive.json`).
 
@@ -113,6 +116,37 @@ fn print_breakdown(server: &TestRedis) {
     }
 }
 
+/// The server's CPU time so far (user + system, every thread), in seconds.
+async fn server_cpu_s(conn: &RedisConnection) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(&mut conn.clone())
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|l| {
+            l.strip_prefix("used_cpu_user:")
+                .or_else(|| l.strip_prefix("used_cpu_sys:"))
+        })
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum()
+}
+
+/// This process's CPU time so far (user + system, every thread), in seconds, from
+/// `/proc/self/stat` (clock ticks of 10 ms; summed over many rounds the rounding
+/// averages out). 0 where there is no `/proc`.
+fn own_cpu_s() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = after
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse::<u64>().ok())
+        .sum();
+    ticks as f64 / 100.0
+}
+
 fn p99_ms(mut xs: Vec<Duration>) -> f64 {
     xs.sort();
     xs[xs.len() * 99 / 100].as_secs_f64() * 1000.0
@@ -142,6 +176,10 @@ struct SetResult {
     seed_text: Vec<(u64, f64)>,
     get_p99: Vec<(&'static str, f64)>,
     records_per_s: f64,
+    /// Redis CPU per archived record while the archiver ran, µs.
+    redis_cpu_us: f64,
+    /// This process's CPU per archived record while the archiver ran, µs.
+    client_cpu_us: f64,
 }
 
 async fn run_set(millis: bool, max: u64) -> SetResult {
@@ -157,6 +195,9 @@ async fn run_set(millis: bool, max: u64) -> SetResult {
     let mut source = Gen::new(millis);
     let mut all_done = 0u64;
     let mut busy = Duration::ZERO;
+    // CPU seconds spent while the archiver ran, by Redis and by this process: less
+    // sensitive than wall time to other load on the machine.
+    let (mut server_cpu, mut client_cpu) = (0.0f64, 0.0f64);
     let mut bytes = Vec::new();
     let mut gets = Vec::new();
     for &checkpoint in CHECKPOINTS.iter().filter(|&&c| c <= max) {
@@ -176,6 +217,7 @@ async fn run_set(millis: bool, max: u64) -> SetResult {
                     .ignore();
             }
             let _: () = pipe.query_async(&mut conn.clone()).await.unwrap();
+            let (server0, own0) = (server_cpu_s(&conn).await, own_cpu_s());
             let t = Instant::now();
             loop {
                 let pass = archive.archive_once().await.unwrap();
@@ -184,6 +226,8 @@ async fn run_set(millis: bool, max: u64) -> SetResult {
                 }
             }
             busy += t.elapsed();
+            server_cpu += server_cpu_s(&conn).await - server0;
+            client_cpu += own_cpu_s() - own0;
             let before = all_done;
             all_done += n;
             if before < 300_000 && all_done >= 300_000 {
@@ -217,6 +261,8 @@ async fn run_set(millis: bool, max: u64) -> SetResult {
         seed_text,
         get_p99: gets,
         records_per_s: all_done as f64 / busy.as_secs_f64(),
+        redis_cpu_us: server_cpu * 1e6 / all_done as f64,
+        client_cpu_us: client_cpu * 1e6 / all_done as f64,
     }
 }
 
@@ -298,6 +344,10 @@ async fn main() {
         "archiver: {:.0} records/s (S), {:.0} (M)",
         s.records_per_s, m.records_per_s
     );
+    println!(
+        "archiver CPU per record: Redis {:.2} µs, client {:.2} µs (S); {:.2}, {:.2} (M)",
+        s.redis_cpu_us, s.client_cpu_us, m.redis_cpu_us, m.client_cpu_us
+    );
     let mut get = Map::new();
     get.insert("active".into(), Value::Null);
     for (tier, p99) in &s.get_p99 {
@@ -310,10 +360,14 @@ async fn main() {
         "all_active_p99_ms": Value::Null,
         "stats_p99_ms": Value::Null,
         "archiver_records_per_s": s.records_per_s.round(),
+        "archiver_redis_cpu_us_per_record": (s.redis_cpu_us * 100.0).round() / 100.0,
+        "archiver_client_cpu_us_per_record": (s.client_cpu_us * 100.0).round() / 100.0,
         "M": {
             "bytes_per_partition": by_count(&m.bytes),
             "seed_text_bytes_per_partition": by_count(&m.seed_text),
             "archiver_records_per_s": m.records_per_s.round(),
+            "archiver_redis_cpu_us_per_record": (m.redis_cpu_us * 100.0).round() / 100.0,
+            "archiver_client_cpu_us_per_record": (m.client_cpu_us * 100.0).round() / 100.0,
         },
     });
     let path = std::env::var_os("TRANCHE_BENCH_OUT")

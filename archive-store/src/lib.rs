@@ -20,7 +20,9 @@
 //! between passes and never stops the archiver. Compressed batches take records in any
 //! order into a small hash (`…:completed:batch:N:open`, a listpack: no `APPEND`
 //! over-allocation) and are sealed into codec's binary v2 once they hold every planned
-//! pid of the batch; sealing replaces the hash only if it is unchanged. The worker
+//! pid of the batch; sealing replaces the hash only if it is unchanged. An open batch
+//! answers [`Tier::Compressed`] even in the summary tier (it has no expiry until it is
+//! sealed). The worker
 //! dictionary (`{ns}:dict`) grows by compare-and-set, so every archiver agrees on it.
 //! A batch that fails to decode answers [`Lookup::Undecodable`] and counts in
 //! `{ns}:meta` `decode_failures`; an expired summary batch answers [`Lookup::Expired`]:

@@ -18,7 +18,7 @@ use crate::state::{ARCHIVE_STATE_VERSION, ArchiveState, SealedState, ShardState}
 
 use crate::dump::{Dump, DumpBatch};
 use crate::model::{ArchivePass, Config, Lookup, RangePage, Tier};
-use crate::store::{ArchiveQuery, Archiver, Compaction, Export, Import};
+use crate::store::{ArchiveQuery, Archiver, Compaction, Export, Import, page_by_lookup};
 use crate::{Error, Result};
 
 /// The archive in memory, fed by one channel per shard (the memory active store's
@@ -646,28 +646,7 @@ impl ArchiveQuery for MemoryArchive {
     }
 
     async fn range(&self, pids: RangeInclusive<u64>, limit: usize) -> Result<RangePage> {
-        let limit = limit.max(1);
-        let (mut pid, end) = (*pids.start(), *pids.end());
-        let mut records = Vec::new();
-        while pid <= end {
-            if records.len() == limit {
-                return Ok(RangePage {
-                    records,
-                    next: Some(pid),
-                });
-            }
-            if let Lookup::Archived { record, .. } = self.lookup(pid) {
-                records.push(record);
-            }
-            if pid == u64::MAX {
-                break;
-            }
-            pid += 1;
-        }
-        Ok(RangePage {
-            records,
-            next: None,
-        })
+        page_by_lookup(pids, limit, |pid| std::future::ready(Ok(self.lookup(pid)))).await
     }
 
     async fn decode_failures(&self) -> Result<u64> {

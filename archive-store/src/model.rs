@@ -15,8 +15,12 @@ pub struct Config {
     pub num_shards: u32,
     /// Inbox entries read per shard and pass at most (the seed's "every 100 updates").
     pub batch: usize,
-    /// The longest an idle archiver waits before looking at the inbox again (the seed's
-    /// "or every 30 s"); it polls sooner while work keeps arriving.
+    /// The longest an entry waits in an idle inbox before an archiver looks (the seed's
+    /// "or every 30 s"): [`run`](crate::run) polls with a wait doubling from 5 ms up to
+    /// this, and back to none while work keeps arriving. It polls rather than blocking
+    /// in `XREADGROUP BLOCK` because a blocked connection serves nobody else and one
+    /// blocking read cannot span shards (their inboxes lie in different cluster slots):
+    /// blocking would take a dedicated connection per shard, up to 1024 per archiver.
     pub block: Duration,
     /// Archived count from which new records go to the compressed tier.
     pub compressed_at: u64,
@@ -89,7 +93,11 @@ impl Config {
     }
 }
 
-/// Where a record is kept.
+/// Where a record is kept: the tier new records go to ([`Config::tier_for`]), and the
+/// tier a [`Lookup::Archived`] or a dump's batch reports, which is where the record is
+/// stored now. A batch still filling (open, not sealed) answers [`Tier::Compressed`]
+/// in the compressed and the summary tier alike: it has no expiry yet. It answers
+/// [`Tier::Summary`] from when it is sealed under the summary tier (and so expires).
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]
@@ -100,6 +108,7 @@ pub enum Tier {
     /// Batches of 100: open hashes while they fill, sealed binary v2 strings once full.
     Compressed,
     /// As compressed, but sealed batches expire; the statistics layer answers after.
+    /// Only sealed batches report it: an open batch does not expire.
     Summary,
 }
 

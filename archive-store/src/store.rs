@@ -105,6 +105,11 @@ forward!(Arc<T>, Box<T>);
 /// while idle, passes spaced from 5 ms doubling up to [`Archiver::idle_wait`] (so an
 /// entry waits at most that long, the seed's "every 30 s"). A failed pass is logged and
 /// retried after the idle wait; the loop never gives up on its own.
+///
+/// It polls instead of blocking in `XREADGROUP … BLOCK`: the Redis archiver shares one
+/// multiplexed connection, which a blocking read would stall for everyone, and a
+/// blocking read covers the streams of one slot only, so it would need a dedicated
+/// connection per shard. An idle poll costs one short round trip per shard.
 pub async fn run<A: Archiver + ?Sized>(archiver: &A, shutdown: impl Future<Output = ()>) {
     tokio::pin!(shutdown);
     let max = archiver.idle_wait().max(Duration::from_millis(1));
@@ -130,4 +135,40 @@ pub async fn run<A: Archiver + ?Sized>(archiver: &A, shutdown: impl Future<Outpu
             () = tokio::time::sleep(pause) => {}
         }
     }
+}
+
+/// The paging of [`ArchiveQuery::range`], shared by both backends: looks up each pid of
+/// `pids` in order with `lookup` and keeps the archived records, at most `limit` (at
+/// least 1) per page. Memory stays bounded by `limit`.
+pub(crate) async fn page_by_lookup<F, Fut>(
+    pids: RangeInclusive<u64>,
+    limit: usize,
+    mut lookup: F,
+) -> Result<RangePage>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: Future<Output = Result<Lookup>>,
+{
+    let limit = limit.max(1);
+    let (mut pid, end) = (*pids.start(), *pids.end());
+    let mut records = Vec::new();
+    while pid <= end {
+        if records.len() == limit {
+            return Ok(RangePage {
+                records,
+                next: Some(pid),
+            });
+        }
+        if let Lookup::Archived { record, .. } = lookup(pid).await? {
+            records.push(record);
+        }
+        if pid == u64::MAX {
+            break;
+        }
+        pid += 1;
+    }
+    Ok(RangePage {
+        records,
+        next: None,
+    })
 }

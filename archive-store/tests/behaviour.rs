@@ -269,6 +269,8 @@ suite!(
     compaction_moves_older_records_to_the_current_tier,
     a_random_workload_matches_a_model,
     records_in_the_wrong_inbox_are_dropped,
+    open_batches_answer_compressed_until_sealed,
+    duplicates_in_a_complete_batch_are_found,
 );
 
 async fn simple_tier_round_trip(kind: Kind, shards: u32) {
@@ -391,17 +393,18 @@ fn compressed_config(shards: u32, summary_at: u64, ttl: Duration) -> Config {
 async fn summary_batches_expire(kind: Kind, shards: u32) {
     let h = Harness::with(
         kind,
-        compressed_config(shards, 0, Duration::from_millis(300)),
+        compressed_config(shards, 0, Duration::from_millis(1500)),
     )
     .await;
     // Batch 0 holds pids 1..=99 (pid 0 is never planned), batch 1 pids 100..=199.
+    // The TTL leaves room for 199 lookups on a loaded machine.
     let recs = records(1..=199);
     h.complete(&recs).await;
     h.drain().await;
     for r in &recs {
         assert_eq!(h.get(r.pid).await, archived(r, Tier::Summary));
     }
-    tokio::time::sleep(Duration::from_millis(450)).await;
+    tokio::time::sleep(Duration::from_millis(1700)).await;
     assert_eq!(h.get(1).await, Lookup::Expired);
     assert_eq!(h.get(150).await, Lookup::Expired);
     assert_eq!(h.query.decode_failures().await.unwrap(), 0);
@@ -661,6 +664,55 @@ async fn records_in_the_wrong_inbox_are_dropped(kind: Kind, shards: u32) {
     }
 }
 
+async fn open_batches_answer_compressed_until_sealed(kind: Kind, shards: u32) {
+    let h = Harness::with(
+        kind,
+        compressed_config(shards, 0, Duration::from_secs(3600)),
+    )
+    .await;
+    // The summary tier from the start. Batch 0 (pids 1..=99) is complete and sealed at
+    // once; batch 1 gets half its pids and stays open.
+    let recs = records(1..=150);
+    h.complete(&recs).await;
+    h.drain().await;
+    assert_eq!(h.get(5).await, archived(&recs[4], Tier::Summary));
+    // An open batch has no expiry: it answers as compressed, whatever tier is in force.
+    assert_eq!(h.get(120).await, archived(&recs[119], Tier::Compressed));
+    // Sealed (here by compaction) under the summary tier, it expires and says so.
+    assert_eq!(h.compaction.compact().await.unwrap(), 1);
+    assert_eq!(h.get(120).await, archived(&recs[119], Tier::Summary));
+    h.assert_stats(&recs).await;
+}
+
+async fn duplicates_in_a_complete_batch_are_found(kind: Kind, shards: u32) {
+    let h = Harness::with(kind, compressed_config(shards, u64::MAX, Duration::ZERO)).await;
+    // Some pids of batches 0 and 1 first (at both ends of the script's 32-bit fields
+    // and inside them), then both batches whole: those arrive complete in one call,
+    // and the archived ones must be found and dropped, the rest written once.
+    let recs = records(1..=199);
+    let early: Vec<CompletedRecord> = [1, 32, 33, 64, 70, 99, 100, 131, 150, 199]
+        .iter()
+        .map(|&p| record(p))
+        .collect();
+    h.complete(&early).await;
+    assert_eq!(h.drain().await.archived, early.len());
+    h.complete(&recs).await;
+    let pass = h.drain().await;
+    assert_eq!(
+        (pass.archived, pass.duplicates),
+        (recs.len() - early.len(), early.len())
+    );
+    for r in &recs {
+        assert_eq!(
+            h.get(r.pid).await,
+            archived(r, Tier::Compressed),
+            "pid {}",
+            r.pid
+        );
+    }
+    h.assert_stats(&recs).await;
+}
+
 // ---- Redis only: consumer groups.
 
 #[tokio::test]
@@ -702,6 +754,40 @@ async fn a_dead_archivers_entries_are_taken_over() {
             assert_eq!(len, 0, "shard {shard}");
         }
     }
+}
+
+#[tokio::test]
+async fn a_batch_the_statistics_refuse_writes_nothing() {
+    let h = Harness::new(Kind::Redis, 1).await;
+    let Backend::Redis(_, conn) = &h.backend else {
+        unreachable!()
+    };
+    let mut c = conn.clone();
+    // The shard's count has reached 10^18: the statistics refuse any further delta.
+    let global = tranche_stats::stats_keys(&h.schema, 0)[0].clone();
+    let _: () = c
+        .hset(&global, "count", "1000000000000000000")
+        .await
+        .unwrap();
+    h.complete(&records(1..=10)).await;
+    assert!(h.archiver.archive_once().await.is_err());
+    // Nothing of the batch was written: no archived bit, no record, no count, and the
+    // entry is still pending for a later pass.
+    let archived: Option<Vec<u8>> = c.get(h.schema.shard_key(0, "archived")).await.unwrap();
+    assert_eq!(archived, None);
+    let simple: usize = c.hlen(h.schema.completed(0)).await.unwrap();
+    assert_eq!(simple, 0);
+    let count: Option<u64> = c
+        .hget(h.schema.shard_key(0, "archive"), "count")
+        .await
+        .unwrap();
+    assert_eq!(count, None);
+    assert_eq!(h.get(3).await, Lookup::Archiving);
+    let pending: redis::Value = c.xpending(h.schema.inbox(0), "archivers").await.unwrap();
+    assert!(
+        matches!(pending, redis::Value::Array(ref v) if v.first() == Some(&redis::Value::Int(1))),
+        "{pending:?}"
+    );
 }
 
 /// Reads every inbox entry as consumer `name` of the archivers' group, and dies.

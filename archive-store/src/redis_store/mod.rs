@@ -10,9 +10,10 @@ use std::sync::{Arc, LazyLock, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::future::try_join_all;
 use redis::aio::ConnectionLike;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
-use redis::{Script, Value};
+use redis::{FromRedisValue, Script, Value};
 use tranche_codec::{
     BinaryV2Options, CompletedRecord, KeySchema, WorkerDict, decode_binary_v2, decode_json,
     encode_binary_v2, encode_json,
@@ -23,7 +24,7 @@ use tranche_stats::{StatsDelta, delta_args};
 
 use crate::dump::{Dump, DumpBatch};
 use crate::model::{ArchivePass, Config, Lookup, RangePage, Tier};
-use crate::store::{ArchiveQuery, Archiver, Compaction, Export, Import};
+use crate::store::{ArchiveQuery, Archiver, Compaction, Export, Import, page_by_lookup};
 use crate::{Error, Result};
 
 macro_rules! script {
@@ -80,6 +81,15 @@ const MAX_SCRIPT_RECORDS: usize = 1000;
 /// keys of `tranche-stats` that `archive.lua` updates in the same step.
 /// Namespace keys: `{ns}:dict` (the worker dictionary) and `{ns}:meta`
 /// (`decode_failures`).
+///
+/// A pass reads every shard's inbox at once and sends a shard's archive calls (up to
+/// [`MAX_SCRIPT_RECORDS`] records each, cut at batch boundaries) together, pipelined
+/// on the connection: on a cluster the shards' calls go to their own nodes in
+/// parallel. The simple tier and open batches store each record's inbox line as it
+/// arrived (the active store's `encode_json`), decoded once to check it, to count it
+/// and to seal full batches, but never encoded again. A batch complete within one call
+/// is sealed before the call and sent as its binary v2 string plus its first bit
+/// offset and record count (its bits are contiguous), with no per-record arguments.
 ///
 /// Generic over the connection so any multiplexed [`ConnectionLike`] works.
 #[derive(Debug)]
@@ -150,10 +160,45 @@ type BatchReply = (
     i64,
 );
 
-/// One inbox entry, parsed.
-struct Entry {
-    id: String,
-    records: Vec<CompletedRecord>,
+/// One record on its way into the archive, with the JSON line it arrived as (when it
+/// came from the inbox): the simple tier and open batches store that line as it is,
+/// without encoding the record again. The active store writes every inbox line with
+/// codec's `encode_json`, so the stored JSON is the seed's shape either way.
+struct Item<'a> {
+    record: CompletedRecord,
+    json: Option<&'a str>,
+}
+
+impl Item<'_> {
+    fn json(&self) -> std::borrow::Cow<'_, str> {
+        match self.json {
+            Some(line) => line.into(),
+            None => encode_json(&self.record).into(),
+        }
+    }
+}
+
+/// Cuts `items` (sorted by pid) into runs of at most `max`, each cut at a batch
+/// boundary where one lies within the run, so a batch is in one call whenever it fits.
+fn chunks_by_batch<'a>(
+    mut items: Vec<Item<'a>>,
+    max: usize,
+    batch_of: impl Fn(u64) -> u64,
+) -> Vec<Vec<Item<'a>>> {
+    let mut out = Vec::with_capacity(items.len() / max + 1);
+    while items.len() > max {
+        let last = batch_of(items[max].record.pid);
+        let cut = items[..max]
+            .iter()
+            .rposition(|i| batch_of(i.record.pid) != last)
+            .map_or(max, |p| p + 1);
+        let rest = items.split_off(cut);
+        out.push(std::mem::replace(&mut items, rest));
+    }
+    if !items.is_empty() {
+        out.push(items);
+    }
+    out
 }
 
 impl<C> RedisArchive<C>
@@ -188,24 +233,19 @@ where
         &self.config
     }
 
-    /// Records archived so far, over every shard (one read per shard).
+    /// Records archived so far, over every shard (one read per shard, all sent at once).
     pub async fn archived_count(&self) -> Result<u64> {
-        let mut total = 0;
-        for k in self.keys.iter() {
-            let n: Option<u64> = retry(&self.conn, |mut c| {
-                let key = k.counters.clone();
-                async move {
-                    redis::cmd("HGET")
-                        .arg(key)
-                        .arg("count")
-                        .query_async(&mut c)
-                        .await
-                }
+        let counts = try_join_all(self.keys.iter().map(|k| {
+            retry(&self.conn, move |mut c| async move {
+                redis::cmd("HGET")
+                    .arg(&k.counters)
+                    .arg("count")
+                    .query_async::<Option<u64>>(&mut c)
+                    .await
             })
-            .await?;
-            total += n.unwrap_or(0);
-        }
-        Ok(total)
+        }))
+        .await?;
+        Ok(counts.into_iter().flatten().sum())
     }
 
     async fn ensure_group(&self, shard: u32) -> Result<bool> {
@@ -299,16 +339,25 @@ where
             return Ok(pass);
         }
         pass.entries = raw.len();
-        let mut entries = Vec::with_capacity(raw.len());
-        for id in raw {
-            let text: Option<String> = id.get("r");
-            let mut records = Vec::new();
-            for line in text
-                .as_deref()
-                .unwrap_or("")
-                .lines()
-                .filter(|l| !l.is_empty())
-            {
+        let mut ids = Vec::with_capacity(raw.len());
+        let mut texts = Vec::with_capacity(raw.len());
+        for mut entry in raw {
+            let text = entry
+                .map
+                .remove("r")
+                .and_then(|v| String::from_redis_value(v).ok());
+            if text.is_none() {
+                pass.malformed += 1;
+                tracing::warn!(entry = %entry.id, "inbox entry without field r dropped");
+            }
+            texts.push(text.unwrap_or_default());
+            ids.push(entry.id);
+        }
+        // A pid twice in one pass is a duplicate completion: keep the first.
+        let mut seen = HashSet::new();
+        let mut items = Vec::new();
+        for (text, id) in texts.iter().zip(&ids) {
+            for line in text.lines().filter(|l| !l.is_empty()) {
                 match decode_json(line) {
                     // A record of another shard would land on this shard's bit offsets,
                     // where another pid lives: drop it loudly rather than corrupt both.
@@ -320,40 +369,33 @@ where
                             "record in another shard's inbox dropped"
                         );
                     }
-                    Ok(r) => records.push(r),
+                    Ok(record) if seen.insert(record.pid) => items.push(Item {
+                        record,
+                        json: Some(line),
+                    }),
+                    Ok(_) => pass.duplicates += 1,
                     Err(err) => {
                         pass.malformed += 1;
-                        tracing::warn!(%err, entry = %id.id, line, "undecodable inbox line dropped");
+                        tracing::warn!(%err, entry = %id, line, "undecodable inbox line dropped");
                     }
                 }
             }
-            if text.is_none() {
-                pass.malformed += 1;
-                tracing::warn!(entry = %id.id, "inbox entry without field r dropped");
-            }
-            entries.push(Entry { id: id.id, records });
         }
-        // A pid twice in one pass is a duplicate completion: keep the first.
-        let mut seen = HashSet::new();
-        let mut records = Vec::new();
-        for e in &entries {
-            for r in &e.records {
-                if seen.insert(r.pid) {
-                    records.push(r.clone());
-                } else {
-                    pass.duplicates += 1;
-                }
-            }
-        }
-        for chunk in records.chunks(MAX_SCRIPT_RECORDS) {
-            let (written, dups) = self.write(shard, chunk.to_vec(), tier).await?;
-            pass.archived += written;
+        // In pid order a batch's records are adjacent: chunks cut at batch boundaries,
+        // and a batch complete in one chunk is sealed from a slice, without a copy.
+        items.sort_unstable_by_key(|i| i.record.pid);
+        let chunks = chunks_by_batch(items, MAX_SCRIPT_RECORDS, |p| self.schema.batch_of(p));
+        // The chunks hold distinct pids (and, but for batches larger than a chunk,
+        // distinct batches), so their calls go out together, pipelined on the one
+        // connection: the client prepares the next call while Redis runs this one.
+        let written = try_join_all(chunks.into_iter().map(|c| self.write(shard, c, tier))).await?;
+        for (n, dups) in written {
+            pass.archived += n;
             pass.duplicates += dups;
         }
         // Only now, with every record stored and counted, let the entries go. A crash
         // before this line leaves them pending; whoever takes them over finds their bits
         // set and writes nothing twice.
-        let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
         let inbox = &self.keys[shard as usize].inbox;
         retry(&self.conn, |mut c| {
             let mut pipe = redis::pipe();
@@ -365,20 +407,42 @@ where
         Ok(pass)
     }
 
-    /// Writes `records` (distinct pids of `shard`) with the archive script, dropping
-    /// those archived already and calling again until the call goes through.
+    /// Writes `items` (distinct pids of `shard`, at most [`MAX_SCRIPT_RECORDS`]) with
+    /// the archive script, dropping those archived already and calling again until the
+    /// call goes through. Returns the records written and the duplicates dropped.
     async fn write(
         &self,
         shard: u32,
-        mut records: Vec<CompletedRecord>,
+        mut items: Vec<Item<'_>>,
         tier: Tier,
     ) -> Result<(usize, usize)> {
         let keys = &self.keys[shard as usize];
+        if !items.is_sorted_by_key(|i| i.record.pid) {
+            items.sort_unstable_by_key(|i| i.record.pid);
+        }
         let mut dups = 0;
         loop {
-            if records.is_empty() {
+            if items.is_empty() {
                 return Ok((0, dups));
             }
+            // Per batch (a run of adjacent items): whether this call holds every planned
+            // pid of it, so that it goes straight to its sealed form. Such a run's pids,
+            // and so its bits, are contiguous: the script takes its first bit and count.
+            let runs = self.batch_runs(&items);
+            let full: Vec<bool> = runs
+                .iter()
+                .map(|&(b, ref r)| {
+                    let run = &items[r.clone()];
+                    tier != Tier::Simple
+                        && run[run.len() - 1].record.pid - run[0].record.pid + 1 == run.len() as u64
+                        && run
+                            .iter()
+                            .filter(|i| i.record.pid >= self.config.first_pid)
+                            .count() as u64
+                            == self.planned(b)
+                })
+                .collect();
+            let sealed = self.seal_runs(&items, &runs, &full).await?;
             let mut inv = ARCHIVE.prepare_invoke();
             inv.key(&keys.archived)
                 .key(&keys.completed)
@@ -387,36 +451,36 @@ where
                 inv.key(k);
             }
             inv.key(&keys.open);
-            inv.arg(records.len());
-            // Batches complete in this call go straight to their sealed form.
-            let sealed = if tier == Tier::Simple {
-                Vec::new()
-            } else {
-                self.complete_batches(&records).await?
-            };
+            // The script numbers records as it receives them: the ones sent one by one,
+            // then the sealed batches'. `order` maps its numbers back to `items`.
+            let mut order: Vec<usize> = Vec::with_capacity(items.len());
             let mut open: Vec<u64> = Vec::new();
-            for r in &records {
-                let batch = self.schema.batch_of(r.pid);
+            let mut delta = StatsDelta::default();
+            for item in &items {
+                delta.add(&item.record);
+            }
+            let one_by_one: usize = runs
+                .iter()
+                .zip(&full)
+                .filter(|(_, f)| !**f)
+                .map(|((_, r), _)| r.len())
+                .sum();
+            inv.arg(one_by_one);
+            for (&(batch, ref range), _) in runs.iter().zip(&full).filter(|(_, f)| !**f) {
                 let target: i64 = if tier == Tier::Simple {
                     0
-                } else if sealed.iter().any(|(b, _)| *b == batch) {
-                    -1
                 } else {
-                    match open.iter().position(|&b| b == batch) {
-                        Some(i) => i as i64 + 1,
-                        None => {
-                            open.push(batch);
-                            open.len() as i64
-                        }
-                    }
+                    open.push(batch);
+                    open.len() as i64
                 };
-                inv.arg(r.pid).arg(self.schema.bit_offset(r.pid));
-                if target == -1 {
-                    inv.arg("");
-                } else {
-                    inv.arg(encode_json(r));
+                for (i, item) in items[range.clone()].iter().enumerate() {
+                    let r = &item.record;
+                    order.push(range.start + i);
+                    inv.arg(r.pid)
+                        .arg(self.schema.bit_offset(r.pid))
+                        .arg(item.json().as_ref())
+                        .arg(target);
                 }
-                inv.arg(target);
             }
             inv.arg(open.len());
             for &b in &open {
@@ -429,7 +493,12 @@ where
                 inv.arg(bytes.as_slice());
             }
             inv.arg(self.ttl_ms(tier));
-            for a in delta_args(&StatsDelta::from_records(&records), now_ms()) {
+            for ((_, range), _) in runs.iter().zip(&full).filter(|(_, f)| **f) {
+                order.extend(range.clone());
+                inv.arg(self.schema.bit_offset(items[range.start].record.pid))
+                    .arg(range.len());
+            }
+            for a in delta_args(&delta, now_ms()) {
                 inv.arg(a);
             }
             let reply: Vec<i64> = retry(&self.conn, |mut c| {
@@ -450,9 +519,12 @@ where
                     return Ok((n, dups));
                 }
                 Some((0, taken)) => {
-                    let taken: HashSet<usize> = taken.iter().map(|&i| i as usize - 1).collect();
+                    let taken: HashSet<usize> = taken
+                        .iter()
+                        .filter_map(|&i| order.get((i as usize).wrapping_sub(1)).copied())
+                        .collect();
                     dups += taken.len();
-                    records = records
+                    items = items
                         .into_iter()
                         .enumerate()
                         .filter(|(i, _)| !taken.contains(i))
@@ -469,6 +541,19 @@ where
         }
     }
 
+    /// The runs of `items` (sorted by pid) that share a batch: batch id and index range.
+    fn batch_runs(&self, items: &[Item<'_>]) -> Vec<(u64, std::ops::Range<usize>)> {
+        let mut runs: Vec<(u64, std::ops::Range<usize>)> = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let b = self.schema.batch_of(item.record.pid);
+            match runs.last_mut() {
+                Some((last, r)) if *last == b => r.end = i + 1,
+                _ => runs.push((b, i..i + 1)),
+            }
+        }
+        runs
+    }
+
     /// The TTL of sealed batches in `tier`, in ms (0: none).
     fn ttl_ms(&self, tier: Tier) -> u64 {
         if tier == Tier::Summary {
@@ -478,32 +563,35 @@ where
         }
     }
 
-    /// The batches of which `records` hold every planned pid, sealed as binary v2.
-    async fn complete_batches(&self, records: &[CompletedRecord]) -> Result<Vec<(u64, Vec<u8>)>> {
-        let mut groups: std::collections::BTreeMap<u64, Vec<CompletedRecord>> = Default::default();
-        for r in records {
-            groups
-                .entry(self.schema.batch_of(r.pid))
-                .or_default()
-                .push(r.clone());
-        }
-        let first = self.config.first_pid;
-        groups.retain(|&b, recs| {
-            recs.iter().filter(|r| r.pid >= first).count() as u64 == self.planned(b)
-        });
-        if groups.is_empty() {
+    /// The runs marked `full`, sealed as binary v2: batch id and bytes.
+    async fn seal_runs(
+        &self,
+        items: &[Item<'_>],
+        runs: &[(u64, std::ops::Range<usize>)],
+        full: &[bool],
+    ) -> Result<Vec<(u64, Vec<u8>)>> {
+        if !full.contains(&true) {
             return Ok(Vec::new());
         }
-        let workers: Vec<&str> = groups.values().flatten().map(|r| &*r.worker).collect();
+        let mut workers: Vec<&str> = Vec::new();
+        for ((_, range), _) in runs.iter().zip(full).filter(|(_, f)| **f) {
+            for item in &items[range.clone()] {
+                if !workers.contains(&&*item.record.worker) {
+                    workers.push(&item.record.worker);
+                }
+            }
+        }
         let dict = self.ensure_workers(&workers).await?;
         let options = BinaryV2Options::new(self.schema.batch_size())?;
-        let mut out = Vec::with_capacity(groups.len());
-        for (b, recs) in groups {
-            out.push((b, encode_binary_v2(b, &recs, &dict, &options)?));
+        let mut out = Vec::new();
+        let mut recs = Vec::new();
+        for ((b, range), _) in runs.iter().zip(full).filter(|(_, f)| **f) {
+            recs.clear();
+            recs.extend(items[range.clone()].iter().map(|i| i.record.clone()));
+            out.push((*b, encode_binary_v2(*b, &recs, &dict, &options)?));
         }
         Ok(out)
     }
-
     /// How many pids batch `batch` can hold: pids below `first_pid` are never planned.
     fn planned(&self, batch: u64) -> u64 {
         self.config.planned(batch, self.schema.batch_size())
@@ -844,9 +932,13 @@ where
 {
     async fn archive_once(&self) -> Result<ArchivePass> {
         let tier = self.config.tier_for(self.archived_count().await?);
+        // Shards are independent (own keys, own slot, on a cluster often their own
+        // node): all of them are archived at once, their calls pipelined.
+        let passes =
+            try_join_all(self.schema.shards().map(|s| self.archive_shard(s, tier))).await?;
         let mut pass = ArchivePass::default();
-        for shard in self.schema.shards() {
-            pass.add(self.archive_shard(shard, tier).await?);
+        for p in passes {
+            pass.add(p);
         }
         Ok(pass)
     }
@@ -888,28 +980,7 @@ where
     }
 
     async fn range(&self, pids: RangeInclusive<u64>, limit: usize) -> Result<RangePage> {
-        let limit = limit.max(1);
-        let (mut pid, end) = (*pids.start(), *pids.end());
-        let mut records = Vec::new();
-        while pid <= end {
-            if records.len() == limit {
-                return Ok(RangePage {
-                    records,
-                    next: Some(pid),
-                });
-            }
-            if let Lookup::Archived { record, .. } = self.lookup(pid).await? {
-                records.push(record);
-            }
-            if pid == u64::MAX {
-                break;
-            }
-            pid += 1;
-        }
-        Ok(RangePage {
-            records,
-            next: None,
-        })
+        page_by_lookup(pids, limit, |pid| self.lookup(pid)).await
     }
 
     async fn decode_failures(&self) -> Result<u64> {
@@ -1083,7 +1154,14 @@ where
         for b in &dump.batches {
             let shard = self.schema.shard_of_batch(b.id);
             for chunk in b.records.chunks(MAX_SCRIPT_RECORDS) {
-                let (written, _) = self.write(shard, chunk.to_vec(), b.tier).await?;
+                let items = chunk
+                    .iter()
+                    .map(|r| Item {
+                        record: r.clone(),
+                        json: None,
+                    })
+                    .collect();
+                let (written, _) = self.write(shard, items, b.tier).await?;
                 restored += written as u64;
             }
         }
