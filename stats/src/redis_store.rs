@@ -31,7 +31,10 @@ use crate::{Error, RangeStats, Result, Stats, StatsDelta};
 /// delta without applying it (its next argument is `ARGV[a + n + 1]`), for instance
 /// when its records turn out to be archived already.
 ///
-/// Counters are `HINCRBY` (int64). Redis does not undo a script's earlier writes when
+/// The per-range and hourly statistics are packed values it reads, updates and writes
+/// back whole (one hash field per block of 64 ranges, one per day): a call costs a
+/// read and a write per block and day its delta touches, whatever its record count.
+/// The other counters are `HINCRBY` (int64). Redis does not undo a script's earlier writes when
 /// a command fails, so before writing anything `apply_stats` raises a script error if
 /// the shard's or the delta's record count, summed IDs or summed milliseconds has
 /// reached 10^18: a shard holds at most 10^18 IDs' worth of statistics. Call it before

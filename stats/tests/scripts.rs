@@ -365,3 +365,40 @@ async fn a_counter_near_int64_is_refused_before_any_write() {
     assert!(err.to_string().contains("nothing was replaced"), "{err}");
     assert_eq!(store.stats().await.unwrap().global_stats.total_completed, 2);
 }
+
+#[tokio::test]
+async fn a_range_of_a_hundred_partitions_costs_under_half_a_byte_per_partition() {
+    let server = TestRedis::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let conn = client.get_connection_manager().await.unwrap();
+    let schema = KeySchema::new("elk", 1).unwrap();
+    let store = RedisStats::new(conn, schema.clone());
+    // The benchmark's set S: 8 workers taking turns, whole-second times and durations,
+    // 1000-ID partitions, so 100 partitions per range; 640 ranges, 10 blocks.
+    let n = 64_000u64;
+    let records: Vec<CompletedRecord> = (1..=n)
+        .map(|pid| {
+            let w = format!("worker{}", pid % 8 + 1);
+            rec(
+                pid,
+                &w,
+                T0 + pid / 8 * 300_000,
+                (200 + pid * 7919 % 200) * 1000,
+            )
+        })
+        .collect();
+    for chunk in records.chunks(1000) {
+        store
+            .apply(0, &StatsDelta::from_records(chunk), T0)
+            .await
+            .unwrap();
+    }
+    let got = store.stats().await.unwrap();
+    assert!(tranche_stats::diff(&Stats::from_records(&records), &got).is_empty());
+    let keys = stats_keys(&schema, 0);
+    let per_partition = |key: &str| server.bytes_of(&[key]) as f64 / n as f64;
+    let ranges = per_partition(&keys[2]);
+    let hourly = per_partition(&keys[3]);
+    assert!(ranges < 0.5, "ranges: {ranges:.3} bytes per partition");
+    assert!(hourly < 0.05, "hourly: {hourly:.4} bytes per partition");
+}
