@@ -11,9 +11,11 @@
 -- The delta arguments (delta_args in Rust), every number a decimal string:
 --   now_ms count ids dur_ms first_ms last_ms
 --   nw, then nw times: worker count ids dur_ms
---   nr, then nr times: r count dur_ms min_id max_id first_ms last_ms nrw,
---       then nrw times: worker count dur_ms ids
---   nh, then nh times: 'YYYY-MM-DD|HH' count
+--   nb, then nb times: block nr, then nr times (ascending slot):
+--       slot min_rel max_rel first_ms last_ms nrw, then nrw times: wpos count dur_ms ids
+--       (range r = 64 * block + slot; min_rel/max_rel are min_id/max_id - 100000 * r;
+--       wpos is the worker's position, from 1, in the worker list above)
+--   nd, then nd times: 'YYYY-MM-DD' nh, then nh times: hour count
 --   nb, then nb times: '*|bucket' or 'worker|bucket' count
 -- n = 0 is an empty delta and writes nothing.
 --
@@ -25,11 +27,33 @@
 -- anything apply_stats raises an error if a global counter of the shard or of the
 -- delta has reached 10^18 (then no sum can pass 2^63 - 1, as every other counter is at
 -- most its global one). Call it before your own writes to keep that guarantee whole.
--- Row IDs and times are never
--- turned into Lua numbers (doubles, exact only below 2^53): min/max/first/last compare
--- decimal strings by length, then bytewise. Only list lengths go through tonumber.
--- The work is per field of the delta, never per record: a batch of a hundred records
--- of one worker in one range costs about twenty commands.
+--
+-- Packed values (the ranges and hourly hashes; Rust's packed.rs reads them):
+-- * Worker palette: every worker of the shard has a small index, `{worker}|idx` in the
+--   workers hash, allocated from the global field `palette` (the next index).
+-- * Ranges: one field per block of 64 ranges, the block number; its value is
+--   varint(base_ms) then, by ascending slot, entries `slot(1 byte) varint(len) body`.
+--   base_ms is the first completion time of the block's first write (0 if too large);
+--   it only makes the offsets small and is never changed, so bytes may depend on
+--   arrival order while every value they decode to does not.
+--   A compact body: flags(1 byte: 2 seconds, 4 unit, 8 bitmap) varint(min_rel)
+--   zz(max_rel - 100000) zz((first - base) / k) varint((last - first) / k) [varint(U)]
+--   workers (bitmap: varint(L) then L bytes, bit j of byte i = index 8i + j; or a list:
+--   varint(count) then the ascending indexes), then per worker by ascending index:
+--   varint(count) varint(dur / k) [varint(ids)]. k is 1000 when flag 2 is set (every
+--   time offset and duration a whole second). With flag 4 every worker's ids equal
+--   count * U, and U is written once instead. The range's count and summed duration are
+--   the sums over its workers. zz is the zigzag code (x >= 0: 2x, x < 0: -2x - 1).
+--   A wide body (flags 1), when some number is 10^15 or more: decimal strings
+--   `varint(len) digits` of min_rel max_rel first last nw, then per worker
+--   idx count dur ids.
+-- * Hourly: one field per UTC day 'YYYY-MM-DD': a byte 0 and 24 varint counts, or a
+--   byte 1 and 24 decimal strings as above.
+-- Numbers below 10^15 are Lua numbers (exact: doubles hold integers to 2^53); larger
+-- ones stay decimal strings, added digit by digit, compared by length then bytewise.
+-- Row IDs only reach Lua as offsets within their range.
+-- The work is per field of the delta, never per record: a batch of a thousand records
+-- of eight workers over ten ranges rewrites one or two block values.
 
 -- Whether decimal x < decimal y (no signs, no leading zeros).
 local function stats_less(x, y)
@@ -48,10 +72,232 @@ local function stats_hmget(key, fields)
   return out
 end
 
-local function stats_hset(key, list)
-  for from = 1, #list, 4000 do
-    redis.call('HSET', key, unpack(list, from, math.min(from + 3999, #list)))
+local STATS_BIG = 1e15
+
+-- A decimal string as a number (below 10^15) or the string itself.
+local function stats_num(s)
+  if #s <= 15 then return tonumber(s) end
+  return s
+end
+
+local function stats_dec(x)
+  if type(x) == 'string' then return x end
+  return string.format('%.0f', x)
+end
+
+local function stats_lt(x, y)
+  if type(x) == 'number' and type(y) == 'number' then return x < y end
+  return stats_less(stats_dec(x), stats_dec(y))
+end
+
+local function stats_add(x, y)
+  if type(x) == 'number' and type(y) == 'number' then
+    local s = x + y
+    if s < STATS_BIG then return s end
+    return stats_dec(s)
   end
+  local a, b = stats_dec(x), stats_dec(y)
+  local out, carry, i, j = {}, 0, #a, #b
+  while i > 0 or j > 0 or carry > 0 do
+    local d = carry
+    if i > 0 then d = d + string.byte(a, i) - 48; i = i - 1 end
+    if j > 0 then d = d + string.byte(b, j) - 48; j = j - 1 end
+    if d >= 10 then d, carry = d - 10, 1 else carry = 0 end
+    out[#out + 1] = d
+  end
+  local digits = {}
+  for m = #out, 1, -1 do digits[#digits + 1] = out[m] end
+  return stats_num(table.concat(digits))
+end
+
+-- Varints (LEB128) of numbers below 2^53, appended to a byte list.
+local function stats_put(bytes, x)
+  while x >= 128 do
+    local b = x % 128
+    bytes[#bytes + 1] = b + 128
+    x = (x - b) / 128
+  end
+  bytes[#bytes + 1] = x
+end
+
+local function stats_get(s, p)
+  local x, m = 0, 1
+  while true do
+    local b = string.byte(s, p)
+    if not b or m > 2 ^ 49 then error('stats: a packed statistics value is corrupt') end
+    p = p + 1
+    if b < 128 then return x + b * m, p end
+    x = x + (b - 128) * m
+    m = m * 128
+  end
+end
+
+local function stats_putdec(bytes, x)
+  local s = stats_dec(x)
+  stats_put(bytes, #s)
+  for m = 1, #s do bytes[#bytes + 1] = string.byte(s, m) end
+end
+
+local function stats_getdec(s, p)
+  local len
+  len, p = stats_get(s, p)
+  return stats_num(string.sub(s, p, p + len - 1)), p + len
+end
+
+local function stats_zz(x)
+  if x >= 0 then return 2 * x end
+  return -2 * x - 1
+end
+
+local function stats_unzz(z)
+  if z % 2 == 0 then return z / 2 end
+  return -(z + 1) / 2
+end
+
+-- Bytes as a string, in pieces: Lua's unpack is bounded.
+local function stats_chars(bytes)
+  local parts = {}
+  for from = 1, #bytes, 4000 do
+    parts[#parts + 1] = string.char(unpack(bytes, from, math.min(from + 3999, #bytes)))
+  end
+  return table.concat(parts)
+end
+
+-- A range body (string s, bytes p..e) as {mn, mx, f, l, w = {[idx] = {c, d, i}}}.
+local function stats_decode_range(s, p, base)
+  local flags = string.byte(s, p)
+  p = p + 1
+  local r = {w = {}}
+  if flags == 1 then
+    local nw
+    r.mn, p = stats_getdec(s, p)
+    r.mx, p = stats_getdec(s, p)
+    r.f, p = stats_getdec(s, p)
+    r.l, p = stats_getdec(s, p)
+    nw, p = stats_getdec(s, p)
+    for _ = 1, nw do
+      local idx, c, d, i
+      idx, p = stats_getdec(s, p)
+      c, p = stats_getdec(s, p)
+      d, p = stats_getdec(s, p)
+      i, p = stats_getdec(s, p)
+      r.w[idx] = {c, d, i}
+    end
+    return r
+  end
+  local k = 1
+  if flags % 4 >= 2 then k = 1000 end
+  local unit = flags % 8 >= 4
+  local v
+  r.mn, p = stats_get(s, p)
+  v, p = stats_get(s, p)
+  r.mx = 100000 + stats_unzz(v)
+  v, p = stats_get(s, p)
+  r.f = base + stats_unzz(v) * k
+  v, p = stats_get(s, p)
+  r.l = r.f + v * k
+  local u
+  if unit then u, p = stats_get(s, p) end
+  local idxs = {}
+  if flags % 16 >= 8 then
+    local len
+    len, p = stats_get(s, p)
+    for byte = 0, len - 1 do
+      local b = string.byte(s, p + byte)
+      for bit = 0, 7 do
+        if b % 2 == 1 then idxs[#idxs + 1] = 8 * byte + bit end
+        b = (b - b % 2) / 2
+      end
+    end
+    p = p + len
+  else
+    local nw
+    nw, p = stats_get(s, p)
+    for j = 1, nw do idxs[j], p = stats_get(s, p) end
+  end
+  for _, idx in ipairs(idxs) do
+    local c, d, i
+    c, p = stats_get(s, p)
+    d, p = stats_get(s, p)
+    if unit then i = c * u else i, p = stats_get(s, p) end
+    r.w[idx] = {c, d * k, i}
+  end
+  return r
+end
+
+-- The body of range r, compact when every number it writes is below 10^15.
+local function stats_encode_range(r, base)
+  local idxs = {}
+  for idx in pairs(r.w) do idxs[#idxs + 1] = idx end
+  table.sort(idxs, stats_lt)
+  local ok = type(base) == 'number'
+  for _, x in ipairs({r.mn, r.mx, r.f, r.l}) do
+    if type(x) ~= 'number' then ok = false end
+  end
+  for _, idx in ipairs(idxs) do
+    if type(idx) ~= 'number' then ok = false end
+    for _, x in ipairs(r.w[idx]) do
+      if type(x) ~= 'number' then ok = false end
+    end
+  end
+  local bytes = {}
+  if not ok then
+    bytes[1] = 1
+    for _, x in ipairs({r.mn, r.mx, r.f, r.l, #idxs}) do stats_putdec(bytes, x) end
+    for _, idx in ipairs(idxs) do
+      stats_putdec(bytes, idx)
+      for _, x in ipairs(r.w[idx]) do stats_putdec(bytes, x) end
+    end
+    return stats_chars(bytes)
+  end
+  local off, span = r.f - base, r.l - r.f
+  local k = 1000
+  if off % 1000 ~= 0 or span % 1000 ~= 0 then k = 1 end
+  local c1, i1 = r.w[idxs[1]][1], r.w[idxs[1]][3]
+  local u = i1 / c1
+  if u ~= math.floor(u) then u = nil end
+  for _, idx in ipairs(idxs) do
+    local e = r.w[idx]
+    if e[2] % 1000 ~= 0 then k = 1 end
+    if u and e[3] ~= e[1] * u then u = nil end
+  end
+  local flags = 0
+  if k == 1000 then flags = flags + 2 end
+  if u then flags = flags + 4 end
+  local top = idxs[#idxs]
+  local maplen = (top - top % 8) / 8 + 1
+  local listlen = 1
+  for _, idx in ipairs(idxs) do
+    listlen = listlen + 1
+    if idx >= 128 then listlen = listlen + 2 end
+  end
+  if maplen + 1 <= listlen then flags = flags + 8 end
+  bytes[1] = flags
+  stats_put(bytes, r.mn)
+  stats_put(bytes, stats_zz(r.mx - 100000))
+  stats_put(bytes, stats_zz(off / k))
+  stats_put(bytes, span / k)
+  if u then stats_put(bytes, u) end
+  if flags >= 8 then
+    stats_put(bytes, maplen)
+    local map = {}
+    for byte = 1, maplen do map[byte] = 0 end
+    for _, idx in ipairs(idxs) do
+      local byte, bit = (idx - idx % 8) / 8 + 1, idx % 8
+      map[byte] = map[byte] + 2 ^ bit
+    end
+    for byte = 1, maplen do bytes[#bytes + 1] = map[byte] end
+  else
+    stats_put(bytes, #idxs)
+    for _, idx in ipairs(idxs) do stats_put(bytes, idx) end
+  end
+  for _, idx in ipairs(idxs) do
+    local e = r.w[idx]
+    stats_put(bytes, e[1])
+    stats_put(bytes, e[2] / k)
+    if not u then stats_put(bytes, e[3]) end
+  end
+  return stats_chars(bytes)
 end
 
 local function apply_stats(k, a)
@@ -92,51 +338,126 @@ local function apply_stats(k, a)
   end
   if #set > 0 then redis.call('HSET', KEYS[k], unpack(set)) end
 
-  -- Per worker.
-  for _ = 1, tonumber(nxt()) do
+  -- Per worker, and its palette index (allocated on its first completion).
+  local nw = tonumber(nxt())
+  local names = {}
+  for j = 1, nw do
     local w, c, wi, wd = nxt(), nxt(), nxt(), nxt()
     redis.call('HINCRBY', KEYS[k + 1], w .. '|count', c)
     if wi ~= '0' then redis.call('HINCRBY', KEYS[k + 1], w .. '|ids', wi) end
     if wd ~= '0' then redis.call('HINCRBY', KEYS[k + 1], w .. '|dur', wd) end
+    names[j] = w .. '|idx'
   end
-
-  -- Per 100,000-ID range: counters now, bounds after one HMGET for all ranges.
-  local fields, wants = {}, {}
-  for _ = 1, tonumber(nxt()) do
-    local r, c, d = nxt(), nxt(), nxt()
-    redis.call('HINCRBY', KEYS[k + 2], r .. '|count', c)
-    if d ~= '0' then redis.call('HINCRBY', KEYS[k + 2], r .. '|dur', d) end
-    local nf = #fields
-    fields[nf + 1], fields[nf + 2], fields[nf + 3], fields[nf + 4] =
-      r .. '|min', r .. '|max', r .. '|first', r .. '|last'
-    wants[nf + 1], wants[nf + 2], wants[nf + 3], wants[nf + 4] = nxt(), nxt(), nxt(), nxt()
-    for _ = 1, tonumber(nxt()) do
-      local w, wc, wd, wi = nxt(), nxt(), nxt(), nxt()
-      local f = r .. '|w|' .. w .. '|'
-      redis.call('HINCRBY', KEYS[k + 2], f .. 'count', wc)
-      if wd ~= '0' then redis.call('HINCRBY', KEYS[k + 2], f .. 'dur', wd) end
-      if wi ~= '0' then redis.call('HINCRBY', KEYS[k + 2], f .. 'ids', wi) end
+  local palette = stats_hmget(KEYS[k + 1], names)
+  for j = 1, nw do
+    if palette[j] then
+      palette[j] = tonumber(palette[j])
+    else
+      palette[j] = redis.call('HINCRBY', KEYS[k], 'palette', 1) - 1
+      redis.call('HSET', KEYS[k + 1], names[j], palette[j])
     end
   end
-  if #fields > 0 then
-    local have = stats_hmget(KEYS[k + 2], fields)
-    local upd = {}
-    for j = 1, #fields do
-      -- Fields cycle min, max, first, last: the 1st and 3rd keep the least value.
-      local low = (j % 4 == 1) or (j % 4 == 3)
-      local h, w = have[j], wants[j]
-      if not h or (low and stats_less(w, h)) or (not low and stats_less(h, w)) then
-        upd[#upd + 1], upd[#upd + 2] = fields[j], w
+
+  -- Per 100,000-ID range, one block value of 64 ranges at a time: read it, decode only
+  -- the ranges the delta touches, and write it back with the untouched entries copied.
+  for _ = 1, tonumber(nxt()) do
+    local blk, nr = nxt(), tonumber(nxt())
+    local old = redis.call('HGET', KEYS[k + 2], blk)
+    local base, at, order, p = nil, {}, {}, 1
+    if old then
+      base, p = stats_get(old, 1)
+      while p <= #old do
+        local slot = string.byte(old, p)
+        local len, q = stats_get(old, p + 1)
+        at[slot] = {p, q, q + len - 1}
+        order[#order + 1] = slot
+        p = q + len
       end
     end
-    if #upd > 0 then stats_hset(KEYS[k + 2], upd) end
+    local new, slots = {}, {}
+    for _ = 1, nr do
+      local slot = tonumber(nxt())
+      local mn, mx, f, l = stats_num(nxt()), stats_num(nxt()), stats_num(nxt()), stats_num(nxt())
+      if base == nil then
+        base = 0
+        if type(f) == 'number' then base = f end
+      end
+      local r
+      if at[slot] then
+        r = stats_decode_range(old, at[slot][2], base)
+        if stats_lt(mn, r.mn) then r.mn = mn end
+        if stats_lt(r.mx, mx) then r.mx = mx end
+        if stats_lt(f, r.f) then r.f = f end
+        if stats_lt(r.l, l) then r.l = l end
+      else
+        r = {mn = mn, mx = mx, f = f, l = l, w = {}}
+      end
+      for _ = 1, tonumber(nxt()) do
+        local idx = palette[tonumber(nxt())]
+        local c, d, wi = stats_num(nxt()), stats_num(nxt()), stats_num(nxt())
+        local e = r.w[idx]
+        if e then
+          e[1], e[2], e[3] = stats_add(e[1], c), stats_add(e[2], d), stats_add(e[3], wi)
+        else
+          r.w[idx] = {c, d, wi}
+        end
+      end
+      local body = stats_encode_range(r, base)
+      local head = {slot}
+      stats_put(head, #body)
+      new[slot] = stats_chars(head) .. body
+      slots[#slots + 1] = slot
+    end
+    -- Merge the untouched entries (copied in runs) with the new ones, by slot.
+    local head = {}
+    stats_put(head, base)
+    local parts, from, to = {stats_chars(head)}, nil, nil
+    local oi, ni = 1, 1
+    while oi <= #order or ni <= #slots do
+      local o, s = order[oi], slots[ni]
+      if s and (not o or s <= o) then
+        if from then parts[#parts + 1] = string.sub(old, from, to); from = nil end
+        parts[#parts + 1] = new[s]
+        ni = ni + 1
+        if o == s then oi = oi + 1 end
+      else
+        if not from then from = at[o][1] end
+        to = at[o][3]
+        oi = oi + 1
+      end
+    end
+    if from then parts[#parts + 1] = string.sub(old, from, to) end
+    redis.call('HSET', KEYS[k + 2], blk, table.concat(parts))
   end
 
-  -- Hourly completions, then duration histogram buckets.
+  -- Hourly completions, one value of 24 counts per day.
   for _ = 1, tonumber(nxt()) do
-    local f, c = nxt(), nxt()
-    redis.call('HINCRBY', KEYS[k + 3], f, c)
+    local day, nh = nxt(), tonumber(nxt())
+    local old = redis.call('HGET', KEYS[k + 3], day)
+    local hours = {}
+    if old then
+      local wide, p = string.byte(old, 1) == 1, 2
+      for h = 1, 24 do
+        if wide then hours[h], p = stats_getdec(old, p) else hours[h], p = stats_get(old, p) end
+      end
+    else
+      for h = 1, 24 do hours[h] = 0 end
+    end
+    for _ = 1, nh do
+      local h = tonumber(nxt()) + 1
+      hours[h] = stats_add(hours[h], stats_num(nxt()))
+    end
+    local bytes = {0}
+    for h = 1, 24 do
+      if type(hours[h]) ~= 'number' then bytes[1] = 1 end
+    end
+    for h = 1, 24 do
+      if bytes[1] == 1 then stats_putdec(bytes, hours[h]) else stats_put(bytes, hours[h]) end
+    end
+    redis.call('HSET', KEYS[k + 3], day, stats_chars(bytes))
   end
+
+  -- Duration histogram buckets.
   for _ = 1, tonumber(nxt()) do
     local f, c = nxt(), nxt()
     redis.call('HINCRBY', KEYS[k + 4], f, c)

@@ -17,7 +17,10 @@
 //! completion or archiving is retried still counts once.
 //!
 //! Statistics are kept per shard (every key of a script in one cluster slot) and merged
-//! on read. Percentiles come from a log-linear histogram whose buckets merge by
+//! on read. On Redis the per-range statistics, the bulk of them, are packed (64 ranges
+//! to a hash field, workers as palette indexes, IDs and times as small offsets) so
+//! that a range of a hundred partitions costs well under a byte per partition; only
+//! the Lua fragment writes that format, and reading it back gives exact values. Percentiles come from a log-linear histogram whose buckets merge by
 //! addition; a reported percentile is within [`PERCENTILE_RELATIVE_ERROR`] (1/64) of
 //! the exact nearest-rank percentile, and exact below 64 ms.
 //!
@@ -56,6 +59,7 @@ mod error;
 mod hist;
 mod memory;
 mod model;
+mod packed;
 mod redis_store;
 mod state;
 mod store;

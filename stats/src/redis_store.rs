@@ -1,7 +1,7 @@
 //! The Redis backend: per-shard hashes written by the archive's script through
 //! [`APPLY_DELTA_LUA`], read back and merged here.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, LazyLock};
@@ -12,9 +12,10 @@ use redis::Script;
 use redis::aio::ConnectionLike;
 use tranche_codec::KeySchema;
 
-use crate::aggregate::{Aggregate, Counters, RANGE_SIZE, RangeAgg, WorkerAgg};
+use crate::aggregate::{Aggregate, RANGE_SIZE, RangeAgg, WorkerAgg};
 use crate::hist::{BUCKETS, Histogram};
 use crate::model::render_range;
+use crate::packed::{block_of, read_block, read_day};
 use crate::store::{SNAPSHOTS_KEPT, Snapshot, SnapshotConfig, StatsStore, now_ms};
 use crate::{Error, RangeStats, Result, Stats, StatsDelta};
 
@@ -30,7 +31,10 @@ use crate::{Error, RangeStats, Result, Stats, StatsDelta};
 /// delta without applying it (its next argument is `ARGV[a + n + 1]`), for instance
 /// when its records turn out to be archived already.
 ///
-/// Counters are `HINCRBY` (int64). Redis does not undo a script's earlier writes when
+/// The per-range and hourly statistics are packed values it reads, updates and writes
+/// back whole (one hash field per block of 64 ranges, one per day): a call costs a
+/// read and a write per block and day its delta touches, whatever its record count.
+/// The other counters are `HINCRBY` (int64). Redis does not undo a script's earlier writes when
 /// a command fails, so before writing anything `apply_stats` raises a script error if
 /// the shard's or the delta's record count, summed IDs or summed milliseconds has
 /// reached 10^18: a shard holds at most 10^18 IDs' worth of statistics. Call it before
@@ -50,7 +54,6 @@ macro_rules! script {
 
 static APPLY: LazyLock<Script> = script!("apply");
 static REPLACE: LazyLock<Script> = script!("replace");
-static RANGE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/range.lua")));
 static PUBLISH: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/publish.lua")));
 
@@ -59,7 +62,6 @@ pub fn scripts() -> Vec<(&'static str, &'static Script)> {
     vec![
         ("apply", &APPLY),
         ("replace", &REPLACE),
-        ("range", &RANGE),
         ("publish", &PUBLISH),
     ]
 }
@@ -75,11 +77,13 @@ pub fn stats_keys(schema: &KeySchema, shard: u32) -> [String; 5] {
 ///
 /// The first string is the count `n` of the strings after it (`"0"` alone for an empty
 /// delta). Then, all numbers in decimal: `now_ms count ids dur_ms first_ms last_ms`;
-/// the worker count, then per worker `worker count ids dur_ms`; the range count, then
-/// per range `r count dur_ms min_id max_id first_ms last_ms` and its worker count and
-/// per worker `worker count dur_ms ids`; the hour count, then per hour
-/// `YYYY-MM-DD|HH count`; the bucket count, then per histogram bucket `*|b count`
-/// (global) or `worker|b count`.
+/// the worker count, then per worker `worker count ids dur_ms`; the count of blocks of
+/// 64 ranges, then per block `block nr` and per range of it (ascending)
+/// `slot min_rel max_rel first_ms last_ms` (range `64 * block + slot`, row IDs
+/// relative to the range's first ID `100000 * r`), its worker count and per worker
+/// `wpos count dur_ms ids` (`wpos` its position, from 1, in the worker list); the day
+/// count, then per UTC day `YYYY-MM-DD nh` and `nh` times `hour count`; the bucket
+/// count, then per histogram bucket `*|b count` (global) or `worker|b count`.
 pub fn delta_args(delta: &StatsDelta, now_ms: u64) -> Vec<String> {
     if delta.is_empty() {
         return vec!["0".to_owned()];
@@ -96,8 +100,10 @@ pub fn delta_args(delta: &StatsDelta, now_ms: u64) -> Vec<String> {
         a.last.unwrap_or(0).to_string(),
     ]);
     out.push(a.workers.len().to_string());
-    for (w, agg) in &a.workers {
+    let mut wpos: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, (w, agg)) in a.workers.iter().enumerate() {
         let c = &agg.totals;
+        wpos.insert(w, i + 1);
         out.extend([
             w.to_string(),
             c.count.to_string(),
@@ -105,38 +111,53 @@ pub fn delta_args(delta: &StatsDelta, now_ms: u64) -> Vec<String> {
             c.dur.to_string(),
         ]);
     }
-    out.push(a.ranges.len().to_string());
-    for (r, range) in &a.ranges {
-        out.extend([
-            r.to_string(),
-            range.count.to_string(),
-            range.dur.to_string(),
-            range.min.to_string(),
-            range.max.to_string(),
-            range.first.to_string(),
-            range.last.to_string(),
-            range.workers.len().to_string(),
-        ]);
-        for (w, c) in &range.workers {
-            out.extend([
-                w.to_string(),
-                c.count.to_string(),
-                c.dur.to_string(),
-                c.ids.to_string(),
-            ]);
-        }
+    let mut blocks: BTreeMap<u64, Vec<(u64, &RangeAgg)>> = BTreeMap::new();
+    for (&r, range) in &a.ranges {
+        let (block, slot) = block_of(r);
+        blocks.entry(block).or_default().push((slot, range));
     }
-    let mut pairs = Vec::new();
-    for (day, hours) in &a.hourly {
-        for (h, &n) in hours.iter().enumerate() {
-            if n > 0 {
-                pairs.push(format!("{day}|{h:02}"));
-                pairs.push(n.to_string());
+    out.push(blocks.len().to_string());
+    for (block, ranges) in blocks {
+        out.push(block.to_string());
+        out.push(ranges.len().to_string());
+        for (slot, range) in ranges {
+            let lo = u128::from(range.min / RANGE_SIZE) * u128::from(RANGE_SIZE);
+            out.extend([
+                slot.to_string(),
+                (u128::from(range.min) - lo).to_string(),
+                (u128::from(range.max) - lo).to_string(),
+                range.first.to_string(),
+                range.last.to_string(),
+                range.workers.len().to_string(),
+            ]);
+            for (w, c) in &range.workers {
+                out.extend([
+                    wpos.get(&**w).copied().unwrap_or(0).to_string(),
+                    c.count.to_string(),
+                    c.dur.to_string(),
+                    c.ids.to_string(),
+                ]);
             }
         }
     }
-    out.push((pairs.len() / 2).to_string());
-    out.append(&mut pairs);
+    let active: Vec<(&String, Vec<(usize, u64)>)> = a
+        .hourly
+        .iter()
+        .map(|(day, hours)| {
+            let nonzero = hours.iter().copied().enumerate().filter(|&(_, n)| n > 0);
+            (day, nonzero.collect())
+        })
+        .collect();
+    out.push(active.len().to_string());
+    for (day, hours) in active {
+        out.push(day.clone());
+        out.push(hours.len().to_string());
+        for (h, n) in hours {
+            out.push(h.to_string());
+            out.push(n.to_string());
+        }
+    }
+    let mut pairs = Vec::new();
     let hists =
         std::iter::once(("*", &a.hist)).chain(a.workers.iter().map(|(w, agg)| (&**w, &agg.hist)));
     for (who, h) in hists {
@@ -155,12 +176,16 @@ pub fn delta_args(delta: &StatsDelta, now_ms: u64) -> Vec<String> {
 ///
 /// Per shard `s` of namespace `ns`, five hashes tagged `{ns:s}` (see [`stats_keys`]):
 /// `global` (`count`, `ids`, `dur_sum_ms`, `first_completed_ms`, `last_completed_ms`,
-/// `updated_ms`), `workers` (`{worker}|count`, `|ids`, `|dur`), `ranges` (per range
-/// number `r = min_id / 100000`: `{r}|count`, `|dur`, `|min`, `|max`, `|first`,
-/// `|last`, and `{r}|w|{worker}|count`, `|dur`, `|ids`), `hourly` (`YYYY-MM-DD|HH`)
-/// and `hist` (`*|{bucket}` and `{worker}|{bucket}`). Snapshots are namespace-wide:
-/// `{ns}:stats:snapshot:v{n}`, `{ns}:stats:latest`, `{ns}:stats:config` and the
-/// version counter `{ns}:stats:version`.
+/// `updated_ms`, and `palette`, the next worker palette index), `workers`
+/// (`{worker}|count`, `|ids`, `|dur`, and `|idx`, its palette index), `ranges` (one
+/// field per block of 64 ranges `r = min_id / 100000`, the block number `r / 64`,
+/// holding every range's count, duration, data range, completion time range and
+/// worker distribution packed into a few dozen bytes per range), `hourly` (one field
+/// per UTC day `YYYY-MM-DD`, its 24 hourly counts packed) and `hist` (`*|{bucket}` and
+/// `{worker}|{bucket}`). The packed layouts are in `lua/apply_delta.lua`, their only
+/// writer. Snapshots are namespace-wide: `{ns}:stats:snapshot:v{n}`,
+/// `{ns}:stats:latest`, `{ns}:stats:config` and the version counter
+/// `{ns}:stats:version`.
 #[derive(Debug, Clone)]
 pub struct RedisStats<C> {
     conn: C,
@@ -240,7 +265,7 @@ where
             for k in keys {
                 pipe.hgetall(k);
             }
-            let hashes: Vec<Vec<(String, String)>> =
+            let hashes: Vec<Vec<(String, Vec<u8>)>> =
                 pipe.query_async(&mut self.conn.clone()).await?;
             parse_shard(keys, &hashes)
         });
@@ -271,14 +296,22 @@ where
 
     async fn range_summary(&self, id: u64) -> Result<Option<RangeStats>> {
         let r = id / RANGE_SIZE;
+        let (block, _) = block_of(r);
         let reads = self.keys.iter().map(|keys| async move {
-            let reply: Vec<Option<String>> = RANGE
-                .key(keys[1].as_str())
-                .key(keys[2].as_str())
-                .arg(r)
-                .invoke_async(&mut self.conn.clone())
+            // One pipeline in the shard's slot: the block's value and the palette.
+            let (packed, workers): (Option<Vec<u8>>, Vec<(String, Vec<u8>)>) = redis::pipe()
+                .hget(keys[2].as_str(), block)
+                .hgetall(keys[1].as_str())
+                .query_async(&mut self.conn.clone())
                 .await?;
-            parse_range(&keys[2], &reply)
+            let Some(packed) = packed else {
+                return Ok(None);
+            };
+            let mut agg = Aggregate::default();
+            let palette = parse_workers(&keys[1], &workers, &mut agg)?;
+            let mut ranges = BTreeMap::new();
+            read_block(&keys[2], block, &packed, &palette, &mut ranges)?;
+            Ok::<_, Error>(ranges.remove(&r))
         });
         let mut all = Aggregate::default();
         for range in join_all(reads).await {
@@ -406,58 +439,28 @@ where
         .map_err(|e| corrupt(key, field, format!("{value:?}: {e}")))
 }
 
-/// A range's fields as read, before they are known complete.
-#[derive(Default)]
-struct RangeFields {
-    count: u64,
-    dur: u128,
-    min: Option<u64>,
-    max: Option<u64>,
-    first: Option<u64>,
-    last: Option<u64>,
-    workers: BTreeMap<Arc<str>, Counters>,
+fn text<'a>(key: &str, field: &str, value: &'a [u8]) -> Result<&'a str> {
+    std::str::from_utf8(value).map_err(|e| corrupt(key, field, e))
 }
 
-impl RangeFields {
-    fn finish(self, key: &str, r: u64) -> Result<RangeAgg> {
-        let need = |v: Option<u64>, what: &str| {
-            v.ok_or_else(|| corrupt(key, &format!("{r}|{what}"), "missing"))
-        };
-        Ok(RangeAgg {
-            count: self.count,
-            dur: self.dur,
-            min: need(self.min, "min")?,
-            max: need(self.max, "max")?,
-            first: need(self.first, "first")?,
-            last: need(self.last, "last")?,
-            workers: self.workers,
-        })
-    }
-}
-
-fn parse_shard(keys: &[String; 5], hashes: &[Vec<(String, String)>]) -> Result<Aggregate> {
-    let mut agg = Aggregate::default();
-    let empty = Vec::new();
-    let hash = |i: usize| hashes.get(i).unwrap_or(&empty);
-
-    let key = &keys[0];
-    for (f, v) in hash(0) {
-        match f.as_str() {
-            "count" => agg.totals.count = num(key, f, v)?,
-            "ids" => agg.totals.ids = num(key, f, v)?,
-            "dur_sum_ms" => agg.totals.dur = num(key, f, v)?,
-            "first_completed_ms" => agg.first = Some(num(key, f, v)?),
-            "last_completed_ms" => agg.last = Some(num(key, f, v)?),
-            "updated_ms" => agg.updated = Some(num(key, f, v)?),
-            _ => return Err(corrupt(key, f, "unknown field")),
-        }
-    }
-
-    let key = &keys[1];
-    for (f, v) in hash(1) {
+/// The workers hash into `agg`'s worker totals; returns the palette (index -> worker).
+fn parse_workers(
+    key: &str,
+    hash: &[(String, Vec<u8>)],
+    agg: &mut Aggregate,
+) -> Result<HashMap<u64, Arc<str>>> {
+    let mut palette = HashMap::new();
+    for (f, v) in hash {
+        let v = text(key, f, v)?;
         let (w, kind) = f
             .rsplit_once('|')
             .ok_or_else(|| corrupt(key, f, "no '|'"))?;
+        if kind == "idx" {
+            if palette.insert(num(key, f, v)?, Arc::from(w)).is_some() {
+                return Err(corrupt(key, f, "palette index used twice"));
+            }
+            continue;
+        }
         let c = &mut agg.workers.entry(Arc::from(w)).or_default().totals;
         match kind {
             "count" => c.count = num(key, f, v)?,
@@ -466,53 +469,51 @@ fn parse_shard(keys: &[String; 5], hashes: &[Vec<(String, String)>]) -> Result<A
             _ => return Err(corrupt(key, f, "unknown field")),
         }
     }
+    Ok(palette)
+}
 
-    let key = &keys[2];
-    let mut ranges: BTreeMap<u64, RangeFields> = BTreeMap::new();
-    for (f, v) in hash(2) {
-        let (r, rest) = f.split_once('|').ok_or_else(|| corrupt(key, f, "no '|'"))?;
-        let range = ranges.entry(num(key, f, r)?).or_default();
-        if let Some(wfield) = rest.strip_prefix("w|") {
-            let (w, kind) = wfield
-                .rsplit_once('|')
-                .ok_or_else(|| corrupt(key, f, "no '|'"))?;
-            let c = range.workers.entry(Arc::from(w)).or_default();
-            match kind {
-                "count" => c.count = num(key, f, v)?,
-                "dur" => c.dur = num(key, f, v)?,
-                "ids" => c.ids = num(key, f, v)?,
-                _ => return Err(corrupt(key, f, "unknown field")),
+fn parse_shard(keys: &[String; 5], hashes: &[Vec<(String, Vec<u8>)>]) -> Result<Aggregate> {
+    let mut agg = Aggregate::default();
+    let empty = Vec::new();
+    let hash = |i: usize| hashes.get(i).unwrap_or(&empty);
+
+    let key = &keys[0];
+    for (f, v) in hash(0) {
+        let v = text(key, f, v)?;
+        match f.as_str() {
+            "count" => agg.totals.count = num(key, f, v)?,
+            "ids" => agg.totals.ids = num(key, f, v)?,
+            "dur_sum_ms" => agg.totals.dur = num(key, f, v)?,
+            "first_completed_ms" => agg.first = Some(num(key, f, v)?),
+            "last_completed_ms" => agg.last = Some(num(key, f, v)?),
+            "updated_ms" => agg.updated = Some(num(key, f, v)?),
+            "palette" => {
+                num::<u64>(key, f, v)?;
             }
-            continue;
-        }
-        match rest {
-            "count" => range.count = num(key, f, v)?,
-            "dur" => range.dur = num(key, f, v)?,
-            "min" => range.min = Some(num(key, f, v)?),
-            "max" => range.max = Some(num(key, f, v)?),
-            "first" => range.first = Some(num(key, f, v)?),
-            "last" => range.last = Some(num(key, f, v)?),
             _ => return Err(corrupt(key, f, "unknown field")),
         }
     }
-    for (r, fields) in ranges {
-        agg.ranges.insert(r, fields.finish(key, r)?);
+
+    let palette = parse_workers(&keys[1], hash(1), &mut agg)?;
+
+    let key = &keys[2];
+    for (f, v) in hash(2) {
+        read_block(key, num(key, f, f)?, v, &palette, &mut agg.ranges)?;
     }
 
     let key = &keys[3];
     for (f, v) in hash(3) {
-        let (day, hour) = f
-            .rsplit_once('|')
-            .ok_or_else(|| corrupt(key, f, "no '|'"))?;
-        let hour: usize = num(key, f, hour)?;
-        if hour >= 24 || day.len() < 10 {
-            return Err(corrupt(key, f, "not YYYY-MM-DD|HH"));
+        let day = f.as_str();
+        if day.len() < 10 || day.contains('|') {
+            return Err(corrupt(key, f, "not YYYY-MM-DD"));
         }
-        agg.hourly.entry(day.to_owned()).or_default()[hour] = num(key, f, v)?;
+        agg.hourly
+            .insert(day.to_owned(), read_day(&format!("{key} {f}"), v)?);
     }
 
     let key = &keys[4];
     for (f, v) in hash(4) {
+        let v = text(key, f, v)?;
         let (who, bucket) = f
             .rsplit_once('|')
             .ok_or_else(|| corrupt(key, f, "no '|'"))?;
@@ -532,41 +533,4 @@ fn parse_shard(keys: &[String; 5], hashes: &[Vec<(String, String)>]) -> Result<A
         h.add_bucket(bucket, num(key, f, v)?);
     }
     Ok(agg)
-}
-
-fn parse_range(key: &str, reply: &[Option<String>]) -> Result<Option<RangeAgg>> {
-    let Some(Some(count)) = reply.first() else {
-        return Ok(None);
-    };
-    let field = |i: usize, name: &str| -> Result<u64> {
-        match reply.get(i) {
-            Some(Some(v)) => num(key, name, v),
-            _ => Err(corrupt(key, name, "missing")),
-        }
-    };
-    let mut range = RangeAgg {
-        count: num(key, "count", count)?,
-        dur: match reply.get(1) {
-            Some(Some(v)) => num(key, "dur", v)?,
-            _ => 0,
-        },
-        min: field(2, "min")?,
-        max: field(3, "max")?,
-        first: field(4, "first")?,
-        last: field(5, "last")?,
-        workers: BTreeMap::new(),
-    };
-    for w in reply.get(6..).unwrap_or_default().chunks(4) {
-        let get = |i: usize| w.get(i).cloned().flatten().unwrap_or_default();
-        let name = get(0);
-        range.workers.insert(
-            Arc::from(name.as_str()),
-            Counters {
-                count: num(key, &name, &get(1))?,
-                dur: num(key, &name, &get(2))?,
-                ids: num(key, &name, &get(3))?,
-            },
-        );
-    }
-    Ok(Some(range))
 }
