@@ -4,7 +4,8 @@
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The active layer failed (its answer comes first, so nothing else was asked).
+    /// The active layer failed (its answer comes first, so the archive's, read at the
+    /// same time, was not used).
     #[error("active layer: {0}")]
     Active(#[from] tranche_active_store::Error),
     /// The archive layer failed.

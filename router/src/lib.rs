@@ -1,8 +1,10 @@
 //! The query router of tranche: one answer for any partition, whichever layer holds it.
 //!
 //! [`Router`] holds the three layers as trait objects (`Arc<dyn ActiveStore>`,
-//! `Arc<dyn ArchiveQuery>`, `Arc<dyn StatsStore>`) and asks them in a fixed order
-//! (the seed's "查询路由优化"), once the cached plans say the pid exists at all:
+//! `Arc<dyn ArchiveQuery>`, `Arc<dyn StatsStore>`) and takes their answers in a fixed
+//! order (the seed's "查询路由优化"), once the cached plans say the pid exists at all.
+//! The active and the archive read are sent together, so a `get` costs one round trip
+//! whatever the tier:
 //!
 //! 1. the **active layer**: pending (issued or not), claimed, running or failed;
 //! 2. the **archive**: its bitmap, then the simple hash or the batch, decoded (one round
@@ -22,9 +24,10 @@
 //! archiving.
 //!
 //! The plans are cached: they are append-only, so a cached entry never goes stale and
-//! only a miss re-reads them. [`Router::stats`] merges the live active counts with the
-//! completed statistics (the seed's "统计合并策略") and, if the statistics layer fails,
-//! still answers with the active counts and the error beside them.
+//! only a miss re-reads them (in the same round trip as the layers' reads).
+//! [`Router::stats`] merges the live active counts with the completed statistics (the
+//! seed's "统计合并策略") and, if the statistics layer fails, still answers with the
+//! active counts and the error beside them.
 //!
 //! ```
 //! use std::sync::Arc;

@@ -78,13 +78,18 @@ impl PlanCache {
         Ok(f(&*self.refresh(active).await?))
     }
 
-    /// The row IDs of `pid`, or `None` if no plan has it.
-    pub(crate) async fn range_of(
+    /// The row IDs of `pid` if the cached plans have it (no round trip).
+    pub(crate) fn cached_range(&self, pid: u64) -> Option<RangeInclusive<u64>> {
+        self.get().range_of(pid)
+    }
+
+    /// The row IDs of `pid` from a fresh read of the plans, or `None` if no plan has it.
+    pub(crate) async fn refresh_range(
         &self,
         active: &dyn ActiveStore,
         pid: u64,
     ) -> Result<Option<RangeInclusive<u64>>> {
-        self.lookup(active, |p| p.range_of(pid)).await
+        Ok(self.refresh(active).await?.range_of(pid))
     }
 
     /// The pid covering row ID `id` and its row IDs, or `None` if no plan covers `id`.

@@ -62,23 +62,71 @@ impl Router {
 
     /// What is known of `pid`.
     ///
-    /// A pid no plan has is [`PartitionView::Unknown`] at once (the plans are cached).
-    /// Otherwise the active layer first (a planned pid not yet issued is active too:
-    /// pending); then the archive, which answers with the record, "archiving"
-    /// (completed, not yet stored), "expired" or "undecodable"; for the last two, the
-    /// statistics layer's summary of the 100,000-ID range holding the pid's first ID.
-    /// A planned pid that neither the active layer nor the archive holds was completed
-    /// and is still in the archive inbox: [`PartitionView::Archiving`].
+    /// A pid no plan has is [`PartitionView::Unknown`]. Otherwise the active layer's
+    /// answer wins (a planned pid not yet issued is active too: pending); failing that,
+    /// the archive's: the record, "archiving" (completed, not yet stored), "expired" or
+    /// "undecodable"; for the last two, the statistics layer's summary of the 100,000-ID
+    /// range holding the pid's first ID. A planned pid that neither the active layer
+    /// nor the archive holds was completed and is still in the archive inbox:
+    /// [`PartitionView::Archiving`].
+    ///
+    /// **One round trip**, whatever the tier: the active read and the archive read are
+    /// issued together, active first, and pipelined on the shared connection (and on a
+    /// cold plan cache, the plan read with them). Only the statistics fallback, for an
+    /// expired or undecodable batch, costs a second one. The price is an archive read
+    /// that an active pid did not need; see the source for why the combined answer is
+    /// always one that was true at some instant during the call.
     pub async fn get(&self, pid: u64) -> Result<PartitionView> {
-        // The plans are cached, so an unplanned pid costs no store a round trip (and
-        // no store has to cope with pids beyond every plan).
-        let Some(range) = self.plans.range_of(&*self.active, pid).await? else {
-            return Ok(PartitionView::Unknown);
+        // Why reading both layers at once gives a legal answer. A pid moves one way:
+        // active (unissued, pending, claimed, running, failed) -> completed, which the
+        // active store's `complete` does atomically: the record leaves the active set in
+        // the same step that sets its completed-index bit -> archived, when an archiver
+        // stores it (and, in the summary tier, later expired). Plans never overlap, so a
+        // pid never comes back. Say the active read runs at instant A and the archive
+        // read at instant B, each atomic on its own.
+        //
+        // - The active read found the pid: it was active at A. Whatever the archive read
+        //   says is ignored (it cannot have seen the pid archived before A anyway).
+        // - It did not: the pid was completed before A. The active read is queued first
+        //   on one multiplexed connection, and Redis runs the commands of one client in
+        //   order (one shard's keys share a hash slot, so in a cluster they also run on
+        //   one node), so B comes after A and the archive sees the completed-index bit
+        //   or the stored record: "archiving", archived, expired or undecodable, each
+        //   true at B.
+        // - Should B ever run before A (a backend that reorders requests), the archive
+        //   may still say "unknown" for a pid completed in between. The router answers
+        //   "archiving" for every planned pid that neither layer holds, and that was
+        //   true at the instant of completion, which lies between B and A. So even then
+        //   the answer is one that was true during the call; it is never "unknown".
+        //
+        // This is the same argument as for the sequential reads it replaces; only the
+        // latency changed (one round trip instead of two).
+        let (range, active, archive) = match self.plans.cached_range(pid) {
+            Some(range) => {
+                let (active, archive) =
+                    futures_util::future::join(self.active.get(pid), self.archive.get(pid)).await;
+                (range, active, archive)
+            }
+            None => {
+                // A cold cache, a plan added since it was read, or an unplanned pid: read
+                // the plans in the same round trip as the two layers, and discard the
+                // layers' answers (errors included) if no plan has the pid.
+                let (range, active, archive) = futures_util::future::join3(
+                    self.plans.refresh_range(&*self.active, pid),
+                    self.active.get(pid),
+                    self.archive.get(pid),
+                )
+                .await;
+                let Some(range) = range? else {
+                    return Ok(PartitionView::Unknown);
+                };
+                (range, active, archive)
+            }
         };
-        if let Some(partition) = self.active.get(pid).await? {
+        if let Some(partition) = active? {
             return Ok(PartitionView::Active(partition));
         }
-        let cause = match self.archive.get(pid).await? {
+        let cause = match archive? {
             Lookup::Archived { record, tier } => {
                 return Ok(PartitionView::Archived { record, tier });
             }

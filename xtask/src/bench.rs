@@ -1,16 +1,29 @@
 //! `cargo xtask bench NAME`: each benchmark is a `harness = false` bench target of the
 //! crate it measures. It prints a readable table and writes its figures as JSON to the
 //! path in `TRANCHE_BENCH_OUT`, which this task points at `target/tranche-bench/NAME.json`.
+//! A benchmark may run several targets in turn; the later ones merge their fields into
+//! the file the first one wrote (`archive`: the archive's own bench, then the router's
+//! latency bench, which cannot live in archive-store because the router sits above it).
 
 use anyhow::{Result, bail};
 
-/// Benchmark name, the package that owns it, and whether it needs `redis-server`.
-const BENCHES: &[(&str, &str, bool)] = &[
-    ("codec", "tranche-codec", false),
-    ("window", "tranche-window", false),
-    ("active", "tranche-active-store", true),
-    ("archive", "tranche-archive-store", true),
-    ("embedded_state", "tranche-worker", false),
+/// A bench target: the package that owns it and its `--bench` name.
+type Target = (&'static str, &'static str);
+
+/// Benchmark name, the targets it runs in order, and whether they need `redis-server`.
+const BENCHES: &[(&str, &[Target], bool)] = &[
+    ("codec", &[("tranche-codec", "codec")], false),
+    ("window", &[("tranche-window", "window")], false),
+    ("active", &[("tranche-active-store", "active")], true),
+    (
+        "archive",
+        &[
+            ("tranche-archive-store", "archive"),
+            ("tranche-router", "router"),
+        ],
+        true,
+    ),
+    ("embedded_state", &[("tranche-worker", "embedded_state")], false),
 ];
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
@@ -31,15 +44,17 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     };
     let out_dir = crate::workspace_root().join("target/tranche-bench");
     std::fs::create_dir_all(&out_dir)?;
-    for (name, package, needs_redis) in selected {
-        let mut cmd = crate::cargo();
-        cmd.args(["bench", "--locked", "-p", package, "--bench", name]);
-        if *needs_redis {
-            cmd.env("TRANCHE_REDIS_SERVER", crate::redis::ensure_installed()?);
-        }
+    for (name, targets, needs_redis) in selected {
         let out = out_dir.join(format!("{name}.json"));
-        cmd.env("TRANCHE_BENCH_OUT", &out);
-        crate::step(&format!("bench {name}"), &mut cmd)?;
+        for (package, target) in *targets {
+            let mut cmd = crate::cargo();
+            cmd.args(["bench", "--locked", "-p", package, "--bench", target]);
+            if *needs_redis {
+                cmd.env("TRANCHE_REDIS_SERVER", crate::redis::ensure_installed()?);
+            }
+            cmd.env("TRANCHE_BENCH_OUT", &out);
+            crate::step(&format!("bench {name} ({package} {target})"), &mut cmd)?;
+        }
         eprintln!("xtask: figures written to {}", out.display());
     }
     Ok(())

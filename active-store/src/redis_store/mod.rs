@@ -388,31 +388,48 @@ where
         Ok(out)
     }
 
-    /// One shard's materialised partitions and unissued runs, in one pipeline.
-    async fn shard_snapshot(&self, shard: u32, registry: &Registry) -> Result<ActiveSnapshot> {
+    /// One shard's records, plan list and cursors, read in one transaction so that a
+    /// claim cannot slip between the reads and leave its pids in neither the records
+    /// nor the unissued runs.
+    async fn read_shard(&self, shard: u32) -> Result<(Pairs, Vec<String>, Pairs)> {
         let keys = &self.keys[shard as usize];
-        let (active, plans, cursor): (Pairs, Vec<String>, Pairs) =
-            retry(&self.conn, |mut conn| async move {
-                redis::pipe()
-                    .hgetall(&keys.active)
-                    .lrange(&keys.plans, 0, -1)
-                    .hgetall(&keys.cursor)
-                    .query_async(&mut conn)
-                    .await
-            })
-            .await?;
+        Ok(retry(&self.conn, |mut conn| async move {
+            redis::pipe()
+                .atomic()
+                .hgetall(&keys.active)
+                .lrange(&keys.plans, 0, -1)
+                .hgetall(&keys.cursor)
+                .query_async(&mut conn)
+                .await
+        })
+        .await?)
+    }
+
+    /// One shard's snapshot from what [`Self::read_shard`] read; `None` if a record
+    /// belongs to a plan `registry` does not know yet.
+    fn shard_snapshot(
+        &self,
+        shard: u32,
+        (active, plans, cursor): &(Pairs, Vec<String>, Pairs),
+        registry: &Registry,
+    ) -> Result<Option<ActiveSnapshot>> {
+        let keys = &self.keys[shard as usize];
         let mut snapshot = ActiveSnapshot::default();
-        for (pid, rec) in &active {
+        snapshot.partitions.reserve(active.len());
+        for (pid, rec) in active {
             let pid = parse_u64(pid, "active pid")?;
-            let p = record::parse(pid, rec, |pid| registry.range_of(pid)).ok_or_else(|| {
-                Error::Corrupt {
+            let Some(p) = record::parse(pid, rec, |pid| registry.range_of(pid)) else {
+                if record::parse(pid, rec, |_| Some((0, 0))).is_some() {
+                    return Ok(None);
+                }
+                return Err(Error::Corrupt {
                     key: format!("{} {pid}", keys.active),
                     detail: format!("unreadable record {rec:?}"),
-                }
-            })?;
+                });
+            };
             snapshot.partitions.push(p);
         }
-        for (_, last, at) in self.cursors(shard, &plans, &cursor)? {
+        for (_, last, at) in self.cursors(shard, plans, cursor)? {
             let count = self.layout.count_in_shard(at, last, shard);
             if count > 0 {
                 snapshot.unissued.push(Unissued {
@@ -423,7 +440,7 @@ where
                 });
             }
         }
-        Ok(snapshot)
+        Ok(Some(snapshot))
     }
 
     /// A shard's uniform plans as (first pid, last pid, next pid it will issue), from its
@@ -504,6 +521,32 @@ where
             })
             .collect()
     }
+}
+
+/// Awaits every future of `futs`, polling them in order, and returns their outputs in
+/// order. The first poll of each happens before any is awaited, so requests they send
+/// leave together (the `futures` crate's `join_all`, without the dependency).
+async fn join_all<F: Future>(futs: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut futs: Vec<_> = futs.into_iter().map(Box::pin).collect();
+    let mut outs: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (fut, out) in futs.iter_mut().zip(outs.iter_mut()) {
+            if out.is_none() {
+                match fut.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *out = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outs.into_iter().flatten().collect()
 }
 
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -878,10 +921,14 @@ where
     async fn get(&self, pid: u64) -> Result<Option<Partition>> {
         let shard = self.layout.shard_of(pid);
         let keys = &self.keys[shard as usize];
-        // One round trip: the record, and the cursors in case it is not issued yet.
+        // One round trip: the record, and the cursors in case it is not issued yet. In
+        // one transaction (the keys share a slot): a claim running between the HGET and
+        // the cursor read would otherwise move the pid out of both, and an issued pid
+        // would read as completed.
         let (rec, plans, cursor): (Option<String>, Vec<String>, Pairs) =
             retry(&self.conn, |mut conn| async move {
                 redis::pipe()
+                    .atomic()
                     .hget(&keys.active, pid)
                     .lrange(&keys.plans, 0, -1)
                     .hgetall(&keys.cursor)
@@ -912,14 +959,36 @@ where
     }
 
     async fn all_active(&self) -> Result<ActiveSnapshot> {
-        let registry = self.refresh_registry().await?;
+        // One round trip: every shard's read is sent before any answer is awaited, so
+        // they share the multiplexed connection's pipeline. The cached registry parses
+        // the records (plans are append-only); only a record of a plan added since it
+        // was read costs a second round trip, to read it again.
+        let reads = join_all((0..self.layout.shards()).map(|s| self.read_shard(s))).await;
+        let reads = reads.into_iter().collect::<Result<Vec<_>>>()?;
+        let mut registry = read(&self.registry).clone();
+        let mut refreshed = false;
         let mut snapshot = ActiveSnapshot::default();
-        for shard in 0..self.layout.shards() {
-            let part = self.shard_snapshot(shard, &registry).await?;
-            snapshot.partitions.extend(part.partitions);
-            snapshot.unissued.extend(part.unissued);
+        let mut shard = 0;
+        while let Some(raw) = reads.get(shard as usize) {
+            match self.shard_snapshot(shard, raw, &registry)? {
+                Some(part) => {
+                    snapshot.partitions.extend(part.partitions);
+                    snapshot.unissued.extend(part.unissued);
+                    shard += 1;
+                }
+                None if !refreshed => {
+                    registry = self.refresh_registry().await?;
+                    refreshed = true;
+                }
+                None => {
+                    return Err(Error::Corrupt {
+                        key: self.registry_key.clone(),
+                        detail: format!("an active record of shard {shard} is in no plan"),
+                    });
+                }
+            }
         }
-        snapshot.partitions.sort_by_key(|p| p.pid);
+        snapshot.partitions.sort_unstable_by_key(|p| p.pid);
         Ok(snapshot)
     }
 
