@@ -227,12 +227,13 @@ impl Backend {
     pub(crate) async fn inbox_len(&self) -> Result<u64> {
         match &self.place {
             Place::Redis { conn, schema, .. } => {
-                let mut pipe = redis::pipe();
-                for shard in schema.shards() {
-                    pipe.xlen(schema.inbox(shard));
-                }
-                let mut c = conn.clone();
-                let lens: Vec<u64> = pipe.query_async(&mut c).await?;
+                // One command per shard, all in flight at once: the shards' inboxes
+                // live in different slots, which a cluster pipeline refuses.
+                let lens = schema.shards().map(|shard| {
+                    let (mut c, key) = (conn.clone(), schema.inbox(shard));
+                    async move { c.xlen::<_, u64>(key).await }
+                });
+                let lens = futures_util::future::try_join_all(lens).await?;
                 Ok(lens.iter().sum())
             }
             Place::Embedded(e) => Ok(e.inbox_len()),

@@ -292,7 +292,7 @@ async fn run(g: &crate::cli::Global, args: RunArgs) -> Result<Outcome> {
         (Some(a), Some(b)) if report.completed >= 10_000 => Some(
             render::ArchiveBytes::RedisGrowth(b.saturating_sub(a) as f64 / report.completed as f64),
         ),
-        (None, None) => embedded_archive_bytes(&backend).await,
+        _ if backend.is_embedded() => embedded_archive_bytes(&backend).await,
         _ => None,
     };
     print!(

@@ -538,18 +538,23 @@ pub(crate) async fn drain_archive(backend: &Backend, stop: &watch::Receiver<Stop
         let left = backend.inbox_len().await;
         match (pass, left) {
             (_, Ok(0)) => break,
-            (Err(err), _) => tracing::warn!(%err, "archive pass failed"),
-            (Ok(pass), Ok(left)) if pass.entries == 0 => {
+            (Ok(pass), Ok(_)) if pass.entries > 0 => continue,
+            (pass, left) => {
+                if let Err(err) = pass {
+                    tracing::warn!(%err, "archive pass failed");
+                }
+                if let Err(err) = &left {
+                    tracing::warn!(%err, "cannot read the inbox length");
+                }
                 if started.elapsed() > patience {
                     tracing::warn!(
-                        left,
-                        "inbox entries are held by other archivers; `tranche archive` will finish them"
+                        left = left.ok(),
+                        "inbox entries are left (held by other archivers?); `tranche archive` will finish them"
                     );
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            (Ok(_), _) => {}
         }
     }
     if let Err(err) = backend.stats.publish_snapshot().await {

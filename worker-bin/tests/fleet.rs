@@ -157,3 +157,46 @@ impl OutputRef for std::process::Child {
         s
     }
 }
+
+/// The same binary on a (one-node) Redis Cluster: the cluster client is chosen by
+/// itself, and every script keeps to one slot (the node refuses cross-slot scripts).
+#[test]
+fn a_job_on_redis_cluster() {
+    let redis = TestRedis::start_cluster();
+    let dir = scratch("cluster");
+    let url = redis.url();
+    let base = ["--redis", url.as_str(), "--namespace", "c"];
+    let with = |rest: &[&str]| {
+        let mut v = base.to_vec();
+        v.extend_from_slice(rest);
+        tranche(&dir, &v)
+    };
+    ok(with(&[
+        "plan", "--min", "1", "--max", "50000", "--size", "500", "--shards", "3",
+    ]));
+    let out = ok(with(&[
+        "run",
+        "--simulate",
+        "--sim-latency",
+        "0..2",
+        "--concurrency",
+        "4",
+        "--compressed-at",
+        "30",
+        "--summary-at",
+        "60",
+        "--summary-ttl",
+        "1h",
+    ]));
+    assert!(out.contains("run finished"), "{out}");
+    let status: serde_json::Value = serde_json::from_str(&ok(with(&["status", "--json"]))).unwrap();
+    assert_eq!(status["archived"], 100, "{status}");
+    assert_eq!(status["shards"], 3, "{status}");
+    assert!(ok(with(&["check"])).contains("consistent"));
+    // Records of all three tiers answer.
+    for pid in [1, 45, 99] {
+        let v: serde_json::Value =
+            serde_json::from_str(&ok(with(&["get", &pid.to_string(), "--json"]))).unwrap();
+        assert_eq!(v["layer"], "archive", "{v}");
+    }
+}

@@ -23,7 +23,11 @@ const BENCHES: &[(&str, &[Target], bool)] = &[
         ],
         true,
     ),
-    ("embedded_state", &[("tranche-worker", "embedded_state")], false),
+    (
+        "embedded_state",
+        &[("tranche-worker", "embedded_state")],
+        false,
+    ),
 ];
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
