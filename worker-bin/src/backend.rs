@@ -255,6 +255,15 @@ impl Backend {
             .find_map(|l| l.strip_prefix("used_memory:")?.trim().parse().ok())
     }
 
+    /// Fails when another live process holds the embedded state file (always fine on
+    /// Redis, where every process coordinates through the server).
+    pub(crate) fn ensure_writable(&self) -> Result<()> {
+        match &self.place {
+            Place::Redis { .. } => Ok(()),
+            Place::Embedded(e) => e.ensure_writable(),
+        }
+    }
+
     /// Saves the embedded state (no-op on Redis). Safe to call at any time: the
     /// embedded backend orders its snapshot so no completed partition is lost.
     pub(crate) async fn save(&self) -> Result<()> {

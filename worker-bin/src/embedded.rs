@@ -16,6 +16,9 @@ use crate::state::{self, Embedded};
 /// One namespace held in this process, and the file it is saved to.
 pub(crate) struct EmbeddedBackend {
     path: PathBuf,
+    /// The lock on the state file, when this process holds it; `None` while another
+    /// live `tranche` holds it (this one may read, never save).
+    lock: Option<StateLock>,
     stores: Embedded,
     archive_config: ArchiveConfig,
     shards: u32,
@@ -32,6 +35,7 @@ impl EmbeddedBackend {
         open: Open,
         tuning: &Tuning,
     ) -> Result<Self> {
+        let lock = StateLock::acquire(path)?;
         let saved = state::load(path)?;
         let shards = match (&saved, shards) {
             (Some(s), Some(asked)) if s.active.num_shards != asked => bail!(
@@ -75,6 +79,7 @@ impl EmbeddedBackend {
         };
         Ok(Self {
             path: path.to_owned(),
+            lock,
             stores,
             archive_config,
             shards,
@@ -120,9 +125,23 @@ impl EmbeddedBackend {
         channels + self.stores.archive.received_count()
     }
 
+    /// Refuses when another live process holds the state file: what this one changed
+    /// would overwrite that one's saves, or be overwritten by them.
+    pub(crate) fn ensure_writable(&self) -> Result<()> {
+        if self.lock.is_some() {
+            return Ok(());
+        }
+        let holder = StateLock::holder(&self.path).map_or("?".to_owned(), |p| p.to_string());
+        bail!(
+            "another tranche process (pid {holder}) is using {}; nothing written (try again once it has finished)",
+            self.path.display()
+        )
+    }
+
     /// Writes the state file (atomically; see [`state`]). Blocking I/O, moved off the
     /// async workers.
     pub(crate) async fn save(&self) -> Result<()> {
+        self.ensure_writable()?;
         if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
                 .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
@@ -130,5 +149,75 @@ impl EmbeddedBackend {
         let report = tokio::task::block_in_place(|| self.stores.save(&self.path))?;
         tracing::debug!(bytes = report.bytes, held = ?report.held, total = ?report.total, "state saved");
         Ok(())
+    }
+}
+
+/// `<state file>.lock`, holding the pid of the process that may write the state file.
+/// Removed on drop; a lock left by a killed process is taken over once its pid is gone.
+struct StateLock {
+    path: PathBuf,
+}
+
+impl StateLock {
+    fn lock_path(state: &Path) -> PathBuf {
+        let mut name = state.file_name().unwrap_or_default().to_os_string();
+        name.push(".lock");
+        state.with_file_name(name)
+    }
+
+    /// Takes the lock, or returns `None` if a live process holds it.
+    fn acquire(state: &Path) -> Result<Option<Self>> {
+        let path = Self::lock_path(state);
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+            && !dir.exists()
+        {
+            // No state directory yet: nothing to protect until the first save creates it.
+            return Ok(Some(Self { path }));
+        }
+        for _ in 0..2 {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+            {
+                Ok(mut f) => {
+                    use std::io::Write;
+                    write!(f, "{}", std::process::id())?;
+                    return Ok(Some(Self { path }));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    match Self::holder(state) {
+                        Some(pid) if Path::new(&format!("/proc/{pid}")).exists() => {
+                            return Ok(None);
+                        }
+                        // A dead holder's (or an unreadable) lock: take it over.
+                        _ => {
+                            let _ = std::fs::remove_file(&path);
+                        }
+                    }
+                }
+                Err(e) => return Err(anyhow::anyhow!("cannot create {}: {e}", path.display())),
+            }
+        }
+        Ok(None)
+    }
+
+    /// The pid written in the lock of `state`, if any.
+    fn holder(state: &Path) -> Option<u32> {
+        std::fs::read_to_string(Self::lock_path(state))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+}
+
+impl Drop for StateLock {
+    fn drop(&mut self) {
+        // Only our own lock: never one another process took over meanwhile.
+        let ours = std::process::id().to_string();
+        if std::fs::read_to_string(&self.path).is_ok_and(|s| s.trim() == ours) {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }

@@ -86,6 +86,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
         }
         Command::RetryFailed { pid } => {
             let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+            backend.ensure_writable()?;
             let pids = backend.active.retry_failed(pid).await?;
             backend.save().await?;
             if let (Some(pid), true) = (pid, pids.is_empty()) {
@@ -96,6 +97,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
         }
         Command::Discard { pid } => {
             let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+            backend.ensure_writable()?;
             if !backend.active.discard(pid).await? {
                 bail!(
                     "partition {pid} is not pending or failed (claimed, completed or unknown): nothing discarded"
@@ -115,6 +117,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
         Command::Import { file } => import(g, &file).await,
         Command::Compact => {
             let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+            backend.ensure_writable()?;
             let sealed = backend.archive.compact().await?;
             backend.save().await?;
             println!("{sealed} batch(es) sealed");
@@ -187,6 +190,7 @@ async fn plan(backend: &Backend, args: &PlanArgs, json: bool) -> Result<Outcome>
         );
         return Ok(Outcome::Success);
     }
+    backend.ensure_writable()?;
     let outcome = backend
         .active
         .plan(&Plan::Uniform {
@@ -257,6 +261,7 @@ async fn run(g: &crate::cli::Global, args: RunArgs) -> Result<Outcome> {
     };
     let stop = signals(args.grace)?;
     let backend = Backend::open(g, Open::Existing, tuning).await?;
+    backend.ensure_writable()?;
     let job = match (&args.exec, args.simulate) {
         (Some(cmd), false) => Job::Exec(cmd.clone()),
         (None, true) => {
@@ -337,6 +342,7 @@ async fn archive(g: &crate::cli::Global, follow: bool, tiers: TierArgs) -> Resul
     };
     let stop = signals(Duration::from_secs(5))?;
     let backend = Backend::open(g, Open::Existing, tuning).await?;
+    backend.ensure_writable()?;
     if follow {
         let mut s = stop.clone();
         tranche_archive_store::run(backend.archive.as_ref(), async move {
@@ -434,6 +440,7 @@ async fn import(g: &crate::cli::Global, file: &Path) -> Result<Outcome> {
             backend.location()
         );
     }
+    backend.ensure_writable()?;
     let restored = backend.archive.import(&dump).await?;
     backend.register_namespace().await?;
     backend.save().await?;
@@ -473,6 +480,7 @@ async fn check_stats(
     let found = backend.stats.stats().await?;
     let differences = diff(&expected, &found);
     if repair && !differences.is_empty() {
+        backend.ensure_writable()?;
         let schema = KeySchema::new(&backend.namespace, backend.shards)?;
         let mut by_shard: Vec<Vec<CompletedRecord>> = vec![Vec::new(); backend.shards as usize];
         for r in records.iter() {

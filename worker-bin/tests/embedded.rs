@@ -125,3 +125,55 @@ fn interrupted_embedded_job_resumes_where_it_stopped() {
     let check = ok(cmd(&["check"]));
     assert!(check.contains("consistent"), "{check}");
 }
+
+/// One process writes an embedded state file at a time: a second one may read it, never
+/// overwrite it; a lock left by a killed process is taken over.
+#[test]
+fn one_writer_per_state_file() {
+    let dir = scratch("embedded-lock");
+    ok(tranche(
+        &dir,
+        &["plan", "--min", "1", "--max", "20000", "--size", "1000"],
+    ));
+    let run = [
+        "run",
+        "--simulate",
+        "--sim-latency",
+        "200..300",
+        "--concurrency",
+        "1",
+        "--parallel",
+        "1",
+    ];
+    let mut first = tranche(&dir, &run)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let lock = dir.join(".tranche/tranche.state.lock");
+    eventually(Duration::from_secs(30), "the run's lock", || lock.exists());
+
+    // Reading is fine; writing is refused with one line, exit 2.
+    let status = ok(tranche(&dir, &["status", "--json"]));
+    assert!(status.contains("\"partitions\":20"), "{status}");
+    for args in [&["discard", "20"][..], &run[..]] {
+        let out = common::output(tranche(&dir, args));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!("another tranche process (pid {})", first.id())),
+            "{stderr}"
+        );
+    }
+
+    // Killed without a word, the holder leaves its lock behind; the next run takes it.
+    first.kill().expect("SIGKILL");
+    wait(&mut first, Duration::from_secs(10));
+    assert!(lock.exists(), "a SIGKILLed process cannot remove its lock");
+    let out = ok(tranche(
+        &dir,
+        &["run", "--simulate", "--sim-latency", "0..1"],
+    ));
+    assert!(out.contains("run finished"), "{out}");
+    assert!(!lock.exists(), "the lock outlived its process");
+}
