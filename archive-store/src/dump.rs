@@ -17,7 +17,7 @@
 //! (0 simple, 1 compressed, 2 summary), and where `import` puts it back.
 
 use tranche_codec::{
-    BinaryV2Options, CompletedRecord, WorkerDict, decode_binary_v2, encode_binary_v2,
+    BinaryV2Options, CompletedRecord, KeySchema, WorkerDict, decode_binary_v2, encode_binary_v2,
 };
 
 use crate::model::Tier;
@@ -57,6 +57,31 @@ pub struct Dump {
 }
 
 impl Dump {
+    /// A dump of `batches` (in id order) written with `dict`, stamped `created_ms`; its
+    /// `updated_ms` is the latest completion in it.
+    pub fn new(
+        schema: &KeySchema,
+        created_ms: u64,
+        dict: WorkerDict,
+        batches: Vec<DumpBatch>,
+    ) -> Self {
+        let updated_ms = batches
+            .iter()
+            .flat_map(|b| &b.records)
+            .map(|r| r.completed_at_ms)
+            .max()
+            .unwrap_or(0);
+        Dump {
+            namespace: schema.namespace().to_owned(),
+            num_shards: schema.num_shards(),
+            batch_size: schema.batch_size(),
+            created_ms,
+            updated_ms,
+            dict,
+            batches,
+        }
+    }
+
     /// Records over all batches.
     pub fn entries(&self) -> u64 {
         self.batches.iter().map(|b| b.records.len() as u64).sum()

@@ -697,21 +697,7 @@ impl Export for MemoryArchive {
                 dict.insert(&r.worker)?;
             }
         }
-        let updated_ms = batches
-            .iter()
-            .flat_map(|b| &b.records)
-            .map(|r| r.completed_at_ms)
-            .max()
-            .unwrap_or(0);
-        Ok(Dump {
-            namespace: self.config.namespace.clone(),
-            num_shards: self.schema.num_shards(),
-            batch_size: self.schema.batch_size(),
-            created_ms,
-            updated_ms,
-            dict,
-            batches,
-        })
+        Ok(Dump::new(&self.schema, created_ms, dict, batches))
     }
 }
 

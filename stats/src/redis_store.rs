@@ -217,7 +217,11 @@ where
 
     /// The configuration of the latest snapshot (`{ns}:stats:config`), if any.
     pub async fn snapshot_config(&self) -> Result<Option<SnapshotConfig>> {
-        let key = self.global_key("config");
+        self.get_json(self.global_key("config")).await
+    }
+
+    /// The JSON value at `key`, if any; malformed JSON is [`Error::Corrupt`].
+    async fn get_json<T: serde::de::DeserializeOwned>(&self, key: String) -> Result<Option<T>> {
         let json: Option<String> = redis::cmd("GET")
             .arg(&key)
             .query_async(&mut self.conn.clone())
@@ -372,18 +376,7 @@ where
     }
 
     async fn snapshot(&self, version: u64) -> Result<Option<Snapshot>> {
-        let key = self.snapshot_key(version);
-        let json: Option<String> = redis::cmd("GET")
-            .arg(&key)
-            .query_async(&mut self.conn.clone())
-            .await?;
-        json.map(|j| {
-            serde_json::from_str(&j).map_err(|e| Error::Corrupt {
-                key,
-                detail: e.to_string(),
-            })
-        })
-        .transpose()
+        self.get_json(self.snapshot_key(version)).await
     }
 }
 

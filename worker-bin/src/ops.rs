@@ -479,12 +479,13 @@ async fn check_stats(
     let expected = Stats::from_records(&records);
     let found = backend.stats.stats().await?;
     let differences = diff(&expected, &found);
+    let count = records.len() as u64;
     if repair && !differences.is_empty() {
         backend.ensure_writable()?;
         let schema = KeySchema::new(&backend.namespace, backend.shards)?;
         let mut by_shard: Vec<Vec<CompletedRecord>> = vec![Vec::new(); backend.shards as usize];
-        for r in records.iter() {
-            by_shard[schema.shard_of(r.pid) as usize].push(r.clone());
+        for r in records {
+            by_shard[schema.shard_of(r.pid) as usize].push(r);
         }
         for (shard, recs) in by_shard.iter().enumerate() {
             backend
@@ -494,7 +495,7 @@ async fn check_stats(
         }
         backend.save().await?;
     }
-    Ok((differences, records.len() as u64))
+    Ok((differences, count))
 }
 
 async fn check(backend: &Backend, repair: bool, json: bool) -> Result<Outcome> {

@@ -391,12 +391,10 @@ impl PartitionCtx {
             let Ok(permit) = permits.clone().acquire_owned().await else {
                 break;
             };
+            // The window hands out first, first + 1, ...: one number per turn of this loop.
             let Ok(index) = window.next().await else {
                 break;
             };
-            if index >= n_chunks {
-                break;
-            }
             let from = lease.min_id + index * chunk;
             let to = from.saturating_add(chunk - 1).min(lease.max_id);
             let c = Chunk {

@@ -1121,21 +1121,12 @@ where
             }
             Arc::new(d)
         };
-        let updated_ms = batches
-            .iter()
-            .flat_map(|b| &b.records)
-            .map(|r| r.completed_at_ms)
-            .max()
-            .unwrap_or(0);
-        Ok(Dump {
-            namespace: self.config.namespace.clone(),
-            num_shards: self.schema.num_shards(),
-            batch_size: self.schema.batch_size(),
+        Ok(Dump::new(
+            &self.schema,
             created_ms,
-            updated_ms,
-            dict: (*dict).clone(),
+            (*dict).clone(),
             batches,
-        })
+        ))
     }
 }
 
