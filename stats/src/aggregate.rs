@@ -208,6 +208,21 @@ impl StatsDelta {
     }
 }
 
+impl crate::Stats {
+    /// The statistics of every record added to `deltas`, merged: what
+    /// [`Stats::from_records`](crate::Stats::from_records) gives for the same records,
+    /// without holding them. `check` builds one delta per shard page by page, so its
+    /// memory grows with workers, ranges and days, not with the archive.
+    pub fn from_deltas<'a>(deltas: impl IntoIterator<Item = &'a StatsDelta>) -> Self {
+        let mut agg = Aggregate::default();
+        for d in deltas {
+            agg.merge(&d.agg);
+        }
+        agg.updated = agg.last;
+        agg.render()
+    }
+}
+
 /// The UTC day (`YYYY-MM-DD`) and hour of `ms` since the Unix epoch.
 pub(crate) fn day_and_hour(ms: u64) -> (String, usize) {
     let hours = ms / 3_600_000;

@@ -83,3 +83,26 @@ fn entries_only_on_one_side_are_reported_once() {
     assert_eq!(one.expected, None);
     assert!(one.found.is_some());
 }
+
+proptest::proptest! {
+    /// `check` adds records to per-shard deltas page by page; merging the deltas must
+    /// give exactly the statistics of the records themselves, however they are split.
+    #[test]
+    fn deltas_merge_to_the_statistics_of_their_records(
+        recs in proptest::collection::vec((1u64..5_000, 0usize..3, 0u64..200_000_000, 0u64..900_000), 0..200),
+        parts in 1usize..6,
+    ) {
+        let records: Vec<CompletedRecord> = recs
+            .iter()
+            .map(|&(pid, w, at, dur)| rec(pid, ["w0", "w1", "w2"][w], 1_719_000_000_000 + at, dur))
+            .collect();
+        let mut deltas = vec![tranche_stats::StatsDelta::default(); parts];
+        for (i, r) in records.iter().enumerate() {
+            deltas[(r.pid as usize + i) % parts].add(r);
+        }
+        let want = Stats::from_records(&records);
+        let got = Stats::from_deltas(&deltas);
+        proptest::prop_assert!(diff(&want, &got).is_empty(), "{:?}", diff(&want, &got));
+        proptest::prop_assert_eq!(want.global_stats.last_updated, got.global_stats.last_updated);
+    }
+}

@@ -10,7 +10,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tranche_active_store::{Config as ActiveConfig, Plan};
 use tranche_archive_store::Dump;
-use tranche_codec::{CompletedRecord, KeySchema};
+use tranche_codec::KeySchema;
 use tranche_stats::{Stats, StatsDelta, diff};
 
 use crate::backend::{Backend, Open, Tuning};
@@ -452,22 +452,26 @@ async fn import(g: &crate::cli::Global, file: &Path) -> Result<Outcome> {
     Ok(Outcome::Success)
 }
 
-/// Every archived record, read page by page across the plans.
-async fn archived_records(backend: &Backend) -> Result<Vec<CompletedRecord>> {
-    let mut out = Vec::new();
+/// The statistics delta of every archived record, one per shard, read page by page
+/// across the plans: memory grows with workers, ranges and days, never with the archive.
+async fn archived_deltas(backend: &Backend) -> Result<Vec<StatsDelta>> {
+    let schema = KeySchema::new(&backend.namespace, backend.shards)?;
+    let mut deltas = vec![StatsDelta::default(); backend.shards as usize];
     for entry in backend.active.plans().await? {
         let mut from = entry.plan.first_pid();
         let last = entry.plan.last_pid();
         loop {
             let page = backend.archive.range(from..=last, 10_000).await?;
-            out.extend(page.records);
+            for r in &page.records {
+                deltas[schema.shard_of(r.pid) as usize].add(r);
+            }
             match page.next {
                 Some(next) => from = next,
                 None => break,
             }
         }
     }
-    Ok(out)
+    Ok(deltas)
 }
 
 /// Recomputes the statistics from the archive; repairs each shard if asked.
@@ -475,23 +479,15 @@ async fn check_stats(
     backend: &Backend,
     repair: bool,
 ) -> Result<(Vec<tranche_stats::Difference>, u64)> {
-    let records = archived_records(backend).await?;
-    let expected = Stats::from_records(&records);
+    let deltas = archived_deltas(backend).await?;
+    let expected = Stats::from_deltas(&deltas);
     let found = backend.stats.stats().await?;
     let differences = diff(&expected, &found);
-    let count = records.len() as u64;
+    let count = deltas.iter().map(StatsDelta::len).sum();
     if repair && !differences.is_empty() {
         backend.ensure_writable()?;
-        let schema = KeySchema::new(&backend.namespace, backend.shards)?;
-        let mut by_shard: Vec<Vec<CompletedRecord>> = vec![Vec::new(); backend.shards as usize];
-        for r in records {
-            by_shard[schema.shard_of(r.pid) as usize].push(r);
-        }
-        for (shard, recs) in by_shard.iter().enumerate() {
-            backend
-                .stats
-                .replace(shard as u32, &StatsDelta::from_records(recs))
-                .await?;
+        for (shard, delta) in deltas.iter().enumerate() {
+            backend.stats.replace(shard as u32, delta).await?;
         }
         backend.save().await?;
     }

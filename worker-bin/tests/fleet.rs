@@ -200,3 +200,58 @@ fn a_job_on_redis_cluster() {
         assert_eq!(v["layer"], "archive", "{v}");
     }
 }
+
+/// `check` recomputes the statistics from the archive page by page and reports what
+/// differs (exit 1); `check --repair` rewrites them, after which they agree again.
+#[test]
+fn check_finds_and_repairs_damaged_statistics() {
+    let redis = TestRedis::start();
+    let dir = scratch("repair");
+    let url = redis.url();
+    let with = |rest: &[&str]| {
+        let mut v = vec!["--redis", url.as_str(), "--namespace", "r"];
+        v.extend_from_slice(rest);
+        tranche(&dir, &v)
+    };
+    ok(with(&[
+        "plan", "--min", "1", "--max", "30000", "--size", "100", "--shards", "2",
+    ]));
+    ok(with(&[
+        "run",
+        "--simulate",
+        "--sim-latency",
+        "0..3",
+        "--concurrency",
+        "8",
+    ]));
+    assert!(ok(with(&["check"])).contains("consistent"));
+
+    // Lose shard 0's statistics: its partitions vanish from the totals.
+    let keys: Vec<String> = redis.query(redis::cmd("KEYS").arg("{r:0}:stats:*"));
+    assert!(!keys.is_empty(), "shard 0 keeps statistics");
+    let _: () = redis.query(redis::cmd("DEL").arg(&keys));
+    let stats = |w: &dyn Fn(&[&str]) -> std::process::Command| -> serde_json::Value {
+        serde_json::from_str(&ok(w(&["stats", "--json"]))).unwrap()
+    };
+    let left = stats(&with)["completed"]["global_stats"]["total_completed"]
+        .as_u64()
+        .unwrap();
+    assert!(0 < left && left < 300, "{left} of 300 left");
+
+    let damaged = common::output(with(&["check"]));
+    assert_eq!(damaged.status.code(), Some(1), "{damaged:?}");
+    let report = String::from_utf8_lossy(&damaged.stdout);
+    assert!(report.contains("total_completed"), "{report}");
+
+    ok(with(&["check", "--repair"]));
+    assert!(ok(with(&["check"])).contains("consistent"));
+    let repaired = stats(&with);
+    assert_eq!(
+        repaired["completed"]["global_stats"]["total_completed"],
+        300
+    );
+    assert_eq!(
+        repaired["completed"]["global_stats"]["total_processed_data"],
+        30000
+    );
+}
