@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Result, bail};
-use tranche_active_store::{ActiveStore, Config as ActiveConfig, SystemClock};
+use tranche_active_store::{
+    ActiveStore, Config as ActiveConfig, RestoredLeases, SystemClock, WorkerRegistry,
+};
 use tranche_archive_store::Config as ArchiveConfig;
 use tranche_stats::StatsStore;
 
@@ -25,9 +27,12 @@ pub(crate) struct EmbeddedBackend {
 }
 
 impl EmbeddedBackend {
-    /// Loads the namespace from `path`, or starts an empty one when `open` allows. The
-    /// leases a previous process held are released at once, checkpoints kept: an
-    /// embedded namespace has one worker, and the one that saved them is gone.
+    /// Loads the namespace from `path`, or starts an empty one when `open` allows.
+    ///
+    /// When this process takes the lock, the process that saved the file is gone (one
+    /// writer per state file): its leases are released at once, checkpoints kept, and
+    /// its worker entries are dropped. A reader opening the file while a live `run`
+    /// holds the lock sees that run's leases and workers as they were saved.
     pub(crate) async fn open(
         path: &Path,
         ns: &str,
@@ -67,14 +72,23 @@ impl EmbeddedBackend {
             .unwrap_or(1);
         let archive_config = archive_config(ns, shards, first_pid, tuning);
         let clock = Arc::new(SystemClock);
+        let writer = lock.is_some();
+        let leases = if writer {
+            RestoredLeases::Release
+        } else {
+            RestoredLeases::Keep
+        };
         let stores = match saved {
-            Some(saved) => Embedded::restore(
-                active_config,
-                archive_config.clone(),
-                clock,
-                saved,
-                tranche_active_store::RestoredLeases::Release,
-            )?,
+            Some(saved) => {
+                let stores =
+                    Embedded::restore(active_config, archive_config.clone(), clock, saved, leases)?;
+                if writer {
+                    for worker in stores.active.workers().await? {
+                        stores.active.deregister(&worker.info.id).await?;
+                    }
+                }
+                stores
+            }
             None => Embedded::new(active_config, archive_config.clone(), clock)?,
         };
         Ok(Self {

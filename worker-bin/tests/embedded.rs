@@ -166,10 +166,30 @@ fn one_writer_per_state_file() {
         );
     }
 
+    // A reader sees the live run's lease and worker entry as saved, not released.
+    eventually(
+        Duration::from_secs(30),
+        "a reader seeing the run's lease",
+        || {
+            let v: serde_json::Value =
+                serde_json::from_str(&ok(tranche(&dir, &["status", "--json"]))).unwrap();
+            v["claimed"].as_u64().unwrap() + v["running"].as_u64().unwrap() == 1
+        },
+    );
+    let workers: serde_json::Value =
+        serde_json::from_str(&ok(tranche(&dir, &["workers", "--json"]))).unwrap();
+    assert_eq!(workers[0]["process_id"], first.id(), "{workers}");
+
     // Killed without a word, the holder leaves its lock behind; the next run takes it.
     first.kill().expect("SIGKILL");
     wait(&mut first, Duration::from_secs(10));
     assert!(lock.exists(), "a SIGKILLed process cannot remove its lock");
+    // Whoever takes the lock over knows the saver is gone: no lease, no worker left.
+    let status: serde_json::Value =
+        serde_json::from_str(&ok(tranche(&dir, &["status", "--json"]))).unwrap();
+    assert_eq!(status["claimed"], 0, "{status}");
+    assert_eq!(status["running"], 0, "{status}");
+    assert_eq!(ok(tranche(&dir, &["workers", "--json"])).trim(), "[]");
     let out = ok(tranche(
         &dir,
         &["run", "--simulate", "--sim-latency", "0..1"],
