@@ -240,19 +240,20 @@ impl Backend {
         }
     }
 
-    /// Redis's `used_memory`, for the run summary; `None` when embedded.
+    /// Redis's `used_memory`, for the run summary; `None` when embedded. On a cluster,
+    /// the sum over the masters (the client sends INFO to each and answers with a map
+    /// of node to reply).
     pub(crate) async fn used_memory(&self) -> Option<u64> {
         let Place::Redis { conn, .. } = &self.place else {
             return None;
         };
         let mut c = conn.clone();
-        let info: String = redis::cmd("INFO")
+        let info: redis::Value = redis::cmd("INFO")
             .arg("memory")
             .query_async(&mut c)
             .await
             .ok()?;
-        info.lines()
-            .find_map(|l| l.strip_prefix("used_memory:")?.trim().parse().ok())
+        used_memory_of(&info)
     }
 
     /// Fails when another live process holds the embedded state file (always fine on
@@ -278,6 +279,21 @@ impl Backend {
         let plans = self.active.plans().await?;
         let stats = self.stats.stats().await?;
         Ok(plans.is_empty() && stats.global_stats.total_completed == 0)
+    }
+}
+
+/// `used_memory` out of an INFO reply: one node's text, or a map of node to text (a
+/// cluster), summed. `None` if any node's figure is missing.
+fn used_memory_of(info: &redis::Value) -> Option<u64> {
+    use redis::Value;
+    match info {
+        Value::Map(nodes) => nodes.iter().map(|(_, v)| used_memory_of(v)).sum(),
+        Value::BulkString(_) | Value::VerbatimString { .. } | Value::SimpleString(_) => {
+            let text: String = redis::from_redis_value_ref(info).ok()?;
+            text.lines()
+                .find_map(|l| l.strip_prefix("used_memory:")?.trim().parse().ok())
+        }
+        _ => None,
     }
 }
 
@@ -345,5 +361,27 @@ mod tests {
         assert_eq!(redact("rediss://bob:pw@host"), "rediss://bob:***@host");
         assert_eq!(redact("redis://token@host"), "redis://***@host");
         assert_eq!(redact("redis://host:6379"), "redis://host:6379");
+    }
+
+    #[test]
+    fn used_memory_is_read_from_one_node_or_summed_over_a_cluster() {
+        use redis::Value;
+        let node = |n: u64| Value::VerbatimString {
+            format: redis::VerbatimFormat::Text,
+            text: format!("# Memory\r\nused_memory:{n}\r\nused_memory_human:1M\r\n"),
+        };
+        let text = Value::BulkString(b"# Memory\r\nused_memory:1000\r\n".to_vec());
+        assert_eq!(used_memory_of(&text), Some(1000));
+        assert_eq!(used_memory_of(&node(7)), Some(7));
+        let cluster = Value::Map(vec![
+            (Value::SimpleString("127.0.0.1:7000".into()), node(1000)),
+            (Value::SimpleString("127.0.0.1:7001".into()), node(234)),
+        ]);
+        assert_eq!(used_memory_of(&cluster), Some(1234));
+        let partial = Value::Map(vec![
+            (Value::SimpleString("a".into()), node(1)),
+            (Value::SimpleString("b".into()), Value::Nil),
+        ]);
+        assert_eq!(used_memory_of(&partial), None, "a node without a figure");
     }
 }
