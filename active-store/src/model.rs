@@ -34,6 +34,23 @@ pub struct PlanEntry {
     pub explicit: bool,
 }
 
+impl PlanEntry {
+    /// The plan that registers this entry again: its uniform plan, or its one explicit
+    /// range.
+    pub fn to_plan(&self) -> Plan {
+        let p = &self.plan;
+        if self.explicit {
+            Plan::Ranges(vec![p.min()..=p.max()])
+        } else {
+            Plan::Uniform {
+                min: p.min(),
+                max: p.max(),
+                size: p.size(),
+            }
+        }
+    }
+}
+
 /// What [`Planner::plan`](crate::Planner::plan) did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlanOutcome {

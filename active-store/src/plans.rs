@@ -193,3 +193,41 @@ pub(crate) fn count(snapshot: &ActiveSnapshot) -> StatusCounts {
     }
     counts
 }
+
+/// Checks an adoption ([`Planner::adopt`](crate::Planner::adopt)) before anything is
+/// written: the entries run from pid 1 without a gap (what a registry always holds, so
+/// registering them in order gives each the pids it had), and `completed` is strictly
+/// increasing and inside them. Returns how many pids will be pending.
+pub(crate) fn validate_adoption(entries: &[PlanEntry], completed: &[u64]) -> Result<u64> {
+    let mut next = 1;
+    for e in entries {
+        if e.plan.first_pid() != next {
+            return Err(Error::InvalidPlan(format!(
+                "exported plans must run from pid 1 without a gap; pid {next} is missing \
+                 before the plan {}..={}",
+                e.plan.min(),
+                e.plan.max()
+            )));
+        }
+        if e.explicit && e.plan.partitions() != 1 {
+            return Err(Error::InvalidPlan(format!(
+                "an explicit range is one partition, not {}",
+                e.plan.partitions()
+            )));
+        }
+        validate(&e.to_plan())?;
+        next = e.plan.last_pid() + 1;
+    }
+    if let Some(w) = completed.windows(2).find(|w| w[0] >= w[1]) {
+        return Err(Error::InvalidArgument(format!(
+            "completed pids must be strictly increasing ({} then {})",
+            w[0], w[1]
+        )));
+    }
+    if let Some(&pid) = completed.iter().find(|&&p| p == 0 || p >= next) {
+        return Err(Error::InvalidArgument(format!(
+            "completed pid {pid} is in no plan"
+        )));
+    }
+    Ok(next - 1 - completed.len() as u64)
+}

@@ -21,6 +21,17 @@ pub trait Planner: Send + Sync {
 
     /// Every plan entry of the namespace, by first pid.
     async fn plans(&self) -> Result<Vec<PlanEntry>>;
+
+    /// Restores an exported plan registry into this namespace, which must have no plan
+    /// yet (`tranche import`). `entries` (as [`Planner::plans`] listed them: from pid 1,
+    /// no gap) are registered in order and so keep their pids; the pids of `completed`
+    /// (strictly increasing, each in an entry) go to the completed index and are never
+    /// issued; every other pid of the entries is pending, ready now: work the export
+    /// did not hold as done is done again. Returns how many pids are pending.
+    ///
+    /// Checked before anything is written. Not atomic as a whole: an interrupted
+    /// adoption leaves a partial namespace to be deleted before trying again.
+    async fn adopt(&self, entries: &[PlanEntry], completed: &[u64]) -> Result<u64>;
 }
 
 /// The lease lifecycle: claim, heartbeat, then complete, fail or release.
@@ -113,6 +124,9 @@ macro_rules! forward {
         impl<T: Planner + ?Sized> Planner for $ptr {
             async fn plan(&self, plan: &Plan) -> Result<PlanOutcome> { (**self).plan(plan).await }
             async fn plans(&self) -> Result<Vec<PlanEntry>> { (**self).plans().await }
+            async fn adopt(&self, entries: &[PlanEntry], completed: &[u64]) -> Result<u64> {
+                (**self).adopt(entries, completed).await
+            }
         }
 
         #[async_trait]

@@ -150,6 +150,7 @@ suite!(
     worker_registry,
     reaper_is_idempotent,
     queries,
+    adopt_restores_exported_plans,
 );
 
 async fn plan_validation(h: Harness) {
@@ -575,6 +576,92 @@ async fn queries(h: Harness) {
     assert_eq!(unissued, 1000 - 10);
     let c = s.counts().await.unwrap();
     assert_eq!((c.unissued, c.claimed, c.outstanding()), (990, 9, 999));
+}
+
+/// `tranche import`: an exported registry adopted into an empty namespace keeps its
+/// pids; completed pids are never issued again, every other pid is pending.
+async fn adopt_restores_exported_plans(h: Harness) {
+    use tranche_active_store::PlanEntry;
+    let s = &h.store;
+    let entry = |first, min, max, size, explicit| PlanEntry {
+        plan: tranche_codec::Plan::new(first, min, max, size).unwrap(),
+        explicit,
+    };
+    // Pids 1..=100, then one explicit range (101), then 102..=112.
+    let entries = [
+        entry(1, 1, 10_000, 100, false),
+        entry(101, 20_000, 20_499, 500, true),
+        entry(102, 30_000, 31_000, 100, false),
+    ];
+    let completed: Vec<u64> = (1..=112).filter(|p| p % 3 == 0 || *p == 101).collect();
+    let missing: Vec<u64> = (1..=112).filter(|p| !completed.contains(p)).collect();
+
+    // Refused before anything is written.
+    let gap = [entry(2, 1, 10_000, 100, false)];
+    assert!(matches!(
+        s.adopt(&gap, &[]).await,
+        Err(Error::InvalidPlan(_))
+    ));
+    let unsorted = [5, 3];
+    assert!(matches!(
+        s.adopt(&entries, &unsorted).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        s.adopt(&entries, &[113]).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(s.plans().await.unwrap().is_empty());
+    assert_eq!(s.counts().await.unwrap().outstanding(), 0);
+
+    let pending = s.adopt(&entries, &completed).await.unwrap();
+    assert_eq!(pending, missing.len() as u64);
+    assert_eq!(s.plans().await.unwrap(), entries);
+    assert_eq!(s.get(3).await.unwrap(), None, "completed: not active");
+    assert_eq!(
+        s.get(101).await.unwrap(),
+        None,
+        "a completed explicit range"
+    );
+    let p = s.get(104).await.unwrap().unwrap();
+    assert_eq!(
+        (p.status, p.attempts, p.min_id, p.max_id),
+        (Status::Pending, 0, 30_200, 30_299)
+    );
+    let p = s.get(112).await.unwrap().unwrap();
+    assert_eq!(
+        (p.min_id, p.max_id),
+        (31_000, 31_000),
+        "the short last partition"
+    );
+    let snap = s.all_active().await.unwrap();
+    let pids: Vec<u64> = snap.partitions.iter().map(|p| p.pid).collect();
+    assert_eq!(pids, missing);
+    assert!(
+        snap.unissued.iter().all(|u| u.count == 0),
+        "{:?}",
+        snap.unissued
+    );
+    let c = s.counts().await.unwrap();
+    assert_eq!((c.unissued, c.pending), (0, missing.len() as u64));
+
+    // Claims hand out exactly the missing pids, each once.
+    let mut claimed = Vec::new();
+    loop {
+        let leases = s.claim("w", 7).await.unwrap();
+        if leases.is_empty() {
+            break;
+        }
+        claimed.extend(leases.iter().map(|l| l.pid));
+    }
+    claimed.sort_unstable();
+    assert_eq!(claimed, missing);
+
+    // Only into a namespace without plans.
+    assert!(matches!(
+        s.adopt(&entries, &completed).await,
+        Err(Error::InvalidPlan(_))
+    ));
 }
 
 impl Harness {

@@ -7,6 +7,8 @@
 //!          | entries u64 (records) | batches u64 | created_ms u64 | updated_ms u64
 //!          | namespace (u16 length + bytes) | crc32 of the header so far
 //! dict     length u32 | WorkerDict::to_bytes | crc32
+//! plans    count u32 | per plan: first pid u64 | min id u64 | max id u64 | size u64
+//!          | explicit u8; then the crc32 of the section (version 2 on; none in 1)
 //! index    per batch: id u64 | offset u64 | size u32 | tier u8 | time_ms u64 | crc32
 //!          of the batch bytes; then the crc32 of the whole index
 //! data     the batches, each binary v2 (with the dictionary above), at their offsets
@@ -14,17 +16,31 @@
 //! ```
 //!
 //! `time_ms` is the latest completion in the batch; `tier` is where the batch lived
-//! (0 simple, 1 compressed, 2 summary), and where `import` puts it back.
+//! (0 simple, 1 compressed, 2 summary), and where `import` puts it back. The plans are
+//! the namespace's plan registry, so that an import answers for pids (and never issues
+//! an archived one again) without planning anew; a version 1 dump reads with none.
 
 use tranche_codec::{
-    BinaryV2Options, CompletedRecord, KeySchema, WorkerDict, decode_binary_v2, encode_binary_v2,
+    BinaryV2Options, CompletedRecord, KeySchema, Plan, WorkerDict, decode_binary_v2,
+    encode_binary_v2,
 };
 
 use crate::model::Tier;
 use crate::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"TRDUMP01";
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
+/// The oldest version read: version 1 is version 2 without the plans section.
+const OLDEST_VERSION: u16 = 1;
+
+/// One entry of the exported plan registry: a run of pids and the IDs they cover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DumpPlan {
+    /// The geometry: first pid, IDs and partition size.
+    pub plan: Plan,
+    /// An explicit range (one partition) rather than a uniform plan.
+    pub explicit: bool,
+}
 
 /// One batch of a dump: its id, the tier it lived in, and its records.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +68,8 @@ pub struct Dump {
     pub updated_ms: u64,
     /// The worker dictionary the batches were written with.
     pub dict: WorkerDict,
+    /// The plan registry, by first pid (empty when the exporter had none to give).
+    pub plans: Vec<DumpPlan>,
     /// The batches, in id order.
     pub batches: Vec<DumpBatch>,
 }
@@ -78,6 +96,7 @@ impl Dump {
             created_ms,
             updated_ms,
             dict,
+            plans: Vec::new(),
             batches,
         }
     }
@@ -124,6 +143,21 @@ impl Dump {
         out.extend((dict.len() as u32).to_le_bytes());
         out.extend(&dict);
         out.extend(crc32fast::hash(&dict).to_le_bytes());
+        let mut plans = Vec::with_capacity(4 + 33 * self.plans.len());
+        plans.extend((self.plans.len() as u32).to_le_bytes());
+        for p in &self.plans {
+            for n in [
+                p.plan.first_pid(),
+                p.plan.min(),
+                p.plan.max(),
+                p.plan.size(),
+            ] {
+                plans.extend(n.to_le_bytes());
+            }
+            plans.push(u8::from(p.explicit));
+        }
+        out.extend(&plans);
+        out.extend(crc32fast::hash(&plans).to_le_bytes());
         out.extend(&index);
         out.extend(crc32fast::hash(&index).to_le_bytes());
         out.extend(data);
@@ -137,8 +171,10 @@ impl Dump {
             return Err(bad("not a tranche dump (bad magic)"));
         }
         let version = r.u16()?;
-        if version != VERSION {
-            return Err(bad(&format!("dump version {version} is not supported")));
+        if !(OLDEST_VERSION..=VERSION).contains(&version) {
+            return Err(bad(&format!(
+                "dump version {version} is not supported (this build reads {OLDEST_VERSION} to {VERSION})"
+            )));
         }
         let num_shards = r.u32()?;
         let batch_size = r.u64()?;
@@ -159,6 +195,11 @@ impl Dump {
             return Err(bad("dictionary checksum mismatch"));
         }
         let dict = WorkerDict::from_bytes(dict_bytes)?;
+        let plans = if version >= 2 {
+            read_plans(&mut r, bytes)?
+        } else {
+            Vec::new()
+        };
         let index_len = usize::try_from(batches)
             .ok()
             .and_then(|n| n.checked_mul(33))
@@ -210,6 +251,7 @@ impl Dump {
             created_ms,
             updated_ms,
             dict,
+            plans,
             batches: out,
         };
         if dump.entries() != entries {
@@ -229,6 +271,32 @@ impl Dump {
         }
         out
     }
+}
+
+/// The plans section, its checksum checked.
+fn read_plans(r: &mut Reader<'_>, bytes: &[u8]) -> Result<Vec<DumpPlan>> {
+    let start = r.at;
+    let count = r.u32()? as usize;
+    if count.saturating_mul(33) > bytes.len() {
+        return Err(bad("plan count beyond the file"));
+    }
+    let mut plans = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (first, min, max, size) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+        let explicit = match r.take(1)?[0] {
+            0 => false,
+            1 => true,
+            b => return Err(bad(&format!("plan flag {b}"))),
+        };
+        let plan = Plan::new(first, min, max, size)
+            .map_err(|err| bad(&format!("plan {min}..={max}: {err}")))?;
+        plans.push(DumpPlan { plan, explicit });
+    }
+    let section = &bytes[start..r.at];
+    if r.u32()? != crc32fast::hash(section) {
+        return Err(bad("plans checksum mismatch"));
+    }
+    Ok(plans)
 }
 
 fn tier_byte(t: Tier) -> u8 {
@@ -276,5 +344,86 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(
             self.take(8)?.try_into().map_err(|_| bad("truncated"))?,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn dump() -> Dump {
+        let schema = KeySchema::new("elk", 2).unwrap();
+        let records = (1..=3)
+            .map(|pid| CompletedRecord {
+                pid,
+                min_id: pid * 10 - 9,
+                max_id: pid * 10,
+                worker: Arc::from("w1"),
+                completed_at_ms: 1_719_234_405_000 + pid,
+                duration_ms: 1000,
+            })
+            .collect();
+        let mut dict = WorkerDict::new();
+        dict.insert("w1").unwrap();
+        let batch = DumpBatch {
+            id: 0,
+            tier: Tier::Simple,
+            records,
+        };
+        let mut dump = Dump::new(&schema, 1_719_300_000_000, dict, vec![batch]);
+        dump.plans = vec![
+            DumpPlan {
+                plan: Plan::new(1, 1, 95, 10).unwrap(),
+                explicit: false,
+            },
+            DumpPlan {
+                plan: Plan::new(11, 500, 599, 100).unwrap(),
+                explicit: true,
+            },
+        ];
+        dump
+    }
+
+    /// Where the plans section of `bytes` starts: after the header and the dictionary.
+    fn plans_at(d: &Dump, bytes: &[u8]) -> (usize, usize) {
+        let header_end = 8 + 2 + 4 + 8 * 5 + 2 + d.namespace.len();
+        let dict_len =
+            u32::from_le_bytes(bytes[header_end + 4..header_end + 8].try_into().unwrap());
+        (header_end, header_end + 4 + 4 + dict_len as usize + 4)
+    }
+
+    #[test]
+    fn plans_travel_with_the_dump() {
+        let d = dump();
+        let bytes = d.to_bytes().unwrap();
+        assert_eq!(Dump::from_bytes(&bytes).unwrap(), d);
+        // The plans section is checksummed like the rest.
+        let (_, at) = plans_at(&d, &bytes);
+        for at in at..at + 4 + 2 * 33 + 4 {
+            let mut bad = bytes.clone();
+            bad[at] ^= 0x10;
+            assert!(Dump::from_bytes(&bad).is_err(), "flip at {at}");
+        }
+    }
+
+    /// A version 1 dump (no plans section) still reads, with no plans.
+    #[test]
+    fn version_1_reads_without_plans() {
+        let mut d = dump();
+        d.plans.clear();
+        let v2 = d.to_bytes().unwrap();
+        let (header_end, plans_at) = plans_at(&d, &v2);
+        let mut v1 = v2[..header_end].to_vec();
+        v1[8..10].copy_from_slice(&1u16.to_le_bytes());
+        v1.extend(crc32fast::hash(&v1).to_le_bytes());
+        v1.extend(&v2[header_end + 4..plans_at]);
+        v1.extend(&v2[plans_at + 8..]);
+        assert_eq!(Dump::from_bytes(&v1).unwrap(), d);
+        let mut v3 = v2.clone();
+        v3[8..10].copy_from_slice(&3u16.to_le_bytes());
+        let err = Dump::from_bytes(&v3).unwrap_err().to_string();
+        assert!(err.contains("version 3"), "{err}");
     }
 }

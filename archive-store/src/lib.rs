@@ -36,7 +36,7 @@ mod redis_store;
 mod state;
 mod store;
 
-pub use dump::{Dump, DumpBatch};
+pub use dump::{Dump, DumpBatch, DumpPlan};
 pub use error::{Error, Result};
 pub use memory::MemoryArchive;
 pub use model::{ArchivePass, Config, Lookup, RangePage, Tier};

@@ -8,8 +8,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
-use tranche_active_store::{Config as ActiveConfig, Plan};
-use tranche_archive_store::Dump;
+use tranche_active_store::{Config as ActiveConfig, Plan, PlanEntry};
+use tranche_archive_store::{Dump, DumpPlan};
 use tranche_codec::KeySchema;
 use tranche_stats::{Stats, StatsDelta, diff};
 
@@ -404,7 +404,19 @@ async fn status(backend: &Backend, args: &StatusArgs, json: bool) -> Result<Outc
 }
 
 async fn export(backend: &Backend, args: &ExportArgs) -> Result<Outcome> {
-    let dump = backend.archive.export(work::now_ms()).await?;
+    let mut dump = backend.archive.export(work::now_ms()).await?;
+    // The plan registry travels with the archive, so that an import answers for pids
+    // and never issues an archived one again.
+    dump.plans = backend
+        .active
+        .plans()
+        .await?
+        .into_iter()
+        .map(|e| DumpPlan {
+            plan: e.plan,
+            explicit: e.explicit,
+        })
+        .collect();
     let bytes = if args.jsonl {
         dump.to_json_lines().into_bytes()
     } else {
@@ -441,6 +453,35 @@ async fn import(g: &crate::cli::Global, file: &Path) -> Result<Outcome> {
         );
     }
     backend.ensure_writable()?;
+    // Plans first: their checks run before anything is written, and they refuse a dump
+    // whose records lie outside its plans.
+    let entries: Vec<PlanEntry> = dump
+        .plans
+        .iter()
+        .map(|p| PlanEntry {
+            plan: p.plan,
+            explicit: p.explicit,
+        })
+        .collect();
+    let pending = if entries.is_empty() {
+        None
+    } else {
+        let mut completed: Vec<u64> = dump
+            .batches
+            .iter()
+            .flat_map(|b| &b.records)
+            .map(|r| r.pid)
+            .collect();
+        completed.sort_unstable();
+        completed.dedup();
+        Some(
+            backend
+                .active
+                .adopt(&entries, &completed)
+                .await
+                .with_context(|| format!("the plans of {} do not fit", file.display()))?,
+        )
+    };
     let restored = backend.archive.import(&dump).await?;
     backend.register_namespace().await?;
     backend.save().await?;
@@ -449,6 +490,19 @@ async fn import(g: &crate::cli::Global, file: &Path) -> Result<Outcome> {
         backend.namespace,
         backend.location()
     );
+    match pending {
+        Some(0) => println!(
+            "restored {} plan(s); every planned partition was archived",
+            entries.len()
+        ),
+        Some(n) => println!(
+            "restored {} plan(s); {n} partition(s) the export did not hold as archived are pending again (`tranche run` does them)",
+            entries.len()
+        ),
+        None => println!(
+            "the dump carries no plans (format version 1): `get` answers `unknown` for its pids, and planning them again would issue them again"
+        ),
+    }
     Ok(Outcome::Success)
 }
 

@@ -255,3 +255,94 @@ fn check_finds_and_repairs_damaged_statistics() {
         30000
     );
 }
+
+/// A dump carries the plans: imported into another namespace, archived pids answer from
+/// the archive and are never issued again, and the partitions the export did not hold
+/// as archived are pending, so one `run` finishes the job there.
+#[test]
+fn import_restores_plans_and_leaves_only_unarchived_work() {
+    let redis = TestRedis::start();
+    let dir = scratch("import-plans");
+    let url = redis.url();
+    let log = dir.join("chunks.log");
+    let with = |ns: &str, rest: &[&str]| {
+        let mut v = vec!["--redis", url.as_str(), "--namespace", ns];
+        v.extend_from_slice(rest);
+        let mut c = tranche(&dir, &v);
+        c.env("TRANCHE_LOG", &log);
+        c
+    };
+    ok(with(
+        "a",
+        &[
+            "plan", "--min", "1", "--max", "20000", "--size", "100", "--shards", "2",
+        ],
+    ));
+    // One attempt each and a failure rate: some partitions end failed, not archived.
+    let first = common::output(with(
+        "a",
+        &[
+            "run",
+            "--simulate",
+            "--sim-latency",
+            "0..1",
+            "--sim-fail",
+            "0.05",
+            "--max-attempts",
+            "1",
+            "--chunk",
+            "50",
+        ],
+    ));
+    assert_eq!(first.status.code(), Some(1), "{first:?}");
+    let a: serde_json::Value = serde_json::from_str(&ok(with("a", &["status", "--json"]))).unwrap();
+    let failed = a["failed"].as_u64().unwrap();
+    assert!(failed > 0 && failed < 200, "{a}");
+    assert_eq!(a["archived"].as_u64().unwrap() + failed, 200, "{a}");
+    let failed_pids: Vec<u64> = (1..=200)
+        .filter(|pid| {
+            let v: serde_json::Value =
+                serde_json::from_str(&ok(with("a", &["get", &pid.to_string(), "--json"]))).unwrap();
+            v["layer"] == "active"
+        })
+        .collect();
+    assert_eq!(failed_pids.len() as u64, failed);
+
+    let dump = dir.join("a.dump");
+    ok(with("a", &["export", "-o", dump.to_str().unwrap()]));
+    let out = ok(with("b", &["import", dump.to_str().unwrap()]));
+    assert!(out.contains(&format!("{failed} partition(s)")), "{out}");
+
+    let b: serde_json::Value = serde_json::from_str(&ok(with("b", &["status", "--json"]))).unwrap();
+    assert_eq!(b["partitions"], 200, "{b}");
+    assert_eq!(b["unissued"], 0, "{b}");
+    assert_eq!(b["pending"].as_u64().unwrap(), failed, "{b}");
+    assert_eq!(b["archived"].as_u64().unwrap(), 200 - failed, "{b}");
+    let archived_pid = (1..=200).find(|p| !failed_pids.contains(p)).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&ok(with(
+        "b",
+        &["get", &archived_pid.to_string(), "--json"],
+    )))
+    .unwrap();
+    assert_eq!(v["layer"], "archive", "{v}");
+    let v: serde_json::Value = serde_json::from_str(&ok(with(
+        "b",
+        &["get", &failed_pids[0].to_string(), "--json"],
+    )))
+    .unwrap();
+    assert_eq!(v["partition"]["status"], "pending", "{v}");
+
+    // Only the unarchived partitions run again, each once.
+    std::fs::remove_file(&log).ok();
+    let exec = common::example_script();
+    ok(with(
+        "b",
+        &["run", "--exec", exec.to_str().unwrap(), "--chunk", "100"],
+    ));
+    let mut ran: Vec<u64> = chunk_log(&log).iter().map(|c| c.0).collect();
+    ran.sort_unstable();
+    assert_eq!(ran, failed_pids);
+    let b: serde_json::Value = serde_json::from_str(&ok(with("b", &["status", "--json"]))).unwrap();
+    assert_eq!(b["archived"], 200, "{b}");
+    assert!(ok(with("b", &["check"])).contains("consistent"));
+}

@@ -269,6 +269,22 @@ where
         &self.keys[shard as usize].inbox
     }
 
+    /// Runs `plan_ranges` on `shard` with `args` (now, then pid, min, max, bit per
+    /// partition) and leaves `args` holding `now` alone again.
+    async fn materialise(&self, shard: usize, args: &mut Vec<String>, now: &str) -> Result<()> {
+        let keys = &self.keys[shard];
+        let _: i64 = self
+            .invoke(
+                &PLAN_RANGES,
+                &[&keys.active, &keys.pending, &keys.index],
+                args,
+            )
+            .await?;
+        args.clear();
+        args.push(now.to_owned());
+        Ok(())
+    }
+
     fn keys_of(&self, pid: u64) -> &ShardKeys {
         &self.keys[self.layout.shard_of(pid) as usize]
     }
@@ -654,6 +670,85 @@ where
 
     async fn plans(&self) -> Result<Vec<PlanEntry>> {
         Ok(self.refresh_registry().await?.entries().to_vec())
+    }
+
+    async fn adopt(&self, entries: &[PlanEntry], completed: &[u64]) -> Result<u64> {
+        let pending = plans::validate_adoption(entries, completed)?;
+        if !self.refresh_registry().await?.entries().is_empty() {
+            return Err(Error::InvalidPlan(
+                "plans are adopted only into a namespace without any".into(),
+            ));
+        }
+        // Completed first: registering an explicit range then skips its completed pid
+        // (`plan_ranges` leaves completed pids alone). One BITFIELD per shard and chunk.
+        let mut bits = vec![Vec::new(); self.keys.len()];
+        for &pid in completed {
+            bits[self.layout.shard_of(pid) as usize].push(self.bit(pid));
+        }
+        for (keys, bits) in self.keys.iter().zip(&bits) {
+            for chunk in bits.chunks(MAX_SCRIPT_BATCH) {
+                let mut cmd = redis::cmd("BITFIELD");
+                cmd.arg(&keys.index);
+                for bit in chunk {
+                    cmd.arg("SET").arg("u1").arg(bit).arg(1);
+                }
+                let cmd = &cmd;
+                retry(&self.conn, |mut conn| async move {
+                    cmd.query_async::<redis::Value>(&mut conn).await
+                })
+                .await?;
+            }
+        }
+        let now = self.now().to_string();
+        let mut done = completed.iter().copied().peekable();
+        for entry in entries {
+            let outcome = self.plan(&entry.to_plan()).await?;
+            if outcome.entries != [*entry] {
+                return Err(Error::Corrupt {
+                    key: self.registry_key.clone(),
+                    detail: format!("{entry:?} registered as {:?}", outcome.entries),
+                });
+            }
+            if entry.explicit {
+                continue;
+            }
+            // Every pid issued at once: each shard's cursor past the plan, the pids not
+            // completed materialised as pending (ready now) in chunks.
+            let (first, last) = (entry.plan.first_pid(), entry.plan.last_pid());
+            for keys in self.keys.iter() {
+                let key = keys.cursor.as_str();
+                retry(&self.conn, |mut conn| async move {
+                    conn.hset::<_, _, _, ()>(key, first, last + 1).await
+                })
+                .await?;
+            }
+            let mut args: Vec<Vec<String>> = vec![vec![now.clone()]; self.keys.len()];
+            for pid in first..=last {
+                while done.next_if(|&d| d < pid).is_some() {}
+                if done.next_if_eq(&pid).is_some() {
+                    continue;
+                }
+                let Some(ids) = entry.plan.range_of(pid) else {
+                    continue;
+                };
+                let shard = self.layout.shard_of(pid) as usize;
+                args[shard].extend([
+                    pid.to_string(),
+                    ids.start().to_string(),
+                    ids.end().to_string(),
+                    self.bit(pid).to_string(),
+                ]);
+                if args[shard].len() > 4 * MAX_SCRIPT_BATCH {
+                    self.materialise(shard, &mut args[shard], &now).await?;
+                }
+            }
+            for (shard, args) in args.iter_mut().enumerate() {
+                if args.len() > 1 {
+                    self.materialise(shard, args, &now).await?;
+                }
+            }
+        }
+        Ok(pending)
     }
 }
 
