@@ -461,8 +461,8 @@ where
         Ok(())
     }
 
-    /// The partitions of `records` (pid, record) in pid order; `None` if a record
-    /// belongs to a plan `registry` does not know yet.
+    /// The partitions of `records` (pid, shard, record bytes), in their order; `None` if
+    /// a record belongs to a plan `registry` does not know yet.
     fn partitions(
         &self,
         records: &[(u64, u32, &[u8])],
