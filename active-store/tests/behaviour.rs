@@ -697,7 +697,29 @@ async fn counts_of_a_namespace_without_counters(h: Harness) {
     let l = h.store.claim("w9", 3).await.unwrap();
     h.store.heartbeat(&l[0], l[0].min_id).await.unwrap();
     h.store.fail(&l[1], "boom").await.unwrap();
+    let unmarked = || async {
+        let Backend::Redis(_, conn) = &h.backend else {
+            return 0;
+        };
+        let schema =
+            tranche_codec::KeySchema::new(&h.config.namespace, h.config.num_shards).unwrap();
+        let mut conn = conn.clone();
+        let mut n = 0;
+        for shard in schema.shards() {
+            let records: u64 = conn.hlen(schema.active(shard)).await.unwrap();
+            let marked: bool = conn
+                .hexists(schema.shard_key(shard, "counts"), "v")
+                .await
+                .unwrap();
+            n += u32::from(records > 0 && !marked);
+        }
+        n
+    };
+    if matches!(h.backend, Backend::Redis(..)) {
+        assert!(unmarked().await > 0, "the scripts counted without the mark");
+    }
     assert_eq!(h.store.counts().await.unwrap(), recounted(&*h.store).await);
+    assert_eq!(unmarked().await, 0, "derived once, marked from then on");
     random_workload(&h, 8, 60).await;
 }
 
