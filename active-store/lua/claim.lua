@@ -2,7 +2,7 @@
 -- KEYS[1] active hash   KEYS[2] pending zset (score: ready time ms)   KEYS[3] leases zset
 --      (score: deadline ms)   KEYS[4] plans list ("first|last" pid ranges of uniform
 --      plans)   KEYS[5] cursor hash (plan first pid -> next pid to consider)
---      KEYS[6] token sequence
+--      KEYS[6] token sequence   KEYS[7] status counters hash
 -- ARGV[1] worker   ARGV[2] n   ARGV[3] now ms   ARGV[4] deadline ms   ARGV[5] shard
 --      ARGV[6] num_shards   ARGV[7] partitions per batch
 -- Reply: flat array of (pid, token, attempts, min, max, progress) per lease.
@@ -12,10 +12,11 @@ local worker, want, now, deadline = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local shard, shards, per_batch = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 -- Arrays are filled through explicit counters: `#t` is a search in Lua 5.1.
 local out, records, scores, got = {}, {}, {}, 0
-local no, nr, ns = 0, 0, 0
+local no, nr, ns, reclaimed = 0, 0, 0, 0
 -- Fresh tokens for this call, reserved up front: every later call on a lease must
 -- present its token (fencing). Unused ones are simply skipped.
 local token = tonumber(redis.call('INCRBY', KEYS[6], want)) - want
+start_counting(KEYS[7], function() return redis.call('HLEN', KEYS[1]) == 0 end)
 
 local function lease(pid, r)
   token = token + 1
@@ -40,7 +41,10 @@ if #ready > 0 then
   local recs = redis.call('HMGET', KEYS[1], unpack(ready))
   for i, pid in ipairs(ready) do
     local r = decode(recs[i] or '')
-    if r and r[1] == 'p' then lease(pid, r) end
+    if r and r[1] == 'p' then
+      lease(pid, r)
+      reclaimed = reclaimed + 1
+    end
   end
 end
 
@@ -85,5 +89,9 @@ end
 if got > 0 then
   variadic('HSET', KEYS[1], records)
   variadic('ZADD', KEYS[3], scores)
+  -- Reclaimed partitions move from pending; fresh ones were not counted before.
+  moved(nil, 'c', got)
+  moved('p', nil, reclaimed)
+  count(KEYS[7])
 end
 return out

@@ -1,6 +1,6 @@
 -- complete: finish any number of leases of one shard in one round trip (group commit).
 -- KEYS[1] active hash   KEYS[2] leases zset   KEYS[3] completed-index bitmap
---      KEYS[4] inbox stream
+--      KEYS[4] inbox stream   KEYS[5] status counters hash
 -- ARGV per completion: pid, token, bit offset in the index, encoded completed record
 -- Reply: per completion, OK, DUPLICATE or LOST.
 -- Every command runs once per call, not once per completion: a batch of 30 costs
@@ -35,6 +35,7 @@ for i = 1, n do
   elseif held[i] then
     nd = nd + 1
     done[nd], records[nd] = pids[i], ARGV[4 * i]
+    moved(held[i], nil)
     out[i] = OK
   else
     out[i] = LOST
@@ -48,5 +49,6 @@ if nd > 0 then
   variadic('HDEL', KEYS[1], done)
   variadic('ZREM', KEYS[2], done)
   redis.call('XADD', KEYS[4], '*', 'r', table.concat(records, '\n'))
+  count(KEYS[5])
 end
 return out

@@ -1,5 +1,6 @@
 -- fail: record a failed attempt; retry with exponential backoff or give up.
 -- KEYS[1] active hash   KEYS[2] leases zset   KEYS[3] pending zset
+--      KEYS[4] status counters hash
 -- ARGV[1] pid   ARGV[2] token   ARGV[3] now ms   ARGV[4] error text   ARGV[5] max attempts
 --      ARGV[6] backoff base ms   ARGV[7] backoff cap ms
 -- Reply: {LOST} | {OK, ready ms} (retry scheduled) | {OK, -1} (failed for good)
@@ -13,13 +14,17 @@ r[12] = ARGV[4]
 redis.call('ZREM', KEYS[2], pid)
 if attempts >= tonumber(ARGV[5]) then
   -- Kept in the active hash, out of every index, for `retry_failed` or `discard`.
+  moved(r[1], 'f')
   r[1] = 'f'
   redis.call('HSET', KEYS[1], pid, encode(r))
+  count(KEYS[4])
   return {OK, -1}
 end
 local backoff = math.min(tonumber(ARGV[6]) * 2 ^ (attempts - 1), tonumber(ARGV[7]))
 local ready = int(tonumber(now) + backoff)
+moved(r[1], 'p')
 r[1] = 'p'
 redis.call('HSET', KEYS[1], pid, encode(r))
 redis.call('ZADD', KEYS[3], ready, pid)
+count(KEYS[4])
 return {OK, tonumber(ready)}

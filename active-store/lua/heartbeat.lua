@@ -1,6 +1,6 @@
 -- heartbeat: renew leases and store their checkpoints, for any number of leases of one
 -- shard in one round trip.
--- KEYS[1] active hash   KEYS[2] leases zset
+-- KEYS[1] active hash   KEYS[2] leases zset   KEYS[3] status counters hash
 -- ARGV[1] now ms   ARGV[2] new deadline ms, then per lease: pid, token, progress
 --      (progress empty: keep the stored checkpoint)
 -- Reply: per lease, OK or LOST.
@@ -13,6 +13,7 @@ for i, pid in ipairs(pids) do
   local token, progress = ARGV[3 * i + 1], ARGV[3 * i + 2]
   local r = decode(recs[i] or '')
   if leased(r, token) then
+    if r[1] == 'c' then moved('c', 'r') end
     r[1] = 'r'
     r[4] = deadline
     r[7] = now
@@ -29,5 +30,6 @@ end
 if #records > 0 then
   variadic('HSET', KEYS[1], records)
   variadic('ZADD', KEYS[2], scores)
+  count(KEYS[3])
 end
 return out

@@ -3,6 +3,7 @@
 -- number of expired leases, not the size of the active set. Idempotent: any number of
 -- reapers may run.
 -- KEYS[1] active hash   KEYS[2] leases zset   KEYS[3] pending zset
+--      KEYS[4] status counters hash
 -- ARGV[1] now ms   ARGV[2] at most this many   ARGV[3] worker (empty: any; otherwise
 --      release that worker's leases whatever their deadline)
 -- Reply: the pids returned to pending.
@@ -19,6 +20,7 @@ for _, pid in ipairs(pids) do
   if r == nil then
     redis.call('ZREM', KEYS[2], pid)
   elseif worker == '' or r[8] == worker then
+    moved(r[1], 'p')
     r[1] = 'p'
     r[4] = ''
     r[7] = now
@@ -28,4 +30,5 @@ for _, pid in ipairs(pids) do
     out[#out + 1] = pid
   end
 end
+count(KEYS[4])
 return out

@@ -38,11 +38,13 @@ local function leased(r, token)
   return r ~= nil and (r[1] == 'c' or r[1] == 'r') and r[3] == token
 end
 
--- The same check on the raw string, without splitting it (the completion hot path).
+-- The same check on the raw string, without splitting it (the completion hot path):
+-- the status ('c' or 'r') if the lease is held, nil otherwise.
 local function holds(s, token)
-  if not s then return false end
+  if not s then return nil end
   local status, t = string.match(s, '^([cr])|[^|]*|([^|]*)|')
-  return status ~= nil and t == token
+  if status ~= nil and t == token then return status end
+  return nil
 end
 
 -- Arguments for one variadic command: redis.call(cmd, key, unpack(list)) in chunks, as
@@ -50,6 +52,36 @@ end
 local function variadic(cmd, key, list)
   for i = 1, #list, 4000 do
     redis.call(cmd, key, unpack(list, i, math.min(i + 3999, #list)))
+  end
+end
+
+-- The shard's status counters: the `counts` hash holds how many records of the active
+-- hash are in each status (fields p, c, r, f, as field 1 of a record), so that
+-- `counts()` reads four numbers instead of every record. Every script that changes a
+-- status records the move with `moved` and applies the sum once at its end with `count`,
+-- in the same atomic step as the change itself. Field v (1) says the counters are exact:
+-- set when they start from an empty active hash (`start_counting`) or are derived from
+-- the records (`recount.lua`); a namespace written before the counters existed has none,
+-- and the client derives them once.
+local tally = {p = 0, c = 0, r = 0, f = 0}
+local function moved(from, to, n)
+  n = n or 1
+  if tally[from] then tally[from] = tally[from] - n end
+  if tally[to] then tally[to] = tally[to] + n end
+end
+local function count(key)
+  for _, status in ipairs({'p', 'c', 'r', 'f'}) do
+    if tally[status] ~= 0 then redis.call('HINCRBY', key, status, tally[status]) end
+  end
+end
+-- Marks the counters `key` of a shard as exact (all zero) when they are not marked yet
+-- and `empty()` says its active hash holds no record. The scripts that create records
+-- (claim, plan_ranges) call it before they write, so a new shard counts from its first
+-- record and never needs deriving, while a shard that already held records uncounted
+-- stays unmarked.
+local function start_counting(key, empty)
+  if redis.call('HEXISTS', key, 'v') == 0 and empty() then
+    redis.call('HSET', key, 'p', 0, 'c', 0, 'r', 0, 'f', 0, 'v', 1)
   end
 end
 

@@ -140,6 +140,18 @@ impl StatusCounts {
     pub fn outstanding(&self) -> u64 {
         self.unissued + self.pending + self.claimed + self.running
     }
+
+    /// Counts one materialised partition of `status` (a completed one is not active).
+    pub(crate) fn add(&mut self, status: tranche_codec::Status) {
+        use tranche_codec::Status;
+        match status {
+            Status::Pending => self.pending += 1,
+            Status::Claimed => self.claimed += 1,
+            Status::Running => self.running += 1,
+            Status::Failed => self.failed += 1,
+            Status::Completed => {}
+        }
+    }
 }
 
 /// A run of planned pids not yet issued by a shard's cursor.

@@ -1,9 +1,7 @@
 //! Plan validation and the plan registry, shared by both backends (the Redis backend
 //! keeps the registry in Redis and this copy as a cache for pid -> range lookups).
 
-use tranche_codec::Status;
-
-use crate::model::{ActiveSnapshot, Plan, PlanEntry, PlanOutcome, StatusCounts};
+use crate::model::{Plan, PlanEntry, PlanOutcome};
 use crate::{Error, Result};
 
 /// A plan that passed validation, in the shape the registry records.
@@ -174,24 +172,6 @@ impl Registry {
         }
         Ok(None)
     }
-}
-
-/// Partitions by status, from a snapshot.
-pub(crate) fn count(snapshot: &ActiveSnapshot) -> StatusCounts {
-    let mut counts = StatusCounts {
-        unissued: snapshot.unissued.iter().map(|u| u.count).sum(),
-        ..StatusCounts::default()
-    };
-    for p in &snapshot.partitions {
-        match p.status {
-            Status::Pending => counts.pending += 1,
-            Status::Claimed => counts.claimed += 1,
-            Status::Running => counts.running += 1,
-            Status::Failed => counts.failed += 1,
-            Status::Completed => {}
-        }
-    }
-    counts
 }
 
 /// Checks an adoption ([`Planner::adopt`](crate::Planner::adopt)) before anything is

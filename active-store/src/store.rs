@@ -63,6 +63,8 @@ pub trait Leases: Send + Sync {
 
     /// Gives `lease` back before its deadline with checkpoint `progress` (graceful
     /// shutdown): pending again at once, and the next claimant resumes from `progress`.
+    /// The attempt is given back too (the next claim has the same attempt number), so
+    /// interruptions never use up `max_attempts`; an expired lease, reaped, keeps it.
     async fn release(&self, lease: &Lease, progress: u64) -> Result<()>;
 }
 
@@ -109,7 +111,9 @@ pub trait ActiveQuery: Send + Sync {
     /// Every materialised partition plus a summary of the unissued plan ranges.
     async fn all_active(&self) -> Result<ActiveSnapshot>;
 
-    /// Partitions by status.
+    /// Partitions by status. Kept as counters, not counted per call: the cost does not
+    /// grow with the active set. Each shard's part equals its part of
+    /// [`all_active`](Self::all_active), counted by status, at one instant.
     async fn counts(&self) -> Result<StatusCounts>;
 }
 

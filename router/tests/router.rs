@@ -91,13 +91,15 @@ impl Job {
     async fn with_ttl(kind: Kind, shards: u32, claimed: usize, tier: Tier, ttl: Duration) -> Self {
         let active_config = tranche_active_store::Config {
             num_shards: shards,
-            // Two claims, so a random workload reaches failed partitions.
+            // Two claims, so a random workload reaches failed partitions: a failure is
+            // claimable again at once (no backoff), as a release gives its attempt back.
             max_attempts: 2,
+            backoff_base: Duration::ZERO,
             ..Default::default()
         };
         let archive_config = archive_config(shards, tier, ttl);
-        // The active layer's time stands still, so no backoff ever ends and a workload
-        // takes the same course on every run.
+        // The active layer's time stands still, so a workload takes the same course on
+        // every run.
         let clock = Arc::new(ManualClock::new(1_719_234_405_000));
         let (active, archiver, query, stats, backend): Layers = match kind {
             Kind::Memory => {
@@ -593,7 +595,8 @@ impl Rng {
 enum Model {
     Unissued,
     Held(Lease),
-    Pending,
+    /// Waiting for another claim, after this many attempts.
+    Pending(u32),
     Failed,
     Completed {
         worker: String,
@@ -625,9 +628,12 @@ async fn check_model(job: &Job, model: &BTreeMap<u64, Model>) {
                 assert_eq!((p.status, p.attempts), (Status::Pending, 0), "pid {pid}");
                 counts.unissued += 1;
             }
-            (Model::Pending, PartitionView::Active(p)) => {
-                assert_eq!(p.status, Status::Pending, "pid {pid}");
-                assert!(p.attempts > 0, "pid {pid}");
+            (Model::Pending(attempts), PartitionView::Active(p)) => {
+                assert_eq!(
+                    (p.status, p.attempts),
+                    (Status::Pending, *attempts),
+                    "pid {pid}"
+                );
                 counts.pending += 1;
             }
             (Model::Held(lease), PartitionView::Active(p)) => {
@@ -731,7 +737,7 @@ async fn a_random_workload_matches_a_model(kind: Kind) {
                         unreachable!()
                     };
                     let state = match job.active.fail(&lease, "boom").await.unwrap() {
-                        FailOutcome::Retry { .. } => Model::Pending,
+                        FailOutcome::Retry { .. } => Model::Pending(lease.attempt),
                         FailOutcome::Failed => Model::Failed,
                     };
                     model.insert(pid, state);
@@ -742,7 +748,8 @@ async fn a_random_workload_matches_a_model(kind: Kind) {
                         unreachable!()
                     };
                     job.active.release(&lease, lease.min_id).await.unwrap();
-                    model.insert(pid, Model::Pending);
+                    // A graceful release gives the attempt back.
+                    model.insert(pid, Model::Pending(lease.attempt - 1));
                 }
                 _ => {
                     job.archive().await;
@@ -769,7 +776,7 @@ async fn a_random_workload_matches_a_model(kind: Kind) {
             let name = match state {
                 Model::Unissued => "unissued",
                 Model::Held(_) => "held",
-                Model::Pending => "pending",
+                Model::Pending(_) => "pending",
                 Model::Failed => "failed",
                 Model::Completed { .. } => "completed",
             };

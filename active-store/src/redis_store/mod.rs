@@ -47,6 +47,7 @@ static RELEASE: LazyLock<Script> = script!("release");
 static REAP: LazyLock<Script> = script!("reap");
 static RETRY_FAILED: LazyLock<Script> = script!("retry_failed");
 static DISCARD: LazyLock<Script> = script!("discard");
+static RECOUNT: LazyLock<Script> = script!("recount");
 
 /// Every script with its source, for tests that check each keeps to one slot.
 pub fn scripts() -> Vec<(&'static str, &'static Script)> {
@@ -62,6 +63,7 @@ pub fn scripts() -> Vec<(&'static str, &'static Script)> {
         ("reap", &REAP),
         ("retry_failed", &RETRY_FAILED),
         ("discard", &DISCARD),
+        ("recount", &RECOUNT),
     ]
 }
 
@@ -72,6 +74,9 @@ const MAX_SCRIPT_BATCH: usize = 1000;
 /// Field/value pairs of a hash, as read.
 type Pairs = Vec<(String, String)>;
 
+/// What [`RedisActiveStore::read_counts`] reads of one shard.
+type CountsRead = (Vec<Option<i64>>, u64, Vec<String>, Pairs);
+
 /// Reply codes of the scripts (`record.lua`).
 const OK: i64 = 1;
 const DUPLICATE: i64 = 0;
@@ -81,9 +86,10 @@ const DUPLICATE: i64 = 0;
 /// Keys per shard `s` of namespace `ns` all carry the tag `{ns:s}`: `active` (hash pid ->
 /// record), `pending` and `leases` (sorted sets by ready time and deadline), `plans` and
 /// `cursor` (the uniform plans this shard issues from, and how far), `seq` (fencing
-/// tokens), `completed:index` (bitmap) and `inbox` (stream of completed records: each
+/// tokens), `completed:index` (bitmap), `inbox` (stream of completed records: each
 /// entry's field `r` holds one or more records as JSON lines, one line per completion of
-/// a group commit). The namespace's plan registry is `{ns}:plans` and its workers
+/// a group commit) and `counts` (partitions per status, kept by the scripts; see
+/// `lua/record.lua`). The namespace's plan registry is `{ns}:plans` and its workers
 /// `{ns}:workers`.
 ///
 /// Generic over the connection so any multiplexed [`ConnectionLike`] works;
@@ -125,6 +131,7 @@ struct ShardKeys {
     seq: String,
     index: String,
     inbox: String,
+    counts: String,
 }
 
 impl ShardKeys {
@@ -138,11 +145,12 @@ impl ShardKeys {
             seq: schema.shard_key(shard, "seq"),
             index: schema.completed_index(shard),
             inbox: schema.inbox(shard),
+            counts: schema.shard_key(shard, "counts"),
         }
     }
 
     /// Every key, for the one-slot test.
-    fn all(&self) -> [&str; 8] {
+    fn all(&self) -> [&str; 9] {
         [
             &self.active,
             &self.pending,
@@ -152,6 +160,7 @@ impl ShardKeys {
             &self.seq,
             &self.index,
             &self.inbox,
+            &self.counts,
         ]
     }
 }
@@ -276,7 +285,7 @@ where
         let _: i64 = self
             .invoke(
                 &PLAN_RANGES,
-                &[&keys.active, &keys.pending, &keys.index],
+                &[&keys.active, &keys.pending, &keys.index, &keys.counts],
                 args,
             )
             .await?;
@@ -394,7 +403,11 @@ where
         let mut out = Vec::new();
         for keys in self.keys.iter() {
             let reply: Vec<String> = self
-                .invoke(script, &[&keys.active, &keys.leases, &keys.pending], args)
+                .invoke(
+                    script,
+                    &[&keys.active, &keys.leases, &keys.pending, &keys.counts],
+                    args,
+                )
                 .await?;
             for pid in reply {
                 out.push(parse_u64(&pid, "pid")?);
@@ -406,8 +419,8 @@ where
 
     /// One shard's records, plan list and cursors, read in one transaction so that a
     /// claim cannot slip between the reads and leave its pids in neither the records
-    /// nor the unissued runs.
-    async fn read_shard(&self, shard: u32) -> Result<(Pairs, Vec<String>, Pairs)> {
+    /// nor the unissued runs. The records stay one raw reply, parsed in place.
+    async fn read_shard(&self, shard: u32) -> Result<(redis::Value, Vec<String>, Pairs)> {
         let keys = &self.keys[shard as usize];
         Ok(retry(&self.conn, |mut conn| async move {
             redis::pipe()
@@ -421,42 +434,89 @@ where
         .await?)
     }
 
-    /// One shard's snapshot from what [`Self::read_shard`] read; `None` if a record
-    /// belongs to a plan `registry` does not know yet.
-    fn shard_snapshot(
-        &self,
-        shard: u32,
-        (active, plans, cursor): &(Pairs, Vec<String>, Pairs),
-        registry: &Registry,
-    ) -> Result<Option<ActiveSnapshot>> {
+    /// One shard's counters (`p`, `c`, `r`, `f`, then the mark `v`), the number of its
+    /// records, its plan list and cursors, in one transaction: a claim moves pids from a
+    /// cursor to the counters atomically, so reading them apart could count a pid twice
+    /// or not at all.
+    async fn read_counts(&self, shard: u32) -> Result<CountsRead> {
         let keys = &self.keys[shard as usize];
-        let mut snapshot = ActiveSnapshot::default();
-        snapshot.partitions.reserve(active.len());
-        for (pid, rec) in active {
-            let pid = parse_u64(pid, "active pid")?;
-            let Some(p) = record::parse(pid, rec, |pid| registry.range_of(pid)) else {
-                if record::parse(pid, rec, |_| Some((0, 0))).is_some() {
+        Ok(retry(&self.conn, |mut conn| async move {
+            redis::pipe()
+                .atomic()
+                .hmget(&keys.counts, &["p", "c", "r", "f", "v"])
+                .hlen(&keys.active)
+                .lrange(&keys.plans, 0, -1)
+                .hgetall(&keys.cursor)
+                .query_async(&mut conn)
+                .await
+        })
+        .await?)
+    }
+
+    /// Derives every shard's status counters from its records, once, and marks them
+    /// exact; the scripts keep them from then on. [`ActiveQuery::counts`] does this by
+    /// itself for a shard whose counters were never marked (a namespace written by a
+    /// version without them). Run it by hand after processes of such a version wrote to
+    /// the namespace alongside this one (a rolling upgrade): their scripts change
+    /// statuses without counting. Costs one read of every active record.
+    pub async fn recount(&self) -> Result<StatusCounts> {
+        let shards: Vec<u32> = (0..self.layout.shards()).collect();
+        self.recount_shards(&shards).await?;
+        self.counts().await
+    }
+
+    async fn recount_shards(&self, shards: &[u32]) -> Result<()> {
+        let calls = shards.iter().map(|&s| async move {
+            let keys = &self.keys[s as usize];
+            self.invoke::<Vec<i64>>(&RECOUNT, &[&keys.active, &keys.counts], &[])
+                .await
+        });
+        for reply in join_all(calls).await {
+            reply?;
+        }
+        Ok(())
+    }
+
+    /// The partitions of `records` (pid, shard, record bytes), in their order; `None` if
+    /// a record belongs to a plan `registry` does not know yet.
+    fn partitions(
+        &self,
+        records: &[(u64, u32, &[u8])],
+        registry: &Registry,
+    ) -> Result<Option<Vec<Partition>>> {
+        let mut out = Vec::with_capacity(records.len());
+        for &(pid, shard, rec) in records {
+            match record::parse_bytes(pid, rec, |pid| registry.range_of(pid)) {
+                Some(p) => out.push(p),
+                None if record::parse_bytes(pid, rec, |_| Some((0, 0))).is_some() => {
                     return Ok(None);
                 }
-                return Err(Error::Corrupt {
-                    key: format!("{} {pid}", keys.active),
-                    detail: format!("unreadable record {rec:?}"),
-                });
-            };
-            snapshot.partitions.push(p);
+                None => {
+                    return Err(Error::Corrupt {
+                        key: format!("{} {pid}", self.keys[shard as usize].active),
+                        detail: format!("unreadable record {:?}", String::from_utf8_lossy(rec)),
+                    });
+                }
+            }
         }
-        for (_, last, at) in self.cursors(shard, plans, cursor)? {
-            let count = self.layout.count_in_shard(at, last, shard);
-            if count > 0 {
-                snapshot.unissued.push(Unissued {
+        Ok(Some(out))
+    }
+
+    /// The unissued runs of `shard` from its plans list and cursors.
+    fn unissued(&self, shard: u32, plans: &[String], cursor: &Pairs) -> Result<Vec<Unissued>> {
+        Ok(self
+            .cursors(shard, plans, cursor)?
+            .into_iter()
+            .filter_map(|(_, last, at)| {
+                let count = self.layout.count_in_shard(at, last, shard);
+                (count > 0).then_some(Unissued {
                     shard,
                     next_pid: at,
                     last_pid: last,
                     count,
-                });
-            }
-        }
-        Ok(Some(snapshot))
+                })
+            })
+            .collect())
     }
 
     /// A shard's uniform plans as (first pid, last pid, next pid it will issue), from its
@@ -514,7 +574,13 @@ where
                 let reply: Vec<i64> = self
                     .invoke(
                         &COMPLETE,
-                        &[&keys.active, &keys.leases, &keys.index, &keys.inbox],
+                        &[
+                            &keys.active,
+                            &keys.leases,
+                            &keys.index,
+                            &keys.inbox,
+                            &keys.counts,
+                        ],
                         &args,
                     )
                     .await?;
@@ -653,7 +719,7 @@ where
                 let _: i64 = self
                     .invoke(
                         &PLAN_RANGES,
-                        &[&keys.active, &keys.pending, &keys.index],
+                        &[&keys.active, &keys.pending, &keys.index, &keys.counts],
                         &args,
                     )
                     .await?;
@@ -786,6 +852,7 @@ where
                         &keys.plans,
                         &keys.cursor,
                         &keys.seq,
+                        &keys.counts,
                     ],
                     &args,
                 )
@@ -806,7 +873,11 @@ where
             progress.to_string(),
         ];
         let reply: Vec<i64> = self
-            .invoke(&HEARTBEAT, &[&keys.active, &keys.leases], &args)
+            .invoke(
+                &HEARTBEAT,
+                &[&keys.active, &keys.leases, &keys.counts],
+                &args,
+            )
             .await?;
         match reply.first() {
             Some(&OK) => Ok(()),
@@ -851,7 +922,11 @@ where
             self.config.backoff_max.as_millis().to_string(),
         ];
         let reply: Vec<i64> = self
-            .invoke(&FAIL, &[&keys.active, &keys.leases, &keys.pending], &args)
+            .invoke(
+                &FAIL,
+                &[&keys.active, &keys.leases, &keys.pending, &keys.counts],
+                &args,
+            )
             .await?;
         match reply.as_slice() {
             [OK, -1] => Ok(FailOutcome::Failed),
@@ -873,7 +948,7 @@ where
         let reply: Vec<i64> = self
             .invoke(
                 &RELEASE,
-                &[&keys.active, &keys.leases, &keys.pending],
+                &[&keys.active, &keys.leases, &keys.pending, &keys.counts],
                 &args,
             )
             .await?;
@@ -932,7 +1007,11 @@ where
         let mut out = Vec::new();
         for keys in shards {
             let reply: Vec<String> = self
-                .invoke(&RETRY_FAILED, &[&keys.active, &keys.pending], &args)
+                .invoke(
+                    &RETRY_FAILED,
+                    &[&keys.active, &keys.pending, &keys.counts],
+                    &args,
+                )
                 .await?;
             for pid in reply {
                 out.push(parse_u64(&pid, "pid")?);
@@ -945,7 +1024,11 @@ where
     async fn discard(&self, pid: u64) -> Result<bool> {
         let keys = self.keys_of(pid);
         let code: i64 = self
-            .invoke(&DISCARD, &[&keys.active, &keys.pending], &[pid.to_string()])
+            .invoke(
+                &DISCARD,
+                &[&keys.active, &keys.pending, &keys.counts],
+                &[pid.to_string()],
+            )
             .await?;
         match code {
             1 => Ok(true),
@@ -1055,40 +1138,110 @@ where
 
     async fn all_active(&self) -> Result<ActiveSnapshot> {
         // One round trip: every shard's read is sent before any answer is awaited, so
-        // they share the multiplexed connection's pipeline. The cached registry parses
-        // the records (plans are append-only); only a record of a plan added since it
-        // was read costs a second round trip, to read it again.
+        // they share the multiplexed connection's pipeline. The records are parsed
+        // straight from the reply's bytes, sorted by pid as (pid, bytes) pairs before
+        // any partition is built. The cached registry supplies uniform plans' ranges
+        // (plans are append-only); only a record of a plan added since it was read
+        // costs a second round trip, to read it again.
         let reads = join_all((0..self.layout.shards()).map(|s| self.read_shard(s))).await;
         let reads = reads.into_iter().collect::<Result<Vec<_>>>()?;
-        let mut registry = read(&self.registry).clone();
-        let mut refreshed = false;
         let mut snapshot = ActiveSnapshot::default();
-        let mut shard = 0;
-        while let Some(raw) = reads.get(shard as usize) {
-            match self.shard_snapshot(shard, raw, &registry)? {
-                Some(part) => {
-                    snapshot.partitions.extend(part.partitions);
-                    snapshot.unissued.extend(part.unissued);
-                    shard += 1;
-                }
-                None if !refreshed => {
-                    registry = self.refresh_registry().await?;
-                    refreshed = true;
-                }
-                None => {
-                    return Err(Error::Corrupt {
-                        key: self.registry_key.clone(),
-                        detail: format!("an active record of shard {shard} is in no plan"),
-                    });
-                }
+        let mut records = Vec::new();
+        for (shard, (active, plans, cursor)) in (0..).zip(&reads) {
+            let key = &self.keys[shard as usize].active;
+            let entries = record::hash_entries(active).ok_or_else(|| Error::Corrupt {
+                key: key.clone(),
+                detail: "the reply to HGETALL is not a hash".into(),
+            })?;
+            records.reserve(entries.len());
+            for (pid, rec) in entries {
+                let pid = record::parse_u64(pid).ok_or_else(|| Error::Corrupt {
+                    key: key.clone(),
+                    detail: format!("field {:?} is not a pid", String::from_utf8_lossy(pid)),
+                })?;
+                records.push((pid, shard, rec));
             }
+            snapshot
+                .unissued
+                .extend(self.unissued(shard, plans, cursor)?);
         }
-        snapshot.partitions.sort_unstable_by_key(|p| p.pid);
+        records.sort_unstable_by_key(|&(pid, ..)| pid);
+        let cached = self.partitions(&records, &read(&self.registry))?;
+        snapshot.partitions = match cached {
+            Some(partitions) => partitions,
+            None => {
+                let registry = self.refresh_registry().await?;
+                self.partitions(&records, &registry)?
+                    .ok_or_else(|| Error::Corrupt {
+                        key: self.registry_key.clone(),
+                        detail: "an active record is in no plan".into(),
+                    })?
+            }
+        };
         Ok(snapshot)
     }
 
     async fn counts(&self) -> Result<StatusCounts> {
-        Ok(plans::count(&self.all_active().await?))
+        // One round trip: each shard's counters beside its cursors, all shards
+        // pipelined. Counters not marked exact are zero when the shard holds no record
+        // (nothing was ever claimed there); otherwise the shard was written by a version
+        // without them, and they are derived from its records once, then read again.
+        let shards = 0..self.layout.shards();
+        let mut reads = join_all(shards.clone().map(|s| self.read_counts(s)))
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?;
+        let unmarked: Vec<u32> = shards
+            .clone()
+            .filter(|&s| {
+                let (counters, records, ..) = &reads[s as usize];
+                *records > 0 && counters.get(4).copied().flatten() != Some(1)
+            })
+            .collect();
+        if !unmarked.is_empty() {
+            tracing::info!(
+                namespace = %self.config.namespace,
+                shards = ?unmarked,
+                "deriving the active layer's status counters from its records, once"
+            );
+            self.recount_shards(&unmarked).await?;
+            reads = join_all(shards.map(|s| self.read_counts(s)))
+                .await
+                .into_iter()
+                .collect::<Result<Vec<_>>>()?;
+        }
+        let mut counts = StatusCounts::default();
+        for (shard, (counters, records, plans, cursor)) in (0..).zip(&reads) {
+            // Unmarked counters of a shard without records are left-overs: it holds none.
+            let exact = *records > 0 || counters.get(4).copied().flatten() == Some(1);
+            let get = |i: usize| {
+                let n = counters
+                    .get(i)
+                    .copied()
+                    .flatten()
+                    .filter(|_| exact)
+                    .unwrap_or(0);
+                if n < 0 {
+                    tracing::warn!(
+                        key = %self.keys[shard as usize].counts,
+                        value = n,
+                        "a negative status counter: a writer did not keep the counters; \
+                         run recount"
+                    );
+                }
+                n.max(0) as u64
+            };
+            counts.pending += get(0);
+            counts.claimed += get(1);
+            counts.running += get(2);
+            counts.failed += get(3);
+            counts.unissued += self
+                .unissued(shard, plans, cursor)?
+                .iter()
+                .map(|u| u.count)
+                .sum::<u64>();
+        }
+        Ok(counts)
     }
 }
 

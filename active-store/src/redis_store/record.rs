@@ -12,46 +12,102 @@ pub(super) fn parse(
     s: &str,
     range_of: impl Fn(u64) -> Option<(u64, u64)>,
 ) -> Option<Partition> {
-    let f: Vec<&str> = s.splitn(12, '|').collect();
-    if f.len() != 12 {
-        return None;
+    parse_bytes(pid, s.as_bytes(), range_of)
+}
+
+/// [`parse`] on the bytes of a reply, as they came: the fields are slices of `s`, and
+/// only the worker id and the error text are copied out.
+pub(super) fn parse_bytes(
+    pid: u64,
+    s: &[u8],
+    range_of: impl Fn(u64) -> Option<(u64, u64)>,
+) -> Option<Partition> {
+    // Eleven separated fields, then the error text, which may itself contain '|'.
+    let mut f: [&[u8]; 12] = [&[]; 12];
+    let mut rest = s;
+    for field in f.iter_mut().take(11) {
+        let at = rest.iter().position(|&b| b == b'|')?;
+        *field = &rest[..at];
+        rest = &rest[at + 1..];
     }
-    let opt = |s: &str| -> Option<Option<u64>> {
+    f[11] = rest;
+    let opt = |s: &[u8]| -> Option<Option<u64>> {
         if s.is_empty() {
             Some(None)
         } else {
-            s.parse().ok().map(Some)
+            parse_u64(s).map(Some)
+        }
+    };
+    let text = |s: &[u8]| -> Option<Option<String>> {
+        if s.is_empty() {
+            Some(None)
+        } else {
+            std::str::from_utf8(s).ok().map(|s| Some(s.to_owned()))
         }
     };
     let status = match f[0] {
-        "p" => Status::Pending,
-        "c" => Status::Claimed,
-        "r" => Status::Running,
-        "f" => Status::Failed,
+        b"p" => Status::Pending,
+        b"c" => Status::Claimed,
+        b"r" => Status::Running,
+        b"f" => Status::Failed,
         _ => return None,
     };
     let (min_id, max_id) = if f[8].is_empty() {
         range_of(pid)?
     } else {
-        (f[8].parse().ok()?, f[9].parse().ok()?)
+        (parse_u64(f[8])?, parse_u64(f[9])?)
     };
     Some(Partition {
         pid,
         min_id,
         max_id,
         status,
-        worker: (!f[7].is_empty()).then(|| f[7].to_owned()),
-        attempts: f[1].parse().ok()?,
+        worker: text(f[7])?,
+        attempts: u32::try_from(parse_u64(f[1])?).ok()?,
         progress: opt(f[10])?.unwrap_or(min_id),
         lease_token: opt(f[2])?,
         deadline_ms: opt(f[3])?,
-        created_at_ms: f[4].parse().ok()?,
+        created_at_ms: parse_u64(f[4])?,
         claimed_at_ms: opt(f[5])?,
         updated_at_ms: opt(f[6])?.unwrap_or(0),
         completed_at_ms: None,
         duration_ms: None,
-        last_error: (!f[11].is_empty()).then(|| f[11].to_owned()),
+        last_error: text(f[11])?,
     })
+}
+
+/// A decimal u64 of ASCII digits only (no sign, no space), as the scripts write them.
+pub(super) fn parse_u64(s: &[u8]) -> Option<u64> {
+    if s.is_empty() || s.len() > 20 {
+        return None;
+    }
+    s.iter().try_fold(0u64, |n, &b| {
+        let digit = b.checked_sub(b'0').filter(|d| *d < 10)?;
+        n.checked_mul(10)?.checked_add(u64::from(digit))
+    })
+}
+
+/// The (field, value) pairs of a hash reply, borrowed from it: a flat array in RESP2, a
+/// map in RESP3. `None` if the reply is neither or holds anything but bulk strings.
+pub(super) fn hash_entries(reply: &redis::Value) -> Option<Vec<(&[u8], &[u8])>> {
+    use redis::Value;
+    fn bytes(v: &Value) -> Option<&[u8]> {
+        match v {
+            Value::BulkString(b) => Some(b.as_slice()),
+            _ => None,
+        }
+    }
+    match reply {
+        Value::Array(items) if items.len() % 2 == 0 => items
+            .chunks_exact(2)
+            .map(|kv| Some((bytes(&kv[0])?, bytes(&kv[1])?)))
+            .collect(),
+        Value::Map(pairs) => pairs
+            .iter()
+            .map(|(k, v)| Some((bytes(k)?, bytes(v)?)))
+            .collect(),
+        _ => None,
+    }
 }
 
 /// Parses a registry entry `kind|first|last|min|max|size`.
@@ -108,12 +164,48 @@ mod tests {
     }
 
     #[test]
+    fn parses_u64_exactly() {
+        assert_eq!(parse_u64(b"0"), Some(0));
+        assert_eq!(parse_u64(b"18446744073709551615"), Some(u64::MAX));
+        for bad in [
+            &b""[..],
+            b"18446744073709551616",
+            b"-1",
+            b"+1",
+            b" 1",
+            b"1a",
+            b"1.0",
+        ] {
+            assert_eq!(parse_u64(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn reads_hash_replies_in_both_protocols() {
+        use redis::Value;
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let flat = Value::Array(vec![bulk("1"), bulk("a"), bulk("2"), bulk("b")]);
+        let map = Value::Map(vec![(bulk("1"), bulk("a")), (bulk("2"), bulk("b"))]);
+        for reply in [flat, map] {
+            assert_eq!(
+                hash_entries(&reply).unwrap(),
+                vec![(&b"1"[..], &b"a"[..]), (&b"2"[..], &b"b"[..])]
+            );
+        }
+        assert!(hash_entries(&Value::Array(vec![bulk("1")])).is_none());
+        assert!(hash_entries(&Value::Array(vec![bulk("1"), Value::Int(2)])).is_none());
+        assert!(hash_entries(&Value::Int(2)).is_none());
+    }
+
+    #[test]
     fn rejects_foreign_strings() {
         for bad in [
             "",
             "x|1",
             "z|1||||10|20|w|1|9|5|",
             "c|one||||10|20|w|1|9|5|",
+            "c|-1||||10|20|w|1|9|5|",
+            "c|1|| 5||10|20|w|1|9|5|",
         ] {
             assert!(parse(1, bad, |_| Some((1, 2))).is_none(), "{bad:?}");
         }
