@@ -1,6 +1,7 @@
 //! Router latency benchmark: p50/p99 of `Router::get` in each tier, of `all_active()`
-//! with 10,000 active partitions and of `stats()`, on a private `redis-server`, beside
-//! the seed's query table (000, "查询性能对比").
+//! with 10,000 active partitions, of `stats()` (the summary) and of
+//! `stats_with_ranges()`, on a private `redis-server`, beside the seed's query table
+//! (000, "查询性能对比").
 //!
 //! One namespace goes through the tiers the way the seed describes, with the default
 //! thresholds: partitions are claimed and completed through the active store (1000 IDs
@@ -12,7 +13,8 @@
 //!
 //! `TRANCHE_BENCH_MAX` sets the number of completed partitions (default 600,000; at
 //! least 500,001 for the summary tier to exist). Output: a table on stdout, and the
-//! fields `get_p99_ms`, `all_active_p99_ms` and `stats_p99_ms` merged into the JSON at
+//! fields `get_p99_ms`, `all_active_p99_ms`, `stats_p99_ms` and
+//! `stats_with_ranges_p99_ms` merged into the JSON at
 //! `$TRANCHE_BENCH_OUT` (default `target/tranche-bench/archive.json`), which the archive
 //! bench writes first under `cargo xtask bench archive`. The archive bench's own `get`
 //! figures (`ArchiveQuery::get`, below the router) move to `archive_get_p99_ms`.
@@ -29,7 +31,7 @@ use tranche_active_store::{Leases, Plan, Planner, RedisActiveStore, RedisConnect
 use tranche_archive_store::{Archiver, RedisArchive, Tier};
 use tranche_codec::Status;
 use tranche_router::{PartitionView, Router};
-use tranche_stats::RedisStats;
+use tranche_stats::{RedisStats, StatsStore};
 
 use support::TestRedis;
 
@@ -41,19 +43,26 @@ const DRAIN_EVERY: u64 = 10_000;
 /// Timed calls per `get` tier, per `all_active` and per `stats`.
 const GET_SAMPLES: usize = 5_000;
 const ALL_ACTIVE_SAMPLES: usize = 100;
-/// Few: with 600,000 completed, one `stats()` reads every 100,000-ID range (tens of
-/// milliseconds and more).
-const STATS_SAMPLES: usize = 50;
+/// `stats()` reads the summary only (global, workers, days): well under a millisecond.
+const STATS_SAMPLES: usize = 1_000;
+/// Few: with 600,000 completed, one `stats_with_ranges()` reads every 100,000-ID range
+/// (tens of milliseconds).
+const STATS_WITH_RANGES_SAMPLES: usize = 50;
 
 /// The seed's table (000): GetPartition active 0.5 ms, completed 3 ms, GetAllPartitions
 /// (active) 5 ms, statistics 50 ms; and this project's targets (p99).
-const SEED_MS: [(&str, f64, f64); 6] = [
+/// `stats_with_ranges()` has no target of its own (the seed's 50 ms is for its whole
+/// statistics read); "of which summary" is `StatsStore::summary` alone, the statistics
+/// layer's part of `stats()`.
+const SEED_MS: [(&str, f64, f64); 8] = [
     ("get active", 0.5, 1.0),
     ("get simple", 3.0, 1.0),
     ("get compressed", 3.0, 1.0),
     ("get summary", 3.0, 1.0),
     ("all_active (10K)", 5.0, 5.0),
     ("stats()", 50.0, 2.0),
+    ("  of which summary", 50.0, 2.0),
+    ("stats_with_ranges()", 50.0, f64::INFINITY),
 ];
 
 /// A tiny deterministic generator (xorshift64*), so runs sample the same pids.
@@ -215,14 +224,41 @@ async fn run() {
     }
     rows.push(("stats()", percentiles(times)));
 
+    // The statistics layer's part of `stats()` alone (the rest is the active counts).
+    let mut times = Vec::with_capacity(STATS_SAMPLES);
+    for _ in 0..STATS_SAMPLES {
+        let t = Instant::now();
+        let summary = stats.summary().await.unwrap();
+        times.push(t.elapsed());
+        assert_eq!(summary.global_stats.total_completed, completed);
+    }
+    rows.push(("  of which summary", percentiles(times)));
+
+    let mut times = Vec::with_capacity(STATS_WITH_RANGES_SAMPLES);
+    for _ in 0..STATS_WITH_RANGES_SAMPLES {
+        let t = Instant::now();
+        let merged = router.stats_with_ranges().await.unwrap();
+        times.push(t.elapsed());
+        assert_eq!(merged.completed_count(), Some(completed));
+        let ranges = merged.ranges.as_ref().unwrap();
+        let counted: u64 = ranges.values().map(|r| r.completed_count).sum();
+        assert_eq!(counted, completed);
+    }
+    rows.push(("stats_with_ranges()", percentiles(times)));
+
     println!(
-        "{:<18} {:>9} {:>9} {:>11} {:>11}",
+        "{:<20} {:>9} {:>9} {:>11} {:>11}",
         "router", "p50 ms", "p99 ms", "seed ms", "target p99"
     );
     for (name, (p50, p99)) in &rows {
         let (_, seed, target) = SEED_MS.iter().find(|(n, ..)| n == name).unwrap();
         let mark = if p99 < target { "" } else { "  MISSED" };
-        println!("{name:<18} {p50:>9.3} {p99:>9.3} {seed:>11.1} {target:>11.1}{mark}");
+        let target = if target.is_finite() {
+            format!("{target:.1}")
+        } else {
+            "-".to_owned()
+        };
+        println!("{name:<20} {p50:>9.3} {p99:>9.3} {seed:>11.1} {target:>11}{mark}");
     }
     println!("({completed} completed, {ACTIVE} active; one shard; default tier thresholds)");
     write_json(&rows, completed);
@@ -292,6 +328,14 @@ fn write_json(rows: &[(&str, (f64, f64))], completed: u64) {
     out.insert("all_active_p99_ms".into(), field("all_active (10K)", p99));
     out.insert("stats_p99_ms".into(), field("stats()", p99));
     out.insert(
+        "stats_summary_p99_ms".into(),
+        field("  of which summary", p99),
+    );
+    out.insert(
+        "stats_with_ranges_p99_ms".into(),
+        field("stats_with_ranges()", p99),
+    );
+    out.insert(
         "router".into(),
         json!({
             "completed": completed,
@@ -299,6 +343,7 @@ fn write_json(rows: &[(&str, (f64, f64))], completed: u64) {
             "get_p50_ms": tiers(p50),
             "all_active_p50_ms": field("all_active (10K)", p50),
             "stats_p50_ms": field("stats()", p50),
+            "stats_with_ranges_p50_ms": field("stats_with_ranges()", p50),
         }),
     );
     if let Some(dir) = path.parent() {

@@ -25,9 +25,12 @@
 //!
 //! The plans are cached: they are append-only, so a cached entry never goes stale and
 //! only a miss re-reads them (in the same round trip as the layers' reads).
-//! [`Router::stats`] merges the live active counts with the completed statistics (the
-//! seed's "统计合并策略") and, if the statistics layer fails, still answers with the
-//! active counts and the error beside them.
+//! [`Router::stats`] merges the live active counts with the summary of the completed
+//! statistics (the seed's "统计合并策略": global, per worker, per day) and, if the
+//! statistics layer fails, still answers with the active counts and the error beside
+//! them. It leaves out the per-100,000-ID range statistics, whose number grows with the
+//! ID space (thousands at a few hundred thousand partitions), so that the figures asked
+//! for often cost the same at any size; [`Router::stats_with_ranges`] adds them.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -57,6 +60,9 @@
 //!
 //! let merged = router.stats().await?;
 //! assert_eq!((merged.completed_count(), merged.total()), (Some(1), 10));
+//! assert!(merged.ranges.is_none(), "the summary only");
+//! let full = router.stats_with_ranges().await?;
+//! assert_eq!(full.ranges.map(|r| r.len()), Some(1));
 //! # Ok(())
 //! # }
 //! ```

@@ -1,11 +1,12 @@
 //! The answers the router gives.
 
+use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 
 use tranche_active_store::StatusCounts;
 use tranche_archive_store::Tier;
 use tranche_codec::{CompletedRecord, Partition};
-use tranche_stats::{RangeStats, Stats};
+use tranche_stats::{RangeStats, Stats, StatsSummary};
 
 /// Everything known about one pid, from whichever layer holds it.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,16 +84,33 @@ pub struct Located {
 
 /// The live picture: active counts merged with the completed statistics (the seed's
 /// "统计合并策略").
+///
+/// From [`Router::stats`](crate::Router::stats), the statistics are the summary
+/// (global, per worker with percentiles, per day): small and cheap whatever the number
+/// of partitions, and `ranges` is `None`. From
+/// [`Router::stats_with_ranges`](crate::Router::stats_with_ranges), the per-100,000-ID
+/// range statistics come too, read in the same step as the summary.
 #[derive(Debug)]
 pub struct MergedStats {
     /// Partitions of the active layer by status, read now.
     pub active: StatusCounts,
     /// The statistics of completed (archived) partitions, or why the statistics layer
     /// could not give them; the active counts stand on their own either way.
-    pub completed: Result<Stats, tranche_stats::Error>,
+    pub completed: Result<StatsSummary, tranche_stats::Error>,
+    /// The per-range statistics (keyed `"{start}_{end}"` as [`Stats::range_stats`]),
+    /// when they were asked for and the statistics layer answered; `None` otherwise.
+    pub ranges: Option<BTreeMap<String, RangeStats>>,
 }
 
 impl MergedStats {
+    /// The completed statistics in the seed's full shape ([`Stats`]), when the ranges
+    /// were read (a copy); `None` without them or without the statistics layer.
+    pub fn full_stats(&self) -> Option<Stats> {
+        let summary = self.completed.as_ref().ok()?;
+        let ranges = self.ranges.as_ref()?;
+        Some(Stats::from_parts(summary.clone(), ranges.clone()))
+    }
+
     /// Completed partitions the statistics layer counts, if it answered. Partitions
     /// still in the archive inbox are counted by neither side until archived.
     pub fn completed_count(&self) -> Option<u64> {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use futures_util::stream::{self, Stream, StreamExt};
 use tranche_active_store::{ActiveSnapshot, ActiveStore};
 use tranche_archive_store::{ArchiveQuery, Lookup};
-use tranche_stats::StatsStore;
+use tranche_stats::{Stats, StatsStore};
 
 use crate::Result;
 use crate::model::{Fallback, Located, MergedStats, PartitionView};
@@ -183,16 +183,39 @@ impl Router {
             .buffered(self.concurrency)
     }
 
-    /// The live active counts merged with the statistics of completed partitions, read
-    /// at the same time. If the statistics layer fails, the active counts are still
-    /// returned, with its error in [`MergedStats::completed`]; only an active-layer
-    /// failure fails the call.
+    /// The live active counts merged with the summary of the completed partitions'
+    /// statistics (global, per worker with percentiles, per day), read at the same
+    /// time. The per-range statistics are left out: their size grows with the ID
+    /// space, the summary's only with the workers and days, so this stays cheap for a
+    /// dashboard to poll at any size; [`Router::stats_with_ranges`] adds them. If the
+    /// statistics layer fails, the active counts are still returned, with its error in
+    /// [`MergedStats::completed`]; only an active-layer failure fails the call.
     pub async fn stats(&self) -> Result<MergedStats> {
         let (active, completed) =
-            futures_util::future::join(self.active.counts(), self.stats.stats()).await;
+            futures_util::future::join(self.active.counts(), self.stats.summary()).await;
         Ok(MergedStats {
             active: active?,
             completed,
+            ranges: None,
+        })
+    }
+
+    /// [`Router::stats`] with every 100,000-ID range's statistics too
+    /// ([`MergedStats::ranges`]), read in the same step as the summary, so the two
+    /// agree. Costs what the ranges cost: thousands of them at a few hundred thousand
+    /// partitions. A statistics-layer failure leaves both `completed` (with the error)
+    /// and `ranges` (`None`) empty.
+    pub async fn stats_with_ranges(&self) -> Result<MergedStats> {
+        let (active, full) =
+            futures_util::future::join(self.active.counts(), self.stats.stats()).await;
+        let (completed, ranges) = match full.map(Stats::into_parts) {
+            Ok((summary, ranges)) => (Ok(summary), Some(ranges)),
+            Err(e) => (Err(e), None),
+        };
+        Ok(MergedStats {
+            active: active?,
+            completed,
+            ranges,
         })
     }
 

@@ -279,6 +279,12 @@ async fn all_active_and_stats_are_one_round_trip() {
     assert_eq!(merged.active.claimed, 40);
     let (requests, trips) = counting.take();
     assert_eq!(trips, 1, "{requests:?}");
+
+    let merged = router.stats_with_ranges().await.unwrap();
+    assert_eq!(merged.completed_count(), Some(150));
+    assert!(merged.ranges.is_some_and(|r| !r.is_empty()));
+    let (requests, trips) = counting.take();
+    assert_eq!(trips, 1, "{requests:?}");
 }
 
 /// Where a pid is, as the workload last made sure of (a lower bound: the truth may be

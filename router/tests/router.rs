@@ -18,7 +18,9 @@ use tranche_active_store::{
 use tranche_archive_store::{ArchiveQuery, Archiver, MemoryArchive, RedisArchive, Tier};
 use tranche_codec::{KeySchema, Status};
 use tranche_router::{Error, Fallback, PartitionView, Router};
-use tranche_stats::{MemoryStats, RangeStats, RedisStats, Snapshot, Stats, StatsDelta, StatsStore};
+use tranche_stats::{
+    MemoryStats, RangeStats, RedisStats, Snapshot, Stats, StatsDelta, StatsStore, StatsSummary,
+};
 
 use support::TestRedis;
 
@@ -418,7 +420,10 @@ async fn stats_merge_active_counts_with_completed_statistics(kind: Kind) {
         }
     );
     let completed = merged.completed.as_ref().unwrap();
-    assert_eq!(completed, &job.stats.stats().await.unwrap());
+    let full = job.stats.stats().await.unwrap();
+    assert_eq!(completed, &full.summary());
+    assert!(merged.ranges.is_none(), "the summary leaves the ranges out");
+    assert_eq!(merged.full_stats(), None);
     assert_eq!(completed.global_stats.total_completed, 150);
     assert_eq!(completed.global_stats.total_processed_data, 150 * 100);
     assert_eq!(completed.worker_stats["w1"].completed_count, 150);
@@ -426,6 +431,13 @@ async fn stats_merge_active_counts_with_completed_statistics(kind: Kind) {
     // The ten in the inbox are counted by neither side until archived.
     assert_eq!(merged.total(), 290);
     assert_eq!(merged.completed_ratio(), Some(150.0 / 290.0));
+
+    // With the ranges: the same summary, and the ranges of the same read.
+    let with_ranges = job.router.stats_with_ranges().await.unwrap();
+    assert_eq!(with_ranges.active, merged.active);
+    assert_eq!(with_ranges.completed.as_ref().unwrap(), completed);
+    assert_eq!(with_ranges.ranges.as_ref(), Some(&full.range_stats));
+    assert_eq!(with_ranges.full_stats(), Some(full));
 
     job.archive().await;
     let merged = job.router.stats().await.unwrap();
@@ -446,6 +458,9 @@ fn down() -> tranche_stats::Error {
 #[async_trait]
 impl StatsStore for FailingStats {
     async fn stats(&self) -> tranche_stats::Result<Stats> {
+        Err(down())
+    }
+    async fn summary(&self) -> tranche_stats::Result<StatsSummary> {
         Err(down())
     }
     async fn range_summary(&self, _id: u64) -> tranche_stats::Result<Option<RangeStats>> {
@@ -485,6 +500,9 @@ async fn stats_fall_back_to_the_active_counts_when_the_statistics_layer_fails(ki
     assert_eq!(merged.completed_count(), None);
     assert_eq!(merged.completed_ratio(), None);
     assert_eq!(merged.total(), 295);
+    let with_ranges = router.stats_with_ranges().await.unwrap();
+    assert_eq!(with_ranges.active, merged.active);
+    assert!(with_ranges.completed.is_err() && with_ranges.ranges.is_none());
 
     // Reads that do not need the statistics layer are unaffected.
     assert_eq!(archived(&router.get(3).await.unwrap()), (3, Tier::Simple));

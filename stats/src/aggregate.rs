@@ -139,6 +139,39 @@ impl Aggregate {
     }
 
     pub(crate) fn merge(&mut self, o: &Aggregate) {
+        self.merge_summary(o);
+        for (r, range) in &o.ranges {
+            match self.ranges.get_mut(r) {
+                Some(mine) => mine.merge(range),
+                None => {
+                    self.ranges.insert(*r, range.clone());
+                }
+            }
+        }
+    }
+
+    /// [`Aggregate::merge`] taking `o` by value: its ranges move rather than being
+    /// copied (the whole of a read of one shard, or of the first shard read).
+    pub(crate) fn absorb(&mut self, mut o: Aggregate) {
+        if self.ranges.is_empty() {
+            std::mem::swap(&mut self.ranges, &mut o.ranges);
+        }
+        self.merge_summary(&o);
+        for (r, range) in std::mem::take(&mut o.ranges) {
+            match self.ranges.entry(r) {
+                std::collections::btree_map::Entry::Occupied(mut mine) => {
+                    mine.get_mut().merge(&range);
+                }
+                std::collections::btree_map::Entry::Vacant(slot) => {
+                    slot.insert(range);
+                }
+            }
+        }
+    }
+
+    /// Merges everything but the ranges: what a summary needs, at a cost that grows
+    /// with workers, histogram buckets and days only.
+    pub(crate) fn merge_summary(&mut self, o: &Aggregate) {
         self.totals.merge(&o.totals);
         self.first = min_opt(self.first, o.first);
         self.last = max_opt(self.last, o.last);
@@ -148,14 +181,6 @@ impl Aggregate {
             let mine = self.workers.entry(name.clone()).or_default();
             mine.totals.merge(&w.totals);
             mine.hist.merge(&w.hist);
-        }
-        for (r, range) in &o.ranges {
-            match self.ranges.get_mut(r) {
-                Some(mine) => mine.merge(range),
-                None => {
-                    self.ranges.insert(*r, range.clone());
-                }
-            }
         }
         for (day, hours) in &o.hourly {
             let mine = self.hourly.entry(day.clone()).or_default();
@@ -278,7 +303,16 @@ mod tests {
             let cut = cut.min(records.len());
             let mut merged = StatsDelta::from_records(&records[cut..]).agg;
             merged.merge(&StatsDelta::from_records(&records[..cut]).agg);
-            prop_assert_eq!(merged, StatsDelta::from_records(&records).agg);
+            prop_assert_eq!(&merged, &StatsDelta::from_records(&records).agg);
+            // Taking the other side by value gives the same, whichever side is empty.
+            let mut absorbed = StatsDelta::from_records(&records[cut..]).agg;
+            absorbed.absorb(StatsDelta::from_records(&records[..cut]).agg);
+            prop_assert_eq!(&absorbed, &merged);
+            let mut summary = Aggregate::default();
+            summary.merge_summary(&merged);
+            prop_assert!(summary.ranges.is_empty());
+            summary.ranges = merged.ranges.clone();
+            prop_assert_eq!(summary, merged);
         }
     }
 

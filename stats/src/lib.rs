@@ -7,6 +7,13 @@
 //! [`Stats`] is the seed's JSON shape, merged across shards; [`diff`] compares it with
 //! [`Stats::from_records`] for `check`, and [`StatsStore::replace`] repairs a shard.
 //!
+//! Two reads, by cost: [`StatsStore::summary`] ([`StatsSummary`]: global, per worker
+//! with percentiles, per day) grows only with the workers, their histogram buckets and
+//! the days, and never reads the per-range statistics, so it is the one to poll;
+//! [`StatsStore::stats`] adds every 100,000-ID range (thousands of them at a few
+//! hundred thousand partitions) and is what snapshots and `check` use.
+//! [`StatsStore::range_summary`] reads one range.
+//!
 //! The design choice a reader might get wrong: **this crate never updates statistics
 //! by itself, and exactly-once is not its job.** The archiver aggregates a batch of one
 //! shard's records into a [`StatsDelta`] and applies it in the *same atomic step* as
@@ -70,7 +77,8 @@ pub use error::{Error, Result};
 pub use hist::PERCENTILE_RELATIVE_ERROR;
 pub use memory::MemoryStats;
 pub use model::{
-    DataRange, DayStats, GlobalStats, RangeStats, Stats, TimeRange, WorkerShare, WorkerStats,
+    DataRange, DayStats, GlobalStats, RangeStats, Stats, StatsSummary, TimeRange, WorkerShare,
+    WorkerStats,
 };
 pub use redis_store::{APPLY_DELTA_LUA, RedisStats, delta_args, scripts, stats_keys};
 pub use state::{STATS_STATE_VERSION, StatsState};

@@ -10,7 +10,7 @@ use crate::aggregate::{Aggregate, RANGE_SIZE};
 use crate::model::render_range;
 use crate::state::{AggState, STATS_STATE_VERSION, StatsState};
 use crate::store::{SNAPSHOTS_KEPT, Snapshot, SnapshotConfig, StatsStore, now_ms};
-use crate::{Error, RangeStats, Result, Stats, StatsDelta};
+use crate::{Error, RangeStats, Result, Stats, StatsDelta, StatsSummary};
 
 /// Statistics in memory, per shard, with the same behaviour as [`RedisStats`].
 ///
@@ -127,12 +127,21 @@ impl MemoryStats {
     }
 
     fn merged(&self) -> Aggregate {
+        self.merged_with(Aggregate::merge)
+    }
+
+    /// Every shard merged, ranges left out (and never copied).
+    fn merged_summary(&self) -> Aggregate {
+        self.merged_with(Aggregate::merge_summary)
+    }
+
+    fn merged_with(&self, merge: fn(&mut Aggregate, &Aggregate)) -> Aggregate {
         let mut all = Aggregate::default();
         let mut shards: Vec<u32> = self.shards.iter().map(|e| *e.key()).collect();
         shards.sort_unstable();
         for s in shards {
             if let Some(agg) = self.shards.get(&s) {
-                all.merge(&agg);
+                merge(&mut all, &agg);
             }
         }
         all
@@ -147,6 +156,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl StatsStore for MemoryStats {
     async fn stats(&self) -> Result<Stats> {
         Ok(self.merged().render())
+    }
+
+    async fn summary(&self) -> Result<StatsSummary> {
+        Ok(self.merged_summary().render_summary())
     }
 
     async fn range_summary(&self, id: u64) -> Result<Option<RangeStats>> {

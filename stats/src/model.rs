@@ -27,6 +27,24 @@ pub struct Stats {
     pub time_series_stats: BTreeMap<String, DayStats>,
 }
 
+/// The statistics that stay small however many partitions completed: [`Stats`] without
+/// its per-range part, in the same JSON shape (`global_stats`, `worker_stats`,
+/// `time_series_stats`).
+///
+/// Its size grows with the workers and the days, never with the ID space, and
+/// [`StatsStore::summary`](crate::StatsStore::summary) reads it without touching the
+/// per-range statistics, so it is the read to make often (a dashboard, `status`,
+/// `Router::stats`). The full [`Stats`] is [`StatsStore::stats`](crate::StatsStore::stats).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StatsSummary {
+    /// Totals over every completed partition.
+    pub global_stats: GlobalStats,
+    /// By worker id.
+    pub worker_stats: BTreeMap<String, WorkerStats>,
+    /// By UTC day `YYYY-MM-DD`.
+    pub time_series_stats: BTreeMap<String, DayStats>,
+}
+
 /// Totals over every completed partition.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct GlobalStats {
@@ -133,6 +151,35 @@ impl Stats {
         agg.updated = agg.last;
         agg.render()
     }
+
+    /// Everything but the per-range statistics (a copy).
+    pub fn summary(&self) -> StatsSummary {
+        StatsSummary {
+            global_stats: self.global_stats.clone(),
+            worker_stats: self.worker_stats.clone(),
+            time_series_stats: self.time_series_stats.clone(),
+        }
+    }
+
+    /// The summary and the per-range statistics, apart.
+    pub fn into_parts(self) -> (StatsSummary, BTreeMap<String, RangeStats>) {
+        let summary = StatsSummary {
+            global_stats: self.global_stats,
+            worker_stats: self.worker_stats,
+            time_series_stats: self.time_series_stats,
+        };
+        (summary, self.range_stats)
+    }
+
+    /// A summary and per-range statistics together again.
+    pub fn from_parts(summary: StatsSummary, range_stats: BTreeMap<String, RangeStats>) -> Self {
+        Self {
+            global_stats: summary.global_stats,
+            worker_stats: summary.worker_stats,
+            range_stats,
+            time_series_stats: summary.time_series_stats,
+        }
+    }
 }
 
 fn secs(ms: u128) -> f64 {
@@ -191,9 +238,20 @@ pub(crate) fn render_range(range: &RangeAgg) -> RangeStats {
 }
 
 impl Aggregate {
+    /// Everything, ranges included.
     pub(crate) fn render(&self) -> Stats {
+        let ranges = self
+            .ranges
+            .iter()
+            .map(|(&r, range)| (range_key(r), render_range(range)))
+            .collect();
+        Stats::from_parts(self.render_summary(), ranges)
+    }
+
+    /// Everything but the ranges (which it never looks at, so they may be absent).
+    pub(crate) fn render_summary(&self) -> StatsSummary {
         let t = &self.totals;
-        Stats {
+        StatsSummary {
             global_stats: GlobalStats {
                 total_completed: t.count,
                 total_processed_data: sat(t.ids),
@@ -218,11 +276,6 @@ impl Aggregate {
                     };
                     (name.to_string(), stats)
                 })
-                .collect(),
-            range_stats: self
-                .ranges
-                .iter()
-                .map(|(&r, range)| (range_key(r), render_range(range)))
                 .collect(),
             time_series_stats: self
                 .hourly

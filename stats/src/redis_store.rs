@@ -17,7 +17,7 @@ use crate::hist::{BUCKETS, Histogram};
 use crate::model::render_range;
 use crate::packed::{block_of, read_block, read_day};
 use crate::store::{SNAPSHOTS_KEPT, Snapshot, SnapshotConfig, StatsStore, now_ms};
-use crate::{Error, RangeStats, Result, Stats, StatsDelta};
+use crate::{Error, RangeStats, Result, Stats, StatsDelta, StatsSummary};
 
 /// The Lua fragment defining `apply_stats(k, a)`, for the archive's script to
 /// concatenate in front of its own source.
@@ -65,6 +65,10 @@ pub fn scripts() -> Vec<(&'static str, &'static Script)> {
         ("publish", &PUBLISH),
     ]
 }
+
+/// The position of the ranges hash in [`stats_keys`]: the one hash whose size grows
+/// with the ID space, which [`StatsStore::summary`] never reads.
+const RANGES: usize = 2;
 
 /// The statistics keys of `shard`, in the order `apply_stats` takes them:
 /// `{ns:s}:stats:global`, `…:workers`, `…:ranges`, `…:hourly`, `…:hist`.
@@ -261,21 +265,29 @@ where
         })
     }
 
-    /// Every shard's statistics, merged: one pipeline of five `HGETALL` per shard
-    /// (a cluster client refuses pipelines that span slots), all shards at once.
-    async fn read_all(&self) -> Result<Aggregate> {
+    /// Every shard's statistics, merged: one pipeline of `HGETALL`s per shard (a
+    /// cluster client refuses pipelines that span slots), all shards at once. Without
+    /// `ranges`, the ranges hash is neither read nor decoded, and the aggregate has no
+    /// ranges: the read then costs what the other four hashes hold (workers, histogram
+    /// buckets, days), whatever the number of ranges.
+    async fn read_all(&self, ranges: bool) -> Result<Aggregate> {
         let reads = self.keys.iter().map(|keys| async move {
             let mut pipe = redis::pipe();
-            for k in keys {
-                pipe.hgetall(k);
+            for (i, k) in keys.iter().enumerate() {
+                if ranges || i != RANGES {
+                    pipe.hgetall(k);
+                }
             }
-            let hashes: Vec<Vec<(String, Vec<u8>)>> =
+            let mut hashes: Vec<Vec<(String, Vec<u8>)>> =
                 pipe.query_async(&mut self.conn.clone()).await?;
+            if !ranges {
+                hashes.insert(RANGES.min(hashes.len()), Vec::new());
+            }
             parse_shard(keys, &hashes)
         });
         let mut all = Aggregate::default();
         for shard in join_all(reads).await {
-            all.merge(&shard?);
+            all.absorb(shard?);
         }
         Ok(all)
     }
@@ -295,7 +307,11 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     async fn stats(&self) -> Result<Stats> {
-        Ok(self.read_all().await?.render())
+        Ok(self.read_all(true).await?.render())
+    }
+
+    async fn summary(&self) -> Result<StatsSummary> {
+        Ok(self.read_all(false).await?.render_summary())
     }
 
     async fn range_summary(&self, id: u64) -> Result<Option<RangeStats>> {
@@ -436,6 +452,17 @@ fn text<'a>(key: &str, field: &str, value: &'a [u8]) -> Result<&'a str> {
     std::str::from_utf8(value).map_err(|e| corrupt(key, field, e))
 }
 
+/// `agg`'s entry for worker `w`, made if new (a worker has a few dozen fields: look the
+/// name up before allocating it).
+fn worker_entry<'a>(agg: &'a mut Aggregate, w: &str) -> &'a mut WorkerAgg {
+    if !agg.workers.contains_key(w) {
+        agg.workers.insert(Arc::from(w), WorkerAgg::default());
+    }
+    agg.workers
+        .get_mut(w)
+        .expect("the worker was inserted just above")
+}
+
 /// The workers hash into `agg`'s worker totals; returns the palette (index -> worker).
 fn parse_workers(
     key: &str,
@@ -454,7 +481,7 @@ fn parse_workers(
             }
             continue;
         }
-        let c = &mut agg.workers.entry(Arc::from(w)).or_default().totals;
+        let c = &mut worker_entry(agg, w).totals;
         match kind {
             "count" => c.count = num(key, f, v)?,
             "ids" => c.ids = num(key, f, v)?,
@@ -517,11 +544,7 @@ fn parse_shard(keys: &[String; 5], hashes: &[Vec<(String, Vec<u8>)>]) -> Result<
         let h: &mut Histogram = if who == "*" {
             &mut agg.hist
         } else {
-            &mut agg
-                .workers
-                .entry(Arc::from(who))
-                .or_insert_with(WorkerAgg::default)
-                .hist
+            &mut worker_entry(&mut agg, who).hist
         };
         h.add_bucket(bucket, num(key, f, v)?);
     }

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::{RangeStats, Result, Stats, StatsDelta};
+use crate::{RangeStats, Result, Stats, StatsDelta, StatsSummary};
 
 /// How many snapshot versions are kept; publishing one more deletes the oldest.
 pub const SNAPSHOTS_KEPT: u64 = 10;
@@ -20,8 +20,18 @@ pub const SNAPSHOTS_KEPT: u64 = 10;
 /// [`MemoryStats::apply`]: crate::MemoryStats::apply
 #[async_trait]
 pub trait StatsStore: Send + Sync {
-    /// Every statistic, merged across shards.
+    /// Every statistic, merged across shards, the per-range statistics included: a
+    /// read that grows with the ID space the completed partitions cover (thousands of
+    /// ranges at a few hundred thousand partitions). For the figures asked for often,
+    /// read [`StatsStore::summary`].
     async fn stats(&self) -> Result<Stats>;
+
+    /// The global, per-worker and daily statistics, merged across shards: what
+    /// [`StatsStore::stats`] answers without its `range_stats`, equal to its
+    /// [`Stats::summary`] at the same instant. Never reads the per-range statistics, so
+    /// it costs what the workers, their duration histograms and the days cost, whatever
+    /// the number of partitions or ranges.
+    async fn summary(&self) -> Result<StatsSummary>;
 
     /// The statistics of the 100,000-ID range holding row ID `id`, merged across
     /// shards; `None` if nothing completed there. The router's answer when a batch has
@@ -49,6 +59,9 @@ macro_rules! forward {
         impl<T: StatsStore + ?Sized> StatsStore for $ty {
             async fn stats(&self) -> Result<Stats> {
                 (**self).stats().await
+            }
+            async fn summary(&self) -> Result<StatsSummary> {
+                (**self).summary().await
             }
             async fn range_summary(&self, id: u64) -> Result<Option<RangeStats>> {
                 (**self).range_summary(id).await

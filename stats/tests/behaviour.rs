@@ -14,7 +14,7 @@ use redis::cluster_async::ClusterConnection;
 use tranche_codec::{CompletedRecord, KeySchema};
 use tranche_stats::{
     MemoryStats, PERCENTILE_RELATIVE_ERROR, RedisStats, SNAPSHOTS_KEPT, Stats, StatsDelta,
-    StatsStore, diff,
+    StatsStore, StatsSummary, diff,
 };
 
 use support::TestRedis;
@@ -455,7 +455,9 @@ async fn check_finds_damage_and_replace_repairs_it() {
             .replace(shard, &StatsDelta::from_records(&wrong))
             .await
             .unwrap();
-        let damage = diff(&want, &h.store.stats().await.unwrap());
+        let damaged = h.store.stats().await.unwrap();
+        assert_eq!(h.store.summary().await.unwrap(), damaged.summary());
+        let damage = diff(&want, &damaged);
         let paths: Vec<&str> = damage.iter().map(|d| d.path.as_str()).collect();
         assert!(
             paths.contains(&"global_stats.avg_duration"),
@@ -492,6 +494,58 @@ async fn check_finds_damage_and_replace_repairs_it() {
             "{}",
             h.label
         );
+        assert_eq!(
+            h.store.summary().await.unwrap(),
+            StatsSummary::default(),
+            "{}",
+            h.label
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_summary_is_the_statistics_without_their_ranges() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    // Many ranges (a few hundred), few workers: the shape where ranges dominate.
+    let records: Vec<CompletedRecord> = (0..600u64)
+        .map(|i| {
+            let pid = 1 + i * 97 + rng.random_range(0..50);
+            let w = format!("w{}", rng.random_range(0..5));
+            rec(pid, &w, T0 + i * 61_000, rng.random_range(1..400_000))
+        })
+        .collect();
+    for (kind, shards) in BACKENDS {
+        let h = Harness::new(kind, shards).await;
+        assert_eq!(
+            h.store.summary().await.unwrap(),
+            StatsSummary::default(),
+            "{}",
+            h.label
+        );
+        h.feed(&records, 50).await;
+        let full = h.store.stats().await.unwrap();
+        assert!(full.range_stats.len() > 500, "{}", h.label);
+        let summary = h.store.summary().await.unwrap();
+        assert_eq!(summary, full.summary(), "{}", h.label);
+        assert_eq!(summary, expected(&records).summary(), "{}", h.label);
+        // The parts put back together are the full statistics.
+        let (parts, ranges) = full.clone().into_parts();
+        assert_eq!(parts, summary);
+        assert_eq!(Stats::from_parts(parts, ranges), full);
+
+        // On Redis the summary never reads the ranges hash: with every block of it
+        // damaged, the full read fails and the summary still answers, unchanged.
+        if let Some(server) = &h.server {
+            for shard in h.schema.shards() {
+                let key = h.schema.stats(shard, "ranges");
+                let blocks: Vec<String> = server.query(redis::cmd("HKEYS").arg(&key));
+                for block in blocks {
+                    let () = server.query(redis::cmd("HSET").arg(&key).arg(block).arg("\u{ff}"));
+                }
+            }
+            assert!(h.store.stats().await.is_err(), "{}", h.label);
+            assert_eq!(h.store.summary().await.unwrap(), summary, "{}", h.label);
+        }
     }
 }
 
@@ -555,6 +609,12 @@ async fn packed_ranges_and_days_read_back_exactly_in_any_order() {
                 diff(&want, &got)
             );
             assert_eq!(got, want, "{} seed {seed}", h.label);
+            assert_eq!(
+                h.store.summary().await.unwrap(),
+                want.summary(),
+                "{} seed {seed}",
+                h.label
+            );
             for id in [1, 4_970_001, 19_999_999, 777_777] {
                 let r = id / 100_000;
                 let key = format!("{}_{}", r * 100_000, (r + 1) * 100_000);

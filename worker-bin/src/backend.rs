@@ -277,7 +277,7 @@ impl Backend {
     /// Whether the namespace is empty: no plan, nothing archived (for `import`).
     pub(crate) async fn is_empty(&self) -> Result<bool> {
         let plans = self.active.plans().await?;
-        let stats = self.stats.stats().await?;
+        let stats = self.stats.summary().await?;
         Ok(plans.is_empty() && stats.global_stats.total_completed == 0)
     }
 }

@@ -80,7 +80,12 @@ pub(crate) enum Command {
         id: u64,
     },
     /// Completed-partition statistics merged with live counts.
-    Stats,
+    Stats {
+        /// Also every 100,000-ID range's statistics (a read that grows with the ID
+        /// space; without it, global, per-worker and per-day statistics only).
+        #[arg(long)]
+        ranges: bool,
+    },
     /// Registered workers and their last heartbeat.
     Workers,
     /// Make failed partitions claimable again.

@@ -72,9 +72,13 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
                 ),
             }
         }
-        Command::Stats => {
+        Command::Stats { ranges } => {
             let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
-            let merged = backend.router.stats().await?;
+            let merged = if ranges {
+                backend.router.stats_with_ranges().await?
+            } else {
+                backend.router.stats().await?
+            };
             print!("{}", render::stats(&merged, json)?);
             Ok(Outcome::Success)
         }
@@ -291,7 +295,7 @@ async fn run(g: &crate::cli::Global, args: RunArgs) -> Result<Outcome> {
     let memory_before = backend.used_memory().await;
     let report = work::run(&backend, settings, stop).await?;
     let memory_after = backend.used_memory().await;
-    let stats = backend.stats.stats().await.ok();
+    let stats = backend.stats.summary().await.ok();
     let archive_bytes = match (memory_before, memory_after) {
         // Below ten thousand partitions fixed overheads would dominate the figure.
         (Some(a), Some(b)) if report.completed >= 10_000 => Some(
@@ -377,7 +381,7 @@ async fn status(backend: &Backend, args: &StatusArgs, json: bool) -> Result<Outc
             shards: backend.shards,
             total: crate::progress::total_partitions(backend.active.as_ref()).await?,
             counts: backend.active.counts().await?,
-            archived: backend.stats.stats().await?.global_stats.total_completed,
+            archived: backend.stats.summary().await?.global_stats.total_completed,
             inbox: backend.inbox_len().await?,
             workers: backend
                 .active
@@ -564,7 +568,7 @@ async fn check(backend: &Backend, repair: bool, json: bool) -> Result<Outcome> {
 async fn health(backend: &Backend, args: &HealthArgs, json: bool) -> Result<Outcome> {
     let counts = backend.active.counts().await?;
     let inbox = backend.inbox_len().await?;
-    let stats = backend.stats.stats().await?;
+    let stats = backend.stats.summary().await?;
     let failures = backend.archive.decode_failures().await?;
     let workers = backend.active.workers().await?;
     let mut rules = vec![

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use tranche_active_store::{StatusCounts, WorkerState};
 use tranche_codec::{CompletedRecord, Partition};
 use tranche_router::{Fallback, Located, MergedStats, PartitionView};
-use tranche_stats::{Difference, RangeStats, Stats};
+use tranche_stats::{Difference, RangeStats, StatsSummary};
 
 use crate::cli::TierArgs;
 use crate::work::Report;
@@ -254,17 +254,28 @@ fn range_lines(out: &mut String, r: &RangeStats) {
     }
 }
 
-/// `stats`.
+/// `stats` (`--ranges`: with every range's statistics, when `m` has them).
+///
+/// `--json` says whether the ranges are in: `ranges_included`, and `completed` holds
+/// `range_stats` (the seed's full statistics) only then.
 pub(crate) fn stats(m: &MergedStats, json: bool) -> Result<String> {
     let c = &m.active;
+    let ranges = m.ranges.as_ref().filter(|_| m.completed.is_ok());
     if json {
         let completed = match &m.completed {
-            Ok(s) => serde_json::to_value(s)?,
+            Ok(s) => {
+                let mut v = serde_json::to_value(s)?;
+                if let (Some(r), Some(obj)) = (ranges, v.as_object_mut()) {
+                    obj.insert("range_stats".into(), serde_json::to_value(r)?);
+                }
+                v
+            }
             Err(e) => json!({"error": e.to_string()}),
         };
         return Ok(line(json!({
             "total": m.total(),
             "active": {"unissued": c.unissued, "pending": c.pending, "claimed": c.claimed, "running": c.running, "failed": c.failed},
+            "ranges_included": ranges.is_some(),
             "completed": completed,
         })));
     }
@@ -279,12 +290,24 @@ pub(crate) fn stats(m: &MergedStats, json: bool) -> Result<String> {
         Err(e) => {
             let _ = writeln!(out, "completed  unavailable: {e}");
         }
-        Ok(s) => stats_lines(&mut out, s),
+        Ok(s) => {
+            stats_lines(&mut out, s);
+            let _ = writeln!(out);
+            match ranges {
+                Some(r) => range_table(&mut out, r),
+                None => {
+                    let _ = writeln!(
+                        out,
+                        "ranges     per 100,000 ids: `tranche stats --ranges` lists them"
+                    );
+                }
+            }
+        }
     }
     Ok(out)
 }
 
-fn stats_lines(out: &mut String, s: &Stats) {
+fn stats_lines(out: &mut String, s: &StatsSummary) {
     let g = &s.global_stats;
     let _ = writeln!(
         out,
@@ -328,12 +351,33 @@ fn stats_lines(out: &mut String, s: &Stats) {
             let _ = writeln!(out, "{day}  by hour (UTC): {}", hours.join(" "));
         }
     }
-    let _ = writeln!(out);
+}
+
+/// One line per 100,000-ID range, in ID order.
+fn range_table(out: &mut String, ranges: &std::collections::BTreeMap<String, RangeStats>) {
+    let _ = writeln!(out, "ranges     {} of 100,000 ids each", ranges.len());
+    if ranges.is_empty() {
+        return;
+    }
+    let mut rows: Vec<(&String, &RangeStats)> = ranges.iter().collect();
+    // The keys are "{start}_{end}": sort by number, not text.
+    rows.sort_by_key(|(_, r)| r.data_range.min);
     let _ = writeln!(
         out,
-        "ranges     {} of 100,000 ids each (`--json` lists them)",
-        s.range_stats.len()
+        "{:<28} {:>10} {:>8} {:>9} {:>9}  last completed",
+        "range", "completed", "workers", "avg", "total"
     );
+    for (k, r) in rows {
+        let _ = writeln!(
+            out,
+            "{k:<28} {:>10} {:>8} {:>9} {:>9}  {}",
+            r.completed_count,
+            r.workers.len(),
+            ms(r.avg_duration * 1000.0),
+            ms(r.total_duration * 1000.0),
+            time((r.completed_time_range.end * 1000.0) as u64)
+        );
+    }
 }
 
 /// `workers`.
@@ -449,7 +493,7 @@ pub(crate) enum ArchiveBytes {
 /// The lines `run` ends with.
 pub(crate) fn run_summary(
     r: &Report,
-    stats: Option<&Stats>,
+    stats: Option<&StatsSummary>,
     archive: Option<&ArchiveBytes>,
 ) -> String {
     let secs = r.elapsed.as_secs_f64().max(1e-3);
@@ -677,6 +721,7 @@ mod tests {
     use tranche_active_store::WorkerInfo;
     use tranche_archive_store::Tier;
     use tranche_codec::Status as PartitionStatus;
+    use tranche_stats::Stats;
 
     use super::*;
 
@@ -798,9 +843,59 @@ mod tests {
     fn stats_table() {
         let merged = MergedStats {
             active: counts(),
-            completed: Ok(fixed_stats()),
+            completed: Ok(fixed_stats().summary()),
+            ranges: None,
         };
         insta::assert_snapshot!(stats(&merged, false).unwrap());
+    }
+
+    #[test]
+    fn stats_with_ranges_lists_them_in_id_order() {
+        let mut records: Vec<_> = (1..=12)
+            .map(|pid| record(pid, "worker1", 1_719_234_405 + pid * 7, 250 + pid * 10))
+            .collect();
+        // Two more ranges, the second one's key sorting before the first's as text.
+        records.push(record(900, "worker2", 1_719_234_500, 400));
+        records.push(record(1_200, "worker2", 1_719_234_600, 500));
+        let (summary, ranges) = Stats::from_records(&records).into_parts();
+        let merged = MergedStats {
+            active: counts(),
+            completed: Ok(summary),
+            ranges: Some(ranges),
+        };
+        insta::assert_snapshot!(stats(&merged, false).unwrap());
+    }
+
+    #[test]
+    fn stats_json_says_whether_ranges_are_included() {
+        let (summary, ranges) = fixed_stats().into_parts();
+        let mut merged = MergedStats {
+            active: counts(),
+            completed: Ok(summary),
+            ranges: None,
+        };
+        let without: Value = serde_json::from_str(&stats(&merged, true).unwrap()).unwrap();
+        assert_eq!(without["ranges_included"], false);
+        assert!(without["completed"].get("range_stats").is_none());
+        assert_eq!(without["completed"]["global_stats"]["total_completed"], 12);
+        merged.ranges = Some(ranges);
+        let with: Value = serde_json::from_str(&stats(&merged, true).unwrap()).unwrap();
+        assert_eq!(with["ranges_included"], true);
+        // Then `completed` is the seed's full statistics.
+        let full: Stats = serde_json::from_value(with["completed"].clone()).unwrap();
+        assert_eq!(full, fixed_stats());
+        merged.completed = Err(tranche_stats::Error::Corrupt {
+            key: "k".into(),
+            detail: "down".into(),
+        });
+        let failed: Value = serde_json::from_str(&stats(&merged, true).unwrap()).unwrap();
+        assert_eq!(failed["ranges_included"], false);
+        assert!(
+            failed["completed"]["error"]
+                .as_str()
+                .unwrap()
+                .contains("down")
+        );
     }
 
     #[test]
@@ -872,7 +967,7 @@ mod tests {
         };
         insta::assert_snapshot!(run_summary(
             &report,
-            Some(&fixed_stats()),
+            Some(&fixed_stats().summary()),
             Some(&ArchiveBytes::Dump(3.25))
         ));
     }

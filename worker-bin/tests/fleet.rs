@@ -107,6 +107,22 @@ fn three_workers_one_killed_half_way() {
         stats["completed"]["global_stats"]["total_processed_data"],
         MAX - MIN + 1
     );
+    // The default leaves the per-range statistics out and says so; `--ranges` adds them.
+    assert_eq!(stats["ranges_included"], false, "{stats}");
+    assert!(stats["completed"].get("range_stats").is_none(), "{stats}");
+    let full: serde_json::Value =
+        serde_json::from_str(&ok(cmd(&["stats", "--ranges", "--json"]))).unwrap();
+    assert_eq!(full["ranges_included"], true, "{full}");
+    let ranges = full["completed"]["range_stats"].as_object().unwrap();
+    let counted: u64 = ranges
+        .values()
+        .map(|r| r["completed_count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(counted, partitions);
+    assert_eq!(
+        full["completed"]["global_stats"],
+        stats["completed"]["global_stats"]
+    );
 
     // The statistics agree with the archive record by record.
     let check = ok(cmd(&["check"]));
