@@ -75,6 +75,8 @@ pub(crate) struct Backend {
 enum Place {
     Redis {
         conn: RedisConnection,
+        /// The active store again, typed: for what only Redis has (`recount`).
+        active: Arc<RedisActiveStore<RedisConnection>>,
         schema: KeySchema,
         shown: String,
     },
@@ -147,7 +149,7 @@ impl Backend {
         let archive = Arc::new(RedisArchive::new(conn.clone(), archive_config.clone())?);
         let stats = Arc::new(RedisStats::new(conn.clone(), schema.clone()));
         Ok(Self::assemble(
-            active,
+            active.clone(),
             archive,
             stats,
             ns,
@@ -155,6 +157,7 @@ impl Backend {
             archive_config,
             Place::Redis {
                 conn,
+                active,
                 schema,
                 shown,
             },
@@ -219,6 +222,16 @@ impl Backend {
         if let Place::Redis { conn, schema, .. } = &self.place {
             let mut c = conn.clone();
             let _: bool = c.hset_nx(schema.meta(), "shards", self.shards).await?;
+        }
+        Ok(())
+    }
+
+    /// Derives the active layer's status counters from its records again (Redis keeps
+    /// them in the scripts; the memory store counts its records directly, so there is
+    /// nothing to do embedded).
+    pub(crate) async fn recount_active(&self) -> Result<()> {
+        if let Place::Redis { active, .. } = &self.place {
+            active.recount().await?;
         }
         Ok(())
     }

@@ -8,9 +8,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
-use tranche_active_store::{Config as ActiveConfig, Plan, PlanEntry};
+use tranche_active_store::{Config as ActiveConfig, Plan, PlanEntry, StatusCounts};
 use tranche_archive_store::{Dump, DumpPlan};
-use tranche_codec::KeySchema;
+use tranche_codec::{KeySchema, Status};
 use tranche_stats::{Stats, StatsDelta, diff};
 
 use crate::backend::{Backend, Open, Tuning};
@@ -552,14 +552,57 @@ async fn check_stats(
     Ok((differences, count))
 }
 
+/// The active layer's kept status counts against a count of its records, as
+/// differences under `active_counts.` (the counters are kept by the Redis scripts; a
+/// process of a version without them, writing alongside, puts them off). Read while
+/// nothing runs: a claim between the two reads shows as a difference.
+async fn check_counts(backend: &Backend, repair: bool) -> Result<Vec<tranche_stats::Difference>> {
+    let kept = backend.active.counts().await?;
+    let snapshot = backend.active.all_active().await?;
+    let mut counted = StatusCounts {
+        unissued: snapshot.unissued.iter().map(|u| u.count).sum(),
+        ..StatusCounts::default()
+    };
+    for p in &snapshot.partitions {
+        match p.status {
+            Status::Pending => counted.pending += 1,
+            Status::Claimed => counted.claimed += 1,
+            Status::Running => counted.running += 1,
+            Status::Failed => counted.failed += 1,
+            Status::Completed => {}
+        }
+    }
+    let differences: Vec<_> = [
+        ("unissued", counted.unissued, kept.unissued),
+        ("pending", counted.pending, kept.pending),
+        ("claimed", counted.claimed, kept.claimed),
+        ("running", counted.running, kept.running),
+        ("failed", counted.failed, kept.failed),
+    ]
+    .into_iter()
+    .filter(|(_, want, got)| want != got)
+    .map(|(name, want, got)| tranche_stats::Difference {
+        path: format!("active_counts.{name}"),
+        expected: Some(want.to_string()),
+        found: Some(got.to_string()),
+    })
+    .collect();
+    if repair && !differences.is_empty() {
+        backend.ensure_writable()?;
+        backend.recount_active().await?;
+    }
+    Ok(differences)
+}
+
 async fn check(backend: &Backend, repair: bool, json: bool) -> Result<Outcome> {
-    let (differences, records) = check_stats(backend, repair).await?;
+    let (mut differences, records) = check_stats(backend, repair).await?;
+    differences.extend(check_counts(backend, repair).await?);
     print!("{}", render::check(&differences, records, repair, json));
     if differences.is_empty() || repair {
         Ok(Outcome::Success)
     } else {
         Ok(Outcome::Failed(format!(
-            "{} difference(s); `tranche check --repair` rewrites the statistics",
+            "{} difference(s); `tranche check --repair` rewrites the statistics and the active counts",
             differences.len()
         )))
     }

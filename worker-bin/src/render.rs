@@ -576,7 +576,9 @@ pub(crate) fn check(
             json!({"records": records, "differences": list, "repaired": repaired && !differences.is_empty()}),
         );
     }
-    let mut out = format!("checked the statistics against {records} archived record(s)\n");
+    let mut out = format!(
+        "checked the statistics against {records} archived record(s), and the active counts against the active records\n"
+    );
     if differences.is_empty() {
         out.push_str("consistent\n");
         return out;

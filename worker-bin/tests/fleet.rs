@@ -254,13 +254,24 @@ fn check_finds_and_repairs_damaged_statistics() {
         .unwrap();
     assert!(0 < left && left < 300, "{left} of 300 left");
 
+    // And put shard 1's kept status counters off (a writer that does not count).
+    let _: () = redis.query(redis::cmd("HSET").arg("{r:1}:counts").arg("p").arg(5));
+    let status: serde_json::Value = serde_json::from_str(&ok(with(&["status", "--json"]))).unwrap();
+    assert_eq!(status["pending"], 5, "{status}");
+
     let damaged = common::output(with(&["check"]));
     assert_eq!(damaged.status.code(), Some(1), "{damaged:?}");
     let report = String::from_utf8_lossy(&damaged.stdout);
     assert!(report.contains("total_completed"), "{report}");
+    assert!(
+        report.contains("active_counts.pending: expected 0, found 5"),
+        "{report}"
+    );
 
     ok(with(&["check", "--repair"]));
     assert!(ok(with(&["check"])).contains("consistent"));
+    let status: serde_json::Value = serde_json::from_str(&ok(with(&["status", "--json"]))).unwrap();
+    assert_eq!(status["pending"], 0, "{status}");
     let repaired = stats(&with);
     assert_eq!(
         repaired["completed"]["global_stats"]["total_completed"],
