@@ -271,6 +271,7 @@ suite!(
     duplicates_in_a_complete_batch_are_found,
     full_segments_are_joined_and_read,
     joined_segments_expire_together,
+    compaction_joins_segments_from_the_simple_tier,
 );
 
 /// Every pid of segment 0 of every shard (batches `0..10 * shards`), and a few beyond.
@@ -301,18 +302,8 @@ async fn full_segments_are_joined_and_read(kind: Kind, shards: u32) {
         );
     }
     h.assert_stats(&recs).await;
-    if let Backend::Redis(_, conn) = &h.backend {
-        // Joined: one key per segment, no batch keys; the last batch stays on its own.
-        let mut c = conn.clone();
-        for shard in h.schema.shards() {
-            let seg = h.schema.shard_key(shard, "completed:seg:0");
-            assert!(c.exists::<_, bool>(&seg).await.unwrap(), "{seg}");
-        }
-        for b in 0..SEGMENT_BATCHES * u64::from(shards) {
-            let key = h.schema.completed_batch(b);
-            assert!(!c.exists::<_, bool>(&key).await.unwrap(), "{key}");
-        }
-    }
+    // Joined: one key per segment, no batch keys; the last batch stays on its own.
+    assert_joined(&h, shards).await;
     // The dump holds every record, and comes back whole elsewhere.
     let dump = h.export.export(T0).await.unwrap();
     assert_eq!(dump.entries(), recs.len() as u64);
@@ -326,6 +317,50 @@ async fn full_segments_are_joined_and_read(kind: Kind, shards: u32) {
     assert_eq!(h.query.decode_failures().await.unwrap(), 1);
     assert_eq!(h.get(250).await, archived(&recs[249], Tier::Compressed));
     assert_eq!(h.get(450).await, archived(&recs[449], Tier::Compressed));
+}
+
+/// Asserts (on Redis) that segment 0 of every shard is joined: its key is there and
+/// none of its batches keeps its own.
+async fn assert_joined(h: &Harness, shards: u32) {
+    if let Backend::Redis(_, conn) = &h.backend {
+        let mut c = conn.clone();
+        for shard in h.schema.shards() {
+            let seg = h.schema.shard_key(shard, "completed:seg:0");
+            assert!(c.exists::<_, bool>(&seg).await.unwrap(), "{seg}");
+        }
+        for b in 0..SEGMENT_BATCHES * u64::from(shards) {
+            let key = h.schema.completed_batch(b);
+            assert!(!c.exists::<_, bool>(&key).await.unwrap(), "{key}");
+        }
+    }
+}
+
+async fn compaction_joins_segments_from_the_simple_tier(kind: Kind, shards: u32) {
+    let recs = segment_records(shards);
+    let config = Config {
+        num_shards: shards,
+        consumer: "a1".into(),
+        compressed_at: recs.len() as u64,
+        summary_at: u64::MAX,
+        ..Config::default()
+    };
+    let h = Harness::with(kind, config).await;
+    h.complete(&recs).await;
+    h.drain().await;
+    assert_eq!(h.get(5).await, archived(&recs[4], Tier::Simple));
+    // Compaction moves them into batches, seals them and joins the full segments.
+    h.compaction.compact().await.unwrap();
+    assert_joined(&h, shards).await;
+    for r in &recs {
+        assert_eq!(
+            h.get(r.pid).await,
+            archived(r, Tier::Compressed),
+            "pid {}",
+            r.pid
+        );
+    }
+    assert_eq!(h.compaction.compact().await.unwrap(), 0);
+    h.assert_stats(&recs).await;
 }
 
 async fn joined_segments_expire_together(kind: Kind, shards: u32) {
