@@ -22,7 +22,11 @@
 //! over-allocation) and are sealed into codec's binary v2 once they hold every planned
 //! pid of the batch; sealing replaces the hash only if it is unchanged. An open batch
 //! answers [`Tier::Compressed`] even in the summary tier (it has no expiry until it is
-//! sealed). The worker
+//! sealed). Once all [`SEGMENT_BATCHES`] batches of a segment are sealed whole, they are
+//! joined into one segment string (`…:completed:seg:K`): a Redis key costs about as
+//! much as a sealed batch of 100 records, so the archive keeps one key per thousand
+//! pids, not per hundred; a joined segment expires when its last batch would have.
+//! The worker
 //! dictionary (`{ns}:dict`) grows by compare-and-set, so every archiver agrees on it.
 //! A batch that fails to decode answers [`Lookup::Undecodable`] and counts in
 //! `{ns}:meta` `decode_failures`; an expired summary batch answers [`Lookup::Expired`]:
@@ -33,6 +37,7 @@ mod error;
 mod memory;
 mod model;
 mod redis_store;
+mod segment;
 mod state;
 mod store;
 
@@ -41,5 +46,6 @@ pub use error::{Error, Result};
 pub use memory::MemoryArchive;
 pub use model::{ArchivePass, Config, Lookup, RangePage, Tier};
 pub use redis_store::{RedisArchive, scripts};
+pub use segment::SEGMENT_BATCHES;
 pub use state::{ARCHIVE_STATE_VERSION, ArchiveState};
 pub use store::{ArchiveQuery, Archiver, Compaction, Export, Import, run};

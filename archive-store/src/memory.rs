@@ -18,6 +18,7 @@ use crate::state::{ARCHIVE_STATE_VERSION, ArchiveState, SealedState, ShardState}
 
 use crate::dump::{Dump, DumpBatch};
 use crate::model::{ArchivePass, Config, Lookup, RangePage, Tier};
+use crate::segment::SegmentRef;
 use crate::store::{ArchiveQuery, Archiver, Compaction, Export, Import, page_by_lookup};
 use crate::{Error, Result};
 
@@ -504,7 +505,47 @@ impl MemoryArchive {
                 expires,
             },
         );
+        if count >= self.config.planned(batch, self.schema.batch_size()) {
+            self.join_locked(s, batch);
+        }
         Ok(true)
+    }
+
+    /// What joining `batch`'s segment does on Redis, where the segment's batches then
+    /// share one key: once every planned batch of it is sealed whole, they expire
+    /// together, when the last of them would have; none does if one of them has no
+    /// expiry (sealed under the compressed tier), and all then answer compressed.
+    fn join_locked(&self, s: &mut Shard, batch: u64) {
+        let size = self.schema.batch_size();
+        let (seg, _) = SegmentRef::of(&self.schema, batch);
+        let members = seg.batches(&self.schema);
+        let complete = members.iter().all(|b| {
+            let planned = self.config.planned(*b, size);
+            planned == 0 || s.sealed.get(b).is_some_and(|x| x.count >= planned)
+        });
+        if !complete {
+            return;
+        }
+        let mut expires = Some(None);
+        for b in &members {
+            if let Some(x) = s.sealed.get(b) {
+                expires = match (expires, x.expires) {
+                    (Some(e), Some(x)) => Some(Some(e.map_or(x, |e: Instant| e.max(x)))),
+                    _ => None,
+                };
+            }
+        }
+        let expires = expires.flatten();
+        for b in &members {
+            if let Some(x) = s.sealed.get_mut(b) {
+                x.expires = expires;
+                x.tier = if expires.is_some() {
+                    Tier::Summary
+                } else {
+                    Tier::Compressed
+                };
+            }
+        }
     }
 
     fn lookup(&self, pid: u64) -> Lookup {

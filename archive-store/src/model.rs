@@ -105,7 +105,8 @@ impl Config {
 pub enum Tier {
     /// The shard's hash of the seed's JSON, pid -> record.
     Simple,
-    /// Batches of 100: open hashes while they fill, sealed binary v2 strings once full.
+    /// Batches of 100: open hashes while they fill, sealed binary v2 strings once full,
+    /// joined ten at a time into segment strings once their neighbours are full too.
     Compressed,
     /// As compressed, but sealed batches expire; the statistics layer answers after.
     /// Only sealed batches report it: an open batch does not expire.

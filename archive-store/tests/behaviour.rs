@@ -14,7 +14,7 @@ use redis::AsyncCommands;
 use tranche_active_store::RedisConnection;
 use tranche_archive_store::{
     ArchivePass, ArchiveQuery, Archiver, Compaction, Config, Dump, Export, Import, Lookup,
-    MemoryArchive, RedisArchive, Tier,
+    MemoryArchive, RedisArchive, SEGMENT_BATCHES, Tier,
 };
 use tranche_codec::{CompletedRecord, KeySchema, encode_json};
 use tranche_stats::{MemoryStats, RedisStats, Stats, StatsStore, diff};
@@ -192,16 +192,14 @@ impl Harness {
         }
     }
 
-    /// Overwrites sealed batch `batch` with garbage.
+    /// Overwrites sealed batch `batch` with garbage, in its own key or its segment.
     async fn corrupt(&self, batch: u64) {
         let garbage = b"TRB2 not a batch".to_vec();
         match &self.backend {
             Backend::Memory(_, archive) => assert!(archive.corrupt_batch(batch, garbage)),
             Backend::Redis(_, conn) => {
-                let key = self.schema.completed_batch(batch);
-                let mut c = conn.clone();
-                assert!(c.exists::<_, bool>(&key).await.unwrap(), "{key} not sealed");
-                let _: () = c.set(key, garbage).await.unwrap();
+                let archive = RedisArchive::new(conn.clone(), self.config.clone()).unwrap();
+                assert!(archive.corrupt_batch(batch, garbage).await.unwrap());
             }
         }
     }
@@ -271,7 +269,123 @@ suite!(
     records_in_the_wrong_inbox_are_dropped,
     open_batches_answer_compressed_until_sealed,
     duplicates_in_a_complete_batch_are_found,
+    full_segments_are_joined_and_read,
+    joined_segments_expire_together,
+    compaction_joins_segments_from_the_simple_tier,
 );
+
+/// Every pid of segment 0 of every shard (batches `0..10 * shards`), and a few beyond.
+fn segment_records(shards: u32) -> Vec<CompletedRecord> {
+    records(1..=SEGMENT_BATCHES * 100 * u64::from(shards) + 30)
+}
+
+async fn full_segments_are_joined_and_read(kind: Kind, shards: u32) {
+    use rand::SeedableRng;
+    use rand::seq::SliceRandom;
+    let h = Harness::with(kind, compressed_config(shards, u64::MAX, Duration::ZERO)).await;
+    let recs = segment_records(shards);
+    // Out of order, in several entries and passes, with a replay.
+    let mut shuffled = recs.clone();
+    shuffled.shuffle(&mut rand::rngs::StdRng::seed_from_u64(5));
+    for part in shuffled.chunks(370) {
+        h.complete(part).await;
+        h.drain().await;
+    }
+    h.complete(&shuffled[..50]).await;
+    assert_eq!(h.drain().await.archived, 0);
+    for r in &recs {
+        assert_eq!(
+            h.get(r.pid).await,
+            archived(r, Tier::Compressed),
+            "pid {}",
+            r.pid
+        );
+    }
+    h.assert_stats(&recs).await;
+    // Joined: one key per segment, no batch keys; the last batch stays on its own.
+    assert_joined(&h, shards).await;
+    // The dump holds every record, and comes back whole elsewhere.
+    let dump = h.export.export(T0).await.unwrap();
+    assert_eq!(dump.entries(), recs.len() as u64);
+    let other = Harness::with(kind, compressed_config(shards, u64::MAX, Duration::ZERO)).await;
+    assert_eq!(other.import.import(&dump).await.unwrap(), recs.len() as u64);
+    let again = other.export.export(T0).await.unwrap();
+    assert_eq!(again.to_json_lines(), dump.to_json_lines());
+    // A corrupted batch of a joined segment fails alone, and is counted.
+    h.corrupt(3).await;
+    assert!(matches!(h.get(350).await, Lookup::Undecodable { .. }));
+    assert_eq!(h.query.decode_failures().await.unwrap(), 1);
+    assert_eq!(h.get(250).await, archived(&recs[249], Tier::Compressed));
+    assert_eq!(h.get(450).await, archived(&recs[449], Tier::Compressed));
+}
+
+/// Asserts (on Redis) that segment 0 of every shard is joined: its key is there and
+/// none of its batches keeps its own.
+async fn assert_joined(h: &Harness, shards: u32) {
+    if let Backend::Redis(_, conn) = &h.backend {
+        let mut c = conn.clone();
+        for shard in h.schema.shards() {
+            let seg = h.schema.shard_key(shard, "completed:seg:0");
+            assert!(c.exists::<_, bool>(&seg).await.unwrap(), "{seg}");
+        }
+        for b in 0..SEGMENT_BATCHES * u64::from(shards) {
+            let key = h.schema.completed_batch(b);
+            assert!(!c.exists::<_, bool>(&key).await.unwrap(), "{key}");
+        }
+    }
+}
+
+async fn compaction_joins_segments_from_the_simple_tier(kind: Kind, shards: u32) {
+    let recs = segment_records(shards);
+    let config = Config {
+        num_shards: shards,
+        consumer: "a1".into(),
+        compressed_at: recs.len() as u64,
+        summary_at: u64::MAX,
+        ..Config::default()
+    };
+    let h = Harness::with(kind, config).await;
+    h.complete(&recs).await;
+    h.drain().await;
+    assert_eq!(h.get(5).await, archived(&recs[4], Tier::Simple));
+    // Compaction moves them into batches, seals them and joins the full segments.
+    h.compaction.compact().await.unwrap();
+    assert_joined(&h, shards).await;
+    for r in &recs {
+        assert_eq!(
+            h.get(r.pid).await,
+            archived(r, Tier::Compressed),
+            "pid {}",
+            r.pid
+        );
+    }
+    assert_eq!(h.compaction.compact().await.unwrap(), 0);
+    h.assert_stats(&recs).await;
+}
+
+async fn joined_segments_expire_together(kind: Kind, shards: u32) {
+    let h = Harness::with(
+        kind,
+        compressed_config(shards, 0, Duration::from_millis(1500)),
+    )
+    .await;
+    let recs = segment_records(shards);
+    h.complete(&recs).await;
+    h.drain().await;
+    let last = SEGMENT_BATCHES * 100 * u64::from(shards) - 1;
+    for pid in [1, 150, 999, last] {
+        assert_eq!(
+            h.get(pid).await,
+            archived(&recs[pid as usize - 1], Tier::Summary)
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(1700)).await;
+    for pid in [1, 150, 999, last] {
+        assert_eq!(h.get(pid).await, Lookup::Expired, "pid {pid}");
+    }
+    assert_eq!(h.query.decode_failures().await.unwrap(), 0);
+    h.assert_stats(&recs).await;
+}
 
 async fn simple_tier_round_trip(kind: Kind, shards: u32) {
     let h = Harness::new(kind, shards).await;

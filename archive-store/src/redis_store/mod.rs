@@ -24,6 +24,7 @@ use tranche_stats::{StatsDelta, delta_args};
 
 use crate::dump::{Dump, DumpBatch};
 use crate::model::{ArchivePass, Config, Lookup, RangePage, Tier};
+use crate::segment::{self, SEGMENT_BATCHES, SegmentRef};
 use crate::store::{ArchiveQuery, Archiver, Compaction, Export, Import, page_by_lookup};
 use crate::{Error, Result};
 
@@ -52,6 +53,7 @@ static GET: LazyLock<Script> = script!("get");
 static SEAL: LazyLock<Script> = script!("seal");
 static DICT: LazyLock<Script> = script!("dict");
 static MOVE: LazyLock<Script> = script!("move");
+static JOIN: LazyLock<Script> = script!("join");
 
 /// Every script with its name, for tests that check each keeps to one slot.
 pub fn scripts() -> Vec<(&'static str, &'static Script)> {
@@ -61,6 +63,7 @@ pub fn scripts() -> Vec<(&'static str, &'static Script)> {
         ("seal", &SEAL),
         ("dict", &DICT),
         ("move", &MOVE),
+        ("join", &JOIN),
     ]
 }
 
@@ -76,6 +79,8 @@ const MAX_SCRIPT_RECORDS: usize = 1000;
 /// archived pids, at [`KeySchema::bit_offset`]), `completed` (simple tier, pid -> JSON),
 /// `completed:batch:N:open` (hash of a compressed batch still filling, pid -> JSON),
 /// `completed:batch:N` (a sealed binary v2 batch; with a TTL in the summary tier),
+/// `completed:seg:K` (the sealed batches of segment `K`, joined once every one of them
+/// is whole: see [`SEGMENT_BATCHES`]; with a TTL in the summary tier),
 /// `archive` (hash: `count` of archived records, `partial:N` sizes of partial seals)
 /// and `archive:open` (set of open batch ids, for compaction), beside the statistics
 /// keys of `tranche-stats` that `archive.lua` updates in the same step.
@@ -90,6 +95,10 @@ const MAX_SCRIPT_RECORDS: usize = 1000;
 /// and to seal full batches, but never encoded again. A batch complete within one call
 /// is sealed before the call and sent as its binary v2 string plus its first bit
 /// offset and record count (its bits are contiguous), with no per-record arguments.
+/// After a call that sealed batches whole, their segments are joined (`join.lua`) if
+/// every batch of them is whole now; compaction joins any segment a crash left unjoined.
+/// `get.lua` reads a pid's batch key and its segment in the same script, so a lookup
+/// stays one round trip wherever the batch is.
 ///
 /// Generic over the connection so any multiplexed [`ConnectionLike`] works.
 #[derive(Debug)]
@@ -142,7 +151,7 @@ fn open_batch_key(schema: &KeySchema, batch: u64) -> String {
 }
 
 /// `get.lua`'s reply: index bit, archived bit, simple JSON, sealed batch, open-batch
-/// JSON, the sealed batch's PTTL.
+/// JSON, the sealed batch's PTTL, the batch's segment and its PTTL.
 type GetReply = (
     i64,
     i64,
@@ -150,7 +159,23 @@ type GetReply = (
     Option<Vec<u8>>,
     Option<String>,
     i64,
+    Option<Vec<u8>>,
+    i64,
 );
+
+/// A segment as read: its bytes (none once expired) and its PTTL.
+type SegmentRead = (Option<Vec<u8>>, i64);
+
+/// What [`RedisArchive::seal`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sealing {
+    /// The batch had no open hash (sealed, or never written).
+    Nothing,
+    /// Sealed, but not every planned pid of it is in yet.
+    Partial,
+    /// Sealed whole: its segment may be complete.
+    Full,
+}
 
 /// One batch as read for export: simple JSON per pid, open fields, sealed bytes, PTTL.
 type BatchReply = (
@@ -246,6 +271,49 @@ where
         }))
         .await?;
         Ok(counts.into_iter().flatten().sum())
+    }
+
+    /// Overwrites the sealed bytes of `batch` with `bytes`, in its own key or in its
+    /// segment, keeping the TTL (tests of the corrupt-batch path; not atomic). Returns
+    /// whether the batch was sealed.
+    pub async fn corrupt_batch(&self, batch: u64, bytes: Vec<u8>) -> Result<bool> {
+        let key = self.schema.completed_batch(batch);
+        let (seg, slot) = SegmentRef::of(&self.schema, batch);
+        let seg_key = seg.key(&self.schema);
+        let (own, joined): (bool, Option<Vec<u8>>) = retry(&self.conn, |mut c| {
+            let mut pipe = redis::pipe();
+            pipe.cmd("EXISTS").arg(&key).cmd("GET").arg(&seg_key);
+            async move { pipe.query_async(&mut c).await }
+        })
+        .await?;
+        let (target, value) = if own {
+            (key, bytes)
+        } else if let Some(old) = joined {
+            let mut blobs = segment::blobs(&old).map_err(|detail| Error::Corrupt {
+                key: seg_key.clone(),
+                detail,
+            })?;
+            if blobs[slot].is_empty() {
+                return Ok(false);
+            }
+            blobs[slot] = bytes;
+            (seg_key, segment::build(&blobs))
+        } else {
+            return Ok(false);
+        };
+        let _: () = retry(&self.conn, |mut c| {
+            let (target, value) = (&target, &value);
+            async move {
+                redis::cmd("SET")
+                    .arg(target)
+                    .arg(value)
+                    .arg("KEEPTTL")
+                    .query_async(&mut c)
+                    .await
+            }
+        })
+        .await?;
+        Ok(true)
     }
 
     async fn ensure_group(&self, shard: u32) -> Result<bool> {
@@ -509,13 +577,26 @@ where
             match reply.split_first() {
                 Some((1, rest)) => {
                     let n = rest.first().copied().unwrap_or(0) as usize;
+                    // The batches sealed whole by this call, whose segments may now be
+                    // complete.
+                    let mut whole: Vec<u64> = runs
+                        .iter()
+                        .zip(&full)
+                        .filter(|(_, f)| **f)
+                        .map(|((b, _), _)| *b)
+                        .collect();
                     // Seal the batches this call filled. A crash here leaves them open
                     // (readable, and sealed by the next compaction).
                     for (&batch, &len) in open.iter().zip(rest.iter().skip(1)) {
-                        if len as u64 >= self.planned(batch) {
-                            self.seal(batch, tier).await?;
+                        if len as u64 >= self.planned(batch)
+                            && self.seal(batch, tier).await? == Sealing::Full
+                        {
+                            whole.push(batch);
                         }
                     }
+                    // A crash before the join leaves the batches in their own keys
+                    // (readable, and joined by the next compaction).
+                    self.join_segments(whole).await?;
                     return Ok((n, dups));
                 }
                 Some((0, taken)) => {
@@ -599,8 +680,8 @@ where
 
     /// Seals open batch `batch`: its records (and those of an earlier partial seal) as
     /// one binary v2 string, with the summary TTL when `tier` is the summary tier.
-    /// Returns whether there was anything to seal.
-    async fn seal(&self, batch: u64, tier: Tier) -> Result<bool> {
+    /// Says whether there was anything to seal, and whether the batch is now whole.
+    async fn seal(&self, batch: u64, tier: Tier) -> Result<Sealing> {
         let shard = self.schema.shard_of_batch(batch);
         let keys = &self.keys[shard as usize];
         let open_key = open_batch_key(&self.schema, batch);
@@ -625,7 +706,7 @@ where
                         .await
                 })
                 .await?;
-                return Ok(false);
+                return Ok(Sealing::Nothing);
             }
             let mut records = Vec::with_capacity(fields.len());
             for (pid, json) in &fields {
@@ -672,11 +753,50 @@ where
             })
             .await?;
             if done == 1 {
-                return Ok(true);
+                return Ok(if records.len() as u64 >= self.planned(batch) {
+                    Sealing::Full
+                } else {
+                    Sealing::Partial
+                });
             }
         }
         tracing::debug!(batch, "batch kept changing while sealing; left open");
-        Ok(false)
+        Ok(Sealing::Nothing)
+    }
+
+    /// Joins the segments of `batches` (sealed whole) whose every planned batch is
+    /// sealed whole; the calls go out together. Returns how many were joined.
+    async fn join_segments(&self, batches: Vec<u64>) -> Result<usize> {
+        let mut segments: Vec<SegmentRef> = batches
+            .into_iter()
+            .map(|b| SegmentRef::of(&self.schema, b).0)
+            .collect();
+        segments.sort_unstable();
+        segments.dedup();
+        let joined = try_join_all(segments.iter().map(|s| self.join(*s))).await?;
+        Ok(joined.into_iter().filter(|j| *j).count())
+    }
+
+    /// Joins segment `seg` if every planned batch of it is sealed whole (`join.lua`).
+    async fn join(&self, seg: SegmentRef) -> Result<bool> {
+        let keys = &self.keys[seg.shard as usize];
+        let batches = seg.batches(&self.schema);
+        let mut inv = JOIN.prepare_invoke();
+        inv.key(&keys.counters)
+            .key(seg.key(&self.schema))
+            .arg(SEGMENT_BATCHES);
+        for &b in &batches {
+            inv.key(self.schema.completed_batch(b)).arg(b);
+        }
+        for &b in &batches {
+            inv.arg(u8::from(self.planned(b) > 0));
+        }
+        let joined: i64 = retry(&self.conn, |mut c| {
+            let inv = &inv;
+            async move { inv.invoke_async(&mut c).await }
+        })
+        .await?;
+        Ok(joined == 1)
     }
 
     /// The worker dictionary, holding every one of `workers` (added atomically with a
@@ -765,18 +885,25 @@ where
         }
     }
 
-    /// Gives `shard`'s sealed batches without a TTL the summary tier's.
-    async fn expire_sealed(&self, shard: u32) -> Result<()> {
+    /// Gives the sealed batches and segments of `fill` (one shard's
+    /// [`Self::shard_fill`]) without a TTL the summary tier's.
+    async fn expire_sealed(&self, fill: &[(u64, u64)]) -> Result<()> {
         let ttl = self.config.summary_ttl.as_millis().max(1) as u64;
-        for chunk in self.shard_batches(shard).await?.chunks(500) {
+        let mut keys: Vec<String> = Vec::new();
+        let mut last: Option<SegmentRef> = None;
+        for &(b, _) in fill {
+            let (seg, _) = SegmentRef::of(&self.schema, b);
+            if last != Some(seg) {
+                keys.push(seg.key(&self.schema));
+                last = Some(seg);
+            }
+            keys.push(self.schema.completed_batch(b));
+        }
+        for chunk in keys.chunks(500) {
             retry(&self.conn, |mut c| {
                 let mut pipe = redis::pipe();
-                for &b in chunk {
-                    pipe.cmd("PEXPIRE")
-                        .arg(self.schema.completed_batch(b))
-                        .arg(ttl)
-                        .arg("NX")
-                        .ignore();
+                for key in chunk {
+                    pipe.cmd("PEXPIRE").arg(key).arg(ttl).arg("NX").ignore();
                 }
                 async move { pipe.query_async::<()>(&mut c).await }
             })
@@ -794,9 +921,18 @@ where
                 redis::cmd("SMEMBERS").arg(key).query_async(&mut c).await
             })
             .await?;
+            let mut whole = Vec::new();
             for batch in ids {
-                sealed += usize::from(self.seal(batch, tier.max(Tier::Compressed)).await?);
+                match self.seal(batch, tier.max(Tier::Compressed)).await? {
+                    Sealing::Nothing => {}
+                    Sealing::Partial => sealed += 1,
+                    Sealing::Full => {
+                        sealed += 1;
+                        whole.push(batch);
+                    }
+                }
             }
+            self.join_segments(whole).await?;
         }
         Ok(sealed)
     }
@@ -860,19 +996,22 @@ where
         let shard = self.schema.shard_of(pid);
         let keys = &self.keys[shard as usize];
         let batch = self.schema.batch_of(pid);
+        let (seg, slot) = SegmentRef::of(&self.schema, batch);
         let mut inv = GET.prepare_invoke();
         inv.key(&keys.index)
             .key(&keys.archived)
             .key(&keys.completed)
             .key(self.schema.completed_batch(batch))
             .key(open_batch_key(&self.schema, batch))
+            .key(seg.key(&self.schema))
             .arg(pid)
             .arg(self.schema.bit_offset(pid));
-        let (index, archived, simple, sealed, open, pttl): GetReply = retry(&self.conn, |mut c| {
-            let inv = &inv;
-            async move { inv.invoke_async(&mut c).await }
-        })
-        .await?;
+        let (index, archived, simple, sealed, open, pttl, segment, segment_pttl): GetReply =
+            retry(&self.conn, |mut c| {
+                let inv = &inv;
+                async move { inv.invoke_async(&mut c).await }
+            })
+            .await?;
         if archived == 0 {
             return Ok(if index == 1 {
                 Lookup::Archiving
@@ -904,10 +1043,24 @@ where
                 }
             };
         }
-        let Some(bytes) = sealed else {
-            return Ok(Lookup::Expired);
+        let (bytes, pttl): (&[u8], i64) = match (&sealed, &segment) {
+            (Some(bytes), _) => (bytes, pttl),
+            (None, Some(seg)) => match segment::slot_of(seg, slot) {
+                Ok(Some(blob)) => (blob, segment_pttl),
+                Ok(None) => {
+                    return self
+                        .count_failure(format!("segment of batch {batch} lacks it"))
+                        .await;
+                }
+                Err(err) => {
+                    return self
+                        .count_failure(format!("segment of batch {batch}: {err}"))
+                        .await;
+                }
+            },
+            (None, None) => return Ok(Lookup::Expired),
         };
-        match self.decode_sealed(batch, &bytes, pid).await {
+        match self.decode_sealed(batch, bytes, pid).await {
             Ok(Some(record)) => Ok(Lookup::Archived {
                 record,
                 tier: if pttl >= 0 {
@@ -961,9 +1114,11 @@ where
             }
         }
         let sealed = self.seal_open_batches().await?;
-        if tier == Tier::Summary {
-            for shard in self.schema.shards() {
-                self.expire_sealed(shard).await?;
+        for shard in self.schema.shards() {
+            let fill = self.shard_fill(shard).await?;
+            self.join_complete(&fill).await?;
+            if tier == Tier::Summary {
+                self.expire_sealed(&fill).await?;
             }
         }
         Ok(sealed)
@@ -1011,6 +1166,17 @@ where
     /// The batches of `shard` holding at least one archived pid, from the archived
     /// bitmap (the one complete index of what the archive holds).
     async fn shard_batches(&self, shard: u32) -> Result<Vec<u64>> {
+        Ok(self
+            .shard_fill(shard)
+            .await?
+            .into_iter()
+            .map(|(b, _)| b)
+            .collect())
+    }
+
+    /// The batches of `shard` holding at least one archived pid, in id order, with how
+    /// many archived pids each holds.
+    async fn shard_fill(&self, shard: u32) -> Result<Vec<(u64, u64)>> {
         let key = &self.keys[shard as usize].archived;
         let bits: Option<Vec<u8>> = retry(&self.conn, |mut c| async move {
             redis::cmd("GET").arg(key).query_async(&mut c).await
@@ -1018,14 +1184,18 @@ where
         .await?;
         let size = self.schema.batch_size();
         let shards = u64::from(self.schema.num_shards());
-        let mut out: Vec<u64> = Vec::new();
+        let mut out: Vec<(u64, u64)> = Vec::new();
         for (i, &byte) in bits.unwrap_or_default().iter().enumerate() {
+            if byte == 0 {
+                continue;
+            }
             for bit in 0..8 {
                 if byte & (0x80 >> bit) != 0 {
                     let offset = i as u64 * 8 + bit;
                     let batch = (offset / size) * shards + u64::from(shard);
-                    if out.last() != Some(&batch) {
-                        out.push(batch);
+                    match out.last_mut() {
+                        Some((b, n)) if *b == batch => *n += 1,
+                        _ => out.push((batch, 1)),
                     }
                 }
             }
@@ -1033,22 +1203,76 @@ where
         Ok(out)
     }
 
+    /// Joins every segment of `shard` whose planned pids are all archived and which is
+    /// not joined yet: those a crash left between a seal and its join, and those whose
+    /// last batch compaction just sealed. `fill` is [`Self::shard_fill`]'s answer.
+    async fn join_complete(&self, fill: &[(u64, u64)]) -> Result<usize> {
+        let mut whole: Vec<u64> = Vec::new();
+        let mut by_segment: Vec<(SegmentRef, Vec<(u64, u64)>)> = Vec::new();
+        for &(b, n) in fill {
+            let (seg, _) = SegmentRef::of(&self.schema, b);
+            match by_segment.last_mut() {
+                Some((s, v)) if *s == seg => v.push((b, n)),
+                _ => by_segment.push((seg, vec![(b, n)])),
+            }
+        }
+        for (seg, batches) in by_segment {
+            let complete = seg.batches(&self.schema).iter().all(|&b| {
+                let planned = self.planned(b);
+                planned == 0 || batches.iter().any(|&(id, n)| id == b && n >= planned)
+            });
+            if complete {
+                whole.push(seg.batches(&self.schema)[0]);
+            }
+        }
+        let mut joined = 0;
+        for chunk in whole.chunks(256) {
+            joined += self.join_segments(chunk.to_vec()).await?;
+        }
+        Ok(joined)
+    }
+
     /// Every record of `batch` still held, and the highest tier they live in.
-    async fn batch_records(&self, batch: u64) -> Result<Option<DumpBatch>> {
+    /// `segment` caches the last segment read (with its PTTL): export reads a shard's
+    /// batches in id order, so each segment is read once.
+    async fn batch_records(
+        &self,
+        batch: u64,
+        segment: &mut Option<(SegmentRef, SegmentRead)>,
+    ) -> Result<Option<DumpBatch>> {
         let keys = &self.keys[self.schema.shard_of_batch(batch) as usize];
         let first = batch * self.schema.batch_size();
         let pids: Vec<u64> = (first..first + self.schema.batch_size()).collect();
         let open_key = open_batch_key(&self.schema, batch);
         let sealed_key = self.schema.completed_batch(batch);
-        let (simple, open, sealed, pttl): BatchReply = retry(&self.conn, |mut c| {
-            let mut pipe = redis::pipe();
-            pipe.cmd("HMGET").arg(&keys.completed).arg(&pids);
-            pipe.cmd("HGETALL").arg(&open_key);
-            pipe.cmd("GET").arg(&sealed_key);
-            pipe.cmd("PTTL").arg(&sealed_key);
-            async move { pipe.query_async(&mut c).await }
-        })
-        .await?;
+        let (seg, slot) = SegmentRef::of(&self.schema, batch);
+        let seg_key = seg.key(&self.schema);
+        let cached = segment.as_ref().is_some_and(|(s, _)| *s == seg);
+        let ((simple, open, sealed, pttl), joined): (BatchReply, Option<SegmentRead>) =
+            retry(&self.conn, |mut c| {
+                let mut pipe = redis::pipe();
+                pipe.cmd("HMGET").arg(&keys.completed).arg(&pids);
+                pipe.cmd("HGETALL").arg(&open_key);
+                pipe.cmd("GET").arg(&sealed_key);
+                pipe.cmd("PTTL").arg(&sealed_key);
+                if !cached {
+                    pipe.cmd("GET").arg(&seg_key);
+                    pipe.cmd("PTTL").arg(&seg_key);
+                }
+                async move {
+                    if cached {
+                        let batch: BatchReply = pipe.query_async(&mut c).await?;
+                        Ok((batch, None))
+                    } else {
+                        let (a, b, c2, d, e, f) = pipe.query_async(&mut c).await?;
+                        Ok(((a, b, c2, d), Some((e, f))))
+                    }
+                }
+            })
+            .await?;
+        if let Some(read) = joined {
+            *segment = Some((seg, read));
+        }
         let corrupt = |key: &str, e: tranche_codec::Error| Error::Corrupt {
             key: key.to_owned(),
             detail: e.to_string(),
@@ -1076,6 +1300,33 @@ where
                 other => other,
             };
             records.extend(decoded.map_err(|e| corrupt(&sealed_key, e))?.records);
+        } else if let Some((_, (Some(seg_bytes), seg_ttl))) = segment.as_ref() {
+            let blob = segment::slot_of(seg_bytes, slot).map_err(|detail| Error::Corrupt {
+                key: seg_key.clone(),
+                detail,
+            })?;
+            if let Some(blob) = blob {
+                tier = if *seg_ttl >= 0 {
+                    Tier::Summary
+                } else {
+                    Tier::Compressed
+                };
+                let cached = self.dict.read().unwrap_or_else(|p| p.into_inner()).clone();
+                let decoded = match decode_binary_v2(blob, &cached) {
+                    Err(tranche_codec::Error::UnknownWorkerIndex(_)) => {
+                        decode_binary_v2(blob, &*self.load_dict().await?)
+                    }
+                    other => other,
+                };
+                let decoded = decoded.map_err(|e| corrupt(&seg_key, e))?;
+                if decoded.batch_id != batch {
+                    return Err(Error::Corrupt {
+                        key: seg_key,
+                        detail: format!("slot of batch {batch} holds batch {}", decoded.batch_id),
+                    });
+                }
+                records.extend(decoded.records);
+            }
         }
         if records.is_empty() {
             return Ok(None);
@@ -1095,15 +1346,15 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     async fn export(&self, created_ms: u64) -> Result<Dump> {
-        let mut ids = Vec::new();
+        let mut batches = Vec::new();
         for shard in self.schema.shards() {
-            ids.extend(self.shard_batches(shard).await?);
+            // A shard's batches in id order: each segment is read once.
+            let mut segment = None;
+            for id in self.shard_batches(shard).await? {
+                batches.extend(self.batch_records(id, &mut segment).await?);
+            }
         }
-        ids.sort_unstable();
-        let mut batches = Vec::with_capacity(ids.len());
-        for id in ids {
-            batches.extend(self.batch_records(id).await?);
-        }
+        batches.sort_unstable_by_key(|b: &DumpBatch| b.id);
         let dict = self.load_dict().await?;
         // Simple-tier and open records are JSON: their workers may not be in the
         // dictionary yet, and the dump's batches are binary v2.
