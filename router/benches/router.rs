@@ -51,15 +51,18 @@ const STATS_WITH_RANGES_SAMPLES: usize = 50;
 
 /// The seed's table (000): GetPartition active 0.5 ms, completed 3 ms, GetAllPartitions
 /// (active) 5 ms, statistics 50 ms; and this project's targets (p99).
-/// `stats_with_ranges()` has no target of its own (the seed's 50 ms is for its whole
+/// "floor: raw HGETALL" is the active hash's HGETALL sent and read whole on a plain
+/// socket, no client parsing: what Redis and the transfer alone cost for what
+/// `all_active` returns, timed beside it. `stats_with_ranges()` has no target of its own (the seed's 50 ms is for its whole
 /// statistics read); "of which summary" is `StatsStore::summary` alone, the statistics
 /// layer's part of `stats()`.
-const SEED_MS: [(&str, f64, f64); 8] = [
+const SEED_MS: [(&str, f64, f64); 9] = [
     ("get active", 0.5, 1.0),
     ("get simple", 3.0, 1.0),
     ("get compressed", 3.0, 1.0),
     ("get summary", 3.0, 1.0),
     ("all_active (10K)", 5.0, 5.0),
+    ("  floor: raw HGETALL", 5.0, f64::INFINITY),
     ("stats()", 50.0, 2.0),
     ("  of which summary", 50.0, 2.0),
     ("stats_with_ranges()", 50.0, f64::INFINITY),
@@ -112,6 +115,7 @@ async fn run() {
     let schema = archive_config.schema().unwrap();
     let active = Arc::new(RedisActiveStore::new(conn.clone(), active_config).unwrap());
     let archive = Arc::new(RedisArchive::new(conn.clone(), archive_config).unwrap());
+    let active_key = schema.active(0);
     let stats = Arc::new(RedisStats::new(conn.clone(), schema));
 
     let total = completed + ACTIVE + 1000;
@@ -213,6 +217,10 @@ async fn run() {
         assert_eq!(snapshot.partitions.len() as u64, ACTIVE);
     }
     rows.push(("all_active (10K)", percentiles(times)));
+    rows.push((
+        "  floor: raw HGETALL",
+        raw_hgetall(server.port(), &active_key),
+    ));
 
     let mut times = Vec::with_capacity(STATS_SAMPLES);
     for _ in 0..STATS_SAMPLES {
@@ -262,6 +270,38 @@ async fn run() {
     }
     println!("({completed} completed, {ACTIVE} active; one shard; default tier thresholds)");
     write_json(&rows, completed);
+}
+
+/// p50/p99 of `HGETALL key` written to a plain socket and read until the whole reply
+/// is in: the server's and the transfer's share of reading every active record.
+fn raw_hgetall(port: u16, key: &str) -> (f64, f64) {
+    use std::io::{Read, Write};
+    let mut socket = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    socket.set_nodelay(true).unwrap();
+    let command = format!("*2\r\n$7\r\nHGETALL\r\n${}\r\n{key}\r\n", key.len());
+    let mut buf = vec![0u8; 8 << 20];
+    // The reply's size, from one untimed read: wait for the first bytes, then read
+    // until the socket has stayed quiet for a moment.
+    socket.write_all(command.as_bytes()).unwrap();
+    let mut size = socket.read(&mut buf).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    while let Ok(n @ 1..) = socket.read(&mut buf[size..]) {
+        size += n;
+    }
+    socket.set_read_timeout(None).unwrap();
+    let mut times = Vec::with_capacity(ALL_ACTIVE_SAMPLES);
+    for _ in 0..ALL_ACTIVE_SAMPLES {
+        let t = Instant::now();
+        socket.write_all(command.as_bytes()).unwrap();
+        let mut got = 0;
+        while got < size {
+            got += socket.read(&mut buf[got..size]).unwrap();
+        }
+        times.push(t.elapsed());
+    }
+    percentiles(times)
 }
 
 /// Times `GET_SAMPLES` gets of pids drawn by `pick`, after a warm-up (scripts loaded,
@@ -326,6 +366,10 @@ fn write_json(rows: &[(&str, (f64, f64))], completed: u64) {
     };
     out.insert("get_p99_ms".into(), tiers(p99));
     out.insert("all_active_p99_ms".into(), field("all_active (10K)", p99));
+    out.insert(
+        "all_active_floor_p99_ms".into(),
+        field("  floor: raw HGETALL", p99),
+    );
     out.insert("stats_p99_ms".into(), field("stats()", p99));
     out.insert(
         "stats_summary_p99_ms".into(),
@@ -342,6 +386,7 @@ fn write_json(rows: &[(&str, (f64, f64))], completed: u64) {
             "active": ACTIVE,
             "get_p50_ms": tiers(p50),
             "all_active_p50_ms": field("all_active (10K)", p50),
+            "all_active_floor_p50_ms": field("  floor: raw HGETALL", p50),
             "stats_p50_ms": field("stats()", p50),
             "stats_with_ranges_p50_ms": field("stats_with_ranges()", p50),
         }),
