@@ -304,6 +304,12 @@ async fn full_segments_are_joined_and_read(kind: Kind, shards: u32) {
     h.assert_stats(&recs).await;
     // Joined: one key per segment, no batch keys; the last batch stays on its own.
     assert_joined(&h, shards).await;
+    // In order, each batch arrives whole and is sealed before its archive call, whose
+    // joins ride behind it: joined as well, without any compaction.
+    let in_order = Harness::with(kind, compressed_config(shards, u64::MAX, Duration::ZERO)).await;
+    in_order.complete(&recs).await;
+    in_order.drain().await;
+    assert_joined(&in_order, shards).await;
     // The dump holds every record, and comes back whole elsewhere.
     let dump = h.export.export(T0).await.unwrap();
     assert_eq!(dump.entries(), recs.len() as u64);

@@ -569,22 +569,31 @@ where
             for a in delta_args(&delta, now_ms()) {
                 inv.arg(a);
             }
-            let reply: Vec<i64> = retry(&self.conn, |mut c| {
+            // The batches this call seals whole may complete their segments: their joins
+            // are queued right behind the call on the same connection (one slot, so one
+            // node), which runs them after it, in the same round trip. A join re-checks
+            // everything, so one that runs on a refused call, or ahead of a call resent
+            // after NOSCRIPT, does nothing; compaction joins what it left.
+            let sealing: Vec<u64> = runs
+                .iter()
+                .zip(&full)
+                .filter(|(_, f)| **f)
+                .map(|((b, _), _)| *b)
+                .collect();
+            let call = retry(&self.conn, |mut c| {
                 let inv = &inv;
                 async move { inv.invoke_async(&mut c).await }
-            })
-            .await?;
+            });
+            let (reply, joined) =
+                futures_util::future::join(call, self.join_segments(sealing)).await;
+            let reply: Vec<i64> = reply?;
+            joined?;
             match reply.split_first() {
                 Some((1, rest)) => {
                     let n = rest.first().copied().unwrap_or(0) as usize;
-                    // The batches sealed whole by this call, whose segments may now be
-                    // complete.
-                    let mut whole: Vec<u64> = runs
-                        .iter()
-                        .zip(&full)
-                        .filter(|(_, f)| **f)
-                        .map(|((b, _), _)| *b)
-                        .collect();
+                    // The batches this call filled and `seal` sealed whole, whose
+                    // segments may now be complete.
+                    let mut whole = Vec::new();
                     // Seal the batches this call filled. A crash here leaves them open
                     // (readable, and sealed by the next compaction).
                     for (&batch, &len) in open.iter().zip(rest.iter().skip(1)) {
