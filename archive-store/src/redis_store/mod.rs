@@ -95,8 +95,10 @@ const MAX_SCRIPT_RECORDS: usize = 1000;
 /// and to seal full batches, but never encoded again. A batch complete within one call
 /// is sealed before the call and sent as its binary v2 string plus its first bit
 /// offset and record count (its bits are contiguous), with no per-record arguments.
-/// After a call that sealed batches whole, their segments are joined (`join.lua`) if
-/// every batch of them is whole now; compaction joins any segment a crash left unjoined.
+/// The segments of the batches a call seals whole are joined (`join.lua`, when every
+/// batch of them is whole) by calls queued right behind it, in the same round trip;
+/// those of batches sealed from their open hash, after the seal. Compaction joins any
+/// segment a crash left unjoined.
 /// `get.lua` reads a pid's batch key and its segment in the same script, so a lookup
 /// stays one round trip wherever the batch is.
 ///
