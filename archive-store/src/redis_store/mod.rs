@@ -88,7 +88,7 @@ const MAX_SCRIPT_RECORDS: usize = 1000;
 /// (`decode_failures`).
 ///
 /// A pass reads every shard's inbox at once and sends a shard's archive calls (up to
-/// [`MAX_SCRIPT_RECORDS`] records each, cut at batch boundaries) together, pipelined
+/// 1,000 records each, cut at batch boundaries) together, pipelined
 /// on the connection: on a cluster the shards' calls go to their own nodes in
 /// parallel. The simple tier and open batches store each record's inbox line as it
 /// arrived (the active store's `encode_json`), decoded once to check it, to count it
