@@ -1,7 +1,8 @@
 //! The archive layer of tranche: completed partitions, drained from the active store's
 //! inboxes into tiers, for ever queryable.
 //!
-//! [`Archiver`] drains (and [`run`] loops it); [`ArchiveQuery`] reads ([`Lookup`] says
+//! [`Archiver`] drains (and [`run`] loops it, publishing statistics snapshots as a
+//! [`SnapshotPolicy`] says); [`ArchiveQuery`] reads ([`Lookup`] says
 //! what is known of a pid); [`Compaction`] seals open batches and moves older records
 //! to the current [`Tier`]; [`Export`] and [`Import`] write and restore a [`Dump`].
 //! [`RedisArchive`] is the real implementation and [`MemoryArchive`] the embedded one;
@@ -38,6 +39,7 @@ mod memory;
 mod model;
 mod redis_store;
 mod segment;
+mod snapshots;
 mod state;
 mod store;
 
@@ -47,5 +49,6 @@ pub use memory::MemoryArchive;
 pub use model::{ArchivePass, Config, Lookup, RangePage, Tier};
 pub use redis_store::{RedisArchive, scripts};
 pub use segment::SEGMENT_BATCHES;
+pub use snapshots::{SnapshotPolicy, Snapshots};
 pub use state::{ARCHIVE_STATE_VERSION, ArchiveState};
 pub use store::{ArchiveQuery, Archiver, Compaction, Export, Import, run};

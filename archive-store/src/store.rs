@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use crate::Result;
 use crate::dump::Dump;
 use crate::model::{ArchivePass, Lookup, RangePage};
+use crate::snapshots::{Publisher, Snapshots};
 
 /// Drains the shards' inboxes into the archive.
 #[async_trait]
@@ -106,24 +107,40 @@ forward!(Arc<T>, Box<T>);
 /// entry waits at most that long, the seed's "every 30 s"). A failed pass is logged and
 /// retried after the idle wait; the loop never gives up on its own.
 ///
+/// With `snapshots`, it publishes statistics snapshots as their [`SnapshotPolicy`]
+/// says, each on a task of its own so archiving never waits for one (a failed snapshot
+/// is logged and the next one covers it); one still in flight at shutdown is waited
+/// for. Whoever archives after the loop (a final drain) publishes the last snapshot.
+///
 /// It polls instead of blocking in `XREADGROUP … BLOCK`: the Redis archiver shares one
 /// multiplexed connection, which a blocking read would stall for everyone, and a
 /// blocking read covers the streams of one slot only, so it would need a dedicated
 /// connection per shard. An idle poll costs one short round trip per shard.
-pub async fn run<A: Archiver + ?Sized>(archiver: &A, shutdown: impl Future<Output = ()>) {
+///
+/// [`SnapshotPolicy`]: crate::SnapshotPolicy
+pub async fn run<A: Archiver + ?Sized>(
+    archiver: &A,
+    snapshots: Option<Snapshots>,
+    shutdown: impl Future<Output = ()>,
+) {
     tokio::pin!(shutdown);
+    let mut publisher = snapshots.map(Publisher::new);
     let max = archiver.idle_wait().max(Duration::from_millis(1));
     let mut wait = Duration::from_millis(5).min(max);
     loop {
         let pause = match archiver.archive_once().await {
-            Ok(pass) if pass.entries > 0 => {
-                wait = Duration::from_millis(5).min(max);
-                Duration::ZERO
-            }
-            Ok(_) => {
-                let w = wait;
-                wait = (wait * 2).min(max);
-                w
+            Ok(pass) => {
+                if let Some(p) = &mut publisher {
+                    p.after(&pass);
+                }
+                if pass.entries > 0 {
+                    wait = Duration::from_millis(5).min(max);
+                    Duration::ZERO
+                } else {
+                    let w = wait;
+                    wait = (wait * 2).min(max);
+                    w
+                }
             }
             Err(err) => {
                 tracing::warn!(%err, "archive pass failed");
@@ -131,9 +148,12 @@ pub async fn run<A: Archiver + ?Sized>(archiver: &A, shutdown: impl Future<Outpu
             }
         };
         tokio::select! {
-            () = &mut shutdown => return,
+            () = &mut shutdown => break,
             () = tokio::time::sleep(pause) => {}
         }
+    }
+    if let Some(p) = publisher {
+        p.finish().await;
     }
 }
 

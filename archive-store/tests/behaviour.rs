@@ -14,7 +14,7 @@ use redis::AsyncCommands;
 use tranche_active_store::RedisConnection;
 use tranche_archive_store::{
     ArchivePass, ArchiveQuery, Archiver, Compaction, Config, Dump, Export, Import, Lookup,
-    MemoryArchive, RedisArchive, SEGMENT_BATCHES, Tier,
+    MemoryArchive, RedisArchive, SEGMENT_BATCHES, SnapshotPolicy, Snapshots, Tier,
 };
 use tranche_codec::{CompletedRecord, KeySchema, encode_json};
 use tranche_stats::{MemoryStats, RedisStats, Stats, StatsStore, diff};
@@ -272,6 +272,8 @@ suite!(
     full_segments_are_joined_and_read,
     joined_segments_expire_together,
     compaction_joins_segments_from_the_simple_tier,
+    run_publishes_a_snapshot_every_n_archive_batches,
+    run_publishes_after_the_interval_only_when_something_was_archived,
 );
 
 /// Every pid of segment 0 of every shard (batches `0..10 * shards`), and a few beyond.
@@ -939,4 +941,147 @@ async fn read_as(h: &Harness, name: &str) {
             .await
             .unwrap();
     }
+}
+
+/// The archiver loop ([`tranche_archive_store::run`]) with `policy`, on a task of its
+/// own; dropping or firing the sender stops it.
+fn start_run(
+    h: &Harness,
+    policy: SnapshotPolicy,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let archiver = h.archiver.clone();
+    let snapshots = Snapshots {
+        stats: h.stats.clone(),
+        policy,
+    };
+    let task = tokio::spawn(async move {
+        tranche_archive_store::run(&*archiver, Some(snapshots), async {
+            let _ = stopped.await;
+        })
+        .await;
+    });
+    (stop, task)
+}
+
+/// Polls `check` until it returns `Some`, for at most ten seconds.
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The latest snapshot's version and completed count (0, 0 before the first).
+async fn latest(h: &Harness) -> (u64, u64) {
+    h.stats
+        .latest_snapshot()
+        .await
+        .unwrap()
+        .map_or((0, 0), |s| {
+            (s.version, s.stats.global_stats.total_completed)
+        })
+}
+
+/// Completes `pid` alone (one inbox entry, so one archive batch) and waits until the
+/// running archiver has archived it.
+async fn archive_alone(h: &Harness, pid: u64) {
+    let r = record(pid);
+    h.complete(std::slice::from_ref(&r)).await;
+    eventually(&format!("pid {pid} archived"), || async {
+        matches!(h.get(pid).await, Lookup::Archived { .. }).then_some(())
+    })
+    .await;
+}
+
+async fn run_publishes_a_snapshot_every_n_archive_batches(kind: Kind, shards: u32) {
+    let h = Harness::new(kind, shards).await;
+    let policy = SnapshotPolicy {
+        every: 2,
+        interval: Duration::from_secs(3600),
+    };
+    let (stop, task) = start_run(&h, policy);
+    // Every second batch publishes, off the archiving path: each snapshot holds what
+    // was archived when it started, and no record is archived while one is awaited.
+    for pid in 1..=6 {
+        archive_alone(&h, pid).await;
+        if pid % 2 == 0 {
+            let want = (pid / 2, pid);
+            eventually(&format!("snapshot {want:?}"), || async {
+                (latest(&h).await == want).then_some(())
+            })
+            .await;
+        } else {
+            // One batch since the last snapshot: none is due. The archiver's passes go
+            // on meanwhile (it polls the empty inboxes).
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert_eq!(
+                latest(&h).await,
+                ((pid - 1) / 2, pid - 1),
+                "after pid {pid}"
+            );
+        }
+    }
+    // Passes that archive nothing (a replay of archived records) are no batches.
+    h.complete(&records(1..=6)).await;
+    h.complete(&records(1..=6)).await;
+    eventually("the replays read", || async {
+        (h.archiver.archive_once().await.unwrap().entries == 0).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(latest(&h).await, (3, 6));
+    stop.send(()).unwrap();
+    task.await.unwrap();
+    h.assert_stats(&records(1..=6)).await;
+}
+
+async fn run_publishes_after_the_interval_only_when_something_was_archived(
+    kind: Kind,
+    shards: u32,
+) {
+    let h = Harness::with(
+        kind,
+        Config {
+            num_shards: shards,
+            consumer: "a1".into(),
+            // Idle passes at most 50 ms apart, so the interval is noticed soon after.
+            block: Duration::from_millis(50),
+            ..Config::default()
+        },
+    )
+    .await;
+    let policy = SnapshotPolicy {
+        every: 1000,
+        interval: Duration::from_millis(300),
+    };
+    let (stop, task) = start_run(&h, policy);
+    // Idle from the start: nothing archived, nothing published.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(latest(&h).await, (0, 0));
+    // One batch, far below `every`: the interval publishes it.
+    archive_alone(&h, 7).await;
+    eventually("a snapshot after the interval", || async {
+        (latest(&h).await == (1, 1)).then_some(())
+    })
+    .await;
+    // Idle again: more intervals pass, and no snapshot repeats the last.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(latest(&h).await, (1, 1));
+    stop.send(()).unwrap();
+    task.await.unwrap();
 }

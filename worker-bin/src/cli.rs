@@ -199,6 +199,8 @@ pub(crate) struct RunArgs {
     pub(crate) no_heartbeat: bool,
     #[command(flatten)]
     pub(crate) tiers: TierArgs,
+    #[command(flatten)]
+    pub(crate) snapshots: SnapshotArgs,
 }
 
 /// Archive tier settings (`run`, `archive`).
@@ -235,6 +237,30 @@ pub(crate) struct ArchiveArgs {
     pub(crate) follow: bool,
     #[command(flatten)]
     pub(crate) tiers: TierArgs,
+    #[command(flatten)]
+    pub(crate) snapshots: SnapshotArgs,
+}
+
+/// When the archiver publishes statistics snapshots (`run`, `archive`).
+#[derive(Debug, Clone, Args)]
+pub(crate) struct SnapshotArgs {
+    /// Publish a statistics snapshot after this many archive batches (passes that
+    /// archived something).
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) snapshot_every: u32,
+    /// Publish one after this long too, if anything was archived since the last.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub(crate) snapshot_interval: Duration,
+}
+
+impl SnapshotArgs {
+    /// The archiver's snapshot policy.
+    pub(crate) fn policy(&self) -> tranche_archive_store::SnapshotPolicy {
+        tranche_archive_store::SnapshotPolicy {
+            every: self.snapshot_every,
+            interval: self.snapshot_interval,
+        }
+    }
 }
 
 /// `status`.

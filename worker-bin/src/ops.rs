@@ -9,12 +9,14 @@ use anyhow::{Context, Result, bail};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tranche_active_store::{Config as ActiveConfig, Plan, PlanEntry, StatusCounts};
-use tranche_archive_store::{Dump, DumpPlan};
+use tranche_archive_store::{Dump, DumpPlan, Snapshots};
 use tranche_codec::{KeySchema, Status};
 use tranche_stats::{Stats, StatsDelta, diff};
 
 use crate::backend::{Backend, Open, Tuning};
-use crate::cli::{Cli, Command, ExportArgs, HealthArgs, PlanArgs, RunArgs, StatusArgs, TierArgs};
+use crate::cli::{
+    ArchiveArgs, Cli, Command, ExportArgs, HealthArgs, PlanArgs, RunArgs, StatusArgs,
+};
 use crate::job::Job;
 use crate::render;
 use crate::work::until;
@@ -44,7 +46,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             .await
         }
         Command::Run(args) => run(g, args).await,
-        Command::Archive(args) => archive(g, args.follow, args.tiers).await,
+        Command::Archive(args) => archive(g, args).await,
         Command::Status(args) => {
             status(
                 &Backend::open(g, Open::Existing, Tuning::default()).await?,
@@ -290,6 +292,7 @@ async fn run(g: &crate::cli::Global, args: RunArgs) -> Result<Outcome> {
         reaper: !args.no_reaper,
         archiver: !args.no_archiver,
         heartbeat: !args.no_heartbeat,
+        snapshots: args.snapshots.policy(),
         save_every: Duration::from_secs(2),
     };
     let memory_before = backend.used_memory().await;
@@ -337,7 +340,12 @@ async fn embedded_archive_bytes(backend: &Backend) -> Option<render::ArchiveByte
     (entries > 0).then(|| render::ArchiveBytes::Dump(bytes as f64 / entries as f64))
 }
 
-async fn archive(g: &crate::cli::Global, follow: bool, tiers: TierArgs) -> Result<Outcome> {
+async fn archive(g: &crate::cli::Global, args: ArchiveArgs) -> Result<Outcome> {
+    let ArchiveArgs {
+        follow,
+        tiers,
+        snapshots,
+    } = args;
     let tuning = Tuning {
         tiers: Some(tiers),
         consumer: format!("archiver-{}-{}", work::hostname(), std::process::id()),
@@ -349,7 +357,11 @@ async fn archive(g: &crate::cli::Global, follow: bool, tiers: TierArgs) -> Resul
     backend.ensure_writable()?;
     if follow {
         let mut s = stop.clone();
-        tranche_archive_store::run(backend.archive.as_ref(), async move {
+        let snapshots = Snapshots {
+            stats: backend.stats.clone(),
+            policy: snapshots.policy(),
+        };
+        tranche_archive_store::run(backend.archive.as_ref(), Some(snapshots), async move {
             let _ = s.wait_for(|s| *s != Stop::Running).await;
         })
         .await;

@@ -20,6 +20,7 @@ use tracing::Instrument;
 use tranche_active_store::{
     ActiveStore, Error as ActiveError, FailOutcome, Lease, StatusCounts, WorkerInfo,
 };
+use tranche_archive_store::{SnapshotPolicy, Snapshots};
 use tranche_window::SlidingWindow;
 
 use crate::backend::Backend;
@@ -51,6 +52,8 @@ pub(crate) struct Settings {
     pub(crate) reaper: bool,
     pub(crate) archiver: bool,
     pub(crate) heartbeat: bool,
+    /// When the archiver publishes statistics snapshots.
+    pub(crate) snapshots: SnapshotPolicy,
     /// How often the embedded backend saves its state while running.
     pub(crate) save_every: Duration,
 }
@@ -134,14 +137,17 @@ pub(crate) async fn run(
     }
     if settings.archiver {
         let archive = backend.archive.clone();
+        let snapshots = Snapshots {
+            stats: backend.stats.clone(),
+            policy: settings.snapshots,
+        };
         let mut rx = bg_rx.clone();
         background.spawn(async move {
-            tranche_archive_store::run(archive.as_ref(), async move {
+            tranche_archive_store::run(archive.as_ref(), Some(snapshots), async move {
                 let _ = rx.wait_for(|done| *done).await;
             })
             .await;
         });
-        background.spawn(snapshots(backend.stats.clone(), bg_rx.clone()));
     }
     let progress = Progress::start(backend, bg_rx.clone()).await?;
 
@@ -505,19 +511,6 @@ async fn worker_heartbeat(
         tokio::select! {
             () = until(&mut done, |d| *d) => return,
             () = tokio::time::sleep(Duration::from_secs(5)) => {}
-        }
-    }
-}
-
-/// Publishes a statistics snapshot every minute while archiving.
-async fn snapshots(stats: Arc<dyn tranche_stats::StatsStore>, mut done: watch::Receiver<bool>) {
-    loop {
-        tokio::select! {
-            () = until(&mut done, |d| *d) => return,
-            () = tokio::time::sleep(Duration::from_secs(60)) => {}
-        }
-        if let Err(err) = stats.publish_snapshot().await {
-            tracing::warn!(%err, "statistics snapshot failed");
         }
     }
 }
