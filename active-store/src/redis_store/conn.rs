@@ -1,6 +1,7 @@
 //! Connecting to Redis, standalone or cluster, and retrying through dropped connections.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -8,13 +9,20 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
+use super::bulk::BulkReader;
+
 /// A connection to a standalone Redis or a Redis Cluster, chosen by asking the server.
 ///
 /// Cheap to clone (clones share one multiplexed connection), reconnects by itself, and
 /// works with `rediss://` URLs and passwords (`redis://:secret@host:6379`). Every store
 /// takes any [`ConnectionLike`] + `Clone`, so this type is a convenience, not a must.
 #[derive(Clone)]
-pub struct RedisConnection(Inner);
+pub struct RedisConnection {
+    inner: Inner,
+    /// A second connection for big reads (see `bulk.rs`), for a standalone server over
+    /// TCP or a Unix socket; opened on first use.
+    bulk: Option<Arc<BulkReader>>,
+}
 
 #[derive(Clone)]
 enum Inner {
@@ -24,7 +32,7 @@ enum Inner {
 
 impl std::fmt::Debug for RedisConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self.0 {
+        f.write_str(match self.inner {
             Inner::Single(_) => "RedisConnection::Single",
             Inner::Cluster(_) => "RedisConnection::Cluster",
         })
@@ -59,20 +67,31 @@ impl RedisConnection {
                 .response_timeout(Duration::from_secs(10))
                 .build()?;
             let conn = cluster.get_async_connection().await?;
-            return Ok(Self(Inner::Cluster(conn)));
+            return Ok(Self {
+                inner: Inner::Cluster(conn),
+                bulk: None,
+            });
         }
-        Ok(Self(Inner::Single(single)))
+        Ok(Self {
+            inner: Inner::Single(single),
+            bulk: BulkReader::for_server(client.get_connection_info()).map(Arc::new),
+        })
     }
 
     /// Whether this is a cluster connection.
     pub fn is_cluster(&self) -> bool {
-        matches!(self.0, Inner::Cluster(_))
+        matches!(self.inner, Inner::Cluster(_))
+    }
+
+    /// The big-read connection, if this connection has one.
+    pub(crate) fn bulk_reader(&self) -> Option<Arc<BulkReader>> {
+        self.bulk.clone()
     }
 }
 
 impl ConnectionLike for RedisConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match &mut self.0 {
+        match &mut self.inner {
             Inner::Single(c) => c.req_packed_command(cmd),
             Inner::Cluster(c) => c.req_packed_command(cmd),
         }
@@ -84,14 +103,14 @@ impl ConnectionLike for RedisConnection {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        match &mut self.0 {
+        match &mut self.inner {
             Inner::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Inner::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
-        match &self.0 {
+        match &self.inner {
             Inner::Single(c) => c.get_db(),
             Inner::Cluster(c) => c.get_db(),
         }

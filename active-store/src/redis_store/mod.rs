@@ -1,5 +1,6 @@
 //! The Redis backend: every state change is one Lua script on one shard's hash slot.
 
+mod bulk;
 mod conn;
 mod record;
 
@@ -74,6 +75,14 @@ const MAX_SCRIPT_BATCH: usize = 1000;
 /// Field/value pairs of a hash, as read.
 type Pairs = Vec<(String, String)>;
 
+/// One shard as `all_active` read it: the active hash's (pid, record) pairs, borrowed
+/// from the reply, and the shard's plan list and cursors.
+struct ShardRead<'a> {
+    entries: Vec<(&'a [u8], &'a [u8])>,
+    plans: Vec<String>,
+    cursor: Pairs,
+}
+
 /// What [`RedisActiveStore::read_counts`] reads of one shard.
 type CountsRead = (Vec<Option<i64>>, u64, Vec<String>, Pairs);
 
@@ -93,10 +102,17 @@ const DUPLICATE: i64 = 0;
 /// `{ns}:workers`.
 ///
 /// Generic over the connection so any multiplexed [`ConnectionLike`] works;
-/// [`RedisConnection`] picks standalone or cluster by asking the server.
+/// [`RedisConnection`] picks standalone or cluster by asking the server. Over a
+/// [`RedisConnection`] to a standalone server (TCP or a Unix socket, not TLS),
+/// [`ActiveQuery::all_active`] reads on a second connection of the store's own, named
+/// `tranche-bulk`, whose replies it scans in place: redis-rs would parse each of the
+/// hash's elements into a value of its own, which costs more than Redis takes to send
+/// them. Any failure there falls back to the ordinary read.
 #[derive(Debug)]
 pub struct RedisActiveStore<C = RedisConnection> {
     conn: C,
+    /// The big-read connection, when `conn` is a [`RedisConnection`] that has one.
+    bulk: Option<Arc<bulk::BulkReader>>,
     config: Config,
     layout: Layout,
     clock: Arc<dyn Clock>,
@@ -186,6 +202,9 @@ where
                 .into(),
             registry_key: schema.plans(),
             workers_key: schema.workers(),
+            bulk: (&conn as &dyn std::any::Any)
+                .downcast_ref::<RedisConnection>()
+                .and_then(RedisConnection::bulk_reader),
             conn,
             layout,
             clock,
@@ -200,6 +219,7 @@ where
     fn detached(&self) -> Self {
         Self {
             conn: self.conn.clone(),
+            bulk: self.bulk.clone(),
             config: self.config.clone(),
             layout: self.layout.clone(),
             clock: self.clock.clone(),
@@ -432,6 +452,69 @@ where
                 .await
         })
         .await?)
+    }
+
+    /// Every shard's `read_shard` on the bulk connection, in one write; `None` (logged
+    /// by the reader) when it fails, so the caller reads the ordinary way.
+    async fn read_shards_bulk(&self, reader: &bulk::BulkReader) -> Option<bulk::Replies> {
+        let mut commands: Vec<Vec<&[u8]>> = Vec::with_capacity(self.keys.len() * 5);
+        for keys in self.keys.iter() {
+            commands.push(vec![b"MULTI"]);
+            commands.push(vec![b"HGETALL", keys.active.as_bytes()]);
+            commands.push(vec![b"LRANGE", keys.plans.as_bytes(), b"0", b"-1"]);
+            commands.push(vec![b"HGETALL", keys.cursor.as_bytes()]);
+            commands.push(vec![b"EXEC"]);
+        }
+        reader.query(&commands).await.ok()
+    }
+
+    /// The shards' reads out of [`read_shards_bulk`](Self::read_shards_bulk)'s replies,
+    /// borrowed from them; `None` if they are not what the commands answer (an error
+    /// reply, say), for the ordinary read to report.
+    fn shard_reads<'a>(&self, replies: &'a bulk::Replies) -> Option<Vec<ShardRead<'a>>> {
+        use bulk::Frame;
+        let text = |f: &Frame| match f {
+            Frame::Bulk(r) => String::from_utf8(replies.bytes(r).to_vec()).ok(),
+            _ => None,
+        };
+        let bytes = |f: &'a Frame| match f {
+            Frame::Bulk(r) => Some(replies.bytes(r)),
+            _ => None,
+        };
+        let frames = replies.frames();
+        if frames.len() != self.keys.len() * 5 {
+            return None;
+        }
+        frames
+            .chunks_exact(5)
+            .map(|shard| {
+                let Frame::Array(exec) = &shard[4] else {
+                    return None;
+                };
+                let [
+                    Frame::Array(active),
+                    Frame::Array(plans),
+                    Frame::Array(cursor),
+                ] = exec.as_slice()
+                else {
+                    return None;
+                };
+                if active.len() % 2 != 0 || cursor.len() % 2 != 0 {
+                    return None;
+                }
+                Some(ShardRead {
+                    entries: active
+                        .chunks_exact(2)
+                        .map(|kv| Some((bytes(&kv[0])?, bytes(&kv[1])?)))
+                        .collect::<Option<_>>()?,
+                    plans: plans.iter().map(text).collect::<Option<_>>()?,
+                    cursor: cursor
+                        .chunks_exact(2)
+                        .map(|kv| Some((text(&kv[0])?, text(&kv[1])?)))
+                        .collect::<Option<_>>()?,
+                })
+            })
+            .collect()
     }
 
     /// One shard's counters (`p`, `c`, `r`, `f`, then the mark `v`), the number of its
@@ -1138,23 +1221,54 @@ where
 
     async fn all_active(&self) -> Result<ActiveSnapshot> {
         // One round trip: every shard's read is sent before any answer is awaited, so
-        // they share the multiplexed connection's pipeline. The records are parsed
-        // straight from the reply's bytes, sorted by pid as (pid, bytes) pairs before
-        // any partition is built. The cached registry supplies uniform plans' ranges
-        // (plans are append-only); only a record of a plan added since it was read
-        // costs a second round trip, to read it again.
-        let reads = join_all((0..self.layout.shards()).map(|s| self.read_shard(s))).await;
-        let reads = reads.into_iter().collect::<Result<Vec<_>>>()?;
+        // they share one pipeline, on the bulk connection when there is one (its
+        // replies are scanned in place) and otherwise on the multiplexed connection.
+        // The records are parsed straight from the reply's bytes, sorted by pid as
+        // (pid, bytes) pairs before any partition is built. The cached registry
+        // supplies uniform plans' ranges (plans are append-only); only a record of a
+        // plan added since it was read costs a second round trip, to read it again.
+        let bulk = match &self.bulk {
+            Some(reader) => self.read_shards_bulk(reader).await,
+            None => None,
+        };
+        let actives: Vec<redis::Value>;
+        let reads = match bulk.as_ref().and_then(|r| self.shard_reads(r)) {
+            Some(reads) => reads,
+            None => {
+                let values = join_all((0..self.layout.shards()).map(|s| self.read_shard(s)))
+                    .await
+                    .into_iter()
+                    .collect::<Result<Vec<_>>>()?;
+                let rest;
+                (actives, rest) = values
+                    .into_iter()
+                    .map(|(active, plans, cursor)| (active, (plans, cursor)))
+                    .unzip::<_, _, Vec<_>, Vec<_>>();
+                actives
+                    .iter()
+                    .zip(rest)
+                    .zip(self.keys.iter())
+                    .map(|((active, (plans, cursor)), keys)| {
+                        let entries =
+                            record::hash_entries(active).ok_or_else(|| Error::Corrupt {
+                                key: keys.active.clone(),
+                                detail: "the reply to HGETALL is not a hash".into(),
+                            })?;
+                        Ok(ShardRead {
+                            entries,
+                            plans,
+                            cursor,
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?
+            }
+        };
         let mut snapshot = ActiveSnapshot::default();
         let mut records = Vec::new();
-        for (shard, (active, plans, cursor)) in (0..).zip(&reads) {
+        for (shard, read) in (0..).zip(&reads) {
             let key = &self.keys[shard as usize].active;
-            let entries = record::hash_entries(active).ok_or_else(|| Error::Corrupt {
-                key: key.clone(),
-                detail: "the reply to HGETALL is not a hash".into(),
-            })?;
-            records.reserve(entries.len());
-            for (pid, rec) in entries {
+            records.reserve(read.entries.len());
+            for &(pid, rec) in &read.entries {
                 let pid = record::parse_u64(pid).ok_or_else(|| Error::Corrupt {
                     key: key.clone(),
                     detail: format!("field {:?} is not a pid", String::from_utf8_lossy(pid)),
@@ -1163,7 +1277,7 @@ where
             }
             snapshot
                 .unissued
-                .extend(self.unissued(shard, plans, cursor)?);
+                .extend(self.unissued(shard, &read.plans, &read.cursor)?);
         }
         records.sort_unstable_by_key(|&(pid, ..)| pid);
         let cached = self.partitions(&records, &read(&self.registry))?;

@@ -81,6 +81,19 @@ pub(super) fn parse_u64(s: &[u8]) -> Option<u64> {
     if s.is_empty() || s.len() > 20 {
         return None;
     }
+    if s.len() < 20 {
+        // Below 10^19 < 2^64: no digit can overflow, so no check per digit (this runs
+        // some eighty thousand times in one `all_active` over 10,000 partitions).
+        let mut n = 0u64;
+        for &b in s {
+            let digit = b.wrapping_sub(b'0');
+            if digit > 9 {
+                return None;
+            }
+            n = n * 10 + u64::from(digit);
+        }
+        return Some(n);
+    }
     s.iter().try_fold(0u64, |n, &b| {
         let digit = b.checked_sub(b'0').filter(|d| *d < 10)?;
         n.checked_mul(10)?.checked_add(u64::from(digit))

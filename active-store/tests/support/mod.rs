@@ -45,6 +45,19 @@ impl TestRedis {
         Self::spawn(&["--requirepass", password])
     }
 
+    /// A server that also listens on the Unix socket `path` (`unix://PATH` URLs).
+    pub fn start_with_unix_socket(path: &std::path::Path) -> Self {
+        let path = path.to_str().unwrap().to_owned();
+        Self::spawn_with(move |_| {
+            vec![
+                "--unixsocket".into(),
+                path.clone(),
+                "--unixsocketperm".into(),
+                "700".into(),
+            ]
+        })
+    }
+
     /// A server speaking TLS only, with the PEM certificate and key files given; connect
     /// with [`TestRedis::tls_url`].
     pub fn start_tls(cert: &std::path::Path, key: &std::path::Path) -> Self {
