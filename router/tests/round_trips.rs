@@ -11,7 +11,7 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -314,13 +314,25 @@ async fn answers_stay_legal_while_partitions_move(
     // What the workload has finished doing to each pid, set once its call returned.
     let known: Arc<Vec<AtomicU8>> = Arc::new((0..=300).map(|_| AtomicU8::new(UNISSUED)).collect());
     let stop = Arc::new(AtomicBool::new(false));
+    // Answers given by all readers so far. The workload waits for a few before each
+    // round: spawned first, it could otherwise finish before a reader got a thread
+    // (seen on a loaded CI machine, with no answer at all).
+    let answered = Arc::new(AtomicU64::new(0));
 
     // The workload: claim a few, complete them, now and then drain the inbox.
     let workload = {
-        let (known, stop) = (known.clone(), stop.clone());
+        let (known, stop, answered) = (known.clone(), stop.clone(), answered.clone());
         tokio::spawn(async move {
             let mut leases = Vec::new();
             for round in 0.. {
+                let due = answered.load(Ordering::SeqCst) + 8;
+                tokio::time::timeout(Duration::from_secs(30), async {
+                    while answered.load(Ordering::SeqCst) < due {
+                        tokio::task::yield_now().await;
+                    }
+                })
+                .await
+                .expect("the readers stopped answering");
                 let got = active.claim("w1", 3).await.unwrap();
                 if got.is_empty() && leases.is_empty() {
                     break;
@@ -353,7 +365,12 @@ async fn answers_stay_legal_while_partitions_move(
     // reader must never see a pid go backwards.
     let readers: Vec<_> = (0..4u64)
         .map(|r| {
-            let (router, known, stop) = (router.clone(), known.clone(), stop.clone());
+            let (router, known, stop, answered) = (
+                router.clone(),
+                known.clone(),
+                stop.clone(),
+                answered.clone(),
+            );
             tokio::spawn(async move {
                 let mut seen = vec![0u8; 301];
                 let mut answers = [0u64; 4];
@@ -393,6 +410,7 @@ async fn answers_stay_legal_while_partitions_move(
                     assert!(now >= seen[pid as usize], "pid {pid} went back to {view:?}");
                     seen[pid as usize] = now;
                     answers[now as usize] += 1;
+                    answered.fetch_add(1, Ordering::SeqCst);
                     // The memory backends never wait: let the workload run.
                     tokio::task::yield_now().await;
                 }
