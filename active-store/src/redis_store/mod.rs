@@ -107,7 +107,9 @@ const DUPLICATE: i64 = 0;
 /// [`ActiveQuery::all_active`] reads on a second connection of the store's own, named
 /// `tranche-bulk`, whose replies it scans in place: redis-rs would parse each of the
 /// hash's elements into a value of its own, which costs more than Redis takes to send
-/// them. Any failure there falls back to the ordinary read.
+/// them. That read holds a thread of tokio's blocking pool while it lasts (a
+/// blocking socket; see `ARCHITECTURE.md`). Any failure there falls back to the
+/// ordinary read.
 #[derive(Debug)]
 pub struct RedisActiveStore<C = RedisConnection> {
     conn: C,
@@ -456,7 +458,7 @@ where
 
     /// Every shard's `read_shard` on the bulk connection, in one write; `None` (logged
     /// by the reader) when it fails, so the caller reads the ordinary way.
-    async fn read_shards_bulk(&self, reader: &bulk::BulkReader) -> Option<bulk::Replies> {
+    async fn read_shards_bulk(&self, reader: &Arc<bulk::BulkReader>) -> Option<bulk::Replies> {
         let mut commands: Vec<Vec<&[u8]>> = Vec::with_capacity(self.keys.len() * 5);
         for keys in self.keys.iter() {
             commands.push(vec![b"MULTI"]);
