@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use redis::{ConnectionAddr, ConnectionInfo};
+use redis::{ConnectionAddr, ConnectionInfo, Pipeline};
 
 /// How long one exchange (connecting included) may take: the main connection's
 /// response timeout. A server that stops answering is given up on within it; one that
@@ -160,18 +160,16 @@ impl BulkReader {
         })
     }
 
-    /// Sends `commands` in one write and reads their replies. A connection that failed
-    /// (or that the server closed while idle) is replaced once before giving up.
+    /// Sends `pipelines` in one write and reads their replies (a transaction's MULTI and
+    /// EXEC included). A connection that failed (or that the server closed while idle)
+    /// is replaced once before giving up.
     ///
     /// The exchange runs on the blocking pool (see the type's docs). A caller that
     /// gives up (drops this future) leaves it to finish there, so the connection is
     /// never left holding a reply that the next exchange would read as its own.
-    pub(crate) async fn query(self: &Arc<Self>, commands: &[Vec<&[u8]>]) -> io::Result<Replies> {
-        let mut out = Vec::new();
-        for command in commands {
-            encode(command, &mut out);
-        }
-        let (this, replies, span) = (self.clone(), commands.len(), tracing::Span::current());
+    pub(crate) async fn query(self: &Arc<Self>, pipelines: &[Pipeline]) -> io::Result<Replies> {
+        let (out, replies) = pack(pipelines);
+        let (this, span) = (self.clone(), tracing::Span::current());
         let result = tokio::task::spawn_blocking(move || {
             span.in_scope(|| this.query_once_reconnecting(&out, replies))
         })
@@ -241,24 +239,20 @@ impl BulkReader {
             }
             Addr::Unix(path) => Box::new(UnixStream::connect(path)?),
         };
-        let db = self.db.to_string();
-        let mut setup: Vec<Vec<&[u8]>> = Vec::new();
+        let mut setup = redis::pipe();
         match (&self.username, &self.password) {
-            (Some(user), Some(pass)) => setup.push(vec![b"AUTH", user.as_bytes(), pass.as_bytes()]),
-            (None, Some(pass)) => setup.push(vec![b"AUTH", pass.as_bytes()]),
-            _ => {}
-        }
+            (Some(user), Some(pass)) => setup.cmd("AUTH").arg(user).arg(pass),
+            (None, Some(pass)) => setup.cmd("AUTH").arg(pass),
+            _ => &mut setup,
+        };
         if self.db != 0 {
-            setup.push(vec![b"SELECT", db.as_bytes()]);
+            setup.cmd("SELECT").arg(self.db);
         }
-        setup.push(vec![b"CLIENT", b"SETNAME", CLIENT_NAME]);
-        let mut out = Vec::new();
-        for command in &setup {
-            encode(command, &mut out);
-        }
-        let replies = round_trip(&mut *io, &out, setup.len(), 0, deadline)?;
+        setup.cmd("CLIENT").arg("SETNAME").arg(CLIENT_NAME);
+        let (out, count) = pack(std::slice::from_ref(&setup));
+        let replies = round_trip(&mut *io, &out, count, 0, deadline)?;
         // AUTH and SELECT must succeed; the name is a courtesy (an ACL may forbid it).
-        for frame in &replies.frames()[..setup.len() - 1] {
+        for frame in &replies.frames()[..count - 1] {
             if let Frame::Error(e) = frame {
                 let e = String::from_utf8_lossy(replies.bytes(e)).into_owned();
                 return Err(io::Error::new(io::ErrorKind::PermissionDenied, e));
@@ -321,14 +315,15 @@ fn malformed(what: &'static str) -> io::Error {
     )
 }
 
-/// Appends `args` as a RESP command.
-fn encode(args: &[&[u8]], out: &mut Vec<u8>) {
-    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
-    for a in args {
-        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
+/// `pipelines` encoded one after another by redis-rs, and how many replies they get.
+fn pack(pipelines: &[Pipeline]) -> (Vec<u8>, usize) {
+    let mut out = Vec::new();
+    let mut replies = 0;
+    for pipeline in pipelines {
+        out.extend_from_slice(&pipeline.get_packed_pipeline());
+        replies += pipeline.len() + if pipeline.is_transaction() { 2 } else { 0 };
     }
+    (out, replies)
 }
 
 /// A reply's first line: its type byte, its text, and where the next line starts.
@@ -567,10 +562,17 @@ mod tests {
     }
 
     #[test]
-    fn commands_are_encoded_as_resp_arrays() {
-        let mut out = Vec::new();
-        encode(&[b"HGETALL", b"{elk:0}:active"], &mut out);
-        assert_eq!(out, b"*2\r\n$7\r\nHGETALL\r\n$14\r\n{elk:0}:active\r\n");
+    fn a_transaction_gets_multi_and_exec_replies_too() {
+        let mut read = redis::pipe();
+        read.atomic()
+            .hgetall("{elk:0}:active")
+            .lrange("{elk:0}:plans", 0, -1);
+        let mut plain = redis::pipe();
+        plain.cmd("PING");
+        let (out, replies) = pack(&[read.clone(), plain]);
+        assert_eq!(replies, 4 + 1);
+        assert!(out.starts_with(&read.get_packed_pipeline()));
+        assert!(out.ends_with(b"*1\r\n$4\r\nPING\r\n"));
     }
 
     proptest::proptest! {

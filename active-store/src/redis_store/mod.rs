@@ -441,33 +441,35 @@ where
 
     /// One shard's records, plan list and cursors, read in one transaction so that a
     /// claim cannot slip between the reads and leave its pids in neither the records
-    /// nor the unissued runs. The records stay one raw reply, parsed in place.
-    async fn read_shard(&self, shard: u32) -> Result<(redis::Value, Vec<String>, Pairs)> {
+    /// nor the unissued runs.
+    fn shard_read(&self, shard: u32) -> redis::Pipeline {
         let keys = &self.keys[shard as usize];
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .hgetall(&keys.active)
+            .lrange(&keys.plans, 0, -1)
+            .hgetall(&keys.cursor);
+        pipe
+    }
+
+    /// [`shard_read`](Self::shard_read) through redis-rs. The records stay one raw
+    /// reply, parsed in place.
+    async fn read_shard(&self, shard: u32) -> Result<(redis::Value, Vec<String>, Pairs)> {
+        let pipe = &self.shard_read(shard);
         Ok(retry(&self.conn, |mut conn| async move {
-            redis::pipe()
-                .atomic()
-                .hgetall(&keys.active)
-                .lrange(&keys.plans, 0, -1)
-                .hgetall(&keys.cursor)
-                .query_async(&mut conn)
-                .await
+            pipe.query_async(&mut conn).await
         })
         .await?)
     }
 
-    /// Every shard's `read_shard` on the bulk connection, in one write; `None` (logged
-    /// by the reader) when it fails, so the caller reads the ordinary way.
+    /// Every shard's [`shard_read`](Self::shard_read) on the bulk connection, in one
+    /// write; `None` (logged by the reader) when it fails, so the caller reads the
+    /// ordinary way.
     async fn read_shards_bulk(&self, reader: &Arc<bulk::BulkReader>) -> Option<bulk::Replies> {
-        let mut commands: Vec<Vec<&[u8]>> = Vec::with_capacity(self.keys.len() * 5);
-        for keys in self.keys.iter() {
-            commands.push(vec![b"MULTI"]);
-            commands.push(vec![b"HGETALL", keys.active.as_bytes()]);
-            commands.push(vec![b"LRANGE", keys.plans.as_bytes(), b"0", b"-1"]);
-            commands.push(vec![b"HGETALL", keys.cursor.as_bytes()]);
-            commands.push(vec![b"EXEC"]);
-        }
-        reader.query(&commands).await.ok()
+        let reads: Vec<_> = (0..self.layout.shards())
+            .map(|s| self.shard_read(s))
+            .collect();
+        reader.query(&reads).await.ok()
     }
 
     /// The shards' reads out of [`read_shards_bulk`](Self::read_shards_bulk)'s replies,
@@ -1233,24 +1235,19 @@ where
             Some(reader) => self.read_shards_bulk(reader).await,
             None => None,
         };
-        let actives: Vec<redis::Value>;
+        // The ordinary read's replies, which its shard reads borrow from.
+        let values: Vec<(redis::Value, Vec<String>, Pairs)>;
         let reads = match bulk.as_ref().and_then(|r| self.shard_reads(r)) {
             Some(reads) => reads,
             None => {
-                let values = join_all((0..self.layout.shards()).map(|s| self.read_shard(s)))
+                values = join_all((0..self.layout.shards()).map(|s| self.read_shard(s)))
                     .await
                     .into_iter()
-                    .collect::<Result<Vec<_>>>()?;
-                let rest;
-                (actives, rest) = values
-                    .into_iter()
-                    .map(|(active, plans, cursor)| (active, (plans, cursor)))
-                    .unzip::<_, _, Vec<_>, Vec<_>>();
-                actives
+                    .collect::<Result<_>>()?;
+                values
                     .iter()
-                    .zip(rest)
                     .zip(self.keys.iter())
-                    .map(|((active, (plans, cursor)), keys)| {
+                    .map(|((active, plans, cursor), keys)| {
                         let entries =
                             record::hash_entries(active).ok_or_else(|| Error::Corrupt {
                                 key: keys.active.clone(),
@@ -1258,8 +1255,8 @@ where
                             })?;
                         Ok(ShardRead {
                             entries,
-                            plans,
-                            cursor,
+                            plans: plans.clone(),
+                            cursor: cursor.clone(),
                         })
                     })
                     .collect::<Result<Vec<_>>>()?
