@@ -176,6 +176,15 @@ impl KeySchema {
         format!("{}:meta", self.global_tag())
     }
 
+    /// `{ns}:dirty`: a set of shard numbers whose inbox received completions that no
+    /// archiver has looked at yet. Completing clients add their shard after the
+    /// completion script returns; archivers pop from it, so they visit only shards with
+    /// work and the cost of an idle poll does not grow with the shard count. A mark is
+    /// a hint: one lost in a crash is covered by the archiver's periodic sweep.
+    pub fn dirty(&self) -> String {
+        format!("{}:dirty", self.global_tag())
+    }
+
     /// `{ns}:dict`: the worker dictionary every archive decode needs.
     pub fn dict(&self) -> String {
         format!("{}:dict", self.global_tag())
@@ -260,6 +269,7 @@ mod tests {
         assert_eq!(k.workers(), "{elk}:workers");
         assert_eq!(k.plans(), "{elk}:plans");
         assert_eq!(k.meta(), "{elk}:meta");
+        assert_eq!(k.dirty(), "{elk}:dirty");
         assert_eq!(k.dict(), "{elk}:dict");
     }
 

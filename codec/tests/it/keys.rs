@@ -38,7 +38,7 @@ fn every_key_of_a_shard_hashes_to_one_slot() {
             );
             assert_eq!(slots.first(), Some(&key_slot(k.shard_tag(shard))));
         }
-        let globals = [k.workers(), k.plans(), k.meta(), k.dict()];
+        let globals = [k.workers(), k.plans(), k.meta(), k.dict(), k.dirty()];
         let slots: BTreeSet<u16> = globals.iter().map(key_slot).collect();
         assert_eq!(slots.len(), 1, "global keys of {num_shards}: {slots:?}");
     }
