@@ -46,6 +46,18 @@ pub trait Leases: Send + Sync {
     /// checkpoint. [`Error::LeaseLost`](crate::Error::LeaseLost) if the token is stale.
     async fn heartbeat(&self, lease: &Lease, progress: u64) -> Result<()>;
 
+    /// Renews many leases at once, each with its checkpoint: what a process holds,
+    /// heartbeated together (one round trip per shard on Redis, whatever the number of
+    /// leases). Each lease has its own outcome, as [`heartbeat`](Self::heartbeat) would
+    /// give it; the outer error is for the store as a whole.
+    async fn heartbeat_many(&self, beats: &[(Lease, u64)]) -> Result<Vec<Result<()>>> {
+        let mut out = Vec::with_capacity(beats.len());
+        for (lease, progress) in beats {
+            out.push(self.heartbeat(lease, *progress).await);
+        }
+        Ok(out)
+    }
+
     /// Completes `lease`: the partition leaves the active set, its completed-index bit is
     /// set and its record goes to the archive inbox, atomically.
     async fn complete(&self, lease: &Lease, duration_ms: u64) -> Result<Completion> {
@@ -140,6 +152,9 @@ macro_rules! forward {
             }
             async fn heartbeat(&self, lease: &Lease, progress: u64) -> Result<()> {
                 (**self).heartbeat(lease, progress).await
+            }
+            async fn heartbeat_many(&self, beats: &[(Lease, u64)]) -> Result<Vec<Result<()>>> {
+                (**self).heartbeat_many(beats).await
             }
             async fn complete(&self, lease: &Lease, duration_ms: u64) -> Result<Completion> {
                 (**self).complete(lease, duration_ms).await

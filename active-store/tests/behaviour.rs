@@ -155,6 +155,8 @@ suite!(
     counts_follow_a_random_workload,
     counts_of_a_namespace_without_counters,
     release_gives_the_attempt_back,
+    a_batch_claim_straddles_shards,
+    a_batch_heartbeat_with_one_lease_lost,
 );
 
 async fn plan_validation(h: Harness) {
@@ -844,6 +846,125 @@ async fn release_gives_the_attempt_back(h: Harness) {
     assert_eq!(s.fail(&l, "boom").await.unwrap(), FailOutcome::Failed);
     let c = s.counts().await.unwrap();
     assert_eq!((c.failed, c.outstanding()), (1, 0));
+}
+
+/// A claim larger than any one shard's work takes what each shard has, in the worker's
+/// order, and the next claims take the rest.
+async fn a_batch_claim_straddles_shards(h: Harness) {
+    let s = &h.store;
+    // 200 pids: batches of 100, so with 4 shards shard 0 holds pids 1..=99, shard 1
+    // 100..=199 and shard 2 pid 200.
+    s.plan(&uniform(1, 200_000, 1000)).await.unwrap();
+    let first = s.claim("w", 150).await.unwrap();
+    assert_eq!(first.len(), 150);
+    let shards: std::collections::BTreeSet<u64> = first
+        .iter()
+        .map(|l| (l.pid / 100) % u64::from(h.config.num_shards))
+        .collect();
+    if h.config.num_shards > 1 {
+        assert!(shards.len() >= 2, "no shard holds 150: {shards:?}");
+    }
+    let rest = s.claim("w", 150).await.unwrap();
+    assert_eq!(rest.len(), 50, "the rest, from whichever shards hold it");
+    let mut pids: Vec<u64> = first.iter().chain(&rest).map(|l| l.pid).collect();
+    pids.sort_unstable();
+    assert_eq!(pids, (1..=200).collect::<Vec<_>>());
+    assert!(s.claim("w", 150).await.unwrap().is_empty());
+    for l in first.iter().chain(&rest) {
+        assert_eq!((l.min_id, l.max_id), ((l.pid - 1) * 1000 + 1, l.pid * 1000));
+    }
+    assert_eq!(s.counts().await.unwrap().claimed, 200);
+}
+
+/// One heartbeat call for leases on several shards, one of them lost: the others are
+/// renewed with their checkpoints, the lost one is refused and changes nothing.
+async fn a_batch_heartbeat_with_one_lease_lost(h: Harness) {
+    let s = &h.store;
+    s.plan(&uniform(1, 200_000, 1000)).await.unwrap();
+    let all = s.claim("w", 200).await.unwrap();
+    // The first, a middle and the last lease: on shards 0, 1 and 2 of 4.
+    let picked = [all[0].clone(), all[120].clone(), all[199].clone()];
+    h.clock.advance(20_000);
+    let beats: Vec<(Lease, u64)> = [&picked[0], &picked[2]]
+        .into_iter()
+        .map(|l| (l.clone(), l.min_id + 100))
+        .collect();
+    for outcome in s.heartbeat_many(&beats).await.unwrap() {
+        outcome.unwrap();
+    }
+    // Every other lease expires; the middle one goes to another worker.
+    h.clock.advance(10_000);
+    let reaped = s.reap(h.clock_now()).await.unwrap();
+    assert_eq!(reaped.len(), 198);
+    assert!(reaped.contains(&picked[1].pid));
+    let taken = loop {
+        let got = s.claim("other", 1).await.unwrap().remove(0);
+        if got.pid == picked[1].pid {
+            break got;
+        }
+    };
+    let beats: Vec<(Lease, u64)> = picked.iter().map(|l| (l.clone(), l.min_id + 500)).collect();
+    let outcomes = s.heartbeat_many(&beats).await.unwrap();
+    assert!(outcomes[0].is_ok() && outcomes[2].is_ok(), "{outcomes:?}");
+    assert!(matches!(outcomes[1], Err(Error::LeaseLost { pid, .. }) if pid == picked[1].pid));
+    for l in [&picked[0], &picked[2]] {
+        let p = s.get(l.pid).await.unwrap().unwrap();
+        assert_eq!((p.status, p.progress), (Status::Running, l.min_id + 500));
+        assert_eq!(p.deadline_ms, Some(h.clock_now() + 30_000));
+    }
+    let p = s.get(picked[1].pid).await.unwrap().unwrap();
+    assert_eq!(
+        (p.worker.as_deref(), p.lease_token, p.progress),
+        (Some("other"), Some(taken.token), taken.min_id),
+        "the lost lease's beat changed nothing"
+    );
+}
+
+/// A claim passes by the shards it found without work a moment ago: on a namespace of
+/// 64 shards whose work is gone, claiming costs no round trip until the back-off ends,
+/// a plan made through this store wakes them at once, and one made by another process
+/// is found once the back-off is over.
+#[tokio::test]
+async fn empty_shards_are_passed_by() {
+    use tranche_active_store::{Leases, Planner};
+    let server = TestRedis::start();
+    let conn = RedisConnection::connect(&server.url()).await.unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let config = Config {
+        num_shards: 64,
+        ..Config::default()
+    };
+    let store = RedisActiveStore::with_clock(conn.clone(), config.clone(), clock.clone()).unwrap();
+    let scripts = || -> u64 {
+        let stats = server.cli(&["INFO", "commandstats"]);
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+            .and_then(|l| l.split(',').next())
+            .map_or(0, |n| n.parse().unwrap())
+    };
+    // Pids 1..=100: shards 0 and 1 of 64. A claim of more visits every shard.
+    store.plan(&uniform(1, 100_000, 1000)).await.unwrap();
+    assert_eq!(store.claim("w", 2000).await.unwrap().len(), 100);
+    let before = scripts();
+    assert!(store.claim("w", 10).await.unwrap().is_empty());
+    assert_eq!(
+        scripts() - before,
+        0,
+        "every shard was found empty a moment ago"
+    );
+    // A plan through this store wakes every shard.
+    store.plan(&uniform(100_001, 200_000, 1000)).await.unwrap();
+    let woken = store.claim("w", 1000).await.unwrap();
+    assert_eq!(woken.len(), 100);
+    // Another process's plan is found once the back-off is over.
+    let other = RedisActiveStore::with_clock(conn, config, clock.clone()).unwrap();
+    other.plan(&uniform(200_001, 300_000, 1000)).await.unwrap();
+    let before = scripts();
+    assert!(store.claim("w", 1000).await.unwrap().is_empty());
+    assert_eq!(scripts() - before, 0);
+    clock.advance(1_000);
+    assert_eq!(store.claim("w", 1000).await.unwrap().len(), 100);
 }
 
 /// `recount` puts counters that a writer without them got wrong (a rolling upgrade)

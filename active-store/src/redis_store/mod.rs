@@ -2,6 +2,7 @@
 
 mod bulk;
 mod conn;
+mod empty;
 mod record;
 
 use std::sync::{Arc, LazyLock, OnceLock, RwLock};
@@ -126,6 +127,11 @@ pub struct RedisActiveStore<C = RedisConnection> {
     registry: Arc<RwLock<Registry>>,
     /// Feeds the group-commit task, started by the first `complete`.
     committer: OnceLock<mpsc::UnboundedSender<Waiting>>,
+    /// Shards a claim recently found without ready work, passed by until a back-off
+    /// ends or this store puts work back in them.
+    empty: Arc<empty::EmptyShards>,
+    /// `{ns}:dirty`: the shards whose inbox has completions no archiver looked at yet.
+    dirty_key: String,
 }
 
 /// A completion waiting for the group-commit task, and where its outcome goes.
@@ -204,6 +210,8 @@ where
                 .into(),
             registry_key: schema.plans(),
             workers_key: schema.workers(),
+            dirty_key: schema.dirty(),
+            empty: Arc::new(empty::EmptyShards::new(config.num_shards)),
             bulk: (&conn as &dyn std::any::Any)
                 .downcast_ref::<RedisConnection>()
                 .and_then(RedisConnection::bulk_reader),
@@ -230,6 +238,8 @@ where
             workers_key: self.workers_key.clone(),
             registry: self.registry.clone(),
             committer: OnceLock::new(),
+            empty: self.empty.clone(),
+            dirty_key: self.dirty_key.clone(),
         }
     }
 
@@ -421,22 +431,34 @@ where
         Ok(out)
     }
 
+    /// Runs `script` (reap or release_worker) on every shard, all shards' calls sent
+    /// together, and returns the pids it put back to pending, sorted. Their shards are
+    /// woken for this process's claims.
     async fn per_shard_pids(&self, script: &Script, args: &[String]) -> Result<Vec<u64>> {
+        let calls = self.keys.iter().map(|keys| async move {
+            self.invoke::<Vec<String>>(
+                script,
+                &[&keys.active, &keys.leases, &keys.pending, &keys.counts],
+                args,
+            )
+            .await
+        });
         let mut out = Vec::new();
-        for keys in self.keys.iter() {
-            let reply: Vec<String> = self
-                .invoke(
-                    script,
-                    &[&keys.active, &keys.leases, &keys.pending, &keys.counts],
-                    args,
-                )
-                .await?;
-            for pid in reply {
+        for reply in join_all(calls).await {
+            for pid in reply? {
                 out.push(parse_u64(&pid, "pid")?);
             }
         }
+        self.wake_shards_of(&out);
         out.sort_unstable();
         Ok(out)
+    }
+
+    /// Wakes the shards of `pids` (work was put back there).
+    fn wake_shards_of(&self, pids: &[u64]) {
+        for &pid in pids {
+            self.empty.wake(self.layout.shard_of(pid));
+        }
     }
 
     /// One shard's records, plan list and cursors, read in one transaction so that a
@@ -634,51 +656,70 @@ where
             .collect()
     }
 
-    /// Completes `done` now: one `complete` script call per shard involved.
+    /// Completes `done` now: one `complete` script call per shard involved (per
+    /// [`MAX_SCRIPT_BATCH`] completions), every shard's calls sent together, then one
+    /// `SADD` marking the shards whose inbox received records dirty for the archivers.
+    /// The mark goes out after the completions' replies, so it never announces an
+    /// entry that is not in the inbox yet; one lost with a crash in between is found
+    /// by the archivers' periodic sweep.
     async fn complete_now(&self, done: &[(Lease, u64)]) -> Result<Vec<Result<Completion>>> {
         let now = self.now();
-        let mut out: Vec<Option<Result<Completion>>> = (0..done.len()).map(|_| None).collect();
         // Group by shard: one script call per shard, whatever the number of completions.
-        let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); self.keys.len()];
-        for (i, (lease, _)) in done.iter().enumerate() {
-            by_shard[self.layout.shard_of(lease.pid) as usize].push(i);
+        let groups = self.by_shard(done.iter().map(|(lease, _)| lease.pid));
+        let calls = groups.iter().map(|(shard, chunk)| async move {
+            let keys = &self.keys[*shard];
+            let mut args = Vec::with_capacity(chunk.len() * 4);
+            for &i in chunk {
+                let (lease, duration_ms) = &done[i];
+                let record = lease.completed(now, *duration_ms);
+                args.push(lease.pid.to_string());
+                args.push(lease.token.to_string());
+                args.push(self.bit(lease.pid).to_string());
+                args.push(tranche_codec::encode_json(&record));
+            }
+            let reply: Result<Vec<i64>> = self
+                .invoke(
+                    &COMPLETE,
+                    &[
+                        &keys.active,
+                        &keys.leases,
+                        &keys.index,
+                        &keys.inbox,
+                        &keys.counts,
+                    ],
+                    &args,
+                )
+                .await;
+            (*shard, chunk, reply)
+        });
+        let mut out: Vec<Option<Result<Completion>>> = (0..done.len()).map(|_| None).collect();
+        let mut dirty = Vec::new();
+        for (shard, chunk, reply) in join_all(calls).await {
+            // A failed call fails its own completions only: the other shards' went in.
+            let reply = match reply {
+                Ok(reply) => reply,
+                Err(err) => {
+                    let err = Arc::new(err);
+                    for &i in chunk {
+                        out[i] = Some(Err(Error::Shared(err.clone())));
+                    }
+                    continue;
+                }
+            };
+            if reply.contains(&OK) {
+                dirty.push(shard);
+            }
+            for (&i, code) in chunk.iter().zip(reply) {
+                out[i] = Some(match code {
+                    OK => Ok(Completion::Completed),
+                    DUPLICATE => Ok(Completion::Duplicate),
+                    _ => Err(lost(&done[i].0)),
+                });
+            }
         }
-        for (shard, members) in by_shard.iter().enumerate() {
-            if members.is_empty() {
-                continue;
-            }
-            let keys = &self.keys[shard];
-            for chunk in members.chunks(MAX_SCRIPT_BATCH) {
-                let mut args = Vec::with_capacity(chunk.len() * 4);
-                for &i in chunk {
-                    let (lease, duration_ms) = &done[i];
-                    let record = lease.completed(now, *duration_ms);
-                    args.push(lease.pid.to_string());
-                    args.push(lease.token.to_string());
-                    args.push(self.bit(lease.pid).to_string());
-                    args.push(tranche_codec::encode_json(&record));
-                }
-                let reply: Vec<i64> = self
-                    .invoke(
-                        &COMPLETE,
-                        &[
-                            &keys.active,
-                            &keys.leases,
-                            &keys.index,
-                            &keys.inbox,
-                            &keys.counts,
-                        ],
-                        &args,
-                    )
-                    .await?;
-                for (&i, code) in chunk.iter().zip(reply) {
-                    out[i] = Some(match code {
-                        OK => Ok(Completion::Completed),
-                        DUPLICATE => Ok(Completion::Duplicate),
-                        _ => Err(lost(&done[i].0)),
-                    });
-                }
-            }
+        if !dirty.is_empty() {
+            dirty.dedup();
+            self.mark_dirty(&dirty).await;
         }
         out.into_iter()
             .zip(done)
@@ -689,6 +730,37 @@ where
                 })
             })
             .collect()
+    }
+
+    /// The indexes of `pids` grouped by shard, at most [`MAX_SCRIPT_BATCH`] to a group:
+    /// one script call each.
+    fn by_shard(&self, pids: impl Iterator<Item = u64>) -> Vec<(usize, Vec<usize>)> {
+        let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); self.keys.len()];
+        for (i, pid) in pids.enumerate() {
+            by_shard[self.layout.shard_of(pid) as usize].push(i);
+        }
+        let mut out = Vec::new();
+        for (shard, members) in by_shard.into_iter().enumerate() {
+            for chunk in members.chunks(MAX_SCRIPT_BATCH) {
+                out.push((shard, chunk.to_vec()));
+            }
+        }
+        out
+    }
+
+    /// Adds `shards` to `{ns}:dirty`. A failure is logged, not returned: the
+    /// completions it announces are durable in the inbox, and the archivers' sweep finds
+    /// them without the mark.
+    async fn mark_dirty(&self, shards: &[usize]) {
+        let marked: redis::RedisResult<i64> = retry(&self.conn, |mut conn| async move {
+            let mut cmd = redis::cmd("SADD");
+            cmd.arg(&self.dirty_key).arg(shards);
+            cmd.query_async(&mut conn).await
+        })
+        .await;
+        if let Err(err) = marked {
+            tracing::warn!(%err, "could not mark shards dirty; the archivers' sweep will find them");
+        }
     }
 }
 
@@ -818,6 +890,7 @@ where
             }
         }
         self.refresh_registry().await?;
+        self.empty.wake_all();
         Ok(PlanOutcome { entries, created })
     }
 
@@ -901,6 +974,7 @@ where
                 }
             }
         }
+        self.empty.wake_all();
         Ok(pending)
     }
 }
@@ -919,10 +993,16 @@ where
             if out.len() >= n {
                 break;
             }
+            // A shard found without ready work a moment ago is passed by: an idle claim
+            // costs nothing, whatever the shard count.
+            if self.empty.skip(shard, now) {
+                continue;
+            }
             let keys = &self.keys[shard as usize];
+            let want = (n - out.len()).min(MAX_SCRIPT_BATCH);
             let args = [
                 worker.to_owned(),
-                (n - out.len()).min(MAX_SCRIPT_BATCH).to_string(),
+                want.to_string(),
                 now.to_string(),
                 deadline.to_string(),
                 shard.to_string(),
@@ -944,32 +1024,76 @@ where
                     &args,
                 )
                 .await?;
-            out.extend(self.leases_from(worker, deadline, reply).await?);
+            let leases = self.leases_from(worker, deadline, reply).await?;
+            if leases.len() < want {
+                self.empty.found_short(shard, now);
+            }
+            out.extend(leases);
         }
         Ok(out)
     }
 
     async fn heartbeat(&self, lease: &Lease, progress: u64) -> Result<()> {
+        let mut out = self.heartbeat_many(&[(lease.clone(), progress)]).await?;
+        out.pop().expect("one outcome per lease")
+    }
+
+    async fn heartbeat_many(&self, beats: &[(Lease, u64)]) -> Result<Vec<Result<()>>> {
         let now = self.now();
-        let keys = self.keys_of(lease.pid);
-        let args = [
-            now.to_string(),
-            self.deadline(now).to_string(),
-            lease.pid.to_string(),
-            lease.token.to_string(),
-            progress.to_string(),
-        ];
-        let reply: Vec<i64> = self
-            .invoke(
-                &HEARTBEAT,
-                &[&keys.active, &keys.leases, &keys.counts],
-                &args,
-            )
-            .await?;
-        match reply.first() {
-            Some(&OK) => Ok(()),
-            _ => Err(lost(lease)),
+        let deadline = self.deadline(now).to_string();
+        let now = now.to_string();
+        let groups = self.by_shard(beats.iter().map(|(lease, _)| lease.pid));
+        let (now, deadline) = (&now, &deadline);
+        let calls = groups.iter().map(|(shard, chunk)| async move {
+            let keys = &self.keys[*shard];
+            let mut args = Vec::with_capacity(2 + chunk.len() * 3);
+            args.push(now.clone());
+            args.push(deadline.clone());
+            for &i in chunk {
+                let (lease, progress) = &beats[i];
+                args.push(lease.pid.to_string());
+                args.push(lease.token.to_string());
+                args.push(progress.to_string());
+            }
+            let reply: Result<Vec<i64>> = self
+                .invoke(
+                    &HEARTBEAT,
+                    &[&keys.active, &keys.leases, &keys.counts],
+                    &args,
+                )
+                .await;
+            (chunk, reply)
+        });
+        let mut out: Vec<Option<Result<()>>> = (0..beats.len()).map(|_| None).collect();
+        for (chunk, reply) in join_all(calls).await {
+            match reply {
+                Ok(codes) => {
+                    for (&i, code) in chunk.iter().zip(codes) {
+                        out[i] = Some(if code == OK {
+                            Ok(())
+                        } else {
+                            Err(lost(&beats[i].0))
+                        });
+                    }
+                }
+                // A failed call fails its own leases only: the other shards' renewed.
+                Err(err) => {
+                    let err = Arc::new(err);
+                    for &i in chunk {
+                        out[i] = Some(Err(Error::Shared(err.clone())));
+                    }
+                }
+            }
         }
+        out.into_iter()
+            .zip(beats)
+            .map(|(o, (lease, _))| {
+                o.ok_or_else(|| Error::Corrupt {
+                    key: self.keys_of(lease.pid).active.clone(),
+                    detail: "heartbeat script replied for fewer leases than sent".into(),
+                })
+            })
+            .collect()
     }
 
     async fn complete(&self, lease: &Lease, duration_ms: u64) -> Result<Completion> {
@@ -1040,7 +1164,11 @@ where
             )
             .await?;
         match reply.first() {
-            Some(&OK) => Ok(()),
+            Some(&OK) => {
+                // Pending again: this process may claim it at once.
+                self.empty.wake(self.layout.shard_of(lease.pid));
+                Ok(())
+            }
             _ => Err(lost(lease)),
         }
     }
@@ -1104,6 +1232,7 @@ where
                 out.push(parse_u64(&pid, "pid")?);
             }
         }
+        self.wake_shards_of(&out);
         out.sort_unstable();
         Ok(out)
     }
