@@ -35,7 +35,8 @@ impl Job {
     /// stderr when there is one.
     pub(crate) async fn run(&self, chunk: Chunk) -> Result<(), String> {
         match self {
-            Job::Exec(cmd) => exec(cmd, chunk).await,
+            // Boxed: a child process's state would make every chunk's future that big.
+            Job::Exec(cmd) => Box::pin(exec(cmd, chunk)).await,
             Job::Simulate { latency, fail } => {
                 let (ms, failed) = {
                     let mut rng = rand::rng();
@@ -44,7 +45,11 @@ impl Job {
                         rng.random_bool(*fail),
                     )
                 };
-                tokio::time::sleep(Duration::from_millis(ms)).await;
+                // A zero latency is no sleep: a timer would round it up to the
+                // timer wheel's millisecond.
+                if ms > 0 {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
                 if failed {
                     Err(format!(
                         "simulated failure of chunk {} ({}..={})",

@@ -9,6 +9,7 @@
 mod backend;
 mod cli;
 mod embedded;
+mod held;
 mod job;
 mod ops;
 mod progress;

@@ -8,6 +8,7 @@
 //! partition reclaimed after a crash restarts at its first unfinished chunk and redoes
 //! at most one window of chunks above it, so `--exec` commands must be idempotent.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,6 +25,7 @@ use tranche_archive_store::{SnapshotPolicy, Snapshots};
 use tranche_window::SlidingWindow;
 
 use crate::backend::Backend;
+use crate::held::{self, Hold, LeaseBook};
 use crate::job::{Chunk, Job};
 use crate::progress::Progress;
 
@@ -46,6 +48,9 @@ pub(crate) struct Settings {
     pub(crate) parallel: usize,
     pub(crate) window: usize,
     pub(crate) concurrency: usize,
+    /// Claimed leases queued beyond `concurrency`, so a finished partition is replaced
+    /// without waiting for a claim.
+    pub(crate) prefetch: usize,
     pub(crate) worker: String,
     pub(crate) lease: Duration,
     pub(crate) follow: bool,
@@ -74,7 +79,7 @@ pub(crate) struct Report {
 }
 
 /// Counters shared by the partition tasks and the worker heartbeat.
-struct Shared {
+pub(crate) struct Shared {
     completed: AtomicU64,
     failed_attempts: AtomicU64,
     released: AtomicU64,
@@ -88,7 +93,7 @@ struct Shared {
 }
 
 impl Shared {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let hist = || Histogram::new_with_bounds(1, 3_600_000_000, 2).expect("valid bounds");
         Self {
             completed: AtomicU64::new(0),
@@ -101,7 +106,7 @@ impl Shared {
         }
     }
 
-    fn timed_update(&self, started: Instant) {
+    pub(crate) fn timed_update(&self, started: Instant) {
         let us = started.elapsed().as_micros().clamp(1, 3_600_000_000) as u64;
         self.update_us
             .lock()
@@ -118,8 +123,16 @@ pub(crate) async fn run(
 ) -> Result<Report> {
     let started = Instant::now();
     let shared = Arc::new(Shared::new());
+    let book = Arc::new(LeaseBook::default());
     let (bg_tx, bg_rx) = watch::channel(false);
     let mut background = JoinSet::new();
+    background.spawn(held::heartbeat(
+        book.clone(),
+        backend.active.clone(),
+        shared.clone(),
+        settings.lease,
+        bg_rx.clone(),
+    ));
     if settings.reaper {
         background.spawn(reaper(
             backend.active.clone(),
@@ -151,7 +164,7 @@ pub(crate) async fn run(
     }
     let progress = Progress::start(backend, bg_rx.clone()).await?;
 
-    let outcome = claim_loop(backend, &settings, &shared, stop.clone()).await;
+    let outcome = claim_loop(backend, &settings, &shared, &book, stop.clone()).await;
 
     // Background work stops only after the partitions: a heartbeat or reap between
     // the last release and here is harmless, a missing one is not.
@@ -183,16 +196,35 @@ pub(crate) async fn run(
     })
 }
 
-/// Claims while there is room and work; returns once nothing is outstanding (unless
-/// following) or a signal stopped it, with every partition task finished.
+/// Claims in batches into a local queue and starts partitions from it while there is
+/// room; returns once nothing is outstanding (unless following) or a signal stopped it,
+/// with every partition task finished and every queued lease released.
+///
+/// The queue holds up to `prefetch` leases beyond the `concurrency` running, so a
+/// finished partition is replaced without a round trip, and a claim is made only once
+/// that many slots are free (or nothing is left to start): one claim call per shard
+/// visited carries many partitions.
 async fn claim_loop(
     backend: &Backend,
     settings: &Settings,
     shared: &Arc<Shared>,
+    book: &Arc<LeaseBook>,
     mut stop: watch::Receiver<Stop>,
 ) -> Result<()> {
     let mut tasks: JoinSet<()> = JoinSet::new();
-    let mut idle = Duration::from_millis(50);
+    let mut queue: VecDeque<(Lease, Arc<Hold>)> = VecDeque::new();
+    let ctx = Arc::new(PartitionCtx {
+        active: backend.active.clone(),
+        settings: settings.clone(),
+        shared: shared.clone(),
+        book: book.clone(),
+        stop: stop.clone(),
+    });
+    let target = settings.concurrency + settings.prefetch;
+    // Claim once a quarter of the target is free: big batches, and a queue that never
+    // runs dry while the claim is in flight.
+    let refill_at = (target / 4).max(1);
+    let mut idle = Duration::from_millis(10);
     let mut last_save = Instant::now();
     loop {
         if *stop.borrow() != Stop::Running {
@@ -202,35 +234,32 @@ async fn claim_loop(
             backend.save().await?;
             last_save = Instant::now();
         }
-        let room = settings.concurrency - tasks.len();
+        while tasks.len() < settings.concurrency
+            && let Some((lease, hold)) = queue.pop_front()
+        {
+            start(&mut tasks, &ctx, lease, hold);
+        }
+        let want = target.saturating_sub(tasks.len() + queue.len());
+        let starving = queue.is_empty() && tasks.len() < settings.concurrency;
         let mut claimed = 0;
-        if room > 0 {
-            match backend.active.claim(&settings.worker, room).await {
+        if want > 0 && (want >= refill_at || starving) {
+            match backend.active.claim(&settings.worker, want).await {
                 Ok(leases) => {
                     claimed = leases.len();
                     for lease in leases {
-                        let span = tracing::info_span!(
-                            "partition",
-                            pid = lease.pid,
-                            attempt = lease.attempt
-                        );
-                        let ctx = PartitionCtx {
-                            active: backend.active.clone(),
-                            settings: settings.clone(),
-                            shared: shared.clone(),
-                            stop: stop.clone(),
-                        };
-                        tasks.spawn(ctx.process(lease).instrument(span));
+                        // Held from now on: renewed by the heartbeats while it waits.
+                        let hold = book.hold(&lease);
+                        queue.push_back((lease, hold));
                     }
                 }
                 Err(err) => tracing::warn!(%err, "claim failed; retrying"),
             }
         }
         if claimed > 0 {
-            idle = Duration::from_millis(50);
+            idle = Duration::from_millis(10);
             continue;
         }
-        if tasks.is_empty() && !settings.follow {
+        if tasks.is_empty() && queue.is_empty() && !settings.follow {
             let counts = backend.active.counts().await?;
             if counts.outstanding() == 0 {
                 break;
@@ -238,23 +267,47 @@ async fn claim_loop(
         }
         // Nothing to claim now: wait for a slot, a signal, or a while (retries in
         // backoff and other workers' expiring leases become claimable over time).
+        let claim_due = want > 0 && (want >= refill_at || starving);
         tokio::select! {
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
             _ = stop.changed() => {}
-            () = tokio::time::sleep(idle) => idle = (idle * 2).min(Duration::from_secs(1)),
+            () = tokio::time::sleep(idle), if claim_due || tasks.is_empty() => {
+                idle = (idle * 2).min(Duration::from_secs(1));
+            }
         }
     }
-    // Draining: in-flight partitions checkpoint and release once their chunks are done;
-    // the signal handler turns Draining into Abort when the grace period is over.
+    // Draining: queued leases go back at once, untouched; in-flight partitions
+    // checkpoint and release once their chunks are done (the signal handler turns
+    // Draining into Abort when the grace period is over).
+    for (lease, _) in queue {
+        book.drop_lease(&lease);
+        shared.released.fetch_add(1, Relaxed);
+        if let Err(err) = backend.active.release(&lease, lease.progress).await {
+            tracing::warn!(pid = lease.pid, %err, "could not release a queued partition; its lease will expire");
+        }
+    }
     while tasks.join_next().await.is_some() {}
     Ok(())
 }
 
-/// What one partition task needs.
+/// Starts the partition of `lease` on `tasks`, in a span of its own when the span is
+/// enabled (entering a disabled span on every poll costs more than the simulated work).
+fn start(tasks: &mut JoinSet<()>, ctx: &Arc<PartitionCtx>, lease: Lease, hold: Arc<Hold>) {
+    let span = tracing::info_span!("partition", pid = lease.pid, attempt = lease.attempt);
+    let task = ctx.clone().process(lease, hold);
+    if span.is_disabled() {
+        tasks.spawn(task);
+    } else {
+        tasks.spawn(task.instrument(span));
+    }
+}
+
+/// What the partition tasks of one run share.
 struct PartitionCtx {
     active: Arc<dyn ActiveStore>,
     settings: Settings,
     shared: Arc<Shared>,
+    book: Arc<LeaseBook>,
     stop: watch::Receiver<Stop>,
 }
 
@@ -266,11 +319,13 @@ enum Ended {
 }
 
 impl PartitionCtx {
-    async fn process(self, lease: Lease) {
+    async fn process(self: Arc<Self>, lease: Lease, hold: Arc<Hold>) {
         self.shared.in_flight.fetch_add(1, Relaxed);
         let pid = lease.pid;
         let started = Instant::now();
-        let (ended, checkpoint) = self.chunks(&lease).await;
+        let (ended, checkpoint) = self.chunks(&lease, &hold).await;
+        // Out of the book before the outcome: no heartbeat renews a finished lease.
+        self.book.drop_lease(&lease);
         let update = Instant::now();
         let result = match ended {
             Ended::Done => {
@@ -331,7 +386,7 @@ impl PartitionCtx {
 
     /// Runs the partition's chunks from its checkpoint. Returns how it ended and the
     /// checkpoint reached (an ID: every ID below it is done).
-    async fn chunks(&self, lease: &Lease) -> (Ended, u64) {
+    async fn chunks(&self, lease: &Lease, hold: &Hold) -> (Ended, u64) {
         let chunk = self.settings.chunk;
         let ids = (lease.max_id - lease.min_id) as u128 + 1;
         let n_chunks = ids.div_ceil(chunk as u128) as u64;
@@ -344,104 +399,100 @@ impl PartitionCtx {
         if first >= n_chunks {
             return (Ended::Done, checkpoint(n_chunks));
         }
+        if n_chunks - first == 1 {
+            return self.last_chunk(lease, hold, first, checkpoint).await;
+        }
+        // Boxed: the window's state would otherwise make every partition's task as big
+        // as the largest, and a task is copied when it is spawned.
+        Box::pin(self.windowed(lease, hold, first, n_chunks, checkpoint)).await
+    }
+
+    /// Runs chunks `first..n_chunks` through the sliding window, at most `--parallel`
+    /// at once; the checkpoint follows the window's low-water mark.
+    async fn windowed(
+        &self,
+        lease: &Lease,
+        hold: &Hold,
+        first: u64,
+        n_chunks: u64,
+        checkpoint: impl Fn(u64) -> u64,
+    ) -> (Ended, u64) {
+        let chunk = self.settings.chunk;
         let window = SlidingWindow::new(self.settings.window, first);
         let permits = Arc::new(Semaphore::new(self.settings.parallel));
         let failure: Arc<Mutex<Option<String>>> = Arc::default();
-        let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
 
-        // Heartbeats carry the checkpoint; a refused one means the lease was lost.
-        let beat = {
-            let (active, lease, window, lost, shared) = (
-                self.active.clone(),
-                lease.clone(),
-                window.clone(),
-                lost.clone(),
-                self.shared.clone(),
-            );
-            let every = (self.settings.lease / 3).max(Duration::from_millis(100));
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(every);
-                tick.tick().await;
-                loop {
-                    tick.tick().await;
-                    let at = Instant::now();
-                    let r = active
-                        .heartbeat(&lease, checkpoint(window.progress()))
-                        .await;
-                    shared.timed_update(at);
-                    match r {
-                        Ok(()) => {}
-                        Err(ActiveError::LeaseLost { .. }) => {
-                            lost.store(true, Relaxed);
-                            window.close();
-                            return;
-                        }
-                        Err(err) => {
-                            tracing::warn!(pid = lease.pid, %err, "heartbeat failed; retrying")
-                        }
-                    }
-                }
-            })
+        // A signal or a lost lease closes the window, which stops the issuing below
+        // (waking it if it is parked on a full window).
+        let closer = async {
+            let mut stop = self.stop.clone();
+            tokio::select! {
+                () = until(&mut stop, |s| *s != Stop::Running) => {}
+                () = hold.lost() => {}
+            }
+            window.close();
+            std::future::pending::<()>().await;
         };
-        // A signal closes the window, which wakes an issuer parked on a full window.
-        let watcher = {
-            let (mut stop, window) = (self.stop.clone(), window.clone());
-            tokio::spawn(async move {
-                let _ = stop.wait_for(|s| *s != Stop::Running).await;
-                window.close();
-            })
-        };
-
         let mut running = JoinSet::new();
-        for _ in first..n_chunks {
-            let Ok(permit) = permits.clone().acquire_owned().await else {
-                break;
-            };
-            // The window hands out first, first + 1, ...: one number per turn of this loop.
-            let Ok(index) = window.next().await else {
-                break;
-            };
-            let from = lease.min_id + index * chunk;
-            let to = from.saturating_add(chunk - 1).min(lease.max_id);
-            let c = Chunk {
-                pid: lease.pid,
-                index,
-                from,
-                to,
-                attempt: lease.attempt,
-            };
-            let (job, window, failure) =
-                (self.settings.job.clone(), window.clone(), failure.clone());
-            running.spawn(async move {
-                let r = job.run(c).await;
-                drop(permit);
-                match r {
-                    Ok(()) => {
-                        let _ = window.ack(index);
+        let issue = async {
+            for _ in first..n_chunks {
+                let Ok(permit) = permits.clone().acquire_owned().await else {
+                    break;
+                };
+                // The window hands out first, first + 1, ...: one number per turn.
+                let Ok(index) = window.next().await else {
+                    break;
+                };
+                let from = lease.min_id + index * chunk;
+                let to = from.saturating_add(chunk - 1).min(lease.max_id);
+                let c = Chunk {
+                    pid: lease.pid,
+                    index,
+                    from,
+                    to,
+                    attempt: lease.attempt,
+                };
+                let (job, window, failure) =
+                    (self.settings.job.clone(), window.clone(), failure.clone());
+                running.spawn(async move {
+                    let r = job.run(c).await;
+                    drop(permit);
+                    match r {
+                        Ok(()) => {
+                            let _ = window.ack(index);
+                        }
+                        Err(reason) => {
+                            failure.lock().expect("not poisoned").get_or_insert(reason);
+                            window.close();
+                        }
                     }
-                    Err(reason) => {
-                        failure.lock().expect("not poisoned").get_or_insert(reason);
-                        window.close();
-                    }
-                }
-            });
+                });
+            }
+        };
+        tokio::pin!(closer);
+        tokio::select! {
+            () = issue => {}
+            () = &mut closer => {}
         }
-        // Let in-flight chunks finish, unless the grace period runs out.
+        // Let in-flight chunks finish, unless the grace period runs out. The
+        // checkpoint moves with them, for the heartbeats.
         let mut stop = self.stop.clone();
         loop {
             tokio::select! {
-                next = running.join_next() => if next.is_none() { break },
+                next = running.join_next() => {
+                    hold.advance(checkpoint(window.progress()));
+                    if next.is_none() { break }
+                }
                 () = until(&mut stop, |s| *s == Stop::Abort) => {
                     running.abort_all();
                     while running.join_next().await.is_some() {}
                     break;
                 }
+                () = &mut closer => {}
             }
         }
-        beat.abort();
-        watcher.abort();
         let done = checkpoint(window.progress());
-        if lost.load(Relaxed) {
+        if hold.is_lost() {
             return (Ended::Lost, done);
         }
         if let Some(reason) = failure.lock().expect("not poisoned").take() {
@@ -451,6 +502,37 @@ impl PartitionCtx {
             (Ended::Done, done)
         } else {
             (Ended::Stopped, done)
+        }
+    }
+
+    /// A partition with one chunk left runs it directly: no window, no permits, no
+    /// task of its own. A drain lets it finish; the end of the grace period aborts it.
+    async fn last_chunk(
+        &self,
+        lease: &Lease,
+        hold: &Hold,
+        index: u64,
+        checkpoint: impl Fn(u64) -> u64,
+    ) -> (Ended, u64) {
+        let chunk = self.settings.chunk;
+        let from = lease.min_id + index * chunk;
+        let c = Chunk {
+            pid: lease.pid,
+            index,
+            from,
+            to: from.saturating_add(chunk - 1).min(lease.max_id),
+            attempt: lease.attempt,
+        };
+        let mut stop = self.stop.clone();
+        let result = tokio::select! {
+            r = self.settings.job.run(c) => Some(r),
+            () = until(&mut stop, |s| *s == Stop::Abort) => None,
+        };
+        match result {
+            _ if hold.is_lost() => (Ended::Lost, checkpoint(index)),
+            Some(Ok(())) => (Ended::Done, checkpoint(index + 1)),
+            Some(Err(reason)) => (Ended::Failed(reason), checkpoint(index)),
+            None => (Ended::Stopped, checkpoint(index)),
         }
     }
 }

@@ -1,0 +1,224 @@
+//! The leases one `run` process holds, and the one task that heartbeats them all.
+//!
+//! A lease is renewed per process, not per partition: every `lease / 3` the heartbeat
+//! task sends every lease in the book with its checkpoint in one
+//! [`Leases::heartbeat_many`](tranche_active_store::Leases::heartbeat_many) call, one
+//! script per shard on Redis however many partitions the process runs. Claimed leases
+//! enter the book at once (prefetched ones too, so they are renewed while they wait for a
+//! slot) and leave it when their partition reports its outcome. A lease the store
+//! refuses is marked lost: its partition stops issuing chunks and drops its result.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, watch};
+use tranche_active_store::{ActiveStore, Error as ActiveError, Lease};
+
+use crate::work::{Shared, until};
+
+/// What the heartbeat task and a partition share about one lease.
+#[derive(Debug)]
+pub(crate) struct Hold {
+    /// Every ID below it is done: what the next heartbeat records.
+    checkpoint: AtomicU64,
+    /// Set once the store refused the lease.
+    lost: AtomicBool,
+    /// Wakes the partition when the lease is lost.
+    notify: Notify,
+}
+
+impl Hold {
+    fn new(checkpoint: u64) -> Self {
+        Self {
+            checkpoint: AtomicU64::new(checkpoint),
+            lost: AtomicBool::new(false),
+            notify: Notify::new(),
+        }
+    }
+
+    /// Moves the checkpoint forward (never back).
+    pub(crate) fn advance(&self, checkpoint: u64) {
+        self.checkpoint.fetch_max(checkpoint, Relaxed);
+    }
+
+    /// Whether the store refused the lease.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Relaxed)
+    }
+
+    /// Resolves once the lease is lost.
+    pub(crate) async fn lost(&self) {
+        loop {
+            let notified = self.notify.notified();
+            if self.is_lost() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    fn mark_lost(&self) {
+        self.lost.store(true, Relaxed);
+        self.notify.notify_waiters();
+    }
+}
+
+/// Held leases by (pid, token): a process holds a pid under one token at a time, but a
+/// lost lease may still be in the book when the same pid is claimed again.
+type Held = HashMap<(u64, u64), (Lease, Arc<Hold>)>;
+
+/// The leases this process holds.
+#[derive(Debug, Default)]
+pub(crate) struct LeaseBook {
+    held: Mutex<Held>,
+}
+
+impl LeaseBook {
+    /// Enters `lease`, its checkpoint where the claim left it.
+    pub(crate) fn hold(&self, lease: &Lease) -> Arc<Hold> {
+        let hold = Arc::new(Hold::new(lease.progress));
+        self.lock()
+            .insert((lease.pid, lease.token), (lease.clone(), hold.clone()));
+        hold
+    }
+
+    /// Takes `lease` out before its outcome is reported: no heartbeat renews it after.
+    pub(crate) fn drop_lease(&self, lease: &Lease) {
+        self.lock().remove(&(lease.pid, lease.token));
+    }
+
+    /// How many leases are held.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().expect("not poisoned")
+    }
+
+    /// Every held lease with its checkpoint now.
+    fn beats(&self) -> Vec<(Lease, u64, Arc<Hold>)> {
+        self.lock()
+            .values()
+            .map(|(lease, hold)| (lease.clone(), hold.checkpoint.load(Relaxed), hold.clone()))
+            .collect()
+    }
+
+    /// Renews every held lease in one call; marks the refused ones lost and forgets them.
+    async fn beat(&self, active: &dyn ActiveStore, shared: &Shared) {
+        let beats = self.beats();
+        if beats.is_empty() {
+            return;
+        }
+        let batch: Vec<(Lease, u64)> = beats
+            .iter()
+            .map(|(lease, checkpoint, _)| (lease.clone(), *checkpoint))
+            .collect();
+        let at = Instant::now();
+        let outcomes = active.heartbeat_many(&batch).await;
+        shared.timed_update(at);
+        let outcomes = match outcomes {
+            Ok(outcomes) => outcomes,
+            Err(err) => {
+                tracing::warn!(%err, leases = beats.len(), "heartbeat failed; retrying");
+                return;
+            }
+        };
+        for ((lease, _, hold), outcome) in beats.iter().zip(outcomes) {
+            match outcome {
+                Ok(()) => {}
+                Err(ActiveError::LeaseLost { .. }) => {
+                    tracing::warn!(pid = lease.pid, "lease lost (expired and reclaimed?)");
+                    self.drop_lease(lease);
+                    hold.mark_lost();
+                }
+                Err(err) => tracing::warn!(pid = lease.pid, %err, "heartbeat failed; retrying"),
+            }
+        }
+    }
+}
+
+/// Heartbeats every lease in `book` every `lease / 3` until `done`.
+pub(crate) async fn heartbeat(
+    book: Arc<LeaseBook>,
+    active: Arc<dyn ActiveStore>,
+    shared: Arc<Shared>,
+    lease: Duration,
+    mut done: watch::Receiver<bool>,
+) {
+    let every = (lease / 3).max(Duration::from_millis(100));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            () = until(&mut done, |d| *d) => return,
+            _ = tick.tick() => {}
+        }
+        book.beat(active.as_ref(), &shared).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tranche_active_store::{
+        ActiveQuery, Clock, Config, Leases, Maintenance, ManualClock, MemoryActiveStore, Plan,
+        Planner,
+    };
+
+    /// One batch heartbeat where one lease of several was lost: the others are renewed
+    /// with their checkpoints, the lost one is marked and leaves the book.
+    #[tokio::test]
+    async fn a_lost_lease_among_several_is_marked_and_dropped() {
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let config = Config {
+            lease: Duration::from_secs(30),
+            ..Config::default()
+        };
+        let store = Arc::new(MemoryActiveStore::with_clock(config, clock.clone()).unwrap());
+        store
+            .plan(&Plan::Uniform {
+                min: 1,
+                max: 10_000,
+                size: 1000,
+            })
+            .await
+            .unwrap();
+        let leases = store.claim("me", 3).await.unwrap();
+        let book = LeaseBook::default();
+        let holds: Vec<_> = leases.iter().map(|l| book.hold(l)).collect();
+        // The first and third are renewed (by a heartbeat the book did not see); the
+        // second expires and goes to another worker.
+        clock.advance(20_000);
+        let renew = [0, 2].map(|i| (leases[i].clone(), leases[i].min_id));
+        for outcome in store.heartbeat_many(&renew).await.unwrap() {
+            outcome.unwrap();
+        }
+        clock.advance(10_000);
+        assert_eq!(
+            store.reap(clock.now_ms()).await.unwrap(),
+            vec![leases[1].pid]
+        );
+        let other = store.claim("other", 1).await.unwrap();
+        assert_eq!(other[0].pid, leases[1].pid);
+
+        for i in [0, 2] {
+            holds[i].advance(leases[i].min_id + 700);
+        }
+        book.beat(store.as_ref(), &Shared::new()).await;
+        assert!(!holds[0].is_lost() && !holds[2].is_lost());
+        assert!(holds[1].is_lost());
+        tokio::time::timeout(Duration::from_secs(1), holds[1].lost())
+            .await
+            .expect("the lost lease's partition is woken");
+        assert_eq!(book.len(), 2);
+        for i in [0, 2] {
+            let p = store.get(leases[i].pid).await.unwrap().unwrap();
+            assert_eq!(p.progress, leases[i].min_id + 700, "checkpoint recorded");
+        }
+    }
+}
