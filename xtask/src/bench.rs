@@ -23,6 +23,7 @@ const BENCHES: &[(&str, &[Target], bool)] = &[
         ],
         true,
     ),
+    ("e2e", &[("tranche-worker", "e2e")], true),
     (
         "embedded_state",
         &[("tranche-worker", "embedded_state")],

@@ -22,7 +22,8 @@ Tasks:
   test [ARGS...]           make sure a redis-server is installed, then cargo test --workspace
                            (ARGS go to cargo test, e.g. `cargo xtask test -p tranche-codec`)
   bench NAME|all           run a benchmark; it prints a table and writes
-                           target/tranche-bench/NAME.json (names: codec, window, active, archive)
+                           target/tranche-bench/NAME.json (names: codec, window, active, archive,
+                           embedded_state, e2e)
   fuzz codec [--seconds N] [--target T]
                            run the codec fuzz targets (nightly + cargo-fuzz), N seconds each
   redis [--cluster]        start a private Redis (or a 3-master cluster) on free ports in the

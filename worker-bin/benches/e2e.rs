@@ -1,0 +1,333 @@
+//! End-to-end benchmark: the real `tranche` binary, as users run it, against a private
+//! redis-server (AOF off). Per cell (processes P, concurrency C, shards S) it plans N
+//! partitions of 1000 IDs, starts P `tranche run --simulate --sim-latency 0..0 --chunk 1000
+//! --parallel 1 --concurrency C` processes, waits for them to exit and then for the
+//! statistics to count all N partitions, and reports:
+//!
+//! - partitions/s, from the start of the runs to the last partition archived and counted
+//!   (`stats` total = N, verified);
+//! - Redis CPU µs per partition (`INFO cpu` user + sys, delta over the cell / N);
+//! - client CPU µs per partition (the run processes' user + sys time, from this process's
+//!   `cutime`/`cstime` once they are reaped);
+//! - Redis bytes per partition at the end (`used_memory` delta / N);
+//! - Redis commands per partition by name (`INFO commandstats`), to show where the cost is;
+//!
+//! beside the `redis-benchmark -t set -c 50 -P 16` ceiling of the same server, in the same
+//! run. The cells run one after another on a flushed server.
+//!
+//! Knobs: `TRANCHE_BENCH_N` (partitions per cell, default 200,000), `TRANCHE_BENCH_CELLS`
+//! (e.g. `1x64x4,4x64x4`: P x C x S; default the four cells of issue 11), and
+//! `TRANCHE_BENCH_OUT` (default `target/tranche-bench/e2e.json`).
+
+#[path = "../../active-store/tests/support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::TestRedis;
+
+/// The binary under test, built by `cargo bench` in the bench (release) profile.
+const BIN: &str = env!("CARGO_BIN_EXE_tranche");
+const NAMESPACE: &str = "e2e";
+const DEFAULT_CELLS: &str = "1x64x4,4x64x4,4x64x16,4x64x64";
+
+/// One cell of the table.
+#[derive(Debug, Clone, Copy)]
+struct Cell {
+    processes: usize,
+    concurrency: usize,
+    shards: u32,
+}
+
+fn cells() -> Vec<Cell> {
+    let spec = std::env::var("TRANCHE_BENCH_CELLS").unwrap_or_else(|_| DEFAULT_CELLS.into());
+    spec.split(',')
+        .map(|cell| {
+            let parts: Vec<&str> = cell.trim().split('x').collect();
+            let [p, c, s] = parts.as_slice() else {
+                panic!("TRANCHE_BENCH_CELLS: `{cell}` is not PxCxS");
+            };
+            Cell {
+                processes: p.parse().expect("P"),
+                concurrency: c.parse().expect("C"),
+                shards: s.parse().expect("S"),
+            }
+        })
+        .collect()
+}
+
+/// `INFO section` as field -> value.
+fn info(redis: &TestRedis, section: &str) -> BTreeMap<String, String> {
+    redis
+        .cli(&["INFO", section])
+        .lines()
+        .filter_map(|l| l.trim().split_once(':'))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// Redis CPU seconds so far (user + sys, every thread).
+fn redis_cpu(redis: &TestRedis) -> f64 {
+    let cpu = info(redis, "cpu");
+    let get = |k: &str| {
+        cpu.get(k)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    get("used_cpu_user") + get("used_cpu_sys")
+}
+
+fn used_memory(redis: &TestRedis) -> u64 {
+    info(redis, "memory")
+        .get("used_memory")
+        .and_then(|v| v.parse().ok())
+        .expect("used_memory")
+}
+
+/// Commands run so far, by name: calls and µs spent (`cmdstat_evalsha:calls=...,usec=...`).
+/// A command a script calls is counted under its own name too, and its time is also
+/// inside the script's.
+fn command_stats(redis: &TestRedis) -> BTreeMap<String, (u64, u64)> {
+    info(redis, "commandstats")
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let name = k.strip_prefix("cmdstat_")?.to_owned();
+            let field = |f: &str| {
+                v.split(',')
+                    .find_map(|x| x.strip_prefix(f))
+                    .and_then(|x| x.parse::<u64>().ok())
+            };
+            Some((name, (field("calls=")?, field("usec=")?)))
+        })
+        .collect()
+}
+
+/// CPU seconds of this process's reaped children (fields 16 and 17 of /proc/self/stat,
+/// in clock ticks): the run processes' rusage without an unsafe `wait4`.
+fn children_cpu() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    // The command name (field 2) may hold spaces; count fields after its closing paren.
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // rest starts at field 3, so field n is fields[n - 3].
+    let ticks: u64 = fields[13].parse::<u64>().unwrap() + fields[14].parse::<u64>().unwrap();
+    ticks as f64 / clock_ticks()
+}
+
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+fn tranche(url: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["--redis", url, "--namespace", NAMESPACE])
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null());
+    for (key, _) in std::env::vars() {
+        if key.starts_with("TRANCHE_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd
+}
+
+fn run_ok(mut cmd: Command) -> String {
+    let out = cmd.output().expect("spawn tranche");
+    assert!(
+        out.status.success(),
+        "tranche failed ({:?}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+fn total_completed(url: &str) -> u64 {
+    let out = run_ok(tranche(url, &["--json", "stats"]));
+    let v: Value = serde_json::from_str(out.trim()).expect("stats --json");
+    v["completed"]["global_stats"]["total_completed"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// `redis-benchmark -t set -c 50 -P 16` against the server: SET/s.
+fn set_ceiling(redis: &TestRedis) -> Option<f64> {
+    let out = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &redis.port().to_string()])
+        .args(["-t", "set", "-c", "50", "-P", "16", "-n", "2000000", "-q"])
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "SET: 512345.67 requests per second, p50=..."; progress lines end in \r.
+    let line = text
+        .rsplit('\r')
+        .find(|l| l.contains("requests per second"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn run_cell(redis: &TestRedis, url: &str, cell: Cell, n: u64, dir: &std::path::Path) -> Value {
+    redis.cli(&["FLUSHALL"]);
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+    let memory_before = used_memory(redis);
+    let max = (n * 1000).to_string();
+    let shards = cell.shards.to_string();
+    run_ok(tranche(
+        url,
+        &[
+            "plan", "--min", "1", "--max", &max, "--size", "1000", "--shards", &shards,
+        ],
+    ));
+    let calls_before = command_stats(redis);
+    let cpu_before = redis_cpu(redis);
+    let client_before = children_cpu();
+    let started = Instant::now();
+    let concurrency = cell.concurrency.to_string();
+    let mut runs: Vec<_> = (0..cell.processes)
+        .map(|i| {
+            let log = std::fs::File::create(dir.join(format!("run-{i}.log"))).expect("log file");
+            let mut cmd = tranche(
+                url,
+                &[
+                    "run",
+                    "--simulate",
+                    "--sim-latency",
+                    "0..0",
+                    "--chunk",
+                    "1000",
+                    "--parallel",
+                    "1",
+                    "--concurrency",
+                    &concurrency,
+                    "--worker-id",
+                    &format!("bench-{i}"),
+                ],
+            );
+            cmd.stdout(Stdio::null()).stderr(log);
+            cmd.spawn().expect("spawn run")
+        })
+        .collect();
+    for (i, run) in runs.iter_mut().enumerate() {
+        let status = run.wait().expect("wait run");
+        assert!(
+            status.success(),
+            "run {i} exited {status}; see {}",
+            dir.join(format!("run-{i}.log")).display()
+        );
+    }
+    let client_cpu = children_cpu() - client_before;
+    // The runs drain the archive before they exit; poll in case one left work behind.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut counted = total_completed(url);
+    while counted < n {
+        assert!(
+            Instant::now() < deadline,
+            "statistics count {counted} of {n} partitions two minutes after the runs"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        counted = total_completed(url);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let redis_cpu_s = redis_cpu(redis) - cpu_before;
+    assert_eq!(counted, n, "every partition counted exactly once");
+    let memory = used_memory(redis).saturating_sub(memory_before);
+    let per_partition = |v: u64| (v as f64 / n as f64 * 1000.0).round() / 1000.0;
+    let mut calls = BTreeMap::new();
+    let mut usec = BTreeMap::new();
+    for (name, (c, us)) in command_stats(redis) {
+        let (c0, us0) = calls_before.get(&name).copied().unwrap_or((0, 0));
+        if c > c0 {
+            calls.insert(name.clone(), per_partition(c - c0));
+            usec.insert(name, per_partition(us - us0));
+        }
+    }
+    json!({
+        "processes": cell.processes,
+        "concurrency": cell.concurrency,
+        "shards": cell.shards,
+        "partitions": n,
+        "seconds": elapsed,
+        "partitions_per_s": n as f64 / elapsed,
+        "redis_cpu_us_per_partition": redis_cpu_s * 1e6 / n as f64,
+        "client_cpu_us_per_partition": client_cpu * 1e6 / n as f64,
+        "redis_bytes_per_partition": memory as f64 / n as f64,
+        "commands_per_partition": calls,
+        "command_us_per_partition": usec,
+    })
+}
+
+fn main() {
+    // `cargo test --all-targets` builds benches as tests and runs them with no argument
+    // telling them apart; `cargo bench` passes `--bench`.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let n: u64 = std::env::var("TRANCHE_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000);
+    let out = std::env::var_os("TRANCHE_BENCH_OUT").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/tranche-bench/e2e.json"),
+        PathBuf::from,
+    );
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("e2e-bench");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let ceiling = set_ceiling(&redis);
+    let mut rows = Vec::new();
+    println!(
+        "{:>3} {:>4} {:>6} {:>12} {:>14} {:>15} {:>13}",
+        "P", "C", "shards", "partitions/s", "Redis µs/part", "client µs/part", "Redis B/part"
+    );
+    for cell in cells() {
+        let row = run_cell(&redis, &url, cell, n, &dir);
+        println!(
+            "{:>3} {:>4} {:>6} {:>12.0} {:>14.1} {:>15.1} {:>13.1}",
+            cell.processes,
+            cell.concurrency,
+            cell.shards,
+            row["partitions_per_s"].as_f64().unwrap(),
+            row["redis_cpu_us_per_partition"].as_f64().unwrap(),
+            row["client_cpu_us_per_partition"].as_f64().unwrap(),
+            row["redis_bytes_per_partition"].as_f64().unwrap(),
+        );
+        println!(
+            "    commands per partition: {}",
+            row["commands_per_partition"]
+        );
+        println!(
+            "    command µs per partition: {}",
+            row["command_us_per_partition"]
+        );
+        rows.push(row);
+    }
+    match ceiling {
+        Some(set) => println!("redis-benchmark -t set -c 50 -P 16: {set:.0} SET/s"),
+        None => println!("redis-benchmark not found: no SET ceiling"),
+    }
+    let report = json!({
+        "partitions": n,
+        "set_ceiling_per_s": ceiling,
+        "cells": rows,
+    });
+    if let Some(parent) = out.parent() {
+        std::fs::create_dir_all(parent).expect("output dir");
+    }
+    std::fs::write(&out, serde_json::to_string_pretty(&report).unwrap()).expect("write output");
+    println!("figures written to {}", out.display());
+}
