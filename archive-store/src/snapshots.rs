@@ -20,7 +20,10 @@ use crate::model::ArchivePass;
 /// the latest snapshot gets at a trickle.
 ///
 /// Each archiver process counts its own batches, so with several archivers snapshots
-/// come more often; each is complete and versions only move forward.
+/// come more often; each is complete and versions only move forward. However fast
+/// batches go by, snapshots are at least `min_gap` apart: a snapshot reads and renders
+/// every statistic (the ranges grow with the ID space), and at tens of thousands of
+/// partitions a second ten batches pass in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SnapshotPolicy {
     /// Archive batches between snapshots (the seed's `SNAPSHOT_REFRESH_INTERVAL`, 10);
@@ -29,6 +32,8 @@ pub struct SnapshotPolicy {
     /// The longest a snapshot lags an archived record, give or take one idle wait of
     /// the archiver ([`Config::block`](crate::Config::block)).
     pub interval: Duration,
+    /// The shortest time between two snapshots of one archiver.
+    pub min_gap: Duration,
 }
 
 impl Default for SnapshotPolicy {
@@ -36,6 +41,7 @@ impl Default for SnapshotPolicy {
         Self {
             every: 10,
             interval: Duration::from_secs(60),
+            min_gap: Duration::from_secs(5),
         }
     }
 }
@@ -65,6 +71,8 @@ struct Schedule {
     batches: u32,
     /// When the last snapshot started (or the schedule, before the first).
     last: Instant,
+    /// Snapshots started so far: the first is not held back by `min_gap`.
+    snapshots: u64,
 }
 
 impl Schedule {
@@ -73,6 +81,7 @@ impl Schedule {
             policy,
             batches: 0,
             last: now,
+            snapshots: 0,
         }
     }
 
@@ -85,14 +94,18 @@ impl Schedule {
 
     /// Whether a snapshot is due at `now`.
     fn due(&self, now: Instant) -> bool {
-        self.batches >= self.policy.every.max(1)
-            || (self.batches > 0 && now.duration_since(self.last) >= self.policy.interval)
+        let since = now.duration_since(self.last);
+        if self.batches == 0 || (self.snapshots > 0 && since < self.policy.min_gap) {
+            return false;
+        }
+        self.batches >= self.policy.every.max(1) || since >= self.policy.interval
     }
 
     /// A snapshot started at `now`: it covers every batch noted so far.
     fn started(&mut self, now: Instant) {
         self.batches = 0;
         self.last = now;
+        self.snapshots += 1;
     }
 }
 
@@ -157,6 +170,7 @@ mod tests {
         let policy = SnapshotPolicy {
             every,
             interval: Duration::from_secs(interval_s),
+            min_gap: Duration::ZERO,
         };
         (Schedule::new(policy, t0), t0)
     }
@@ -188,6 +202,28 @@ mod tests {
         assert!(s.due(later));
         s.started(later);
         assert!(!s.due(later + Duration::from_secs(120)));
+    }
+
+    #[test]
+    fn snapshots_are_at_least_min_gap_apart() {
+        let t0 = Instant::now();
+        let mut s = Schedule::new(
+            SnapshotPolicy {
+                every: 2,
+                interval: Duration::from_secs(60),
+                min_gap: Duration::from_secs(5),
+            },
+            t0,
+        );
+        s.note(&pass(1));
+        s.note(&pass(1));
+        assert!(s.due(t0), "the first snapshot is not held back");
+        s.started(t0);
+        for _ in 0..100 {
+            s.note(&pass(1000));
+        }
+        assert!(!s.due(t0 + Duration::from_millis(4999)));
+        assert!(s.due(t0 + Duration::from_secs(5)));
     }
 
     #[test]

@@ -1013,6 +1013,7 @@ async fn run_publishes_a_snapshot_every_n_archive_batches(kind: Kind, shards: u3
     let policy = SnapshotPolicy {
         every: 2,
         interval: Duration::from_secs(3600),
+        min_gap: Duration::ZERO,
     };
     let (stop, task) = start_run(&h, policy);
     // Every second batch publishes, off the archiving path: each snapshot holds what
@@ -1068,6 +1069,7 @@ async fn run_publishes_after_the_interval_only_when_something_was_archived(
     let policy = SnapshotPolicy {
         every: 1000,
         interval: Duration::from_millis(300),
+        min_gap: Duration::ZERO,
     };
     let (stop, task) = start_run(&h, policy);
     // Idle from the start: nothing archived, nothing published.

@@ -255,6 +255,10 @@ pub(crate) struct SnapshotArgs {
     /// Publish one after this long too, if anything was archived since the last.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub(crate) snapshot_interval: Duration,
+    /// Never publish two snapshots closer together than this (each reads every
+    /// statistic; under load ten batches pass in milliseconds).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub(crate) snapshot_min_gap: Duration,
 }
 
 impl SnapshotArgs {
@@ -263,6 +267,7 @@ impl SnapshotArgs {
         tranche_archive_store::SnapshotPolicy {
             every: self.snapshot_every,
             interval: self.snapshot_interval,
+            min_gap: self.snapshot_min_gap,
         }
     }
 }
