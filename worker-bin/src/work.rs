@@ -234,6 +234,8 @@ async fn claim_loop(
             backend.save().await?;
             last_save = Instant::now();
         }
+        // Finished partitions free their slots (a JoinSet counts them until joined).
+        while tasks.try_join_next().is_some() {}
         while tasks.len() < settings.concurrency
             && let Some((lease, hold)) = queue.pop_front()
         {
