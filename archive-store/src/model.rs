@@ -13,15 +13,22 @@ pub struct Config {
     pub namespace: String,
     /// Shards, 1..=1024; must match the active store's.
     pub num_shards: u32,
-    /// Inbox entries read per shard and pass at most (the seed's "every 100 updates").
+    /// Inbox entries read per shard and pass at most (the seed's "every 100 updates";
+    /// an entry is one group commit, often many records).
     pub batch: usize,
-    /// The longest an entry waits in an idle inbox before an archiver looks (the seed's
-    /// "or every 30 s"): [`run`](crate::run) polls with a wait doubling from 5 ms up to
-    /// this, and back to none while work keeps arriving. It polls rather than blocking
-    /// in `XREADGROUP BLOCK` because a blocked connection serves nobody else and one
-    /// blocking read cannot span shards (their inboxes lie in different cluster slots):
-    /// blocking would take a dedicated connection per shard, up to 1024 per archiver.
+    /// How often [`run`](crate::run) sweeps every shard (the seed's "or every 30 s"),
+    /// taking over a dead archiver's entries (XAUTOCLAIM) on the way. Between sweeps it
+    /// visits only the shards completing clients marked dirty (`{ns}:dirty`), so an
+    /// idle archiver costs one small read per poll whatever the shard count; the sweep
+    /// finds what a lost mark left behind. It polls rather than blocking in `XREADGROUP
+    /// BLOCK`: a blocked connection serves nobody else, and one blocking read cannot span
+    /// the shards' inboxes (they lie in different cluster slots).
     pub block: Duration,
+    /// The least time between two woken reads of one shard's inbox (a shard whose last
+    /// read came back full is read again at once). Every archive call costs a fixed
+    /// statistics update whatever it carries, so a shard's records are gathered into
+    /// fewer, larger calls, and that cost stays flat in the shard count.
+    pub gather: Duration,
     /// Archived count from which new records go to the compressed tier.
     pub compressed_at: u64,
     /// Archived count from which new records go to the summary tier.
@@ -46,6 +53,7 @@ impl Default for Config {
             num_shards: 1,
             batch: 100,
             block: Duration::from_secs(30),
+            gather: Duration::from_millis(250),
             compressed_at: 100_000,
             summary_at: 500_000,
             summary_ttl: Duration::from_secs(24 * 3600),

@@ -21,7 +21,16 @@ pub trait Archiver: Send + Sync {
     /// the entries. Never waits for entries that are not there.
     async fn archive_once(&self) -> Result<ArchivePass>;
 
-    /// The longest an idle [`run`] loop waits between passes.
+    /// A pass over the shards with news only: those completing clients marked dirty
+    /// since (on Redis, `{ns}:dirty`), each read at most once per
+    /// [`Config::gather`](crate::Config::gather) unless its last read came back full.
+    /// Takes over nobody's entries: [`archive_once`](Self::archive_once) does, on
+    /// [`run`]'s sweeps. A backend whose full pass is cheap keeps this default.
+    async fn archive_woken(&self) -> Result<ArchivePass> {
+        self.archive_once().await
+    }
+
+    /// How often [`run`] sweeps every shard with [`archive_once`](Self::archive_once).
     fn idle_wait(&self) -> Duration;
 }
 
@@ -73,6 +82,9 @@ macro_rules! forward {
             async fn archive_once(&self) -> Result<ArchivePass> {
                 (**self).archive_once().await
             }
+            async fn archive_woken(&self) -> Result<ArchivePass> {
+                (**self).archive_woken().await
+            }
             fn idle_wait(&self) -> Duration {
                 (**self).idle_wait()
             }
@@ -102,10 +114,17 @@ macro_rules! forward {
 
 forward!(Arc<T>, Box<T>);
 
-/// Runs `archiver` until `shutdown` resolves: pass after pass while work arrives, and
-/// while idle, passes spaced from 5 ms doubling up to [`Archiver::idle_wait`] (so an
-/// entry waits at most that long, the seed's "every 30 s"). A failed pass is logged and
-/// retried after the idle wait; the loop never gives up on its own.
+/// The longest [`run`] waits between two woken passes while nothing arrives.
+const IDLE_POLL: Duration = Duration::from_millis(50);
+
+/// Runs `archiver` until `shutdown` resolves. It starts with a full pass
+/// ([`Archiver::archive_once`], which takes over a dead archiver's entries) and sweeps
+/// again every [`Archiver::idle_wait`] (the seed's "every 30 s"); in between it runs
+/// woken passes ([`Archiver::archive_woken`]) that visit only the shards with news:
+/// back to back while work arrives, and while idle spaced from 1 ms doubling up to
+/// 50 ms, so a completion is archived soon and an idle archiver costs one small read
+/// per poll whatever the shard count. A failed pass is logged and retried after a
+/// second (a failed sweep is retried as a sweep); the loop never gives up on its own.
 ///
 /// With `snapshots`, it publishes statistics snapshots as their [`SnapshotPolicy`]
 /// says, each on a task of its own so archiving never waits for one (a failed snapshot
@@ -114,8 +133,7 @@ forward!(Arc<T>, Box<T>);
 ///
 /// It polls instead of blocking in `XREADGROUP … BLOCK`: the Redis archiver shares one
 /// multiplexed connection, which a blocking read would stall for everyone, and a
-/// blocking read covers the streams of one slot only, so it would need a dedicated
-/// connection per shard. An idle poll costs one short round trip per shard.
+/// blocking read covers the streams of one slot only.
 ///
 /// [`SnapshotPolicy`]: crate::SnapshotPolicy
 pub async fn run<A: Archiver + ?Sized>(
@@ -125,26 +143,39 @@ pub async fn run<A: Archiver + ?Sized>(
 ) {
     tokio::pin!(shutdown);
     let mut publisher = snapshots.map(Publisher::new);
-    let max = archiver.idle_wait().max(Duration::from_millis(1));
-    let mut wait = Duration::from_millis(5).min(max);
+    let sweep_every = archiver.idle_wait().max(Duration::from_millis(1));
+    let first_wait = Duration::from_millis(1);
+    let mut wait = first_wait;
+    let mut last_sweep: Option<tokio::time::Instant> = None;
     loop {
-        let pause = match archiver.archive_once().await {
+        let sweep = last_sweep.is_none_or(|t| t.elapsed() >= sweep_every);
+        let pass = if sweep {
+            let started = tokio::time::Instant::now();
+            let pass = archiver.archive_once().await;
+            if pass.is_ok() {
+                last_sweep = Some(started);
+            }
+            pass
+        } else {
+            archiver.archive_woken().await
+        };
+        let pause = match pass {
             Ok(pass) => {
                 if let Some(p) = &mut publisher {
                     p.after(&pass);
                 }
                 if pass.entries > 0 {
-                    wait = Duration::from_millis(5).min(max);
+                    wait = first_wait;
                     Duration::ZERO
                 } else {
                     let w = wait;
-                    wait = (wait * 2).min(max);
+                    wait = (wait * 2).min(IDLE_POLL).min(sweep_every);
                     w
                 }
             }
             Err(err) => {
                 tracing::warn!(%err, "archive pass failed");
-                max
+                sweep_every.min(Duration::from_secs(1))
             }
         };
         tokio::select! {

@@ -124,7 +124,7 @@ impl Harness {
     }
 
     /// Completes `records` as the active store does: index bit, then one inbox entry per
-    /// shard holding that shard's records as JSON lines.
+    /// shard holding that shard's records as JSON lines, then the shard's dirty mark.
     async fn complete(&self, records: &[CompletedRecord]) {
         match &self.backend {
             Backend::Memory(txs, _) => {
@@ -159,6 +159,7 @@ impl Harness {
                         .xadd(self.schema.inbox(shard), "*", &[("r", lines.join("\n"))])
                         .await
                         .unwrap();
+                    let _: i64 = conn.sadd(self.schema.dirty(), shard).await.unwrap();
                 }
             }
         }
@@ -274,6 +275,8 @@ suite!(
     compaction_joins_segments_from_the_simple_tier,
     run_publishes_a_snapshot_every_n_archive_batches,
     run_publishes_after_the_interval_only_when_something_was_archived,
+    a_woken_pass_archives_what_completions_marked,
+    run_archives_what_arrives_while_it_idles,
 );
 
 /// Every pid of segment 0 of every shard (batches `0..10 * shards`), and a few beyond.
@@ -1086,4 +1089,194 @@ async fn run_publishes_after_the_interval_only_when_something_was_archived(
     assert_eq!(latest(&h).await, (1, 1));
     stop.send(()).unwrap();
     task.await.unwrap();
+}
+
+/// Woken passes alone (no sweep) archive everything completions marked, exactly once.
+async fn a_woken_pass_archives_what_completions_marked(kind: Kind, shards: u32) {
+    let h = Harness::with(
+        kind,
+        Config {
+            num_shards: shards,
+            consumer: "a1".into(),
+            batch: 3,
+            gather: Duration::ZERO,
+            ..Config::default()
+        },
+    )
+    .await;
+    let recs = records(1..=700);
+    for part in recs.chunks(50) {
+        h.complete(part).await;
+    }
+    let mut total = ArchivePass::default();
+    loop {
+        let pass = h.archiver.archive_woken().await.unwrap();
+        if pass.entries == 0 {
+            break;
+        }
+        total.add(pass);
+    }
+    assert_eq!(total.archived, 700);
+    for r in [&recs[0], &recs[350], &recs[699]] {
+        assert!(matches!(
+            h.query.get(r.pid).await.unwrap(),
+            Lookup::Archived { .. }
+        ));
+    }
+    h.assert_stats(&recs).await;
+}
+
+/// `run` archives completions that arrive while it idles, through woken passes: the
+/// sweep that would also find them is an hour away.
+async fn run_archives_what_arrives_while_it_idles(kind: Kind, shards: u32) {
+    let h = Harness::with(
+        kind,
+        Config {
+            num_shards: shards,
+            consumer: "a1".into(),
+            block: Duration::from_secs(3600),
+            gather: Duration::from_millis(20),
+            ..Config::default()
+        },
+    )
+    .await;
+    let (stop, task) = start_run(&h, SnapshotPolicy::default());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let recs = records(1..=300);
+    h.complete(&recs).await;
+    for r in [&recs[0], &recs[299]] {
+        eventually(&format!("pid {} archived", r.pid), || async {
+            matches!(h.query.get(r.pid).await.unwrap(), Lookup::Archived { .. }).then_some(())
+        })
+        .await;
+    }
+    stop.send(()).unwrap();
+    task.await.unwrap();
+    h.assert_stats(&recs).await;
+}
+
+/// Calls of `command` the server ran so far (`INFO commandstats`).
+fn calls(server: &TestRedis, command: &str) -> u64 {
+    server
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|l| l.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// Of 64 shards with inbox entries, a woken pass reads only the one marked dirty: one
+/// SPOP, no takeover, the other shards' inboxes untouched; the sweep then finds the
+/// entries whose mark was lost.
+async fn woken_for_one_dirty_shard_of_64(kind: Kind) {
+    let h = Harness::with(
+        kind,
+        Config {
+            num_shards: 64,
+            consumer: "a1".into(),
+            ..Config::default()
+        },
+    )
+    .await;
+    let Backend::Redis(server, conn) = &h.backend else {
+        unreachable!("Redis only")
+    };
+    // Pid 3700 is in batch 37, so shard 37; pid 500 in shard 5. Neither is marked.
+    let (marked, lost) = (record(3700), record(500));
+    assert_eq!(h.schema.shard_of(marked.pid), 37);
+    h.push_into(37, &marked).await;
+    h.push_into(5, &lost).await;
+    let _: i64 = conn.clone().sadd(h.schema.dirty(), 37).await.unwrap();
+    let before = ["spop", "xreadgroup", "xautoclaim", "xgroup|create"].map(|c| calls(server, c));
+    let pass = h.archiver.archive_woken().await.unwrap();
+    let after = ["spop", "xreadgroup", "xautoclaim", "xgroup|create"].map(|c| calls(server, c));
+    assert_eq!(pass.archived, 1);
+    assert_eq!(after[0] - before[0], 1, "one SPOP");
+    // The first visit of a shard reads this consumer's own pending entries, then new ones.
+    assert_eq!(after[1] - before[1], 2, "XREADGROUP on shard 37 only");
+    assert_eq!(after[2] - before[2], 0, "no takeover outside a sweep");
+    assert_eq!(
+        after[3] - before[3],
+        1,
+        "one consumer group made: shard 37's"
+    );
+    assert!(matches!(
+        h.query.get(3700).await.unwrap(),
+        Lookup::Archived { .. }
+    ));
+    assert!(!matches!(
+        h.query.get(500).await.unwrap(),
+        Lookup::Archived { .. }
+    ));
+    assert_eq!(h.archiver.archive_woken().await.unwrap().entries, 0);
+    // The lost mark: the sweep finds its entry.
+    assert_eq!(h.archiver.archive_once().await.unwrap().archived, 1);
+    assert!(matches!(
+        h.query.get(500).await.unwrap(),
+        Lookup::Archived { .. }
+    ));
+    h.assert_stats(&[lost, marked]).await;
+}
+
+#[tokio::test]
+async fn redis_woken_for_one_dirty_shard_of_64() {
+    woken_for_one_dirty_shard_of_64(Kind::Redis).await;
+}
+
+#[tokio::test]
+async fn cluster_woken_for_one_dirty_shard_of_64() {
+    woken_for_one_dirty_shard_of_64(Kind::Cluster).await;
+}
+
+/// A shard whose read came back full is read again by the next woken pass without a
+/// new mark; one whose read was not full waits `gather` before its next woken read.
+#[tokio::test]
+async fn a_full_read_is_read_again_and_gather_spaces_reads() {
+    let h = Harness::with(
+        Kind::Redis,
+        Config {
+            num_shards: 4,
+            consumer: "a1".into(),
+            batch: 2,
+            gather: Duration::from_secs(3600),
+            ..Config::default()
+        },
+    )
+    .await;
+    let Backend::Redis(_, conn) = &h.backend else {
+        unreachable!()
+    };
+    let mark = || async {
+        conn.clone()
+            .sadd::<_, _, i64>(h.schema.dirty(), 1)
+            .await
+            .unwrap()
+    };
+    // Pids 101..=105: batch 1, shard 1; five entries of one record each.
+    for r in records(101..=105) {
+        h.push_into(1, &r).await;
+    }
+    mark().await;
+    let entries = |p: ArchivePass| p.entries;
+    assert_eq!(entries(h.archiver.archive_woken().await.unwrap()), 2);
+    assert_eq!(
+        entries(h.archiver.archive_woken().await.unwrap()),
+        2,
+        "full: read again"
+    );
+    assert_eq!(entries(h.archiver.archive_woken().await.unwrap()), 1);
+    assert_eq!(entries(h.archiver.archive_woken().await.unwrap()), 0);
+    h.push_into(1, &record(106)).await;
+    mark().await;
+    assert_eq!(
+        entries(h.archiver.archive_woken().await.unwrap()),
+        0,
+        "read less than gather ago, and not full"
+    );
+    assert_eq!(
+        h.archiver.archive_once().await.unwrap().archived,
+        1,
+        "the sweep does not wait"
+    );
+    h.assert_stats(&records(101..=106)).await;
 }

@@ -5,9 +5,9 @@ mod conn;
 
 use std::collections::HashSet;
 use std::ops::RangeInclusive;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock, RwLock};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures_util::future::try_join_all;
@@ -117,6 +117,29 @@ pub struct RedisArchive<C> {
     /// Per shard: whether this archiver has made sure the group exists and re-read its
     /// own pending entries (left by an earlier run under the same consumer name).
     started: Arc<[AtomicBool]>,
+    /// `{ns}:dirty`, the shards completing clients marked.
+    dirty_key: String,
+    /// Which shards woken passes still owe a read, and when each was last read.
+    woken: Mutex<Woken>,
+    /// Records archived as last counted, plus what this archiver wrote since: picks
+    /// the tier of a woken pass without a read per shard. Sweeps count again. The
+    /// count only grows, so the tier it gives lags at most what other archivers wrote
+    /// since the last sweep.
+    archived: AtomicU64,
+    /// Whether `archived` was ever counted (a woken pass before any sweep counts).
+    counted: AtomicBool,
+}
+
+/// What woken passes know of each shard.
+#[derive(Debug)]
+struct Woken {
+    /// Marked dirty (popped from `{ns}:dirty`) or left full by its last read, and not
+    /// read since.
+    owed: Vec<bool>,
+    /// Whether its last read came back full: read it again without waiting.
+    full: Vec<bool>,
+    /// When a pass last read it.
+    last_read: Vec<Option<Instant>>,
 }
 
 #[derive(Debug, Clone)]
@@ -248,6 +271,14 @@ where
                 .into(),
             dict_key: schema.dict(),
             meta_key: schema.meta(),
+            dirty_key: schema.dirty(),
+            woken: Mutex::new(Woken {
+                owed: vec![false; schema.num_shards() as usize],
+                full: vec![false; schema.num_shards() as usize],
+                last_read: vec![None; schema.num_shards() as usize],
+            }),
+            archived: AtomicU64::new(0),
+            counted: AtomicBool::new(false),
             dict: RwLock::default(),
             conn,
             config,
@@ -345,13 +376,21 @@ where
         Ok(true)
     }
 
-    /// Reads up to `batch` entries of `shard`: a dead archiver's (idle long enough),
-    /// then, on the first pass, this consumer's own pending ones, then new ones.
-    async fn read(&self, shard: u32, pass: &mut ArchivePass) -> Result<Vec<StreamId>> {
-        let first = self.ensure_group(shard).await?;
+    /// Counts the archived records again (one read per shard) and keeps the count for
+    /// woken passes.
+    async fn count_archived(&self) -> Result<u64> {
+        let archived = self.archived_count().await?;
+        self.archived.fetch_max(archived, Ordering::Relaxed);
+        self.counted.store(true, Ordering::Relaxed);
+        Ok(self.archived.load(Ordering::Relaxed))
+    }
+
+    /// Takes over up to `batch` entries of `shard` that another archiver has held
+    /// unacknowledged for `claim_idle` (it died): XAUTOCLAIM, on sweeps only.
+    async fn take_over(&self, shard: u32, pass: &mut ArchivePass) -> Result<Vec<StreamId>> {
         let inbox = &self.keys[shard as usize].inbox;
         let consumer = &self.config.consumer;
-        let mut want = self.config.batch;
+        let want = self.config.batch;
         let idle = self.config.claim_idle.as_millis().min(u64::MAX as u128) as u64;
         let claimed: StreamAutoClaimReply = retry(&self.conn, |mut c| async move {
             redis::cmd("XAUTOCLAIM")
@@ -367,8 +406,125 @@ where
         })
         .await?;
         pass.claimed += claimed.claimed.len();
-        let mut out = claimed.claimed;
-        want -= out.len().min(want);
+        Ok(claimed.claimed)
+    }
+
+    /// Pops every mark of `{ns}:dirty` (one command, whatever the shard count; marks
+    /// another archiver pops are its to serve) and returns the shard numbers.
+    async fn pop_dirty(&self) -> Result<Vec<u32>> {
+        let count = self.schema.num_shards() as usize;
+        let key = &self.dirty_key;
+        let marks: Vec<String> = retry(&self.conn, |mut c| async move {
+            redis::cmd("SPOP")
+                .arg(key)
+                .arg(count)
+                .query_async(&mut c)
+                .await
+        })
+        .await?;
+        Ok(marks
+            .iter()
+            .filter_map(|m| {
+                let shard = m
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|&s| s < self.schema.num_shards());
+                if shard.is_none() {
+                    tracing::warn!(key = %self.dirty_key, mark = %m, "not a shard number; ignored");
+                }
+                shard
+            })
+            .collect())
+    }
+
+    /// The shards a woken pass reads now: those owed a read whose last read came back
+    /// full or was at least `gather` ago. They are no longer owed.
+    fn ripe(&self, marked: &[u32], now: Instant) -> Vec<u32> {
+        let mut w = self.woken.lock().unwrap_or_else(|p| p.into_inner());
+        for &shard in marked {
+            w.owed[shard as usize] = true;
+        }
+        let mut out = Vec::new();
+        for shard in 0..w.owed.len() {
+            let ready = w.full[shard]
+                || w.last_read[shard].is_none_or(|t| now.duration_since(t) >= self.config.gather);
+            if w.owed[shard] && ready {
+                w.owed[shard] = false;
+                out.push(shard as u32);
+            }
+        }
+        out
+    }
+
+    /// Notes what a read of `shard` at `at` found (or that it failed: owed again).
+    fn read_done(&self, shard: u32, at: Instant, entries: Option<usize>) {
+        let mut w = self.woken.lock().unwrap_or_else(|p| p.into_inner());
+        let s = shard as usize;
+        match entries {
+            Some(entries) => {
+                let full = entries >= self.config.batch;
+                w.full[s] = full;
+                w.owed[s] |= full;
+                w.last_read[s] = Some(at);
+            }
+            None => w.owed[s] = true,
+        }
+    }
+
+    /// Archives `shards` at once, their calls pipelined; `takeover` on sweeps.
+    async fn archive_shards(
+        &self,
+        shards: &[u32],
+        tier: Tier,
+        takeover: bool,
+    ) -> Result<ArchivePass> {
+        let at = Instant::now();
+        let results = futures_util::future::join_all(
+            shards
+                .iter()
+                .map(|&s| self.archive_shard(s, tier, takeover)),
+        )
+        .await;
+        let mut pass = ArchivePass::default();
+        let mut failed = None;
+        for (&shard, result) in shards.iter().zip(results) {
+            match result {
+                Ok(p) => {
+                    self.read_done(shard, at, Some(p.entries));
+                    pass.add(p);
+                }
+                Err(err) => {
+                    self.read_done(shard, at, None);
+                    failed.get_or_insert(err);
+                }
+            }
+        }
+        self.archived
+            .fetch_add(pass.archived as u64, Ordering::Relaxed);
+        match failed {
+            Some(err) => Err(err),
+            None => Ok(pass),
+        }
+    }
+
+    /// Reads up to `batch` entries of `shard`: with `takeover`, a dead archiver's
+    /// (idle long enough) first; then, on the first visit, this consumer's own pending
+    /// ones; then new ones.
+    async fn read(
+        &self,
+        shard: u32,
+        takeover: bool,
+        pass: &mut ArchivePass,
+    ) -> Result<Vec<StreamId>> {
+        let first = self.ensure_group(shard).await?;
+        let inbox = &self.keys[shard as usize].inbox;
+        let consumer = &self.config.consumer;
+        let mut want = self.config.batch;
+        let mut out = Vec::new();
+        if takeover {
+            out = self.take_over(shard, pass).await?;
+            want -= out.len().min(want);
+        }
         for from in [first.then_some("0"), Some(">")].into_iter().flatten() {
             if want == 0 {
                 break;
@@ -402,9 +558,9 @@ where
         Ok(out)
     }
 
-    async fn archive_shard(&self, shard: u32, tier: Tier) -> Result<ArchivePass> {
+    async fn archive_shard(&self, shard: u32, tier: Tier, takeover: bool) -> Result<ArchivePass> {
         let mut pass = ArchivePass::default();
-        let raw = self.read(shard, &mut pass).await?;
+        let raw = self.read(shard, takeover, &mut pass).await?;
         if raw.is_empty() {
             return Ok(pass);
         }
@@ -1095,16 +1251,27 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     async fn archive_once(&self) -> Result<ArchivePass> {
-        let tier = self.config.tier_for(self.archived_count().await?);
+        let archived = self.count_archived().await?;
+        let tier = self.config.tier_for(archived);
         // Shards are independent (own keys, own slot, on a cluster often their own
         // node): all of them are archived at once, their calls pipelined.
-        let passes =
-            try_join_all(self.schema.shards().map(|s| self.archive_shard(s, tier))).await?;
-        let mut pass = ArchivePass::default();
-        for p in passes {
-            pass.add(p);
+        let shards: Vec<u32> = self.schema.shards().collect();
+        self.archive_shards(&shards, tier, true).await
+    }
+
+    async fn archive_woken(&self) -> Result<ArchivePass> {
+        let marked = self.pop_dirty().await?;
+        let shards = self.ripe(&marked, Instant::now());
+        if shards.is_empty() {
+            return Ok(ArchivePass::default());
         }
-        Ok(pass)
+        let archived = if self.counted.load(Ordering::Relaxed) {
+            self.archived.load(Ordering::Relaxed)
+        } else {
+            self.count_archived().await?
+        };
+        self.archive_shards(&shards, self.config.tier_for(archived), false)
+            .await
     }
 
     fn idle_wait(&self) -> Duration {
