@@ -16,8 +16,11 @@
 //! run. The cells run one after another on a flushed server.
 //!
 //! Knobs: `TRANCHE_BENCH_N` (partitions per cell, default 200,000), `TRANCHE_BENCH_CELLS`
-//! (e.g. `1x64x4,4x64x4`: P x C x S; default the four cells of issue 11), and
-//! `TRANCHE_BENCH_OUT` (default `target/tranche-bench/e2e.json`).
+//! (e.g. `1x64x4,4x64x4`: P x C x S; default the four cells of issue 11),
+//! `TRANCHE_BENCH_RUN_ARGS` (more `run` arguments, space-separated, e.g. `--prefetch 64`),
+//! `TRANCHE_BENCH_REPEAT` (runs per cell, default 3: the row shown is the run with the
+//! median partitions/s, beside the slowest and fastest) and `TRANCHE_BENCH_OUT` (default
+//! `target/tranche-bench/e2e.json`).
 
 #[path = "../../active-store/tests/support/mod.rs"]
 mod support;
@@ -215,6 +218,8 @@ fn run_cell(redis: &TestRedis, url: &str, cell: Cell, n: u64, dir: &std::path::P
                     &format!("bench-{i}"),
                 ],
             );
+            let extra = std::env::var("TRANCHE_BENCH_RUN_ARGS").unwrap_or_default();
+            cmd.args(extra.split_whitespace());
             cmd.stdout(Stdio::null()).stderr(log);
             cmd.spawn().expect("spawn run")
         })
@@ -291,17 +296,39 @@ fn main() {
     let ceiling = set_ceiling(&redis);
     let mut rows = Vec::new();
     println!(
-        "{:>3} {:>4} {:>6} {:>12} {:>14} {:>15} {:>13}",
-        "P", "C", "shards", "partitions/s", "Redis µs/part", "client µs/part", "Redis B/part"
+        "{:>3} {:>4} {:>6} {:>12} {:>17} {:>14} {:>15} {:>13}",
+        "P",
+        "C",
+        "shards",
+        "partitions/s",
+        "(slowest-fastest)",
+        "Redis µs/part",
+        "client µs/part",
+        "Redis B/part"
     );
+    let repeat: usize = std::env::var("TRANCHE_BENCH_REPEAT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+        .max(1);
     for cell in cells() {
-        let row = run_cell(&redis, &url, cell, n, &dir);
+        let mut runs: Vec<Value> = (0..repeat)
+            .map(|_| run_cell(&redis, &url, cell, n, &dir))
+            .collect();
+        let rate = |v: &Value| v["partitions_per_s"].as_f64().unwrap();
+        runs.sort_by(|a, b| rate(a).total_cmp(&rate(b)));
+        let (slowest, fastest) = (rate(&runs[0]), rate(&runs[runs.len() - 1]));
+        let mut row = runs.swap_remove(runs.len() / 2);
+        row["runs"] = json!(repeat);
+        row["partitions_per_s_slowest"] = json!(slowest);
+        row["partitions_per_s_fastest"] = json!(fastest);
         println!(
-            "{:>3} {:>4} {:>6} {:>12.0} {:>14.1} {:>15.1} {:>13.1}",
+            "{:>3} {:>4} {:>6} {:>12.0} {:>17} {:>14.1} {:>15.1} {:>13.1}",
             cell.processes,
             cell.concurrency,
             cell.shards,
             row["partitions_per_s"].as_f64().unwrap(),
+            format!("({slowest:.0}-{fastest:.0})"),
             row["redis_cpu_us_per_partition"].as_f64().unwrap(),
             row["client_cpu_us_per_partition"].as_f64().unwrap(),
             row["redis_bytes_per_partition"].as_f64().unwrap(),

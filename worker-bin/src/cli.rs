@@ -171,7 +171,8 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub(crate) concurrency: u32,
     /// Partitions claimed ahead beyond --concurrency, so a finished one is replaced
-    /// without waiting for Redis (default: a quarter of --concurrency, at least 1).
+    /// without waiting for Redis (default: as many as --concurrency while partitions take
+    /// under a second, an eighth of it once they take longer).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=4096))]
     pub(crate) prefetch: Option<u32>,
     /// This worker's id (default: host-pid).

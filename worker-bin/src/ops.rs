@@ -286,9 +286,7 @@ async fn run(g: &crate::cli::Global, args: RunArgs) -> Result<Outcome> {
         parallel,
         window: args.window.map_or(2 * parallel, |w| w as usize),
         concurrency: args.concurrency as usize,
-        prefetch: args
-            .prefetch
-            .map_or((args.concurrency as usize / 4).max(1), |p| p as usize),
+        prefetch: args.prefetch.map(|p| p as usize),
         worker,
         lease: args.lease,
         follow: args.follow,

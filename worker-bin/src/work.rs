@@ -49,8 +49,9 @@ pub(crate) struct Settings {
     pub(crate) window: usize,
     pub(crate) concurrency: usize,
     /// Claimed leases queued beyond `concurrency`, so a finished partition is replaced
-    /// without waiting for a claim.
-    pub(crate) prefetch: usize,
+    /// without waiting for a claim; `None` chooses by how long partitions take
+    /// ([`auto_prefetch`]).
+    pub(crate) prefetch: Option<usize>,
     pub(crate) worker: String,
     pub(crate) lease: Duration,
     pub(crate) follow: bool,
@@ -104,6 +105,12 @@ impl Shared {
             durations_ms: Mutex::new(hist()),
             update_us: Mutex::new(hist()),
         }
+    }
+
+    /// The mean partition duration so far, ms (`None` before the first).
+    fn mean_ms(&self) -> Option<f64> {
+        let h = self.durations_ms.lock().expect("not poisoned");
+        (!h.is_empty()).then(|| h.mean())
     }
 
     pub(crate) fn timed_update(&self, started: Instant) {
@@ -200,7 +207,8 @@ pub(crate) async fn run(
 /// room; returns once nothing is outstanding (unless following) or a signal stopped it,
 /// with every partition task finished and every queued lease released.
 ///
-/// The queue holds up to `prefetch` leases beyond the `concurrency` running, so a
+/// The queue holds up to `prefetch` leases beyond the `concurrency` running (see
+/// [`auto_prefetch`]), so a
 /// finished partition is replaced without a round trip, and a claim is made only once
 /// that many slots are free (or nothing is left to start): one claim call per shard
 /// visited carries many partitions.
@@ -220,10 +228,7 @@ async fn claim_loop(
         book: book.clone(),
         stop: stop.clone(),
     });
-    let target = settings.concurrency + settings.prefetch;
-    // Claim once a quarter of the target is free: big batches, and a queue that never
-    // runs dry while the claim is in flight.
-    let refill_at = (target / 4).max(1);
+
     let mut idle = Duration::from_millis(10);
     let mut last_save = Instant::now();
     loop {
@@ -241,6 +246,13 @@ async fn claim_loop(
         {
             start(&mut tasks, &ctx, lease, hold);
         }
+        let prefetch = settings
+            .prefetch
+            .unwrap_or_else(|| auto_prefetch(settings.concurrency, shared.mean_ms()));
+        let target = settings.concurrency + prefetch;
+        // Claim once a quarter of the target is free: big batches, and a queue that
+        // never runs dry while the claim is in flight.
+        let refill_at = (target / 4).max(1);
         let want = target.saturating_sub(tasks.len() + queue.len());
         let starving = queue.is_empty() && tasks.len() < settings.concurrency;
         let mut claimed = 0;
@@ -290,6 +302,18 @@ async fn claim_loop(
     }
     while tasks.join_next().await.is_some() {}
     Ok(())
+}
+
+/// How many leases to queue beyond `concurrency` when `--prefetch` is not given: as
+/// many again while partitions take under a second on average (a queued lease waits
+/// about one partition, and claims carry many partitions each), an eighth once they
+/// take longer (a long partition queued behind a busy worker's would wait for it while
+/// another worker idles at the end of a job).
+fn auto_prefetch(concurrency: usize, mean_ms: Option<f64>) -> usize {
+    match mean_ms {
+        Some(ms) if ms >= 1000.0 => (concurrency / 8).max(1),
+        _ => concurrency,
+    }
 }
 
 /// Starts the partition of `lease` on `tasks`, in a span of its own when the span is
@@ -659,4 +683,18 @@ pub(crate) fn hostname() -> String {
         .filter(|s| !s.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "localhost".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefetch_follows_the_partition_duration() {
+        assert_eq!(auto_prefetch(64, None), 64, "short until shown otherwise");
+        assert_eq!(auto_prefetch(64, Some(3.5)), 64);
+        assert_eq!(auto_prefetch(64, Some(999.0)), 64);
+        assert_eq!(auto_prefetch(64, Some(1000.0)), 8);
+        assert_eq!(auto_prefetch(4, Some(60_000.0)), 1);
+    }
 }
