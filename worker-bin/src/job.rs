@@ -1,6 +1,14 @@
 //! What a chunk of a partition runs: the team's command (`--exec`) or the labelled load
 //! generator (`--simulate`).
+//!
+//! Each `--exec` chunk runs in a process group of its own: a Ctrl-C in the terminal
+//! reaches tranche alone (which drains), never the chunks, and when the grace period is
+//! over the whole group is stopped (SIGTERM, then SIGKILL), grandchildren included, so
+//! no chunk outlives the lease it ran under. The child's environment is tranche's minus
+//! the variables tranche reads secrets from (`TRANCHE_REDIS_URL`: its password), plus
+//! the chunk's variables.
 
+use std::future::Future;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -10,6 +18,24 @@ use tokio::process::Command;
 
 /// The most of a failed command's stderr kept in its failure message.
 const STDERR_TAIL: usize = 1024;
+
+/// Variables tranche reads a secret from, never passed to a chunk: the Redis URL may
+/// carry a password.
+const SECRETS: &[&str] = &["TRANCHE_REDIS_URL"];
+
+/// How long a chunk's process group has between SIGTERM and SIGKILL once aborted.
+const KILL_AFTER: Duration = Duration::from_secs(2);
+
+/// Why a chunk did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ChunkError {
+    /// It failed: a one-line reason, with the tail of the command's stderr when there
+    /// is one. The partition's attempt is spent.
+    Failed(String),
+    /// Our own shutdown stopped it (the grace period was over): not the chunk's fault,
+    /// so the partition is released and the attempt given back.
+    Interrupted,
+}
 
 /// One chunk: the IDs `from..=to` of partition `pid`, on attempt `attempt`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,12 +57,16 @@ pub(crate) enum Job {
 }
 
 impl Job {
-    /// Runs one chunk. `Err` carries a one-line reason, with the tail of the command's
-    /// stderr when there is one.
-    pub(crate) async fn run(&self, chunk: Chunk) -> Result<(), String> {
+    /// Runs one chunk until it ends or `abort` resolves (then it is stopped and
+    /// [`ChunkError::Interrupted`]).
+    pub(crate) async fn run(
+        &self,
+        chunk: Chunk,
+        abort: impl Future<Output = ()>,
+    ) -> Result<(), ChunkError> {
         match self {
             // Boxed: a child process's state would make every chunk's future that big.
-            Job::Exec(cmd) => Box::pin(exec(cmd, chunk)).await,
+            Job::Exec(cmd) => Box::pin(exec(cmd, chunk, abort)).await,
             Job::Simulate { latency, fail } => {
                 let (ms, failed) = {
                     let mut rng = rand::rng();
@@ -48,13 +78,16 @@ impl Job {
                 // A zero latency is no sleep: a timer would round it up to the
                 // timer wheel's millisecond.
                 if ms > 0 {
-                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_millis(ms)) => {}
+                        () = abort => return Err(ChunkError::Interrupted),
+                    }
                 }
                 if failed {
-                    Err(format!(
+                    Err(ChunkError::Failed(format!(
                         "simulated failure of chunk {} ({}..={})",
                         chunk.index, chunk.from, chunk.to
-                    ))
+                    )))
                 } else {
                     Ok(())
                 }
@@ -63,10 +96,23 @@ impl Job {
     }
 }
 
-async fn exec(cmd: &str, chunk: Chunk) -> Result<(), String> {
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(cmd)
+/// Sends `signal` to process group `pgid`; a group already gone is fine.
+fn signal_group(pgid: u32, signal: nix::sys::signal::Signal) {
+    let pgid = nix::unistd::Pid::from_raw(pgid as i32);
+    if let Err(err) = nix::sys::signal::killpg(pgid, signal)
+        && err != nix::errno::Errno::ESRCH
+    {
+        tracing::warn!(%err, ?signal, "could not signal a chunk's process group");
+    }
+}
+
+async fn exec(cmd: &str, chunk: Chunk, abort: impl Future<Output = ()>) -> Result<(), ChunkError> {
+    let mut command = Command::new("sh");
+    command.arg("-c").arg(cmd);
+    for key in SECRETS {
+        command.env_remove(key);
+    }
+    let mut child = command
         .env("TRANCHE_PID", chunk.pid.to_string())
         .env("TRANCHE_FROM", chunk.from.to_string())
         .env("TRANCHE_TO", chunk.to.to_string())
@@ -75,10 +121,13 @@ async fn exec(cmd: &str, chunk: Chunk) -> Result<(), String> {
         .stdin(Stdio::null())
         .stdout(Stdio::inherit())
         .stderr(Stdio::piped())
-        // A chunk abandoned at shutdown (after the grace period) takes its process along.
+        // A group of its own: the terminal's Ctrl-C is for tranche, not the chunk.
+        .process_group(0)
+        // Should this future be dropped, at least `sh` goes.
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| format!("cannot start `sh -c {cmd}`: {e}"))?;
+        .map_err(|e| ChunkError::Failed(format!("cannot start `sh -c {cmd}`: {e}")))?;
+    let pgid = child.id().expect("a child just spawned has a pid");
     let mut stderr = child.stderr.take().expect("stderr is piped");
     // Keep only the tail: a chatty command must not grow this process's memory.
     let read_tail = async {
@@ -97,8 +146,23 @@ async fn exec(cmd: &str, chunk: Chunk) -> Result<(), String> {
         }
         tail
     };
-    let (status, tail) = tokio::join!(child.wait(), read_tail);
-    let status = status.map_err(|e| format!("waiting for `{cmd}`: {e}"))?;
+    let finished = async { tokio::join!(child.wait(), read_tail) };
+    tokio::pin!(finished);
+    let (status, tail) = tokio::select! {
+        done = &mut finished => done,
+        () = abort => {
+            // The whole group, grandchildren too: SIGTERM, SIGKILL if it lingers. A
+            // process that left the group could still hold stderr open, so the wait
+            // for the pipe is bounded as well.
+            signal_group(pgid, nix::sys::signal::Signal::SIGTERM);
+            if tokio::time::timeout(KILL_AFTER, &mut finished).await.is_err() {
+                signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
+                let _ = tokio::time::timeout(KILL_AFTER, &mut finished).await;
+            }
+            return Err(ChunkError::Interrupted);
+        }
+    };
+    let status = status.map_err(|e| ChunkError::Failed(format!("waiting for `{cmd}`: {e}")))?;
     if status.success() {
         return Ok(());
     }
@@ -108,7 +172,7 @@ async fn exec(cmd: &str, chunk: Chunk) -> Result<(), String> {
         Some(code) => format!("exit status {code}"),
         None => "killed by a signal".to_owned(),
     };
-    Err(if tail.is_empty() {
+    Err(ChunkError::Failed(if tail.is_empty() {
         format!(
             "chunk {} ({}..={}) failed: {how}",
             chunk.index, chunk.from, chunk.to
@@ -118,7 +182,7 @@ async fn exec(cmd: &str, chunk: Chunk) -> Result<(), String> {
             "chunk {} ({}..={}) failed: {how}: {tail}",
             chunk.index, chunk.from, chunk.to
         )
-    })
+    }))
 }
 
 #[cfg(test)]
@@ -141,13 +205,15 @@ mod tests {
             r#"test "$TRANCHE_PID/$TRANCHE_FROM/$TRANCHE_TO/$TRANCHE_ATTEMPT/$TRANCHE_CHUNK" = 7/6201/6300/3/2"#
                 .into(),
         );
-        assert_eq!(job.run(chunk()).await, Ok(()));
+        assert_eq!(job.run(chunk(), std::future::pending()).await, Ok(()));
     }
 
     #[tokio::test]
     async fn a_failure_carries_the_tail_of_stderr() {
         let job = Job::Exec("echo first >&2; echo 'the real reason' >&2; exit 3".into());
-        let err = job.run(chunk()).await.unwrap_err();
+        let Err(ChunkError::Failed(err)) = job.run(chunk(), std::future::pending()).await else {
+            panic!("a failure")
+        };
         assert!(
             err.starts_with("chunk 2 (6201..=6300) failed: exit status 3"),
             "{err}"
@@ -159,7 +225,9 @@ mod tests {
     async fn a_long_stderr_is_cut_to_its_tail() {
         let job =
             Job::Exec("head -c 100000 /dev/zero | tr '\\0' x >&2; echo END >&2; exit 1".into());
-        let err = job.run(chunk()).await.unwrap_err();
+        let Err(ChunkError::Failed(err)) = job.run(chunk(), std::future::pending()).await else {
+            panic!("a failure")
+        };
         assert!(err.len() < STDERR_TAIL + 100, "{}", err.len());
         assert!(err.ends_with("END"));
     }
@@ -174,13 +242,66 @@ mod tests {
             latency: (0, 1),
             fail: 0.0,
         };
+        assert!(matches!(
+            always.run(chunk(), std::future::pending()).await,
+            Err(ChunkError::Failed(reason)) if reason.contains("simulated failure")
+        ));
+        assert_eq!(never.run(chunk(), std::future::pending()).await, Ok(()));
+    }
+
+    /// The process groups of the processes alive now (field 5 of /proc/PID/stat; a
+    /// zombie, state Z, is dead and only waits to be reaped).
+    fn groups() -> Vec<u32> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("stat")).ok())
+            .filter_map(|stat| {
+                let mut rest = stat[stat.rfind(')')? + 2..].split_whitespace();
+                let state = rest.next()?;
+                (state != "Z").then(|| rest.nth(1)?.parse().ok())?
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn an_aborted_chunk_takes_its_whole_group_along() {
+        let dir = std::env::temp_dir().join(format!("tranche-job-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pid_file = dir.join("sh.pid");
+        // sh stays (the `true` after sleep), so sleep is a grandchild of this process.
+        let job = Job::Exec(format!("echo $$ > {}; sleep 30; true", pid_file.display()));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let run = tokio::spawn(async move {
+            job.run(chunk(), async {
+                let _ = rx.await;
+            })
+            .await
+        });
+        let pgid: u32 = loop {
+            if let Some(pid) = std::fs::read_to_string(&pid_file)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+            {
+                break pid;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
         assert!(
-            always
-                .run(chunk())
-                .await
-                .unwrap_err()
-                .contains("simulated failure")
+            groups().contains(&pgid),
+            "the chunk runs in a group of its own"
         );
-        assert_eq!(never.run(chunk()).await, Ok(()));
+        assert_ne!(pgid, std::process::id());
+        let started = std::time::Instant::now();
+        tx.send(()).unwrap();
+        assert_eq!(run.await.unwrap(), Err(ChunkError::Interrupted));
+        assert!(
+            started.elapsed() < KILL_AFTER * 2,
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(
+            !groups().contains(&pgid),
+            "sleep, a grandchild, is gone with its group"
+        );
     }
 }

@@ -148,38 +148,38 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
     }
 }
 
-/// SIGINT/SIGTERM: the first asks to drain (and, after `grace`, to abort); a second
-/// exits at once.
+/// SIGINT/SIGTERM: the first asks to drain (and, after `grace`, to abort: in-flight
+/// chunks' process groups are stopped and their partitions released); a second aborts
+/// at once, through the same path, so leases are released and locks dropped before
+/// the exit; one more exits on the spot.
 fn signals(grace: Duration) -> Result<watch::Receiver<Stop>> {
     let (tx, rx) = watch::channel(Stop::Running);
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     tokio::spawn(async move {
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
-        }
-        tracing::warn!(
-            grace = ?grace,
-            "stopping: no new claims; in-flight chunks may finish, then partitions are checkpointed and released (signal again to exit at once)"
-        );
-        let _ = tx.send(Stop::Draining);
-        let second = async {
+        let mut next = async || {
             tokio::select! {
                 _ = int.recv() => {}
                 _ = term.recv() => {}
             }
         };
-        tokio::pin!(second);
+        next().await;
+        tracing::warn!(
+            grace = ?grace,
+            "stopping: no new claims; in-flight chunks may finish, then partitions are checkpointed and released (signal again to stop them now)"
+        );
+        let _ = tx.send(Stop::Draining);
         tokio::select! {
-            () = &mut second => {}
+            () = next() => {
+                tracing::warn!("second signal: stopping in-flight chunks now (a third exits at once)");
+            }
             () = tokio::time::sleep(grace) => {
-                tracing::warn!("grace period over: abandoning in-flight chunks");
-                let _ = tx.send(Stop::Abort);
-                second.await;
+                tracing::warn!("grace period over: stopping in-flight chunks");
             }
         }
-        eprintln!("tranche: second signal, exiting now");
+        let _ = tx.send(Stop::Abort);
+        next().await;
+        eprintln!("tranche: signalled again, exiting now");
         std::process::exit(130);
     });
     Ok(rx)

@@ -26,7 +26,7 @@ use tranche_window::SlidingWindow;
 
 use crate::backend::Backend;
 use crate::held::{self, Hold, LeaseBook};
-use crate::job::{Chunk, Job};
+use crate::job::{Chunk, ChunkError, Job};
 use crate::progress::Progress;
 
 /// What a signal asked for.
@@ -478,16 +478,23 @@ impl PartitionCtx {
                     to,
                     attempt: lease.attempt,
                 };
-                let (job, window, failure) =
-                    (self.settings.job.clone(), window.clone(), failure.clone());
+                let (job, window, failure, mut stop) = (
+                    self.settings.job.clone(),
+                    window.clone(),
+                    failure.clone(),
+                    self.stop.clone(),
+                );
                 running.spawn(async move {
-                    let r = job.run(c).await;
+                    let abort = async move { until(&mut stop, |s| *s == Stop::Abort).await };
+                    let r = job.run(c, abort).await;
                     drop(permit);
                     match r {
                         Ok(()) => {
                             let _ = window.ack(index);
                         }
-                        Err(reason) => {
+                        // Stopped by our shutdown: unacked, so the checkpoint stays below it.
+                        Err(ChunkError::Interrupted) => window.close(),
+                        Err(ChunkError::Failed(reason)) => {
                             failure.lock().expect("not poisoned").get_or_insert(reason);
                             window.close();
                         }
@@ -500,19 +507,13 @@ impl PartitionCtx {
             () = issue => {}
             () = &mut closer => {}
         }
-        // Let in-flight chunks finish, unless the grace period runs out. The
-        // checkpoint moves with them, for the heartbeats.
-        let mut stop = self.stop.clone();
+        // Let in-flight chunks finish; once the grace period is over each one stops its
+        // process group itself. The checkpoint moves with them, for the heartbeats.
         loop {
             tokio::select! {
                 next = running.join_next() => {
                     hold.advance(checkpoint(window.progress()));
                     if next.is_none() { break }
-                }
-                () = until(&mut stop, |s| *s == Stop::Abort) => {
-                    running.abort_all();
-                    while running.join_next().await.is_some() {}
-                    break;
                 }
                 () = &mut closer => {}
             }
@@ -532,7 +533,7 @@ impl PartitionCtx {
     }
 
     /// A partition with one chunk left runs it directly: no window, no permits, no
-    /// task of its own. A drain lets it finish; the end of the grace period aborts it.
+    /// task of its own. A drain lets it finish; the end of the grace period stops it.
     async fn last_chunk(
         &self,
         lease: &Lease,
@@ -550,15 +551,12 @@ impl PartitionCtx {
             attempt: lease.attempt,
         };
         let mut stop = self.stop.clone();
-        let result = tokio::select! {
-            r = self.settings.job.run(c) => Some(r),
-            () = until(&mut stop, |s| *s == Stop::Abort) => None,
-        };
-        match result {
+        let abort = until(&mut stop, |s| *s == Stop::Abort);
+        match self.settings.job.run(c, abort).await {
             _ if hold.is_lost() => (Ended::Lost, checkpoint(index)),
-            Some(Ok(())) => (Ended::Done, checkpoint(index + 1)),
-            Some(Err(reason)) => (Ended::Failed(reason), checkpoint(index)),
-            None => (Ended::Stopped, checkpoint(index)),
+            Ok(()) => (Ended::Done, checkpoint(index + 1)),
+            Err(ChunkError::Failed(reason)) => (Ended::Failed(reason), checkpoint(index)),
+            Err(ChunkError::Interrupted) => (Ended::Stopped, checkpoint(index)),
         }
     }
 }
