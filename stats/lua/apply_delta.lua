@@ -309,13 +309,33 @@ local function apply_stats(k, a)
     i = i + 1
     return v
   end
+  -- Redis does not undo a script's writes when a later step fails. So everything is
+  -- read, checked, decoded and computed first, and the writes are gathered in `writes`
+  -- and issued at the end: malformed arguments, a corrupt packed value or a counter that
+  -- is not an integer fail the call before anything is written.
+  local writes = {}
+  local function later(cmd, key, ...) writes[#writes + 1] = {cmd, key, ...} end
+  -- A field about to take HINCRBY must hold an integer (or nothing).
+  local function integer(key, field, v)
+    if v and not string.match(v, '^%-?%d+$') then
+      error('stats: ' .. key .. ' field ' .. field .. ' is not an integer; nothing was applied')
+    end
+  end
+  -- An increment from the caller must be a decimal count.
+  local function count_arg(v)
+    if not v or not string.match(v, '^%d+$') or #v > 18 then
+      error('stats: malformed delta argument ' .. tostring(v) .. '; nothing was applied')
+    end
+  end
 
   -- Global counters, and the completion-time bounds and update time as maxima/minima.
   local now, count, ids, dur, first, last = nxt(), nxt(), nxt(), nxt(), nxt(), nxt()
   local cur = redis.call('HMGET', KEYS[k], 'count', 'ids', 'dur_sum_ms',
-    'first_completed_ms', 'last_completed_ms', 'updated_ms')
-  -- The overflow guard, before any write (see the header).
+    'first_completed_ms', 'last_completed_ms', 'updated_ms', 'palette')
+  -- The overflow guard (see the header).
+  local gfields = {'count', 'ids', 'dur_sum_ms'}
   for j = 1, 3 do
+    integer(KEYS[k], gfields[j], cur[j])
     if cur[j] and #cur[j] > 18 then
       error('stats: a counter of ' .. KEYS[k] .. ' reached 10^18; nothing was applied')
     end
@@ -323,9 +343,10 @@ local function apply_stats(k, a)
   if #count > 18 or #ids > 18 or #dur > 18 then
     error('stats: a delta counter reached 10^18; nothing was applied')
   end
-  redis.call('HINCRBY', KEYS[k], 'count', count)
-  if ids ~= '0' then redis.call('HINCRBY', KEYS[k], 'ids', ids) end
-  if dur ~= '0' then redis.call('HINCRBY', KEYS[k], 'dur_sum_ms', dur) end
+  for _, v in ipairs({now, count, ids, dur, first, last}) do count_arg(v) end
+  later('HINCRBY', KEYS[k], 'count', count)
+  if ids ~= '0' then later('HINCRBY', KEYS[k], 'ids', ids) end
+  if dur ~= '0' then later('HINCRBY', KEYS[k], 'dur_sum_ms', dur) end
   local set = {}
   if not cur[4] or stats_less(first, cur[4]) then
     set[#set + 1], set[#set + 2] = 'first_completed_ms', first
@@ -336,26 +357,41 @@ local function apply_stats(k, a)
   if not cur[6] or stats_less(cur[6], now) then
     set[#set + 1], set[#set + 2] = 'updated_ms', now
   end
-  if #set > 0 then redis.call('HSET', KEYS[k], unpack(set)) end
+  if #set > 0 then later('HSET', KEYS[k], unpack(set)) end
 
-  -- Per worker, and its palette index (allocated on its first completion).
+  -- Per worker, and its palette index (allocated on its first completion, from the
+  -- global field `palette`, the next index).
   local nw = tonumber(nxt())
-  local names = {}
+  local names, fields = {}, {}
+  local incr = {}
   for j = 1, nw do
     local w, c, wi, wd = nxt(), nxt(), nxt(), nxt()
-    redis.call('HINCRBY', KEYS[k + 1], w .. '|count', c)
-    if wi ~= '0' then redis.call('HINCRBY', KEYS[k + 1], w .. '|ids', wi) end
-    if wd ~= '0' then redis.call('HINCRBY', KEYS[k + 1], w .. '|dur', wd) end
+    count_arg(c); count_arg(wi); count_arg(wd)
+    incr[j] = {w, c, wi, wd}
     names[j] = w .. '|idx'
+    fields[3 * j - 2], fields[3 * j - 1], fields[3 * j] = w .. '|count', w .. '|ids', w .. '|dur'
   end
+  local held = stats_hmget(KEYS[k + 1], fields)
+  for j = 1, #fields do integer(KEYS[k + 1], fields[j], held[j]) end
   local palette = stats_hmget(KEYS[k + 1], names)
+  integer(KEYS[k], 'palette', cur[7])
+  local next_index = tonumber(cur[7] or '0')
   for j = 1, nw do
+    local w, c, wi, wd = incr[j][1], incr[j][2], incr[j][3], incr[j][4]
+    later('HINCRBY', KEYS[k + 1], w .. '|count', c)
+    if wi ~= '0' then later('HINCRBY', KEYS[k + 1], w .. '|ids', wi) end
+    if wd ~= '0' then later('HINCRBY', KEYS[k + 1], w .. '|dur', wd) end
     if palette[j] then
+      integer(KEYS[k + 1], names[j], palette[j])
       palette[j] = tonumber(palette[j])
     else
-      palette[j] = redis.call('HINCRBY', KEYS[k], 'palette', 1) - 1
-      redis.call('HSET', KEYS[k + 1], names[j], palette[j])
+      palette[j] = next_index
+      next_index = next_index + 1
+      later('HSET', KEYS[k + 1], names[j], palette[j])
     end
+  end
+  if next_index ~= tonumber(cur[7] or '0') then
+    later('HSET', KEYS[k], 'palette', next_index)
   end
 
   -- Per 100,000-ID range, one block value of 64 ranges at a time: read it, decode only
@@ -372,6 +408,9 @@ local function apply_stats(k, a)
         at[slot] = {p, q, q + len - 1}
         order[#order + 1] = slot
         p = q + len
+      end
+      if p ~= #old + 1 then
+        error('stats: ' .. KEYS[k + 2] .. ' block ' .. blk .. ' is corrupt; nothing was applied')
       end
     end
     local new, slots = {}, {}
@@ -427,7 +466,7 @@ local function apply_stats(k, a)
       end
     end
     if from then parts[#parts + 1] = string.sub(old, from, to) end
-    redis.call('HSET', KEYS[k + 2], blk, table.concat(parts))
+    later('HSET', KEYS[k + 2], blk, table.concat(parts))
   end
 
   -- Hourly completions, one value of 24 counts per day.
@@ -439,6 +478,9 @@ local function apply_stats(k, a)
       local wide, p = string.byte(old, 1) == 1, 2
       for h = 1, 24 do
         if wide then hours[h], p = stats_getdec(old, p) else hours[h], p = stats_get(old, p) end
+      end
+      if p ~= #old + 1 then
+        error('stats: ' .. KEYS[k + 3] .. ' day ' .. day .. ' is corrupt; nothing was applied')
       end
     else
       for h = 1, 24 do hours[h] = 0 end
@@ -454,13 +496,25 @@ local function apply_stats(k, a)
     for h = 1, 24 do
       if bytes[1] == 1 then stats_putdec(bytes, hours[h]) else stats_put(bytes, hours[h]) end
     end
-    redis.call('HSET', KEYS[k + 3], day, stats_chars(bytes))
+    later('HSET', KEYS[k + 3], day, stats_chars(bytes))
   end
 
   -- Duration histogram buckets.
-  for _ = 1, tonumber(nxt()) do
-    local f, c = nxt(), nxt()
-    redis.call('HINCRBY', KEYS[k + 4], f, c)
+  local buckets, counts = {}, {}
+  for j = 1, tonumber(nxt()) do
+    buckets[j], counts[j] = nxt(), nxt()
+    count_arg(counts[j])
+  end
+  local old = stats_hmget(KEYS[k + 4], buckets)
+  for j = 1, #buckets do
+    integer(KEYS[k + 4], buckets[j], old[j])
+    later('HINCRBY', KEYS[k + 4], buckets[j], counts[j])
+  end
+
+  -- Everything checked: write.
+  for _, w in ipairs(writes) do
+    local key = w[2]
+    redis.call(w[1], key, unpack(w, 3))
   end
   return a + n + 1
 end

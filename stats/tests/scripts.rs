@@ -39,7 +39,8 @@ fn lua_sources() -> Vec<(String, String)> {
 
 #[test]
 fn scripts_name_keys_only_through_keys() {
-    let offenders = support::keys_not_from_keys(&lua_sources(), &[("stats_hmget", 0)]);
+    let offenders =
+        support::keys_not_from_keys(&lua_sources(), &[("stats_hmget", 0), ("later", 1)]);
     assert!(offenders.is_empty(), "keys not from KEYS[]: {offenders:#?}");
 }
 
@@ -401,4 +402,71 @@ async fn a_range_of_a_hundred_partitions_costs_under_half_a_byte_per_partition()
     let hourly = per_partition(&keys[3]);
     assert!(ranges < 0.5, "ranges: {ranges:.3} bytes per partition");
     assert!(hourly < 0.05, "hourly: {hourly:.4} bytes per partition");
+}
+
+/// Every key's DUMP (or nil), for "nothing changed" checks.
+fn dump_all(server: &TestRedis) -> Vec<(String, Option<Vec<u8>>)> {
+    let mut keys: Vec<String> = server.query(redis::cmd("KEYS").arg("*"));
+    keys.sort();
+    keys.into_iter()
+        .map(|k| {
+            let d: Option<Vec<u8>> = server.query(redis::cmd("DUMP").arg(&k));
+            (k, d)
+        })
+        .collect()
+}
+
+/// Redis does not undo a script's writes when a later step fails, so a delta that
+/// meets a corrupt value anywhere (a packed range block, a day of hourly counts, a
+/// counter that is not an integer) must fail before its first write: not one key
+/// changes, and applying it again cannot count anything twice.
+#[tokio::test]
+async fn a_delta_that_meets_a_corrupt_value_writes_nothing() {
+    let server = TestRedis::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let conn = client.get_connection_manager().await.unwrap();
+    let schema = KeySchema::new("elk", 1).unwrap();
+    let store = RedisStats::new(conn, schema.clone());
+    let keys = stats_keys(&schema, 0);
+    let batch = |pids: std::ops::RangeInclusive<u64>| {
+        let recs: Vec<CompletedRecord> = pids.map(|p| rec(p, "worker1", T0 + p, 1000)).collect();
+        StatsDelta::from_records(&recs)
+    };
+    store.apply(0, &batch(1..=1), T0).await.unwrap();
+    let first_field = |key: &str| -> String {
+        let fields: Vec<String> = server.query(redis::cmd("HKEYS").arg(key));
+        fields.into_iter().min().unwrap()
+    };
+    // Each corruption: the key, the field (one the next delta touches), the bad value.
+    let corruptions: [(&str, String, &[u8]); 5] = [
+        (&keys[2], first_field(&keys[2]), b"\x80"),
+        (&keys[3], first_field(&keys[3]), b"\x00\x80"),
+        (&keys[1], "worker1|count".into(), b"many"),
+        (&keys[4], first_field(&keys[4]), b"1.5"),
+        (&keys[0], "ids".into(), b"x"),
+    ];
+    for (key, field, bad) in corruptions {
+        let field = field.as_str();
+        let good: Vec<u8> = server.query(redis::cmd("HGET").arg(key).arg(field));
+        let _: () = server.query(redis::cmd("HSET").arg(key).arg(field).arg(bad));
+        let before = dump_all(&server);
+        for _ in 0..2 {
+            let Err(err) = store.apply(0, &batch(2..=100), T0).await else {
+                panic!("{key} {field}: applied over a corrupt value")
+            };
+            assert!(
+                err.to_string().contains("nothing was applied")
+                    || err.to_string().contains("corrupt"),
+                "{key} {field}: {err}"
+            );
+            assert_eq!(dump_all(&server), before, "{key} {field}: a key changed");
+        }
+        let _: () = server.query(redis::cmd("HSET").arg(key).arg(field).arg(good));
+    }
+    // Repaired, the same delta applies once.
+    store.apply(0, &batch(2..=100), T0).await.unwrap();
+    assert_eq!(
+        store.stats().await.unwrap().global_stats.total_completed,
+        100
+    );
 }
