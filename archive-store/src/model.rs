@@ -171,6 +171,10 @@ pub struct ArchivePass {
     pub claimed: usize,
     /// Inbox lines that did not decode; acknowledged and dropped, and logged.
     pub malformed: usize,
+    /// Records that can never be archived (the archive script refuses them alone, or
+    /// their bit offset is past a Redis bitmap): moved to the shard's dead-letter stream
+    /// `{ns:s}:dead` with the reason, acknowledged, logged.
+    pub dead_lettered: usize,
 }
 
 impl ArchivePass {
@@ -181,6 +185,7 @@ impl ArchivePass {
         self.duplicates += other.duplicates;
         self.claimed += other.claimed;
         self.malformed += other.malformed;
+        self.dead_lettered += other.dead_lettered;
     }
 }
 

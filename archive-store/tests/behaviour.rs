@@ -1280,3 +1280,46 @@ async fn a_full_read_is_read_again_and_gather_spaces_reads() {
     );
     h.assert_stats(&records(101..=106)).await;
 }
+
+/// A record that can never be archived does not stall its shard: the others of the
+/// same inbox entry and pass are archived and counted, it goes to the shard's
+/// dead-letter stream with the reason, and the entry is acknowledged.
+async fn poison_records_go_to_the_dead_letter_stream(kind: Kind) {
+    let h = Harness::new(kind, 1).await;
+    let Backend::Redis(server, _) = &h.backend else {
+        unreachable!("Redis only")
+    };
+    let good = records(1..=50);
+    // Its duration passes the statistics' 10^18 guard: the script refuses it.
+    let mut too_long = record(51);
+    too_long.duration_ms = u64::MAX;
+    let mut batch = good.clone();
+    batch.push(too_long);
+    h.complete(&batch).await;
+    // Its bit offset is past the 2^32 bits of a Redis bitmap.
+    h.push_into(0, &record(1 << 33)).await;
+    let pass = h.drain().await;
+    assert_eq!((pass.archived, pass.dead_lettered), (50, 2), "{pass:?}");
+    h.assert_stats(&good).await;
+    assert!(!matches!(
+        h.query.get(51).await.unwrap(),
+        Lookup::Archived { .. }
+    ));
+    let dead = h.schema.shard_key(0, "dead");
+    assert_eq!(server.cli(&["XLEN", &dead]).trim(), "2");
+    let entries = server.cli(&["XRANGE", &dead, "-", "+"]);
+    assert!(entries.contains("10^18"), "{entries}");
+    assert!(entries.contains("bit offset"), "{entries}");
+    assert_eq!(server.cli(&["XLEN", &h.schema.inbox(0)]).trim(), "0");
+    assert_eq!(h.drain().await.entries, 0, "nothing is retried");
+}
+
+#[tokio::test]
+async fn redis_poison_records_go_to_the_dead_letter_stream() {
+    poison_records_go_to_the_dead_letter_stream(Kind::Redis).await;
+}
+
+#[tokio::test]
+async fn cluster_poison_records_go_to_the_dead_letter_stream() {
+    poison_records_go_to_the_dead_letter_stream(Kind::Cluster).await;
+}

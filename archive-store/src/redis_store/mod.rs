@@ -170,6 +170,16 @@ impl ShardKeys {
     }
 }
 
+/// Whether Redis refused a call for what it carried (a script's error), rather than
+/// the call failing to get through: only then is trying the records one by one of use.
+fn refused(err: &redis::RedisError) -> bool {
+    !(err.is_io_error()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || err.is_timeout()
+        || err.is_cluster_error())
+}
+
 /// The hash of a compressed batch still taking records.
 fn open_batch_key(schema: &KeySchema, batch: u64) -> String {
     format!("{}:open", schema.completed_batch(batch))
@@ -214,6 +224,7 @@ type BatchReply = (
 /// came from the inbox): the simple tier and open batches store that line as it is,
 /// without encoding the record again. The active store writes every inbox line with
 /// codec's `encode_json`, so the stored JSON is the seed's shape either way.
+#[derive(Clone)]
 struct Item<'a> {
     record: CompletedRecord,
     json: Option<&'a str>,
@@ -614,10 +625,21 @@ where
         // The chunks hold distinct pids (and, but for batches larger than a chunk,
         // distinct batches), so their calls go out together, pipelined on the one
         // connection: the client prepares the next call while Redis runs this one.
-        let written = try_join_all(chunks.into_iter().map(|c| self.write(shard, c, tier))).await?;
-        for (n, dups) in written {
+        let written = try_join_all(
+            chunks
+                .into_iter()
+                .map(|c| self.write_or_set_aside(shard, c, tier)),
+        )
+        .await?;
+        let mut dead = Vec::new();
+        for (n, dups, refused) in written {
             pass.archived += n;
             pass.duplicates += dups;
+            dead.extend(refused);
+        }
+        if !dead.is_empty() {
+            pass.dead_lettered += dead.len();
+            self.dead_letter(shard, &dead).await?;
         }
         // Only now, with every record stored and counted, let the entries go. A crash
         // before this line leaves them pending; whoever takes them over finds their bits
@@ -631,6 +653,81 @@ where
         })
         .await?;
         Ok(pass)
+    }
+
+    /// [`write`](Self::write), but a record that can never be archived does not stall
+    /// the shard: when the script refuses a call for its data (not for a connection
+    /// failure), its records are written one by one, and each one refused alone is
+    /// returned with the reason, for the dead-letter stream. A record whose bit offset
+    /// is past what a Redis bitmap holds is set aside before any call. Returns the
+    /// records written, the duplicates dropped and the records set aside.
+    async fn write_or_set_aside<'a>(
+        &self,
+        shard: u32,
+        items: Vec<Item<'a>>,
+        tier: Tier,
+    ) -> Result<(usize, usize, Vec<(Item<'a>, String)>)> {
+        let (items, mut aside): (Vec<_>, Vec<_>) = items
+            .into_iter()
+            .partition(|i| self.schema.bit_offset(i.record.pid) <= MAX_BIT_OFFSET);
+        let mut aside: Vec<(Item<'a>, String)> = aside
+            .drain(..)
+            .map(|i| {
+                let reason = format!(
+                    "pid {}: its bit offset {} is past the 2^32 bits of a Redis bitmap",
+                    i.record.pid,
+                    self.schema.bit_offset(i.record.pid)
+                );
+                (i, reason)
+            })
+            .collect();
+        let err = match self.write(shard, items.clone(), tier).await {
+            Ok((n, dups)) => return Ok((n, dups, aside)),
+            Err(Error::Redis(err)) if refused(&err) => err,
+            Err(err) => return Err(err),
+        };
+        tracing::warn!(shard, %err, records = items.len(), "archive call refused; writing its records one by one");
+        let (mut written, mut dups) = (0, 0);
+        for item in items {
+            match self.write(shard, vec![item.clone()], tier).await {
+                Ok((n, d)) => {
+                    written += n;
+                    dups += d;
+                }
+                Err(Error::Redis(err)) if refused(&err) => aside.push((item, err.to_string())),
+                Err(err) => return Err(err),
+            }
+        }
+        Ok((written, dups, aside))
+    }
+
+    /// Moves records that can never be archived to the shard's dead-letter stream
+    /// (`{ns:s}:dead`, the last 10,000 kept): the JSON line and the reason, for an
+    /// operator. Their inbox entries are then acknowledged with the others.
+    async fn dead_letter(&self, shard: u32, dead: &[(Item<'_>, String)]) -> Result<()> {
+        let key = self.schema.shard_key(shard, "dead");
+        for (item, reason) in dead {
+            tracing::warn!(pid = item.record.pid, shard, %reason, "record moved to the dead-letter stream");
+        }
+        retry(&self.conn, |mut c| {
+            let mut pipe = redis::pipe();
+            for (item, reason) in dead {
+                pipe.cmd("XADD")
+                    .arg(&key)
+                    .arg("MAXLEN")
+                    .arg("~")
+                    .arg(10_000)
+                    .arg("*")
+                    .arg("r")
+                    .arg(item.json().as_ref())
+                    .arg("reason")
+                    .arg(reason)
+                    .ignore();
+            }
+            async move { pipe.query_async::<()>(&mut c).await }
+        })
+        .await?;
+        Ok(())
     }
 
     /// Writes `items` (distinct pids of `shard`, at most [`MAX_SCRIPT_RECORDS`]) with
