@@ -204,8 +204,9 @@ impl MemoryActiveStore {
             let mut shard = lock(shard);
             let held: Vec<u64> = shard.leases.iter().map(|&(_, pid)| pid).collect();
             for pid in held {
-                shard.requeue(pid, now, now);
-                out.push(pid);
+                if shard.expire(pid, now, self.config.max_attempts) {
+                    out.push(pid);
+                }
             }
         }
         out.sort_unstable();
@@ -348,6 +349,29 @@ impl Shard {
     }
 
     /// Moves a leased partition out of the lease index, to pending at `ready`.
+    /// Returns an expired (or released inactive worker's) lease to pending, or fails
+    /// it when it expired on its last attempt: a partition that crashes its worker every
+    /// time must not be retried for ever. Whether it went back to pending.
+    fn expire(&mut self, pid: u64, now: u64, max_attempts: u32) -> bool {
+        let Some(p) = self.active.get_mut(&pid) else {
+            return false;
+        };
+        if p.attempts < max_attempts {
+            self.requeue(pid, now, now);
+            return true;
+        }
+        if let Some(deadline) = p.deadline_ms.take() {
+            self.leases.remove(&(deadline, pid));
+        }
+        p.status = Status::Failed;
+        p.updated_at_ms = now;
+        p.last_error = Some(format!(
+            "lease expired on attempt {} of {max_attempts} (the worker died or stalled)",
+            p.attempts
+        ));
+        false
+    }
+
     fn requeue(&mut self, pid: u64, ready: u64, now: u64) {
         if let Some(p) = self.active.get_mut(&pid) {
             if let Some(deadline) = p.deadline_ms.take() {
@@ -366,6 +390,10 @@ impl Planner for MemoryActiveStore {
         let request = plans::validate(plan)?;
         let now = self.now();
         let mut registry = lock(&self.registry);
+        let probe = registry.clone().add(&request)?;
+        if probe.created {
+            plans::check_bits(self.layout.schema(), &probe.entries)?;
+        }
         let outcome = registry.add(&request)?;
         for entry in &outcome.entries {
             if entry.explicit {
@@ -585,8 +613,9 @@ impl Maintenance for MemoryActiveStore {
                 .map(|&(_, pid)| pid)
                 .collect();
             for pid in expired {
-                shard.requeue(pid, now_ms, now_ms);
-                out.push(pid);
+                if shard.expire(pid, now_ms, self.config.max_attempts) {
+                    out.push(pid);
+                }
             }
         }
         Ok(out)
@@ -604,8 +633,9 @@ impl Maintenance for MemoryActiveStore {
                 .filter(|pid| shard.active[pid].worker.as_deref() == Some(worker))
                 .collect();
             for pid in held {
-                shard.requeue(pid, now, now);
-                out.push(pid);
+                if shard.expire(pid, now, self.config.max_attempts) {
+                    out.push(pid);
+                }
             }
         }
         Ok(out)

@@ -174,6 +174,32 @@ impl Registry {
     }
 }
 
+/// Refuses `entries` (what a plan would add) when a pid of theirs would have a
+/// completed-index bit past what a Redis bitmap holds (2^32 bits per shard): such a
+/// partition could be claimed but never completed. The bound is taken at the end of
+/// the last pid's batch, the highest offset any pid up to it can have.
+pub(crate) fn check_bits(schema: &tranche_codec::KeySchema, entries: &[PlanEntry]) -> Result<()> {
+    const MAX_BIT: u64 = (1 << 32) - 1;
+    for e in entries {
+        let last = e.plan.last_pid();
+        let size = schema.batch_size();
+        let bound = schema.bit_offset(last) - last % size + (size - 1);
+        if bound > MAX_BIT {
+            return Err(Error::InvalidPlan(format!(
+                "ids {}..={} in partitions of {} need {} partitions; with {} shard(s) a \
+                 shard's completed index would pass the 2^32 bits of a Redis bitmap: \
+                 use more shards or bigger partitions",
+                e.plan.min(),
+                e.plan.max(),
+                e.plan.size(),
+                e.plan.partitions(),
+                schema.num_shards()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Checks an adoption ([`Planner::adopt`](crate::Planner::adopt)) before anything is
 /// written: the entries run from pid 1 without a gap (what a registry always holds, so
 /// registering them in order gives each the pids it had), and `completed` is strictly

@@ -157,6 +157,8 @@ suite!(
     release_gives_the_attempt_back,
     a_batch_claim_straddles_shards,
     a_batch_heartbeat_with_one_lease_lost,
+    expired_leases_end_failed_at_max_attempts,
+    a_plan_past_the_bitmap_limit_is_refused,
 );
 
 async fn plan_validation(h: Harness) {
@@ -838,14 +840,40 @@ async fn release_gives_the_attempt_back(h: Harness) {
     assert_eq!(s.reap(h.clock_now()).await.unwrap(), vec![1]);
     let l = s.claim("w", 1).await.unwrap().remove(0);
     assert_eq!(l.attempt, 3);
-    // So does a lease of a worker found inactive.
-    assert_eq!(s.release_worker("w").await.unwrap(), vec![1]);
-    assert_eq!(s.get(1).await.unwrap().unwrap().attempts, 3);
-    let l = s.claim("w", 1).await.unwrap().remove(0);
-    assert_eq!(l.attempt, 4);
-    assert_eq!(s.fail(&l, "boom").await.unwrap(), FailOutcome::Failed);
+    // So does a lease of a worker found inactive; this one was the last attempt, so
+    // the partition (a crash loop, maybe) ends failed rather than retried for ever.
+    assert_eq!(s.release_worker("w").await.unwrap(), Vec::<u64>::new());
+    let p = s.get(1).await.unwrap().unwrap();
+    assert_eq!((p.status, p.attempts), (Status::Failed, 3));
+    assert!(
+        p.last_error
+            .unwrap()
+            .contains("lease expired on attempt 3 of 3")
+    );
     let c = s.counts().await.unwrap();
     assert_eq!((c.failed, c.outstanding()), (1, 0));
+}
+
+/// A partition whose lease keeps expiring (it crashes its worker every time) ends
+/// failed at `max_attempts`, like one that fails; reaping counts its attempts.
+async fn expired_leases_end_failed_at_max_attempts(h: Harness) {
+    let s = &h.store;
+    s.plan(&uniform(1, 1000, 1000)).await.unwrap();
+    for attempt in 1..=3 {
+        let l = s.claim("w", 1).await.unwrap().remove(0);
+        assert_eq!(l.attempt, attempt);
+        h.clock.advance(30_000);
+        let requeued = s.reap(h.clock_now()).await.unwrap();
+        assert_eq!(requeued.is_empty(), attempt == 3, "attempt {attempt}");
+    }
+    assert!(s.claim("w", 1).await.unwrap().is_empty());
+    let p = s.get(1).await.unwrap().unwrap();
+    assert_eq!((p.status, p.attempts), (Status::Failed, 3));
+    let c = s.counts().await.unwrap();
+    assert_eq!((c.failed, c.outstanding(), c.claimed), (1, 0, 0));
+    // An operator's retry gives it a fresh budget.
+    assert_eq!(s.retry_failed(Some(1)).await.unwrap(), vec![1]);
+    assert_eq!(s.claim("w", 1).await.unwrap().len(), 1);
 }
 
 /// A claim larger than any one shard's work takes what each shard has, in the worker's
@@ -967,6 +995,32 @@ async fn empty_shards_are_passed_by() {
     assert_eq!(store.claim("w", 1000).await.unwrap().len(), 100);
 }
 
+/// A shard's completed index is a Redis bitmap of at most 2^32 bits: a plan with a pid
+/// past it is refused before anything is written, and the error says the way out.
+async fn a_plan_past_the_bitmap_limit_is_refused(h: Harness) {
+    let s = &h.store;
+    let shards = u64::from(h.config.num_shards);
+    let too_many = (1u64 << 32) * shards + 100;
+    let err = s.plan(&uniform(1, too_many, 1)).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidPlan(m) if m.contains("more shards or bigger partitions")),
+        "{err}"
+    );
+    assert!(s.plans().await.unwrap().is_empty(), "nothing was written");
+    assert_eq!(s.counts().await.unwrap().unissued, 0);
+    // Just below the bound, per shard: accepted.
+    let fits = ((1u64 << 32) - 200) * shards;
+    let outcome = s.plan(&uniform(1, fits, 1)).await.unwrap();
+    assert_eq!(outcome.entries[0].plan.partitions(), fits);
+    // A later plan past it is refused too, the first one kept.
+    let err = s
+        .plan(&uniform(fits + 1, fits + 300 * shards, 1))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidPlan(_)), "{err}");
+    assert_eq!(s.plans().await.unwrap().len(), 1);
+}
+
 /// `recount` puts counters that a writer without them got wrong (a rolling upgrade)
 /// right again.
 #[tokio::test]
@@ -997,4 +1051,31 @@ impl Harness {
         use tranche_active_store::Clock;
         self.clock.now_ms()
     }
+}
+
+/// A record read back from Redis is checked like input: one whose range runs
+/// backwards is an error naming its key, never a lease a worker would underflow on.
+#[tokio::test]
+async fn a_backwards_range_read_back_is_an_error() {
+    use tranche_active_store::{Leases, Planner};
+    let server = TestRedis::start();
+    let conn = RedisConnection::connect(&server.url()).await.unwrap();
+    let store = RedisActiveStore::new(conn.clone(), Config::default()).unwrap();
+    store.plan(&Plan::Ranges(vec![1000..=2000])).await.unwrap();
+    let record: String = server.query(redis::cmd("HGET").arg("{elk:0}:active").arg(1));
+    let fields: Vec<&str> = record.split('|').collect();
+    assert_eq!((fields[8], fields[9]), ("1000", "2000"), "{record}");
+    let mut bad: Vec<&str> = fields.clone();
+    (bad[8], bad[9]) = ("2000", "1000");
+    let _: () = server.query(
+        redis::cmd("HSET")
+            .arg("{elk:0}:active")
+            .arg(1)
+            .arg(bad.join("|")),
+    );
+    let err = store.claim("w", 1).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Corrupt { key, .. } if key.contains("{elk:0}:active")),
+        "{err}"
+    );
 }

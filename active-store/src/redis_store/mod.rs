@@ -413,6 +413,14 @@ where
             } else {
                 (parse_u64(&f[3], "min")?, parse_u64(&f[4], "max")?)
             };
+            // Read back from Redis, so checked like input: a range that runs backwards
+            // would have a worker process ids it was never given.
+            if min_id > max_id {
+                return Err(Error::Corrupt {
+                    key: format!("{} field {pid}", self.keys_of(pid).active),
+                    detail: format!("range {min_id}..={max_id} runs backwards"),
+                });
+            }
             out.push(Lease {
                 pid,
                 token: parse_u64(&f[1], "token")?,
@@ -840,6 +848,12 @@ where
                 }))
                 .collect(),
         };
+        // The pids this plan would take, from the registry as it stands: none may need
+        // a completed-index bit past a Redis bitmap. Checked before anything is written.
+        let probe = self.refresh_registry().await?.add(&request)?;
+        if probe.created {
+            plans::check_bits(self.layout.schema(), &probe.entries)?;
+        }
         // Step 1, atomic on the registry's slot: validate and record. A rejected plan
         // stops here with nothing written.
         let reply: Vec<String> = match self.invoke(&PLAN, &[&self.registry_key], &args).await {
@@ -1190,7 +1204,12 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     async fn reap(&self, now_ms: u64) -> Result<Vec<u64>> {
-        let args = [now_ms.to_string(), REAP_BATCH.to_string(), String::new()];
+        let args = [
+            now_ms.to_string(),
+            REAP_BATCH.to_string(),
+            String::new(),
+            self.config.max_attempts.to_string(),
+        ];
         let mut all = Vec::new();
         loop {
             let batch = self.per_shard_pids(&REAP, &args).await?;
@@ -1206,7 +1225,12 @@ where
 
     async fn release_worker(&self, worker: &str) -> Result<Vec<u64>> {
         plans::check_worker(worker)?;
-        let args = [self.now().to_string(), "0".to_owned(), worker.to_owned()];
+        let args = [
+            self.now().to_string(),
+            "0".to_owned(),
+            worker.to_owned(),
+            self.config.max_attempts.to_string(),
+        ];
         self.per_shard_pids(&REAP, &args).await
     }
 
