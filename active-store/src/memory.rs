@@ -204,9 +204,8 @@ impl MemoryActiveStore {
             let mut shard = lock(shard);
             let held: Vec<u64> = shard.leases.iter().map(|&(_, pid)| pid).collect();
             for pid in held {
-                if shard.expire(pid, now, self.config.max_attempts) {
-                    out.push(pid);
-                }
+                shard.requeue(pid, now, now);
+                out.push(pid);
             }
         }
         out.sort_unstable();
