@@ -180,6 +180,14 @@ fn refused(err: &redis::RedisError) -> bool {
         || err.is_cluster_error())
 }
 
+/// Whether the archive script refused one record for the record itself (its own
+/// counters past the statistics' guard, or arguments it cannot take), so that it can
+/// never be archived; anything else it refuses is the shard's state.
+fn poison(err: &redis::RedisError) -> bool {
+    let text = err.to_string();
+    text.contains("a delta counter reached") || text.contains("malformed delta argument")
+}
+
 /// The hash of a compressed batch still taking records.
 fn open_batch_key(schema: &KeySchema, batch: u64) -> String {
     format!("{}:open", schema.completed_batch(batch))
@@ -657,8 +665,9 @@ where
 
     /// [`write`](Self::write), but a record that can never be archived does not stall
     /// the shard: when the script refuses a call for its data (not for a connection
-    /// failure), its records are written one by one, and each one refused alone is
-    /// returned with the reason, for the dead-letter stream. A record whose bit offset
+    /// failure), its records are written one by one, and each one refused alone for
+    /// itself is returned with the reason, for the dead-letter stream; one refused for
+    /// the shard's state fails the pass, as before, until the shard is repaired. A record whose bit offset
     /// is past what a Redis bitmap holds is set aside before any call. Returns the
     /// records written, the duplicates dropped and the records set aside.
     async fn write_or_set_aside<'a>(
@@ -694,7 +703,11 @@ where
                     written += n;
                     dups += d;
                 }
-                Err(Error::Redis(err)) if refused(&err) => aside.push((item, err.to_string())),
+                Err(Error::Redis(err)) if refused(&err) && poison(&err) => {
+                    aside.push((item, err.to_string()))
+                }
+                // The shard, not the record (a counter at the guard, a corrupt packed
+                // value): the pass fails and its entries wait for a repair.
                 Err(err) => return Err(err),
             }
         }
