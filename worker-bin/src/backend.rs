@@ -349,16 +349,33 @@ fn state_path(global: &Global) -> PathBuf {
 
 /// The URL with its password replaced, for messages and logs.
 pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+    // A password may also ride in the query (`redis+unix:///run/redis.sock?pass=...`).
+    let (url, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
     };
-    match rest.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-            None => format!("{scheme}://***@{host}"),
+    let mut out = match url.split_once("://") {
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((userinfo, host)) => match userinfo.split_once(':') {
+                Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+                None => format!("{scheme}://***@{host}"),
+            },
+            None => url.to_owned(),
         },
         None => url.to_owned(),
+    };
+    if let Some(query) = query {
+        let params: Vec<String> = query
+            .split('&')
+            .map(|param| match param.split_once('=') {
+                Some((key, _)) if matches!(key, "pass" | "password") => format!("{key}=***"),
+                _ => param.to_owned(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&params.join("&"));
     }
+    out
 }
 
 #[cfg(test)]
@@ -374,6 +391,18 @@ mod tests {
         assert_eq!(redact("rediss://bob:pw@host"), "rediss://bob:***@host");
         assert_eq!(redact("redis://token@host"), "redis://***@host");
         assert_eq!(redact("redis://host:6379"), "redis://host:6379");
+        assert_eq!(
+            redact("redis+unix:///run/redis.sock?db=2&pass=s3cret"),
+            "redis+unix:///run/redis.sock?db=2&pass=***"
+        );
+        assert_eq!(
+            redact("unix:///tmp/r.sock?password=s3cret"),
+            "unix:///tmp/r.sock?password=***"
+        );
+        assert_eq!(
+            redact("redis://:a@h/0?protocol=resp3"),
+            "redis://:***@h/0?protocol=resp3"
+        );
     }
 
     #[test]
