@@ -61,7 +61,7 @@ fn main() -> ExitCode {
         }
     };
     let outcome = runtime.block_on(ops::dispatch(cli));
-    // Chunk processes abandoned by an aborted run are killed on drop; do not wait for
+    // An aborted run has stopped its chunks' process groups already; do not wait for
     // blocked reads of an unreachable server either.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match outcome {

@@ -36,7 +36,8 @@ pub(crate) enum Stop {
     Running,
     /// Stop claiming; let in-flight chunks finish, then checkpoint and release.
     Draining,
-    /// The grace period is over: abandon in-flight chunks now.
+    /// The grace period is over (or a second signal came): every in-flight chunk stops
+    /// its process group now, and its partition is released.
     Abort,
 }
 
