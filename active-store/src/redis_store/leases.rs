@@ -1,0 +1,408 @@
+//! The lease lifecycle on Redis: batched claims (passing empty shards by), batched
+//! heartbeats, the group commit of completions with its dirty marks, failures and
+//! releases. One script call per shard involved, all shards' calls sent together.
+
+use super::*;
+
+impl<C> RedisActiveStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// The sender of the group-commit task, starting the task on first use. The task
+    /// ends when the store is dropped (the channel closes) after its last batch.
+    fn committer(&self) -> &mpsc::UnboundedSender<Waiting> {
+        self.committer.get_or_init(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(self.detached().commit_loop(rx));
+            tx
+        })
+    }
+
+    async fn commit_loop(self, mut rx: mpsc::UnboundedReceiver<Waiting>) {
+        let this = Arc::new(self);
+        let mut in_flight = JoinSet::new();
+        while let Some(first) = rx.recv().await {
+            while in_flight.len() >= MAX_IN_FLIGHT {
+                in_flight.join_next().await;
+            }
+            let mut batch = vec![first];
+            while batch.len() < MAX_GROUP {
+                match rx.try_recv() {
+                    Ok(next) => batch.push(next),
+                    Err(_) => break,
+                }
+            }
+            let this = this.clone();
+            in_flight.spawn(async move {
+                let (done, replies): (Vec<(Lease, u64)>, Vec<_>) = batch
+                    .into_iter()
+                    .map(|(lease, ms, reply)| ((lease, ms), reply))
+                    .unzip();
+                match this.complete_now(&done).await {
+                    Ok(outcomes) => {
+                        for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                            let _ = reply.send(outcome);
+                        }
+                    }
+                    Err(err) => {
+                        let err = Arc::new(err);
+                        for reply in replies {
+                            let _ = reply.send(Err(Error::Shared(err.clone())));
+                        }
+                    }
+                }
+            });
+        }
+        while in_flight.join_next().await.is_some() {}
+    }
+
+    /// Turns a claim reply into leases.
+    async fn leases_from(
+        &self,
+        worker: &str,
+        deadline: u64,
+        reply: Vec<String>,
+    ) -> Result<Vec<Lease>> {
+        let mut out = Vec::with_capacity(reply.len() / 6);
+        for f in reply.chunks_exact(6) {
+            let pid = parse_u64(&f[0], "claim reply pid")?;
+            let (min_id, max_id) = if f[3].is_empty() {
+                self.range_of(pid).await?
+            } else {
+                (parse_u64(&f[3], "min")?, parse_u64(&f[4], "max")?)
+            };
+            // Read back from Redis, so checked like input: a range that runs backwards
+            // would have a worker process ids it was never given.
+            if min_id > max_id {
+                return Err(Error::Corrupt {
+                    key: format!("{} field {pid}", self.keys_of(pid).active),
+                    detail: format!("range {min_id}..={max_id} runs backwards"),
+                });
+            }
+            out.push(Lease {
+                pid,
+                token: parse_u64(&f[1], "token")?,
+                worker: worker.to_owned(),
+                min_id,
+                max_id,
+                attempt: parse_u64(&f[2], "attempts")? as u32,
+                progress: if f[5].is_empty() {
+                    min_id
+                } else {
+                    parse_u64(&f[5], "progress")?
+                },
+                deadline_ms: deadline,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Completes `done` now: one `complete` script call per shard involved (per
+    /// [`MAX_SCRIPT_BATCH`] completions), every shard's calls sent together, then one
+    /// `SADD` marking the shards whose inbox received records dirty for the archivers.
+    /// The mark goes out after the completions' replies, so it never announces an
+    /// entry that is not in the inbox yet; one lost with a crash in between is found
+    /// by the archivers' periodic sweep.
+    async fn complete_now(&self, done: &[(Lease, u64)]) -> Result<Vec<Result<Completion>>> {
+        let now = self.now();
+        // Group by shard: one script call per shard, whatever the number of completions.
+        let groups = self.by_shard(done.iter().map(|(lease, _)| lease.pid));
+        let calls = groups.iter().map(|(shard, chunk)| async move {
+            let keys = &self.keys[*shard];
+            let mut args = Vec::with_capacity(chunk.len() * 4);
+            for &i in chunk {
+                let (lease, duration_ms) = &done[i];
+                let record = lease.completed(now, *duration_ms);
+                args.push(lease.pid.to_string());
+                args.push(lease.token.to_string());
+                args.push(self.bit(lease.pid).to_string());
+                args.push(tranche_codec::encode_json(&record));
+            }
+            let reply: Result<Vec<i64>> = self
+                .invoke(
+                    &COMPLETE,
+                    &[
+                        &keys.active,
+                        &keys.leases,
+                        &keys.index,
+                        &keys.inbox,
+                        &keys.counts,
+                    ],
+                    &args,
+                )
+                .await;
+            (*shard, chunk, reply)
+        });
+        let mut out: Vec<Option<Result<Completion>>> = (0..done.len()).map(|_| None).collect();
+        let mut dirty = Vec::new();
+        for (shard, chunk, reply) in join_all(calls).await {
+            // A failed call fails its own completions only: the other shards' went in.
+            let reply = match reply {
+                Ok(reply) => reply,
+                Err(err) => {
+                    let err = Arc::new(err);
+                    for &i in chunk {
+                        out[i] = Some(Err(Error::Shared(err.clone())));
+                    }
+                    continue;
+                }
+            };
+            if reply.contains(&OK) {
+                dirty.push(shard);
+            }
+            for (&i, code) in chunk.iter().zip(reply) {
+                out[i] = Some(match code {
+                    OK => Ok(Completion::Completed),
+                    DUPLICATE => Ok(Completion::Duplicate),
+                    _ => Err(lost(&done[i].0)),
+                });
+            }
+        }
+        if !dirty.is_empty() {
+            dirty.dedup();
+            self.mark_dirty(&dirty).await;
+        }
+        out.into_iter()
+            .zip(done)
+            .map(|(o, (lease, _))| {
+                o.ok_or_else(|| Error::Corrupt {
+                    key: self.keys_of(lease.pid).active.clone(),
+                    detail: "complete script replied for fewer leases than sent".into(),
+                })
+            })
+            .collect()
+    }
+
+    /// The indexes of `pids` grouped by shard, at most [`MAX_SCRIPT_BATCH`] to a group:
+    /// one script call each.
+    fn by_shard(&self, pids: impl Iterator<Item = u64>) -> Vec<(usize, Vec<usize>)> {
+        let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); self.keys.len()];
+        for (i, pid) in pids.enumerate() {
+            by_shard[self.layout.shard_of(pid) as usize].push(i);
+        }
+        let mut out = Vec::new();
+        for (shard, members) in by_shard.into_iter().enumerate() {
+            for chunk in members.chunks(MAX_SCRIPT_BATCH) {
+                out.push((shard, chunk.to_vec()));
+            }
+        }
+        out
+    }
+
+    /// Adds `shards` to `{ns}:dirty`. A failure is logged, not returned: the
+    /// completions it announces are durable in the inbox, and the archivers' sweep finds
+    /// them without the mark.
+    async fn mark_dirty(&self, shards: &[usize]) {
+        let marked: redis::RedisResult<i64> = retry(&self.conn, |mut conn| async move {
+            let mut cmd = redis::cmd("SADD");
+            cmd.arg(&self.dirty_key).arg(shards);
+            cmd.query_async(&mut conn).await
+        })
+        .await;
+        if let Err(err) = marked {
+            tracing::warn!(%err, "could not mark shards dirty; the archivers' sweep will find them");
+        }
+    }
+}
+
+#[async_trait]
+impl<C> Leases for RedisActiveStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn claim(&self, worker: &str, n: usize) -> Result<Vec<Lease>> {
+        plans::check_worker(worker)?;
+        let now = self.now();
+        let deadline = self.deadline(now);
+        let mut out = Vec::new();
+        for shard in self.layout.claim_order(worker) {
+            if out.len() >= n {
+                break;
+            }
+            // A shard found without ready work a moment ago is passed by: an idle claim
+            // costs nothing, whatever the shard count.
+            if self.empty.skip(shard, now) {
+                continue;
+            }
+            let keys = &self.keys[shard as usize];
+            let want = (n - out.len()).min(MAX_SCRIPT_BATCH);
+            let args = [
+                worker.to_owned(),
+                want.to_string(),
+                now.to_string(),
+                deadline.to_string(),
+                shard.to_string(),
+                self.layout.shards().to_string(),
+                self.layout.per_batch().to_string(),
+            ];
+            let reply: Vec<String> = self
+                .invoke(
+                    &CLAIM,
+                    &[
+                        &keys.active,
+                        &keys.pending,
+                        &keys.leases,
+                        &keys.plans,
+                        &keys.cursor,
+                        &keys.seq,
+                        &keys.counts,
+                    ],
+                    &args,
+                )
+                .await?;
+            let leases = self.leases_from(worker, deadline, reply).await?;
+            if leases.len() < want {
+                self.empty.found_short(shard, now);
+            }
+            out.extend(leases);
+        }
+        Ok(out)
+    }
+
+    async fn heartbeat(&self, lease: &Lease, progress: u64) -> Result<()> {
+        let mut out = self.heartbeat_many(&[(lease.clone(), progress)]).await?;
+        out.pop().expect("one outcome per lease")
+    }
+
+    async fn heartbeat_many(&self, beats: &[(Lease, u64)]) -> Result<Vec<Result<()>>> {
+        let now = self.now();
+        let deadline = self.deadline(now).to_string();
+        let now = now.to_string();
+        let groups = self.by_shard(beats.iter().map(|(lease, _)| lease.pid));
+        let (now, deadline) = (&now, &deadline);
+        let calls = groups.iter().map(|(shard, chunk)| async move {
+            let keys = &self.keys[*shard];
+            let mut args = Vec::with_capacity(2 + chunk.len() * 3);
+            args.push(now.clone());
+            args.push(deadline.clone());
+            for &i in chunk {
+                let (lease, progress) = &beats[i];
+                args.push(lease.pid.to_string());
+                args.push(lease.token.to_string());
+                args.push(progress.to_string());
+            }
+            let reply: Result<Vec<i64>> = self
+                .invoke(
+                    &HEARTBEAT,
+                    &[&keys.active, &keys.leases, &keys.counts],
+                    &args,
+                )
+                .await;
+            (chunk, reply)
+        });
+        let mut out: Vec<Option<Result<()>>> = (0..beats.len()).map(|_| None).collect();
+        for (chunk, reply) in join_all(calls).await {
+            match reply {
+                Ok(codes) => {
+                    for (&i, code) in chunk.iter().zip(codes) {
+                        out[i] = Some(if code == OK {
+                            Ok(())
+                        } else {
+                            Err(lost(&beats[i].0))
+                        });
+                    }
+                }
+                // A failed call fails its own leases only: the other shards' renewed.
+                Err(err) => {
+                    let err = Arc::new(err);
+                    for &i in chunk {
+                        out[i] = Some(Err(Error::Shared(err.clone())));
+                    }
+                }
+            }
+        }
+        out.into_iter()
+            .zip(beats)
+            .map(|(o, (lease, _))| {
+                o.ok_or_else(|| Error::Corrupt {
+                    key: self.keys_of(lease.pid).active.clone(),
+                    detail: "heartbeat script replied for fewer leases than sent".into(),
+                })
+            })
+            .collect()
+    }
+
+    async fn complete(&self, lease: &Lease, duration_ms: u64) -> Result<Completion> {
+        let (tx, rx) = oneshot::channel();
+        if self
+            .committer()
+            .send((lease.clone(), duration_ms, tx))
+            .is_err()
+        {
+            // The commit task is gone (its runtime shut down): complete directly.
+            let mut out = self.complete_now(&[(lease.clone(), duration_ms)]).await?;
+            return out.pop().expect("one outcome per completion");
+        }
+        match rx.await {
+            Ok(outcome) => outcome,
+            Err(_) => self
+                .complete_now(&[(lease.clone(), duration_ms)])
+                .await?
+                .pop()
+                .expect("one outcome"),
+        }
+    }
+
+    async fn complete_many(&self, done: &[(Lease, u64)]) -> Result<Vec<Result<Completion>>> {
+        self.complete_now(done).await
+    }
+
+    async fn fail(&self, lease: &Lease, error: &str) -> Result<FailOutcome> {
+        let keys = self.keys_of(lease.pid);
+        let args = [
+            lease.pid.to_string(),
+            lease.token.to_string(),
+            self.now().to_string(),
+            error.to_owned(),
+            self.config.max_attempts.to_string(),
+            self.config.backoff_base.as_millis().to_string(),
+            self.config.backoff_max.as_millis().to_string(),
+        ];
+        let reply: Vec<i64> = self
+            .invoke(
+                &FAIL,
+                &[&keys.active, &keys.leases, &keys.pending, &keys.counts],
+                &args,
+            )
+            .await?;
+        match reply.as_slice() {
+            [OK, -1] => Ok(FailOutcome::Failed),
+            [OK, ready] => Ok(FailOutcome::Retry {
+                ready_at_ms: *ready as u64,
+            }),
+            _ => Err(lost(lease)),
+        }
+    }
+
+    async fn release(&self, lease: &Lease, progress: u64) -> Result<()> {
+        let keys = self.keys_of(lease.pid);
+        let args = [
+            self.now().to_string(),
+            lease.pid.to_string(),
+            lease.token.to_string(),
+            progress.to_string(),
+        ];
+        let reply: Vec<i64> = self
+            .invoke(
+                &RELEASE,
+                &[&keys.active, &keys.leases, &keys.pending, &keys.counts],
+                &args,
+            )
+            .await?;
+        match reply.first() {
+            Some(&OK) => {
+                // Pending again: this process may claim it at once.
+                self.empty.wake(self.layout.shard_of(lease.pid));
+                Ok(())
+            }
+            _ => Err(lost(lease)),
+        }
+    }
+}
+
+fn lost(lease: &Lease) -> Error {
+    Error::LeaseLost {
+        pid: lease.pid,
+        token: lease.token,
+    }
+}

@@ -1,0 +1,386 @@
+//! Reads of the active layer on Redis: `get`, `all_active` (each shard's records with
+//! its plan list and cursors in one transaction, through the `tranche-bulk` reader when
+//! there is one) and `counts` (the per-status counters, derived once for a namespace
+//! written without them), and the parsing they share.
+
+use super::*;
+
+impl<C> RedisActiveStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// One shard's records, plan list and cursors, read in one transaction so that a
+    /// claim cannot slip between the reads and leave its pids in neither the records
+    /// nor the unissued runs.
+    fn shard_read(&self, shard: u32) -> redis::Pipeline {
+        let keys = &self.keys[shard as usize];
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .hgetall(&keys.active)
+            .lrange(&keys.plans, 0, -1)
+            .hgetall(&keys.cursor);
+        pipe
+    }
+
+    /// [`shard_read`](Self::shard_read) through redis-rs. The records stay one raw
+    /// reply, parsed in place.
+    async fn read_shard(&self, shard: u32) -> Result<(redis::Value, Vec<String>, Pairs)> {
+        let pipe = &self.shard_read(shard);
+        Ok(retry(&self.conn, |mut conn| async move {
+            pipe.query_async(&mut conn).await
+        })
+        .await?)
+    }
+
+    /// Every shard's [`shard_read`](Self::shard_read) on the bulk connection, in one
+    /// write; `None` (logged by the reader) when it fails, so the caller reads the
+    /// ordinary way.
+    async fn read_shards_bulk(&self, reader: &Arc<bulk::BulkReader>) -> Option<bulk::Replies> {
+        let reads: Vec<_> = (0..self.layout.shards())
+            .map(|s| self.shard_read(s))
+            .collect();
+        reader.query(&reads).await.ok()
+    }
+
+    /// The shards' reads out of [`read_shards_bulk`](Self::read_shards_bulk)'s replies,
+    /// borrowed from them; `None` if they are not what the commands answer (an error
+    /// reply, say), for the ordinary read to report.
+    fn shard_reads<'a>(&self, replies: &'a bulk::Replies) -> Option<Vec<ShardRead<'a>>> {
+        use bulk::Frame;
+        let text = |f: &Frame| match f {
+            Frame::Bulk(r) => String::from_utf8(replies.bytes(r).to_vec()).ok(),
+            _ => None,
+        };
+        let bytes = |f: &'a Frame| match f {
+            Frame::Bulk(r) => Some(replies.bytes(r)),
+            _ => None,
+        };
+        let frames = replies.frames();
+        if frames.len() != self.keys.len() * 5 {
+            return None;
+        }
+        frames
+            .chunks_exact(5)
+            .map(|shard| {
+                let Frame::Array(exec) = &shard[4] else {
+                    return None;
+                };
+                let [
+                    Frame::Array(active),
+                    Frame::Array(plans),
+                    Frame::Array(cursor),
+                ] = exec.as_slice()
+                else {
+                    return None;
+                };
+                if active.len() % 2 != 0 || cursor.len() % 2 != 0 {
+                    return None;
+                }
+                Some(ShardRead {
+                    entries: active
+                        .chunks_exact(2)
+                        .map(|kv| Some((bytes(&kv[0])?, bytes(&kv[1])?)))
+                        .collect::<Option<_>>()?,
+                    plans: plans.iter().map(text).collect::<Option<_>>()?,
+                    cursor: cursor
+                        .chunks_exact(2)
+                        .map(|kv| Some((text(&kv[0])?, text(&kv[1])?)))
+                        .collect::<Option<_>>()?,
+                })
+            })
+            .collect()
+    }
+
+    /// One shard's counters (`p`, `c`, `r`, `f`, then the mark `v`), the number of its
+    /// records, its plan list and cursors, in one transaction: a claim moves pids from a
+    /// cursor to the counters atomically, so reading them apart could count a pid twice
+    /// or not at all.
+    async fn read_counts(&self, shard: u32) -> Result<CountsRead> {
+        let keys = &self.keys[shard as usize];
+        Ok(retry(&self.conn, |mut conn| async move {
+            redis::pipe()
+                .atomic()
+                .hmget(&keys.counts, &["p", "c", "r", "f", "v"])
+                .hlen(&keys.active)
+                .lrange(&keys.plans, 0, -1)
+                .hgetall(&keys.cursor)
+                .query_async(&mut conn)
+                .await
+        })
+        .await?)
+    }
+
+    /// Derives every shard's status counters from its records, once, and marks them
+    /// exact; the scripts keep them from then on. [`ActiveQuery::counts`] does this by
+    /// itself for a shard whose counters were never marked (a namespace written by a
+    /// version without them). Run it by hand after processes of such a version wrote to
+    /// the namespace alongside this one (a rolling upgrade): their scripts change
+    /// statuses without counting. Costs one read of every active record.
+    pub async fn recount(&self) -> Result<StatusCounts> {
+        let shards: Vec<u32> = (0..self.layout.shards()).collect();
+        self.recount_shards(&shards).await?;
+        self.counts().await
+    }
+
+    async fn recount_shards(&self, shards: &[u32]) -> Result<()> {
+        let calls = shards.iter().map(|&s| async move {
+            let keys = &self.keys[s as usize];
+            self.invoke::<Vec<i64>>(&RECOUNT, &[&keys.active, &keys.counts], &[])
+                .await
+        });
+        for reply in join_all(calls).await {
+            reply?;
+        }
+        Ok(())
+    }
+
+    /// The partitions of `records` (pid, shard, record bytes), in their order; `None` if
+    /// a record belongs to a plan `registry` does not know yet.
+    fn partitions(
+        &self,
+        records: &[(u64, u32, &[u8])],
+        registry: &Registry,
+    ) -> Result<Option<Vec<Partition>>> {
+        let mut out = Vec::with_capacity(records.len());
+        for &(pid, shard, rec) in records {
+            match record::parse_bytes(pid, rec, |pid| registry.range_of(pid)) {
+                Some(p) => out.push(p),
+                None if record::parse_bytes(pid, rec, |_| Some((0, 0))).is_some() => {
+                    return Ok(None);
+                }
+                None => {
+                    return Err(Error::Corrupt {
+                        key: format!("{} {pid}", self.keys[shard as usize].active),
+                        detail: format!("unreadable record {:?}", String::from_utf8_lossy(rec)),
+                    });
+                }
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// The unissued runs of `shard` from its plans list and cursors.
+    fn unissued(&self, shard: u32, plans: &[String], cursor: &Pairs) -> Result<Vec<Unissued>> {
+        Ok(self
+            .cursors(shard, plans, cursor)?
+            .into_iter()
+            .filter_map(|(_, last, at)| {
+                let count = self.layout.count_in_shard(at, last, shard);
+                (count > 0).then_some(Unissued {
+                    shard,
+                    next_pid: at,
+                    last_pid: last,
+                    count,
+                })
+            })
+            .collect())
+    }
+
+    /// A shard's uniform plans as (first pid, last pid, next pid it will issue), from its
+    /// `plans` list and `cursor` hash.
+    fn cursors(
+        &self,
+        shard: u32,
+        plans: &[String],
+        cursor: &Pairs,
+    ) -> Result<Vec<(u64, u64, u64)>> {
+        let keys = &self.keys[shard as usize];
+        plans
+            .iter()
+            .map(|entry| {
+                let (first, last) =
+                    record::parse_cursor_plan(entry).ok_or_else(|| Error::Corrupt {
+                        key: keys.plans.clone(),
+                        detail: format!("unreadable entry {entry:?}"),
+                    })?;
+                let at = cursor
+                    .iter()
+                    .find(|(f, _)| f.parse() == Ok(first))
+                    .map(|(_, at)| parse_u64(at, &keys.cursor))
+                    .transpose()?
+                    .unwrap_or(first);
+                Ok((first, last, self.layout.align(at, shard)))
+            })
+            .collect()
+    }
+}
+
+#[async_trait]
+impl<C> ActiveQuery for RedisActiveStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn get(&self, pid: u64) -> Result<Option<Partition>> {
+        let shard = self.layout.shard_of(pid);
+        let keys = &self.keys[shard as usize];
+        // One round trip: the record, and the cursors in case it is not issued yet. In
+        // one transaction (the keys share a slot): a claim running between the HGET and
+        // the cursor read would otherwise move the pid out of both, and an issued pid
+        // would read as completed.
+        let (rec, plans, cursor): (Option<String>, Vec<String>, Pairs) =
+            retry(&self.conn, |mut conn| async move {
+                redis::pipe()
+                    .atomic()
+                    .hget(&keys.active, pid)
+                    .lrange(&keys.plans, 0, -1)
+                    .hgetall(&keys.cursor)
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await?;
+        if let Some(rec) = rec {
+            let mut p = record::parse(pid, &rec, |pid| read(&self.registry).range_of(pid));
+            if p.is_none() {
+                let registry = self.refresh_registry().await?;
+                p = record::parse(pid, &rec, |pid| registry.range_of(pid));
+            }
+            return p.map(Some).ok_or_else(|| Error::Corrupt {
+                key: format!("{} {pid}", keys.active),
+                detail: format!("unreadable record {rec:?}"),
+            });
+        }
+        let unissued = self
+            .cursors(shard, &plans, &cursor)?
+            .into_iter()
+            .any(|(first, last, at)| (first..=last).contains(&pid) && at <= pid);
+        if unissued {
+            let (min, max) = self.range_of(pid).await?;
+            return Ok(Some(Partition::pending(pid, min, max, 0)));
+        }
+        Ok(None)
+    }
+
+    async fn all_active(&self) -> Result<ActiveSnapshot> {
+        // One round trip: every shard's read is sent before any answer is awaited, so
+        // they share one pipeline, on the bulk connection when there is one (its
+        // replies are scanned in place) and otherwise on the multiplexed connection.
+        // The records are parsed straight from the reply's bytes, sorted by pid as
+        // (pid, bytes) pairs before any partition is built. The cached registry
+        // supplies uniform plans' ranges (plans are append-only); only a record of a
+        // plan added since it was read costs a second round trip, to read it again.
+        let bulk = match &self.bulk {
+            Some(reader) => self.read_shards_bulk(reader).await,
+            None => None,
+        };
+        // The ordinary read's replies, which its shard reads borrow from.
+        let values: Vec<(redis::Value, Vec<String>, Pairs)>;
+        let reads = match bulk.as_ref().and_then(|r| self.shard_reads(r)) {
+            Some(reads) => reads,
+            None => {
+                values = join_all((0..self.layout.shards()).map(|s| self.read_shard(s)))
+                    .await
+                    .into_iter()
+                    .collect::<Result<_>>()?;
+                values
+                    .iter()
+                    .zip(self.keys.iter())
+                    .map(|((active, plans, cursor), keys)| {
+                        let entries =
+                            record::hash_entries(active).ok_or_else(|| Error::Corrupt {
+                                key: keys.active.clone(),
+                                detail: "the reply to HGETALL is not a hash".into(),
+                            })?;
+                        Ok(ShardRead {
+                            entries,
+                            plans: plans.clone(),
+                            cursor: cursor.clone(),
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?
+            }
+        };
+        let mut snapshot = ActiveSnapshot::default();
+        let mut records = Vec::new();
+        for (shard, read) in (0..).zip(&reads) {
+            let key = &self.keys[shard as usize].active;
+            records.reserve(read.entries.len());
+            for &(pid, rec) in &read.entries {
+                let pid = record::parse_u64(pid).ok_or_else(|| Error::Corrupt {
+                    key: key.clone(),
+                    detail: format!("field {:?} is not a pid", String::from_utf8_lossy(pid)),
+                })?;
+                records.push((pid, shard, rec));
+            }
+            snapshot
+                .unissued
+                .extend(self.unissued(shard, &read.plans, &read.cursor)?);
+        }
+        records.sort_unstable_by_key(|&(pid, ..)| pid);
+        let cached = self.partitions(&records, &read(&self.registry))?;
+        snapshot.partitions = match cached {
+            Some(partitions) => partitions,
+            None => {
+                let registry = self.refresh_registry().await?;
+                self.partitions(&records, &registry)?
+                    .ok_or_else(|| Error::Corrupt {
+                        key: self.registry_key.clone(),
+                        detail: "an active record is in no plan".into(),
+                    })?
+            }
+        };
+        Ok(snapshot)
+    }
+
+    async fn counts(&self) -> Result<StatusCounts> {
+        // One round trip: each shard's counters beside its cursors, all shards
+        // pipelined. Counters not marked exact are zero when the shard holds no record
+        // (nothing was ever claimed there); otherwise the shard was written by a version
+        // without them, and they are derived from its records once, then read again.
+        let shards = 0..self.layout.shards();
+        let mut reads = join_all(shards.clone().map(|s| self.read_counts(s)))
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?;
+        let unmarked: Vec<u32> = shards
+            .clone()
+            .filter(|&s| {
+                let (counters, records, ..) = &reads[s as usize];
+                *records > 0 && counters.get(4).copied().flatten() != Some(1)
+            })
+            .collect();
+        if !unmarked.is_empty() {
+            tracing::info!(
+                namespace = %self.config.namespace,
+                shards = ?unmarked,
+                "deriving the active layer's status counters from its records, once"
+            );
+            self.recount_shards(&unmarked).await?;
+            reads = join_all(shards.map(|s| self.read_counts(s)))
+                .await
+                .into_iter()
+                .collect::<Result<Vec<_>>>()?;
+        }
+        let mut counts = StatusCounts::default();
+        for (shard, (counters, records, plans, cursor)) in (0..).zip(&reads) {
+            // Unmarked counters of a shard without records are left-overs: it holds none.
+            let exact = *records > 0 || counters.get(4).copied().flatten() == Some(1);
+            let get = |i: usize| {
+                let n = counters
+                    .get(i)
+                    .copied()
+                    .flatten()
+                    .filter(|_| exact)
+                    .unwrap_or(0);
+                if n < 0 {
+                    tracing::warn!(
+                        key = %self.keys[shard as usize].counts,
+                        value = n,
+                        "a negative status counter: a writer did not keep the counters; \
+                         run recount"
+                    );
+                }
+                n.max(0) as u64
+            };
+            counts.pending += get(0);
+            counts.claimed += get(1);
+            counts.running += get(2);
+            counts.failed += get(3);
+            counts.unissued += self
+                .unissued(shard, plans, cursor)?
+                .iter()
+                .map(|u| u.count)
+                .sum::<u64>();
+        }
+        Ok(counts)
+    }
+}

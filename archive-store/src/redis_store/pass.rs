@@ -1,0 +1,446 @@
+//! The archiving pass on Redis: reading the shards' inboxes through the consumer group
+//! (woken passes from `{ns}:dirty`, sweeps with takeover), writing each chunk with the
+//! archive script, setting aside records that can never be archived, acknowledging.
+
+use super::*;
+
+/// Whether Redis refused a call for what it carried (a script's error), rather than
+/// the call failing to get through: only then is trying the records one by one of use.
+fn refused(err: &redis::RedisError) -> bool {
+    !(err.is_io_error()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || err.is_timeout()
+        || err.is_cluster_error())
+}
+
+/// Whether the archive script refused one record for the record itself (its own
+/// counters past the statistics' guard, or arguments it cannot take), so that it can
+/// never be archived; anything else it refuses is the shard's state.
+fn poison(err: &redis::RedisError) -> bool {
+    let text = err.to_string();
+    text.contains("a delta counter reached") || text.contains("malformed delta argument")
+}
+
+impl<C> RedisArchive<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    pub(super) async fn ensure_group(&self, shard: u32) -> Result<bool> {
+        if self.started[shard as usize].load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let key = self.keys[shard as usize].inbox.clone();
+        let created: redis::RedisResult<Value> = retry(&self.conn, |mut c| {
+            let key = key.clone();
+            async move {
+                redis::cmd("XGROUP")
+                    .arg("CREATE")
+                    .arg(key)
+                    .arg(GROUP)
+                    .arg("0")
+                    .arg("MKSTREAM")
+                    .query_async(&mut c)
+                    .await
+            }
+        })
+        .await;
+        match created {
+            Ok(_) => {}
+            Err(e) if e.code() == Some("BUSYGROUP") => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(true)
+    }
+
+    /// Counts the archived records again (one read per shard) and keeps the count for
+    /// woken passes.
+    pub(super) async fn count_archived(&self) -> Result<u64> {
+        let archived = self.archived_count().await?;
+        self.archived.fetch_max(archived, Ordering::Relaxed);
+        self.counted.store(true, Ordering::Relaxed);
+        Ok(self.archived.load(Ordering::Relaxed))
+    }
+
+    /// Takes over up to `batch` entries of `shard` that another archiver has held
+    /// unacknowledged for `claim_idle` (it died): XAUTOCLAIM, on sweeps only.
+    pub(super) async fn take_over(
+        &self,
+        shard: u32,
+        pass: &mut ArchivePass,
+    ) -> Result<Vec<StreamId>> {
+        let inbox = &self.keys[shard as usize].inbox;
+        let consumer = &self.config.consumer;
+        let want = self.config.batch;
+        let idle = self.config.claim_idle.as_millis().min(u64::MAX as u128) as u64;
+        let claimed: StreamAutoClaimReply = retry(&self.conn, |mut c| async move {
+            redis::cmd("XAUTOCLAIM")
+                .arg(inbox)
+                .arg(GROUP)
+                .arg(consumer)
+                .arg(idle)
+                .arg("0-0")
+                .arg("COUNT")
+                .arg(want)
+                .query_async(&mut c)
+                .await
+        })
+        .await?;
+        pass.claimed += claimed.claimed.len();
+        Ok(claimed.claimed)
+    }
+
+    /// Pops every mark of `{ns}:dirty` (one command, whatever the shard count; marks
+    /// another archiver pops are its to serve) and returns the shard numbers.
+    pub(super) async fn pop_dirty(&self) -> Result<Vec<u32>> {
+        let count = self.schema.num_shards() as usize;
+        let key = &self.dirty_key;
+        let marks: Vec<String> = retry(&self.conn, |mut c| async move {
+            redis::cmd("SPOP")
+                .arg(key)
+                .arg(count)
+                .query_async(&mut c)
+                .await
+        })
+        .await?;
+        Ok(marks
+            .iter()
+            .filter_map(|m| {
+                let shard = m
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|&s| s < self.schema.num_shards());
+                if shard.is_none() {
+                    tracing::warn!(key = %self.dirty_key, mark = %m, "not a shard number; ignored");
+                }
+                shard
+            })
+            .collect())
+    }
+
+    /// The shards a woken pass reads now: those owed a read whose last read came back
+    /// full or was at least `gather` ago. They are no longer owed.
+    pub(super) fn ripe(&self, marked: &[u32], now: Instant) -> Vec<u32> {
+        let mut w = self.woken.lock().unwrap_or_else(|p| p.into_inner());
+        for &shard in marked {
+            w.owed[shard as usize] = true;
+        }
+        let mut out = Vec::new();
+        for shard in 0..w.owed.len() {
+            let ready = w.full[shard]
+                || w.last_read[shard].is_none_or(|t| now.duration_since(t) >= self.config.gather);
+            if w.owed[shard] && ready {
+                w.owed[shard] = false;
+                out.push(shard as u32);
+            }
+        }
+        out
+    }
+
+    /// Notes what a read of `shard` at `at` found (or that it failed: owed again).
+    pub(super) fn read_done(&self, shard: u32, at: Instant, entries: Option<usize>) {
+        let mut w = self.woken.lock().unwrap_or_else(|p| p.into_inner());
+        let s = shard as usize;
+        match entries {
+            Some(entries) => {
+                let full = entries >= self.config.batch;
+                w.full[s] = full;
+                w.owed[s] |= full;
+                w.last_read[s] = Some(at);
+            }
+            None => w.owed[s] = true,
+        }
+    }
+
+    /// Archives `shards` at once, their calls pipelined; `takeover` on sweeps.
+    pub(super) async fn archive_shards(
+        &self,
+        shards: &[u32],
+        tier: Tier,
+        takeover: bool,
+    ) -> Result<ArchivePass> {
+        let at = Instant::now();
+        let results = futures_util::future::join_all(
+            shards
+                .iter()
+                .map(|&s| self.archive_shard(s, tier, takeover)),
+        )
+        .await;
+        let mut pass = ArchivePass::default();
+        let mut failed = None;
+        for (&shard, result) in shards.iter().zip(results) {
+            match result {
+                Ok(p) => {
+                    self.read_done(shard, at, Some(p.entries));
+                    pass.add(p);
+                }
+                Err(err) => {
+                    self.read_done(shard, at, None);
+                    failed.get_or_insert(err);
+                }
+            }
+        }
+        self.archived
+            .fetch_add(pass.archived as u64, Ordering::Relaxed);
+        match failed {
+            Some(err) => Err(err),
+            None => Ok(pass),
+        }
+    }
+
+    /// Reads up to `batch` entries of `shard`: with `takeover`, a dead archiver's
+    /// (idle long enough) first; then, on the first visit, this consumer's own pending
+    /// ones; then new ones.
+    pub(super) async fn read(
+        &self,
+        shard: u32,
+        takeover: bool,
+        pass: &mut ArchivePass,
+    ) -> Result<Vec<StreamId>> {
+        let first = self.ensure_group(shard).await?;
+        let inbox = &self.keys[shard as usize].inbox;
+        let consumer = &self.config.consumer;
+        let mut want = self.config.batch;
+        let mut out = Vec::new();
+        if takeover {
+            out = self.take_over(shard, pass).await?;
+            want -= out.len().min(want);
+        }
+        for from in [first.then_some("0"), Some(">")].into_iter().flatten() {
+            if want == 0 {
+                break;
+            }
+            let reply: Option<StreamReadReply> = retry(&self.conn, |mut c| async move {
+                redis::cmd("XREADGROUP")
+                    .arg("GROUP")
+                    .arg(GROUP)
+                    .arg(consumer)
+                    .arg("COUNT")
+                    .arg(want)
+                    .arg("STREAMS")
+                    .arg(inbox)
+                    .arg(from)
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+            let ids: Vec<StreamId> = reply
+                .into_iter()
+                .flat_map(|r| r.keys)
+                .flat_map(|k| k.ids)
+                .filter(|id| !out.iter().any(|o| o.id == id.id))
+                .collect();
+            want -= ids.len().min(want);
+            out.extend(ids);
+        }
+        if first {
+            self.started[shard as usize].store(true, Ordering::Release);
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn archive_shard(
+        &self,
+        shard: u32,
+        tier: Tier,
+        takeover: bool,
+    ) -> Result<ArchivePass> {
+        let mut pass = ArchivePass::default();
+        let raw = self.read(shard, takeover, &mut pass).await?;
+        if raw.is_empty() {
+            return Ok(pass);
+        }
+        pass.entries = raw.len();
+        let mut ids = Vec::with_capacity(raw.len());
+        let mut texts = Vec::with_capacity(raw.len());
+        for mut entry in raw {
+            let text = entry
+                .map
+                .remove("r")
+                .and_then(|v| String::from_redis_value(v).ok());
+            if text.is_none() {
+                pass.malformed += 1;
+                tracing::warn!(entry = %entry.id, "inbox entry without field r dropped");
+            }
+            texts.push(text.unwrap_or_default());
+            ids.push(entry.id);
+        }
+        // A pid twice in one pass is a duplicate completion: keep the first.
+        let mut seen = HashSet::new();
+        let mut items = Vec::new();
+        for (text, id) in texts.iter().zip(&ids) {
+            for line in text.lines().filter(|l| !l.is_empty()) {
+                match decode_json(line) {
+                    // A record of another shard would land on this shard's bit offsets,
+                    // where another pid lives: drop it loudly rather than corrupt both.
+                    Ok(r) if self.schema.shard_of(r.pid) != shard => {
+                        pass.malformed += 1;
+                        tracing::warn!(
+                            pid = r.pid,
+                            shard,
+                            "record in another shard's inbox dropped"
+                        );
+                    }
+                    Ok(record) if seen.insert(record.pid) => items.push(Item {
+                        record,
+                        json: Some(line),
+                    }),
+                    Ok(_) => pass.duplicates += 1,
+                    Err(err) => {
+                        pass.malformed += 1;
+                        tracing::warn!(%err, entry = %id, line, "undecodable inbox line dropped");
+                    }
+                }
+            }
+        }
+        // In pid order a batch's records are adjacent: chunks cut at batch boundaries,
+        // and a batch complete in one chunk is sealed from a slice, without a copy.
+        items.sort_unstable_by_key(|i| i.record.pid);
+        let chunks = chunks_by_batch(items, MAX_SCRIPT_RECORDS, |p| self.schema.batch_of(p));
+        // The chunks hold distinct pids (and, but for batches larger than a chunk,
+        // distinct batches), so their calls go out together, pipelined on the one
+        // connection: the client prepares the next call while Redis runs this one.
+        let written = try_join_all(
+            chunks
+                .into_iter()
+                .map(|c| self.write_or_set_aside(shard, c, tier)),
+        )
+        .await?;
+        let mut dead = Vec::new();
+        for (n, dups, refused) in written {
+            pass.archived += n;
+            pass.duplicates += dups;
+            dead.extend(refused);
+        }
+        if !dead.is_empty() {
+            pass.dead_lettered += dead.len();
+            self.dead_letter(shard, &dead).await?;
+        }
+        // Only now, with every record stored and counted, let the entries go. A crash
+        // before this line leaves them pending; whoever takes them over finds their bits
+        // set and writes nothing twice.
+        let inbox = &self.keys[shard as usize].inbox;
+        retry(&self.conn, |mut c| {
+            let mut pipe = redis::pipe();
+            pipe.cmd("XACK").arg(inbox).arg(GROUP).arg(&ids).ignore();
+            pipe.cmd("XDEL").arg(inbox).arg(&ids).ignore();
+            async move { pipe.query_async::<()>(&mut c).await }
+        })
+        .await?;
+        Ok(pass)
+    }
+
+    /// [`write`](Self::write), but a record that can never be archived does not stall
+    /// the shard: when the script refuses a call for its data (not for a connection
+    /// failure), its records are written one by one, and each one refused alone for
+    /// itself is returned with the reason, for the dead-letter stream; one refused for
+    /// the shard's state fails the pass, as before, until the shard is repaired. A record whose bit offset
+    /// is past what a Redis bitmap holds is set aside before any call. Returns the
+    /// records written, the duplicates dropped and the records set aside.
+    pub(super) async fn write_or_set_aside<'a>(
+        &self,
+        shard: u32,
+        items: Vec<Item<'a>>,
+        tier: Tier,
+    ) -> Result<(usize, usize, Vec<(Item<'a>, String)>)> {
+        let (items, mut aside): (Vec<_>, Vec<_>) = items
+            .into_iter()
+            .partition(|i| self.schema.bit_offset(i.record.pid) <= MAX_BIT_OFFSET);
+        let mut aside: Vec<(Item<'a>, String)> = aside
+            .drain(..)
+            .map(|i| {
+                let reason = format!(
+                    "pid {}: its bit offset {} is past the 2^32 bits of a Redis bitmap",
+                    i.record.pid,
+                    self.schema.bit_offset(i.record.pid)
+                );
+                (i, reason)
+            })
+            .collect();
+        let err = match self.write(shard, items.clone(), tier).await {
+            Ok((n, dups)) => return Ok((n, dups, aside)),
+            Err(Error::Redis(err)) if refused(&err) => err,
+            Err(err) => return Err(err),
+        };
+        tracing::warn!(shard, %err, records = items.len(), "archive call refused; writing its records one by one");
+        let (mut written, mut dups) = (0, 0);
+        for item in items {
+            match self.write(shard, vec![item.clone()], tier).await {
+                Ok((n, d)) => {
+                    written += n;
+                    dups += d;
+                }
+                Err(Error::Redis(err)) if refused(&err) && poison(&err) => {
+                    aside.push((item, err.to_string()))
+                }
+                // The shard, not the record (a counter at the guard, a corrupt packed
+                // value): the pass fails and its entries wait for a repair.
+                Err(err) => return Err(err),
+            }
+        }
+        Ok((written, dups, aside))
+    }
+
+    /// Moves records that can never be archived to the shard's dead-letter stream
+    /// (`{ns:s}:dead`, the last 10,000 kept): the JSON line and the reason, for an
+    /// operator. Their inbox entries are then acknowledged with the others.
+    pub(super) async fn dead_letter(&self, shard: u32, dead: &[(Item<'_>, String)]) -> Result<()> {
+        let key = self.schema.shard_key(shard, "dead");
+        for (item, reason) in dead {
+            tracing::warn!(pid = item.record.pid, shard, %reason, "record moved to the dead-letter stream");
+        }
+        retry(&self.conn, |mut c| {
+            let mut pipe = redis::pipe();
+            for (item, reason) in dead {
+                pipe.cmd("XADD")
+                    .arg(&key)
+                    .arg("MAXLEN")
+                    .arg("~")
+                    .arg(10_000)
+                    .arg("*")
+                    .arg("r")
+                    .arg(item.json().as_ref())
+                    .arg("reason")
+                    .arg(reason)
+                    .ignore();
+            }
+            async move { pipe.query_async::<()>(&mut c).await }
+        })
+        .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl<C> Archiver for RedisArchive<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn archive_once(&self) -> Result<ArchivePass> {
+        let archived = self.count_archived().await?;
+        let tier = self.config.tier_for(archived);
+        // Shards are independent (own keys, own slot, on a cluster often their own
+        // node): all of them are archived at once, their calls pipelined.
+        let shards: Vec<u32> = self.schema.shards().collect();
+        self.archive_shards(&shards, tier, true).await
+    }
+
+    async fn archive_woken(&self) -> Result<ArchivePass> {
+        let marked = self.pop_dirty().await?;
+        let shards = self.ripe(&marked, Instant::now());
+        if shards.is_empty() {
+            return Ok(ArchivePass::default());
+        }
+        let archived = if self.counted.load(Ordering::Relaxed) {
+            self.archived.load(Ordering::Relaxed)
+        } else {
+            self.count_archived().await?
+        };
+        self.archive_shards(&shards, self.config.tier_for(archived), false)
+            .await
+    }
+
+    fn idle_wait(&self) -> Duration {
+        self.config.block
+    }
+}
