@@ -46,7 +46,7 @@ mod store;
 pub use dump::{Dump, DumpBatch, DumpPlan};
 pub use error::{Error, Result};
 pub use memory::MemoryArchive;
-pub use model::{ArchivePass, Config, Lookup, RangePage, Tier};
+pub use model::{ArchivePass, Config, DeadLetter, Lookup, RangePage, Tier};
 pub use redis_store::{RedisArchive, scripts};
 pub use segment::SEGMENT_BATCHES;
 pub use snapshots::{SnapshotPolicy, Snapshots};

@@ -189,6 +189,19 @@ impl ArchivePass {
     }
 }
 
+/// A record that can never be archived, as its shard's dead-letter stream keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeadLetter {
+    /// The shard whose inbox it came from.
+    pub shard: u32,
+    /// Its entry in the dead-letter stream (`{ns:s}:dead`), in time order.
+    pub id: String,
+    /// The inbox line as it arrived (the seed's JSON).
+    pub record: String,
+    /// Why the archive refused it.
+    pub reason: String,
+}
+
 /// One page of a range scan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RangePage {

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use crate::Result;
 use crate::dump::Dump;
-use crate::model::{ArchivePass, Lookup, RangePage};
+use crate::model::{ArchivePass, DeadLetter, Lookup, RangePage};
 use crate::snapshots::{Publisher, Snapshots};
 
 /// Drains the shards' inboxes into the archive.
@@ -46,6 +46,13 @@ pub trait ArchiveQuery: Send + Sync {
 
     /// How many batches failed to decode since the namespace was created.
     async fn decode_failures(&self) -> Result<u64>;
+
+    /// Records that can never be archived, set aside with their reason: up to `limit`
+    /// per shard, oldest first. A backend that never sets records aside has none.
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {
+        let _ = limit;
+        Ok(Vec::new())
+    }
 }
 
 /// Background maintenance of the archive's tiers.
@@ -107,6 +114,9 @@ macro_rules! forward {
             }
             async fn decode_failures(&self) -> Result<u64> {
                 (**self).decode_failures().await
+            }
+            async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {
+                (**self).dead_letters(limit).await
             }
         }
     )*};

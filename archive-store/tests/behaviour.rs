@@ -1312,6 +1312,25 @@ async fn poison_records_go_to_the_dead_letter_stream(kind: Kind) {
     assert!(entries.contains("bit offset"), "{entries}");
     assert_eq!(server.cli(&["XLEN", &h.schema.inbox(0)]).trim(), "0");
     assert_eq!(h.drain().await.entries, 0, "nothing is retried");
+    let listed = h.query.dead_letters(10).await.unwrap();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert!(listed.iter().all(|d| d.shard == 0));
+    let too_long_json = encode_json(&{
+        let mut r = record(51);
+        r.duration_ms = u64::MAX;
+        r
+    });
+    assert!(
+        listed
+            .iter()
+            .any(|d| d.record == too_long_json && d.reason.contains("10^18")),
+        "{listed:?}"
+    );
+    assert_eq!(
+        h.query.dead_letters(1).await.unwrap().len(),
+        1,
+        "limit per shard"
+    );
 }
 
 #[tokio::test]

@@ -115,6 +115,13 @@ pub(crate) enum Command {
     },
     /// Evaluate the alert rules; exit non-zero naming each that fires.
     Health(HealthArgs),
+    /// Records that can never be archived, set aside with the reason (per shard, oldest
+    /// first).
+    DeadLetters {
+        /// At most this many per shard.
+        #[arg(long, value_name = "N", default_value_t = 100)]
+        limit: usize,
+    },
 }
 
 /// `plan`.

@@ -84,6 +84,12 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             print!("{}", render::stats(&merged, json)?);
             Ok(Outcome::Success)
         }
+        Command::DeadLetters { limit } => {
+            let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+            let dead = backend.archive.dead_letters(limit).await?;
+            print!("{}", render::dead_letters(&dead, json));
+            Ok(Outcome::Success)
+        }
         Command::Workers => {
             let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
             let workers = backend.active.workers().await?;

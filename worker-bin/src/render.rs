@@ -7,6 +7,7 @@ use anyhow::Result;
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 use tranche_active_store::{StatusCounts, WorkerState};
+use tranche_archive_store::DeadLetter;
 use tranche_codec::{CompletedRecord, Partition};
 use tranche_router::{Fallback, Located, MergedStats, PartitionView};
 use tranche_stats::{Difference, RangeStats, StatsSummary};
@@ -381,6 +382,28 @@ fn range_table(out: &mut String, ranges: &std::collections::BTreeMap<String, Ran
 }
 
 /// `workers`.
+/// `dead-letters`: one JSON object per line, or a table.
+pub(crate) fn dead_letters(dead: &[DeadLetter], json: bool) -> String {
+    if json {
+        return dead.iter().map(|d| line(json!(d))).collect::<String>();
+    }
+    if dead.is_empty() {
+        return "no dead letters: every completed record was archived\n".to_owned();
+    }
+    let mut out = format!("{:>5}  {:<17}  {}\n", "shard", "entry", "reason / record");
+    for d in dead {
+        out.push_str(&format!(
+            "{:>5}  {:<17}  {}\n{:>26}{}\n",
+            d.shard,
+            d.id,
+            d.reason.replace(|c: char| c.is_control(), " "),
+            "",
+            d.record.replace(|c: char| c.is_control(), " ")
+        ));
+    }
+    out
+}
+
 pub(crate) fn workers(ws: &[WorkerState], now_ms: u64, json: bool) -> String {
     if json {
         let list: Vec<Value> = ws
@@ -726,6 +749,31 @@ mod tests {
     use tranche_stats::Stats;
 
     use super::*;
+
+    #[test]
+    fn dead_letters_as_a_table_or_json_lines() {
+        let dead = [tranche_archive_store::DeadLetter {
+            shard: 3,
+            id: "1719234405000-0".into(),
+            record: r#"{"pid":7}"#.into(),
+            reason: "stats: a delta counter reached 10^18\x1b]0;title\x07".into(),
+        }];
+        let table = dead_letters(&dead, false);
+        assert!(table.contains("1719234405000-0"), "{table}");
+        assert!(table.contains(r#"{"pid":7}"#), "{table}");
+        assert!(
+            !table.contains('\x1b') && !table.contains('\x07'),
+            "escapes: {table:?}"
+        );
+        let json = dead_letters(&dead, true);
+        let v: Value = serde_json::from_str(json.trim()).unwrap();
+        assert_eq!(
+            (v["shard"].as_u64(), v["record"].as_str()),
+            (Some(3), Some(r#"{"pid":7}"#))
+        );
+        assert!(dead_letters(&[], false).starts_with("no dead letters"));
+        assert_eq!(dead_letters(&[], true), "");
+    }
 
     fn record(pid: u64, worker: &str, at_s: u64, dur_ms: u64) -> CompletedRecord {
         CompletedRecord {

@@ -3,6 +3,7 @@
 //! an answer that is counted.
 
 use super::*;
+use crate::model::DeadLetter;
 
 impl<C> RedisArchive<C>
 where
@@ -173,5 +174,50 @@ where
         })
         .await?;
         Ok(n.unwrap_or(0))
+    }
+
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {
+        let limit = limit.max(1);
+        let reads = futures_util::future::join_all(self.schema.shards().map(|shard| {
+            let key = self.schema.shard_key(shard, "dead");
+            async move {
+                let reply: redis::streams::StreamRangeReply = retry(&self.conn, |mut c| {
+                    let key = key.clone();
+                    async move {
+                        redis::cmd("XRANGE")
+                            .arg(key)
+                            .arg("-")
+                            .arg("+")
+                            .arg("COUNT")
+                            .arg(limit)
+                            .query_async(&mut c)
+                            .await
+                    }
+                })
+                .await?;
+                Ok::<_, Error>((shard, reply))
+            }
+        }))
+        .await;
+        let mut out = Vec::new();
+        for read in reads {
+            let (shard, reply) = read?;
+            for entry in reply.ids {
+                let field = |name: &str| {
+                    entry
+                        .map
+                        .get(name)
+                        .and_then(|v| String::from_redis_value(v.clone()).ok())
+                        .unwrap_or_default()
+                };
+                out.push(DeadLetter {
+                    shard,
+                    record: field("r"),
+                    reason: field("reason"),
+                    id: entry.id.clone(),
+                });
+            }
+        }
+        Ok(out)
     }
 }
