@@ -210,19 +210,19 @@ fn partition(out: &mut String, p: &Partition) {
     );
     let _ = writeln!(out, "attempts   {}", p.attempts);
     if let Some(w) = &p.worker {
-        let _ = writeln!(out, "worker     {w}");
+        let _ = writeln!(out, "worker     {}", shown(w));
     }
     if let Some(d) = p.deadline_ms {
         let _ = writeln!(out, "lease ends {}", time(d));
     }
     if let Some(e) = &p.last_error {
-        let _ = writeln!(out, "last error {e}");
+        let _ = writeln!(out, "last error {}", shown(e));
     }
 }
 
 fn record_lines(out: &mut String, r: &CompletedRecord) {
     let _ = writeln!(out, "ids        {}..={}", r.min_id, r.max_id);
-    let _ = writeln!(out, "worker     {}", r.worker);
+    let _ = writeln!(out, "worker     {}", shown(&r.worker));
     let _ = writeln!(out, "completed  {}", time(r.completed_at_ms));
     let _ = writeln!(out, "duration   {}", ms(r.duration_ms as f64));
 }
@@ -246,6 +246,7 @@ fn range_lines(out: &mut String, r: &RangeStats) {
         ms(r.total_duration * 1000.0)
     );
     for (w, share) in &r.worker_distribution {
+        let w = shown(w);
         let _ = writeln!(
             out,
             "  {w:<24} {:>8} partitions  avg {}",
@@ -334,6 +335,7 @@ fn stats_lines(out: &mut String, s: &StatsSummary) {
             "worker", "completed", "ids", "avg", "p50", "p99"
         );
         for (w, ws) in &s.worker_stats {
+            let w = shown(w);
             let _ = writeln!(
                 out,
                 "{w:<28} {:>10} {:>12} {:>9} {:>9} {:>9}",
@@ -396,9 +398,9 @@ pub(crate) fn dead_letters(dead: &[DeadLetter], json: bool) -> String {
             "{:>5}  {:<17}  {}\n{:>26}{}\n",
             d.shard,
             d.id,
-            d.reason.replace(|c: char| c.is_control(), " "),
+            shown(&d.reason),
             "",
-            d.record.replace(|c: char| c.is_control(), " ")
+            shown(&d.record)
         ));
     }
     out
@@ -433,7 +435,7 @@ pub(crate) fn workers(ws: &[WorkerState], now_ms: u64, json: bool) -> String {
         let _ = writeln!(
             out,
             "{:<28} {:<8} {:>9} {:>10} {:>9.1} {:>11} {:>9.0}s",
-            i.id,
+            shown(&i.id),
             if w.active { "active" } else { "gone" },
             i.in_flight,
             i.completed,
@@ -671,6 +673,25 @@ pub(crate) fn health(rules: &[Rule], json: bool) -> String {
         );
     }
     out
+}
+
+/// Text that came from Redis (worker ids, errors, records) as it may reach a terminal:
+/// control characters escaped (`\u{1b}`), so stored text can never retitle, recolour
+/// or clear the operator's screen. JSON output escapes them by itself.
+fn shown(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return s.into();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
 }
 
 fn line(v: Value) -> String {
@@ -974,6 +995,45 @@ mod tests {
             },
         ];
         insta::assert_snapshot!(workers(&ws, 100_000, false));
+    }
+
+    #[test]
+    fn text_from_redis_reaches_a_terminal_escaped() {
+        let hostile = "w\x1b]0;pwned\x07\x1b[31m";
+        let mut p = Partition::pending(42, 41_001, 42_000, 1_719_234_400_000);
+        p.worker = Some(hostile.into());
+        p.last_error = Some(format!("failed: {hostile}"));
+        let out = view(42, &PartitionView::Active(p), false);
+        assert!(!out.contains('\x1b') && !out.contains('\x07'), "{out:?}");
+        assert!(out.contains("w\\u{1b}]0;pwned\\u{7}"), "{out}");
+        let mut info = WorkerInfo {
+            id: hostile.into(),
+            host: "h".into(),
+            process_id: 1,
+            started_ms: 0,
+            last_beat_ms: 0,
+            in_flight: 0,
+            completed: 0,
+            rate_per_s: 0.0,
+            latency_p50_ms: 0.0,
+            latency_p99_ms: 0.0,
+            version: "0".into(),
+        };
+        let table = workers(
+            &[WorkerState {
+                info: info.clone(),
+                active: true,
+            }],
+            0,
+            false,
+        );
+        assert!(!table.contains('\x1b'), "{table:?}");
+        // JSON keeps the id exact (its escaping is JSON's).
+        info.id = hostile.into();
+        let json = workers(&[WorkerState { info, active: true }], 0, true);
+        let v: Value = serde_json::from_str(json.trim()).unwrap();
+        assert_eq!(v[0]["id"], hostile);
+        assert_eq!(shown("plain text"), "plain text");
     }
 
     #[test]
