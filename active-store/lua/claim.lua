@@ -13,10 +13,7 @@ local shard, shards, per_batch = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(
 -- Arrays are filled through explicit counters: `#t` is a search in Lua 5.1.
 local out, records, scores, got = {}, {}, {}, 0
 local no, nr, ns, reclaimed = 0, 0, 0, 0
--- Fresh tokens for this call, reserved up front: every later call on a lease must
--- present its token (fencing). Unused ones are simply skipped.
-local token = tonumber(redis.call('INCRBY', KEYS[6], want)) - want
-start_counting(KEYS[7], function() return redis.call('HLEN', KEYS[1]) == 0 end)
+local token
 
 local function lease(pid, r)
   token = token + 1
@@ -35,14 +32,46 @@ local function lease(pid, r)
 end
 
 -- Ready retries and released partitions first: they are older work.
+-- Every record is read and checked before the first write: a script that errors
+-- midway keeps what it wrote (Redis has no rollback), so a corrupt record is refused
+-- by name and nothing changes.
 local ready = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, want)
+local decoded = {}
 if #ready > 0 then
-  variadic('ZREM', KEYS[2], ready)
   local recs = redis.call('HMGET', KEYS[1], unpack(ready))
   for i, pid in ipairs(ready) do
     local r = decode(recs[i] or '')
     if r and r[1] == 'p' then
-      lease(pid, r)
+      if not tonumber(r[2]) then
+        return redis.error_reply('ERR corrupt record ' .. KEYS[1] .. ' ' .. pid .. ': attempts `' .. r[2] .. '`')
+      end
+      decoded[i] = r
+    end
+  end
+end
+
+-- Fresh tokens for this call, reserved up front: every later call on a lease must
+-- present its token (fencing). Unused ones are simply skipped. Tokens never fall below
+-- the server's clock in ms times 1024: if a failover to a replica that lagged rolls the
+-- counter back (replication is asynchronous), the next tokens still exceed every token
+-- handed out before, so two live leases never share one. (At most 1024 claims per ms
+-- and shard keep the counter from running ahead of the clock; 2^53 is reached in the
+-- year 2248.)
+local now_s = redis.call('TIME')
+local floor = (tonumber(now_s[1]) * 1000 + math.floor(tonumber(now_s[2]) / 1000)) * 1024
+token = tonumber(redis.call('INCRBY', KEYS[6], want)) - want
+if token < floor then
+  redis.call('SET', KEYS[6], int(floor + want))
+  token = floor
+end
+start_counting(KEYS[7], function() return redis.call('HLEN', KEYS[1]) == 0 end)
+
+if #ready > 0 then
+  variadic('ZREM', KEYS[2], ready)
+  for i, pid in ipairs(ready) do
+    -- A pending entry without a pending record is stale: dropped above.
+    if decoded[i] then
+      lease(pid, decoded[i])
       reclaimed = reclaimed + 1
     end
   end
@@ -88,6 +117,7 @@ end
 
 if got > 0 then
   variadic('HSET', KEYS[1], records)
+  scores[ns + 1], scores[ns + 2], ns = '+inf', SKIPLIST_KEEPER, ns + 2
   variadic('ZADD', KEYS[3], scores)
   -- Reclaimed partitions move from pending; fresh ones were not counted before.
   moved(nil, 'c', got)

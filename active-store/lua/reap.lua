@@ -20,7 +20,9 @@ end
 local out = {}
 for _, pid in ipairs(pids) do
   local r = decode(redis.call('HGET', KEYS[1], pid) or '')
-  if r == nil then
+  if pid == SKIPLIST_KEEPER then
+    -- Not a lease (see record.lua); only the whole-index read of a worker meets it.
+  elseif r == nil then
     redis.call('ZREM', KEYS[2], pid)
   elseif worker == '' or r[8] == worker then
     local attempts = tonumber(r[2]) or 0

@@ -47,6 +47,14 @@ local function holds(s, token)
   return nil
 end
 
+-- A member of every lease index, scored +inf, never a pid: longer than any
+-- zset-max-listpack-value, it keeps the index in the skiplist encoding. A listpack
+-- inserts in O(entries) with a member comparison each (the deadlines of one claim are
+-- equal), and a shard holding about as many leases as the listpack limit (128) spent 12
+-- times longer in ZADD; a skiplist inserts in O(log n). It also keeps the key from
+-- being deleted when the last lease goes, and so recreated as a listpack.
+local SKIPLIST_KEEPER = 'tranche:skiplist-keeper:' .. string.rep('~', 232)
+
 -- Arguments for one variadic command: redis.call(cmd, key, unpack(list)) in chunks, as
 -- Lua's unpack is limited to a few thousand values.
 local function variadic(cmd, key, list)
@@ -56,21 +64,21 @@ local function variadic(cmd, key, list)
 end
 
 -- The shard's status counters: the `counts` hash holds how many records of the active
--- hash are in each status (fields p, c, r, f, as field 1 of a record), so that
--- `counts()` reads four numbers instead of every record. Every script that changes a
+-- hash are in each status (fields p, c, r, f, d, as field 1 of a record), so that
+-- `counts()` reads five numbers instead of every record. Every script that changes a
 -- status records the move with `moved` and applies the sum once at its end with `count`,
 -- in the same atomic step as the change itself. Field v (1) says the counters are exact:
 -- set when they start from an empty active hash (`start_counting`) or are derived from
 -- the records (`recount.lua`); a namespace written before the counters existed has none,
 -- and the client derives them once.
-local tally = {p = 0, c = 0, r = 0, f = 0}
+local tally = {p = 0, c = 0, r = 0, f = 0, d = 0}
 local function moved(from, to, n)
   n = n or 1
   if tally[from] then tally[from] = tally[from] - n end
   if tally[to] then tally[to] = tally[to] + n end
 end
 local function count(key)
-  for _, status in ipairs({'p', 'c', 'r', 'f'}) do
+  for _, status in ipairs({'p', 'c', 'r', 'f', 'd'}) do
     if tally[status] ~= 0 then redis.call('HINCRBY', key, status, tally[status]) end
   end
 end

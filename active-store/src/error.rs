@@ -45,3 +45,28 @@ pub enum Error {
 
 /// `Result` with the active store's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Whether the same call cannot succeed by being repeated: Redis refused it for
+    /// what it is (an error raised inside a script, a missing ACL permission, keys in
+    /// two slots), or what it read is corrupt or malformed. A dropped connection, a
+    /// timeout, a failover (`MOVED`, `TRYAGAIN`, `CLUSTERDOWN`, `READONLY`,
+    /// `LOADING`) or a lost lease is not permanent.
+    pub fn is_permanent(&self) -> bool {
+        use redis::{ErrorKind, ServerErrorKind};
+        match self {
+            Error::Redis(err) => matches!(
+                err.kind(),
+                ErrorKind::Server(
+                    ServerErrorKind::ResponseError
+                        | ServerErrorKind::NoPerm
+                        | ServerErrorKind::CrossSlot
+                ) | ErrorKind::AuthenticationFailed
+                    | ErrorKind::UnexpectedReturnType
+            ),
+            Error::Shared(inner) => inner.is_permanent(),
+            Error::Corrupt { .. } | Error::InvalidArgument(_) | Error::Codec(_) => true,
+            Error::InvalidPlan(_) | Error::LeaseLost { .. } | Error::Leased(_) => false,
+        }
+    }
+}

@@ -37,6 +37,8 @@ pub struct MemoryActiveStore {
     shards: Vec<Mutex<Shard>>,
     inbox: Vec<(Sender<CompletedRecord>, Receiver<CompletedRecord>)>,
     workers: DashMap<String, WorkerInfo>,
+    /// `set_paused`; not saved with the state (an embedded run has one process).
+    paused: std::sync::atomic::AtomicBool,
 }
 
 /// One shard's state: the same structures as its Redis keys.
@@ -74,6 +76,7 @@ impl MemoryActiveStore {
             shards: (0..n).map(|_| Mutex::new(Shard::default())).collect(),
             inbox: (0..n).map(|_| crossbeam_channel::unbounded()).collect(),
             workers: DashMap::new(),
+            paused: Default::default(),
         })
     }
 
@@ -669,12 +672,28 @@ impl Maintenance for MemoryActiveStore {
         match shard.active.get(&pid).map(|p| p.status) {
             None => Ok(false),
             Some(status) if status.is_leased() => Err(Error::Leased(pid)),
+            Some(Status::Discarded) => Ok(false),
             Some(_) => {
-                shard.active.remove(&pid);
+                let now = self.now();
+                // The record stays, marked: the pid answers "discarded" for ever.
+                let p = shard.active.get_mut(&pid).expect("present");
+                p.status = Status::Discarded;
+                p.deadline_ms = None;
+                p.updated_at_ms = now;
                 shard.pending.retain(|&(_, p)| p != pid);
                 Ok(true)
             }
         }
+    }
+
+    async fn set_paused(&self, paused: bool) -> Result<()> {
+        self.paused
+            .store(paused, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn is_paused(&self) -> Result<bool> {
+        Ok(self.paused.load(std::sync::atomic::Ordering::Relaxed))
     }
 }
 
@@ -704,6 +723,20 @@ impl WorkerRegistry for MemoryActiveStore {
     async fn deregister(&self, worker: &str) -> Result<()> {
         self.workers.remove(worker);
         Ok(())
+    }
+
+    async fn prune_workers(&self, retention: std::time::Duration) -> Result<Vec<String>> {
+        let cutoff = self.now().saturating_sub(retention.as_millis() as u64);
+        let mut gone: Vec<String> = Vec::new();
+        self.workers.retain(|id, w| {
+            let keep = w.last_beat_ms >= cutoff;
+            if !keep {
+                gone.push(id.clone());
+            }
+            keep
+        });
+        gone.sort();
+        Ok(gone)
     }
 }
 

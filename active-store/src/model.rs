@@ -133,6 +133,8 @@ pub struct StatusCounts {
     pub running: u64,
     /// Out of attempts, waiting for an operator.
     pub failed: u64,
+    /// Given up by an operator: neither outstanding nor completed.
+    pub discarded: u64,
 }
 
 impl StatusCounts {
@@ -142,13 +144,14 @@ impl StatusCounts {
     }
 
     /// Counts one materialised partition of `status` (a completed one is not active).
-    pub(crate) fn add(&mut self, status: tranche_codec::Status) {
+    pub fn add(&mut self, status: tranche_codec::Status) {
         use tranche_codec::Status;
         match status {
             Status::Pending => self.pending += 1,
             Status::Claimed => self.claimed += 1,
             Status::Running => self.running += 1,
             Status::Failed => self.failed += 1,
+            Status::Discarded => self.discarded += 1,
             Status::Completed => {}
         }
     }

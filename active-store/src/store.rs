@@ -95,9 +95,17 @@ pub trait Maintenance: Send + Sync {
     /// every failed partition. Returns the pids.
     async fn retry_failed(&self, pid: Option<u64>) -> Result<Vec<u64>>;
 
-    /// Drops a failed or pending partition from the active set for good. False if the
-    /// pid was not active; [`Error::Leased`](crate::Error::Leased) if a worker holds it.
+    /// Gives up a failed or pending partition for good: it stays, marked discarded, and
+    /// is never claimed or archived. False if the pid was not pending or failed;
+    /// [`Error::Leased`](crate::Error::Leased) if a worker holds it.
     async fn discard(&self, pid: u64) -> Result<bool>;
+
+    /// Pauses or resumes the namespace. While paused, workers claim nothing (what they
+    /// hold runs to its end); a flag, not a lock: claims themselves do not check it.
+    async fn set_paused(&self, paused: bool) -> Result<()>;
+
+    /// Whether the namespace is paused.
+    async fn is_paused(&self) -> Result<bool>;
 }
 
 /// The worker registry.
@@ -111,6 +119,12 @@ pub trait WorkerRegistry: Send + Sync {
 
     /// Forgets a worker (it stopped cleanly).
     async fn deregister(&self, worker: &str) -> Result<()>;
+
+    /// Forgets every worker whose last beat is more than `retention` old, and every entry
+    /// that does not decode, so the registry holds the recent past, not every process
+    /// that ever ran. A pruned worker that beats again simply registers again. Returns
+    /// the ids forgotten.
+    async fn prune_workers(&self, retention: std::time::Duration) -> Result<Vec<String>>;
 }
 
 /// Reads of the active layer, for the router and the operator.
@@ -180,6 +194,10 @@ macro_rules! forward {
                 (**self).retry_failed(pid).await
             }
             async fn discard(&self, pid: u64) -> Result<bool> { (**self).discard(pid).await }
+            async fn set_paused(&self, paused: bool) -> Result<()> {
+                (**self).set_paused(paused).await
+            }
+            async fn is_paused(&self) -> Result<bool> { (**self).is_paused().await }
         }
 
         #[async_trait]
@@ -190,6 +208,9 @@ macro_rules! forward {
             async fn workers(&self) -> Result<Vec<WorkerState>> { (**self).workers().await }
             async fn deregister(&self, worker: &str) -> Result<()> {
                 (**self).deregister(worker).await
+            }
+            async fn prune_workers(&self, retention: std::time::Duration) -> Result<Vec<String>> {
+                (**self).prune_workers(retention).await
             }
         }
 

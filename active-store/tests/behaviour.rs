@@ -149,6 +149,8 @@ suite!(
     retry_backoff_and_dead,
     retry_failed_and_discard,
     worker_registry,
+    workers_are_pruned_after_retention,
+    pause_is_a_namespace_flag,
     reaper_is_idempotent,
     queries,
     adopt_restores_exported_plans,
@@ -471,8 +473,29 @@ async fn retry_failed_and_discard(h: Harness) {
     assert!(matches!(s.discard(1).await.unwrap_err(), Error::Leased(1)));
     assert!(s.discard(2).await.unwrap());
     assert!(!s.discard(2).await.unwrap());
-    assert_eq!(s.get(2).await.unwrap(), None);
+    // Discarded for good, and says so: never claimed, retried or counted as work.
+    let p = s.get(2).await.unwrap().expect("a discarded pid answers");
+    assert_eq!((p.status, p.deadline_ms), (Status::Discarded, None));
     assert_eq!(s.retry_failed(None).await.unwrap(), Vec::<u64>::new());
+    let c = s.counts().await.unwrap();
+    assert_eq!((c.discarded, c.failed, c.pending), (1, 0, 0));
+    assert!(
+        s.all_active()
+            .await
+            .unwrap()
+            .partitions
+            .iter()
+            .any(|p| p.pid == 2 && p.status == Status::Discarded)
+    );
+    s.complete(&l[0], 1).await.unwrap();
+    h.clock.advance(100_000);
+    assert_eq!(s.reap(h.clock_now()).await.unwrap(), Vec::<u64>::new());
+    assert!(s.claim("w", 5).await.unwrap().is_empty());
+    assert_eq!(
+        h.inbox().await.len(),
+        1,
+        "only the completed pid reaches the inbox"
+    );
 }
 
 async fn worker_registry(h: Harness) {
@@ -529,6 +552,87 @@ async fn worker_registry(h: Harness) {
     s.heartbeat(&other[0], other[0].min_id).await.unwrap();
     s.deregister("worker-1").await.unwrap();
     assert_eq!(s.workers().await.unwrap().len(), 1);
+}
+
+/// The registry keeps the recent past: a worker silent for longer than the retention is
+/// forgotten, a live one stays, a pruned one that beats again is back; on Redis an
+/// entry that does not decode is left out of every read and pruned.
+async fn workers_are_pruned_after_retention(h: Harness) {
+    let s = &h.store;
+    let info = |id: &str| WorkerInfo {
+        id: id.into(),
+        host: "host-1".into(),
+        process_id: 7,
+        started_ms: T0,
+        last_beat_ms: 0,
+        in_flight: 0,
+        completed: 0,
+        rate_per_s: 0.0,
+        latency_p50_ms: 0.0,
+        latency_p99_ms: 0.0,
+        version: "0.1.0".into(),
+    };
+    s.worker_heartbeat(info("old")).await.unwrap();
+    h.clock.advance(60_000);
+    s.worker_heartbeat(info("recent")).await.unwrap();
+    if let Backend::Redis(_, conn) = &h.backend {
+        let key = tranche_codec::KeySchema::new(&h.config.namespace, h.config.num_shards)
+            .unwrap()
+            .workers();
+        let mut conn = conn.clone();
+        let _: () = conn.hset(&key, "broken", "{not json").await.unwrap();
+        let ids: Vec<String> = s
+            .workers()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|w| w.info.id)
+            .collect();
+        assert_eq!(
+            ids,
+            ["old", "recent"],
+            "a corrupt entry blinds the registry"
+        );
+    }
+    let retention = std::time::Duration::from_secs(30);
+    let mut gone = s.prune_workers(retention).await.unwrap();
+    gone.retain(|id| id != "broken");
+    assert_eq!(gone, ["old"]);
+    let ids: Vec<String> = s
+        .workers()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|w| w.info.id)
+        .collect();
+    assert_eq!(ids, ["recent"]);
+    assert_eq!(
+        s.prune_workers(retention).await.unwrap(),
+        Vec::<String>::new()
+    );
+    if let Backend::Redis(_, conn) = &h.backend {
+        let key = tranche_codec::KeySchema::new(&h.config.namespace, h.config.num_shards)
+            .unwrap()
+            .workers();
+        let n: u64 = conn.clone().hlen(&key).await.unwrap();
+        assert_eq!(n, 1, "the corrupt entry was not pruned");
+    }
+    s.worker_heartbeat(info("old")).await.unwrap();
+    assert_eq!(s.workers().await.unwrap().len(), 2);
+}
+
+/// The pause flag is set, read and cleared; claims themselves do not check it (the
+/// workers do), so nothing else changes.
+async fn pause_is_a_namespace_flag(h: Harness) {
+    let s = &h.store;
+    assert!(!s.is_paused().await.unwrap());
+    s.set_paused(true).await.unwrap();
+    s.set_paused(true).await.unwrap();
+    assert!(s.is_paused().await.unwrap());
+    s.plan(&uniform(1, 10_000, 1000)).await.unwrap();
+    assert_eq!(s.claim("w", 2).await.unwrap().len(), 2);
+    s.set_paused(false).await.unwrap();
+    assert!(!s.is_paused().await.unwrap());
 }
 
 async fn reaper_is_idempotent(h: Harness) {
@@ -685,6 +789,7 @@ async fn recounted(s: &dyn ActiveStore) -> StatusCounts {
             Status::Claimed => c.claimed += 1,
             Status::Running => c.running += 1,
             Status::Failed => c.failed += 1,
+            Status::Discarded => c.discarded += 1,
             Status::Completed => panic!("pid {} completed but active", p.pid),
         }
     }

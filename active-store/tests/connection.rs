@@ -1,11 +1,13 @@
 //! Connecting: passwords, TLS, a dropped connection, and a server that is not there.
 
+#[path = "support/pki.rs"]
+mod pki;
 mod support;
 
 use std::time::{Duration, Instant};
 
 use tranche_active_store::{
-    Config, Error, Leases, Plan, Planner, RedisActiveStore, RedisConnection,
+    Config, Error, Leases, Plan, Planner, RedisActiveStore, RedisConnection, TlsOptions,
 };
 
 use support::TestRedis;
@@ -50,6 +52,56 @@ async fn rediss_urls_speak_tls() {
     round_trip(RedisConnection::connect(&server.tls_url()).await.unwrap()).await;
     // The same server refuses plain text: TLS was really in use.
     assert!(RedisConnection::connect(&server.url()).await.is_err());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Without `#insecure`, a certificate the system does not trust is refused; the CA file
+/// that signed it makes it trusted; a server that demands client certificates accepts
+/// ours and refuses a connection without one.
+#[tokio::test]
+async fn tls_verifies_against_a_ca_file_and_presents_a_client_certificate() {
+    let dir = std::env::temp_dir().join(format!("tranche-pki-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let [ca, cert, key, client_cert, client_key] = pki::write(&dir);
+    let url = |server: &TestRedis| format!("rediss://127.0.0.1:{}", server.port());
+
+    let server = TestRedis::start_tls(&cert, &key);
+    let err = RedisConnection::connect(&url(&server)).await.unwrap_err();
+    assert!(
+        err.to_string().to_lowercase().contains("certificate"),
+        "{err}"
+    );
+    let trusted = TlsOptions::from_files(Some(&ca), None, None).unwrap();
+    round_trip(
+        RedisConnection::connect_with(&url(&server), &trusted)
+            .await
+            .unwrap(),
+    )
+    .await;
+    drop(server);
+
+    let server = TestRedis::start_mtls(&cert, &key, &ca);
+    let err = RedisConnection::connect_with(&url(&server), &trusted)
+        .await
+        .unwrap_err();
+    assert!(!err.to_string().is_empty());
+    let mtls = TlsOptions::from_files(Some(&ca), Some(&client_cert), Some(&client_key)).unwrap();
+    round_trip(
+        RedisConnection::connect_with(&url(&server), &mtls)
+            .await
+            .unwrap(),
+    )
+    .await;
+
+    // Options with a plain URL are refused, not ignored; half a key pair too.
+    let err = RedisConnection::connect_with(&server.url(), &trusted)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("rediss://"), "{err}");
+    let err = TlsOptions::from_files(None, Some(&client_cert), None).unwrap_err();
+    assert!(err.to_string().contains("needs its key"), "{err}");
+    let err = TlsOptions::from_files(Some(&dir.join("nope.pem")), None, None).unwrap_err();
+    assert!(err.to_string().contains("nope.pem"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

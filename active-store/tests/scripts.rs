@@ -79,3 +79,95 @@ async fn the_cluster_harness_refuses_cross_slot_scripts() {
         .unwrap();
     assert_eq!(ok, 1);
 }
+
+/// A corrupt record met by `claim.lua` is refused by key and pid before the first write:
+/// Redis keeps what a failing script wrote, so checking late would orphan the pending
+/// entry of every record it had already taken off the queue.
+#[tokio::test]
+async fn a_claim_that_meets_a_corrupt_record_writes_nothing() {
+    use tranche_active_store::Leases;
+    let server = TestRedis::start();
+    let store = one_shard(&server).await;
+    let leases = store.claim("w", 3).await.unwrap();
+    for lease in &leases {
+        store.release(lease, 0).await.unwrap();
+    }
+    let schema = tranche_codec::KeySchema::new("elk", 1).unwrap();
+    let active = schema.active(0);
+    let record: String = server.query(redis::cmd("HGET").arg(&active).arg(2));
+    let mut fields: Vec<&str> = record.split('|').collect();
+    fields[1] = "x";
+    server.cli(&["HSET", &active, "2", &fields.join("|")]);
+
+    let before = server.dump_all();
+    let err = store.claim("w", 3).await.unwrap_err().to_string();
+    assert!(
+        err.contains("corrupt record") && err.contains(&active) && err.contains(" 2:"),
+        "{err}"
+    );
+    assert_eq!(server.dump_all(), before, "the refused claim wrote");
+}
+
+/// The lease index stays a skiplist however few leases it holds: a listpack inserts in
+/// O(entries), which made ZADD the largest single cost of a claim.
+#[tokio::test]
+async fn the_lease_index_is_a_skiplist() {
+    use tranche_active_store::{Leases, Maintenance};
+    let server = TestRedis::start();
+    let store = one_shard(&server).await;
+    let leases = store.claim("w", 3).await.unwrap();
+    let key = tranche_codec::KeySchema::new("elk", 1).unwrap().leases(0);
+    assert_eq!(server.cli(&["OBJECT", "ENCODING", &key]), "skiplist");
+    // Not a lease: a worker's release and the reaper pass it by.
+    assert_eq!(store.release_worker("w").await.unwrap().len(), 3);
+    assert_eq!(server.cli(&["ZCARD", &key]), "1");
+    drop(leases);
+}
+
+/// A store of namespace `elk` on one shard of `server`, with pids 1..=10 planned.
+async fn one_shard(
+    server: &TestRedis,
+) -> tranche_active_store::RedisActiveStore<redis::aio::ConnectionManager> {
+    use tranche_active_store::{Config, Plan, Planner, RedisActiveStore};
+    let client = redis::Client::open(server.url()).unwrap();
+    let conn = client.get_connection_manager().await.unwrap();
+    let config = Config {
+        namespace: "elk".into(),
+        num_shards: 1,
+        ..Config::default()
+    };
+    let store = RedisActiveStore::new(conn, config).unwrap();
+    store
+        .plan(&Plan::Uniform {
+            min: 1,
+            max: 10_000,
+            size: 1000,
+        })
+        .await
+        .unwrap();
+    store
+}
+
+/// Fencing survives a counter that rolls back (a failover to a replica that had not
+/// seen the last claims): tokens follow the server's clock, so a token handed out after
+/// the rollback is above every one before it.
+#[tokio::test]
+async fn tokens_stay_unique_when_the_sequence_rolls_back() {
+    use tranche_active_store::Leases;
+    let server = TestRedis::start();
+    let store = one_shard(&server).await;
+    let first = store.claim("w", 3).await.unwrap();
+    let highest = first.iter().map(|l| l.token).max().unwrap();
+    let seq = tranche_codec::KeySchema::new("elk", 1)
+        .unwrap()
+        .shard_key(0, "seq");
+    // The rollback: the counter as it was before those claims.
+    server.cli(&["SET", &seq, "0"]);
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    let after = store.claim("w", 3).await.unwrap();
+    assert!(
+        after.iter().all(|l| l.token > highest),
+        "{highest} then {:?}",
+        after.iter().map(|l| l.token).collect::<Vec<_>>()
+    );
+}

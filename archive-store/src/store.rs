@@ -53,6 +53,12 @@ pub trait ArchiveQuery: Send + Sync {
         let _ = limit;
         Ok(Vec::new())
     }
+
+    /// How many records are set aside in the dead-letter streams (the last 10,000 per
+    /// shard are kept). O(shards).
+    async fn dead_letter_count(&self) -> Result<u64> {
+        Ok(0)
+    }
 }
 
 /// Background maintenance of the archive's tiers.
@@ -114,6 +120,9 @@ macro_rules! forward {
             }
             async fn decode_failures(&self) -> Result<u64> {
                 (**self).decode_failures().await
+            }
+            async fn dead_letter_count(&self) -> Result<u64> {
+                (**self).dead_letter_count().await
             }
             async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {
                 (**self).dead_letters(limit).await

@@ -179,18 +179,44 @@ impl Harness {
         assert!(differences.is_empty(), "{differences:#?}");
     }
 
-    /// Puts `r` into shard `shard`'s inbox, whether or not it belongs there.
+    /// Puts `r` into shard `shard`'s inbox, whether or not it belongs there, with its
+    /// completed-index bit set in that shard as a completion sets it.
     async fn push_into(&self, shard: u32, r: &CompletedRecord) {
         match &self.backend {
             Backend::Memory(txs, _) => txs[shard as usize].send(r.clone()).unwrap(),
             Backend::Redis(_, conn) => {
+                let mut conn = conn.clone();
+                // A pid past a bitmap's 2^32 bits has no bit to set (the write path
+                // sets such a record aside for that).
+                let offset = self.schema.bit_offset(r.pid);
+                if offset < 1 << 32 {
+                    let _: i64 = conn
+                        .setbit(self.schema.completed_index(shard), offset as usize, true)
+                        .await
+                        .unwrap();
+                }
                 let _: String = conn
-                    .clone()
                     .xadd(self.schema.inbox(shard), "*", &[("r", encode_json(r))])
                     .await
                     .unwrap();
             }
         }
+    }
+
+    /// Puts `r` into its shard's inbox without a completion: no completed-index bit.
+    async fn forge(&self, r: &CompletedRecord) {
+        let Backend::Redis(_, conn) = &self.backend else {
+            unreachable!("Redis only")
+        };
+        let _: String = conn
+            .clone()
+            .xadd(
+                self.schema.inbox(self.schema.shard_of(r.pid)),
+                "*",
+                &[("r", encode_json(r))],
+            )
+            .await
+            .unwrap();
     }
 
     /// Overwrites sealed batch `batch` with garbage, in its own key or its segment.
@@ -260,6 +286,7 @@ suite!(
     unknown_and_archiving,
     tier_transitions,
     range_pages,
+    range_pages_through_sparse_batches,
     summary_batches_expire,
     a_corrupted_batch_is_reported_and_counted,
     compaction_seals_partial_batches,
@@ -502,6 +529,36 @@ async fn range_pages(kind: Kind, shards: u32) {
         from = page.next;
     }
     assert_eq!(got, recs);
+}
+
+/// Pages of a range over sparse archived batches in every tier, starting and ending
+/// mid-batch: each archived pid of the range once, in order, nothing outside it, and
+/// the empty stretches between batches skipped.
+async fn range_pages_through_sparse_batches(kind: Kind, shards: u32) {
+    let h = Harness::with(kind, compressed_config(shards, 2, Duration::ZERO)).await;
+    // Batches 0, 1, 3, 4 and 19 (of 100 pids), with gaps inside them.
+    let held = |p: u64| matches!(p / 100, 0 | 1 | 3 | 4 | 19) && !p.is_multiple_of(7);
+    let recs = records((1..=1999).filter(|&p| held(p)));
+    h.complete(&recs).await;
+    h.drain().await;
+    let want: Vec<_> = recs
+        .iter()
+        .filter(|r| (150..=1950).contains(&r.pid))
+        .cloned()
+        .collect();
+    for limit in [13, 1, 1000] {
+        let mut got = Vec::new();
+        let mut from = Some(150);
+        while let Some(start) = from {
+            let page = h.query.range(start..=1950, limit).await.unwrap();
+            assert!(page.records.len() <= limit);
+            got.extend(page.records);
+            from = page.next;
+        }
+        assert_eq!(got, want, "limit {limit}");
+    }
+    let empty = h.query.range(500..=1899, 10).await.unwrap();
+    assert!(empty.records.is_empty(), "{empty:?}");
 }
 
 fn compressed_config(shards: u32, summary_at: u64, ttl: Duration) -> Config {
@@ -1331,6 +1388,29 @@ async fn poison_records_go_to_the_dead_letter_stream(kind: Kind) {
         1,
         "limit per shard"
     );
+    assert_eq!(h.query.dead_letter_count().await.unwrap(), 2);
+}
+
+/// An inbox line that no completion wrote (its completed-index bit is clear) is set
+/// aside with the reason, never archived or counted: a forged pid cannot grow a bitmap
+/// or push the statistics past the plan. The genuine records beside it are archived.
+#[tokio::test]
+async fn redis_an_inbox_line_never_completed_is_set_aside() {
+    let h = Harness::new(Kind::Redis, 4).await;
+    let genuine = records(1..=20);
+    h.complete(&genuine).await;
+    h.forge(&record(4_294_967_000)).await;
+    h.forge(&record(7)).await;
+    let pass = h.drain().await;
+    assert_eq!((pass.archived, pass.dead_lettered), (20, 1), "{pass:?}");
+    let dead = h.query.dead_letters(10).await.unwrap();
+    assert!(
+        dead.iter()
+            .any(|d| d.reason.contains("never completed here")),
+        "{dead:?}"
+    );
+    assert_eq!(h.get(4_294_967_000).await, Lookup::Unknown);
+    h.assert_stats(&genuine).await;
 }
 
 #[tokio::test]

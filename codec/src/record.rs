@@ -10,8 +10,9 @@ use crate::Error;
 
 /// Where a partition is in its life.
 ///
-/// Only the first four ever live in the active store: a partition that completes
-/// leaves it at once for the archive, as a [`CompletedRecord`].
+/// All but `Completed` live in the active store: a partition that completes leaves it at
+/// once for the archive, as a [`CompletedRecord`]; one an operator discards stays there,
+/// marked, so it answers "discarded" for ever instead of looking completed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
@@ -25,16 +26,19 @@ pub enum Status {
     Failed,
     /// Done; archived.
     Completed,
+    /// Given up by an operator (`discard`): never claimed again, never archived.
+    Discarded,
 }
 
 impl Status {
     /// Every status, in life order.
-    pub const ALL: [Status; 5] = [
+    pub const ALL: [Status; 6] = [
         Status::Pending,
         Status::Claimed,
         Status::Running,
         Status::Failed,
         Status::Completed,
+        Status::Discarded,
     ];
 
     /// The lowercase name used in JSON, logs and the CLI.
@@ -45,6 +49,7 @@ impl Status {
             Status::Running => "running",
             Status::Failed => "failed",
             Status::Completed => "completed",
+            Status::Discarded => "discarded",
         }
     }
 

@@ -228,7 +228,7 @@ async fn get_is_one_round_trip_in_every_tier() {
             // The active layer's read goes out first, the archive's behind it.
             assert_eq!(
                 requests,
-                ["HGET+LRANGE+HGETALL", "EVALSHA"],
+                ["HGET+LRANGE+HGETALL", "EVALSHA_RO"],
                 "{namespace} pid {pid}"
             );
         }
@@ -238,7 +238,7 @@ async fn get_is_one_round_trip_in_every_tier() {
         let (requests, trips) = counting.take();
         assert_eq!((requests.len(), trips), (3, 1), "{requests:?}");
 
-        // The server agrees: 99 gets, one transaction and one script call each, and
+        // The server agrees: 99 gets, one transaction and one read-only script call each, and
         // the plans never read again. (Pids 1..=99 are batch 0, sealed in the
         // compressed and summary tiers; batch 1 is still open.)
         let before = commandstats(&server);
@@ -251,7 +251,7 @@ async fn get_is_one_round_trip_in_every_tier() {
         let after = commandstats(&server);
         let delta = |cmd: &str| after.get(cmd).unwrap_or(&0) - before.get(cmd).unwrap_or(&0);
         assert_eq!(
-            (delta("exec"), delta("evalsha"), delta("lrange")),
+            (delta("exec"), delta("evalsha_ro"), delta("lrange")),
             (99, 99, 99),
             "{after:?}"
         );

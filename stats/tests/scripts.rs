@@ -404,18 +404,6 @@ async fn a_range_of_a_hundred_partitions_costs_under_half_a_byte_per_partition()
     assert!(hourly < 0.05, "hourly: {hourly:.4} bytes per partition");
 }
 
-/// Every key's DUMP (or nil), for "nothing changed" checks.
-fn dump_all(server: &TestRedis) -> Vec<(String, Option<Vec<u8>>)> {
-    let mut keys: Vec<String> = server.query(redis::cmd("KEYS").arg("*"));
-    keys.sort();
-    keys.into_iter()
-        .map(|k| {
-            let d: Option<Vec<u8>> = server.query(redis::cmd("DUMP").arg(&k));
-            (k, d)
-        })
-        .collect()
-}
-
 /// Redis does not undo a script's writes when a later step fails, so a delta that
 /// meets a corrupt value anywhere (a packed range block, a day of hourly counts, a
 /// counter that is not an integer) must fail before its first write: not one key
@@ -449,7 +437,7 @@ async fn a_delta_that_meets_a_corrupt_value_writes_nothing() {
         let field = field.as_str();
         let good: Vec<u8> = server.query(redis::cmd("HGET").arg(key).arg(field));
         let _: () = server.query(redis::cmd("HSET").arg(key).arg(field).arg(bad));
-        let before = dump_all(&server);
+        let before = server.dump_all();
         for _ in 0..2 {
             let Err(err) = store.apply(0, &batch(2..=100), T0).await else {
                 panic!("{key} {field}: applied over a corrupt value")
@@ -459,7 +447,7 @@ async fn a_delta_that_meets_a_corrupt_value_writes_nothing() {
                     || err.to_string().contains("corrupt"),
                 "{key} {field}: {err}"
             );
-            assert_eq!(dump_all(&server), before, "{key} {field}: a key changed");
+            assert_eq!(server.dump_all(), before, "{key} {field}: a key changed");
         }
         let _: () = server.query(redis::cmd("HSET").arg(key).arg(field).arg(good));
     }

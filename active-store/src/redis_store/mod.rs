@@ -16,8 +16,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tranche_codec::{KeySchema, Partition};
 
-pub use conn::RedisConnection;
 use conn::retry;
+pub use conn::{RedisConnection, TlsOptions};
 
 use crate::clock::{Clock, SystemClock};
 use crate::layout::Layout;
@@ -676,7 +676,7 @@ where
             .invoke(
                 &DISCARD,
                 &[&keys.active, &keys.pending, &keys.counts],
-                &[pid.to_string()],
+                &[pid.to_string(), self.now().to_string()],
             )
             .await?;
         match code {
@@ -684,6 +684,32 @@ where
             0 => Ok(false),
             _ => Err(Error::Leased(pid)),
         }
+    }
+
+    async fn set_paused(&self, paused: bool) -> Result<()> {
+        let key = self.layout.schema().meta();
+        retry(&self.conn, |mut conn| {
+            let key = key.clone();
+            async move {
+                if paused {
+                    conn.hset::<_, _, _, ()>(key, "paused", 1).await
+                } else {
+                    conn.hdel::<_, _, ()>(key, "paused").await
+                }
+            }
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn is_paused(&self) -> Result<bool> {
+        let key = self.layout.schema().meta();
+        let flag: Option<String> = retry(&self.conn, |mut conn| {
+            let key = key.clone();
+            async move { conn.hget(key, "paused").await }
+        })
+        .await?;
+        Ok(flag.is_some())
     }
 }
 
@@ -717,10 +743,15 @@ where
         let now = self.now();
         let mut out = Vec::with_capacity(raw.len());
         for (id, json) in raw {
-            let info: WorkerInfo = serde_json::from_str(&json).map_err(|err| Error::Corrupt {
-                key: format!("{key} {id}"),
-                detail: err.to_string(),
-            })?;
+            // One bad entry must not blind every reader of the registry: it is left out,
+            // said once per read, and removed by `prune_workers`.
+            let info: WorkerInfo = match serde_json::from_str(&json) {
+                Ok(info) => info,
+                Err(err) => {
+                    tracing::warn!(key = %key, field = %id.escape_debug(), %err, "worker entry does not decode; left out");
+                    continue;
+                }
+            };
             out.push(WorkerState {
                 active: self.config.worker_active(info.last_beat_ms, now),
                 info,
@@ -737,6 +768,35 @@ where
         })
         .await?;
         Ok(())
+    }
+
+    async fn prune_workers(&self, retention: std::time::Duration) -> Result<Vec<String>> {
+        let key = &self.workers_key;
+        let raw: Vec<(String, String)> =
+            retry(
+                &self.conn,
+                |mut conn| async move { conn.hgetall(key).await },
+            )
+            .await?;
+        let cutoff = self.now().saturating_sub(retention.as_millis() as u64);
+        let mut gone: Vec<String> = raw
+            .into_iter()
+            .filter(|(_, json)| {
+                serde_json::from_str::<WorkerInfo>(json).map_or(true, |w| w.last_beat_ms < cutoff)
+            })
+            .map(|(id, _)| id)
+            .collect();
+        gone.sort();
+        if !gone.is_empty() {
+            // A worker that beats between the read and this HDEL registers again on its
+            // next beat: forgetting it for one period is harmless.
+            let gone = &gone;
+            retry(&self.conn, |mut conn| async move {
+                conn.hdel::<_, _, ()>(key, gone).await
+            })
+            .await?;
+        }
+        Ok(gone)
     }
 }
 

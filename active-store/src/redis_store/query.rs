@@ -100,7 +100,7 @@ where
         Ok(retry(&self.conn, |mut conn| async move {
             redis::pipe()
                 .atomic()
-                .hmget(&keys.counts, &["p", "c", "r", "f", "v"])
+                .hmget(&keys.counts, &["p", "c", "r", "f", "v", "d"])
                 .hlen(&keys.active)
                 .lrange(&keys.plans, 0, -1)
                 .hgetall(&keys.cursor)
@@ -120,6 +120,56 @@ where
         let shards: Vec<u32> = (0..self.layout.shards()).collect();
         self.recount_shards(&shards).await?;
         self.counts().await
+    }
+
+    /// Replaces whatever record `pid` has in the active layer, even one that does not
+    /// decode, with a discarded one (`tranche discard --force`), takes it off the
+    /// pending and lease indexes, and derives its shard's counters again. The one way to
+    /// remove a corrupt record, which every script refuses to read. Refused for a pid
+    /// no plan has, or one already completed. Not atomic with running workers: a lease
+    /// on the pid is lost (its holder's next call gets `LeaseLost`).
+    pub async fn force_discard(&self, pid: u64) -> Result<()> {
+        if self.range_of(pid).await.is_err() {
+            return Err(Error::InvalidArgument(format!(
+                "no plan has partition {pid}"
+            )));
+        }
+        let keys = self.keys_of(pid);
+        let offset = self.layout.schema().bit_offset(pid);
+        let completed: u8 = retry(&self.conn, |mut conn| async move {
+            redis::cmd("GETBIT")
+                .arg(&keys.index)
+                .arg(offset)
+                .query_async(&mut conn)
+                .await
+        })
+        .await?;
+        if completed == 1 {
+            return Err(Error::InvalidArgument(format!(
+                "partition {pid} is completed: nothing to discard"
+            )));
+        }
+        let now = self.now();
+        let record =
+            format!("d|0|||{now}||{now}|||||discarded by force: its record could not be read");
+        let field = pid.to_string();
+        retry(&self.conn, |mut conn| {
+            let (record, field) = (record.clone(), field.clone());
+            async move {
+                redis::pipe()
+                    .atomic()
+                    .hset(&keys.active, &field, record)
+                    .ignore()
+                    .zrem(&keys.pending, &field)
+                    .ignore()
+                    .zrem(&keys.leases, &field)
+                    .ignore()
+                    .query_async::<()>(&mut conn)
+                    .await
+            }
+        })
+        .await?;
+        self.recount_shards(&[self.layout.shard_of(pid)]).await
     }
 
     async fn recount_shards(&self, shards: &[u32]) -> Result<()> {
@@ -375,6 +425,7 @@ where
             counts.claimed += get(1);
             counts.running += get(2);
             counts.failed += get(3);
+            counts.discarded += get(5);
             counts.unissued += self
                 .unissued(shard, plans, cursor)?
                 .iter()

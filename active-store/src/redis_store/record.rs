@@ -50,6 +50,7 @@ pub(super) fn parse_bytes(
         b"c" => Status::Claimed,
         b"r" => Status::Running,
         b"f" => Status::Failed,
+        b"d" => Status::Discarded,
         _ => return None,
     };
     let (min_id, max_id) = if f[8].is_empty() {

@@ -40,6 +40,11 @@ impl TestRedis {
         server
     }
 
+    /// A server started with these extra `redis-server` arguments.
+    pub fn start_with_args(args: &[&str]) -> Self {
+        Self::spawn(args)
+    }
+
     /// A server that wants `password` (URLs then need `redis://:password@...`).
     pub fn start_with_password(password: &str) -> Self {
         Self::spawn(&["--requirepass", password])
@@ -47,34 +52,68 @@ impl TestRedis {
 
     /// A server that also listens on the Unix socket `path` (`unix://PATH` URLs).
     pub fn start_with_unix_socket(path: &std::path::Path) -> Self {
+        let socket = path.to_owned();
         let path = path.to_str().unwrap().to_owned();
-        Self::spawn_with(move |_| {
+        let server = Self::spawn_with(move |_| {
             vec![
                 "--unixsocket".into(),
                 path.clone(),
                 "--unixsocketperm".into(),
                 "700".into(),
             ]
-        })
+        });
+        // redis-server listens on TCP before it binds the socket: the TCP probe that
+        // `spawn_with` waits for does not say the socket is there yet.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "{} never accepted",
+                socket.display()
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        server
     }
 
     /// A server speaking TLS only, with the PEM certificate and key files given; connect
     /// with [`TestRedis::tls_url`].
     pub fn start_tls(cert: &std::path::Path, key: &std::path::Path) -> Self {
-        let (cert, key) = (cert.to_str().unwrap(), key.to_str().unwrap());
-        Self::spawn_with(|port| {
-            vec![
-                "--port".into(),
-                "0".into(),
-                "--tls-port".into(),
+        Self::tls(cert, key, None)
+    }
+
+    /// A server speaking TLS only that also demands a client certificate signed by the CA
+    /// in `ca` (`--tls-auth-clients yes`).
+    pub fn start_mtls(cert: &std::path::Path, key: &std::path::Path, ca: &std::path::Path) -> Self {
+        Self::tls(cert, key, Some(ca))
+    }
+
+    fn tls(cert: &std::path::Path, key: &std::path::Path, ca: Option<&std::path::Path>) -> Self {
+        let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+        let mut tls = vec![
+            "--tls-cert-file".to_owned(),
+            path(cert),
+            "--tls-key-file".to_owned(),
+            path(key),
+        ];
+        match ca {
+            Some(ca) => tls.extend([
+                "--tls-ca-cert-file".to_owned(),
+                path(ca),
+                "--tls-auth-clients".to_owned(),
+                "yes".to_owned(),
+            ]),
+            None => tls.extend(["--tls-auth-clients".to_owned(), "no".to_owned()]),
+        }
+        Self::spawn_with(move |port| {
+            let mut args = vec![
+                "--port".to_owned(),
+                "0".to_owned(),
+                "--tls-port".to_owned(),
                 port.to_string(),
-                "--tls-cert-file".into(),
-                cert.into(),
-                "--tls-key-file".into(),
-                key.into(),
-                "--tls-auth-clients".into(),
-                "no".into(),
-            ]
+            ];
+            args.extend(tls.iter().cloned());
+            args
         })
     }
 
@@ -181,6 +220,18 @@ impl TestRedis {
             .sum()
     }
 
+    /// Every key with its DUMP (or nil), sorted: compare two to show nothing changed.
+    pub fn dump_all(&self) -> Vec<(String, Option<Vec<u8>>)> {
+        let mut keys: Vec<String> = self.query(redis::cmd("KEYS").arg("*"));
+        keys.sort();
+        keys.into_iter()
+            .map(|k| {
+                let d: Option<Vec<u8>> = self.query(redis::cmd("DUMP").arg(&k));
+                (k, d)
+            })
+            .collect()
+    }
+
     /// Runs a command and parses the reply.
     pub fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
         let client = redis::Client::open(self.url()).unwrap();
@@ -270,4 +321,113 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// A Redis Cluster of `masters` masters with one replica each, on free ports, every
+/// node a [`TestRedis`] (stopped on drop). `cluster-node-timeout` is 2 s, so a killed
+/// master's replica is promoted within seconds.
+pub struct TestCluster {
+    /// Every node, masters first as `redis-cli --cluster create` assigned them.
+    pub nodes: Vec<TestRedis>,
+}
+
+impl TestCluster {
+    /// Starts the nodes, creates the cluster and waits until every node sees it whole
+    /// and every replica is in sync.
+    pub fn start(masters: usize) -> Self {
+        let nodes: Vec<TestRedis> = (0..masters * 2)
+            .map(|_| {
+                TestRedis::spawn(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-node-timeout",
+                    "2000",
+                    "--cluster-replica-validity-factor",
+                    "0",
+                ])
+            })
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = Self { nodes };
+        cluster.wait_ok(Duration::from_secs(60));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !cluster.nodes.iter().all(|n| {
+            let info = n.cli(&["INFO", "replication"]);
+            info.contains("role:master") || info.contains("master_link_status:up")
+        }) {
+            assert!(Instant::now() < deadline, "replicas did not sync");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        cluster
+    }
+
+    /// Waits until every live node says `cluster_state:ok`.
+    pub fn wait_ok(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while !self
+            .nodes
+            .iter()
+            .filter(|n| n.is_alive())
+            .all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+        {
+            assert!(Instant::now() < deadline, "the cluster did not become ok");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A URL of one live node (the client discovers the rest).
+    pub fn url(&self) -> String {
+        self.nodes
+            .iter()
+            .find(|n| n.is_alive())
+            .expect("a live node")
+            .url()
+    }
+
+    /// The live nodes that are masters now.
+    pub fn masters(&self) -> Vec<&TestRedis> {
+        self.nodes
+            .iter()
+            .filter(|n| n.is_alive() && n.cli(&["INFO", "replication"]).contains("role:master"))
+            .collect()
+    }
+}
+
+impl TestRedis {
+    /// Kills the server at once (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Whether the server process is still running.
+    pub fn is_alive(&self) -> bool {
+        TcpStream::connect((Ipv4Addr::LOCALHOST, self.port)).is_ok()
+    }
+}
+
+impl TestRedis {
+    /// Sends `signal` (a `kill` name: `STOP`, `CONT`, ...) to the server process.
+    pub fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill");
+        assert!(ok.success(), "kill -{signal} failed");
+    }
 }

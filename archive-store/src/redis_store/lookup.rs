@@ -59,6 +59,152 @@ where
         Ok(Lookup::Undecodable { detail })
     }
 
+    /// [`ArchiveQuery::range`] in O(archived): the archived bitmaps say which batches
+    /// hold anything, a window of batch ids at a time (one GETRANGE per shard), and only
+    /// those batches are read, each once. Pids that were never archived cost a bit each
+    /// in a bitmap read, never a round trip.
+    async fn range_by_batches(&self, pids: RangeInclusive<u64>, limit: usize) -> Result<RangePage> {
+        /// Batch ids looked at per window.
+        const WINDOW: u64 = 4096;
+        let limit = limit.max(1);
+        let (from, to) = (*pids.start(), *pids.end());
+        let mut records: Vec<CompletedRecord> = Vec::new();
+        if from > to {
+            return Ok(RangePage {
+                records,
+                next: None,
+            });
+        }
+        // No batch past the last one any bitmap reaches holds anything.
+        let last_batch = match self.last_archived_batch().await? {
+            Some(b) => b.min(self.schema.batch_of(to)),
+            None => {
+                return Ok(RangePage {
+                    records,
+                    next: None,
+                });
+            }
+        };
+        let mut segments = std::collections::HashMap::new();
+        let mut window = self.schema.batch_of(from);
+        while window <= last_batch {
+            let end = window.saturating_add(WINDOW - 1).min(last_batch);
+            for batch in self.archived_batches_in(window..=end).await? {
+                let segment = segments
+                    .entry(self.schema.shard_of_batch(batch))
+                    .or_insert(None);
+                let Some(held) = self.batch_records(batch, segment).await? else {
+                    continue;
+                };
+                records.extend(
+                    held.records
+                        .into_iter()
+                        .filter(|r| (from..=to).contains(&r.pid)),
+                );
+                if records.len() >= limit {
+                    // Batches come in id order and hold their records in pid order.
+                    let next = if records.len() > limit {
+                        Some(records[limit].pid)
+                    } else {
+                        (batch < last_batch).then(|| (batch + 1) * self.schema.batch_size())
+                    };
+                    records.truncate(limit);
+                    return Ok(RangePage { records, next });
+                }
+            }
+            if end == u64::MAX {
+                break;
+            }
+            window = end + 1;
+        }
+        Ok(RangePage {
+            records,
+            next: None,
+        })
+    }
+
+    /// The highest batch any shard's archived bitmap reaches, from their lengths.
+    async fn last_archived_batch(&self) -> Result<Option<u64>> {
+        let lens = futures_util::future::join_all(self.schema.shards().map(|shard| {
+            let key = &self.keys[shard as usize].archived;
+            async move {
+                let len: u64 = retry(&self.conn, |mut c| async move {
+                    redis::cmd("STRLEN").arg(key).query_async(&mut c).await
+                })
+                .await?;
+                Ok::<_, Error>((shard, len))
+            }
+        }))
+        .await;
+        let (size, shards) = (
+            self.schema.batch_size(),
+            u64::from(self.schema.num_shards()),
+        );
+        let mut last = None;
+        for read in lens {
+            let (shard, len) = read?;
+            if len > 0 {
+                let local = (len * 8 - 1) / size;
+                last = last.max(Some(local * shards + u64::from(shard)));
+            }
+        }
+        Ok(last)
+    }
+
+    /// The batches in `batches` with at least one archived pid, in id order: per shard
+    /// one GETRANGE of the bits of its batches in the window.
+    async fn archived_batches_in(&self, batches: RangeInclusive<u64>) -> Result<Vec<u64>> {
+        let (b0, b1) = (*batches.start(), *batches.end());
+        let (size, shards) = (
+            self.schema.batch_size(),
+            u64::from(self.schema.num_shards()),
+        );
+        let reads = futures_util::future::join_all(self.schema.shards().map(|shard| {
+            let s = u64::from(shard);
+            // The shard's local batch indexes l with l * shards + s in b0..=b1.
+            let lo = if b0 <= s {
+                0
+            } else {
+                (b0 - s).div_ceil(shards)
+            };
+            let hi = (b1 >= s).then(|| (b1 - s) / shards).filter(|&hi| hi >= lo);
+            let key = &self.keys[shard as usize].archived;
+            async move {
+                let Some(hi) = hi else {
+                    return Ok::<_, Error>(Vec::new());
+                };
+                let (first_bit, last_bit) = (lo * size, (hi + 1) * size - 1);
+                let bytes: Vec<u8> = retry(&self.conn, |mut c| async move {
+                    redis::cmd("GETRANGE")
+                        .arg(key)
+                        .arg(first_bit / 8)
+                        .arg(last_bit / 8)
+                        .query_async(&mut c)
+                        .await
+                })
+                .await?;
+                let base = first_bit / 8 * 8;
+                let set = |bit: u64| {
+                    let i = (bit - base) / 8;
+                    bytes
+                        .get(i as usize)
+                        .is_some_and(|b| b & (0x80 >> ((bit - base) % 8)) != 0)
+                };
+                Ok((lo..=hi)
+                    .filter(|l| (l * size..(l + 1) * size).any(set))
+                    .map(|l| l * shards + s)
+                    .collect())
+            }
+        }))
+        .await;
+        let mut out = Vec::new();
+        for read in reads {
+            out.extend(read?);
+        }
+        out.sort_unstable();
+        Ok(out)
+    }
+
     pub(super) async fn lookup(&self, pid: u64) -> Result<Lookup> {
         // Redis bitmaps end at bit 2^32 - 1: a pid beyond it could never have been
         // completed or archived here (the write would have failed), so it is unknown.
@@ -69,19 +215,26 @@ where
         let keys = &self.keys[shard as usize];
         let batch = self.schema.batch_of(pid);
         let (seg, slot) = SegmentRef::of(&self.schema, batch);
-        let mut inv = GET.prepare_invoke();
-        inv.key(&keys.index)
-            .key(&keys.archived)
-            .key(&keys.completed)
-            .key(self.schema.completed_batch(batch))
-            .key(open_batch_key(&self.schema, batch))
-            .key(seg.key(&self.schema))
-            .arg(pid)
-            .arg(self.schema.bit_offset(pid));
+        let (batch_key, open_key, seg_key) = (
+            self.schema.completed_batch(batch),
+            open_batch_key(&self.schema, batch),
+            seg.key(&self.schema),
+        );
+        let keys = [
+            &keys.index,
+            &keys.archived,
+            &keys.completed,
+            &batch_key,
+            &open_key,
+            &seg_key,
+        ]
+        .map(|k| k.as_bytes());
+        let (pid_arg, offset_arg) = (pid.to_string(), self.schema.bit_offset(pid).to_string());
+        let args = [pid_arg.as_bytes(), offset_arg.as_bytes()];
         let (index, archived, simple, sealed, open, pttl, segment, segment_pttl): GetReply =
             retry(&self.conn, |mut c| {
-                let inv = &inv;
-                async move { inv.invoke_async(&mut c).await }
+                let (keys, args) = (&keys, &args);
+                async move { invoke_read_only(&mut c, &GET, keys, args).await }
             })
             .await?;
         if archived == 0 {
@@ -160,7 +313,7 @@ where
     }
 
     async fn range(&self, pids: RangeInclusive<u64>, limit: usize) -> Result<RangePage> {
-        page_by_lookup(pids, limit, |pid| self.lookup(pid)).await
+        self.range_by_batches(pids, limit).await
     }
 
     async fn decode_failures(&self) -> Result<u64> {
@@ -174,6 +327,26 @@ where
         })
         .await?;
         Ok(n.unwrap_or(0))
+    }
+
+    async fn dead_letter_count(&self) -> Result<u64> {
+        // One XLEN per shard, all sent together (each on its own slot in a cluster).
+        let lens = futures_util::future::join_all(self.schema.shards().map(|shard| {
+            let key = self.schema.shard_key(shard, "dead");
+            async move {
+                retry(&self.conn, |mut c| {
+                    let key = key.clone();
+                    async move { redis::cmd("XLEN").arg(key).query_async::<u64>(&mut c).await }
+                })
+                .await
+            }
+        }))
+        .await;
+        let mut total = 0;
+        for len in lens {
+            total += len?;
+        }
+        Ok(total)
     }
 
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {

@@ -22,13 +22,13 @@ use tranche_codec::{
     encode_binary_v2, encode_json,
 };
 
-use conn::retry;
+use conn::{invoke_read_only, retry};
 use tranche_stats::{StatsDelta, delta_args};
 
 use crate::dump::{Dump, DumpBatch};
 use crate::model::{ArchivePass, Config, Lookup, RangePage, Tier};
 use crate::segment::{self, SEGMENT_BATCHES, SegmentRef};
-use crate::store::{ArchiveQuery, Archiver, Compaction, Export, Import, page_by_lookup};
+use crate::store::{ArchiveQuery, Archiver, Compaction, Export, Import};
 use crate::{Error, Result};
 
 macro_rules! script {

@@ -239,6 +239,53 @@ where
         Ok(out)
     }
 
+    /// Takes out of `items` every record whose completed-index bit is clear (or whose
+    /// bit offset is past a Redis bitmap, which the write would refuse anyway) and
+    /// returns those as dead letters with the reason. One BITFIELD read for the pass.
+    async fn unconfirmed<'a>(
+        &self,
+        shard: u32,
+        items: &mut Vec<Item<'a>>,
+    ) -> Result<Vec<(Item<'a>, String)>> {
+        let mut dead = Vec::new();
+        let in_range: Vec<u64> = items
+            .iter()
+            .map(|i| self.schema.bit_offset(i.record.pid))
+            .filter(|&o| o <= MAX_BIT_OFFSET)
+            .collect();
+        if in_range.is_empty() {
+            return Ok(dead);
+        }
+        let key = &self.keys[shard as usize].index;
+        let bits: Vec<u8> = retry(&self.conn, |mut c| {
+            let mut cmd = redis::cmd("BITFIELD_RO");
+            cmd.arg(key);
+            for o in &in_range {
+                cmd.arg("GET").arg("u1").arg(o);
+            }
+            async move { cmd.query_async(&mut c).await }
+        })
+        .await?;
+        let mut bits = bits.into_iter();
+        let mut kept = Vec::with_capacity(items.len());
+        for item in items.drain(..) {
+            if self.schema.bit_offset(item.record.pid) > MAX_BIT_OFFSET {
+                // Left to the write path, which sets it aside with its own reason.
+                kept.push(item);
+            } else if bits.next() == Some(1) {
+                kept.push(item);
+            } else {
+                dead.push((
+                    item,
+                    "never completed here (its completed-index bit is clear): forged, or from another namespace"
+                        .to_owned(),
+                ));
+            }
+        }
+        *items = kept;
+        Ok(dead)
+    }
+
     pub(super) async fn archive_shard(
         &self,
         shard: u32,
@@ -293,6 +340,11 @@ where
                 }
             }
         }
+        // A completion sets its pid's completed-index bit in the same script that adds
+        // it to the inbox, so a line whose bit is clear was never completed here: forged,
+        // or from another namespace. It must not be archived or counted (one forged pid
+        // could grow a bitmap to hundreds of MB and the statistics past the plan).
+        let mut dead = self.unconfirmed(shard, &mut items).await?;
         // In pid order a batch's records are adjacent: chunks cut at batch boundaries,
         // and a batch complete in one chunk is sealed from a slice, without a copy.
         items.sort_unstable_by_key(|i| i.record.pid);
@@ -306,7 +358,6 @@ where
                 .map(|c| self.write_or_set_aside(shard, c, tier)),
         )
         .await?;
-        let mut dead = Vec::new();
         for (n, dups, refused) in written {
             pass.archived += n;
             pass.duplicates += dups;
