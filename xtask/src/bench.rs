@@ -24,6 +24,7 @@ const BENCHES: &[(&str, &[Target], bool)] = &[
         true,
     ),
     ("e2e", &[("tranche-worker", "e2e")], true),
+    ("ops", &[("tranche-worker", "ops")], true),
     (
         "embedded_state",
         &[("tranche-worker", "embedded_state")],

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask fuzz codec [--seconds N] [--target T]";
+const USAGE: &str = "usage: cargo xtask fuzz codec [--seconds N] [--runs N] [--target T]";
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let mut args = args.iter();
@@ -16,6 +16,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         None => bail!("{USAGE}"),
     }
     let mut seconds = 60u64;
+    let mut runs: Option<u64> = None;
     let mut only = None;
     while let Some(flag) = args.next() {
         let value = args
@@ -26,6 +27,13 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
                 seconds = value
                     .parse()
                     .with_context(|| format!("--seconds {value}: not a whole number"))?
+            }
+            "--runs" => {
+                runs = Some(
+                    value
+                        .parse()
+                        .with_context(|| format!("--runs {value}: not a whole number"))?,
+                )
             }
             "--target" => only = Some(value.clone()),
             _ => bail!("unknown flag {flag}; {USAGE}"),
@@ -57,9 +65,20 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     for target in targets {
         let mut cmd = Command::new("cargo");
         cmd.args(["+nightly", "fuzz", "run", &target, "--"])
-            .arg(format!("-max_total_time={seconds}"))
             .current_dir(&dir);
-        crate::step(&format!("fuzz {target} for {seconds} s"), &mut cmd)?;
+        // With --runs, a number of executions (libFuzzer prints how many it did and the
+        // corpus it ended with); otherwise a time budget.
+        let what = match runs {
+            Some(n) => {
+                cmd.arg(format!("-runs={n}"));
+                format!("fuzz {target} for {n} executions")
+            }
+            None => {
+                cmd.arg(format!("-max_total_time={seconds}"));
+                format!("fuzz {target} for {seconds} s")
+            }
+        };
+        crate::step(&what, &mut cmd)?;
     }
     Ok(())
 }

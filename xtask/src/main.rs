@@ -23,10 +23,12 @@ Tasks:
                            (ARGS go to cargo test, e.g. `cargo xtask test -p tranche-codec`)
   bench NAME|all           run a benchmark; it prints a table and writes
                            target/tranche-bench/NAME.json (names: codec, window, active, archive,
-                           embedded_state, e2e)
+                           embedded_state, e2e, ops)
   fuzz codec [--seconds N] [--target T]
                            run the codec fuzz targets (nightly + cargo-fuzz), N seconds each
-  redis [--cluster]        start a private Redis (or a 3-master cluster) on free ports in the
+  redis [--cluster [--replicas]]
+                           start a private Redis (or a 3-master cluster, with a replica
+                           each) on free ports in the
                            foreground, print its URL, stop it on Ctrl-C
   help                     this text
 ";
@@ -84,6 +86,8 @@ fn ci() -> Result<()> {
 /// themselves, so the only thing needed up front is the `redis-server` binary.
 fn test(args: &[String]) -> Result<()> {
     let server = redis::ensure_installed()?;
+    redis::ensure_browser()?;
+    redis::ensure_postgres()?;
     let mut cmd = cargo();
     cmd.args(["test", "--workspace", "--locked"]).args(args);
     // Tests look the binary up through this variable before falling back to PATH, so a

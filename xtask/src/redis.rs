@@ -46,6 +46,61 @@ pub(crate) fn ensure_installed() -> Result<PathBuf> {
     Ok(path)
 }
 
+/// Makes sure Debian's `chromium` and `chromedriver` are there for the dashboard's
+/// browser test, installing both with apt-get when missing and this runs as root;
+/// otherwise says how to get them.
+pub(crate) fn ensure_browser() -> Result<()> {
+    let present = || find_on_path("chromium").is_some() && find_on_path("chromedriver").is_some();
+    if present() {
+        return Ok(());
+    }
+    if !is_root() || find_on_path("apt-get").is_none() {
+        bail!(
+            "chromium and chromedriver are not on PATH and cannot be installed from here \
+             (the dashboard's browser test needs them): sudo apt-get install chromium chromium-driver"
+        );
+    }
+    eprintln!("xtask: installing Debian's chromium and chromium-driver with apt-get");
+    apt_get(&["update"])?;
+    apt_get(&[
+        "install",
+        "-y",
+        "--no-install-recommends",
+        "chromium",
+        "chromium-driver",
+    ])?;
+    if !present() {
+        bail!("apt-get installed chromium but chromium or chromedriver is not on PATH");
+    }
+    Ok(())
+}
+
+/// Makes sure PostgreSQL's server binaries (`initdb`, `pg_ctl` under
+/// /usr/lib/postgresql) are there for the backfill example's test, installing Debian's
+/// package with apt-get when missing and this runs as root.
+pub(crate) fn ensure_postgres() -> Result<()> {
+    let present = || {
+        std::fs::read_dir("/usr/lib/postgresql")
+            .is_ok_and(|d| d.flatten().any(|e| e.path().join("bin/initdb").exists()))
+    };
+    if present() {
+        return Ok(());
+    }
+    if !is_root() || find_on_path("apt-get").is_none() {
+        bail!(
+            "PostgreSQL's initdb is not installed and cannot be installed from here \
+             (the backfill example's test needs it): sudo apt-get install postgresql"
+        );
+    }
+    eprintln!("xtask: installing Debian's postgresql with apt-get");
+    apt_get(&["update"])?;
+    apt_get(&["install", "-y", "--no-install-recommends", "postgresql"])?;
+    if !present() {
+        bail!("apt-get installed postgresql but no initdb is under /usr/lib/postgresql");
+    }
+    Ok(())
+}
+
 fn apt_get(args: &[&str]) -> Result<()> {
     let status = Command::new("apt-get")
         // Another apt (unattended upgrades, a concurrent CI step) may hold the lock.
@@ -100,18 +155,19 @@ fn is_root() -> bool {
         .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
 }
 
-/// `cargo xtask redis [--cluster]`.
+/// `cargo xtask redis [--cluster [--replicas]]`.
 pub(crate) fn serve(args: &[String]) -> Result<()> {
-    let cluster = match args {
-        [] => false,
-        [flag] if flag == "--cluster" => true,
-        _ => bail!("usage: cargo xtask redis [--cluster]"),
+    let (cluster, replicas) = match args {
+        [] => (false, false),
+        [flag] if flag == "--cluster" => (true, false),
+        [a, b] if a == "--cluster" && b == "--replicas" => (true, true),
+        _ => bail!("usage: cargo xtask redis [--cluster [--replicas]]"),
     };
     let server = ensure_installed()?;
     let base = crate::workspace_root().join("target/xtask-redis");
     let mut children = Vec::new();
     let result = if cluster {
-        start_cluster(&server, &base, &mut children)
+        start_cluster(&server, &base, &mut children, replicas)
     } else {
         start_one(&server, &base, free_port()?, &[]).map(|child| children.push(child))
     };
@@ -144,9 +200,17 @@ fn start_one(server: &Path, base: &Path, port: u16, extra: &[&str]) -> Result<Ch
     Ok(child)
 }
 
-fn start_cluster(server: &Path, base: &Path, children: &mut Vec<Child>) -> Result<()> {
+/// Three masters, and with `replicas` one replica each (`cluster-node-timeout` 2 s, so
+/// a killed master's replica takes over within seconds, as in the tests).
+fn start_cluster(
+    server: &Path,
+    base: &Path,
+    children: &mut Vec<Child>,
+    replicas: bool,
+) -> Result<()> {
+    let nodes_wanted = if replicas { 6 } else { 3 };
     let mut ports = Vec::new();
-    while ports.len() < 3 {
+    while ports.len() < nodes_wanted {
         let port = free_port()?;
         // The cluster bus listens on port + 10000.
         if port < 55535 && !ports.contains(&port) && port_is_free(port + 10000) {
@@ -159,14 +223,25 @@ fn start_cluster(server: &Path, base: &Path, children: &mut Vec<Child>) -> Resul
             server,
             base,
             port,
-            &["--cluster-enabled", "yes", "--cluster-config-file", &conf],
+            &[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                &conf,
+                "--cluster-node-timeout",
+                "2000",
+            ],
         )?);
     }
     let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let status = Command::new("redis-cli")
         .args(["--cluster", "create"])
         .args(&nodes)
-        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .args([
+            "--cluster-replicas",
+            if replicas { "1" } else { "0" },
+            "--cluster-yes",
+        ])
         .stdout(Stdio::null())
         .status()
         .context("could not run redis-cli --cluster create")?;
