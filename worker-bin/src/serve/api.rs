@@ -1,0 +1,294 @@
+//! The JSON API (`/api/v1/...`) and the dashboard page. Shapes are the CLI's `--json`
+//! shapes, built by the same functions.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::App;
+use crate::list::{self, ListState};
+use crate::render;
+
+/// The dashboard: one self-contained page (no CDN) that polls the API.
+const DASHBOARD: &str = include_str!("dashboard.html");
+
+/// A failed request: a status code and `{"error": {"kind", "message"}}`.
+pub(crate) struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            kind,
+            message: message.into(),
+        }
+    }
+
+    fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+}
+
+impl From<anyhow::Error> for ApiError {
+    fn from(err: anyhow::Error) -> Self {
+        // One line, as the CLI prints it; the URL in it is already redacted.
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "error",
+            crate::one_line(&err),
+        )
+    }
+}
+
+impl From<tranche_active_store::Error> for ApiError {
+    fn from(err: tranche_active_store::Error) -> Self {
+        anyhow::Error::from(err).into()
+    }
+}
+
+impl From<tranche_router::Error> for ApiError {
+    fn from(err: tranche_router::Error) -> Self {
+        anyhow::Error::from(err).into()
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"kind": self.kind, "message": self.message}});
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+/// A JSON body the render functions already wrote (one line).
+fn json_text(text: String) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        text.trim_end().to_owned(),
+    )
+        .into_response()
+}
+
+fn json_value(v: Value) -> Response {
+    axum::Json(v).into_response()
+}
+
+/// Checks `Authorization: Bearer <token>` for an action: 403 when this server takes
+/// no actions (no token configured), 401 without a matching token.
+fn authorize(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(want) = &app.token else {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "read_only",
+            "this server is read-only: start it with --admin-token to allow actions",
+        ));
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    // Compared in time independent of where they differ.
+    let same = given.len() == want.len()
+        && given
+            .bytes()
+            .zip(want.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0;
+    if same {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "an action needs the header Authorization: Bearer <admin token>",
+        ))
+    }
+}
+
+fn parse_u64(what: &str, text: &str) -> Result<u64, ApiError> {
+    text.parse()
+        .map_err(|_| ApiError::bad_request(format!("{what} must be a whole number, not `{text}`")))
+}
+
+pub(crate) async fn dashboard() -> Html<&'static str> {
+    Html(DASHBOARD)
+}
+
+pub(crate) async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+}
+
+pub(crate) async fn config(State(app): State<Arc<App>>) -> Response {
+    json_value(json!({
+        "namespace": app.global.namespace,
+        "actions": app.token.is_some(),
+        "version": env!("CARGO_PKG_VERSION"),
+    }))
+}
+
+pub(crate) async fn status(State(app): State<Arc<App>>) -> ApiResult {
+    let backend = app.backend().await?;
+    let status = crate::ops::status_of(&backend).await?;
+    Ok(json_text(render::status(&status, true)))
+}
+
+pub(crate) async fn workers(State(app): State<Arc<App>>) -> ApiResult {
+    let backend = app.backend().await?;
+    let workers = backend.active.workers().await?;
+    Ok(json_text(render::workers(
+        &workers,
+        crate::work::now_ms(),
+        true,
+    )))
+}
+
+pub(crate) async fn stats(State(app): State<Arc<App>>) -> ApiResult {
+    let backend = app.backend().await?;
+    let merged = backend.router.stats().await?;
+    Ok(json_text(render::stats(&merged, true)?))
+}
+
+pub(crate) async fn health(State(app): State<Arc<App>>) -> ApiResult {
+    let backend = app.backend().await?;
+    let rules = crate::ops::health_rules(&backend, &crate::cli::HealthArgs::defaults()).await?;
+    Ok(json_text(render::health(&rules, true)))
+}
+
+pub(crate) async fn plans(State(app): State<Arc<App>>) -> ApiResult {
+    let backend = app.backend().await?;
+    let plans = backend.active.plans().await?;
+    Ok(json_value(crate::namespace::plans_json(&plans)))
+}
+
+pub(crate) async fn get_pid(State(app): State<Arc<App>>, Path(pid): Path<String>) -> ApiResult {
+    let pid = parse_u64("pid", &pid)?;
+    let backend = app.backend().await?;
+    let view = backend.router.get(pid).await?;
+    Ok(json_text(render::view(pid, &view, true)))
+}
+
+pub(crate) async fn locate(State(app): State<Arc<App>>, Path(row): Path<String>) -> ApiResult {
+    let row = parse_u64("row id", &row)?;
+    let backend = app.backend().await?;
+    match backend.router.locate(row).await? {
+        Some(located) => Ok(json_text(render::located(&located, true))),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no plan covers row id {row}"),
+        )),
+    }
+}
+
+/// `?state=&worker=&after=&limit=`, all optional.
+#[derive(Debug, Deserialize)]
+pub(crate) struct PartitionsQuery {
+    state: Option<String>,
+    worker: Option<String>,
+    after: Option<String>,
+    limit: Option<String>,
+}
+
+pub(crate) async fn partitions(
+    State(app): State<Arc<App>>,
+    Query(q): Query<PartitionsQuery>,
+) -> ApiResult {
+    let state = match q.state.as_deref() {
+        None | Some("") => None,
+        Some(s) => Some(
+            <ListState as clap::ValueEnum>::from_str(s, false).map_err(|_| {
+                ApiError::bad_request(format!(
+                    "state must be pending, claimed, running, failed, discarded or archived, not `{s}`"
+                ))
+            })?,
+        ),
+    };
+    let after = q
+        .after
+        .as_deref()
+        .map(|a| parse_u64("after", a))
+        .transpose()?
+        .unwrap_or(0);
+    let limit = q
+        .limit
+        .as_deref()
+        .map(|l| parse_u64("limit", l))
+        .transpose()?
+        .unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::bad_request("limit must be between 1 and 1000"));
+    }
+    let backend = app.backend().await?;
+    let page = list::page(&backend, state, q.worker.as_deref(), after, limit as usize).await?;
+    Ok(json_text(list::render(&page, true)))
+}
+
+/// `?pid=` to retry one partition; every failed one otherwise.
+#[derive(Debug, Deserialize)]
+pub(crate) struct RetryQuery {
+    pid: Option<String>,
+}
+
+pub(crate) async fn retry_failed(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Query(q): Query<RetryQuery>,
+) -> ApiResult {
+    authorize(&app, &headers)?;
+    let pid = q.pid.as_deref().map(|p| parse_u64("pid", p)).transpose()?;
+    let backend = app.backend().await?;
+    backend.ensure_writable()?;
+    let pids = backend.active.retry_failed(pid).await?;
+    backend.save().await?;
+    Ok(json_value(json!({"retried": pids})))
+}
+
+pub(crate) async fn discard(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(pid): Path<String>,
+) -> ApiResult {
+    authorize(&app, &headers)?;
+    let pid = parse_u64("pid", &pid)?;
+    let backend = app.backend().await?;
+    backend.ensure_writable()?;
+    if !backend.active.discard(pid).await? {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "conflict",
+            format!("partition {pid} is not pending or failed: nothing discarded"),
+        ));
+    }
+    backend.save().await?;
+    Ok(json_value(json!({"discarded": pid})))
+}
+
+pub(crate) async fn pause(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
+    set_paused(&app, &headers, true).await
+}
+
+pub(crate) async fn resume(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult {
+    set_paused(&app, &headers, false).await
+}
+
+async fn set_paused(app: &App, headers: &HeaderMap, paused: bool) -> ApiResult {
+    authorize(app, headers)?;
+    let backend = app.backend().await?;
+    if backend.is_embedded() {
+        return Err(ApiError::bad_request(
+            "pause and resume need Redis: an embedded namespace has one process at a time",
+        ));
+    }
+    backend.active.set_paused(paused).await?;
+    Ok(json_value(json!({"paused": paused})))
+}

@@ -1,0 +1,116 @@
+//! `tranche serve`: a dashboard, a JSON API under `/api/v1/` and Prometheus metrics on
+//! `/metrics`, for one namespace, read through the same stores as the CLI. It runs no
+//! worker.
+//!
+//! Everything it reads costs O(shards) per request, like `status`, except what a
+//! request asks for by size (`partitions?limit=`). Actions (retry, discard, pause,
+//! resume) are POSTs that need `Authorization: Bearer <token>` (`--admin-token` or
+//! `TRANCHE_ADMIN_TOKEN`); without a token configured the server is read-only and the
+//! dashboard shows no action. The token never travels in a URL, and a custom header
+//! cannot be sent cross-site without CORS, which this server never grants: no CSRF.
+//! No response carries the Redis URL's password.
+
+mod api;
+mod metrics;
+
+pub(crate) use metrics::worker_metrics;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use axum::Router;
+use axum::routing::{get, post};
+
+use crate::backend::{Backend, Open, Tuning};
+use crate::cli::{Global, ServeArgs};
+use crate::ops::Outcome;
+use crate::work::{Stop, until};
+
+/// What every handler shares.
+pub(crate) struct App {
+    global: Global,
+    /// The namespace on Redis, opened once; embedded, each request loads the state file
+    /// afresh (a running `run` keeps saving it).
+    redis: Option<Backend>,
+    token: Option<String>,
+}
+
+impl App {
+    /// The backend to answer from.
+    async fn backend(&self) -> Result<BackendRef<'_>> {
+        match &self.redis {
+            Some(b) => Ok(BackendRef::Shared(b)),
+            None => Ok(BackendRef::Fresh(Box::new(
+                Backend::open(&self.global, Open::Existing, Tuning::default()).await?,
+            ))),
+        }
+    }
+}
+
+/// A backend borrowed from the app or opened for one request.
+enum BackendRef<'a> {
+    Shared(&'a Backend),
+    Fresh(Box<Backend>),
+}
+
+impl std::ops::Deref for BackendRef<'_> {
+    type Target = Backend;
+    fn deref(&self) -> &Backend {
+        match self {
+            BackendRef::Shared(b) => b,
+            BackendRef::Fresh(b) => b,
+        }
+    }
+}
+
+/// The routes.
+pub(crate) fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/", get(api::dashboard))
+        .route("/metrics", get(metrics::scrape))
+        .route("/api/v1/config", get(api::config))
+        .route("/api/v1/status", get(api::status))
+        .route("/api/v1/workers", get(api::workers))
+        .route("/api/v1/stats", get(api::stats))
+        .route("/api/v1/health", get(api::health))
+        .route("/api/v1/plans", get(api::plans))
+        .route("/api/v1/get/{pid}", get(api::get_pid))
+        .route("/api/v1/locate/{row}", get(api::locate))
+        .route("/api/v1/partitions", get(api::partitions))
+        .route("/api/v1/retry-failed", post(api::retry_failed))
+        .route("/api/v1/discard/{pid}", post(api::discard))
+        .route("/api/v1/pause", post(api::pause))
+        .route("/api/v1/resume", post(api::resume))
+        .fallback(api::not_found)
+        .with_state(app)
+}
+
+/// `tranche serve`: binds `--listen` and answers until SIGINT/SIGTERM.
+pub(crate) async fn serve(g: &Global, args: ServeArgs) -> Result<Outcome> {
+    let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+    let token = args.admin_token.filter(|t| !t.is_empty());
+    let listen: SocketAddr = args.listen;
+    if !listen.ip().is_loopback() && token.is_none() {
+        tracing::warn!(
+            %listen,
+            "serving beyond localhost with no --admin-token: read-only, but anyone who reaches the port reads the job"
+        );
+    }
+    let app = Arc::new(App {
+        global: g.clone(),
+        redis: (!backend.is_embedded()).then_some(backend),
+        token,
+    });
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    let local = listener.local_addr()?;
+    println!("serving namespace `{}` on http://{local}/", g.namespace);
+    let mut stop = crate::ops::signals(std::time::Duration::ZERO)?;
+    axum::serve(listener, router(app))
+        .with_graceful_shutdown(async move { until(&mut stop, |s| *s != Stop::Running).await })
+        .await
+        .context("the server failed")?;
+    Ok(Outcome::Success)
+}

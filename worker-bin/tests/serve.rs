@@ -1,0 +1,406 @@
+//! `tranche serve` against a private Redis with a real job run by the binary: every API
+//! endpoint's JSON, 400s for bad input, 401/403 for actions without the token, actions
+//! with it, /metrics parsed by a real exposition-format parser, and no password in any
+//! response.
+
+#[path = "../../active-store/tests/support/mod.rs"]
+mod support;
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use common::{ok, output, scratch, tranche};
+use serde_json::Value;
+use support::TestRedis;
+
+/// A running `tranche serve`, stopped on drop.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Server {
+    fn start(dir: &std::path::Path, url: &str, token: Option<&str>) -> Self {
+        let mut args = vec!["--redis", url, "serve", "--listen", "127.0.0.1:0"];
+        if let Some(t) = token {
+            args.extend(["--admin-token", t]);
+        }
+        let mut child = tranche(dir, &args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .rsplit("http://")
+            .next()
+            .and_then(|a| a.strip_suffix('/'))
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .to_owned();
+        Self { child, addr }
+    }
+
+    /// One HTTP/1.1 request; returns the status code and the body.
+    fn request(&self, method: &str, path: &str, token: Option<&str>) -> (u16, String) {
+        request(&self.addr, method, path, token)
+    }
+
+    fn json(&self, path: &str) -> Value {
+        let (code, body) = self.request("GET", path, None);
+        assert_eq!(code, 200, "{path}: {body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
+    }
+}
+
+/// One HTTP/1.1 request to `addr`; returns the status code and the body.
+fn request(addr: &str, method: &str, path: &str, token: Option<&str>) -> (u16, String) {
+    {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).unwrap();
+        let code = raw[9..12].parse().unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+        let body = if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
+            dechunk(body)
+        } else {
+            body.to_owned()
+        };
+        (code, body)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = &rest[n + 2..];
+    }
+    out
+}
+
+#[test]
+fn the_api_answers_as_the_cli_does() {
+    let redis = TestRedis::start_with_password("s3cret-pw");
+    let dir = scratch("serve-api");
+    let url = format!("redis://:s3cret-pw@127.0.0.1:{}", redis.port());
+    let cmd = |args: &[&str]| tranche(&dir, &[&["--redis", &url][..], args].concat());
+    ok(cmd(&[
+        "plan", "--min", "1", "--max", "40000", "--size", "1000",
+    ]));
+    let run = output(cmd(&[
+        "run",
+        "--simulate",
+        "--sim-latency",
+        "0..1",
+        "--sim-fail",
+        "0.05",
+        "--max-attempts",
+        "1",
+    ]));
+    assert!(matches!(run.status.code(), Some(0 | 1)));
+    let cli: Value = serde_json::from_str(&ok(cmd(&["status", "--json"]))).unwrap();
+    let failed = cli["failed"].as_u64().unwrap();
+    assert!(failed >= 2, "the test needs failed partitions: {cli}");
+
+    let server = Server::start(&dir, &url, Some("admin-t0ken"));
+    // The same answers as the CLI's --json.
+    let status = server.json("/api/v1/status");
+    assert_eq!(status, cli);
+    assert_eq!(server.json("/api/v1/config")["actions"], true);
+    assert_eq!(server.json("/api/v1/plans")[0]["partitions"], 40);
+    let got = server.json("/api/v1/get/7");
+    let cli_get: Value = serde_json::from_str(&ok(cmd(&["get", "7", "--json"]))).unwrap();
+    assert_eq!(got, cli_get);
+    assert_eq!(server.json("/api/v1/locate/7500")["pid"], 8);
+    let page = server.json("/api/v1/partitions?state=failed&limit=1");
+    assert_eq!(page["partitions"].as_array().unwrap().len(), 1);
+    let first_failed = page["partitions"][0]["pid"].as_u64().unwrap();
+    assert!(page["next"].is_u64(), "{page}");
+    assert!(
+        server
+            .json("/api/v1/health")
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["rule"] == "failed_partitions" && r["firing"] == true)
+    );
+    assert!(server.json("/api/v1/workers").is_array());
+    assert!(server.json("/api/v1/stats")["completed"].is_object());
+
+    // Bad input: 400 with a JSON error, never a panic; unknown paths 404.
+    for path in [
+        "/api/v1/get/abc",
+        "/api/v1/get/-1",
+        "/api/v1/locate/1e9",
+        "/api/v1/partitions?limit=0",
+        "/api/v1/partitions?limit=abc",
+        "/api/v1/partitions?state=bogus",
+        "/api/v1/partitions?after=-3",
+    ] {
+        let (code, body) = server.request("GET", path, None);
+        assert_eq!(code, 400, "{path}: {body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["error"]["kind"], "bad_request", "{path}: {body}");
+    }
+    assert_eq!(server.request("GET", "/api/v1/nope", None).0, 404);
+
+    // Actions: 401 without or with a wrong token, then done with it.
+    for token in [None, Some("wrong"), Some("admin-t0ke")] {
+        let (code, body) = server.request("POST", "/api/v1/pause", token);
+        assert_eq!(code, 401, "{token:?}: {body}");
+    }
+    let (code, body) = server.request(
+        "POST",
+        &format!("/api/v1/retry-failed?pid={first_failed}"),
+        Some("admin-t0ken"),
+    );
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains(&first_failed.to_string()), "{body}");
+    let status = server.json("/api/v1/status");
+    assert_eq!(
+        (status["failed"].as_u64(), status["pending"].as_u64()),
+        (Some(failed - 1), Some(1))
+    );
+    let (code, _) = server.request(
+        "POST",
+        &format!("/api/v1/discard/{first_failed}"),
+        Some("admin-t0ken"),
+    );
+    assert_eq!(code, 200);
+    assert_eq!(
+        server.json(&format!("/api/v1/get/{first_failed}"))["status"],
+        "discarded"
+    );
+    assert_eq!(
+        server
+            .request("POST", "/api/v1/pause", Some("admin-t0ken"))
+            .0,
+        200
+    );
+    assert_eq!(server.json("/api/v1/status")["paused"], true);
+    assert_eq!(
+        server
+            .request("POST", "/api/v1/resume", Some("admin-t0ken"))
+            .0,
+        200
+    );
+
+    // /metrics through a real exposition-format parser, agreeing with status.
+    let (code, text) = server.request("GET", "/metrics", None);
+    assert_eq!(code, 200);
+    let lines = text
+        .lines()
+        .filter(|l| *l != "# EOF")
+        .map(|l| Ok(l.to_owned()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("valid exposition text");
+    let status = server.json("/api/v1/status");
+    let value = |name: &str, label: Option<(&str, &str)>| -> f64 {
+        let s = scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == name && label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
+            .unwrap_or_else(|| panic!("{name} {label:?} not in {text}"));
+        match s.value {
+            prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => v,
+            ref other => panic!("{name}: {other:?}"),
+        }
+    };
+    assert_eq!(
+        value("tranche_partitions", Some(("state", "failed"))),
+        status["failed"].as_f64().unwrap()
+    );
+    assert_eq!(
+        value("tranche_partitions", Some(("state", "archived"))),
+        status["archived"].as_f64().unwrap()
+    );
+    assert_eq!(
+        value("tranche_partitions", Some(("state", "discarded"))),
+        1.0
+    );
+    assert_eq!(value("tranche_planned_partitions", None), 40.0);
+    assert_eq!(value("tranche_paused", None), 0.0);
+    for name in [
+        "tranche_inbox_entries",
+        "tranche_workers_alive",
+        "tranche_dead_letters",
+        "tranche_decode_failures",
+        "tranche_partition_duration_seconds",
+        "tranche_worker_update_p99_seconds",
+    ] {
+        value(name, None);
+    }
+
+    // Every metric the shipped alerting rules and Grafana dashboard use is exported.
+    let dashboard: Value = serde_json::from_str(include_str!("../../deploy/grafana/tranche.json"))
+        .expect("the Grafana dashboard is JSON");
+    assert!(dashboard["panels"].as_array().is_some_and(|p| p.len() >= 8));
+    let rules = [
+        include_str!("../../deploy/prometheus/alerts.yml"),
+        include_str!("../../deploy/grafana/tranche.json"),
+    ]
+    .concat();
+    let mut used: Vec<&str> = rules
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("tranche_"))
+        .collect();
+    used.sort_unstable();
+    used.dedup();
+    assert!(used.len() >= 6, "{used:?}");
+    for name in used {
+        assert!(
+            scrape.samples.iter().any(|s| s.metric == name),
+            "alerts.yml uses {name}, not exported"
+        );
+    }
+
+    // Nothing the server says carries the password.
+    for path in [
+        "/api/v1/status",
+        "/api/v1/config",
+        "/metrics",
+        "/api/v1/health",
+        "/",
+    ] {
+        let (_, body) = server.request("GET", path, None);
+        assert!(!body.contains("s3cret-pw"), "{path} leaks the password");
+    }
+    let (code, page) = server.request("GET", "/", None);
+    assert_eq!(code, 200);
+    assert!(
+        page.contains("<title>tranche</title>")
+            && !page.contains("http://")
+            && !page.contains("https://"),
+        "the page loads something from elsewhere"
+    );
+}
+
+/// Without a token the server is read-only: actions are refused (403), reads work.
+#[test]
+fn without_a_token_the_server_is_read_only() {
+    let redis = TestRedis::start();
+    let dir = scratch("serve-read-only");
+    let url = redis.url();
+    ok(tranche(
+        &dir,
+        &["--redis", &url, "plan", "--min", "1", "--max", "3000"],
+    ));
+    let server = Server::start(&dir, &url, None);
+    assert_eq!(server.json("/api/v1/config")["actions"], false);
+    for path in ["/api/v1/pause", "/api/v1/retry-failed", "/api/v1/discard/1"] {
+        let (code, body) = server.request("POST", path, Some("anything"));
+        assert_eq!(code, 403, "{path}: {body}");
+        assert!(body.contains("read_only"), "{body}");
+    }
+    assert_eq!(server.json("/api/v1/status")["paused"], false);
+}
+
+/// `run --metrics-listen` serves the worker's own counters while it runs.
+#[test]
+fn a_worker_serves_its_own_metrics() {
+    let redis = TestRedis::start();
+    let dir = scratch("worker-metrics");
+    let url = redis.url();
+    ok(tranche(
+        &dir,
+        &["--redis", &url, "plan", "--min", "1", "--max", "40000"],
+    ));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut run = tranche(
+        &dir,
+        &[
+            "--redis",
+            &url,
+            "run",
+            "--simulate",
+            "--sim-latency",
+            "5..10",
+            "--concurrency",
+            "1",
+            "--metrics-listen",
+            &addr,
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let completed = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no metrics with progress"
+        );
+        if TcpStream::connect(&addr).is_ok() {
+            let (code, text) = request(&addr, "GET", "/metrics", None);
+            assert_eq!(code, 200);
+            let lines = text
+                .lines()
+                .filter(|l| *l != "# EOF")
+                .map(|l| Ok(l.to_owned()));
+            let scrape = prometheus_parse::Scrape::parse(lines).expect("valid exposition text");
+            let get = |name: &str| {
+                scrape
+                    .samples
+                    .iter()
+                    .find(|s| s.metric == name)
+                    .map(|s| match s.value {
+                        prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => {
+                            v
+                        }
+                        _ => f64::NAN,
+                    })
+            };
+            for name in [
+                "tranche_worker_in_flight",
+                "tranche_worker_failed_attempts",
+                "tranche_worker_released",
+                "tranche_worker_lost_leases",
+                "tranche_worker_partition_duration_seconds",
+            ] {
+                assert!(get(name).is_some(), "{name} missing: {text}");
+            }
+            let done = get("tranche_worker_completed").unwrap();
+            if done > 0.0 {
+                break done;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(completed >= 1.0);
+    let _ = run.kill();
+    let _ = run.wait();
+}
