@@ -1,0 +1,130 @@
+//! The tranche worker: the `tranche` command line, and [`runner`], the same worker as a
+//! library for Rust programs that process chunks with their own async handler.
+//!
+//! This crate is the only place that knows every other: it opens the three layers
+//! (`backend`), hands them to the run loop (`work`) or to one operator command (`ops`),
+//! and prints what they answer (`render`). [`cli_main`] is the whole binary; errors end
+//! there as one line on stderr and a non-zero exit.
+
+mod backend;
+mod cli;
+mod embedded;
+mod held;
+mod job;
+mod list;
+mod namespace;
+mod ops;
+mod progress;
+mod render;
+pub mod runner;
+mod serve;
+mod slot;
+mod state;
+mod work;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+use crate::cli::Cli;
+
+/// Exit code of a run that ended with failed partitions or a firing alert.
+const EXIT_FAILED: u8 = 1;
+/// Exit code of bad input or an unreachable store.
+const EXIT_ERROR: u8 = 2;
+/// Exit code of a run stopped by a signal (128 + SIGINT).
+const EXIT_INTERRUPTED: u8 = 130;
+
+/// An error as one line: the outermost context, then each cause it does not already
+/// say.
+pub(crate) fn one_line(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain().map(|e| e.to_string()) {
+        if !line.contains(&cause) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&cause);
+        }
+    }
+    line
+}
+
+/// Prints a failure on stderr: `tranche: MESSAGE`, or with `--json` one object
+/// `{"error": {"kind", "message"}}`, so a script reading JSON gets JSON on both streams.
+fn report(json: bool, kind: &str, message: &str) {
+    if json {
+        eprintln!(
+            "{}",
+            serde_json::json!({"error": {"kind": kind, "message": message}})
+        );
+    } else {
+        eprintln!("tranche: {message}");
+    }
+}
+
+/// The `tranche` command line: parses the arguments, runs the command, and returns the
+/// exit code (0 success; 1 failed partitions or a firing alert; 2 bad input or an
+/// unreachable store; 130 a signal).
+pub fn cli_main() -> ExitCode {
+    // Known before parsing, so that even a usage error can answer in JSON.
+    let json = std::env::args_os().any(|a| a == "--json");
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            // --help and --version are "errors" that print to stdout and exit 0.
+            if !err.use_stderr() {
+                let _ = err.print();
+                return ExitCode::SUCCESS;
+            }
+            if json {
+                let text = err.to_string();
+                let first = text
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .trim_start_matches("error: ");
+                report(true, "usage", first);
+            } else {
+                let _ = err.print();
+            }
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| EnvFilter::new("warn,tranche=info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(err) => {
+            report(json, "error", &format!("cannot start the runtime: {err}"));
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
+    let outcome = runtime.block_on(ops::dispatch(cli));
+    // An aborted run has stopped its chunks' process groups already; do not wait for
+    // blocked reads of an unreachable server either.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match outcome {
+        Ok(ops::Outcome::Success) => ExitCode::SUCCESS,
+        Ok(ops::Outcome::Failed(message)) => {
+            report(json, "failed", &message);
+            ExitCode::from(EXIT_FAILED)
+        }
+        Ok(ops::Outcome::Interrupted) => ExitCode::from(EXIT_INTERRUPTED),
+        Err(err) => {
+            report(json, "error", &one_line(&err));
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! `tranche_worker::runner`: a worker embedded in a Rust program with its own async
+//! handler, on a private Redis and embedded, through retries and a drain.
+
+#[path = "../../active-store/tests/support/mod.rs"]
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use support::TestRedis;
+use tranche_worker::runner::{Chunk, Handler, HandlerError, Runner};
+
+/// Records every chunk it processes; fails the first attempt of partition 3's chunk 1.
+#[derive(Clone, Default)]
+struct Recorder {
+    seen: Arc<Mutex<Vec<Chunk>>>,
+    delay: Duration,
+}
+
+#[async_trait::async_trait]
+impl Handler for Recorder {
+    async fn process(&self, chunk: Chunk) -> Result<(), HandlerError> {
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        if chunk.pid == 3 && chunk.index == 1 && chunk.attempt == 1 {
+            return Err("the database said no".into());
+        }
+        self.seen.lock().unwrap().push(chunk);
+        Ok(())
+    }
+}
+
+/// Every row ID of `1..=max` covered by an acknowledged chunk.
+fn covered(seen: &[Chunk], max: u64) {
+    let mut ids = BTreeSet::new();
+    for c in seen {
+        ids.extend(c.from..=c.to);
+    }
+    let missing: Vec<u64> = (1..=max).filter(|i| !ids.contains(i)).take(5).collect();
+    assert!(missing.is_empty(), "never processed: {missing:?}...");
+}
+
+async fn runs_every_chunk(runner: Runner) {
+    runner.plan(1, 20_000, 1000).await.unwrap();
+    let handler = Recorder::default();
+    let report = runner
+        .clone()
+        .backoff(Duration::from_millis(10))
+        .run(handler.clone(), std::future::pending())
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.completed, report.failed, report.outstanding),
+        (20, 0, 0),
+        "{report:?}"
+    );
+    assert_eq!(report.failed_attempts, 1, "{report:?}");
+    assert!(!report.interrupted);
+    let seen = handler.seen.lock().unwrap().clone();
+    covered(&seen, 20_000);
+    // The failed chunk was retried on attempt 2, from the partition's checkpoint.
+    assert!(
+        seen.iter()
+            .any(|c| c.pid == 3 && c.index == 1 && c.attempt == 2),
+        "{seen:?}"
+    );
+    assert!(seen.iter().all(|c| c.to - c.from < 250 && c.from <= c.to));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_runs_every_chunk_on_redis() {
+    let redis = TestRedis::start();
+    runs_every_chunk(
+        Runner::redis(redis.url())
+            .namespace("lib")
+            .concurrency(4)
+            .chunk(250)
+            .worker_id("lib-1"),
+    )
+    .await;
+}
+
+// A current-thread runtime, as a library user may have: saving the embedded state
+// must not need a multi-threaded one.
+#[tokio::test]
+async fn a_handler_runs_every_chunk_embedded() {
+    let dir = std::env::temp_dir().join(format!("tranche-runner-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    runs_every_chunk(
+        Runner::embedded(dir.join("lib.state"))
+            .namespace("lib")
+            .concurrency(4)
+            .chunk(250),
+    )
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A shutdown drains: nothing more is claimed, unfinished partitions are released with
+/// their checkpoints, and a second run finishes the job without a gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_drains_and_a_second_run_finishes() {
+    let redis = TestRedis::start();
+    let runner = Runner::redis(redis.url())
+        .namespace("drain")
+        .concurrency(2)
+        .chunk(100)
+        .grace(Duration::from_secs(5))
+        .backoff(Duration::from_millis(10));
+    runner.plan(1, 40_000, 1000).await.unwrap();
+    let slow = Recorder {
+        delay: Duration::from_millis(20),
+        ..Recorder::default()
+    };
+    let first = runner
+        .run(slow.clone(), tokio::time::sleep(Duration::from_millis(300)))
+        .await
+        .unwrap();
+    assert!(first.interrupted, "{first:?}");
+    assert!(
+        first.outstanding > 0,
+        "the job should outlast the first run: {first:?}"
+    );
+    let rest = Recorder::default();
+    let second = runner
+        .run(rest.clone(), std::future::pending())
+        .await
+        .unwrap();
+    assert_eq!((second.outstanding, second.failed), (0, 0), "{second:?}");
+    assert_eq!(first.completed + second.completed, 40);
+    let mut all = slow.seen.lock().unwrap().clone();
+    all.extend(rest.seen.lock().unwrap().iter().copied());
+    covered(&all, 40_000);
+}
