@@ -19,17 +19,23 @@
 //! (e.g. `1x64x4,4x64x4`: P x C x S; default the four cells of issue 11),
 //! `TRANCHE_BENCH_RUN_ARGS` (more `run` arguments, space-separated, e.g. `--prefetch 64`),
 //! `TRANCHE_BENCH_REPEAT` (runs per cell, default 3: the row shown is the run with the
-//! median partitions/s, beside the slowest and fastest) and `TRANCHE_BENCH_OUT` (default
-//! `target/tranche-bench/e2e.json`).
+//! median partitions/s, beside the slowest and fastest), `TRANCHE_BENCH_OUT` (default
+//! `target/tranche-bench/e2e.json`) and `TRANCHE_BENCH_BASELINE` (another `tranche`
+//! binary, e.g. one built from an older commit: each cell then also runs it, the two
+//! alternating run by run on the same server, and a `baseline` row follows each cell with
+//! the ratio of the medians).
 
 #[path = "../../active-store/tests/support/mod.rs"]
 mod support;
+
+mod common;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::run_ok;
 use serde_json::{Value, json};
 use support::TestRedis;
 
@@ -132,29 +138,11 @@ fn clock_ticks() -> f64 {
 }
 
 fn tranche(url: &str, args: &[&str]) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.args(["--redis", url, "--namespace", NAMESPACE])
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null());
-    for (key, _) in std::env::vars() {
-        if key.starts_with("TRANCHE_") {
-            cmd.env_remove(key);
-        }
-    }
-    cmd
+    tranche_at(BIN, url, args)
 }
 
-fn run_ok(mut cmd: Command) -> String {
-    let out = cmd.output().expect("spawn tranche");
-    assert!(
-        out.status.success(),
-        "tranche failed ({:?}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf-8")
+fn tranche_at(bin: &str, url: &str, args: &[&str]) -> Command {
+    common::tranche_at(bin, url, NAMESPACE, args)
 }
 
 fn total_completed(url: &str) -> u64 {
@@ -181,7 +169,14 @@ fn set_ceiling(redis: &TestRedis) -> Option<f64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
-fn run_cell(redis: &TestRedis, url: &str, cell: Cell, n: u64, dir: &std::path::Path) -> Value {
+fn run_cell(
+    bin: &str,
+    redis: &TestRedis,
+    url: &str,
+    cell: Cell,
+    n: u64,
+    dir: &std::path::Path,
+) -> Value {
     redis.cli(&["FLUSHALL"]);
     redis.cli(&["CONFIG", "RESETSTAT"]);
     let memory_before = used_memory(redis);
@@ -201,7 +196,8 @@ fn run_cell(redis: &TestRedis, url: &str, cell: Cell, n: u64, dir: &std::path::P
     let mut runs: Vec<_> = (0..cell.processes)
         .map(|i| {
             let log = std::fs::File::create(dir.join(format!("run-{i}.log"))).expect("log file");
-            let mut cmd = tranche(
+            let mut cmd = tranche_at(
+                bin,
                 url,
                 &[
                     "run",
@@ -273,6 +269,36 @@ fn run_cell(redis: &TestRedis, url: &str, cell: Cell, n: u64, dir: &std::path::P
     })
 }
 
+/// The run with the median partitions/s, with the spread of all of them.
+fn median_row(mut runs: Vec<Value>, repeat: usize) -> Value {
+    let rate = |v: &Value| v["partitions_per_s"].as_f64().unwrap();
+    runs.sort_by(|a, b| rate(a).total_cmp(&rate(b)));
+    let (slowest, fastest) = (rate(&runs[0]), rate(&runs[runs.len() - 1]));
+    let mut row = runs.swap_remove(runs.len() / 2);
+    row["runs"] = json!(repeat);
+    row["partitions_per_s_slowest"] = json!(slowest);
+    row["partitions_per_s_fastest"] = json!(fastest);
+    row
+}
+
+fn print_row(cell: &Cell, row: &Value, label: &str) {
+    println!(
+        "{:>3} {:>4} {:>6} {:>12.0} {:>17} {:>14.1} {:>15.1} {:>13.1}{label}",
+        cell.processes,
+        cell.concurrency,
+        cell.shards,
+        row["partitions_per_s"].as_f64().unwrap(),
+        format!(
+            "({:.0}-{:.0})",
+            row["partitions_per_s_slowest"].as_f64().unwrap(),
+            row["partitions_per_s_fastest"].as_f64().unwrap()
+        ),
+        row["redis_cpu_us_per_partition"].as_f64().unwrap(),
+        row["client_cpu_us_per_partition"].as_f64().unwrap(),
+        row["redis_bytes_per_partition"].as_f64().unwrap(),
+    );
+}
+
 fn main() {
     // `cargo test --all-targets` builds benches as tests and runs them with no argument
     // telling them apart; `cargo bench` passes `--bench`.
@@ -311,28 +337,18 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(3)
         .max(1);
+    let baseline = std::env::var("TRANCHE_BENCH_BASELINE").ok();
     for cell in cells() {
-        let mut runs: Vec<Value> = (0..repeat)
-            .map(|_| run_cell(&redis, &url, cell, n, &dir))
-            .collect();
-        let rate = |v: &Value| v["partitions_per_s"].as_f64().unwrap();
-        runs.sort_by(|a, b| rate(a).total_cmp(&rate(b)));
-        let (slowest, fastest) = (rate(&runs[0]), rate(&runs[runs.len() - 1]));
-        let mut row = runs.swap_remove(runs.len() / 2);
-        row["runs"] = json!(repeat);
-        row["partitions_per_s_slowest"] = json!(slowest);
-        row["partitions_per_s_fastest"] = json!(fastest);
-        println!(
-            "{:>3} {:>4} {:>6} {:>12.0} {:>17} {:>14.1} {:>15.1} {:>13.1}",
-            cell.processes,
-            cell.concurrency,
-            cell.shards,
-            row["partitions_per_s"].as_f64().unwrap(),
-            format!("({slowest:.0}-{fastest:.0})"),
-            row["redis_cpu_us_per_partition"].as_f64().unwrap(),
-            row["client_cpu_us_per_partition"].as_f64().unwrap(),
-            row["redis_bytes_per_partition"].as_f64().unwrap(),
-        );
+        let mut runs: Vec<Value> = Vec::new();
+        let mut base_runs: Vec<Value> = Vec::new();
+        for _ in 0..repeat {
+            runs.push(run_cell(BIN, &redis, &url, cell, n, &dir));
+            if let Some(bin) = &baseline {
+                base_runs.push(run_cell(bin, &redis, &url, cell, n, &dir));
+            }
+        }
+        let mut row = median_row(runs, repeat);
+        print_row(&cell, &row, "");
         println!(
             "    commands per partition: {}",
             row["commands_per_partition"]
@@ -341,6 +357,15 @@ fn main() {
             "    command µs per partition: {}",
             row["command_us_per_partition"]
         );
+        if !base_runs.is_empty() {
+            let base = median_row(base_runs, repeat);
+            print_row(&cell, &base, "  baseline");
+            let ratio = row["partitions_per_s"].as_f64().unwrap()
+                / base["partitions_per_s"].as_f64().unwrap();
+            println!("    partitions/s, this build / baseline: {ratio:.2}");
+            row["baseline"] = base;
+            row["ratio_to_baseline"] = json!(ratio);
+        }
         rows.push(row);
     }
     match ceiling {

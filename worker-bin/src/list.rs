@@ -1,0 +1,221 @@
+//! `tranche list`: partitions by state, a page at a time.
+//!
+//! Active states (pending, claimed, running, failed) come from the active layer's
+//! snapshot (one read per shard; its size is the active set, which holds only
+//! unfinished work, never the unissued part of a plan), filtered, sorted by pid and cut
+//! after `--after`. Archived partitions are paged through the archive's `range`, so
+//! memory and time stay bounded by `--limit` whatever the namespace size.
+
+use std::fmt::Write as _;
+
+use anyhow::Result;
+use serde_json::{Value, json};
+use tranche_codec::{CompletedRecord, Partition, Status};
+
+use crate::backend::Backend;
+use crate::render::{completed_fields, shown, time, view_json};
+use tranche_router::PartitionView;
+
+/// What `list` may select.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum ListState {
+    /// Waiting: retries in back-off, released or reaped leases, explicit ranges.
+    Pending,
+    /// Claimed, no heartbeat yet.
+    Claimed,
+    /// Claimed and heartbeating.
+    Running,
+    /// Out of attempts, waiting for an operator.
+    Failed,
+    /// Given up by an operator.
+    Discarded,
+    /// Completed and archived.
+    Archived,
+}
+
+impl ListState {
+    fn status(self) -> Option<Status> {
+        match self {
+            ListState::Pending => Some(Status::Pending),
+            ListState::Claimed => Some(Status::Claimed),
+            ListState::Running => Some(Status::Running),
+            ListState::Failed => Some(Status::Failed),
+            ListState::Discarded => Some(Status::Discarded),
+            ListState::Archived => None,
+        }
+    }
+}
+
+/// One page of `list`.
+#[derive(Debug)]
+pub(crate) struct Page {
+    rows: Vec<Row>,
+    /// The `--after` of the next page, if there may be one.
+    next: Option<u64>,
+}
+
+#[derive(Debug)]
+enum Row {
+    Active(Partition),
+    Archived(CompletedRecord),
+}
+
+/// Reads one page: partitions in `state` (every active state when `None`), of `worker`
+/// if given, with pids above `after`, at most `limit`.
+pub(crate) async fn page(
+    backend: &Backend,
+    state: Option<ListState>,
+    worker: Option<&str>,
+    after: u64,
+    limit: usize,
+) -> Result<Page> {
+    let limit = limit.max(1);
+    if state == Some(ListState::Archived) {
+        return archived(backend, worker, after, limit).await;
+    }
+    let want = state.and_then(ListState::status);
+    let snapshot = backend.router.all_active().await?;
+    let mut rows: Vec<Partition> = snapshot
+        .partitions
+        .into_iter()
+        .filter(|p| p.pid > after)
+        .filter(|p| want.is_none_or(|s| p.status == s))
+        .filter(|p| worker.is_none_or(|w| p.worker.as_deref() == Some(w)))
+        .collect();
+    rows.sort_unstable_by_key(|p| p.pid);
+    let next = (rows.len() > limit).then(|| rows[limit - 1].pid);
+    rows.truncate(limit);
+    Ok(Page {
+        rows: rows.into_iter().map(Row::Active).collect(),
+        next,
+    })
+}
+
+/// Archived partitions above `after`, through the archive's bounded range reads.
+async fn archived(
+    backend: &Backend,
+    worker: Option<&str>,
+    after: u64,
+    limit: usize,
+) -> Result<Page> {
+    let last = backend
+        .active
+        .plans()
+        .await?
+        .iter()
+        .map(|e| e.plan.last_pid())
+        .max()
+        .unwrap_or(0);
+    let mut rows = Vec::new();
+    let mut from = after.saturating_add(1);
+    while from <= last && rows.len() < limit {
+        let page = backend.archive.range(from..=last, limit).await?;
+        rows.extend(
+            page.records
+                .into_iter()
+                .filter(|r| worker.is_none_or(|w| &*r.worker == w))
+                .map(Row::Archived),
+        );
+        match page.next {
+            Some(next) if next > from => from = next,
+            _ => break,
+        }
+    }
+    let next = (rows.len() >= limit).then(|| rows[limit - 1].pid());
+    rows.truncate(limit);
+    Ok(Page { rows, next })
+}
+
+impl Row {
+    fn pid(&self) -> u64 {
+        match self {
+            Row::Active(p) => p.pid,
+            Row::Archived(r) => r.pid,
+        }
+    }
+}
+
+/// The page as a table, or as one JSON object with `--json`.
+pub(crate) fn render(page: &Page, json: bool) -> String {
+    if json {
+        let rows: Vec<Value> = page.rows.iter().map(row_json).collect();
+        return format!("{}\n", json!({"partitions": rows, "next": page.next}));
+    }
+    if page.rows.is_empty() {
+        return "no partitions\n".to_owned();
+    }
+    let mut out = format!(
+        "{:>10}  {:<23} {:<9} {:<16} {:>7}  detail\n",
+        "pid", "ids", "status", "worker", "attempt"
+    );
+    for row in &page.rows {
+        let (pid, ids, status, worker, attempt, detail) = match row {
+            Row::Active(p) => (
+                p.pid,
+                format!("{}..={}", p.min_id, p.max_id),
+                p.status.as_str(),
+                p.worker.as_deref().unwrap_or("-").to_owned(),
+                p.attempts.to_string(),
+                active_detail(p),
+            ),
+            Row::Archived(r) => (
+                r.pid,
+                format!("{}..={}", r.min_id, r.max_id),
+                "archived",
+                r.worker.to_string(),
+                "-".to_owned(),
+                format!(
+                    "completed {} in {}ms",
+                    time(r.completed_at_ms),
+                    r.duration_ms
+                ),
+            ),
+        };
+        let _ = writeln!(
+            out,
+            "{pid:>10}  {ids:<23} {status:<9} {:<16} {attempt:>7}  {}",
+            shown(&worker),
+            shown(&detail)
+        );
+    }
+    if let Some(next) = page.next {
+        let _ = writeln!(out, "more: --after {next}");
+    }
+    out
+}
+
+fn active_detail(p: &Partition) -> String {
+    match p.status {
+        Status::Failed => format!("error: {}", p.last_error.as_deref().unwrap_or("-")),
+        Status::Claimed | Status::Running => {
+            let lease = p
+                .deadline_ms
+                .map_or_else(|| "-".to_owned(), |d| format!("lease until {}", time(d)));
+            if p.progress > p.min_id {
+                format!("checkpoint {}; {lease}", p.progress)
+            } else {
+                lease
+            }
+        }
+        Status::Pending => match &p.last_error {
+            Some(err) => format!("retry after: {err}"),
+            None if p.progress > p.min_id => format!("resumes at {}", p.progress),
+            None => String::new(),
+        },
+        Status::Discarded => format!("discarded {}", time(p.updated_at_ms)),
+        Status::Completed => String::new(),
+    }
+}
+
+/// A row in `get --json`'s one shape.
+fn row_json(row: &Row) -> Value {
+    match row {
+        Row::Active(p) => view_json(p.pid, &PartitionView::Active(p.clone())),
+        Row::Archived(r) => {
+            let mut v = view_json(r.pid, &PartitionView::Unknown);
+            completed_fields(&mut v, r);
+            v["layer"] = json!("archive");
+            v
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! Commands about whole namespaces: `pause`, `resume`, `plans`, `namespaces`, `drop`.
+
+use std::fmt::Write as _;
+
+use anyhow::{Result, bail};
+use serde_json::{Value, json};
+
+use crate::backend::{self, Backend, Open, Tuning};
+use crate::cli::Global;
+use crate::ops::Outcome;
+
+/// `pause` / `resume`: sets the namespace's flag; workers read it once a second.
+pub(crate) async fn set_paused(g: &Global, paused: bool) -> Result<Outcome> {
+    let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+    if backend.is_embedded() {
+        bail!(
+            "pause and resume need --redis: an embedded namespace has one process at a time (stop its run with Ctrl-C)"
+        );
+    }
+    backend.active.set_paused(paused).await?;
+    println!(
+        "namespace `{}` {}",
+        backend.namespace,
+        if paused {
+            "paused: workers claim nothing until `tranche resume` (running partitions finish)"
+        } else {
+            "resumed"
+        }
+    );
+    Ok(Outcome::Success)
+}
+
+/// `plans`: every plan of the namespace with its geometry.
+pub(crate) async fn plans(g: &Global) -> Result<Outcome> {
+    let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+    let plans = backend.active.plans().await?;
+    if g.json {
+        println!("{}", plans_json(&plans));
+        return Ok(Outcome::Success);
+    }
+    if plans.is_empty() {
+        println!("no plans");
+        return Ok(Outcome::Success);
+    }
+    let mut out = format!(
+        "{:<23} {:<27} {:>10} {:>12}  kind\n",
+        "pids", "ids", "size", "partitions"
+    );
+    for e in &plans {
+        let p = &e.plan;
+        let _ = writeln!(
+            out,
+            "{:<23} {:<27} {:>10} {:>12}  {}",
+            format!("{}..={}", p.first_pid(), p.last_pid()),
+            format!("{}..={}", p.min(), p.max()),
+            p.size(),
+            p.last_pid() - p.first_pid() + 1,
+            if e.explicit { "explicit" } else { "uniform" }
+        );
+    }
+    print!("{out}");
+    Ok(Outcome::Success)
+}
+
+/// The plans as `plans --json` prints them.
+pub(crate) fn plans_json(plans: &[tranche_active_store::PlanEntry]) -> Value {
+    plans
+        .iter()
+        .map(|e| {
+            let p = &e.plan;
+            json!({
+                "first_pid": p.first_pid(), "last_pid": p.last_pid(),
+                "min_id": p.min(), "max_id": p.max(), "size": p.size(),
+                "partitions": p.last_pid() - p.first_pid() + 1,
+                "kind": if e.explicit { "explicit" } else { "uniform" },
+            })
+        })
+        .collect()
+}
+
+/// `namespaces`: every namespace on the Redis (or beside the state file) with its size
+/// and state, each read in O(shards).
+pub(crate) async fn list(g: &Global) -> Result<Outcome> {
+    let names = backend::namespace_names(g).await?;
+    let mut rows = Vec::new();
+    for name in names {
+        let mut global = g.clone();
+        global.namespace = name.clone();
+        if global.redis.is_none() && global.redis_file.is_none() {
+            // Each file is its own namespace's state.
+            global.state = Some(backend::state_path(g).with_file_name(format!("{name}.state")));
+        }
+        let backend = match Backend::open(&global, Open::Existing, Tuning::default()).await {
+            Ok(b) => b,
+            Err(err) => {
+                tracing::warn!(namespace = %name, %err, "cannot open; left out");
+                continue;
+            }
+        };
+        let total = crate::progress::total_partitions(backend.active.as_ref()).await?;
+        let counts = backend.active.counts().await?;
+        let paused = backend.active.is_paused().await?;
+        rows.push(json!({
+            "namespace": name, "shards": backend.shards, "partitions": total,
+            "outstanding": counts.outstanding(), "failed": counts.failed,
+            "discarded": counts.discarded, "paused": paused,
+        }));
+    }
+    if g.json {
+        println!("{}", Value::Array(rows));
+        return Ok(Outcome::Success);
+    }
+    if rows.is_empty() {
+        println!("no namespaces");
+        return Ok(Outcome::Success);
+    }
+    let mut out = format!(
+        "{:<24} {:>6} {:>12} {:>12} {:>9}  state\n",
+        "namespace", "shards", "partitions", "outstanding", "failed"
+    );
+    for r in &rows {
+        let n = |field: &str| r[field].as_u64().unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "{:<24} {:>6} {:>12} {:>12} {:>9}  {}",
+            crate::render::shown(r["namespace"].as_str().unwrap_or("")),
+            n("shards"),
+            n("partitions"),
+            n("outstanding"),
+            n("failed"),
+            if r["paused"] == true { "paused" } else { "" }
+        );
+    }
+    print!("{out}");
+    Ok(Outcome::Success)
+}
+
+/// `drop`: deletes the namespace. Needs `--yes`; refused while a worker is alive unless
+/// `--force`.
+pub(crate) async fn drop(g: &Global, yes: bool, force: bool) -> Result<Outcome> {
+    if !yes {
+        bail!(
+            "drop deletes namespace `{}` and everything in it for good; pass --yes to do it",
+            g.namespace
+        );
+    }
+    let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+    backend.ensure_writable()?;
+    let live: Vec<String> = backend
+        .active
+        .workers()
+        .await?
+        .into_iter()
+        .filter(|w| w.active)
+        .map(|w| w.info.id)
+        .collect();
+    if !live.is_empty() && !force {
+        bail!(
+            "namespace `{}` has {} live worker(s) ({}); stop them first, or pass --force",
+            backend.namespace,
+            live.len(),
+            live.join(", ")
+        );
+    }
+    let deleted = backend.drop_all().await?;
+    if backend.is_embedded() {
+        println!(
+            "namespace `{}` dropped (state file removed)",
+            backend.namespace
+        );
+    } else {
+        println!("namespace `{}` dropped ({deleted} keys)", backend.namespace);
+    }
+    Ok(Outcome::Success)
+}
