@@ -40,7 +40,7 @@ impl EmbeddedBackend {
         open: Open,
         tuning: &Tuning,
     ) -> Result<Self> {
-        let lock = StateLock::acquire(path)?;
+        let lock = StateLock::acquire(path, open == Open::Create)?;
         let saved = state::load(path)?;
         let shards = match (&saved, shards) {
             (Some(s), Some(asked)) if s.active.num_shards != asked => bail!(
@@ -152,24 +152,59 @@ impl EmbeddedBackend {
         )
     }
 
+    /// Deletes the state file and its lock file (`drop`), while holding the lock.
+    pub(crate) fn delete(&self) -> Result<()> {
+        self.ensure_writable()?;
+        for path in [self.path.clone(), StateLock::lock_path(&self.path)] {
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    bail!("cannot remove {}: {e}", path.display())
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Writes the state file (atomically; see [`state`]). Blocking I/O, moved off the
     /// async workers.
     pub(crate) async fn save(&self) -> Result<()> {
+        // The lock holder's directory exists: taking the lock created it.
         self.ensure_writable()?;
-        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
-        }
-        let report = tokio::task::block_in_place(|| self.stores.save(&self.path))?;
+        // On the blocking pool: `block_in_place` would panic on a current-thread runtime,
+        // which a library user of `runner` may well have.
+        let (stores, path) = (self.stores.clone(), self.path.clone());
+        let report = tokio::task::spawn_blocking(move || stores.save(&path))
+            .await
+            .map_err(|e| anyhow::anyhow!("saving the state failed: {e}"))??;
         tracing::debug!(bytes = report.bytes, held = ?report.held, total = ?report.total, "state saved");
         Ok(())
     }
 }
 
-/// `<state file>.lock`, holding the pid of the process that may write the state file.
-/// Removed on drop; a lock left by a killed process is taken over once its pid is gone.
+/// `<state file>.lock`: whoever holds an exclusive `flock` on it may write the state
+/// file. The kernel drops the lock when its holder exits, however it exits, so a lock
+/// is never stale and liveness is never guessed from a pid (reused pids, containers and
+/// NFS made that unreliable). The file itself stays: removing a locked file lets two
+/// processes lock two different inodes under one name. It holds the holder's pid, for
+/// people only.
 struct StateLock {
-    path: PathBuf,
+    // Held open for the lock's lifetime; closing it releases the lock.
+    _file: std::fs::File,
+    /// The directory this lock created, with the lock and state paths: removed again on
+    /// drop if no state was ever saved, so a refused first command leaves nothing.
+    created: Option<(PathBuf, PathBuf, PathBuf)>,
+}
+
+impl Drop for StateLock {
+    fn drop(&mut self) {
+        if let Some((dir, lock, state)) = &self.created
+            && !state.exists()
+        {
+            let _ = std::fs::remove_file(lock);
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
 }
 
 impl StateLock {
@@ -179,44 +214,47 @@ impl StateLock {
         state.with_file_name(name)
     }
 
-    /// Takes the lock, or returns `None` if a live process holds it.
-    fn acquire(state: &Path) -> Result<Option<Self>> {
+    /// Takes the lock, or returns `None` if another process holds it. A missing state
+    /// directory is created (private to the user) when `create` allows, else there is
+    /// nothing to lock and nothing to read: `None`.
+    fn acquire(state: &Path, create: bool) -> Result<Option<Self>> {
+        use std::io::Write;
+        use std::os::unix::fs::DirBuilderExt;
         let path = Self::lock_path(state);
+        let mut created = None;
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
             && !dir.exists()
         {
-            // No state directory yet: nothing to protect until the first save creates it.
-            return Ok(Some(Self { path }));
+            if !create {
+                return Ok(None);
+            }
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+            created = Some((dir.to_owned(), path.clone(), state.to_owned()));
         }
-        for _ in 0..2 {
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&path)
-            {
-                Ok(mut f) => {
-                    use std::io::Write;
-                    write!(f, "{}", std::process::id())?;
-                    return Ok(Some(Self { path }));
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    match Self::holder(state) {
-                        Some(pid) if Path::new(&format!("/proc/{pid}")).exists() => {
-                            return Ok(None);
-                        }
-                        // A dead holder's (or an unreadable) lock: take it over.
-                        _ => {
-                            let _ = std::fs::remove_file(&path);
-                        }
-                    }
-                }
-                Err(e) => return Err(anyhow::anyhow!("cannot create {}: {e}", path.display())),
+        let mut file = crate::slot::open_lock_file(&path)
+            .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(anyhow::anyhow!("cannot lock {}: {e}", path.display()));
             }
         }
-        Ok(None)
+        // Informational only; the lock is the flock.
+        file.set_len(0)
+            .and_then(|()| write!(file, "{}", std::process::id()))
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+        Ok(Some(Self {
+            _file: file,
+            created,
+        }))
     }
 
-    /// The pid written in the lock of `state`, if any.
+    /// The pid the holder of `state`'s lock wrote in it, if readable.
     fn holder(state: &Path) -> Option<u32> {
         std::fs::read_to_string(Self::lock_path(state))
             .ok()?
@@ -226,12 +264,47 @@ impl StateLock {
     }
 }
 
-impl Drop for StateLock {
-    fn drop(&mut self) {
-        // Only our own lock: never one another process took over meanwhile.
-        let ours = std::process::id().to_string();
-        if std::fs::read_to_string(&self.path).is_ok_and(|s| s.trim() == ours) {
-            let _ = std::fs::remove_file(&self.path);
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fresh(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("tranche-lock-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir.join("state").join("ns.state")
+    }
+
+    /// Two first runs in a directory that does not exist yet: the first creates it
+    /// (private) and takes the lock, the second is refused.
+    #[test]
+    fn two_first_runs_get_one_lock() {
+        use std::os::unix::fs::PermissionsExt;
+        let state = fresh("first");
+        let dir = state.parent().unwrap().to_owned();
+        assert!(StateLock::acquire(&state, false).unwrap().is_none());
+        assert!(!dir.exists(), "a reader created the state directory");
+        let one = StateLock::acquire(&state, true).unwrap();
+        assert!(one.is_some());
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "{mode:o}");
+        assert!(StateLock::acquire(&state, true).unwrap().is_none());
+        assert_eq!(StateLock::holder(&state), Some(std::process::id()));
+        drop(one);
+        assert!(StateLock::acquire(&state, true).unwrap().is_some());
+        let _ = std::fs::remove_dir_all(dir.parent().unwrap());
+    }
+
+    /// A lock file left behind, naming a pid that may well be alive, is not a lock:
+    /// only a held `flock` is.
+    #[test]
+    fn a_left_lock_file_is_taken() {
+        let state = fresh("stale");
+        let dir = state.parent().unwrap().to_owned();
+        std::fs::create_dir_all(&dir).unwrap();
+        // Pid 1 is alive; under the old pid-file scheme this lock was never taken.
+        std::fs::write(StateLock::lock_path(&state), "1").unwrap();
+        assert!(StateLock::acquire(&state, false).unwrap().is_some());
+        assert_eq!(StateLock::holder(&state), Some(std::process::id()));
+        let _ = std::fs::remove_dir_all(dir.parent().unwrap());
     }
 }

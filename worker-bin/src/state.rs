@@ -24,6 +24,7 @@
 
 use std::fs::{self, File};
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -271,8 +272,8 @@ fn check_configs(
     Ok(())
 }
 
-/// Writes `state` to `path` atomically: a temporary file beside it, synced, renamed
-/// over it, and the directory synced. Returns the bytes written.
+/// Writes `state` to `path` atomically: a new private (0600) temporary file beside it,
+/// synced, renamed over it, and the directory synced. The caller holds the state lock. Returns the bytes written.
 pub(crate) fn save(path: &Path, state: &EmbeddedState) -> Result<u64, StateError> {
     let io = |source| StateError::Io {
         path: path.to_owned(),
@@ -293,7 +294,20 @@ pub(crate) fn save(path: &Path, state: &EmbeddedState) -> Result<u64, StateError
     let mut tmp_name = path.file_name().unwrap_or_default().to_owned();
     tmp_name.push(".tmp");
     let tmp = path.with_file_name(tmp_name);
-    let mut file = File::create(&tmp).map_err(io)?;
+    // Only the lock holder writes, so a temporary file left here is a crashed save's, or
+    // planted: remove the name (a symlink goes, never its target), then create it afresh
+    // and privately, refusing to follow a link or reuse a file someone raced in.
+    match fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
+        _ => {}
+    }
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(&tmp)
+        .map_err(io)?;
     file.write_all(&header).map_err(io)?;
     file.write_all(&payload).map_err(io)?;
     file.sync_all().map_err(io)?;
@@ -613,5 +627,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("2 shards") && err.contains("with 3"), "{err}");
+    }
+
+    /// A temporary file planted as a symlink is never followed: the link goes, its
+    /// target stays as it was, and the state is written to a new private file.
+    #[test]
+    fn a_planted_temporary_symlink_is_not_followed() {
+        use std::os::unix::fs::PermissionsExt;
+        let clock = Arc::new(ManualClock::new(T0));
+        let run = new_run(2, &clock);
+        let path = TempPath::new("symlink");
+        let victim = path.0.with_file_name("victim.txt");
+        fs::write(&victim, "precious").unwrap();
+        std::os::unix::fs::symlink(&victim, path.0.with_file_name("run.state.tmp")).unwrap();
+        run.save(&path.0).unwrap();
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
+        assert!(load(&path.0).unwrap().is_some());
+        let mode = fs::metadata(&path.0).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{mode:o}");
+        assert!(!path.0.with_file_name("run.state.tmp").exists());
     }
 }
