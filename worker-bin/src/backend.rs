@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use redis::AsyncCommands;
 use tranche_active_store::{
-    ActiveStore, Config as ActiveConfig, RedisActiveStore, RedisConnection,
+    ActiveStore, Config as ActiveConfig, RedisActiveStore, RedisConnection, TlsOptions,
 };
 use tranche_archive_store::{
     ArchiveQuery, Archiver, Compaction, Config as ArchiveConfig, Export, Import, RedisArchive,
@@ -102,23 +102,17 @@ impl Backend {
         {
             bail!("--shards must be between 1 and 1024, not {shards}");
         }
-        match &global.redis {
-            Some(url) => Self::open_redis(global, url, open, tuning).await,
+        match redis_url(global)? {
+            Some(url) => Self::open_redis(global, &url, open, tuning).await,
+            None if global.tls_ca.is_some() || global.tls_cert.is_some() => {
+                bail!("--tls-ca, --tls-cert and --tls-key need --redis with a rediss:// URL")
+            }
             None => Self::open_embedded(global, open, tuning).await,
         }
     }
 
     async fn open_redis(global: &Global, url: &str, open: Open, tuning: Tuning) -> Result<Self> {
-        let shown = redact(url);
-        if !["redis://", "rediss://", "redis+unix://", "unix://"]
-            .iter()
-            .any(|s| url.starts_with(s))
-        {
-            bail!("invalid --redis URL `{shown}`: expected redis://, rediss:// or unix://");
-        }
-        let conn = RedisConnection::connect(url)
-            .await
-            .map_err(|e| anyhow!("cannot connect to Redis at {shown}: {e}"))?;
+        let (conn, shown) = connect(global, url).await?;
         let ns = &global.namespace;
         // The shard count is part of the namespace: every key's name depends on it.
         let meta = KeySchema::new(ns, 1)?.meta();
@@ -209,6 +203,48 @@ impl Backend {
         match &self.place {
             Place::Redis { shown, .. } => shown.clone(),
             Place::Embedded(e) => e.path().display().to_string(),
+        }
+    }
+
+    /// Deletes the whole namespace: every key with its hash tags (`{ns}` and
+    /// `{ns:<shard>}`) on Redis, the state file embedded. Returns what was deleted (keys,
+    /// or 1 for the file). A cluster is refused: SCAN reaches one node only.
+    pub(crate) async fn drop_all(&self) -> Result<u64> {
+        match &self.place {
+            Place::Embedded(e) => {
+                e.delete()?;
+                Ok(1)
+            }
+            Place::Redis { conn, .. } if conn.is_cluster() => bail!(
+                "drop is not supported on Redis Cluster yet: delete the keys tagged {{{ns}}} and {{{ns}:<shard>}} on every master",
+                ns = self.namespace
+            ),
+            Place::Redis { conn, .. } => {
+                let mut deleted = 0;
+                // `{` is not special in a SCAN pattern, and a namespace has no ':'.
+                for pattern in [
+                    format!("{{{}}}:*", self.namespace),
+                    format!("{{{}:*", self.namespace),
+                ] {
+                    for keys in scan(conn, &pattern).await?.chunks(1000) {
+                        let mut c = conn.clone();
+                        let n: u64 = redis::cmd("UNLINK").arg(keys).query_async(&mut c).await?;
+                        deleted += n;
+                    }
+                }
+                Ok(deleted)
+            }
+        }
+    }
+
+    /// `discard --force`: replaces `pid`'s active record, whatever it holds, with a
+    /// discarded one (Redis; an embedded record always decodes, so `discard` suffices).
+    pub(crate) async fn force_discard(&self, pid: u64) -> Result<()> {
+        match &self.place {
+            Place::Redis { active, .. } => Ok(active.force_discard(pid).await?),
+            Place::Embedded(_) => bail!(
+                "--force is for a Redis record that cannot be read; an embedded one always can: use discard"
+            ),
         }
     }
 
@@ -340,11 +376,126 @@ async fn first_pid(active: &dyn ActiveStore) -> Result<u64> {
 }
 
 /// The embedded state file: `--state`, or `.tranche/<namespace>.state` here.
-fn state_path(global: &Global) -> PathBuf {
+pub(crate) fn state_path(global: &Global) -> PathBuf {
     global
         .state
         .clone()
         .unwrap_or_else(|| PathBuf::from(".tranche").join(format!("{}.state", global.namespace)))
+}
+
+/// The Redis URL: `--redis`, or the first line of `--redis-file`; `None` embedded.
+fn redis_url(global: &Global) -> Result<Option<String>> {
+    match (&global.redis, &global.redis_file) {
+        (Some(url), _) => Ok(Some(url.clone())),
+        (None, Some(path)) => read_url(path).map(Some),
+        (None, None) => Ok(None),
+    }
+}
+
+/// Connects to `url` with the TLS options of `global`; returns the connection and the
+/// URL with its password masked.
+async fn connect(global: &Global, url: &str) -> Result<(RedisConnection, String)> {
+    let shown = redact(url);
+    if !["redis://", "rediss://", "redis+unix://", "unix://"]
+        .iter()
+        .any(|s| url.starts_with(s))
+    {
+        bail!("invalid --redis URL `{shown}`: expected redis://, rediss:// or unix://");
+    }
+    let tls = TlsOptions::from_files(
+        global.tls_ca.as_deref(),
+        global.tls_cert.as_deref(),
+        global.tls_key.as_deref(),
+    )?;
+    if !tls.is_empty() && !url.starts_with("rediss://") {
+        bail!("--tls-ca, --tls-cert and --tls-key need a rediss:// URL, not `{shown}`");
+    }
+    let conn = RedisConnection::connect_with(url, &tls)
+        .await
+        .map_err(|e| {
+            let hint = if url.starts_with("rediss://") && e.is_timeout() {
+                " (a rediss:// URL needs a server speaking TLS on that port)"
+            } else {
+                ""
+            };
+            anyhow!("cannot connect to Redis at {shown}: {e}{hint}")
+        })?;
+    Ok((conn, shown))
+}
+
+/// The namespaces on the Redis of `global` (their `{ns}:meta` keys), or the state files
+/// beside the embedded state path, sorted. A cluster is refused: SCAN reaches one node.
+pub(crate) async fn namespace_names(global: &Global) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    match redis_url(global)? {
+        Some(url) => {
+            let (conn, _) = connect(global, &url).await?;
+            if conn.is_cluster() {
+                bail!(
+                    "listing namespaces is not supported on Redis Cluster yet (SCAN reaches one node)"
+                );
+            }
+            let keys = scan(&conn, "{*}:meta").await?;
+            names.extend(keys.iter().filter_map(|k| {
+                k.strip_prefix('{')?
+                    .strip_suffix("}:meta")
+                    .map(str::to_owned)
+            }));
+        }
+        None => {
+            let path = state_path(global);
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+                _ => PathBuf::from("."),
+            };
+            if let Ok(entries) = std::fs::read_dir(&dir) {
+                for entry in entries.flatten() {
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    if let Some(ns) = name.strip_suffix(".state") {
+                        names.push(ns.to_owned());
+                    }
+                }
+            }
+        }
+    }
+    names.sort();
+    names.dedup();
+    Ok(names)
+}
+
+/// Every key matching `pattern` on a standalone server, by SCAN.
+async fn scan(conn: &RedisConnection, pattern: &str) -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    let mut cursor = 0u64;
+    loop {
+        let mut c = conn.clone();
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut c)
+            .await?;
+        found.extend(keys);
+        if next == 0 {
+            return Ok(found);
+        }
+        cursor = next;
+    }
+}
+
+/// The Redis URL in `path`: its first line, trimmed. One line of error, never the URL.
+fn read_url(path: &std::path::Path) -> Result<String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow!("cannot read --redis-file {}: {e}", path.display()))?;
+    match text.lines().next().map(str::trim) {
+        Some(url) if !url.is_empty() => Ok(url.to_owned()),
+        _ => bail!(
+            "--redis-file {} holds no URL on its first line",
+            path.display()
+        ),
+    }
 }
 
 /// The URL with its password replaced, for messages and logs.

@@ -38,6 +38,38 @@ pub(crate) struct Global {
         value_name = "URL"
     )]
     pub(crate) redis: Option<String>,
+    /// Read the Redis URL from this file's first line instead (keeps a password out of
+    /// `ps` and of the environment).
+    #[arg(
+        long,
+        global = true,
+        env = "TRANCHE_REDIS_FILE",
+        value_name = "FILE",
+        conflicts_with = "redis"
+    )]
+    pub(crate) redis_file: Option<PathBuf>,
+    /// PEM file of CA certificates to verify a rediss:// server against, instead of the
+    /// system's roots.
+    #[arg(long, global = true, env = "TRANCHE_TLS_CA", value_name = "FILE")]
+    pub(crate) tls_ca: Option<PathBuf>,
+    /// PEM client certificate for servers that authenticate clients (with --tls-key).
+    #[arg(
+        long,
+        global = true,
+        env = "TRANCHE_TLS_CERT",
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(
+        long,
+        global = true,
+        env = "TRANCHE_TLS_KEY",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    pub(crate) tls_key: Option<PathBuf>,
     /// Namespace of the job; every key (or the state file's content) lives under it.
     #[arg(
         long,
@@ -64,7 +96,7 @@ pub(crate) enum Command {
     /// Cut an ID range into partitions and register it (a repeated plan is a no-op).
     Plan(PlanArgs),
     /// Claim partitions and process them until none is left.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Run an archiver alone: drain completed partitions into the archive.
     Archive(ArchiveArgs),
     /// Partition counts by state, the archive and the workers.
@@ -88,6 +120,26 @@ pub(crate) enum Command {
     },
     /// Registered workers and their last heartbeat.
     Workers,
+    /// Stop every worker of the namespace from claiming (running partitions finish)
+    /// until `resume` (Redis only).
+    Pause,
+    /// Let the workers of a paused namespace claim again.
+    Resume,
+    /// The namespace's plans: pids, ids, partition size, count, kind.
+    Plans,
+    /// Every namespace on the Redis (or beside the state file), with its size and state.
+    Namespaces,
+    /// A dashboard, a JSON API under /api/v1/ and Prometheus metrics on /metrics.
+    Serve(ServeArgs),
+    /// Delete the namespace and everything in it, for good.
+    Drop {
+        /// Yes, delete it.
+        #[arg(long)]
+        yes: bool,
+        /// Even while workers are alive.
+        #[arg(long)]
+        force: bool,
+    },
     /// Make failed partitions claimable again.
     RetryFailed {
         /// Only this partition (default: every failed one).
@@ -97,6 +149,10 @@ pub(crate) enum Command {
     Discard {
         /// The partition id.
         pid: u64,
+        /// Replace the partition's record whatever it holds, even one that does not
+        /// decode (Redis; the record is lost).
+        #[arg(long)]
+        force: bool,
     },
     /// Write the whole archive to a dump file (or JSON lines).
     Export(ExportArgs),
@@ -115,6 +171,22 @@ pub(crate) enum Command {
     },
     /// Evaluate the alert rules; exit non-zero naming each that fires.
     Health(HealthArgs),
+    /// Partitions by state, a page at a time: worker, attempt, checkpoint, lease expiry,
+    /// last error (every active state by default).
+    List {
+        /// Only partitions in this state (`--state` names the embedded state file).
+        #[arg(value_enum, value_name = "STATE")]
+        status: Option<crate::list::ListState>,
+        /// Only partitions this worker holds (or held).
+        #[arg(long, value_name = "ID")]
+        worker: Option<String>,
+        /// Partitions after this pid (the `next` of the previous page).
+        #[arg(long, value_name = "PID", default_value_t = 0)]
+        after: u64,
+        /// At most this many.
+        #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+        limit: u64,
+    },
     /// Records that can never be archived, set aside with the reason (per shard, oldest
     /// first).
     DeadLetters {
@@ -159,12 +231,12 @@ pub(crate) struct RunArgs {
     /// given rate (see --sim-latency, --sim-fail).
     #[arg(long)]
     pub(crate) simulate: bool,
-    /// Simulated chunk latency, uniform in MIN..MAX milliseconds.
-    #[arg(long, value_name = "MIN..MAX", default_value = "1..5", value_parser = parse_latency)]
-    pub(crate) sim_latency: (u64, u64),
-    /// Simulated chunk failure rate, 0..=1.
-    #[arg(long, value_name = "RATE", default_value_t = 0.0, value_parser = parse_rate)]
-    pub(crate) sim_fail: f64,
+    /// Simulated chunk latency, uniform in MIN..MAX milliseconds [default: 1..5].
+    #[arg(long, value_name = "MIN..MAX", value_parser = parse_latency)]
+    pub(crate) sim_latency: Option<(u64, u64)>,
+    /// Simulated chunk failure rate, 0..=1 [default: 0].
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    pub(crate) sim_fail: Option<f64>,
     /// Row IDs per chunk.
     #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) chunk: u64,
@@ -182,7 +254,8 @@ pub(crate) struct RunArgs {
     /// under a second, an eighth of it once they take longer).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=4096))]
     pub(crate) prefetch: Option<u32>,
-    /// This worker's id (default: host-pid).
+    /// This worker's id (default: host-N, N the lowest slot free on this host, so a
+    /// restarted worker takes its name back).
     #[arg(long, value_name = "ID")]
     pub(crate) worker_id: Option<String>,
     /// Lease length: a partition whose worker stops heartbeating is reclaimed after it.
@@ -209,6 +282,10 @@ pub(crate) struct RunArgs {
     /// Do not register this worker or send worker heartbeats.
     #[arg(long)]
     pub(crate) no_heartbeat: bool,
+    /// Serve this worker's own Prometheus metrics (partitions in flight, completed,
+    /// failed attempts, released, lost leases, partition durations) on ADDR/metrics.
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) metrics_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
     pub(crate) tiers: TierArgs,
     #[command(flatten)]
@@ -302,6 +379,23 @@ pub(crate) struct ExportArgs {
     pub(crate) jsonl: bool,
 }
 
+/// `serve`.
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// Address to listen on (beyond localhost, set --admin-token or stay read-only).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7878")]
+    pub(crate) listen: std::net::SocketAddr,
+    /// Token that actions (retry, discard, pause, resume) must present as
+    /// `Authorization: Bearer TOKEN`; without it the server is read-only.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "TRANCHE_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
+    pub(crate) admin_token: Option<String>,
+}
+
 /// `health`.
 #[derive(Debug, Args)]
 pub(crate) struct HealthArgs {
@@ -314,6 +408,12 @@ pub(crate) struct HealthArgs {
     /// Alert when worker update p99 exceeds this many milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 100.0)]
     pub(crate) max_update_p99_ms: f64,
+    /// Alert when more partitions than this have failed (out of attempts).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub(crate) max_failed: u64,
+    /// Alert when work is outstanding and nothing was archived for this long.
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
+    pub(crate) max_stall: Duration,
     /// Also recompute statistics from the archive (reads every record).
     #[arg(long)]
     pub(crate) check: bool,
@@ -362,6 +462,18 @@ fn parse_rate(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
         _ => Err(format!("`{s}` is not a rate between 0 and 1")),
+    }
+}
+
+impl HealthArgs {
+    /// The thresholds `health` uses when given no option (for `serve`).
+    pub(crate) fn defaults() -> Self {
+        #[derive(clap::Parser)]
+        struct Only {
+            #[command(flatten)]
+            health: HealthArgs,
+        }
+        <Only as clap::Parser>::parse_from(["health"]).health
     }
 }
 

@@ -5,7 +5,8 @@
 //! reaches tranche alone (which drains), never the chunks, and when the grace period is
 //! over the whole group is stopped (SIGTERM, then SIGKILL), grandchildren included, so
 //! no chunk outlives the lease it ran under. The child's environment is tranche's minus
-//! the variables tranche reads secrets from (`TRANCHE_REDIS_URL`: its password), plus
+//! the variables tranche reads secrets from (`TRANCHE_REDIS_URL`, and the files named by
+//! `TRANCHE_REDIS_FILE` and `TRANCHE_TLS_CERT`/`_KEY`), plus
 //! the chunk's variables.
 
 use std::future::Future;
@@ -20,8 +21,13 @@ use tokio::process::Command;
 const STDERR_TAIL: usize = 1024;
 
 /// Variables tranche reads a secret from, never passed to a chunk: the Redis URL may
-/// carry a password.
-const SECRETS: &[&str] = &["TRANCHE_REDIS_URL"];
+/// carry a password, and the others name the files that hold one or a private key.
+const SECRETS: &[&str] = &[
+    "TRANCHE_REDIS_URL",
+    "TRANCHE_REDIS_FILE",
+    "TRANCHE_TLS_CERT",
+    "TRANCHE_TLS_KEY",
+];
 
 /// How long a chunk's process group has between SIGTERM and SIGKILL once aborted.
 const KILL_AFTER: Duration = Duration::from_secs(2);
@@ -35,16 +41,26 @@ pub(crate) enum ChunkError {
     /// Our own shutdown stopped it (the grace period was over): not the chunk's fault,
     /// so the partition is released and the attempt given back.
     Interrupted,
+    /// The command itself cannot run: the shell said it is not found (exit 127) or not
+    /// executable (126). No retry can help, so the run stops at once instead of
+    /// spending every partition's attempts; the partition is released, its attempt
+    /// given back.
+    Broken(String),
 }
 
 /// One chunk: the IDs `from..=to` of partition `pid`, on attempt `attempt`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Chunk {
-    pub(crate) pid: u64,
-    pub(crate) index: u64,
-    pub(crate) from: u64,
-    pub(crate) to: u64,
-    pub(crate) attempt: u32,
+pub struct Chunk {
+    /// The partition.
+    pub pid: u64,
+    /// The chunk's number within the partition, from 0.
+    pub index: u64,
+    /// First row ID of the chunk.
+    pub from: u64,
+    /// Last row ID of the chunk (inclusive).
+    pub to: u64,
+    /// The partition's attempt, from 1.
+    pub attempt: u32,
 }
 
 /// How chunks are processed.
@@ -54,6 +70,8 @@ pub(crate) enum Job {
     Exec(String),
     /// Sleep uniformly in `latency` ms, fail with probability `fail`.
     Simulate { latency: (u64, u64), fail: f64 },
+    /// A library user's handler ([`crate::runner::Handler`]).
+    Handler(crate::runner::HandlerRef),
 }
 
 impl Job {
@@ -67,6 +85,17 @@ impl Job {
         match self {
             // Boxed: a child process's state would make every chunk's future that big.
             Job::Exec(cmd) => Box::pin(exec(cmd, chunk, abort)).await,
+            Job::Handler(handler) => {
+                let handler = handler.0.clone();
+                tokio::select! {
+                    r = handler.process(chunk) => r.map_err(|err| ChunkError::Failed(format!(
+                        "chunk {} ({}..={}) failed: {err}",
+                        chunk.index, chunk.from, chunk.to
+                    ))),
+                    // The handler's future is dropped: see `runner`.
+                    () = abort => Err(ChunkError::Interrupted),
+                }
+            }
             Job::Simulate { latency, fail } => {
                 let (ms, failed) = {
                     let mut rng = rand::rng();
@@ -169,6 +198,18 @@ async fn exec(cmd: &str, chunk: Chunk, abort: impl Future<Output = ()>) -> Resul
     let tail = String::from_utf8_lossy(&tail[tail.len().saturating_sub(STDERR_TAIL)..]);
     let tail = tail.trim();
     let how = match status.code() {
+        Some(code @ (126 | 127)) => {
+            let what = if code == 127 {
+                "not found"
+            } else {
+                "not executable"
+            };
+            return Err(ChunkError::Broken(if tail.is_empty() {
+                format!("`{cmd}` cannot run: exit status {code} (command {what})")
+            } else {
+                format!("`{cmd}` cannot run: exit status {code} (command {what}): {tail}")
+            }));
+        }
         Some(code) => format!("exit status {code}"),
         None => "killed by a signal".to_owned(),
     };

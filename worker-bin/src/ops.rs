@@ -10,7 +10,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tranche_active_store::{Config as ActiveConfig, Plan, PlanEntry, StatusCounts};
 use tranche_archive_store::{Dump, DumpPlan, Snapshots};
-use tranche_codec::{KeySchema, Status};
+use tranche_codec::KeySchema;
 use tranche_stats::{Stats, StatsDelta, diff};
 
 use crate::backend::{Backend, Open, Tuning};
@@ -19,6 +19,7 @@ use crate::cli::{
 };
 use crate::job::Job;
 use crate::render;
+use crate::slot;
 use crate::work::until;
 use crate::work::{self, Settings, Stop};
 
@@ -45,7 +46,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             )
             .await
         }
-        Command::Run(args) => run(g, args).await,
+        Command::Run(args) => run(g, *args).await,
         Command::Archive(args) => archive(g, args).await,
         Command::Status(args) => {
             status(
@@ -84,12 +85,31 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             print!("{}", render::stats(&merged, json)?);
             Ok(Outcome::Success)
         }
+        Command::List {
+            status,
+            worker,
+            after,
+            limit,
+        } => {
+            let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+            let page =
+                crate::list::page(&backend, status, worker.as_deref(), after, limit as usize)
+                    .await?;
+            print!("{}", crate::list::render(&page, json));
+            Ok(Outcome::Success)
+        }
         Command::DeadLetters { limit } => {
             let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
             let dead = backend.archive.dead_letters(limit).await?;
             print!("{}", render::dead_letters(&dead, json));
             Ok(Outcome::Success)
         }
+        Command::Pause => crate::namespace::set_paused(g, true).await,
+        Command::Resume => crate::namespace::set_paused(g, false).await,
+        Command::Plans => crate::namespace::plans(g).await,
+        Command::Namespaces => crate::namespace::list(g).await,
+        Command::Serve(args) => crate::serve::serve(g, args).await,
+        Command::Drop { yes, force } => crate::namespace::drop(g, yes, force).await,
         Command::Workers => {
             let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
             let workers = backend.active.workers().await?;
@@ -107,12 +127,18 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             println!("{} failed partition(s) pending again", pids.len());
             Ok(Outcome::Success)
         }
-        Command::Discard { pid } => {
+        Command::Discard { pid, force: true } => {
+            let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+            backend.force_discard(pid).await?;
+            println!("partition {pid} discarded (its record replaced)");
+            Ok(Outcome::Success)
+        }
+        Command::Discard { pid, force: false } => {
             let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
             backend.ensure_writable()?;
             if !backend.active.discard(pid).await? {
                 bail!(
-                    "partition {pid} is not pending or failed (claimed, completed or unknown): nothing discarded"
+                    "partition {pid} is not pending or failed (claimed, completed, discarded or unknown): nothing discarded"
                 );
             }
             backend.save().await?;
@@ -158,7 +184,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
 /// chunks' process groups are stopped and their partitions released); a second aborts
 /// at once, through the same path, so leases are released and locks dropped before
 /// the exit; one more exits on the spot.
-fn signals(grace: Duration) -> Result<watch::Receiver<Stop>> {
+pub(crate) fn signals(grace: Duration) -> Result<watch::Receiver<Stop>> {
     let (tx, rx) = watch::channel(Stop::Running);
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
@@ -252,10 +278,12 @@ async fn plan(backend: &Backend, args: &PlanArgs, json: bool) -> Result<Outcome>
 }
 
 async fn run(g: &crate::cli::Global, args: RunArgs) -> Result<Outcome> {
+    // Held until `run` returns: a restart takes the same name back (see `slot`).
+    let mut slot = None;
     let worker = args
         .worker_id
         .clone()
-        .unwrap_or_else(|| format!("{}-{}", work::hostname(), std::process::id()));
+        .unwrap_or_else(|| slot::default_name("worker", &mut slot));
     let active = ActiveConfig {
         lease: args.lease,
         max_attempts: args.max_attempts,
@@ -264,6 +292,9 @@ async fn run(g: &crate::cli::Global, args: RunArgs) -> Result<Outcome> {
     };
     if args.lease < Duration::from_millis(300) {
         bail!("--lease must be at least 300ms");
+    }
+    if !args.simulate && (args.sim_fail.is_some() || args.sim_latency.is_some()) {
+        bail!("--sim-fail and --sim-latency only shape --simulate; they do nothing with --exec");
     }
     let tuning = Tuning {
         active,
@@ -279,8 +310,8 @@ async fn run(g: &crate::cli::Global, args: RunArgs) -> Result<Outcome> {
         (None, true) => {
             tracing::warn!("SIMULATED load: chunks sleep and fail at random; nothing is processed");
             Job::Simulate {
-                latency: args.sim_latency,
-                fail: args.sim_fail,
+                latency: args.sim_latency.unwrap_or((1, 5)),
+                fail: args.sim_fail.unwrap_or(0.0),
             }
         }
         _ => bail!("give exactly one of --exec CMD or --simulate"),
@@ -295,12 +326,14 @@ async fn run(g: &crate::cli::Global, args: RunArgs) -> Result<Outcome> {
         prefetch: args.prefetch.map(|p| p as usize),
         worker,
         lease: args.lease,
+        max_attempts: args.max_attempts,
         follow: args.follow,
         reaper: !args.no_reaper,
         archiver: !args.no_archiver,
         heartbeat: !args.no_heartbeat,
         snapshots: args.snapshots.policy(),
         save_every: Duration::from_secs(2),
+        metrics: args.metrics_listen,
     };
     let memory_before = backend.used_memory().await;
     let report = work::run(&backend, settings, stop).await?;
@@ -318,6 +351,11 @@ async fn run(g: &crate::cli::Global, args: RunArgs) -> Result<Outcome> {
         "{}",
         render::run_summary(&report, stats.as_ref(), archive_bytes.as_ref())
     );
+    if let Some(reason) = report.broken {
+        return Ok(Outcome::Failed(format!(
+            "{reason}; stopped before spending any attempt (its partitions are pending again)"
+        )));
+    }
     if report.interrupted {
         return Ok(Outcome::Interrupted);
     }
@@ -332,7 +370,7 @@ async fn run(g: &crate::cli::Global, args: RunArgs) -> Result<Outcome> {
 
 /// How long an archiver's unacknowledged inbox entries must sit before another takes
 /// them over. `TRANCHE_ARCHIVE_CLAIM_IDLE` shortens it for tests and demos.
-fn claim_idle() -> Duration {
+pub(crate) fn claim_idle() -> Duration {
     std::env::var("TRANCHE_ARCHIVE_CLAIM_IDLE")
         .ok()
         .and_then(|s| crate::cli::parse_duration(&s).ok())
@@ -353,9 +391,10 @@ async fn archive(g: &crate::cli::Global, args: ArchiveArgs) -> Result<Outcome> {
         tiers,
         snapshots,
     } = args;
+    let mut slot = None;
     let tuning = Tuning {
         tiers: Some(tiers),
-        consumer: format!("archiver-{}-{}", work::hostname(), std::process::id()),
+        consumer: format!("archiver-{}", slot::default_name("archiver", &mut slot)),
         claim_idle: claim_idle(),
         ..Tuning::default()
     };
@@ -387,6 +426,29 @@ async fn archive(g: &crate::cli::Global, args: ArchiveArgs) -> Result<Outcome> {
     })
 }
 
+/// What `status` shows, read in O(shards).
+pub(crate) async fn status_of(backend: &Backend) -> Result<render::Status> {
+    Ok(render::Status {
+        namespace: backend.namespace.clone(),
+        location: backend.location(),
+        shards: backend.shards,
+        total: crate::progress::total_partitions(backend.active.as_ref()).await?,
+        counts: backend.active.counts().await?,
+        archived: backend.stats.summary().await?.global_stats.total_completed,
+        inbox: backend.inbox_len().await?,
+        workers: backend
+            .active
+            .workers()
+            .await?
+            .iter()
+            .filter(|w| w.active)
+            .count(),
+        decode_failures: backend.archive.decode_failures().await?,
+        dead_letters: backend.archive.dead_letter_count().await?,
+        paused: backend.active.is_paused().await?,
+    })
+}
+
 async fn status(backend: &Backend, args: &StatusArgs, json: bool) -> Result<Outcome> {
     let stop = if args.watch {
         Some(signals(Duration::ZERO)?)
@@ -394,30 +456,21 @@ async fn status(backend: &Backend, args: &StatusArgs, json: bool) -> Result<Outc
         None
     };
     loop {
-        let status = render::Status {
-            namespace: backend.namespace.clone(),
-            location: backend.location(),
-            shards: backend.shards,
-            total: crate::progress::total_partitions(backend.active.as_ref()).await?,
-            counts: backend.active.counts().await?,
-            archived: backend.stats.summary().await?.global_stats.total_completed,
-            inbox: backend.inbox_len().await?,
-            workers: backend
-                .active
-                .workers()
-                .await?
-                .iter()
-                .filter(|w| w.active)
-                .count(),
-            decode_failures: backend.archive.decode_failures().await?,
-        };
+        let status = status_of(backend).await?;
         let out = render::status(&status, json);
         let Some(stop) = &stop else {
             print!("{out}");
             return Ok(Outcome::Success);
         };
-        // Clear the screen and redraw, as `watch` does.
-        print!("\x1b[2J\x1b[H{out}");
+        if json {
+            // One JSON object per line and refresh: a stream a program can read.
+            use std::io::Write;
+            print!("{out}");
+            let _ = std::io::stdout().flush();
+        } else {
+            // Clear the screen and redraw, as `watch` does.
+            print!("\x1b[2J\x1b[H{out}");
+        }
         let mut s = stop.clone();
         tokio::select! {
             () = until(&mut s, |s| *s != Stop::Running) => return Ok(Outcome::Success),
@@ -445,14 +498,25 @@ async fn export(backend: &Backend, args: &ExportArgs) -> Result<Outcome> {
     } else {
         dump.to_bytes()?
     };
-    write_atomically(&args.output, &bytes)?;
-    println!(
+    let summary = format!(
         "exported {} records in {} batches to {} ({} bytes)",
         dump.entries(),
         dump.batches.len(),
         args.output.display(),
         bytes.len()
     );
+    if args.output == Path::new("-") {
+        // The dump is the output: the summary goes to stderr.
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        out.write_all(&bytes)
+            .and_then(|()| out.flush())
+            .context("cannot write to stdout")?;
+        eprintln!("{summary}");
+    } else {
+        write_atomically(&args.output, &bytes)?;
+        println!("{summary}");
+    }
     Ok(Outcome::Success)
 }
 
@@ -583,13 +647,7 @@ async fn check_counts(backend: &Backend, repair: bool) -> Result<Vec<tranche_sta
         ..StatusCounts::default()
     };
     for p in &snapshot.partitions {
-        match p.status {
-            Status::Pending => counted.pending += 1,
-            Status::Claimed => counted.claimed += 1,
-            Status::Running => counted.running += 1,
-            Status::Failed => counted.failed += 1,
-            Status::Completed => {}
-        }
+        counted.add(p.status);
     }
     let differences: Vec<_> = [
         ("unissued", counted.unissued, kept.unissued),
@@ -597,6 +655,7 @@ async fn check_counts(backend: &Backend, repair: bool) -> Result<Vec<tranche_sta
         ("claimed", counted.claimed, kept.claimed),
         ("running", counted.running, kept.running),
         ("failed", counted.failed, kept.failed),
+        ("discarded", counted.discarded, kept.discarded),
     ]
     .into_iter()
     .filter(|(_, want, got)| want != got)
@@ -628,11 +687,44 @@ async fn check(backend: &Backend, repair: bool, json: bool) -> Result<Outcome> {
 }
 
 async fn health(backend: &Backend, args: &HealthArgs, json: bool) -> Result<Outcome> {
+    let rules = health_rules(backend, args).await?;
+    print!("{}", render::health(&rules, json));
+    let firing: Vec<&str> = rules
+        .iter()
+        .filter(|r| r.firing())
+        .map(|r| r.name)
+        .collect();
+    if firing.is_empty() {
+        Ok(Outcome::Success)
+    } else {
+        Ok(Outcome::Failed(format!(
+            "alert firing: {}",
+            firing.join(", ")
+        )))
+    }
+}
+
+/// Every alert rule with its reading, in O(shards) (plus a full check with `--check`).
+pub(crate) async fn health_rules(
+    backend: &Backend,
+    args: &HealthArgs,
+) -> Result<Vec<render::Rule>> {
     let counts = backend.active.counts().await?;
     let inbox = backend.inbox_len().await?;
     let stats = backend.stats.summary().await?;
     let failures = backend.archive.decode_failures().await?;
+    let dead_letters = backend.archive.dead_letter_count().await?;
     let workers = backend.active.workers().await?;
+    let live = workers.iter().filter(|w| w.active).count();
+    let outstanding = counts.outstanding();
+    // Minutes since anything was last archived, while work is outstanding; 0 when the
+    // job is done or has not archived anything yet (then `outstanding_no_worker` tells).
+    let last = stats.global_stats.last_updated;
+    let stalled_min = if outstanding > 0 && last > 0.0 {
+        ((work::now_ms() as f64 / 1000.0 - last) / 60.0).max(0.0)
+    } else {
+        0.0
+    };
     let mut rules = vec![
         render::Rule::new(
             "active_partitions",
@@ -654,6 +746,22 @@ async fn health(backend: &Backend, args: &HealthArgs, json: bool) -> Result<Outc
                 .fold(0.0, f64::max),
             args.max_update_p99_ms,
         ),
+        render::Rule::new(
+            "failed_partitions",
+            counts.failed as f64,
+            args.max_failed as f64,
+        ),
+        render::Rule::new(
+            "outstanding_no_worker",
+            if live == 0 { outstanding as f64 } else { 0.0 },
+            0.0,
+        ),
+        render::Rule::new(
+            "stalled_minutes",
+            stalled_min,
+            args.max_stall.as_secs_f64() / 60.0,
+        ),
+        render::Rule::new("dead_letters", dead_letters as f64, 0.0),
     ];
     if args.check {
         let (differences, _) = check_stats(backend, false).await?;
@@ -663,31 +771,27 @@ async fn health(backend: &Backend, args: &HealthArgs, json: bool) -> Result<Outc
             0.0,
         ));
     }
-    print!("{}", render::health(&rules, json));
-    let firing: Vec<&str> = rules
-        .iter()
-        .filter(|r| r.firing())
-        .map(|r| r.name)
-        .collect();
-    if firing.is_empty() {
-        Ok(Outcome::Success)
-    } else {
-        Ok(Outcome::Failed(format!(
-            "alert firing: {}",
-            firing.join(", ")
-        )))
-    }
+    Ok(rules)
 }
 
-/// Writes `bytes` to `path` through a temporary file and a rename, so a reader never
-/// sees half a file.
+/// Writes `bytes` to `path` through a new temporary file beside it, synced, renamed
+/// over it, and the directory synced, so a reader never sees half a file and a crash
+/// never loses a finished one. The directory must exist: a mistyped path is an error,
+/// not a tree of new directories.
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    if !dir.is_dir() {
+        bail!(
+            "cannot write {}: directory {} does not exist",
+            path.display(),
+            dir.display()
+        );
+    }
     let tmp = dir.join(format!(
         ".{}.tmp{}",
         path.file_name()
@@ -695,11 +799,20 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
             .unwrap_or("tranche"),
         std::process::id()
     ));
-    let mut f =
-        std::fs::File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(&tmp)
         .with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    let written = f
+        .write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .and_then(|()| std::fs::File::open(dir)?.sync_all());
+    if let Err(err) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(err).with_context(|| format!("cannot write {}", path.display()));
+    }
     Ok(())
 }

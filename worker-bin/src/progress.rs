@@ -1,6 +1,12 @@
-//! Progress of a run: a bar on a terminal (partitions done / total, rate, ETA,
-//! failures), plain periodic log lines otherwise. It shows the whole namespace, not
-//! just this process: with many workers every bar tells the same story.
+//! Progress of a run: a bar on a terminal, plain periodic log lines otherwise.
+//!
+//! The bar shows the whole namespace (with many workers every bar tells the same
+//! story), but the rate and the ETA are this run's own: completions since it started,
+//! over the time since it started, so a resumed job does not count earlier partitions
+//! as this run's. No rate or ETA is shown before this run finished anything. When
+//! nothing can be done it says why (paused; partitions held by other or departed
+//! workers). The last frame stays where the run stopped: an interrupted run does not
+//! draw a full bar.
 
 use std::io::IsTerminal;
 use std::sync::Arc;
@@ -20,35 +26,71 @@ pub(crate) struct Progress {
     bar: Option<ProgressBar>,
     task: JoinHandle<()>,
     total: u64,
+    clock: RunClock,
+}
+
+/// This run's own progress: where the namespace stood when it started.
+#[derive(Debug, Clone, Copy)]
+struct RunClock {
+    started: Instant,
+    done_at_start: u64,
+}
+
+impl RunClock {
+    /// Partitions per second finished since this run started; `None` before the first.
+    fn rate(&self, done: u64) -> Option<f64> {
+        let finished = done.saturating_sub(self.done_at_start);
+        let secs = self.started.elapsed().as_secs_f64();
+        (finished > 0 && secs > 0.0).then(|| finished as f64 / secs)
+    }
 }
 
 impl Progress {
     /// Starts reporting until `done` turns true.
     pub(crate) async fn start(backend: &Backend, done: watch::Receiver<bool>) -> Result<Self> {
         let total = total_partitions(backend.active.as_ref()).await?;
+        let counts = backend.active.counts().await?;
+        let clock = RunClock {
+            started: Instant::now(),
+            done_at_start: finished(total, &counts),
+        };
         let bar = std::io::stderr().is_terminal().then(|| {
-            let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr_with_hz(4));
+            let bar =
+                ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr_with_hz(4));
             bar.set_style(
                 ProgressStyle::with_template(
-                    "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} partitions  {per_sec}  ETA {eta}  {msg}",
+                    "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} partitions  {msg}",
                 )
                 .expect("valid template"),
             );
+            bar.set_position(clock.done_at_start);
             bar
         });
-        let task = tokio::spawn(report(backend.active.clone(), bar.clone(), total, done));
-        Ok(Self { bar, task, total })
+        let task = tokio::spawn(report(
+            backend.active.clone(),
+            bar.clone(),
+            total,
+            clock,
+            done,
+        ));
+        Ok(Self {
+            bar,
+            task,
+            total,
+            clock,
+        })
     }
 
-    /// Draws the final state.
+    /// Draws the final state: where the namespace stands, not a full bar.
     pub(crate) fn finish(self, counts: &StatusCounts) {
         self.task.abort();
-        let done = done(self.total, counts);
+        let done = finished(self.total, counts);
         match self.bar {
             Some(bar) => {
                 bar.set_position(done);
-                bar.set_message(message(counts));
-                bar.finish();
+                bar.set_message(message(counts, self.total, done, &self.clock, false));
+                // `abandon` keeps the position; `finish` would fill the bar.
+                bar.abandon();
             }
             None => tracing::info!(
                 done,
@@ -64,6 +106,7 @@ async fn report(
     active: Arc<dyn ActiveStore>,
     bar: Option<ProgressBar>,
     mut total: u64,
+    clock: RunClock,
     mut stop: watch::Receiver<bool>,
 ) {
     let every = if bar.is_some() {
@@ -71,8 +114,6 @@ async fn report(
     } else {
         Duration::from_secs(10)
     };
-    let started = Instant::now();
-    let mut first: Option<u64> = None;
     loop {
         tokio::select! {
             () = until(&mut stop, |d| *d) => return,
@@ -85,39 +126,72 @@ async fn report(
         let Ok(counts) = active.counts().await else {
             continue;
         };
-        let done = done(total, &counts);
+        let paused = active.is_paused().await.unwrap_or(false);
+        let done = finished(total, &counts);
+        let msg = message(&counts, total, done, &clock, paused);
         match &bar {
             Some(bar) => {
                 bar.set_length(total);
                 bar.set_position(done);
-                bar.set_message(message(&counts));
+                bar.set_message(msg);
             }
-            None => {
-                let base = *first.get_or_insert(done);
-                let rate = (done - base.min(done)) as f64 / started.elapsed().as_secs_f64();
-                tracing::info!(
-                    done,
-                    total,
-                    running = counts.claimed + counts.running,
-                    failed = counts.failed,
-                    rate = format!("{rate:.1}/s"),
-                    "progress"
-                );
-            }
+            None => tracing::info!(done, total, "progress: {msg}"),
         }
     }
 }
 
-fn message(counts: &StatusCounts) -> String {
-    let mut msg = format!("{} running", counts.claimed + counts.running);
-    if counts.failed > 0 {
-        msg.push_str(&format!(", {} failed", counts.failed));
+/// Rate and ETA of this run, the namespace's running and failed partitions, and why
+/// nothing moves when nothing can.
+fn message(counts: &StatusCounts, total: u64, done: u64, clock: &RunClock, paused: bool) -> String {
+    let mut parts = Vec::new();
+    match clock.rate(done) {
+        Some(rate) => {
+            let left = total.saturating_sub(done + counts.failed + counts.discarded);
+            parts.push(format!("{} (this run)", per_second(rate)));
+            if left > 0 {
+                parts.push(format!("ETA {}", eta(left as f64 / rate)));
+            }
+        }
+        None => parts.push("-/s".to_owned()),
     }
-    msg
+    parts.push(format!("{} running", counts.claimed + counts.running));
+    if counts.failed > 0 {
+        parts.push(format!("{} failed", counts.failed));
+    }
+    if paused {
+        parts.push("PAUSED: waiting for `tranche resume`".to_owned());
+    } else if counts.unissued + counts.pending == 0 && counts.claimed + counts.running > 0 {
+        parts.push(format!(
+            "waiting: the last {} held by running or departed workers (a departed worker's lease expires)",
+            counts.claimed + counts.running
+        ));
+    }
+    parts.join("  ")
+}
+
+/// `12.3/s`, `1523/s`, `0.25/s`: three significant figures at most.
+fn per_second(rate: f64) -> String {
+    if rate >= 100.0 {
+        format!("{rate:.0}/s")
+    } else if rate >= 10.0 {
+        format!("{rate:.1}/s")
+    } else {
+        format!("{rate:.2}/s")
+    }
+}
+
+/// `45s`, `12m 5s`, `3h 20m`.
+fn eta(secs: f64) -> String {
+    let s = secs.round() as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m {}s", s / 60, s % 60),
+        _ => format!("{}h {}m", s / 3600, s % 3600 / 60),
+    }
 }
 
 /// Partitions finished (completed or discarded): planned minus still active.
-fn done(total: u64, counts: &StatusCounts) -> u64 {
+fn finished(total: u64, counts: &StatusCounts) -> u64 {
     total.saturating_sub(counts.outstanding() + counts.failed)
 }
 
@@ -129,4 +203,48 @@ pub(crate) async fn total_partitions(active: &dyn ActiveStore) -> Result<u64> {
         .iter()
         .map(|p| p.plan.partitions())
         .fold(0u64, u64::saturating_add))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(unissued: u64, pending: u64, running: u64, failed: u64) -> StatusCounts {
+        StatusCounts {
+            unissued,
+            pending,
+            running,
+            failed,
+            ..StatusCounts::default()
+        }
+    }
+
+    #[test]
+    fn the_rate_is_this_runs_and_absent_before_its_first() {
+        let clock = RunClock {
+            started: Instant::now() - Duration::from_secs(10),
+            done_at_start: 50,
+        };
+        // Resumed at 50 of 200: nothing finished by this run yet.
+        let msg = message(&counts(100, 0, 50, 0), 200, 50, &clock, false);
+        assert!(msg.starts_with("-/s  50 running"), "{msg}");
+        assert!(!msg.contains("ETA"), "{msg}");
+        // 20 more in 10 s: 2/s, not 7/s; 130 left take about 65 s.
+        let msg = message(&counts(80, 0, 50, 0), 200, 70, &clock, false);
+        assert!(msg.starts_with("2.00/s (this run)  ETA 1m 5s"), "{msg}");
+    }
+
+    #[test]
+    fn it_says_why_nothing_moves() {
+        let clock = RunClock {
+            started: Instant::now(),
+            done_at_start: 0,
+        };
+        let msg = message(&counts(0, 0, 2, 0), 20, 18, &clock, false);
+        assert!(msg.contains("waiting: the last 2 held by"), "{msg}");
+        let msg = message(&counts(5, 0, 0, 0), 20, 15, &clock, true);
+        assert!(msg.contains("PAUSED"), "{msg}");
+        assert_eq!(eta(3725.0), "1h 2m");
+        assert_eq!(per_second(1523.4), "1523/s");
+    }
 }

@@ -46,19 +46,25 @@ pub(crate) struct Status {
     pub(crate) inbox: u64,
     pub(crate) workers: usize,
     pub(crate) decode_failures: u64,
+    pub(crate) dead_letters: u64,
+    pub(crate) paused: bool,
 }
 
 /// `status`.
 pub(crate) fn status(s: &Status, json: bool) -> String {
     let c = &s.counts;
-    let finished = s.total.saturating_sub(c.outstanding() + c.failed);
+    // Completed: neither outstanding nor given up (failed or discarded).
+    let finished = s
+        .total
+        .saturating_sub(c.outstanding() + c.failed + c.discarded);
     if json {
         return line(json!({
             "namespace": s.namespace, "location": s.location, "shards": s.shards,
             "partitions": s.total, "finished": finished, "archived": s.archived,
             "unissued": c.unissued, "pending": c.pending, "claimed": c.claimed,
-            "running": c.running, "failed": c.failed, "inbox": s.inbox,
+            "running": c.running, "failed": c.failed, "discarded": c.discarded, "inbox": s.inbox,
             "active_workers": s.workers, "decode_failures": s.decode_failures,
+            "dead_letters": s.dead_letters, "paused": s.paused,
         }));
     }
     let pct = if s.total == 0 {
@@ -69,8 +75,15 @@ pub(crate) fn status(s: &Status, json: bool) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "namespace  {} on {} ({} shards)",
-        s.namespace, s.location, s.shards
+        "namespace  {} on {} ({} shards){}",
+        s.namespace,
+        s.location,
+        s.shards,
+        if s.paused {
+            ", PAUSED (`tranche resume`)"
+        } else {
+            ""
+        }
     );
     let _ = writeln!(
         out,
@@ -83,11 +96,22 @@ pub(crate) fn status(s: &Status, json: bool) -> String {
     let _ = writeln!(out, "  claimed   {:>12}", c.claimed);
     let _ = writeln!(out, "  running   {:>12}", c.running);
     let _ = writeln!(out, "  failed    {:>12}", c.failed);
+    let _ = writeln!(out, "  discarded {:>12}", c.discarded);
     let _ = writeln!(out, "  archived  {:>12}", s.archived);
     let _ = writeln!(out, "  inbox     {:>12}", s.inbox);
     let _ = writeln!(out);
     let _ = writeln!(out, "workers    {} active", s.workers);
     let _ = writeln!(out, "decode failures {}", s.decode_failures);
+    let _ = writeln!(
+        out,
+        "dead letters    {}{}",
+        s.dead_letters,
+        if s.dead_letters > 0 {
+            " (`tranche dead-letters` lists them)"
+        } else {
+            ""
+        }
+    );
     out
 }
 
@@ -162,34 +186,74 @@ pub(crate) fn located(l: &Located, json: bool) -> String {
     out
 }
 
-fn view_json(pid: u64, view: &PartitionView) -> Value {
+/// The one JSON shape of a partition, whatever the layer that answers for it: every
+/// field is always there (null when that layer does not know it), times as RFC 3339
+/// strings beside their `_ms` integers. `list` and `locate` use it too.
+pub(crate) fn view_json(pid: u64, view: &PartitionView) -> Value {
+    let mut v = json!({
+        "pid": pid, "status": "unknown", "layer": null, "min_id": null, "max_id": null,
+        "worker": null, "attempt": null, "checkpoint": null,
+        "lease_deadline": null, "lease_deadline_ms": null, "updated_at": null, "updated_at_ms": null,
+        "last_error": null, "completed_at": null, "completed_at_ms": null, "duration_ms": null,
+        "tier": null, "cause": null, "range_summary": null,
+    });
+    let ts = |ms: Option<u64>| ms.map(rfc3339);
     match view {
-        PartitionView::Active(p) => json!({"pid": pid, "layer": "active", "partition": p}),
+        PartitionView::Active(p) => {
+            v["status"] = json!(p.status.as_str());
+            v["layer"] = json!("active");
+            v["min_id"] = json!(p.min_id);
+            v["max_id"] = json!(p.max_id);
+            v["worker"] = json!(p.worker);
+            v["attempt"] = json!(p.attempts);
+            v["checkpoint"] = json!(p.progress);
+            v["lease_deadline"] = json!(ts(p.deadline_ms));
+            v["lease_deadline_ms"] = json!(p.deadline_ms);
+            v["updated_at"] = json!(rfc3339(p.updated_at_ms));
+            v["updated_at_ms"] = json!(p.updated_at_ms);
+            v["last_error"] = json!(p.last_error);
+        }
         PartitionView::Archived { record, tier } => {
-            json!({"pid": pid, "layer": "archive", "tier": tier.as_str(), "record": record_json(record)})
+            completed_fields(&mut v, record);
+            v["layer"] = json!("archive");
+            v["tier"] = json!(tier.as_str());
         }
         PartitionView::Archiving { range, .. } => {
-            json!({"pid": pid, "layer": "inbox", "status": "archiving", "min_id": range.start(), "max_id": range.end()})
+            v["status"] = json!("archiving");
+            v["layer"] = json!("inbox");
+            v["min_id"] = json!(range.start());
+            v["max_id"] = json!(range.end());
         }
         PartitionView::Summarised {
             range,
             cause,
             summary,
             ..
-        } => json!({
-            "pid": pid, "layer": "stats", "min_id": range.start(), "max_id": range.end(),
-            "cause": match cause { Fallback::Expired => "expired".to_owned(), Fallback::Undecodable { detail } => format!("undecodable: {detail}")},
-            "range_summary": summary,
-        }),
-        PartitionView::Unknown => json!({"pid": pid, "layer": null, "status": "unknown"}),
+        } => {
+            v["status"] = json!("completed");
+            v["layer"] = json!("stats");
+            v["min_id"] = json!(range.start());
+            v["max_id"] = json!(range.end());
+            v["cause"] = json!(match cause {
+                Fallback::Expired => "expired".to_owned(),
+                Fallback::Undecodable { detail } => format!("undecodable: {detail}"),
+            });
+            v["range_summary"] = json!(summary);
+        }
+        PartitionView::Unknown => {}
     }
+    v
 }
 
-fn record_json(r: &CompletedRecord) -> Value {
-    json!({
-        "pid": r.pid, "min_id": r.min_id, "max_id": r.max_id, "worker": &*r.worker,
-        "completed_at_ms": r.completed_at_ms, "duration_ms": r.duration_ms,
-    })
+/// The fields of a completed record in the shape of [`view_json`].
+pub(crate) fn completed_fields(v: &mut Value, r: &CompletedRecord) {
+    v["status"] = json!("completed");
+    v["min_id"] = json!(r.min_id);
+    v["max_id"] = json!(r.max_id);
+    v["worker"] = json!(&*r.worker);
+    v["completed_at"] = json!(rfc3339(r.completed_at_ms));
+    v["completed_at_ms"] = json!(r.completed_at_ms);
+    v["duration_ms"] = json!(r.duration_ms);
 }
 
 fn partition(out: &mut String, p: &Partition) {
@@ -678,7 +742,7 @@ pub(crate) fn health(rules: &[Rule], json: bool) -> String {
 /// Text that came from Redis (worker ids, errors, records) as it may reach a terminal:
 /// control characters escaped (`\u{1b}`), so stored text can never retitle, recolour
 /// or clear the operator's screen. JSON output escapes them by itself.
-fn shown(s: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn shown(s: &str) -> std::borrow::Cow<'_, str> {
     if !s.chars().any(char::is_control) {
         return s.into();
     }
@@ -707,7 +771,8 @@ fn number(v: f64) -> String {
 }
 
 /// Milliseconds, readable.
-fn ms(v: f64) -> String {
+/// A duration in ms, short: `850ms`, `2.00s`, `1.5m`.
+pub(crate) fn ms(v: f64) -> String {
     if v >= 60_000.0 {
         format!("{:.1}m", v / 60_000.0)
     } else if v >= 1000.0 {
@@ -730,6 +795,20 @@ fn bytes(b: f64) -> String {
     } else {
         format!("{v:.1} {}", UNITS[unit])
     }
+}
+
+/// Milliseconds since the epoch as RFC 3339 in UTC: `2026-11-24T19:32:46.053Z`.
+pub(crate) fn rfc3339(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days as i64);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
 }
 
 /// Milliseconds since the epoch as `YYYY-MM-DD hh:mm:ss.mmm UTC`.
@@ -828,6 +907,7 @@ mod tests {
             claimed: 2,
             running: 2,
             failed: 1,
+            discarded: 0,
         }
     }
 
@@ -850,6 +930,8 @@ mod tests {
             inbox: 0,
             workers: 2,
             decode_failures: 0,
+            dead_letters: 0,
+            paused: false,
         };
         insta::assert_snapshot!(status(&s, false));
         insta::assert_snapshot!(status(&s, true));
@@ -908,6 +990,44 @@ mod tests {
             },
             true
         ));
+    }
+
+    /// `get --json` has one shape: every layer's answer carries the same keys.
+    #[test]
+    fn get_json_has_one_shape_in_every_layer() {
+        let r = record(7, "worker2", 1_719_234_405, 295_000);
+        let views = [
+            PartitionView::Active(Partition::pending(42, 41_001, 42_000, 1_719_234_400_000)),
+            PartitionView::Archived {
+                record: r,
+                tier: Tier::Compressed,
+            },
+            PartitionView::Archiving {
+                pid: 8,
+                range: 7001..=8000,
+            },
+            PartitionView::Summarised {
+                pid: 9,
+                range: 8001..=9000,
+                cause: Fallback::Expired,
+                summary: None,
+            },
+            PartitionView::Unknown,
+        ];
+        let keys = |v: &Value| -> Vec<String> { v.as_object().unwrap().keys().cloned().collect() };
+        let first = keys(&view_json(1, &views[0]));
+        assert!(first.contains(&"completed_at".to_owned()) && first.contains(&"status".to_owned()));
+        let mut statuses = Vec::new();
+        for v in &views {
+            let json = view_json(1, v);
+            assert_eq!(keys(&json), first, "{json}");
+            statuses.push(json["status"].as_str().unwrap().to_owned());
+        }
+        assert_eq!(
+            statuses,
+            ["pending", "completed", "archiving", "completed", "unknown"]
+        );
+        assert_eq!(rfc3339(1_719_234_405_123), "2024-06-24T13:06:45.123Z");
     }
 
     #[test]
@@ -1074,6 +1194,7 @@ mod tests {
             durations_ms: h,
             counts: StatusCounts::default(),
             interrupted: false,
+            broken: None,
         };
         insta::assert_snapshot!(run_summary(
             &report,

@@ -55,6 +55,8 @@ pub(crate) struct Settings {
     pub(crate) prefetch: Option<usize>,
     pub(crate) worker: String,
     pub(crate) lease: Duration,
+    /// Attempts before a partition ends failed (for the retry log lines).
+    pub(crate) max_attempts: u32,
     pub(crate) follow: bool,
     pub(crate) reaper: bool,
     pub(crate) archiver: bool,
@@ -63,6 +65,8 @@ pub(crate) struct Settings {
     pub(crate) snapshots: SnapshotPolicy,
     /// How often the embedded backend saves its state while running.
     pub(crate) save_every: Duration,
+    /// Where to serve this worker's own metrics, if anywhere.
+    pub(crate) metrics: Option<std::net::SocketAddr>,
 }
 
 /// What this process did, for the summary.
@@ -78,6 +82,20 @@ pub(crate) struct Report {
     pub(crate) counts: StatusCounts,
     /// Whether a signal ended the run.
     pub(crate) interrupted: bool,
+    /// Why the command cannot run, if a chunk showed it (the run stopped at once).
+    pub(crate) broken: Option<String>,
+}
+
+/// [`Shared`]'s counters at one instant.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SharedSnapshot {
+    pub(crate) in_flight: u64,
+    pub(crate) completed: u64,
+    pub(crate) failed_attempts: u64,
+    pub(crate) released: u64,
+    pub(crate) lost: u64,
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
 }
 
 /// Counters shared by the partition tasks and the worker heartbeat.
@@ -92,6 +110,8 @@ pub(crate) struct Shared {
     /// Latency of this worker's store updates (heartbeat, complete, fail), µs: the
     /// seed's "worker update latency" alert reads its p99.
     update_us: Mutex<Histogram<u64>>,
+    /// Why the command cannot run, once a chunk showed it: the run stops claiming.
+    broken: Mutex<Option<String>>,
 }
 
 impl Shared {
@@ -105,7 +125,41 @@ impl Shared {
             in_flight: AtomicU64::new(0),
             durations_ms: Mutex::new(hist()),
             update_us: Mutex::new(hist()),
+            broken: Mutex::new(None),
         }
+    }
+
+    /// The counters at one instant, for `--metrics-listen`.
+    pub(crate) fn snapshot(&self) -> SharedSnapshot {
+        let (p50_ms, p99_ms) = {
+            let h = self.durations_ms.lock().expect("not poisoned");
+            (
+                h.value_at_quantile(0.5) as f64,
+                h.value_at_quantile(0.99) as f64,
+            )
+        };
+        SharedSnapshot {
+            in_flight: self.in_flight.load(Relaxed),
+            completed: self.completed.load(Relaxed),
+            failed_attempts: self.failed_attempts.load(Relaxed),
+            released: self.released.load(Relaxed),
+            lost: self.lost.load(Relaxed),
+            p50_ms,
+            p99_ms,
+        }
+    }
+
+    /// Records that the command cannot run (the first reason is kept).
+    fn broken(&self, reason: String) {
+        let mut broken = self.broken.lock().expect("not poisoned");
+        if broken.is_none() {
+            tracing::error!(%reason, "the command cannot run; stopping");
+            *broken = Some(reason);
+        }
+    }
+
+    fn is_broken(&self) -> bool {
+        self.broken.lock().expect("not poisoned").is_some()
     }
 
     /// The mean partition duration so far, ms (`None` before the first).
@@ -170,6 +224,21 @@ pub(crate) async fn run(
             .await;
         });
     }
+    if let Some(addr) = settings.metrics {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {addr} for --metrics-listen: {e}"))?;
+        tracing::info!(addr = %listener.local_addr()?, "worker metrics on /metrics");
+        let (shared, mut rx) = (shared.clone(), bg_rx.clone());
+        background.spawn(async move {
+            let app = crate::serve::worker_metrics(shared);
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = rx.wait_for(|done| *done).await;
+                })
+                .await;
+        });
+    }
     let progress = Progress::start(backend, bg_rx.clone()).await?;
 
     let outcome = claim_loop(backend, &settings, &shared, &book, stop.clone()).await;
@@ -201,6 +270,7 @@ pub(crate) async fn run(
         durations_ms,
         counts,
         interrupted,
+        broken: shared.broken.lock().expect("not poisoned").take(),
     })
 }
 
@@ -232,9 +302,35 @@ async fn claim_loop(
 
     let mut idle = Duration::from_millis(10);
     let mut last_save = Instant::now();
+    let mut paused = false;
+    let mut pause_read: Option<Instant> = None;
     loop {
-        if *stop.borrow() != Stop::Running {
+        if *stop.borrow() != Stop::Running || shared.is_broken() {
             break;
+        }
+        // `tranche pause` is a flag read once a second: while it is set nothing is
+        // claimed or started, queued leases go back, and what runs finishes.
+        if pause_read.is_none_or(|at| at.elapsed() >= PAUSE_POLL) {
+            pause_read = Some(Instant::now());
+            let now = backend.active.is_paused().await.unwrap_or(paused);
+            if now != paused {
+                if now {
+                    tracing::info!("namespace paused: claiming nothing until `tranche resume`");
+                } else {
+                    tracing::info!("namespace resumed");
+                }
+                paused = now;
+            }
+        }
+        if paused {
+            release_queued(backend, book, shared, &mut queue).await;
+            while tasks.try_join_next().is_some() {}
+            tokio::select! {
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                _ = stop.changed() => {}
+                () = tokio::time::sleep(PAUSE_POLL) => {}
+            }
+            continue;
         }
         if backend.is_embedded() && last_save.elapsed() >= settings.save_every {
             backend.save().await?;
@@ -267,6 +363,12 @@ async fn claim_loop(
                         queue.push_back((lease, hold));
                     }
                 }
+                // Redis refusing the claim itself (a script error, a missing ACL
+                // permission, a corrupt record) will refuse it again: stop with its
+                // reason rather than retry for ever. Connection trouble is retried.
+                Err(err) if err.is_permanent() => {
+                    shared.broken(format!("claim refused: {err}"));
+                }
                 Err(err) => tracing::warn!(%err, "claim failed; retrying"),
             }
         }
@@ -294,15 +396,28 @@ async fn claim_loop(
     // Draining: queued leases go back at once, untouched; in-flight partitions
     // checkpoint and release once their chunks are done (the signal handler turns
     // Draining into Abort when the grace period is over).
-    for (lease, _) in queue {
+    release_queued(backend, book, shared, &mut queue).await;
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// How often the claim loop reads the namespace's pause flag.
+const PAUSE_POLL: Duration = Duration::from_secs(1);
+
+/// Gives every queued (not started) lease back at once, untouched.
+async fn release_queued(
+    backend: &Backend,
+    book: &LeaseBook,
+    shared: &Shared,
+    queue: &mut VecDeque<(Lease, Arc<Hold>)>,
+) {
+    for (lease, _) in queue.drain(..) {
         book.drop_lease(&lease);
         shared.released.fetch_add(1, Relaxed);
         if let Err(err) = backend.active.release(&lease, lease.progress).await {
             tracing::warn!(pid = lease.pid, %err, "could not release a queued partition; its lease will expire");
         }
     }
-    while tasks.join_next().await.is_some() {}
-    Ok(())
 }
 
 /// How many leases to queue beyond `concurrency` when `--prefetch` is not given: as
@@ -341,6 +456,8 @@ struct PartitionCtx {
 enum Ended {
     Done,
     Failed(String),
+    /// The command cannot run at all (see [`ChunkError::Broken`]).
+    Broken(String),
     Lost,
     Stopped,
 }
@@ -369,21 +486,34 @@ impl PartitionCtx {
                 r
             }
             Ended::Failed(reason) => {
-                tracing::warn!(pid, attempt = lease.attempt, %reason, "partition failed");
                 self.shared.failed_attempts.fetch_add(1, Relaxed);
                 // Keep the checkpoint, so the retry resumes past the chunks that finished.
                 let r = match self.active.heartbeat(&lease, checkpoint).await {
                     Ok(()) => self.active.fail(&lease, &reason).await,
                     Err(e) => Err(e),
                 };
-                if let Ok(FailOutcome::Failed) = r {
-                    tracing::error!(
+                match &r {
+                    Ok(FailOutcome::Retry { ready_at_ms }) => tracing::info!(
                         pid,
-                        attempts = lease.attempt,
-                        "partition out of attempts: failed"
-                    );
+                        "attempt {} of {} failed, retrying in {}: {reason}",
+                        lease.attempt,
+                        self.settings.max_attempts,
+                        crate::render::ms(ready_at_ms.saturating_sub(now_ms()) as f64),
+                    ),
+                    Ok(FailOutcome::Failed) => tracing::warn!(
+                        pid,
+                        "partition failed after {} attempt(s): {reason}",
+                        lease.attempt
+                    ),
+                    Err(_) => {}
                 }
                 r.map(|_| ())
+            }
+            Ended::Broken(reason) => {
+                // Not the partition's fault: its attempt goes back, and the run stops.
+                self.shared.broken(reason);
+                self.shared.released.fetch_add(1, Relaxed);
+                self.active.release(&lease, checkpoint).await
             }
             Ended::Stopped => {
                 self.shared.released.fetch_add(1, Relaxed);
@@ -447,7 +577,8 @@ impl PartitionCtx {
         let chunk = self.settings.chunk;
         let window = SlidingWindow::new(self.settings.window, first);
         let permits = Arc::new(Semaphore::new(self.settings.parallel));
-        let failure: Arc<Mutex<Option<String>>> = Arc::default();
+        // The first failure of a chunk: (broken, reason).
+        let failure: Arc<Mutex<Option<(bool, String)>>> = Arc::default();
 
         // A signal or a lost lease closes the window, which stops the issuing below
         // (waking it if it is parked on a full window).
@@ -496,7 +627,17 @@ impl PartitionCtx {
                         // Stopped by our shutdown: unacked, so the checkpoint stays below it.
                         Err(ChunkError::Interrupted) => window.close(),
                         Err(ChunkError::Failed(reason)) => {
-                            failure.lock().expect("not poisoned").get_or_insert(reason);
+                            failure
+                                .lock()
+                                .expect("not poisoned")
+                                .get_or_insert((false, reason));
+                            window.close();
+                        }
+                        Err(ChunkError::Broken(reason)) => {
+                            failure
+                                .lock()
+                                .expect("not poisoned")
+                                .get_or_insert((true, reason));
                             window.close();
                         }
                     }
@@ -523,8 +664,10 @@ impl PartitionCtx {
         if hold.is_lost() {
             return (Ended::Lost, done);
         }
-        if let Some(reason) = failure.lock().expect("not poisoned").take() {
-            return (Ended::Failed(reason), done);
+        match failure.lock().expect("not poisoned").take() {
+            Some((true, reason)) => return (Ended::Broken(reason), done),
+            Some((false, reason)) => return (Ended::Failed(reason), done),
+            None => {}
         }
         if window.progress() >= n_chunks {
             (Ended::Done, done)
@@ -557,15 +700,34 @@ impl PartitionCtx {
             _ if hold.is_lost() => (Ended::Lost, checkpoint(index)),
             Ok(()) => (Ended::Done, checkpoint(index + 1)),
             Err(ChunkError::Failed(reason)) => (Ended::Failed(reason), checkpoint(index)),
+            Err(ChunkError::Broken(reason)) => (Ended::Broken(reason), checkpoint(index)),
             Err(ChunkError::Interrupted) => (Ended::Stopped, checkpoint(index)),
         }
     }
 }
 
-/// Requeues expired leases every half lease.
+/// How long a silent worker stays in the registry before the reaper forgets it.
+pub(crate) const WORKER_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+/// How often the reaper prunes the worker registry.
+const PRUNE_EVERY: Duration = Duration::from_secs(600);
+
+/// Requeues expired leases every half lease, and forgets workers silent for longer than
+/// [`WORKER_RETENTION`] every [`PRUNE_EVERY`] (first at start).
 async fn reaper(active: Arc<dyn ActiveStore>, lease: Duration, mut done: watch::Receiver<bool>) {
     let every = (lease / 2).clamp(Duration::from_millis(200), Duration::from_secs(15));
+    let mut pruned: Option<Instant> = None;
     loop {
+        if pruned.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
+            pruned = Some(Instant::now());
+            match active.prune_workers(WORKER_RETENTION).await {
+                Ok(ids) if !ids.is_empty() => {
+                    tracing::info!(count = ids.len(), "forgot workers silent for a day")
+                }
+                Ok(_) => {}
+                Err(err) => tracing::warn!(%err, "pruning the worker registry failed"),
+            }
+        }
         tokio::select! {
             () = until(&mut done, |d| *d) => return,
             () = tokio::time::sleep(every) => {}

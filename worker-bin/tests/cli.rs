@@ -1,12 +1,16 @@
 //! The command line as a user meets it: `--help`, and every kind of bad input giving
 //! one clear line on stderr, a non-zero exit, and nothing written.
 
+#[path = "../../active-store/tests/support/pki.rs"]
+mod pki;
 #[path = "../../active-store/tests/support/mod.rs"]
 mod support;
 
 mod common;
 
-use common::{ok, output, scratch, tranche};
+use common::{eventually, ok, output, scratch, tranche};
+use std::process::Stdio;
+use std::time::Duration;
 use support::TestRedis;
 
 /// Runs `tranche ARGS`, asserts it failed with exit code `code` and one line on stderr
@@ -197,6 +201,818 @@ fn passwords_in_the_url_work() {
         &["--redis", &wrong, "status"],
         2,
         "redis://:***@127.0.0.1",
+    );
+}
+
+/// The URL from a file keeps the password out of `ps`; TLS trusts a CA file and presents
+/// a client certificate; TLS options without TLS are refused.
+#[test]
+fn redis_file_and_tls_options() {
+    let redis = TestRedis::start_with_password("s3cret");
+    let dir = scratch("redis-file");
+    let file = dir.join("redis.url");
+    std::fs::write(
+        &file,
+        format!("redis://:s3cret@127.0.0.1:{}\n", redis.port()),
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+    ok(tranche(
+        &dir,
+        &["--redis-file", file, "plan", "--min", "1", "--max", "3000"],
+    ));
+    let status = ok(tranche(&dir, &["--redis-file", file, "status", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(v["partitions"], 3);
+    assert!(!status.contains("s3cret"), "{status}");
+    fails(
+        &dir,
+        &["--redis-file", "/nonexistent/url", "status"],
+        2,
+        "cannot read --redis-file /nonexistent/url",
+    );
+
+    let [ca, cert, key, client_cert, client_key] = pki::write(&dir);
+    let server = TestRedis::start_mtls(&cert, &key, &ca);
+    let url = format!("rediss://127.0.0.1:{}", server.port());
+    let paths = [&ca, &client_cert, &client_key].map(|p| p.to_str().unwrap().to_owned());
+    let [ca, client_cert, client_key] = [&paths[0], &paths[1], &paths[2]].map(String::as_str);
+    let mtls = [
+        "--redis",
+        &url,
+        "--tls-ca",
+        ca,
+        "--tls-cert",
+        client_cert,
+        "--tls-key",
+        client_key,
+    ];
+    ok(tranche(
+        &dir,
+        &[&mtls[..], &["plan", "--min", "1", "--max", "3000"]].concat(),
+    ));
+    let status = ok(tranche(&dir, &[&mtls[..], &["status", "--json"]].concat()));
+    assert!(status.contains("\"partitions\":3"), "{status}");
+    // Without the client certificate the server refuses; without the CA, so does tranche.
+    fails(
+        &dir,
+        &["--redis", &url, "--tls-ca", ca, "status"],
+        2,
+        "cannot connect to Redis",
+    );
+    fails(
+        &dir,
+        &["--redis", &url, "status"],
+        2,
+        "cannot connect to Redis",
+    );
+    fails(
+        &dir,
+        &["--redis", &redis.url(), "--tls-ca", ca, "status"],
+        2,
+        "need a rediss:// URL",
+    );
+    fails(&dir, &["--tls-ca", ca, "status"], 2, "need --redis");
+}
+
+/// The shipped ACL file: its worker user runs a whole job and every write command; its
+/// operator user runs every read command and no write.
+#[test]
+fn the_shipped_acl_users_can_do_their_job_and_no_more() {
+    let acl = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/redis/acl.conf");
+    let redis = TestRedis::start_with_args(&["--aclfile", acl]);
+    let dir = scratch("acl");
+    let url = |user: &str| {
+        format!(
+            "redis://tranche-{user}:{user}-secret@127.0.0.1:{}",
+            redis.port()
+        )
+    };
+    let (worker, operator) = (url("worker"), url("operator"));
+    let as_user = |url: &str, args: &[&str]| tranche(&dir, &[&["--redis", url][..], args].concat());
+    ok(as_user(
+        &worker,
+        &["plan", "--min", "1", "--max", "50000", "--size", "1000"],
+    ));
+    let run = [
+        "run",
+        "--simulate",
+        "--sim-latency",
+        "0..1",
+        "--sim-fail",
+        "0.2",
+        "--max-attempts",
+        "1",
+    ];
+    let out = output(as_user(&worker, &run));
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for args in [&["retry-failed"][..], &["compact"], &["check", "--repair"]] {
+        ok(as_user(&worker, args));
+    }
+    ok(as_user(
+        &worker,
+        &["run", "--simulate", "--sim-latency", "0..1"],
+    ));
+    let export = dir.join("acl.jsonl");
+    let export = export.to_str().unwrap();
+    for args in [
+        &["status"][..],
+        &["get", "5"],
+        &["locate", "7777"],
+        &["stats"],
+        &["workers"],
+        &["health"],
+        &["check"],
+        &["dead-letters"],
+        &["export", "-o", export],
+    ] {
+        ok(as_user(&operator, args));
+    }
+    let status = ok(as_user(&operator, &["status", "--json"]));
+    assert!(status.contains("\"partitions\":50"), "{status}");
+    for args in [
+        &["retry-failed"][..],
+        &["plan", "--min", "50001", "--max", "60000"],
+    ] {
+        let out = output(as_user(&operator, args));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_ne!(out.status.code(), Some(0), "{args:?} wrote as the operator");
+        assert!(
+            stderr.contains("NoPerm") || stderr.contains("NOPERM"),
+            "{args:?}: {stderr}"
+        );
+    }
+    // Nobody gets in without a user.
+    fails(
+        &dir,
+        &["--redis", &redis.url(), "status"],
+        2,
+        "cannot connect to Redis",
+    );
+}
+
+/// A claim Redis refuses for what it is (here a user the claim script's `TIME` is
+/// denied to) ends the run with that reason at once, instead of retrying for ever.
+#[test]
+fn a_claim_redis_refuses_ends_the_run_with_its_reason() {
+    let redis = TestRedis::start_with_args(&[
+        "--user", "default", "on", "nopass", "~*", "&*", "+@all", "-time",
+    ]);
+    let dir = scratch("claim-refused");
+    let url = redis.url();
+    ok(tranche(
+        &dir,
+        &[
+            "--redis", &url, "plan", "--min", "1", "--max", "5000", "--size", "1000",
+        ],
+    ));
+    let started = std::time::Instant::now();
+    let out = output(tranche(&dir, &["--redis", &url, "run", "--simulate"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("claim refused"), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
+    );
+    let status: serde_json::Value =
+        serde_json::from_str(&ok(tranche(&dir, &["--redis", &url, "status", "--json"]))).unwrap();
+    assert_eq!(status["failed"], 0, "{status}");
+}
+
+/// Runs `health --json` and returns the names of the rules that fire, after checking
+/// that the exit code and the one line on stderr agree with them.
+fn firing(dir: &std::path::Path, extra: &[&str]) -> Vec<String> {
+    let out = output(tranche(dir, &[&["health", "--json"][..], extra].concat()));
+    let rules: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<String> = rules
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["firing"] == true)
+        .map(|r| r["rule"].as_str().unwrap().to_owned())
+        .collect();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if names.is_empty() {
+        assert!(out.status.success(), "{stderr}");
+    } else {
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains(&format!("alert firing: {}", names.join(", "))),
+            "{stderr}"
+        );
+    }
+    names
+}
+
+/// Each rule an operator needs fires when its condition holds, and only then.
+#[test]
+fn health_rules_fire_when_the_job_is_broken() {
+    let dir = scratch("health");
+    ok(tranche(
+        &dir,
+        &["plan", "--min", "1", "--max", "10000", "--size", "1000"],
+    ));
+    assert_eq!(firing(&dir, &[]), ["outstanding_no_worker"]);
+    let out = output(tranche(
+        &dir,
+        &[
+            "run",
+            "--simulate",
+            "--sim-latency",
+            "0..1",
+            "--sim-fail",
+            "1",
+            "--max-attempts",
+            "1",
+        ],
+    ));
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(firing(&dir, &[]), ["failed_partitions"]);
+    assert_eq!(firing(&dir, &["--max-failed", "10"]), Vec::<String>::new());
+    ok(tranche(&dir, &["retry-failed"]));
+    assert_eq!(firing(&dir, &[]), ["outstanding_no_worker"]);
+    ok(tranche(
+        &dir,
+        &["run", "--simulate", "--sim-latency", "0..1"],
+    ));
+    assert_eq!(firing(&dir, &[]), Vec::<String>::new());
+    // New work, nothing archived since: stalled once the allowance is gone.
+    ok(tranche(
+        &dir,
+        &["plan", "--min", "10001", "--max", "20000", "--size", "1000"],
+    ));
+    assert_eq!(
+        firing(&dir, &["--max-stall", "0s"]),
+        ["outstanding_no_worker", "stalled_minutes"]
+    );
+}
+
+/// A record set aside as a dead letter is counted in `status` and fires `health`.
+#[test]
+fn dead_letters_are_counted_and_alerted() {
+    let redis = TestRedis::start();
+    let dir = scratch("dead-health");
+    let url = redis.url();
+    let cmd = |args: &[&str]| {
+        tranche(
+            &dir,
+            &[&["--redis", &url, "--shards", "1"][..], args].concat(),
+        )
+    };
+    ok(cmd(&[
+        "plan", "--min", "1", "--max", "5000", "--size", "1000",
+    ]));
+    ok(cmd(&[
+        "run",
+        "--simulate",
+        "--sim-latency",
+        "0..1",
+        "--no-archiver",
+    ]));
+    // Poison one completion in the inbox: a duration no counter can hold.
+    let inbox = "{tranche:0}:inbox";
+    let entries: Vec<(String, Vec<(String, String)>)> =
+        redis.query(redis::cmd("XRANGE").arg(inbox).arg("-").arg("+"));
+    let (id, fields) = &entries[0];
+    let lines = &fields.iter().find(|(k, _)| k == "r").unwrap().1;
+    let mut poisoned: Vec<String> = lines.lines().map(str::to_owned).collect();
+    let at = poisoned[0].find("\"duration\":").unwrap();
+    poisoned[0] = format!("{}\"duration\":10000000000000000}}", &poisoned[0][..at]);
+    redis.cli(&["XDEL", inbox, id]);
+    redis.cli(&["XADD", inbox, "*", "r", &poisoned.join("\n")]);
+    ok(cmd(&["archive"]));
+    let status: serde_json::Value = serde_json::from_str(&ok(cmd(&["status", "--json"]))).unwrap();
+    assert_eq!(status["dead_letters"], 1, "{status}");
+    let out = output(cmd(&["health"]));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("dead_letters"));
+}
+
+/// `list` pages through the partitions of one state, on both backends: every failed
+/// partition exactly once across pages, with its worker, attempt and last error; the
+/// archived ones through the archive; a worker filter; JSON with the next cursor.
+fn list_pages_by_state(cmd: &dyn Fn(&[&str]) -> std::process::Command) {
+    ok(cmd(&[
+        "plan", "--min", "1", "--max", "30000", "--size", "1000",
+    ]));
+    let out = output(cmd(&[
+        "run",
+        "--simulate",
+        "--sim-latency",
+        "0..1",
+        "--sim-fail",
+        "0.1",
+        "--max-attempts",
+        "1",
+        "--worker-id",
+        "w-list",
+    ]));
+    assert!(matches!(out.status.code(), Some(0 | 1)));
+    let status: serde_json::Value = serde_json::from_str(&ok(cmd(&["status", "--json"]))).unwrap();
+    let (failed, archived) = (
+        status["failed"].as_u64().unwrap(),
+        status["archived"].as_u64().unwrap(),
+    );
+    assert_eq!(failed + archived, 30, "{status}");
+    assert!(
+        failed >= 2 && archived >= 2,
+        "{status}: the test needs both"
+    );
+
+    let mut seen = Vec::new();
+    for (state, total) in [("failed", failed), ("archived", archived)] {
+        let mut after = 0u64;
+        let mut pids = Vec::new();
+        loop {
+            let page: serde_json::Value = serde_json::from_str(&ok(cmd(&[
+                "list",
+                state,
+                "--limit",
+                "2",
+                "--after",
+                &after.to_string(),
+                "--json",
+            ])))
+            .unwrap();
+            for p in page["partitions"].as_array().unwrap() {
+                assert_eq!(p["worker"], "w-list", "{p}");
+                if state == "failed" {
+                    assert_eq!(
+                        (p["status"].as_str(), p["attempt"].as_u64()),
+                        (Some("failed"), Some(1))
+                    );
+                    assert!(
+                        p["last_error"]
+                            .as_str()
+                            .unwrap()
+                            .contains("simulated failure"),
+                        "{p}"
+                    );
+                } else {
+                    assert_eq!(p["layer"], "archive", "{p}");
+                }
+                pids.push(p["pid"].as_u64().unwrap());
+            }
+            match page["next"].as_u64() {
+                Some(next) => after = next,
+                None => break,
+            }
+        }
+        assert_eq!(pids.len() as u64, total, "{state}: {pids:?}");
+        assert!(pids.windows(2).all(|w| w[0] < w[1]), "{state}: {pids:?}");
+        seen.extend(pids);
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, (1..=30).collect::<Vec<u64>>());
+    assert_eq!(ok(cmd(&["list", "--worker", "nobody"])), "no partitions\n");
+    let table = ok(cmd(&["list", "failed", "--limit", "1"]));
+    assert!(
+        table.contains("error: simulated failure") && table.contains("more: --after"),
+        "{table}"
+    );
+}
+
+#[test]
+fn list_pages_by_state_embedded() {
+    let dir = scratch("list-embedded");
+    list_pages_by_state(&|args| tranche(&dir, args));
+}
+
+#[test]
+fn list_pages_by_state_on_redis() {
+    let redis = TestRedis::start();
+    let dir = scratch("list-redis");
+    let url = redis.url();
+    list_pages_by_state(&|args| tranche(&dir, &[&["--redis", &url][..], args].concat()));
+}
+
+/// A discarded partition says so for ever: `get` answers discarded (not completed),
+/// `status` counts it on its own, `list` finds it, nothing archives it, `check` agrees.
+fn discard_is_final_and_visible(cmd: &dyn Fn(&[&str]) -> std::process::Command) {
+    ok(cmd(&[
+        "plan", "--min", "1", "--max", "5000", "--size", "1000",
+    ]));
+    let out = output(cmd(&[
+        "run",
+        "--simulate",
+        "--sim-latency",
+        "0..1",
+        "--sim-fail",
+        "1",
+        "--max-attempts",
+        "1",
+    ]));
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(ok(cmd(&["discard", "3"])).trim(), "partition 3 discarded");
+    let get: serde_json::Value = serde_json::from_str(&ok(cmd(&["get", "3", "--json"]))).unwrap();
+    assert_eq!(get["status"], "discarded", "{get}");
+    assert!(ok(cmd(&["get", "3"])).contains("status     discarded"));
+    ok(cmd(&["retry-failed"]));
+    ok(cmd(&["run", "--simulate", "--sim-latency", "0..1"]));
+    let status: serde_json::Value = serde_json::from_str(&ok(cmd(&["status", "--json"]))).unwrap();
+    assert_eq!(
+        (
+            &status["discarded"],
+            &status["archived"],
+            &status["finished"],
+            &status["failed"]
+        ),
+        (&1.into(), &4.into(), &4.into(), &0.into()),
+        "{status}"
+    );
+    let stats: serde_json::Value = serde_json::from_str(&ok(cmd(&["stats", "--json"]))).unwrap();
+    assert_eq!(
+        stats["completed"]["global_stats"]["total_completed"], 4,
+        "{stats}"
+    );
+    let listed = ok(cmd(&["list", "discarded", "--json"]));
+    assert!(
+        listed.contains("\"pid\":3") && listed.contains("\"status\":\"discarded\""),
+        "{listed}"
+    );
+    let get: serde_json::Value = serde_json::from_str(&ok(cmd(&["get", "3", "--json"]))).unwrap();
+    assert_eq!(get["status"], "discarded", "{get}");
+    assert!(ok(cmd(&["check"])).contains("consistent"));
+}
+
+#[test]
+fn discard_is_final_and_visible_embedded() {
+    let dir = scratch("discard-embedded");
+    discard_is_final_and_visible(&|args| tranche(&dir, args));
+}
+
+#[test]
+fn discard_is_final_and_visible_on_redis() {
+    let redis = TestRedis::start();
+    let dir = scratch("discard-redis");
+    let url = redis.url();
+    discard_is_final_and_visible(&|args| tranche(&dir, &[&["--redis", &url][..], args].concat()));
+}
+
+/// A command that cannot run (exit 127 not found, 126 not executable) stops the run at
+/// once with one line, spending no attempt; a command that fails is retried with INFO
+/// lines and a WARN only when the partition ends failed; --sim-fail needs --simulate.
+#[test]
+fn a_broken_command_fails_fast_and_retries_say_so() {
+    let dir = scratch("fail-fast");
+    ok(tranche(
+        &dir,
+        &["plan", "--min", "1", "--max", "30000", "--size", "1000"],
+    ));
+    let not_executable = dir.join("not-executable.sh");
+    std::fs::write(&not_executable, "#!/bin/sh\nexit 0\n").unwrap();
+    for (cmd, code) in [
+        ("/nonexistent/process.sh", 127),
+        (not_executable.to_str().unwrap(), 126),
+    ] {
+        let started = std::time::Instant::now();
+        let out = output(tranche(&dir, &["run", "--exec", cmd, "--concurrency", "4"]));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        let last = stderr.lines().last().unwrap();
+        assert!(
+            last.starts_with("tranche: ")
+                && last.contains(&format!("cannot run: exit status {code}")),
+            "{stderr}"
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        let status: serde_json::Value =
+            serde_json::from_str(&ok(tranche(&dir, &["status", "--json"]))).unwrap();
+        assert_eq!(
+            (&status["failed"], &status["archived"]),
+            (&0.into(), &0.into()),
+            "{status}"
+        );
+        // The attempt was given back.
+        let listed = ok(tranche(&dir, &["list", "pending", "--json"]));
+        let page: serde_json::Value = serde_json::from_str(&listed).unwrap();
+        assert!(
+            page["partitions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|p| p["attempt"] == 0),
+            "{listed}"
+        );
+    }
+
+    let failing = dir.join("failing.sh");
+    std::fs::write(&failing, "#!/bin/sh\necho disk full >&2\nexit 3\n").unwrap();
+    std::fs::set_permissions(
+        &failing,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let mut retrying = tranche(
+        &dir,
+        &[
+            "run",
+            "--exec",
+            failing.to_str().unwrap(),
+            "--max-attempts",
+            "2",
+            "--backoff",
+            "10ms",
+            "--concurrency",
+            "1",
+        ],
+    );
+    retrying.env("RUST_LOG", "info");
+    let out = output(retrying);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let retry = stderr
+        .lines()
+        .find(|l| l.contains("attempt 1 of 2 failed, retrying in"))
+        .expect(&stderr);
+    assert!(
+        retry.contains("INFO") && retry.contains("disk full"),
+        "{retry}"
+    );
+    let last = stderr
+        .lines()
+        .find(|l| l.contains("partition failed after 2 attempt(s)"))
+        .expect(&stderr);
+    assert!(last.contains("WARN"), "{last}");
+    assert!(
+        !stderr
+            .lines()
+            .any(|l| l.contains("WARN") && l.contains("attempt 1 of")),
+        "{stderr}"
+    );
+
+    fails(
+        &dir,
+        &["run", "--exec", "true", "--sim-fail", "0.5"],
+        2,
+        "only shape --simulate",
+    );
+}
+
+/// `-o -` writes the dump to stdout (the summary to stderr), a missing directory is an
+/// error rather than a new tree, and rediss:// against a plain server says why it waits.
+#[test]
+fn export_targets_and_connection_errors() {
+    let dir = scratch("export-targets");
+    ok(tranche(
+        &dir,
+        &["plan", "--min", "1", "--max", "5000", "--size", "1000"],
+    ));
+    ok(tranche(
+        &dir,
+        &["run", "--simulate", "--sim-latency", "0..1"],
+    ));
+    let out = output(tranche(&dir, &["export", "-o", "-"]));
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let reported: usize = stderr
+        .split('(')
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert_eq!(out.stdout.len(), reported, "{stderr}");
+    assert!(!dir.join("-").exists(), "a file named - was written");
+    let to = dir.join("no-such-dir").join("x.dump");
+    fails(
+        &dir,
+        &["export", "-o", to.to_str().unwrap()],
+        2,
+        "does not exist",
+    );
+    assert!(!dir.join("no-such-dir").exists());
+
+    let plain = TestRedis::start();
+    let url = format!("rediss://127.0.0.1:{}", plain.port());
+    fails(
+        &dir,
+        &["--redis", &url, "status"],
+        2,
+        "needs a server speaking TLS",
+    );
+}
+
+/// `pause` holds every worker of a namespace off (a run started paused claims nothing
+/// and waits), `resume` lets it finish; `plans` and `namespaces` list what is there;
+/// `drop` needs --yes, refuses while a worker lives, and deletes every key.
+#[test]
+fn pause_resume_plans_namespaces_drop_on_redis() {
+    let redis = TestRedis::start();
+    let dir = scratch("namespace-ops");
+    let url = redis.url();
+    let cmd = |args: &[&str]| tranche(&dir, &[&["--redis", &url][..], args].concat());
+    ok(cmd(&[
+        "plan", "--min", "1", "--max", "10000", "--size", "1000",
+    ]));
+    ok(cmd(&[
+        "--namespace",
+        "other",
+        "plan",
+        "--min",
+        "1",
+        "--max",
+        "5000",
+        "--shards",
+        "2",
+    ]));
+    let plans: serde_json::Value = serde_json::from_str(&ok(cmd(&["plans", "--json"]))).unwrap();
+    assert_eq!(plans[0]["partitions"], 10, "{plans}");
+    assert_eq!(
+        (&plans[0]["min_id"], &plans[0]["kind"]),
+        (&1.into(), &"uniform".into())
+    );
+    let spaces: serde_json::Value =
+        serde_json::from_str(&ok(cmd(&["namespaces", "--json"]))).unwrap();
+    let names: Vec<&str> = spaces
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["namespace"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["other", "tranche"], "{spaces}");
+
+    assert!(ok(cmd(&["pause"])).contains("paused"));
+    let status: serde_json::Value = serde_json::from_str(&ok(cmd(&["status", "--json"]))).unwrap();
+    assert_eq!(status["paused"], true);
+    let mut run = cmd(&[
+        "run",
+        "--simulate",
+        "--sim-latency",
+        "0..1",
+        "--worker-id",
+        "paused-run",
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the paused run registering",
+        || ok(cmd(&["workers"])).contains("paused-run"),
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let status: serde_json::Value = serde_json::from_str(&ok(cmd(&["status", "--json"]))).unwrap();
+    assert_eq!(
+        (&status["archived"], &status["claimed"]),
+        (&0.into(), &0.into()),
+        "{status}"
+    );
+    assert!(run.try_wait().unwrap().is_none(), "a paused run waits");
+    fails(&dir, &["--redis", &url, "drop"], 2, "pass --yes");
+    fails(
+        &dir,
+        &["--redis", &url, "drop", "--yes"],
+        2,
+        "live worker(s) (paused-run)",
+    );
+    ok(cmd(&["resume"]));
+    let exit = common::wait(&mut run, Duration::from_secs(60));
+    assert!(exit.success());
+    let status: serde_json::Value = serde_json::from_str(&ok(cmd(&["status", "--json"]))).unwrap();
+    assert_eq!(
+        (&status["archived"], &status["paused"]),
+        (&10.into(), &false.into()),
+        "{status}"
+    );
+
+    assert!(ok(cmd(&["drop", "--yes"])).contains("dropped"));
+    let keys: Vec<String> = redis.query(redis::cmd("KEYS").arg("{tranche*"));
+    assert!(keys.is_empty(), "left behind: {keys:?}");
+    let spaces = ok(cmd(&["namespaces", "--json"]));
+    assert!(
+        spaces.contains("other") && !spaces.contains("\"tranche\""),
+        "{spaces}"
+    );
+    assert!(
+        redis.cli(&["KEYS", "{other*"]).contains("other"),
+        "drop touched another namespace"
+    );
+}
+
+/// Embedded: pause is refused (one process at a time), drop removes the state file.
+#[test]
+fn namespace_ops_embedded() {
+    let dir = scratch("namespace-embedded");
+    ok(tranche(&dir, &["plan", "--min", "1", "--max", "3000"]));
+    fails(&dir, &["pause"], 2, "need --redis");
+    assert!(ok(tranche(&dir, &["namespaces"])).contains("tranche"));
+    ok(tranche(&dir, &["drop", "--yes"]));
+    assert!(!dir.join(".tranche/tranche.state").exists());
+    fails(&dir, &["status"], 2, "has no state file");
+}
+
+/// With --json, failures are JSON too: one `{"error": {"kind", "message"}}` line on
+/// stderr, the exit code unchanged; `status --watch --json` is one object per line.
+#[test]
+fn json_errors_and_watch() {
+    let dir = scratch("json-errors");
+    for (args, code, kind) in [
+        (&["--json", "get", "abc"][..], 2, "usage"),
+        (
+            &["--json", "--redis", "redis://127.0.0.1:1", "status"],
+            2,
+            "error",
+        ),
+        (&["--json", "status"], 2, "error"),
+    ] {
+        let out = output(tranche(&dir, args));
+        assert_eq!(out.status.code(), Some(code), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let v: serde_json::Value = serde_json::from_str(stderr.trim())
+            .unwrap_or_else(|e| panic!("{args:?}: not one JSON object ({e}): {stderr}"));
+        assert_eq!(v["error"]["kind"], kind, "{v}");
+        assert!(!v["error"]["message"].as_str().unwrap().is_empty());
+    }
+    ok(tranche(&dir, &["plan", "--min", "1", "--max", "3000"]));
+    let watch = tranche(
+        &dir,
+        &["status", "--watch", "--json", "--interval", "200ms"],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(900));
+    common::signal(&watch, "INT");
+    let out = watch.wait_with_output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines.len() >= 2, "{text:?}");
+    for l in lines {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}"));
+        assert_eq!(v["partitions"], 3);
+    }
+}
+
+/// A record that no script can read is beyond `discard`; `discard --force` replaces it
+/// with a discarded one, and the job goes on and ends consistent.
+#[test]
+fn discard_force_removes_a_corrupt_record() {
+    let redis = TestRedis::start();
+    let dir = scratch("discard-force");
+    let url = redis.url();
+    let cmd = |args: &[&str]| {
+        tranche(
+            &dir,
+            &[&["--redis", &url, "--shards", "1"][..], args].concat(),
+        )
+    };
+    ok(cmd(&[
+        "plan", "--min", "1", "--max", "10000", "--size", "1000",
+    ]));
+    let out = output(cmd(&[
+        "run",
+        "--simulate",
+        "--sim-latency",
+        "0..1",
+        "--sim-fail",
+        "1",
+        "--max-attempts",
+        "1",
+    ]));
+    assert_eq!(out.status.code(), Some(1));
+    ok(cmd(&["retry-failed"]));
+    let active = "{tranche:0}:active";
+    redis.cli(&["HSET", active, "4", "garbage"]);
+    fails(
+        &dir,
+        &["--redis", &url, "discard", "4"],
+        2,
+        "nothing discarded",
+    );
+    fails(
+        &dir,
+        &["--redis", &url, "discard", "99", "--force"],
+        2,
+        "no plan has partition 99",
+    );
+    assert!(ok(cmd(&["discard", "4", "--force"])).contains("discarded"));
+    let get: serde_json::Value = serde_json::from_str(&ok(cmd(&["get", "4", "--json"]))).unwrap();
+    assert_eq!(get["status"], "discarded", "{get}");
+    ok(cmd(&["run", "--simulate", "--sim-latency", "0..1"]));
+    let status: serde_json::Value = serde_json::from_str(&ok(cmd(&["status", "--json"]))).unwrap();
+    assert_eq!(
+        (&status["archived"], &status["discarded"]),
+        (&9.into(), &1.into()),
+        "{status}"
+    );
+    assert!(ok(cmd(&["check"])).contains("consistent"));
+    fails(
+        &dir,
+        &["--redis", &url, "discard", "5", "--force"],
+        2,
+        "is completed",
     );
 }
 

@@ -38,9 +38,59 @@ pub fn tranche(dir: &Path, args: &[&str]) -> Command {
 }
 
 /// Runs to completion; panics with its output if it cannot be started.
+///
+/// Bounded by [`OUTPUT_LIMIT`]: a command still running then is killed and the test
+/// fails with what it printed, so a hang fails one test instead of stalling the suite.
 pub fn output(mut cmd: Command) -> Output {
-    cmd.stdin(Stdio::null()).output().expect("spawn tranche")
+    use std::io::Read;
+    use std::sync::{Arc, Mutex};
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn tranche");
+    // Each pipe is read into a buffer the test can look at even while a grandchild
+    // still holds the pipe open.
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        let bytes = Arc::new(Mutex::new(Vec::new()));
+        let sink = bytes.clone();
+        let reader = std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            while let Ok(n @ 1..) = pipe.read(&mut buf) {
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        (bytes, reader)
+    };
+    let (stdout, out_reader) = drain(Box::new(child.stdout.take().expect("piped")));
+    let (stderr, err_reader) = drain(Box::new(child.stderr.take().expect("piped")));
+    let deadline = Instant::now() + OUTPUT_LIMIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{cmd:?} did not exit within {OUTPUT_LIMIT:?}; stderr:\n{}",
+                String::from_utf8_lossy(&stderr.lock().unwrap())
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let _ = (out_reader.join(), err_reader.join());
+    let take = |b: Arc<Mutex<Vec<u8>>>| std::mem::take(&mut *b.lock().unwrap());
+    Output {
+        status,
+        stdout: take(stdout),
+        stderr: take(stderr),
+    }
 }
+
+/// How long [`output`] lets one command run.
+pub const OUTPUT_LIMIT: Duration = Duration::from_secs(180);
 
 /// Runs and asserts success, returning stdout.
 pub fn ok(cmd: Command) -> String {
