@@ -90,6 +90,8 @@ pub(crate) struct Report {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SharedSnapshot {
     pub(crate) in_flight: u64,
+    pub(crate) claimed: u64,
+    pub(crate) chunks_in_flight: u64,
     pub(crate) completed: u64,
     pub(crate) failed_attempts: u64,
     pub(crate) released: u64,
@@ -105,6 +107,13 @@ pub(crate) struct Shared {
     released: AtomicU64,
     lost: AtomicU64,
     in_flight: AtomicU64,
+    /// Leases this process claimed.
+    claimed: AtomicU64,
+    /// Chunks running now.
+    chunks_in_flight: AtomicU64,
+    /// Chunk durations, seconds, for `--metrics-listen` (atomic buckets: no lock taken
+    /// per chunk beyond the histogram's own).
+    pub(crate) chunk_seconds: prometheus_client::metrics::histogram::Histogram,
     /// Partition durations, ms.
     durations_ms: Mutex<Histogram<u64>>,
     /// Latency of this worker's store updates (heartbeat, complete, fail), µs: the
@@ -123,6 +132,11 @@ impl Shared {
             released: AtomicU64::new(0),
             lost: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
+            claimed: AtomicU64::new(0),
+            chunks_in_flight: AtomicU64::new(0),
+            chunk_seconds: prometheus_client::metrics::histogram::Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(0.001, 4.0, 10),
+            ),
             durations_ms: Mutex::new(hist()),
             update_us: Mutex::new(hist()),
             broken: Mutex::new(None),
@@ -140,6 +154,8 @@ impl Shared {
         };
         SharedSnapshot {
             in_flight: self.in_flight.load(Relaxed),
+            claimed: self.claimed.load(Relaxed),
+            chunks_in_flight: self.chunks_in_flight.load(Relaxed),
             completed: self.completed.load(Relaxed),
             failed_attempts: self.failed_attempts.load(Relaxed),
             released: self.released.load(Relaxed),
@@ -160,6 +176,21 @@ impl Shared {
 
     fn is_broken(&self) -> bool {
         self.broken.lock().expect("not poisoned").is_some()
+    }
+
+    /// Runs one chunk, counted in flight and timed for `--metrics-listen`.
+    async fn chunk(
+        &self,
+        job: &Job,
+        c: Chunk,
+        abort: impl std::future::Future<Output = ()>,
+    ) -> Result<(), ChunkError> {
+        self.chunks_in_flight.fetch_add(1, Relaxed);
+        let started = Instant::now();
+        let result = job.run(c, abort).await;
+        self.chunk_seconds.observe(started.elapsed().as_secs_f64());
+        self.chunks_in_flight.fetch_sub(1, Relaxed);
+        result
     }
 
     /// The mean partition duration so far, ms (`None` before the first).
@@ -357,6 +388,7 @@ async fn claim_loop(
             match backend.active.claim(&settings.worker, want).await {
                 Ok(leases) => {
                     claimed = leases.len();
+                    shared.claimed.fetch_add(claimed as u64, Relaxed);
                     for lease in leases {
                         // Held from now on: renewed by the heartbeats while it waits.
                         let hold = book.hold(&lease);
@@ -610,15 +642,16 @@ impl PartitionCtx {
                     to,
                     attempt: lease.attempt,
                 };
-                let (job, window, failure, mut stop) = (
+                let (job, window, failure, mut stop, shared) = (
                     self.settings.job.clone(),
                     window.clone(),
                     failure.clone(),
                     self.stop.clone(),
+                    self.shared.clone(),
                 );
                 running.spawn(async move {
                     let abort = async move { until(&mut stop, |s| *s == Stop::Abort).await };
-                    let r = job.run(c, abort).await;
+                    let r = shared.chunk(&job, c, abort).await;
                     drop(permit);
                     match r {
                         Ok(()) => {
@@ -696,7 +729,7 @@ impl PartitionCtx {
         };
         let mut stop = self.stop.clone();
         let abort = until(&mut stop, |s| *s == Stop::Abort);
-        match self.settings.job.run(c, abort).await {
+        match self.shared.chunk(&self.settings.job, c, abort).await {
             _ if hold.is_lost() => (Ended::Lost, checkpoint(index)),
             Ok(()) => (Ended::Done, checkpoint(index + 1)),
             Err(ChunkError::Failed(reason)) => (Ended::Failed(reason), checkpoint(index)),

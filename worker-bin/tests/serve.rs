@@ -24,8 +24,14 @@ struct Server {
 }
 
 impl Server {
-    fn start(dir: &std::path::Path, url: &str, token: Option<&str>) -> Self {
-        let mut args = vec!["--redis", url, "serve", "--listen", "127.0.0.1:0"];
+    /// `serve` on Redis at `url`, or embedded (the state file under `dir`) when
+    /// `url` is `None`.
+    fn start(dir: &std::path::Path, url: Option<&str>, token: Option<&str>) -> Self {
+        let mut args = match url {
+            Some(url) => vec!["--redis", url],
+            None => vec![],
+        };
+        args.extend(["serve", "--listen", "127.0.0.1:0"]);
         if let Some(t) = token {
             args.extend(["--admin-token", t]);
         }
@@ -131,7 +137,7 @@ fn the_api_answers_as_the_cli_does() {
     let failed = cli["failed"].as_u64().unwrap();
     assert!(failed >= 2, "the test needs failed partitions: {cli}");
 
-    let server = Server::start(&dir, &url, Some("admin-t0ken"));
+    let server = Server::start(&dir, Some(&url), Some("admin-t0ken"));
     // The same answers as the CLI's --json.
     let status = server.json("/api/v1/status");
     assert_eq!(status, cli);
@@ -214,8 +220,28 @@ fn the_api_answers_as_the_cli_does() {
         200
     );
 
-    // /metrics through a real exposition-format parser, agreeing with status.
-    let (code, text) = server.request("GET", "/metrics", None);
+    // /metrics through a real exposition-format parser, agreeing with status, while a
+    // worker is alive (its update latency is a metric of live workers only).
+    let mut follower = cmd(&["run", "--simulate", "--follow", "--worker-id", "f1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let text = loop {
+        let (code, text) = server.request("GET", "/metrics", None);
+        assert_eq!(code, 200);
+        if text.contains("tranche_worker_update_latency_seconds{") {
+            break text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no live worker in /metrics: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let _ = follower.kill();
+    let _ = follower.wait();
     assert_eq!(code, 200);
     let lines = text
         .lines()
@@ -230,7 +256,9 @@ fn the_api_answers_as_the_cli_does() {
             .find(|s| s.metric == name && label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
             .unwrap_or_else(|| panic!("{name} {label:?} not in {text}"));
         match s.value {
-            prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => v,
+            prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Untyped(v) => v,
             ref other => panic!("{name}: {other:?}"),
         }
     };
@@ -248,15 +276,28 @@ fn the_api_answers_as_the_cli_does() {
     );
     assert_eq!(value("tranche_planned_partitions", None), 40.0);
     assert_eq!(value("tranche_paused", None), 0.0);
-    for name in [
-        "tranche_inbox_entries",
-        "tranche_workers_alive",
-        "tranche_dead_letters",
-        "tranche_decode_failures",
+    assert_eq!(
+        value("tranche_partitions_completed_total", None),
+        status["archived"].as_f64().unwrap()
+    );
+    assert_eq!(value("tranche_inbox_backlog", None), 0.0);
+    assert_eq!(value("tranche_dead_letters", None), 0.0);
+    assert_eq!(value("tranche_decode_failures_total", None), 0.0);
+    value("tranche_workers", Some(("state", "alive")));
+    value("tranche_workers", Some(("state", "inactive")));
+    value(
         "tranche_partition_duration_seconds",
-        "tranche_worker_update_p99_seconds",
-    ] {
-        value(name, None);
+        Some(("quantile", "0.99")),
+    );
+    assert!(value("tranche_redis_memory_bytes", None) > 0.0);
+    // The scrape itself read every layer once, and the `get` above read the archive.
+    for layer in ["active", "archive", "stats", "inbox"] {
+        assert!(
+            text.contains(&format!(
+                "tranche_query_latency_seconds_count{{layer=\"{layer}\"}}"
+            )),
+            "no query latency of {layer}: {text}"
+        );
     }
 
     // Every metric the shipped alerting rules and Grafana dashboard use is exported.
@@ -275,10 +316,11 @@ fn the_api_answers_as_the_cli_does() {
     used.sort_unstable();
     used.dedup();
     assert!(used.len() >= 6, "{used:?}");
+    let declared = metric_names(&text);
     for name in used {
         assert!(
-            scrape.samples.iter().any(|s| s.metric == name),
-            "alerts.yml uses {name}, not exported"
+            declared.contains(&name.to_owned()),
+            "alerts.yml or the dashboard uses {name}, not exported: {declared:?}"
         );
     }
 
@@ -303,6 +345,164 @@ fn the_api_answers_as_the_cli_does() {
     );
 }
 
+/// Every name a PromQL expression may use for the metrics of an exposition: each
+/// family's name from its `# TYPE` line (so an empty family counts), with `_total` for
+/// a counter and `_bucket`, `_sum`, `_count` for a histogram.
+fn metric_names(text: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        if let (Some("#"), Some("TYPE"), Some(name), Some(kind)) =
+            (words.next(), words.next(), words.next(), words.next())
+        {
+            match kind {
+                "counter" => names.push(format!("{name}_total")),
+                "histogram" => {
+                    for suffix in ["_bucket", "_sum", "_count"] {
+                        names.push(format!("{name}{suffix}"));
+                    }
+                }
+                _ => {}
+            }
+            names.push(name.to_owned());
+        }
+    }
+    names
+}
+
+/// The shipped alerting rules pass `promtool check rules` (Debian's prometheus
+/// package, which `cargo xtask test` installs when missing).
+#[test]
+fn the_shipped_alerting_rules_pass_promtool() {
+    let rules = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/prometheus/alerts.yml"
+    );
+    let out = std::process::Command::new("promtool")
+        .args(["check", "rules", rules])
+        .output()
+        .expect("promtool not found: run `cargo xtask test` (it installs prometheus) or apt-get install prometheus");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Replaces what differs from run to run (times, durations, rates, where it runs) with
+/// a marker, so that a snapshot pins the shape and every count.
+fn steady(v: &mut Value) {
+    const VOLATILE: &[&str] = &[
+        "avg_duration",
+        "p50",
+        "p95",
+        "p99",
+        "last_updated",
+        "rate_per_s",
+        "location",
+        "latency_p50_ms",
+        "latency_p99_ms",
+        "update_p99_ms",
+        "duration",
+        "time_series_stats",
+        "active",
+        "workers",
+        "version",
+        "host",
+        "process_id",
+        "range_summary",
+    ];
+    match v {
+        Value::Object(map) => {
+            let rule = map.get("rule").and_then(Value::as_str).map(str::to_owned);
+            for (key, value) in map.iter_mut() {
+                let timed = key.ends_with("_ms") || key.ends_with("_at") || key.ends_with("_s");
+                let rule_value = key == "value"
+                    && matches!(
+                        rule.as_deref(),
+                        Some("worker_update_p99_ms" | "stalled_minutes")
+                    );
+                if !value.is_null() && (timed || rule_value || VOLATILE.contains(&key.as_str())) {
+                    *value = Value::String("[varies]".into());
+                } else {
+                    steady(value);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(steady),
+        _ => {}
+    }
+}
+
+/// Every read endpoint's JSON, snapshotted, from a job whose outcome is fixed (pids 3
+/// and 7 fail): the same snapshots on Redis and embedded, so both backends answer in
+/// one shape.
+#[test]
+fn every_endpoint_answers_in_one_shape_on_both_backends() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    for backend in ["redis", "embedded"] {
+        let dir = scratch(&format!("serve-shapes-{backend}"));
+        let global: Vec<&str> = match backend {
+            "redis" => vec!["--redis", &url],
+            _ => vec![],
+        };
+        let cmd = |args: &[&str]| tranche(&dir, &[&global[..], args].concat());
+        ok(cmd(&[
+            "plan", "--min", "1", "--max", "40000", "--size", "1000",
+        ]));
+        let run = output(cmd(&[
+            "run",
+            "--exec",
+            r#"test "$TRANCHE_PID" != 3 && test "$TRANCHE_PID" != 7"#,
+            "--max-attempts",
+            "1",
+            "--worker-id",
+            "w1",
+            "--parallel",
+            "1",
+        ]));
+        assert_eq!(
+            run.status.code(),
+            Some(1),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        let server = Server::start(&dir, global.get(1).copied(), None);
+        for (name, path) in [
+            ("status", "/api/v1/status"),
+            ("config", "/api/v1/config"),
+            ("plans", "/api/v1/plans"),
+            ("health", "/api/v1/health"),
+            ("stats", "/api/v1/stats"),
+            ("workers", "/api/v1/workers"),
+            ("get_archived", "/api/v1/get/5"),
+            ("get_failed", "/api/v1/get/3"),
+            ("get_unknown", "/api/v1/get/99"),
+            ("locate", "/api/v1/locate/6500"),
+            ("partitions_failed", "/api/v1/partitions?state=failed"),
+            (
+                "partitions_archived",
+                "/api/v1/partitions?state=archived&after=30&limit=3",
+            ),
+        ] {
+            let mut body = server.json(path);
+            steady(&mut body);
+            insta::assert_json_snapshot!(format!("shape_{name}"), body);
+        }
+        let (code, body) = server.request("GET", "/api/v1/get/x", None);
+        assert_eq!(code, 400);
+        let body: Value = serde_json::from_str(&body).unwrap();
+        insta::assert_json_snapshot!("shape_bad_request", body);
+        let (code, body) = server.request("GET", "/metrics", None);
+        assert_eq!(code, 200);
+        let mut names = metric_names(&body);
+        names.retain(|n| !n.contains("redis_memory"));
+        insta::assert_json_snapshot!("shape_metric_names", names);
+    }
+}
+
 /// Without a token the server is read-only: actions are refused (403), reads work.
 #[test]
 fn without_a_token_the_server_is_read_only() {
@@ -313,7 +513,7 @@ fn without_a_token_the_server_is_read_only() {
         &dir,
         &["--redis", &url, "plan", "--min", "1", "--max", "3000"],
     ));
-    let server = Server::start(&dir, &url, None);
+    let server = Server::start(&dir, Some(&url), None);
     assert_eq!(server.json("/api/v1/config")["actions"], false);
     for path in ["/api/v1/pause", "/api/v1/retry-failed", "/api/v1/discard/1"] {
         let (code, body) = server.request("POST", path, Some("anything"));
@@ -378,22 +578,28 @@ fn a_worker_serves_its_own_metrics() {
                     .iter()
                     .find(|s| s.metric == name)
                     .map(|s| match s.value {
-                        prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => {
-                            v
-                        }
+                        prometheus_parse::Value::Gauge(v)
+                        | prometheus_parse::Value::Counter(v)
+                        | prometheus_parse::Value::Untyped(v) => v,
                         _ => f64::NAN,
                     })
             };
             for name in [
-                "tranche_worker_in_flight",
-                "tranche_worker_failed_attempts",
-                "tranche_worker_released",
-                "tranche_worker_lost_leases",
+                "tranche_worker_partitions_in_flight",
+                "tranche_worker_chunks_in_flight",
+                "tranche_worker_claimed_total",
+                "tranche_worker_failed_attempts_total",
+                "tranche_worker_released_total",
+                "tranche_worker_lost_leases_total",
                 "tranche_worker_partition_duration_seconds",
             ] {
                 assert!(get(name).is_some(), "{name} missing: {text}");
             }
-            let done = get("tranche_worker_completed").unwrap();
+            assert!(
+                text.contains("# TYPE tranche_worker_chunk_duration_seconds histogram"),
+                "{text}"
+            );
+            let done = get("tranche_worker_completed_total").unwrap();
             if done > 0.0 {
                 break done;
             }

@@ -88,6 +88,7 @@ fn test(args: &[String]) -> Result<()> {
     let server = redis::ensure_installed()?;
     redis::ensure_browser()?;
     redis::ensure_postgres()?;
+    redis::ensure_promtool()?;
     let mut cmd = cargo();
     cmd.args(["test", "--workspace", "--locked"]).args(args);
     // Tests look the binary up through this variable before falling back to PATH, so a

@@ -101,6 +101,28 @@ pub(crate) fn ensure_postgres() -> Result<()> {
     Ok(())
 }
 
+/// Makes sure `promtool` (Debian's prometheus package) is there for the test that checks
+/// the shipped alerting rules, installing it with apt-get when missing and this runs as
+/// root. The package's service is not started (no init system runs it here).
+pub(crate) fn ensure_promtool() -> Result<()> {
+    if find_on_path("promtool").is_some() {
+        return Ok(());
+    }
+    if !is_root() || find_on_path("apt-get").is_none() {
+        bail!(
+            "promtool is not on PATH and cannot be installed from here \
+             (the alerting rules' test needs it): sudo apt-get install prometheus"
+        );
+    }
+    eprintln!("xtask: installing Debian's prometheus (for promtool) with apt-get");
+    apt_get(&["update"])?;
+    apt_get(&["install", "-y", "--no-install-recommends", "prometheus"])?;
+    if find_on_path("promtool").is_none() {
+        bail!("apt-get installed prometheus but promtool is not on PATH");
+    }
+    Ok(())
+}
+
 fn apt_get(args: &[&str]) -> Result<()> {
     let status = Command::new("apt-get")
         // Another apt (unattended upgrades, a concurrent CI step) may hold the lock.

@@ -9,6 +9,8 @@ use axum::response::{Html, IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use tranche_router::PartitionView;
+
 use super::App;
 use crate::list::{self, ListState};
 use crate::render;
@@ -173,7 +175,16 @@ pub(crate) async fn plans(State(app): State<Arc<App>>) -> ApiResult {
 pub(crate) async fn get_pid(State(app): State<Arc<App>>, Path(pid): Path<String>) -> ApiResult {
     let pid = parse_u64("pid", &pid)?;
     let backend = app.backend().await?;
+    let started = std::time::Instant::now();
     let view = backend.router.get(pid).await?;
+    let layer = match &view {
+        // An unknown pid is answered by the plans, in the active layer.
+        PartitionView::Active(_) | PartitionView::Unknown => "active",
+        PartitionView::Archived { .. } => "archive",
+        PartitionView::Archiving { .. } => "inbox",
+        PartitionView::Summarised { .. } => "stats",
+    };
+    app.query_latency.observe(layer, started);
     Ok(json_text(render::view(pid, &view, true)))
 }
 

@@ -1,20 +1,29 @@
 //! `/metrics`: the namespace's state as Prometheus metrics (OpenMetrics text), read in
 //! O(shards) per scrape: the same counters `status` and `health` read, never a walk
-//! over partitions.
+//! over partitions. Names follow Prometheus conventions: base units (seconds, bytes),
+//! `_total` on counters, one metric with a label where values partition a whole
+//! (`tranche_partitions{state}`, `tranche_workers{state}`).
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Instant;
 
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use super::App;
 use super::api::ApiError;
+
+/// The OpenMetrics content type.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabel {
@@ -26,30 +35,108 @@ struct QuantileLabel {
     quantile: &'static str,
 }
 
-fn gauge(registry: &mut Registry, name: &str, help: &str, value: i64) {
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WorkerQuantileLabel {
+    worker: String,
+    quantile: &'static str,
+}
+
+/// The layer a read went to: `active`, `archive` or `stats` (and `inbox` for a
+/// completed partition not archived yet).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct LayerLabel {
+    layer: &'static str,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// How long this server's reads of each layer took, over its lifetime: observed on
+/// every scrape (one read of each layer) and every `get` (labelled by the layer that
+/// answered).
+#[derive(Clone)]
+pub(crate) struct QueryLatency(Family<LayerLabel, Histogram, fn() -> Histogram>);
+
+impl QueryLatency {
+    pub(crate) fn new() -> Self {
+        // 100 µs .. ~3 s.
+        Self(Family::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.0001, 2.5, 12))
+        }))
+    }
+
+    /// Records a read of `layer` that started at `started`.
+    pub(crate) fn observe(&self, layer: &'static str, started: Instant) {
+        self.0
+            .get_or_create(&LayerLabel { layer })
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// Times `read` as a read of `layer`.
+    async fn time<T>(&self, layer: &'static str, read: impl Future<Output = T>) -> T {
+        let started = Instant::now();
+        let out = read.await;
+        self.observe(layer, started);
+        out
+    }
+}
+
+fn gauge(registry: &mut Registry, name: &str, help: &str, value: u64) {
     let g: Gauge = Gauge::default();
-    g.set(value);
+    g.set(i64::try_from(value).unwrap_or(i64::MAX));
     registry.register(name, help, g);
+}
+
+/// A counter read from the store (the store keeps the count; each scrape reports it).
+fn counter(registry: &mut Registry, name: &str, help: &str, value: u64) {
+    let c: Counter = Counter::default();
+    c.inc_by(value);
+    registry.register(name, help, c);
+}
+
+fn text_response(registry: &Registry) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    encode(&mut text, registry).map_err(|e| anyhow::anyhow!("encoding metrics: {e}"))?;
+    Ok(([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response())
 }
 
 pub(crate) async fn scrape(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
     let backend = app.backend().await?;
-    let status = crate::ops::status_of(&backend).await?;
-    let summary = backend.stats.summary().await.map_err(anyhow::Error::from)?;
-    let workers = backend.active.workers().await?;
+    let q = &app.query_latency;
+    let counts = q.time("active", backend.active.counts()).await?;
+    let total = crate::progress::total_partitions(backend.active.as_ref()).await?;
+    let workers = q.time("active", backend.active.workers()).await?;
+    let paused = backend.active.is_paused().await?;
+    let summary = q
+        .time("stats", backend.stats.summary())
+        .await
+        .map_err(anyhow::Error::from)?;
+    let decode_failures = q
+        .time("archive", backend.archive.decode_failures())
+        .await
+        .map_err(anyhow::Error::from)?;
+    let dead_letters = backend
+        .archive
+        .dead_letter_count()
+        .await
+        .map_err(anyhow::Error::from)?;
+    let inbox = q.time("inbox", backend.inbox_len()).await?;
+    let memory = backend.used_memory().await;
+
     let mut registry = Registry::with_prefix("tranche");
-    let c = &status.counts;
+    let g = &summary.global_stats;
     let by_state: Family<StateLabel, Gauge> = Family::default();
     for (state, n) in [
-        ("unissued", c.unissued),
-        ("pending", c.pending),
-        ("claimed", c.claimed),
-        ("running", c.running),
-        ("failed", c.failed),
-        ("discarded", c.discarded),
-        ("archived", status.archived),
+        ("unissued", counts.unissued),
+        ("pending", counts.pending),
+        ("claimed", counts.claimed),
+        ("running", counts.running),
+        ("failed", counts.failed),
+        ("discarded", counts.discarded),
+        ("archived", g.total_completed),
     ] {
-        by_state.get_or_create(&StateLabel { state }).set(n as i64);
+        by_state
+            .get_or_create(&StateLabel { state })
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
     registry.register(
         "partitions",
@@ -60,71 +147,89 @@ pub(crate) async fn scrape(State(app): State<Arc<App>>) -> Result<Response, ApiE
         &mut registry,
         "planned_partitions",
         "Partitions of every plan of the namespace",
-        status.total as i64,
+        total,
+    );
+    counter(
+        &mut registry,
+        "partitions_completed",
+        "Partitions completed and archived (counted once each, by the statistics layer)",
+        g.total_completed,
     );
     gauge(
         &mut registry,
-        "inbox_entries",
-        "Completion entries waiting in the archive inboxes",
-        status.inbox as i64,
+        "inbox_backlog",
+        "Completions waiting in the archive inboxes",
+        inbox,
     );
-    gauge(
-        &mut registry,
-        "workers_alive",
-        "Workers whose heartbeat is recent",
-        status.workers as i64,
+    let by_liveness: Family<StateLabel, Gauge> = Family::default();
+    let alive = workers.iter().filter(|w| w.active).count();
+    for (state, n) in [("alive", alive), ("inactive", workers.len() - alive)] {
+        by_liveness
+            .get_or_create(&StateLabel { state })
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+    registry.register(
+        "workers",
+        "Registered workers by whether their heartbeat is recent",
+        by_liveness,
     );
     gauge(
         &mut registry,
         "dead_letters",
         "Records set aside as never archivable",
-        status.dead_letters as i64,
+        dead_letters,
     );
-    gauge(
+    counter(
         &mut registry,
         "decode_failures",
         "Archived batches that failed to decode",
-        status.decode_failures as i64,
+        decode_failures,
     );
     gauge(
         &mut registry,
         "paused",
         "1 while the namespace is paused",
-        i64::from(status.paused),
+        u64::from(paused),
     );
-    let p99 = workers
-        .iter()
-        .filter(|w| w.active)
-        .map(|w| w.info.latency_p99_ms)
-        .fold(0.0, f64::max);
-    let update: Gauge<f64, std::sync::atomic::AtomicU64> = Gauge::default();
-    update.set(p99 / 1000.0);
+    if let Some(bytes) = memory {
+        gauge(
+            &mut registry,
+            "redis_memory_bytes",
+            "Memory the Redis server (every master of a cluster) uses, all namespaces included",
+            bytes,
+        );
+    }
+    // A gauge per live worker at its p99: workers report quantiles, not buckets, so they
+    // cannot be summed into one histogram.
+    let update: Family<WorkerQuantileLabel, FloatGauge> = Family::default();
+    for w in workers.iter().filter(|w| w.active) {
+        update
+            .get_or_create(&WorkerQuantileLabel {
+                worker: w.info.id.clone(),
+                quantile: "0.99",
+            })
+            .set(w.info.latency_p99_ms / 1000.0);
+    }
     registry.register(
-        "worker_update_p99_seconds",
-        "The slowest live worker's store-update latency p99",
+        "worker_update_latency_seconds",
+        "A live worker's store-update latency (heartbeat, complete, fail) at a quantile",
         update,
     );
-    let g = &summary.global_stats;
-    let durations: Family<QuantileLabel, Gauge<f64, std::sync::atomic::AtomicU64>> =
-        Family::default();
+    let durations: Family<QuantileLabel, FloatGauge> = Family::default();
     for (quantile, v) in [("0.5", g.p50), ("0.95", g.p95), ("0.99", g.p99)] {
         durations.get_or_create(&QuantileLabel { quantile }).set(v);
     }
     registry.register(
         "partition_duration_seconds",
-        "Completed partitions' duration quantiles, from the statistics layer",
+        "Completed partitions' duration at a quantile, from the statistics layer's mergeable histogram",
         durations,
     );
-    let mut text = String::new();
-    encode(&mut text, &registry).map_err(|e| anyhow::anyhow!("encoding metrics: {e}"))?;
-    Ok((
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response())
+    registry.register(
+        "query_latency_seconds",
+        "This server's reads of each layer",
+        q.0.clone(),
+    );
+    text_response(&registry)
 }
 
 /// `run --metrics-listen`: this worker's own counters on `/metrics`.
@@ -138,36 +243,52 @@ pub(crate) fn worker_metrics(shared: Arc<crate::work::Shared>) -> axum::Router {
                 let s = shared.snapshot();
                 gauge(
                     &mut registry,
-                    "in_flight",
+                    "partitions_in_flight",
                     "Partitions this worker runs now",
-                    s.in_flight as i64,
+                    s.in_flight,
                 );
                 gauge(
+                    &mut registry,
+                    "chunks_in_flight",
+                    "Chunks this worker runs now",
+                    s.chunks_in_flight,
+                );
+                counter(
+                    &mut registry,
+                    "claimed",
+                    "Partitions this worker claimed",
+                    s.claimed,
+                );
+                counter(
                     &mut registry,
                     "completed",
                     "Partitions this worker completed",
-                    s.completed as i64,
+                    s.completed,
                 );
-                gauge(
+                counter(
                     &mut registry,
                     "failed_attempts",
                     "Attempts of this worker that failed",
-                    s.failed_attempts as i64,
+                    s.failed_attempts,
                 );
-                gauge(
+                counter(
                     &mut registry,
                     "released",
                     "Partitions this worker gave back unfinished",
-                    s.released as i64,
+                    s.released,
                 );
-                gauge(
+                counter(
                     &mut registry,
                     "lost_leases",
                     "Leases this worker lost to expiry",
-                    s.lost as i64,
+                    s.lost,
                 );
-                let durations: Family<QuantileLabel, Gauge<f64, std::sync::atomic::AtomicU64>> =
-                    Family::default();
+                registry.register(
+                    "chunk_duration_seconds",
+                    "How long this worker's chunks took",
+                    shared.chunk_seconds.clone(),
+                );
+                let durations: Family<QuantileLabel, FloatGauge> = Family::default();
                 for (quantile, v) in [("0.5", s.p50_ms), ("0.99", s.p99_ms)] {
                     durations
                         .get_or_create(&QuantileLabel { quantile })
@@ -175,18 +296,10 @@ pub(crate) fn worker_metrics(shared: Arc<crate::work::Shared>) -> axum::Router {
                 }
                 registry.register(
                     "partition_duration_seconds",
-                    "This worker's partition durations",
+                    "This worker's partition durations at a quantile",
                     durations,
                 );
-                let mut text = String::new();
-                let _ = encode(&mut text, &registry);
-                (
-                    [(
-                        header::CONTENT_TYPE,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    text,
-                )
+                text_response(&registry)
             }
         }),
     )

@@ -34,6 +34,8 @@ pub(crate) struct App {
     /// afresh (a running `run` keeps saving it).
     redis: Option<Backend>,
     token: Option<String>,
+    /// This server's reads of each layer, for `/metrics`.
+    query_latency: metrics::QueryLatency,
 }
 
 impl App {
@@ -101,6 +103,7 @@ pub(crate) async fn serve(g: &Global, args: ServeArgs) -> Result<Outcome> {
         global: g.clone(),
         redis: (!backend.is_embedded()).then_some(backend),
         token,
+        query_latency: metrics::QueryLatency::new(),
     });
     let listener = tokio::net::TcpListener::bind(listen)
         .await
