@@ -1,7 +1,9 @@
 //! The dashboard in a real browser: Debian's chromium, driven through chromedriver
 //! (`cargo xtask test` installs both when missing, as it does redis-server). A job runs
-//! while the page is open: the progress moves, a failed partition is retried with the
-//! admin token, a row id is found, and the page never shows an API error. On failure a
+//! while the page is open: the progress moves, the throughput chart and durations fill
+//! in, a failed partition (13 and 29 fail) is opened on its own page and retried with the
+//! admin token, a row id is found, archived partitions page, the page fits a narrow
+//! screen, and no script error or failed API read happens the whole time. On failure a
 //! screenshot is saved under `target/`.
 
 #[path = "../../active-store/tests/support/mod.rs"]
@@ -47,8 +49,9 @@ fn which(name: &str) -> String {
     })
 }
 
-/// Polls `f` until it returns `Some`, for at most `limit`.
-async fn until<T, F, Fut>(limit: Duration, what: &str, mut f: F) -> T
+/// Polls `f` until it returns `Some`, for at most `limit`; an error naming `what`
+/// after that (so the caller can still take its screenshot).
+async fn until<T, F, Fut>(limit: Duration, what: &str, mut f: F) -> Result<T, String>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -56,9 +59,11 @@ where
     let deadline = Instant::now() + limit;
     loop {
         if let Some(v) = f().await {
-            return v;
+            return Ok(v);
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        if Instant::now() >= deadline {
+            return Err(format!("timed out waiting for {what}"));
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -79,20 +84,17 @@ async fn the_dashboard_in_a_real_browser() {
     ok(cmd(&[
         "plan", "--min", "1", "--max", "60000", "--size", "1000",
     ]));
-    // Slow enough to watch, failing some partitions for good.
+    // Slow enough to watch; partitions 13 and 29 fail for good.
     let _run = Killed(
         cmd(&[
             "run",
-            "--simulate",
-            "--sim-latency",
-            "20..40",
-            "--sim-fail",
-            "0.03",
+            "--exec",
+            r#"sleep 0.25; test "$TRANCHE_PID" != 13 && test "$TRANCHE_PID" != 29"#,
             "--max-attempts",
             "1",
+            "--chunk",
+            "1000",
             "--concurrency",
-            "2",
-            "--parallel",
             "2",
         ])
         .stdout(Stdio::null())
@@ -140,7 +142,8 @@ async fn the_dashboard_in_a_real_browser() {
                 .ok()
         }
     })
-    .await;
+    .await
+    .expect("chromedriver");
 
     let result = drive(&client, &page).await;
     if let Err(err) = &result {
@@ -154,8 +157,12 @@ async fn the_dashboard_in_a_real_browser() {
     let _ = client.close().await;
 }
 
+fn e(err: impl std::fmt::Display) -> String {
+    err.to_string()
+}
+
 async fn drive(client: &Client, page: &str) -> Result<(), String> {
-    client.goto(page).await.map_err(|e| e.to_string())?;
+    client.goto(page).await.map_err(e)?;
     // The progress moves while the job runs.
     let finished = |t: String| t.split(' ').next().and_then(|n| n.parse::<u64>().ok());
     let first = until(
@@ -163,16 +170,15 @@ async fn drive(client: &Client, page: &str) -> Result<(), String> {
         "a first progress reading",
         || async { finished(text(client, "#done").await) },
     )
-    .await;
+    .await?;
     let later = until(Duration::from_secs(60), "the progress to move", || async {
         finished(text(client, "#done").await).filter(|&n| n > first)
     })
-    .await;
+    .await?;
     if later <= first {
         return Err(format!("progress did not move: {first} then {later}"));
     }
-    // The job ends (nothing unissued, pending, claimed or running); its failed
-    // partitions are listed with a Retry button.
+    // The job ends (nothing unissued, pending, claimed or running).
     until(Duration::from_secs(90), "the job to finish", || async {
         let cells = client
             .find_all(Locator::Css("#counts tbody td"))
@@ -184,70 +190,162 @@ async fn drive(client: &Client, page: &str) -> Result<(), String> {
         }
         (counts.len() == 4 && counts.iter().all(|&n| n == 0)).then_some(())
     })
-    .await;
-    // The failed table refreshes on the next poll.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    let rows = client
-        .find_all(Locator::Css("#failed tbody tr"))
-        .await
-        .map_err(|e| e.to_string())?;
-    if rows.is_empty() {
-        // A run without a failure is possible (3% per chunk): nothing to retry then.
-        return search(client).await;
+    .await?;
+    // The throughput chart has a bar for this hour and the durations are filled in.
+    until(Duration::from_secs(10), "the throughput chart", || async {
+        let bars = client.find_all(Locator::Css("#chart rect")).await.ok()?;
+        (bars.len() == 24).then_some(())
+    })
+    .await?;
+    let durations = text(client, "#durations").await;
+    if !durations.contains("p99") || durations.contains("p99\n-") {
+        return Err(format!("no durations: {durations:?}"));
     }
-    let pid = rows[0]
-        .find(Locator::Css("td"))
+    // The failed partitions are listed (the default filter); open one.
+    let pids = until(
+        Duration::from_secs(20),
+        "both failed partitions",
+        || async {
+            let links = client
+                .find_all(Locator::Css("#partitions tbody td a"))
+                .await
+                .ok()?;
+            let mut pids = Vec::new();
+            for l in &links {
+                pids.push(l.text().await.ok()?);
+            }
+            (pids == ["13", "29"]).then_some(pids)
+        },
+    )
+    .await?;
+    client
+        .find(Locator::LinkText(&pids[0]))
         .await
-        .map_err(|e| e.to_string())?
-        .text()
+        .map_err(e)?
+        .click()
         .await
-        .map_err(|e| e.to_string())?;
-    let token = client
-        .find(Locator::Id("token"))
+        .map_err(e)?;
+    let title = until(Duration::from_secs(20), "the partition's page", || async {
+        let t = text(client, "#found-title").await;
+        (!t.is_empty()).then_some(t)
+    })
+    .await?;
+    if title != "13 (failed)" {
+        return Err(format!("partition 13's page says {title:?}"));
+    }
+    if !client
+        .current_url()
         .await
-        .map_err(|e| e.to_string())?;
-    token.send_keys("t0ken").await.map_err(|e| e.to_string())?;
-    let retry = rows[0]
+        .map_err(e)?
+        .as_str()
+        .ends_with("#pid=13")
+    {
+        return Err("a partition's page has no address of its own".into());
+    }
+    // Retry it with the token.
+    let token = client.find(Locator::Id("token")).await.map_err(e)?;
+    token.send_keys("t0ken").await.map_err(e)?;
+    let rows = client
+        .find_all(Locator::Css("#partitions tbody tr"))
+        .await
+        .map_err(e)?;
+    let retry = rows
+        .first()
+        .ok_or("no failed row")?
         .find(Locator::Css("button.act"))
         .await
-        .map_err(|e| e.to_string())?;
-    retry.click().await.map_err(|e| e.to_string())?;
+        .map_err(e)?;
+    retry.click().await.map_err(e)?;
     let said = until(Duration::from_secs(20), "the action's answer", || async {
         let t = text(client, "#action-result").await;
         (!t.is_empty()).then_some(t)
     })
-    .await;
-    if !said.contains("retried") || !said.contains(&pid) {
-        return Err(format!("retry of {pid} answered {said:?}"));
+    .await?;
+    if !said.contains("retried") || !said.contains("13") {
+        return Err(format!("retry of 13 answered {said:?}"));
     }
     search(client).await?;
-    let rate = text(client, "#rate").await;
-    if rate.contains("cannot read the API") {
-        return Err(format!("the page shows an API error: {rate}"));
+    // Filters and paging: archived partitions, 50 a page, then the next page.
+    client
+        .find(Locator::Css("#state option[value=archived]"))
+        .await
+        .map_err(e)?
+        .click()
+        .await
+        .map_err(e)?;
+    until(
+        Duration::from_secs(20),
+        "the first page of archived",
+        || async {
+            let info = text(client, "#page-info").await;
+            info.starts_with("page 1, pids 1 to").then_some(())
+        },
+    )
+    .await?;
+    client
+        .find(Locator::Id("next"))
+        .await
+        .map_err(e)?
+        .click()
+        .await
+        .map_err(e)?;
+    until(
+        Duration::from_secs(20),
+        "the second page of archived",
+        || async {
+            text(client, "#page-info")
+                .await
+                .starts_with("page 2, pids ")
+                .then_some(())
+        },
+    )
+    .await?;
+    // A phone-sized window: nothing wider than the screen but the tables' own scroll.
+    client.set_window_size(390, 844).await.map_err(e)?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let fits = client
+        .execute(
+            "return document.documentElement.scrollWidth <= window.innerWidth + 1",
+            vec![],
+        )
+        .await
+        .map_err(e)?;
+    if fits != serde_json::Value::Bool(true) {
+        return Err("the page is wider than a narrow screen".into());
+    }
+    let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-narrow.png");
+    let _ = std::fs::write(&shot, client.screenshot().await.map_err(e)?);
+    // No script error and no failed API read the whole time.
+    let errors = client
+        .execute("return window.__errors", vec![])
+        .await
+        .map_err(e)?;
+    if errors != serde_json::json!([]) {
+        return Err(format!("the page logged errors: {errors}"));
     }
     Ok(())
 }
 
 async fn search(client: &Client) -> Result<(), String> {
-    let q = client
-        .find(Locator::Id("q"))
-        .await
-        .map_err(|e| e.to_string())?;
-    q.send_keys("r7500").await.map_err(|e| e.to_string())?;
+    let q = client.find(Locator::Id("q")).await.map_err(e)?;
+    q.clear().await.map_err(e)?;
+    q.send_keys("r7500").await.map_err(e)?;
     client
         .find(Locator::Css("#search button"))
         .await
-        .map_err(|e| e.to_string())?
+        .map_err(e)?
         .click()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(e)?;
     let found = until(Duration::from_secs(20), "the search answer", || async {
-        let t = text(client, "#found").await;
-        (!t.is_empty()).then_some(t)
+        let t = text(client, "#found-title").await;
+        t.starts_with("8 ").then_some(t)
     })
-    .await;
-    if !found.contains("\"pid\": 8") {
-        return Err(format!("row 7500 should be partition 8: {found}"));
+    .await?;
+    if found != "8 (completed)" {
+        return Err(format!(
+            "row 7500 should be in partition 8, completed: {found}"
+        ));
     }
     Ok(())
 }
