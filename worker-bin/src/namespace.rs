@@ -78,9 +78,9 @@ pub(crate) fn plans_json(plans: &[tranche_active_store::PlanEntry]) -> Value {
         .collect()
 }
 
-/// `namespaces`: every namespace on the Redis (or beside the state file) with its size
-/// and state, each read in O(shards).
-pub(crate) async fn list(g: &Global) -> Result<Outcome> {
+/// Every namespace on the Redis (or beside the state file) with its size and state,
+/// each read in O(shards): what `namespaces` prints and `serve` shows as its overview.
+pub(crate) async fn overview(g: &Global) -> Result<Vec<Value>> {
     let names = backend::namespace_names(g).await?;
     let mut rows = Vec::new();
     for name in names {
@@ -100,12 +100,22 @@ pub(crate) async fn list(g: &Global) -> Result<Outcome> {
         let total = crate::progress::total_partitions(backend.active.as_ref()).await?;
         let counts = backend.active.counts().await?;
         let paused = backend.active.is_paused().await?;
+        let finished = total
+            .saturating_sub(counts.outstanding())
+            .saturating_sub(counts.failed)
+            .saturating_sub(counts.discarded);
         rows.push(json!({
             "namespace": name, "shards": backend.shards, "partitions": total,
-            "outstanding": counts.outstanding(), "failed": counts.failed,
-            "discarded": counts.discarded, "paused": paused,
+            "finished": finished, "outstanding": counts.outstanding(),
+            "failed": counts.failed, "discarded": counts.discarded, "paused": paused,
         }));
     }
+    Ok(rows)
+}
+
+/// `namespaces`: [`overview`] as a table or JSON.
+pub(crate) async fn list(g: &Global) -> Result<Outcome> {
+    let rows = overview(g).await?;
     if g.json {
         println!("{}", Value::Array(rows));
         return Ok(Outcome::Success);

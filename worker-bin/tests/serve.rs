@@ -139,7 +139,10 @@ fn the_api_answers_as_the_cli_does() {
 
     let server = Server::start(&dir, Some(&url), Some("admin-t0ken"));
     // The same answers as the CLI's --json.
-    let status = server.json("/api/v1/status");
+    let mut status = server.json("/api/v1/status");
+    // The CLI's shape, without the store's address.
+    assert_eq!(status["location"], "redis");
+    status["location"] = cli["location"].clone();
     assert_eq!(status, cli);
     assert_eq!(server.json("/api/v1/config")["actions"], true);
     assert_eq!(server.json("/api/v1/plans")[0]["partitions"], 40);
@@ -171,6 +174,7 @@ fn the_api_answers_as_the_cli_does() {
         "/api/v1/partitions?limit=abc",
         "/api/v1/partitions?state=bogus",
         "/api/v1/partitions?after=-3",
+        "/api/v1/partitions?worker=%1b%5b31m",
     ] {
         let (code, body) = server.request("GET", path, None);
         assert_eq!(code, 400, "{path}: {body}");
@@ -324,16 +328,20 @@ fn the_api_answers_as_the_cli_does() {
         );
     }
 
-    // Nothing the server says carries the password.
+    // Nothing the server says carries the password, or the store's address.
+    let port = format!("127.0.0.1:{}", redis.port());
     for path in [
         "/api/v1/status",
         "/api/v1/config",
+        "/api/v1/namespaces",
+        "/api/v1/workers",
         "/metrics",
         "/api/v1/health",
         "/",
     ] {
         let (_, body) = server.request("GET", path, None);
         assert!(!body.contains("s3cret-pw"), "{path} leaks the password");
+        assert!(!body.contains(&port), "{path} says where Redis is: {body}");
     }
     let (code, page) = server.request("GET", "/", None);
     assert_eq!(code, 200);
@@ -474,6 +482,7 @@ fn every_endpoint_answers_in_one_shape_on_both_backends() {
             ("status", "/api/v1/status"),
             ("config", "/api/v1/config"),
             ("plans", "/api/v1/plans"),
+            ("namespaces", "/api/v1/namespaces"),
             ("health", "/api/v1/health"),
             ("stats", "/api/v1/stats"),
             ("workers", "/api/v1/workers"),

@@ -140,7 +140,13 @@ pub(crate) async fn config(State(app): State<Arc<App>>) -> Response {
 
 pub(crate) async fn status(State(app): State<Arc<App>>) -> ApiResult {
     let backend = app.backend().await?;
-    let status = crate::ops::status_of(&backend).await?;
+    let mut status = crate::ops::status_of(&backend).await?;
+    // The CLI's shape, but no address of the store leaves the server.
+    status.location = if backend.is_embedded() {
+        "embedded".to_owned()
+    } else {
+        "redis".to_owned()
+    };
     Ok(json_text(render::status(&status, true)))
 }
 
@@ -164,6 +170,12 @@ pub(crate) async fn health(State(app): State<Arc<App>>) -> ApiResult {
     let backend = app.backend().await?;
     let rules = crate::ops::health_rules(&backend, &crate::cli::HealthArgs::defaults()).await?;
     Ok(json_text(render::health(&rules, true)))
+}
+
+/// Every namespace beside this one, with its progress: the dashboard's overview.
+pub(crate) async fn namespaces(State(app): State<Arc<App>>) -> ApiResult {
+    let rows = crate::namespace::overview(&app.global).await?;
+    Ok(json_value(Value::Array(rows)))
 }
 
 pub(crate) async fn plans(State(app): State<Arc<App>>) -> ApiResult {
@@ -238,6 +250,13 @@ pub(crate) async fn partitions(
         .unwrap_or(100);
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::bad_request("limit must be between 1 and 1000"));
+    }
+    if let Some(w) = &q.worker
+        && (w.len() > 256 || w.chars().any(char::is_control))
+    {
+        return Err(ApiError::bad_request(
+            "worker must be at most 256 characters, none of them control characters",
+        ));
     }
     let backend = app.backend().await?;
     let page = list::page(&backend, state, q.worker.as_deref(), after, limit as usize).await?;
