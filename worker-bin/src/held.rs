@@ -73,7 +73,14 @@ type Held = HashMap<(u64, u64), (Lease, Arc<Hold>)>;
 #[derive(Debug, Default)]
 pub(crate) struct LeaseBook {
     held: Mutex<Held>,
+    /// Wakes the heartbeat task when a partition starts, so that it shows as running
+    /// within [`FIRST_BEAT`] instead of at the next regular beat.
+    starts: Notify,
 }
+
+/// How soon after a partition starts the heartbeat that marks it running goes out:
+/// every start within it rides the same call.
+pub(crate) const FIRST_BEAT: Duration = Duration::from_secs(1);
 
 impl LeaseBook {
     /// Enters `lease`, its checkpoint where the claim left it.
@@ -82,6 +89,11 @@ impl LeaseBook {
         self.lock()
             .insert((lease.pid, lease.token), (lease.clone(), hold.clone()));
         hold
+    }
+
+    /// Says that a held lease's partition started running.
+    pub(crate) fn started(&self) {
+        self.starts.notify_one();
     }
 
     /// Takes `lease` out before its outcome is reported: no heartbeat renews it after.
@@ -141,7 +153,8 @@ impl LeaseBook {
     }
 }
 
-/// Heartbeats every lease in `book` every `lease / 3` until `done`.
+/// Heartbeats every lease in `book` every `lease / 3` until `done`, and [`FIRST_BEAT`]
+/// after a partition starts (the store marks a lease running at its first heartbeat).
 pub(crate) async fn heartbeat(
     book: Arc<LeaseBook>,
     active: Arc<dyn ActiveStore>,
@@ -153,10 +166,20 @@ pub(crate) async fn heartbeat(
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
+    let first = FIRST_BEAT.min(every);
     loop {
         tokio::select! {
             () = until(&mut done, |d| *d) => return,
             _ = tick.tick() => {}
+            () = book.starts.notified() => {
+                // Starts gather for a moment; the beat then renews everything, so the
+                // regular one can wait a whole period again.
+                tokio::select! {
+                    () = until(&mut done, |d| *d) => return,
+                    () = tokio::time::sleep(first) => {}
+                }
+                tick.reset();
+            }
         }
         book.beat(active.as_ref(), &shared).await;
     }

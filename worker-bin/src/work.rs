@@ -467,6 +467,7 @@ fn auto_prefetch(concurrency: usize, mean_ms: Option<f64>) -> usize {
 /// Starts the partition of `lease` on `tasks`, in a span of its own when the span is
 /// enabled (entering a disabled span on every poll costs more than the simulated work).
 fn start(tasks: &mut JoinSet<()>, ctx: &Arc<PartitionCtx>, lease: Lease, hold: Arc<Hold>) {
+    ctx.book.started();
     let span = tracing::info_span!("partition", pid = lease.pid, attempt = lease.attempt);
     let task = ctx.clone().process(lease, hold);
     if span.is_disabled() {

@@ -1059,3 +1059,55 @@ fn embedded_bad_input() {
     assert!(cost.contains("1000 partitions"), "{cost}");
     assert!(!dir.join(".tranche").exists(), "a dry run created state");
 }
+
+/// A started partition shows as running within a second or two, not at the first
+/// regular heartbeat (lease / 3, 10 s by default).
+#[test]
+fn started_partitions_show_as_running_at_once() {
+    let redis = TestRedis::start();
+    let dir = scratch("running-at-once");
+    let url = redis.url();
+    ok(tranche(
+        &dir,
+        &[
+            "--redis", &url, "plan", "--min", "1", "--max", "4000", "--size", "1000",
+        ],
+    ));
+    let mut run = tranche(
+        &dir,
+        &[
+            "--redis",
+            &url,
+            "run",
+            "--exec",
+            "sleep 8",
+            "--chunk",
+            "1000",
+            "--concurrency",
+            "2",
+            "--prefetch",
+            "0",
+            "--grace",
+            "0s",
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let started = std::time::Instant::now();
+    eventually(Duration::from_secs(6), "2 partitions running", || {
+        let status: serde_json::Value =
+            serde_json::from_str(&ok(tranche(&dir, &["--redis", &url, "status", "--json"])))
+                .unwrap();
+        status["running"] == 2
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "running only after {:?}",
+        started.elapsed()
+    );
+    // A drain with no grace stops the chunks' process groups too.
+    common::signal(&run, "INT");
+    common::wait(&mut run, Duration::from_secs(30));
+}
