@@ -1,9 +1,11 @@
 //! Progress of a run: a bar on a terminal, plain periodic log lines otherwise.
 //!
 //! The bar shows the whole namespace (with many workers every bar tells the same
-//! story), but the rate and the ETA are this run's own: completions since it started,
-//! over the time since it started, so a resumed job does not count earlier partitions
-//! as this run's. No rate or ETA is shown before this run finished anything. When
+//! story). Beside it stand two rates since this run started: this process's own
+//! completions ("here") and the namespace's ("all", every worker's, which the ETA
+//! follows), so a resumed job does not count earlier partitions as this run's and a
+//! fleet does not count its neighbours' as this process's. No rate or ETA is shown
+//! before anything finished since the start. When
 //! nothing can be done it says why (paused; partitions held by other or departed
 //! workers). The last frame stays where the run stopped: an interrupted run does not
 //! draw a full bar.
@@ -21,12 +23,16 @@ use tranche_active_store::{ActiveStore, StatusCounts};
 use crate::backend::Backend;
 use crate::work::until;
 
+/// This process's own completions so far.
+pub(crate) type Mine = Arc<dyn Fn() -> u64 + Send + Sync>;
+
 /// The progress reporter of one run; stops with the run's background tasks.
 pub(crate) struct Progress {
     bar: Option<ProgressBar>,
     task: JoinHandle<()>,
     total: u64,
     clock: RunClock,
+    mine: Mine,
 }
 
 /// This run's own progress: where the namespace stood when it started.
@@ -37,17 +43,27 @@ struct RunClock {
 }
 
 impl RunClock {
-    /// Partitions per second finished since this run started; `None` before the first.
+    /// Partitions per second the namespace finished since this run started; `None`
+    /// before the first.
     fn rate(&self, done: u64) -> Option<f64> {
         let finished = done.saturating_sub(self.done_at_start);
         let secs = self.started.elapsed().as_secs_f64();
         (finished > 0 && secs > 0.0).then(|| finished as f64 / secs)
     }
+
+    /// Partitions per second this process completed since it started.
+    fn own_rate(&self, mine: u64) -> f64 {
+        mine as f64 / self.started.elapsed().as_secs_f64().max(1e-3)
+    }
 }
 
 impl Progress {
     /// Starts reporting until `done` turns true.
-    pub(crate) async fn start(backend: &Backend, done: watch::Receiver<bool>) -> Result<Self> {
+    pub(crate) async fn start(
+        backend: &Backend,
+        mine: Mine,
+        done: watch::Receiver<bool>,
+    ) -> Result<Self> {
         let total = total_partitions(backend.active.as_ref()).await?;
         let counts = backend.active.counts().await?;
         let clock = RunClock {
@@ -71,6 +87,7 @@ impl Progress {
             bar.clone(),
             total,
             clock,
+            mine.clone(),
             done,
         ));
         Ok(Self {
@@ -78,6 +95,7 @@ impl Progress {
             task,
             total,
             clock,
+            mine,
         })
     }
 
@@ -88,7 +106,14 @@ impl Progress {
         match self.bar {
             Some(bar) => {
                 bar.set_position(done);
-                bar.set_message(message(counts, self.total, done, &self.clock, false));
+                bar.set_message(message(
+                    counts,
+                    self.total,
+                    done,
+                    (self.mine)(),
+                    &self.clock,
+                    false,
+                ));
                 // `abandon` keeps the position; `finish` would fill the bar.
                 bar.abandon();
             }
@@ -107,6 +132,7 @@ async fn report(
     bar: Option<ProgressBar>,
     mut total: u64,
     clock: RunClock,
+    mine: Mine,
     mut stop: watch::Receiver<bool>,
 ) {
     let every = if bar.is_some() {
@@ -128,7 +154,7 @@ async fn report(
         };
         let paused = active.is_paused().await.unwrap_or(false);
         let done = finished(total, &counts);
-        let msg = message(&counts, total, done, &clock, paused);
+        let msg = message(&counts, total, done, mine(), &clock, paused);
         match &bar {
             Some(bar) => {
                 bar.set_length(total);
@@ -140,14 +166,25 @@ async fn report(
     }
 }
 
-/// Rate and ETA of this run, the namespace's running and failed partitions, and why
-/// nothing moves when nothing can.
-fn message(counts: &StatusCounts, total: u64, done: u64, clock: &RunClock, paused: bool) -> String {
+/// This process's rate, the namespace's rate and its ETA since this run started, the
+/// namespace's running and failed partitions, and why nothing moves when nothing can.
+fn message(
+    counts: &StatusCounts,
+    total: u64,
+    done: u64,
+    mine: u64,
+    clock: &RunClock,
+    paused: bool,
+) -> String {
     let mut parts = Vec::new();
     match clock.rate(done) {
         Some(rate) => {
             let left = total.saturating_sub(done + counts.failed + counts.discarded);
-            parts.push(format!("{} (this run)", per_second(rate)));
+            parts.push(format!(
+                "{} here, {} all",
+                per_second(clock.own_rate(mine)),
+                per_second(rate)
+            ));
             if left > 0 {
                 parts.push(format!("ETA {}", eta(left as f64 / rate)));
             }
@@ -226,12 +263,15 @@ mod tests {
             done_at_start: 50,
         };
         // Resumed at 50 of 200: nothing finished by this run yet.
-        let msg = message(&counts(100, 0, 50, 0), 200, 50, &clock, false);
+        let msg = message(&counts(100, 0, 50, 0), 200, 50, 0, &clock, false);
         assert!(msg.starts_with("-/s  50 running"), "{msg}");
         assert!(!msg.contains("ETA"), "{msg}");
         // 20 more in 10 s: 2/s, not 7/s; 130 left take about 65 s.
-        let msg = message(&counts(80, 0, 50, 0), 200, 70, &clock, false);
-        assert!(msg.starts_with("2.00/s (this run)  ETA 1m 5s"), "{msg}");
+        let msg = message(&counts(80, 0, 50, 0), 200, 70, 20, &clock, false);
+        assert!(msg.starts_with("2.00/s here, 2.00/s all  ETA 1m 5s"), "{msg}");
+        // Beside other workers: 5 of those 20 were this process's.
+        let msg = message(&counts(80, 0, 50, 0), 200, 70, 5, &clock, false);
+        assert!(msg.starts_with("0.50/s here, 2.00/s all  ETA 1m 5s"), "{msg}");
     }
 
     #[test]
@@ -240,9 +280,9 @@ mod tests {
             started: Instant::now(),
             done_at_start: 0,
         };
-        let msg = message(&counts(0, 0, 2, 0), 20, 18, &clock, false);
+        let msg = message(&counts(0, 0, 2, 0), 20, 18, 0, &clock, false);
         assert!(msg.contains("waiting: the last 2 held by"), "{msg}");
-        let msg = message(&counts(5, 0, 0, 0), 20, 15, &clock, true);
+        let msg = message(&counts(5, 0, 0, 0), 20, 15, 0, &clock, true);
         assert!(msg.contains("PAUSED"), "{msg}");
         assert_eq!(eta(3725.0), "1h 2m");
         assert_eq!(per_second(1523.4), "1523/s");

@@ -270,7 +270,11 @@ pub(crate) async fn run(
                 .await;
         });
     }
-    let progress = Progress::start(backend, bg_rx.clone()).await?;
+    let mine: crate::progress::Mine = {
+        let shared = shared.clone();
+        Arc::new(move || shared.completed.load(Relaxed))
+    };
+    let progress = Progress::start(backend, mine, bg_rx.clone()).await?;
 
     let outcome = claim_loop(backend, &settings, &shared, &book, stop.clone()).await;
 
