@@ -289,6 +289,29 @@ impl Backend {
         }
     }
 
+    /// When the oldest completion still waiting in an archive inbox was written, ms
+    /// since the epoch (a stream entry's id starts with it): one `XRANGE - + COUNT 1`
+    /// per shard. `None` when the inboxes are empty, and embedded (its inbox is drained
+    /// in the process that completes).
+    pub(crate) async fn inbox_oldest_ms(&self) -> Result<Option<u64>> {
+        let Place::Redis { conn, schema, .. } = &self.place else {
+            return Ok(None);
+        };
+        let firsts = schema.shards().map(|shard| {
+            let (mut c, key) = (conn.clone(), schema.inbox(shard));
+            async move {
+                let reply: redis::streams::StreamRangeReply =
+                    c.xrange_count(key, "-", "+", 1).await?;
+                Ok::<_, redis::RedisError>(reply.ids.first().and_then(|e| {
+                    e.id.split_once('-')
+                        .and_then(|(ms, _)| ms.parse::<u64>().ok())
+                }))
+            }
+        });
+        let firsts = futures_util::future::try_join_all(firsts).await?;
+        Ok(firsts.into_iter().flatten().min())
+    }
+
     /// Redis's `used_memory`, for the run summary; `None` when embedded. On a cluster,
     /// the sum over the masters (the client sends INFO to each and answers with a map
     /// of node to reply).

@@ -411,9 +411,17 @@ pub(crate) struct HealthArgs {
     /// Alert when more partitions than this have failed (out of attempts).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub(crate) max_failed: u64,
-    /// Alert when work is outstanding and nothing was archived for this long.
+    /// Alert when failed partitions are more than this share of the planned ones.
+    #[arg(long, value_name = "SHARE", default_value_t = 0.01)]
+    pub(crate) max_failed_share: f64,
+    /// Alert when work is outstanding and nothing was archived for this long (since the
+    /// oldest live worker started, when nothing was ever archived).
     #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
     pub(crate) max_stall: Duration,
+    /// Alert when the oldest completion waiting for the archiver is older than this (an
+    /// archiver that is missing or falls behind; Redis only).
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    pub(crate) max_archive_lag: Duration,
     /// Also recompute statistics from the archive (reads every record).
     #[arg(long)]
     pub(crate) check: bool,

@@ -717,14 +717,28 @@ pub(crate) async fn health_rules(
     let workers = backend.active.workers().await?;
     let live = workers.iter().filter(|w| w.active).count();
     let outstanding = counts.outstanding();
-    // Minutes since anything was last archived, while work is outstanding; 0 when the
-    // job is done or has not archived anything yet (then `outstanding_no_worker` tells).
-    let last = stats.global_stats.last_updated;
-    let stalled_min = if outstanding > 0 && last > 0.0 {
-        ((work::now_ms() as f64 / 1000.0 - last) / 60.0).max(0.0)
-    } else {
-        0.0
+    let planned = crate::progress::total_partitions(backend.active.as_ref()).await?;
+    let now_ms = work::now_ms();
+    // Minutes since anything was last archived, while work is outstanding. Before the
+    // first archive, since the oldest live worker started: a fleet stuck from its start
+    // is stalled too. 0 when the job is done or no worker runs (then
+    // `outstanding_no_worker` tells).
+    let last_ms = match stats.global_stats.last_updated {
+        last if last > 0.0 => Some((last * 1000.0) as u64),
+        _ => workers
+            .iter()
+            .filter(|w| w.active)
+            .map(|w| w.info.started_ms)
+            .min(),
     };
+    let stalled_min = match last_ms {
+        Some(ms) if outstanding > 0 => now_ms.saturating_sub(ms) as f64 / 60_000.0,
+        _ => 0.0,
+    };
+    let lag_s = backend
+        .inbox_oldest_ms()
+        .await?
+        .map_or(0.0, |ms| now_ms.saturating_sub(ms) as f64 / 1000.0);
     let mut rules = vec![
         render::Rule::new(
             "active_partitions",
@@ -732,6 +746,11 @@ pub(crate) async fn health_rules(
             args.max_active as f64,
         ),
         render::Rule::new("archive_queue", inbox as f64, args.max_inbox as f64),
+        render::Rule::new(
+            "archive_lag_seconds",
+            lag_s,
+            args.max_archive_lag.as_secs_f64(),
+        ),
         render::Rule::new(
             "decode_failure_rate",
             failures as f64 / stats.global_stats.total_completed.max(1) as f64,
@@ -750,6 +769,11 @@ pub(crate) async fn health_rules(
             "failed_partitions",
             counts.failed as f64,
             args.max_failed as f64,
+        ),
+        render::Rule::new(
+            "failed_share",
+            counts.failed as f64 / planned.max(1) as f64,
+            args.max_failed_share,
         ),
         render::Rule::new(
             "outstanding_no_worker",

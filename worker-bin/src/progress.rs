@@ -268,10 +268,16 @@ mod tests {
         assert!(!msg.contains("ETA"), "{msg}");
         // 20 more in 10 s: 2/s, not 7/s; 130 left take about 65 s.
         let msg = message(&counts(80, 0, 50, 0), 200, 70, 20, &clock, false);
-        assert!(msg.starts_with("2.00/s here, 2.00/s all  ETA 1m 5s"), "{msg}");
+        assert!(
+            msg.starts_with("2.00/s here, 2.00/s all  ETA 1m 5s"),
+            "{msg}"
+        );
         // Beside other workers: 5 of those 20 were this process's.
         let msg = message(&counts(80, 0, 50, 0), 200, 70, 5, &clock, false);
-        assert!(msg.starts_with("0.50/s here, 2.00/s all  ETA 1m 5s"), "{msg}");
+        assert!(
+            msg.starts_with("0.50/s here, 2.00/s all  ETA 1m 5s"),
+            "{msg}"
+        );
     }
 
     #[test]

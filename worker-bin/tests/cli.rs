@@ -433,8 +433,16 @@ fn health_rules_fire_when_the_job_is_broken() {
         ],
     ));
     assert_eq!(out.status.code(), Some(1));
-    assert_eq!(firing(&dir, &[]), ["failed_partitions"]);
-    assert_eq!(firing(&dir, &["--max-failed", "10"]), Vec::<String>::new());
+    assert_eq!(firing(&dir, &[]), ["failed_partitions", "failed_share"]);
+    assert_eq!(
+        firing(&dir, &["--max-failed", "10"]),
+        ["failed_share"],
+        "all 10 of 10 failed"
+    );
+    assert_eq!(
+        firing(&dir, &["--max-failed", "10", "--max-failed-share", "1"]),
+        Vec::<String>::new()
+    );
     ok(tranche(&dir, &["retry-failed"]));
     assert_eq!(firing(&dir, &[]), ["outstanding_no_worker"]);
     ok(tranche(
@@ -451,6 +459,82 @@ fn health_rules_fire_when_the_job_is_broken() {
         firing(&dir, &["--max-stall", "0s"]),
         ["outstanding_no_worker", "stalled_minutes"]
     );
+}
+
+/// The rules the other health test cannot reach embedded, each made to fire on Redis:
+/// too many partitions active, a slow worker, completions waiting for an archiver that
+/// is not running (count and age), a fleet stuck since it started, and statistics that
+/// disagree with the archive.
+#[test]
+fn health_rules_fire_on_redis() {
+    let redis = TestRedis::start();
+    let dir = scratch("health-redis");
+    let url = redis.url();
+    let cmd = |args: &[&str]| tranche(&dir, &[&["--redis", &url][..], args].concat());
+    let firing_redis =
+        |extra: &[&str]| firing(&dir, &[&["--redis", url.as_str()][..], extra].concat());
+    ok(cmd(&[
+        "plan", "--min", "1", "--max", "4000", "--size", "1000",
+    ]));
+    // Two partitions that take their time.
+    let mut run = cmd(&[
+        "run",
+        "--exec",
+        "sleep 20",
+        "--chunk",
+        "1000",
+        "--concurrency",
+        "2",
+        "--prefetch",
+        "0",
+        "--grace",
+        "0s",
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    eventually(Duration::from_secs(30), "2 partitions running", || {
+        firing_redis(&["--max-active", "1"]).contains(&"active_partitions".to_owned())
+    });
+    // The worker's registry entry carries its update latency once it has updated.
+    eventually(Duration::from_secs(30), "a slow worker", || {
+        firing_redis(&["--max-update-p99-ms", "0"]).contains(&"worker_update_p99_ms".to_owned())
+    });
+    // Nothing archived since the fleet started: stalled once the allowance is gone.
+    eventually(Duration::from_secs(30), "stalled from the start", || {
+        firing_redis(&["--max-stall", "0s"]).contains(&"stalled_minutes".to_owned())
+    });
+    assert!(firing_redis(&[]).is_empty());
+    common::signal(&run, "INT");
+    common::wait(&mut run, Duration::from_secs(30));
+
+    // Completions with no archiver: the backlog and its age fire, then clear once an
+    // archiver drains it.
+    ok(cmd(&[
+        "run",
+        "--simulate",
+        "--sim-latency",
+        "0..1",
+        "--no-archiver",
+    ]));
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        firing_redis(&["--max-inbox", "0", "--max-archive-lag", "0s"]),
+        ["archive_queue", "archive_lag_seconds"]
+    );
+    ok(cmd(&["archive"]));
+    assert!(firing_redis(&["--max-inbox", "0", "--max-archive-lag", "0s"]).is_empty());
+
+    // Statistics that disagree with the archive: only `--check` looks.
+    let _: i64 = redis.query(
+        redis::cmd("HINCRBY")
+            .arg("{tranche:0}:stats:global")
+            .arg("count")
+            .arg(1),
+    );
+    assert!(firing_redis(&[]).is_empty());
+    assert_eq!(firing_redis(&["--check"]), ["statistics_consistency"]);
 }
 
 /// A record set aside as a dead letter is counted in `status` and fires `health`.

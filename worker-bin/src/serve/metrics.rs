@@ -120,6 +120,7 @@ pub(crate) async fn scrape(State(app): State<Arc<App>>) -> Result<Response, ApiE
         .await
         .map_err(anyhow::Error::from)?;
     let inbox = q.time("inbox", backend.inbox_len()).await?;
+    let oldest = backend.inbox_oldest_ms().await?;
     let memory = backend.used_memory().await;
 
     let mut registry = Registry::with_prefix("tranche");
@@ -160,6 +161,15 @@ pub(crate) async fn scrape(State(app): State<Arc<App>>) -> Result<Response, ApiE
         "inbox_backlog",
         "Completions waiting in the archive inboxes",
         inbox,
+    );
+    let age: FloatGauge = Gauge::default();
+    age.set(oldest.map_or(0.0, |ms| {
+        crate::work::now_ms().saturating_sub(ms) as f64 / 1000.0
+    }));
+    registry.register(
+        "inbox_oldest_age_seconds",
+        "Age of the oldest completion waiting for the archiver (0 when none; Redis only)",
+        age,
     );
     let by_liveness: Family<StateLabel, Gauge> = Family::default();
     let alive = workers.iter().filter(|w| w.active).count();
