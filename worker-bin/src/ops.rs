@@ -237,7 +237,11 @@ async fn plan(backend: &Backend, args: &PlanArgs, json: bool) -> Result<Outcome>
             size: args.size,
         })
         .await
-        .map_err(|e| anyhow::anyhow!("invalid plan: {e}"))?;
+        .map_err(|e| match e {
+            // The store's refusal already says "invalid plan: …".
+            tranche_active_store::Error::InvalidPlan(_) => anyhow::Error::new(e),
+            other => anyhow::Error::new(other).context("cannot register the plan"),
+        })?;
     backend.register_namespace().await?;
     backend.save().await?;
     let entry = outcome

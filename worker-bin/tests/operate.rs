@@ -1,0 +1,61 @@
+//! Operating a job through the real binary: error lines an operator reads, the
+//! statistics' counts, and moving a namespace's archive out and back in (dumps, JSON
+//! lines, and the seed's hashes of JSON).
+
+#[path = "../../active-store/tests/support/mod.rs"]
+mod support;
+
+mod common;
+
+use common::{ok, output, scratch, tranche};
+use std::path::Path;
+use support::TestRedis;
+
+/// Runs `tranche ARGS`, asserts exit `code` and exactly one line on stderr, returns it.
+fn fails(dir: &Path, args: &[&str], code: i32) -> String {
+    let out = output(tranche(dir, args));
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(code), "{args:?}: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "{args:?}: expected one line, got:\n{stderr}"
+    );
+    assert!(lines[0].starts_with("tranche: "), "{args:?}: {stderr}");
+    lines[0].to_owned()
+}
+
+/// `rest` after `--redis URL` (or alone, embedded, when `url` is `None`).
+fn with(url: Option<&str>, rest: &[&str]) -> Vec<String> {
+    let mut v = Vec::new();
+    if let Some(url) = url {
+        v.extend(["--redis".to_owned(), url.to_owned()]);
+    }
+    v.extend(rest.iter().map(|s| s.to_string()));
+    v
+}
+
+fn args(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn an_overlapping_plan_says_invalid_plan_once() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    for url in [None, Some(url.as_str())] {
+        let dir = scratch(&format!("overlap-{}", url.is_some()));
+        ok(tranche(
+            &dir,
+            &args(&with(url, &["plan", "--min", "1", "--max", "10000"])),
+        ));
+        let line = fails(
+            &dir,
+            &args(&with(url, &["plan", "--min", "5000", "--max", "20000"])),
+            2,
+        );
+        assert_eq!(line.matches("invalid plan").count(), 1, "{line}");
+        assert!(line.contains("overlap"), "{line}");
+    }
+}
