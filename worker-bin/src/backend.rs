@@ -413,6 +413,12 @@ async fn connect(global: &Global, url: &str) -> Result<(RedisConnection, String)
     let conn = RedisConnection::connect_with(url, &tls)
         .await
         .map_err(|e| {
+            if e.kind() == redis::ErrorKind::Parse {
+                // Its reply, quoted by the parser, would run over several lines.
+                return anyhow!(
+                    "cannot connect to Redis at {shown}: the server did not answer as Redis (is that the port of a Redis server?)"
+                );
+            }
             let hint = if url.starts_with("rediss://") && e.is_timeout() {
                 " (a rediss:// URL needs a server speaking TLS on that port)"
             } else {

@@ -59,3 +59,26 @@ fn an_overlapping_plan_says_invalid_plan_once() {
         assert!(line.contains("overlap"), "{line}");
     }
 }
+
+#[test]
+fn a_server_that_is_not_redis_is_one_line() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // Answers every connection as a web server would, then closes it.
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let _ = stream.set_read_timeout(Some(std::time::Duration::from_millis(500)));
+            let mut buf = [0u8; 1024];
+            let _ = stream.read(&mut buf);
+            let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+    });
+    let dir = scratch("not-redis");
+    let url = format!("redis://127.0.0.1:{port}");
+    let line = fails(&dir, &["--redis", &url, "status"], 2);
+    assert!(line.contains("did not answer as Redis"), "{line}");
+    assert!(line.contains(&url), "{line}");
+}
