@@ -8,8 +8,15 @@ mod support;
 mod common;
 
 use common::{ok, output, scratch, tranche};
+use serde_json::Value;
 use std::path::Path;
 use support::TestRedis;
+
+/// `tranche ARGS` as JSON (the command must succeed).
+fn json(dir: &Path, args: &[&str]) -> Value {
+    let out = ok(tranche(dir, args));
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
+}
 
 /// Runs `tranche ARGS`, asserts exit `code` and exactly one line on stderr, returns it.
 fn fails(dir: &Path, args: &[&str], code: i32) -> String {
@@ -81,4 +88,41 @@ fn a_server_that_is_not_redis_is_one_line() {
     let line = fails(&dir, &["--redis", &url, "status"], 2);
     assert!(line.contains("did not answer as Redis"), "{line}");
     assert!(line.contains(&url), "{line}");
+}
+
+#[test]
+fn stats_counts_discarded_partitions() {
+    let dir = scratch("stats-discarded");
+    ok(tranche(
+        &dir,
+        &["plan", "--min", "1", "--max", "10000", "--size", "1000"],
+    ));
+    let out = output(tranche(
+        &dir,
+        &[
+            "run",
+            "--simulate",
+            "--sim-fail",
+            "1.0",
+            "--max-attempts",
+            "1",
+        ],
+    ));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ok(tranche(&dir, &["discard", "4"]));
+    let status = json(&dir, &["status", "--json"]);
+    assert_eq!(status["partitions"], 10, "{status}");
+    assert_eq!(status["discarded"], 1, "{status}");
+    let stats = json(&dir, &["stats", "--json"]);
+    assert_eq!(stats["total"], 10, "{stats}");
+    assert_eq!(stats["active"]["discarded"], 1, "{stats}");
+    assert_eq!(stats["active"]["failed"], 9, "{stats}");
+    let table = ok(tranche(&dir, &["stats"]));
+    assert!(table.contains("partitions 10\n"), "{table}");
+    assert!(table.contains("9 failed, 1 discarded"), "{table}");
 }
