@@ -374,7 +374,8 @@ pub(crate) struct ExportArgs {
     /// Where to write.
     #[arg(long, short, value_name = "FILE")]
     pub(crate) output: PathBuf,
-    /// JSON lines, one seed-format record per partition, instead of a dump.
+    /// JSON lines instead of a dump: a first line with the plans, then one seed-format
+    /// record per partition.
     #[arg(long)]
     pub(crate) jsonl: bool,
 }

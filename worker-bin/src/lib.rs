@@ -11,6 +11,7 @@ mod cli;
 mod embedded;
 mod held;
 mod job;
+mod jsonl;
 mod list;
 mod namespace;
 mod ops;

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tranche_active_store::{Config as ActiveConfig, Plan, PlanEntry, StatusCounts};
-use tranche_archive_store::{Dump, DumpPlan, Snapshots};
+use tranche_archive_store::{Dump, DumpPlan, Snapshots, Tier};
 use tranche_codec::KeySchema;
 use tranche_stats::{Stats, StatsDelta, diff};
 
@@ -498,7 +498,7 @@ async fn export(backend: &Backend, args: &ExportArgs) -> Result<Outcome> {
         })
         .collect();
     let bytes = if args.jsonl {
-        dump.to_json_lines().into_bytes()
+        crate::jsonl::write(&dump).into_bytes()
     } else {
         dump.to_bytes()?
     };
@@ -526,8 +526,19 @@ async fn export(backend: &Backend, args: &ExportArgs) -> Result<Outcome> {
 
 async fn import(g: &crate::cli::Global, file: &Path) -> Result<Outcome> {
     let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let dump = Dump::from_bytes(&bytes)
-        .with_context(|| format!("{} is not a tranche dump", file.display()))?;
+    let mut dump = if crate::jsonl::looks_like_jsonl(&bytes) {
+        let text = std::str::from_utf8(&bytes)
+            .with_context(|| format!("{} is not UTF-8 JSON lines", file.display()))?;
+        crate::jsonl::read(text, work::now_ms(), Tier::Simple).with_context(|| {
+            format!(
+                "{} is not JSON lines of `tranche export --jsonl`",
+                file.display()
+            )
+        })?
+    } else {
+        Dump::from_bytes(&bytes)
+            .with_context(|| format!("{} is not a tranche dump", file.display()))?
+    };
     if let Some(shards) = g.shards
         && shards != dump.num_shards
     {
@@ -544,6 +555,15 @@ async fn import(g: &crate::cli::Global, file: &Path) -> Result<Outcome> {
         );
     }
     backend.ensure_writable()?;
+    if crate::jsonl::looks_like_jsonl(&bytes) {
+        // JSON lines do not say where a batch lived: as many records as the archiver
+        // would have kept simple stay simple, more go to the compressed tier.
+        if dump.entries() >= backend.archive_config.compressed_at {
+            for b in &mut dump.batches {
+                b.tier = Tier::Compressed;
+            }
+        }
+    }
     // Plans first: their checks run before anything is written, and they refuse a dump
     // whose records lie outside its plans.
     let entries: Vec<PlanEntry> = dump

@@ -126,3 +126,85 @@ fn stats_counts_discarded_partitions() {
     assert!(table.contains("partitions 10\n"), "{table}");
     assert!(table.contains("9 failed, 1 discarded"), "{table}");
 }
+
+/// The counts of `status --json` a restored namespace must show as the source did.
+fn counts(status: &Value) -> (u64, u64, u64, u64) {
+    let n = |k: &str| {
+        status[k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{k}: {status}"))
+    };
+    (
+        n("partitions"),
+        n("archived"),
+        n("unissued") + n("pending"),
+        n("failed") + n("discarded"),
+    )
+}
+
+#[test]
+fn a_jsonl_export_imports_back() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    for url in [None, Some(url.as_str())] {
+        let dir = scratch(&format!("jsonl-{}", url.is_some()));
+        let r = |rest: &[&str]| with(url, rest);
+        ok(tranche(
+            &dir,
+            &args(&r(&[
+                "plan", "--min", "1", "--max", "10000", "--shards", "3",
+            ])),
+        ));
+        ok(tranche(
+            &dir,
+            &args(&r(&["run", "--simulate", "--sim-latency", "0..0"])),
+        ));
+        // A second plan nobody ran: its pids must come back pending.
+        ok(tranche(
+            &dir,
+            &args(&r(&["plan", "--min", "10001", "--max", "15000"])),
+        ));
+        let file = dir.join("job.jsonl");
+        let file = file.to_str().unwrap();
+        ok(tranche(&dir, &args(&r(&["export", "--jsonl", "-o", file]))));
+        let text = std::fs::read_to_string(file).unwrap();
+        assert_eq!(
+            text.lines().count(),
+            11,
+            "a header and ten records:\n{text}"
+        );
+
+        let fresh = |rest: &[&str]| {
+            let mut v = r(&["--namespace", "restored"]);
+            v.extend(rest.iter().map(|s| s.to_string()));
+            v
+        };
+        ok(tranche(&dir, &args(&fresh(&["import", file]))));
+        let before = json(&dir, &args(&r(&["status", "--json"])));
+        let after = json(&dir, &args(&fresh(&["status", "--json"])));
+        assert_eq!(counts(&after), counts(&before), "{before}\n{after}");
+        assert_eq!(counts(&after), (15, 10, 5, 0));
+        assert_eq!(after["shards"], 3, "{after}");
+
+        let done = json(&dir, &args(&fresh(&["get", "7", "--json"])));
+        assert_eq!(done["status"], "completed", "{done}");
+        assert_eq!(
+            (&done["min_id"], &done["max_id"]),
+            (&6001.into(), &7000.into())
+        );
+        let left = json(&dir, &args(&fresh(&["get", "12", "--json"])));
+        assert_eq!(left["status"], "pending", "{left}");
+        // Archived pids are never issued again: a run does the five others only.
+        ok(tranche(
+            &dir,
+            &args(&fresh(&["run", "--simulate", "--sim-latency", "0..0"])),
+        ));
+        let done = json(&dir, &args(&fresh(&["status", "--json"])));
+        assert_eq!(counts(&done), (15, 15, 0, 0), "{done}");
+        let stats = json(&dir, &args(&fresh(&["stats", "--json"])));
+        assert_eq!(stats["completed"]["global_stats"]["total_completed"], 15);
+        // Not into a namespace that holds anything.
+        let line = fails(&dir, &args(&fresh(&["import", file])), 2);
+        assert!(line.contains("not empty"), "{line}");
+    }
+}
