@@ -18,6 +18,7 @@ mod ops;
 mod progress;
 mod render;
 pub mod runner;
+mod seed;
 mod serve;
 mod slot;
 mod state;

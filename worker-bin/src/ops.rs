@@ -15,7 +15,7 @@ use tranche_stats::{Stats, StatsDelta, diff};
 
 use crate::backend::{Backend, Open, Tuning};
 use crate::cli::{
-    ArchiveArgs, Cli, Command, ExportArgs, HealthArgs, PlanArgs, RunArgs, StatusArgs,
+    ArchiveArgs, Cli, Command, ExportArgs, HealthArgs, ImportArgs, PlanArgs, RunArgs, StatusArgs,
 };
 use crate::job::Job;
 use crate::render;
@@ -145,6 +145,15 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             println!("partition {pid} discarded");
             Ok(Outcome::Success)
         }
+        Command::Export(ExportArgs {
+            to_hash: Some(key), ..
+        }) => {
+            crate::seed::export(
+                &Backend::open(g, Open::Existing, Tuning::default()).await?,
+                &key,
+            )
+            .await
+        }
         Command::Export(args) => {
             export(
                 &Backend::open(g, Open::Existing, Tuning::default()).await?,
@@ -152,7 +161,10 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             )
             .await
         }
-        Command::Import { file } => import(g, &file).await,
+        Command::Import(ImportArgs {
+            file: Some(file), ..
+        }) => import(g, &file).await,
+        Command::Import(args) => crate::seed::import(g, &args).await,
         Command::Compact => {
             let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
             backend.ensure_writable()?;
@@ -484,6 +496,10 @@ async fn status(backend: &Backend, args: &StatusArgs, json: bool) -> Result<Outc
 }
 
 async fn export(backend: &Backend, args: &ExportArgs) -> Result<Outcome> {
+    let output = args
+        .output
+        .as_deref()
+        .context("give -o FILE or --to-hash KEY")?;
     let mut dump = backend.archive.export(work::now_ms()).await?;
     // The plan registry travels with the archive, so that an import answers for pids
     // and never issues an archived one again.
@@ -506,10 +522,10 @@ async fn export(backend: &Backend, args: &ExportArgs) -> Result<Outcome> {
         "exported {} records in {} batches to {} ({} bytes)",
         dump.entries(),
         dump.batches.len(),
-        args.output.display(),
+        output.display(),
         bytes.len()
     );
-    if args.output == Path::new("-") {
+    if output == Path::new("-") {
         // The dump is the output: the summary goes to stderr.
         use std::io::Write;
         let mut out = std::io::stdout().lock();
@@ -518,7 +534,7 @@ async fn export(backend: &Backend, args: &ExportArgs) -> Result<Outcome> {
             .context("cannot write to stdout")?;
         eprintln!("{summary}");
     } else {
-        write_atomically(&args.output, &bytes)?;
+        write_atomically(output, &bytes)?;
         println!("{summary}");
     }
     Ok(Outcome::Success)

@@ -208,3 +208,260 @@ fn a_jsonl_export_imports_back() {
         assert!(line.contains("not empty"), "{line}");
     }
 }
+
+/// The seed's record of a completed partition `pid` (of 1,000 IDs), as its hash holds it.
+fn seed_record(pid: u64, worker: &str, completed_at: u64, duration: u64) -> String {
+    format!(
+        r#"{{"pid":{pid},"min_id":{},"max_id":{},"worker_id":"{worker}","completed_at":{completed_at},"duration":{duration}}}"#,
+        (pid - 1) * 1000 + 1,
+        pid * 1000
+    )
+}
+
+fn hgetall(redis: &TestRedis, key: &str) -> std::collections::BTreeMap<String, String> {
+    redis.query(redis::cmd("HGETALL").arg(key))
+}
+
+#[test]
+fn the_seed_hashes_are_adopted_and_rolled_back() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let dir = scratch("seed-hashes");
+    // Ten partitions of 1,000 IDs: 1..=4 completed, the rest active in every status.
+    for pid in 1..=4 {
+        let value = seed_record(
+            pid,
+            ["worker1", "worker2"][pid as usize % 2],
+            1_719_234_400 + pid,
+            290 + pid,
+        );
+        let _: i64 = redis.query(redis::cmd("HSET").arg("elk_completed").arg(pid).arg(value));
+    }
+    let active = [
+        (5, "pending", "", Some(0)),
+        (6, "claimed", "old-1", Some(1)),
+        (7, "running", "old-1", Some(2)),
+        (8, "failed", "old-2", Some(5)),
+        (9, "pending", "", None),
+        (10, "pending", "", Some(3)),
+    ];
+    for (pid, status, worker, attempts) in active {
+        let attempts = attempts.map_or(String::new(), |a| format!(r#","attempts":{a}"#));
+        let value = format!(
+            r#"{{"pid":{pid},"min_id":{},"max_id":{},"worker_id":"{worker}","status":"{status}"{attempts}}}"#,
+            (pid - 1) * 1000 + 1,
+            pid * 1000
+        );
+        let _: i64 = redis.query(redis::cmd("HSET").arg("elk_partitions").arg(pid).arg(value));
+    }
+    let r = |rest: &[&str]| {
+        let mut v = with(Some(&url), &["--namespace", "adopted"]);
+        v.extend(rest.iter().map(|s| s.to_string()));
+        v
+    };
+    let import = r(&[
+        "import",
+        "--from-hash",
+        "elk_partitions",
+        "--completed-hash",
+        "elk_completed",
+    ]);
+    let said = ok(tranche(&dir, &args(&import)));
+    assert!(
+        said.contains("one plan of 10 partitions of 1000 IDs"),
+        "{said}"
+    );
+    let status = json(&dir, &args(&r(&["status", "--json"])));
+    let n = |k: &str| status[k].as_u64().unwrap();
+    assert_eq!(
+        (
+            n("partitions"),
+            n("archived"),
+            n("pending"),
+            n("failed"),
+            n("unissued")
+        ),
+        (10, 4, 5, 1, 0),
+        "{status}"
+    );
+    let stats = json(&dir, &args(&r(&["stats", "--json"])));
+    assert_eq!(
+        stats["completed"]["global_stats"]["total_completed"], 4,
+        "{stats}"
+    );
+    assert_eq!(
+        stats["completed"]["worker_stats"]["worker1"]["completed_count"], 2,
+        "{stats}"
+    );
+
+    let done = json(&dir, &args(&r(&["get", "3", "--json"])));
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["completed_at_ms"], 1_719_234_403_000u64, "{done}");
+    assert_eq!(done["duration_ms"], 293_000, "{done}");
+    let running = json(&dir, &args(&r(&["get", "7", "--json"])));
+    assert_eq!(
+        (&running["status"], &running["attempt"]),
+        (&"pending".into(), &2.into()),
+        "{running}"
+    );
+    let failed = json(&dir, &args(&r(&["get", "8", "--json"])));
+    assert_eq!(
+        (&failed["status"], &failed["attempt"]),
+        (&"failed".into(), &5.into()),
+        "{failed}"
+    );
+    assert_eq!(failed["worker"], "old-2", "{failed}");
+    assert_eq!(json(&dir, &args(&r(&["get", "9", "--json"])))["attempt"], 0);
+
+    // Again: nothing changes.
+    let again = ok(tranche(&dir, &args(&import)));
+    assert!(again.contains("nothing changed"), "{again}");
+    assert_eq!(json(&dir, &args(&r(&["status", "--json"]))), status);
+    // Another job's hashes are refused, in one line.
+    let _: i64 = redis.query(
+        redis::cmd("HSET")
+            .arg("other")
+            .arg(1)
+            .arg(seed_record(1, "x", 1, 1)),
+    );
+    let line = fails(&dir, &args(&r(&["import", "--completed-hash", "other"])), 2);
+    assert!(line.contains("not empty"), "{line}");
+
+    // The rest runs here; the failed one stays failed (exit 1 says so).
+    let out = output(tranche(
+        &dir,
+        &args(&r(&[
+            "run",
+            "--simulate",
+            "--sim-latency",
+            "0..0",
+            "--worker-id",
+            "new-1",
+        ])),
+    ));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = json(&dir, &args(&r(&["status", "--json"])));
+    assert_eq!(
+        (status["archived"].as_u64(), status["failed"].as_u64()),
+        (Some(9), Some(1))
+    );
+
+    // Back into one hash of the seed's JSON, twice: the second writes the same.
+    let export = r(&["export", "--to-hash", "elk_completed_back"]);
+    for _ in 0..2 {
+        let said = ok(tranche(&dir, &args(&export)));
+        assert!(said.contains("exported 9 records"), "{said}");
+        let back = hgetall(&redis, "elk_completed_back");
+        let pids: Vec<u64> = back
+            .keys()
+            .map(|k| k.parse().unwrap())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        assert_eq!(pids, [1, 2, 3, 4, 5, 6, 7, 9, 10]);
+        for (pid, value) in &back {
+            let pid: u64 = pid.parse().unwrap();
+            if pid <= 4 {
+                assert_eq!(value, &hgetall(&redis, "elk_completed")[&pid.to_string()]);
+                continue;
+            }
+            // Run here: this worker, times in whole seconds, in the seed's exact form.
+            let v: Value = serde_json::from_str(value).unwrap();
+            let (at, took) = (v["completed_at"].as_u64(), v["duration"].as_u64());
+            assert!(at.is_some() && took.is_some(), "integers: {value}");
+            assert_eq!(
+                value,
+                &seed_record(pid, "new-1", at.unwrap(), took.unwrap())
+            );
+        }
+    }
+    // And the rolled-back hash adopts again, into a fresh namespace.
+    let fresh = with(
+        Some(&url),
+        &[
+            "--namespace",
+            "again",
+            "import",
+            "--completed-hash",
+            "elk_completed_back",
+            "--from-hash",
+            "elk_partitions_none",
+        ],
+    );
+    let line = fails(&dir, &args(&fresh), 2);
+    assert!(line.contains("pid 8 is in neither hash"), "{line}");
+
+    // Partitions of different sizes become one explicit range each.
+    let uneven = [
+        (
+            "elk_done_uneven",
+            2,
+            r#"{"pid":2,"min_id":1001,"max_id":1500,"worker_id":"w","completed_at":1719234405,"duration":295}"#,
+        ),
+        (
+            "elk_active_uneven",
+            1,
+            r#"{"pid":1,"min_id":1,"max_id":1000,"status":"pending"}"#,
+        ),
+        (
+            "elk_active_uneven",
+            3,
+            r#"{"pid":3,"min_id":1501,"max_id":2500,"status":"claimed","attempts":1}"#,
+        ),
+    ];
+    for (key, pid, value) in uneven {
+        let _: i64 = redis.query(redis::cmd("HSET").arg(key).arg(pid).arg(value));
+    }
+    let u = |rest: &[&str]| {
+        let mut v = with(Some(&url), &["--namespace", "uneven"]);
+        v.extend(rest.iter().map(|s| s.to_string()));
+        v
+    };
+    let said = ok(tranche(
+        &dir,
+        &args(&u(&[
+            "import",
+            "--from-hash",
+            "elk_active_uneven",
+            "--completed-hash",
+            "elk_done_uneven",
+        ])),
+    ));
+    assert!(said.contains("3 explicit ranges"), "{said}");
+    let pending = json(&dir, &args(&u(&["get", "3", "--json"])));
+    assert_eq!(
+        (&pending["status"], &pending["attempt"]),
+        (&"pending".into(), &1.into()),
+        "{pending}"
+    );
+    assert_eq!(
+        (&pending["min_id"], &pending["max_id"]),
+        (&1501.into(), &2500.into())
+    );
+    ok(tranche(
+        &dir,
+        &args(&u(&["run", "--simulate", "--sim-latency", "0..0"])),
+    ));
+    let status = json(&dir, &args(&u(&["status", "--json"])));
+    assert_eq!(
+        (status["partitions"].as_u64(), status["archived"].as_u64()),
+        (Some(3), Some(3)),
+        "{status}"
+    );
+    assert_eq!(
+        json(&dir, &args(&u(&["get", "2", "--json"])))["max_id"],
+        1500
+    );
+
+    // Neither is offered embedded.
+    let line = fails(&dir, &["import", "--from-hash", "elk_partitions"], 2);
+    assert!(line.contains("give --redis"), "{line}");
+    ok(tranche(&dir, &["plan", "--min", "1", "--max", "10"]));
+    let line = fails(&dir, &["export", "--to-hash", "k"], 2);
+    assert!(line.contains("give --redis"), "{line}");
+}
