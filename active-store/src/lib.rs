@@ -28,7 +28,7 @@ pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use error::{Error, Result};
 pub use memory::MemoryActiveStore;
 pub use model::{
-    ActiveSnapshot, Completion, Config, FailOutcome, Lease, Plan, PlanEntry, PlanOutcome,
+    ActiveSnapshot, Carried, Completion, Config, FailOutcome, Lease, Plan, PlanEntry, PlanOutcome,
     StatusCounts, Unissued, WorkerInfo, WorkerState,
 };
 pub use redis_store::{RedisActiveStore, RedisConnection, TlsOptions, scripts};

@@ -270,3 +270,18 @@ impl Config {
         now_ms.saturating_sub(last_beat_ms) <= allowance
     }
 }
+
+/// The state an adopted partition had in the system it came from, for
+/// [`RedisActiveStore::carry`](crate::RedisActiveStore::carry).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Carried {
+    /// The partition.
+    pub pid: u64,
+    /// The attempts it had used: a partition that failed twice there has two fewer
+    /// left here.
+    pub attempts: u32,
+    /// Out of attempts there: failed here too, for `retry-failed` or `discard`.
+    pub failed: bool,
+    /// The worker that last held it (kept on a failed partition; empty for none).
+    pub worker: String,
+}

@@ -120,10 +120,13 @@ impl MergedStats {
             .map(|s| s.global_stats.total_completed)
     }
 
-    /// Every partition the job has, as far as known: outstanding, failed and completed
-    /// (archived). Without the statistics layer, the active part alone.
+    /// Every partition the job has, as far as known: outstanding, failed, discarded and
+    /// completed (archived). Without the statistics layer, the active part alone.
     pub fn total(&self) -> u64 {
-        self.active.outstanding() + self.active.failed + self.completed_count().unwrap_or(0)
+        self.active.outstanding()
+            + self.active.failed
+            + self.active.discarded
+            + self.completed_count().unwrap_or(0)
     }
 
     /// The share of partitions completed, 0.0 to 1.0; `None` without the statistics

@@ -248,6 +248,56 @@ impl Backend {
         }
     }
 
+    /// Every (field, value) of the hash `key` on this namespace's Redis, read by HSCAN
+    /// a thousand at a time (`tranche import --from-hash`). Redis only.
+    pub(crate) async fn hash_entries(&self, key: &str) -> Result<Vec<(String, String)>> {
+        let Place::Redis { conn, .. } = &self.place else {
+            bail!("reading a hash needs --redis");
+        };
+        let mut found = Vec::new();
+        let mut cursor = 0u64;
+        loop {
+            let mut c = conn.clone();
+            let (next, pairs): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
+                .arg(key)
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut c)
+                .await?;
+            found.extend(pairs);
+            if next == 0 {
+                // HSCAN may return a field twice while the hash is rehashed.
+                found.sort_unstable();
+                found.dedup();
+                return Ok(found);
+            }
+            cursor = next;
+        }
+    }
+
+    /// `HSET key field value` for every pair, a thousand per command (`tranche export
+    /// --to-hash`). Redis only.
+    pub(crate) async fn write_hash(&self, key: &str, pairs: &[(String, String)]) -> Result<()> {
+        let Place::Redis { conn, .. } = &self.place else {
+            bail!("writing a hash needs --redis");
+        };
+        for chunk in pairs.chunks(1000) {
+            let mut c = conn.clone();
+            let () = c.hset_multiple(key, chunk).await?;
+        }
+        Ok(())
+    }
+
+    /// Gives adopted partitions the attempts and failed status they had before
+    /// (`RedisActiveStore::carry`). Redis only: the hashes adopted live there.
+    pub(crate) async fn carry(&self, partitions: &[tranche_active_store::Carried]) -> Result<u64> {
+        match &self.place {
+            Place::Redis { active, .. } => Ok(active.carry(partitions).await?),
+            Place::Embedded(_) => bail!("adopting hashes needs --redis"),
+        }
+    }
+
     /// Whether this is the embedded backend.
     pub(crate) fn is_embedded(&self) -> bool {
         matches!(self.place, Place::Embedded(_))
@@ -436,6 +486,12 @@ async fn connect(global: &Global, url: &str) -> Result<(RedisConnection, String)
     let conn = RedisConnection::connect_with(url, &tls)
         .await
         .map_err(|e| {
+            if e.kind() == redis::ErrorKind::Parse {
+                // Its reply, quoted by the parser, would run over several lines.
+                return anyhow!(
+                    "cannot connect to Redis at {shown}: the server did not answer as Redis (is that the port of a Redis server?)"
+                );
+            }
             let hint = if url.starts_with("rediss://") && e.is_timeout() {
                 " (a rediss:// URL needs a server speaking TLS on that port)"
             } else {

@@ -155,12 +155,16 @@ pub(crate) enum Command {
         force: bool,
     },
     /// Write the whole archive to a dump file (or JSON lines).
+    ///
+    /// With --to-hash, write every archived partition back into one Redis hash of the
+    /// seed's JSON instead (field pid), on the namespace's Redis.
     Export(ExportArgs),
     /// Restore a dump file into an empty namespace.
-    Import {
-        /// The dump written by `export`.
-        file: PathBuf,
-    },
+    ///
+    /// FILE is a dump or the JSON lines of `export --jsonl`. With --from-hash (and
+    /// --completed-hash), adopt a job kept in the seed's hashes of JSON on the
+    /// namespace's Redis instead.
+    Import(ImportArgs),
     /// Seal open archive batches now.
     Compact,
     /// Recompute statistics from the archive and report every difference.
@@ -372,11 +376,37 @@ pub(crate) struct StatusArgs {
 #[derive(Debug, Args)]
 pub(crate) struct ExportArgs {
     /// Where to write.
-    #[arg(long, short, value_name = "FILE")]
-    pub(crate) output: PathBuf,
-    /// JSON lines, one seed-format record per partition, instead of a dump.
+    #[arg(long, short, value_name = "FILE", required_unless_present = "to_hash")]
+    pub(crate) output: Option<PathBuf>,
+    /// JSON lines instead of a dump: a first line with the plans, then one seed-format
+    /// record per partition.
     #[arg(long)]
     pub(crate) jsonl: bool,
+    /// Instead of a file, HSET every archived partition into this Redis hash as the
+    /// seed's JSON, field its pid (Redis only; running it again writes the same).
+    #[arg(long, value_name = "KEY", conflicts_with_all = ["output", "jsonl"])]
+    pub(crate) to_hash: Option<String>,
+}
+
+/// `import`.
+#[derive(Debug, Args)]
+pub(crate) struct ImportArgs {
+    /// The dump (or JSON lines) written by `export`.
+    #[arg(
+        value_name = "FILE",
+        required_unless_present_any = ["from_hash", "completed_hash"],
+        conflicts_with_all = ["from_hash", "completed_hash"]
+    )]
+    pub(crate) file: Option<PathBuf>,
+    /// Adopt the unfinished partitions of this Redis hash (field pid, value the seed's
+    /// partition JSON: pending, claimed and running ones come back pending, failed ones
+    /// failed, their attempts kept). Redis only.
+    #[arg(long, value_name = "KEY")]
+    pub(crate) from_hash: Option<String>,
+    /// Adopt the completed partitions of this Redis hash (field pid, value the seed's
+    /// record JSON) into the archive. Redis only.
+    #[arg(long, value_name = "KEY")]
+    pub(crate) completed_hash: Option<String>,
 }
 
 /// `serve`.

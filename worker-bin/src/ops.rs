@@ -9,13 +9,13 @@ use anyhow::{Context, Result, bail};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tranche_active_store::{Config as ActiveConfig, Plan, PlanEntry, StatusCounts};
-use tranche_archive_store::{Dump, DumpPlan, Snapshots};
+use tranche_archive_store::{Dump, DumpPlan, Snapshots, Tier};
 use tranche_codec::KeySchema;
 use tranche_stats::{Stats, StatsDelta, diff};
 
 use crate::backend::{Backend, Open, Tuning};
 use crate::cli::{
-    ArchiveArgs, Cli, Command, ExportArgs, HealthArgs, PlanArgs, RunArgs, StatusArgs,
+    ArchiveArgs, Cli, Command, ExportArgs, HealthArgs, ImportArgs, PlanArgs, RunArgs, StatusArgs,
 };
 use crate::job::Job;
 use crate::render;
@@ -145,6 +145,15 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             println!("partition {pid} discarded");
             Ok(Outcome::Success)
         }
+        Command::Export(ExportArgs {
+            to_hash: Some(key), ..
+        }) => {
+            crate::seed::export(
+                &Backend::open(g, Open::Existing, Tuning::default()).await?,
+                &key,
+            )
+            .await
+        }
         Command::Export(args) => {
             export(
                 &Backend::open(g, Open::Existing, Tuning::default()).await?,
@@ -152,7 +161,10 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             )
             .await
         }
-        Command::Import { file } => import(g, &file).await,
+        Command::Import(ImportArgs {
+            file: Some(file), ..
+        }) => import(g, &file).await,
+        Command::Import(args) => crate::seed::import(g, &args).await,
         Command::Compact => {
             let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
             backend.ensure_writable()?;
@@ -237,7 +249,11 @@ async fn plan(backend: &Backend, args: &PlanArgs, json: bool) -> Result<Outcome>
             size: args.size,
         })
         .await
-        .map_err(|e| anyhow::anyhow!("invalid plan: {e}"))?;
+        .map_err(|e| match e {
+            // The store's refusal already says "invalid plan: …".
+            tranche_active_store::Error::InvalidPlan(_) => anyhow::Error::new(e),
+            other => anyhow::Error::new(other).context("cannot register the plan"),
+        })?;
     backend.register_namespace().await?;
     backend.save().await?;
     let entry = outcome
@@ -480,6 +496,10 @@ async fn status(backend: &Backend, args: &StatusArgs, json: bool) -> Result<Outc
 }
 
 async fn export(backend: &Backend, args: &ExportArgs) -> Result<Outcome> {
+    let output = args
+        .output
+        .as_deref()
+        .context("give -o FILE or --to-hash KEY")?;
     let mut dump = backend.archive.export(work::now_ms()).await?;
     // The plan registry travels with the archive, so that an import answers for pids
     // and never issues an archived one again.
@@ -494,7 +514,7 @@ async fn export(backend: &Backend, args: &ExportArgs) -> Result<Outcome> {
         })
         .collect();
     let bytes = if args.jsonl {
-        dump.to_json_lines().into_bytes()
+        crate::jsonl::write(&dump).into_bytes()
     } else {
         dump.to_bytes()?
     };
@@ -502,10 +522,10 @@ async fn export(backend: &Backend, args: &ExportArgs) -> Result<Outcome> {
         "exported {} records in {} batches to {} ({} bytes)",
         dump.entries(),
         dump.batches.len(),
-        args.output.display(),
+        output.display(),
         bytes.len()
     );
-    if args.output == Path::new("-") {
+    if output == Path::new("-") {
         // The dump is the output: the summary goes to stderr.
         use std::io::Write;
         let mut out = std::io::stdout().lock();
@@ -514,7 +534,7 @@ async fn export(backend: &Backend, args: &ExportArgs) -> Result<Outcome> {
             .context("cannot write to stdout")?;
         eprintln!("{summary}");
     } else {
-        write_atomically(&args.output, &bytes)?;
+        write_atomically(output, &bytes)?;
         println!("{summary}");
     }
     Ok(Outcome::Success)
@@ -522,8 +542,19 @@ async fn export(backend: &Backend, args: &ExportArgs) -> Result<Outcome> {
 
 async fn import(g: &crate::cli::Global, file: &Path) -> Result<Outcome> {
     let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let dump = Dump::from_bytes(&bytes)
-        .with_context(|| format!("{} is not a tranche dump", file.display()))?;
+    let mut dump = if crate::jsonl::looks_like_jsonl(&bytes) {
+        let text = std::str::from_utf8(&bytes)
+            .with_context(|| format!("{} is not UTF-8 JSON lines", file.display()))?;
+        crate::jsonl::read(text, work::now_ms(), Tier::Simple).with_context(|| {
+            format!(
+                "{} is not JSON lines of `tranche export --jsonl`",
+                file.display()
+            )
+        })?
+    } else {
+        Dump::from_bytes(&bytes)
+            .with_context(|| format!("{} is not a tranche dump", file.display()))?
+    };
     if let Some(shards) = g.shards
         && shards != dump.num_shards
     {
@@ -540,6 +571,15 @@ async fn import(g: &crate::cli::Global, file: &Path) -> Result<Outcome> {
         );
     }
     backend.ensure_writable()?;
+    if crate::jsonl::looks_like_jsonl(&bytes) {
+        // JSON lines do not say where a batch lived: as many records as the archiver
+        // would have kept simple stay simple, more go to the compressed tier.
+        if dump.entries() >= backend.archive_config.compressed_at {
+            for b in &mut dump.batches {
+                b.tier = Tier::Compressed;
+            }
+        }
+    }
     // Plans first: their checks run before anything is written, and they refuse a dump
     // whose records lie outside its plans.
     let entries: Vec<PlanEntry> = dump

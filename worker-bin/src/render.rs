@@ -340,7 +340,7 @@ pub(crate) fn stats(m: &MergedStats, json: bool) -> Result<String> {
         };
         return Ok(line(json!({
             "total": m.total(),
-            "active": {"unissued": c.unissued, "pending": c.pending, "claimed": c.claimed, "running": c.running, "failed": c.failed},
+            "active": {"unissued": c.unissued, "pending": c.pending, "claimed": c.claimed, "running": c.running, "failed": c.failed, "discarded": c.discarded},
             "ranges_included": ranges.is_some(),
             "completed": completed,
         })));
@@ -349,8 +349,8 @@ pub(crate) fn stats(m: &MergedStats, json: bool) -> Result<String> {
     let _ = writeln!(out, "partitions {}", m.total());
     let _ = writeln!(
         out,
-        "active     {} unissued, {} pending, {} claimed, {} running, {} failed",
-        c.unissued, c.pending, c.claimed, c.running, c.failed
+        "active     {} unissued, {} pending, {} claimed, {} running, {} failed, {} discarded",
+        c.unissued, c.pending, c.claimed, c.running, c.failed, c.discarded
     );
     match &m.completed {
         Err(e) => {

@@ -22,7 +22,7 @@ pub use conn::{RedisConnection, TlsOptions};
 use crate::clock::{Clock, SystemClock};
 use crate::layout::Layout;
 use crate::model::{
-    ActiveSnapshot, Completion, Config, FailOutcome, Lease, Plan, PlanEntry, PlanOutcome,
+    ActiveSnapshot, Carried, Completion, Config, FailOutcome, Lease, Plan, PlanEntry, PlanOutcome,
     StatusCounts, Unissued, WorkerInfo, WorkerState,
 };
 use crate::plans::{self, Registry, Request};
@@ -52,6 +52,7 @@ static REAP: LazyLock<Script> = script!("reap");
 static RETRY_FAILED: LazyLock<Script> = script!("retry_failed");
 static DISCARD: LazyLock<Script> = script!("discard");
 static RECOUNT: LazyLock<Script> = script!("recount");
+static CARRY: LazyLock<Script> = script!("carry");
 
 /// Every script with its source, for tests that check each keeps to one slot.
 pub fn scripts() -> Vec<(&'static str, &'static Script)> {
@@ -68,6 +69,7 @@ pub fn scripts() -> Vec<(&'static str, &'static Script)> {
         ("retry_failed", &RETRY_FAILED),
         ("discard", &DISCARD),
         ("recount", &RECOUNT),
+        ("carry", &CARRY),
     ]
 }
 

@@ -172,6 +172,43 @@ where
         self.recount_shards(&[self.layout.shard_of(pid)]).await
     }
 
+    /// Gives adopted partitions the state they had in the system they came from
+    /// (`tranche import --from-hash`, after [`Planner::adopt`](crate::Planner::adopt)
+    /// made them pending): each keeps its attempts, and is failed (last held by its
+    /// worker, out of every index) when [`Carried::failed`] says so. Only a
+    /// pending record changes, so calling it again changes nothing more. One script call
+    /// per shard and chunk; returns how many records changed.
+    pub async fn carry(&self, partitions: &[Carried]) -> Result<u64> {
+        let now = self.now().to_string();
+        let mut args: Vec<Vec<String>> = vec![vec![now.clone()]; self.keys.len()];
+        for c in partitions {
+            if !c.worker.is_empty() {
+                plans::check_worker(&c.worker)?;
+            }
+            let shard = self.layout.shard_of(c.pid) as usize;
+            args[shard].extend([
+                c.pid.to_string(),
+                c.attempts.to_string(),
+                if c.failed { "f" } else { "p" }.to_owned(),
+                c.worker.clone(),
+            ]);
+        }
+        let mut changed = 0;
+        for (shard, args) in args.iter().enumerate() {
+            let keys = &self.keys[shard];
+            for chunk in args[1..].chunks(4 * MAX_SCRIPT_BATCH) {
+                let mut call = vec![now.clone()];
+                call.extend_from_slice(chunk);
+                let n: u64 = self
+                    .invoke(&CARRY, &[&keys.active, &keys.pending, &keys.counts], &call)
+                    .await?;
+                changed += n;
+            }
+        }
+        self.empty.wake_all();
+        Ok(changed)
+    }
+
     async fn recount_shards(&self, shards: &[u32]) -> Result<()> {
         let calls = shards.iter().map(|&s| async move {
             let keys = &self.keys[s as usize];

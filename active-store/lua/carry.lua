@@ -1,0 +1,27 @@
+-- carry: give adopted partitions of one shard the attempts (and the failed status) they
+-- had in the system they were adopted from (`tranche import --from-hash`). Only a
+-- pending record is changed, so a partition claimed since is left to its worker, and a
+-- second call with the same arguments changes nothing more.
+-- KEYS[1] active hash   KEYS[2] pending zset   KEYS[3] status counters hash
+-- ARGV[1] now ms, then per partition: pid, attempts, status (p or f), worker id
+-- Reply: the number of records changed.
+local now, n = ARGV[1], 0
+for i = 2, #ARGV, 4 do
+  local pid, attempts, status, worker = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  local r = decode(redis.call('HGET', KEYS[1], pid) or '')
+  if r ~= nil and r[1] == 'p' and (r[2] ~= attempts or status ~= 'p') then
+    r[2] = attempts
+    r[7] = now
+    if status == 'f' then
+      -- Out of every index, as fail.lua leaves a partition out of attempts.
+      moved('p', 'f')
+      r[1] = 'f'
+      r[8] = worker
+      redis.call('ZREM', KEYS[2], pid)
+    end
+    redis.call('HSET', KEYS[1], pid, encode(r))
+    n = n + 1
+  end
+end
+count(KEYS[3])
+return n
