@@ -171,3 +171,60 @@ async fn tokens_stay_unique_when_the_sequence_rolls_back() {
         after.iter().map(|l| l.token).collect::<Vec<_>>()
     );
 }
+
+/// `carry` (Redis only, so outside the behaviour suite) on a cluster node: its keys are
+/// one shard's, in one slot, and it changes only pending records, once.
+#[tokio::test]
+async fn carry_runs_on_a_cluster_node_and_changes_pending_records_once() {
+    use tranche_active_store::{
+        ActiveQuery, Carried, Config, Leases, Plan, Planner, RedisActiveStore, RedisConnection,
+    };
+    use tranche_codec::Status;
+    let node = TestRedis::start_cluster();
+    let conn = RedisConnection::connect(&node.url()).await.unwrap();
+    let store = RedisActiveStore::new(
+        conn,
+        Config {
+            num_shards: 4,
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    store
+        .plan(&Plan::Uniform {
+            min: 1,
+            max: 8000,
+            size: 1000,
+        })
+        .await
+        .unwrap();
+    // Pending records exist once claimed partitions are released.
+    for lease in store.claim("w", 8).await.unwrap() {
+        store.release(&lease, lease.min_id).await.unwrap();
+    }
+    let carried = [
+        Carried {
+            pid: 2,
+            attempts: 2,
+            failed: false,
+            worker: String::new(),
+        },
+        Carried {
+            pid: 7,
+            attempts: 3,
+            failed: true,
+            worker: "old-worker".into(),
+        },
+    ];
+    assert_eq!(store.carry(&carried).await.unwrap(), 2);
+    let two = store.get(2).await.unwrap().unwrap();
+    assert_eq!((two.status, two.attempts), (Status::Pending, 2));
+    let seven = store.get(7).await.unwrap().unwrap();
+    assert_eq!(
+        (seven.status, seven.attempts, seven.worker.as_deref()),
+        (Status::Failed, 3, Some("old-worker"))
+    );
+    assert_eq!(store.counts().await.unwrap().failed, 1);
+    // Again: nothing more changes.
+    assert_eq!(store.carry(&carried).await.unwrap(), 0);
+}
