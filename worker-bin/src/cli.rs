@@ -85,7 +85,8 @@ pub(crate) struct Global {
     /// State file of the embedded mode (ignored with --redis).
     #[arg(long, global = true, env = "TRANCHE_STATE", value_name = "FILE")]
     pub(crate) state: Option<PathBuf>,
-    /// Print JSON instead of tables (status, get, locate, stats, workers, health).
+    /// Print JSON instead of text: one object per command (one line per refresh with
+    /// `status --watch`), and failures as {"error": {"kind", "message"}} on stderr.
     #[arg(long, global = true)]
     pub(crate) json: bool,
 }

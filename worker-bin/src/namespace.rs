@@ -18,14 +18,18 @@ pub(crate) async fn set_paused(g: &Global, paused: bool) -> Result<Outcome> {
         );
     }
     backend.active.set_paused(paused).await?;
-    println!(
-        "namespace `{}` {}",
-        backend.namespace,
-        if paused {
-            "paused: workers claim nothing until `tranche resume` (running partitions finish)"
-        } else {
-            "resumed"
-        }
+    crate::ops::say(
+        g.json,
+        format_args!(
+            "namespace `{}` {}",
+            backend.namespace,
+            if paused {
+                "paused: workers claim nothing until `tranche resume` (running partitions finish)"
+            } else {
+                "resumed"
+            }
+        ),
+        json!({"namespace": backend.namespace, "paused": paused}),
     );
     Ok(Outcome::Success)
 }
@@ -173,13 +177,18 @@ pub(crate) async fn drop(g: &Global, yes: bool, force: bool) -> Result<Outcome> 
         );
     }
     let deleted = backend.drop_all().await?;
-    if backend.is_embedded() {
-        println!(
+    let text = if backend.is_embedded() {
+        format!(
             "namespace `{}` dropped (state file removed)",
             backend.namespace
-        );
+        )
     } else {
-        println!("namespace `{}` dropped ({deleted} keys)", backend.namespace);
-    }
+        format!("namespace `{}` dropped ({deleted} keys)", backend.namespace)
+    };
+    crate::ops::say(
+        g.json,
+        text,
+        json!({"namespace": backend.namespace, "dropped": true, "keys": deleted}),
+    );
     Ok(Outcome::Success)
 }

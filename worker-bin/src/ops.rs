@@ -124,13 +124,21 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             if let (Some(pid), true) = (pid, pids.is_empty()) {
                 bail!("partition {pid} is not failed");
             }
-            println!("{} failed partition(s) pending again", pids.len());
+            say(
+                json,
+                format_args!("{} failed partition(s) pending again", pids.len()),
+                serde_json::json!({"retried": pids}),
+            );
             Ok(Outcome::Success)
         }
         Command::Discard { pid, force: true } => {
             let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
             backend.force_discard(pid).await?;
-            println!("partition {pid} discarded (its record replaced)");
+            say(
+                json,
+                format_args!("partition {pid} discarded (its record replaced)"),
+                serde_json::json!({"discarded": pid, "forced": true}),
+            );
             Ok(Outcome::Success)
         }
         Command::Discard { pid, force: false } => {
@@ -142,7 +150,11 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
                 );
             }
             backend.save().await?;
-            println!("partition {pid} discarded");
+            say(
+                json,
+                format_args!("partition {pid} discarded"),
+                serde_json::json!({"discarded": pid, "forced": false}),
+            );
             Ok(Outcome::Success)
         }
         Command::Export(ExportArgs {
@@ -151,6 +163,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             crate::seed::export(
                 &Backend::open(g, Open::Existing, Tuning::default()).await?,
                 &key,
+                json,
             )
             .await
         }
@@ -158,6 +171,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             export(
                 &Backend::open(g, Open::Existing, Tuning::default()).await?,
                 &args,
+                json,
             )
             .await
         }
@@ -170,7 +184,11 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             backend.ensure_writable()?;
             let sealed = backend.archive.compact().await?;
             backend.save().await?;
-            println!("{sealed} batch(es) sealed");
+            say(
+                json,
+                format_args!("{sealed} batch(es) sealed"),
+                serde_json::json!({"sealed": sealed}),
+            );
             Ok(Outcome::Success)
         }
         Command::Check { repair } => {
@@ -267,7 +285,7 @@ async fn plan(backend: &Backend, args: &PlanArgs, json: bool) -> Result<Outcome>
             serde_json::json!({
                 "namespace": backend.namespace, "created": outcome.created,
                 "first_pid": p.first_pid(), "last_pid": p.last_pid(), "partitions": p.partitions(),
-                "min": p.min(), "max": p.max(), "size": p.size(), "shards": backend.shards,
+                "min_id": p.min(), "max_id": p.max(), "size": p.size(), "shards": backend.shards,
             })
         );
     } else if outcome.created {
@@ -363,10 +381,17 @@ async fn run(g: &crate::cli::Global, args: RunArgs) -> Result<Outcome> {
         _ if backend.is_embedded() => embedded_archive_bytes(&backend).await,
         _ => None,
     };
-    print!(
-        "{}",
-        render::run_summary(&report, stats.as_ref(), archive_bytes.as_ref())
-    );
+    if g.json {
+        println!(
+            "{}",
+            render::run_summary_json(&report, stats.as_ref(), archive_bytes.as_ref())
+        );
+    } else {
+        print!(
+            "{}",
+            render::run_summary(&report, stats.as_ref(), archive_bytes.as_ref())
+        );
+    }
     if let Some(reason) = report.broken {
         return Ok(Outcome::Failed(format!(
             "{reason}; stopped before spending any attempt (its partitions are pending again)"
@@ -382,6 +407,16 @@ async fn run(g: &crate::cli::Global, args: RunArgs) -> Result<Outcome> {
         )));
     }
     Ok(Outcome::Success)
+}
+
+/// Prints a command's outcome: `text` for a person, or with `--json` the one object
+/// `value` (a script reads JSON on both streams: errors are JSON too).
+pub(crate) fn say(json: bool, text: impl std::fmt::Display, value: serde_json::Value) {
+    if json {
+        println!("{value}");
+    } else {
+        println!("{text}");
+    }
 }
 
 /// How long an archiver's unacknowledged inbox entries must sit before another takes
@@ -431,9 +466,13 @@ async fn archive(g: &crate::cli::Global, args: ArchiveArgs) -> Result<Outcome> {
     work::drain_archive(&backend, &stop).await;
     backend.save().await?;
     let left = backend.inbox_len().await?;
-    println!(
-        "archive drained; {left} inbox entr{} left",
-        if left == 1 { "y" } else { "ies" }
+    say(
+        g.json,
+        format_args!(
+            "archive drained; {left} inbox entr{} left",
+            if left == 1 { "y" } else { "ies" }
+        ),
+        serde_json::json!({"inbox_left": left}),
     );
     Ok(if *stop.borrow() == Stop::Running {
         Outcome::Success
@@ -495,7 +534,7 @@ async fn status(backend: &Backend, args: &StatusArgs, json: bool) -> Result<Outc
     }
 }
 
-async fn export(backend: &Backend, args: &ExportArgs) -> Result<Outcome> {
+async fn export(backend: &Backend, args: &ExportArgs, json: bool) -> Result<Outcome> {
     let output = args
         .output
         .as_deref()
@@ -525,6 +564,16 @@ async fn export(backend: &Backend, args: &ExportArgs) -> Result<Outcome> {
         output.display(),
         bytes.len()
     );
+    let summary = if json {
+        serde_json::json!({
+            "records": dump.entries(), "batches": dump.batches.len(),
+            "output": output.display().to_string(), "bytes": bytes.len(),
+            "format": if args.jsonl { "jsonl" } else { "dump" },
+        })
+        .to_string()
+    } else {
+        summary
+    };
     if output == Path::new("-") {
         // The dump is the output: the summary goes to stderr.
         use std::io::Write;
@@ -612,6 +661,16 @@ async fn import(g: &crate::cli::Global, file: &Path) -> Result<Outcome> {
     let restored = backend.archive.import(&dump).await?;
     backend.register_namespace().await?;
     backend.save().await?;
+    if g.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "namespace": backend.namespace, "imported": restored,
+                "plans": entries.len(), "pending": pending,
+            })
+        );
+        return Ok(Outcome::Success);
+    }
     println!(
         "imported {restored} records into `{}` on {}",
         backend.namespace,

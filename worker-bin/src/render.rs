@@ -451,7 +451,8 @@ fn range_table(out: &mut String, ranges: &std::collections::BTreeMap<String, Ran
 /// `dead-letters`: one JSON object per line, or a table.
 pub(crate) fn dead_letters(dead: &[DeadLetter], json: bool) -> String {
     if json {
-        return dead.iter().map(|d| line(json!(d))).collect::<String>();
+        // One array, like every other list: `[]` says "none" in JSON too.
+        return line(json!(dead));
     }
     if dead.is_empty() {
         return "no dead letters: every completed record was archived\n".to_owned();
@@ -637,6 +638,41 @@ pub(crate) fn run_summary(
         None => {}
     }
     out
+}
+
+/// `run --json`: the summary as one object.
+pub(crate) fn run_summary_json(
+    r: &Report,
+    stats: Option<&StatsSummary>,
+    archive: Option<&ArchiveBytes>,
+) -> String {
+    let c = &r.counts;
+    let quantile = |q: f64| (r.completed > 0).then(|| r.durations_ms.value_at_quantile(q));
+    let (archive_bytes, measured_by) = match archive {
+        Some(ArchiveBytes::RedisGrowth(b)) => (Some(*b), Some("redis_used_memory_growth")),
+        Some(ArchiveBytes::Dump(b)) => (Some(*b), Some("binary_v2_dump")),
+        None => (None, None),
+    };
+    serde_json::json!({
+        "interrupted": r.interrupted,
+        "completed": r.completed,
+        "failed_attempts": r.failed_attempts,
+        "released": r.released,
+        "lost_leases": r.lost,
+        "elapsed_ms": r.elapsed.as_millis() as u64,
+        "rate_per_s": r.completed as f64 / r.elapsed.as_secs_f64().max(1e-3),
+        "duration_ms": {"p50": quantile(0.5), "p95": quantile(0.95), "p99": quantile(0.99)},
+        "namespace": {
+            "outstanding": c.outstanding(),
+            "failed": c.failed,
+            "discarded": c.discarded,
+            "archived": stats.map(|s| s.global_stats.total_completed),
+        },
+        "archive_bytes_per_partition": archive_bytes,
+        "archive_bytes_measured_by": measured_by,
+        "broken": r.broken,
+    })
+    .to_string()
 }
 
 fn percentiles(h: &Histogram<u64>) -> String {
@@ -851,7 +887,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn dead_letters_as_a_table_or_json_lines() {
+    fn dead_letters_as_a_table_or_a_json_array() {
         let dead = [tranche_archive_store::DeadLetter {
             shard: 3,
             id: "1719234405000-0".into(),
@@ -868,11 +904,11 @@ mod tests {
         let json = dead_letters(&dead, true);
         let v: Value = serde_json::from_str(json.trim()).unwrap();
         assert_eq!(
-            (v["shard"].as_u64(), v["record"].as_str()),
+            (v[0]["shard"].as_u64(), v[0]["record"].as_str()),
             (Some(3), Some(r#"{"pid":7}"#))
         );
         assert!(dead_letters(&[], false).starts_with("no dead letters"));
-        assert_eq!(dead_letters(&[], true), "");
+        assert_eq!(dead_letters(&[], true), "[]\n");
     }
 
     fn record(pid: u64, worker: &str, at_s: u64, dur_ms: u64) -> CompletedRecord {

@@ -179,10 +179,14 @@ pub(crate) async fn import(g: &Global, args: &ImportArgs) -> Result<Outcome> {
         let plans = backend.active.plans().await?;
         let archived = backend.stats.summary().await?.global_stats.total_completed;
         if plans == adoption.entries && archived >= adoption.completed.len() as u64 {
-            println!(
-                "namespace `{}` on {} already holds these partitions: nothing changed",
-                backend.namespace,
-                backend.location()
+            crate::ops::say(
+                g.json,
+                format_args!(
+                    "namespace `{}` on {} already holds these partitions: nothing changed",
+                    backend.namespace,
+                    backend.location()
+                ),
+                serde_json::json!({"namespace": backend.namespace, "changed": false}),
             );
             return Ok(Outcome::Success);
         }
@@ -216,16 +220,23 @@ pub(crate) async fn import(g: &Global, args: &ImportArgs) -> Result<Outcome> {
         ),
         entries => format!("{} explicit ranges", entries.len()),
     };
-    println!(
-        "adopted {plan} into `{}` on {}: {restored} completed (archived), {pending} pending, {failed} failed",
-        backend.namespace,
-        backend.location()
+    crate::ops::say(
+        g.json,
+        format_args!(
+            "adopted {plan} into `{}` on {}: {restored} completed (archived), {pending} pending, {failed} failed",
+            backend.namespace,
+            backend.location()
+        ),
+        serde_json::json!({
+            "namespace": backend.namespace, "changed": true, "plans": adoption.entries.len(),
+            "completed": restored, "pending": pending, "failed": failed,
+        }),
     );
     Ok(Outcome::Success)
 }
 
 /// `tranche export --to-hash KEY`: every archived record as `HSET KEY pid <seed JSON>`.
-pub(crate) async fn export(backend: &Backend, key: &str) -> Result<Outcome> {
+pub(crate) async fn export(backend: &Backend, key: &str, json: bool) -> Result<Outcome> {
     if backend.is_embedded() {
         bail!("--to-hash writes a hash on Redis: give --redis");
     }
@@ -248,9 +259,13 @@ pub(crate) async fn export(backend: &Backend, key: &str) -> Result<Outcome> {
             }
         }
     }
-    println!(
-        "exported {written} records to the hash {key} on {}",
-        backend.location()
+    crate::ops::say(
+        json,
+        format_args!(
+            "exported {written} records to the hash {key} on {}",
+            backend.location()
+        ),
+        serde_json::json!({"exported": written, "hash": key}),
     );
     Ok(Outcome::Success)
 }
