@@ -85,14 +85,48 @@ pub(crate) fn plans_json(plans: &[tranche_active_store::PlanEntry]) -> Value {
 /// Every namespace on the Redis (or beside the state file) with its size and state,
 /// each read in O(shards): what `namespaces` prints and `serve` shows as its overview.
 pub(crate) async fn overview(g: &Global) -> Result<Vec<Value>> {
-    let names = backend::namespace_names(g).await?;
+    let embedded = g.redis.is_none() && g.redis_file.is_none();
+    let targets: Vec<(String, Option<std::path::PathBuf>)> = if embedded {
+        // Each state file beside this one holds one namespace, whatever the file's
+        // name (`--state` may name it freely): ask the file.
+        let path = backend::state_path(g);
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+            _ => std::path::PathBuf::from("."),
+        };
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "state"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        files.sort();
+        files
+            .into_iter()
+            .filter_map(|file| match crate::state::load(&file) {
+                Ok(Some(saved)) => Some((saved.active.namespace.clone(), Some(file))),
+                Ok(None) => None,
+                Err(err) => {
+                    tracing::warn!(file = %file.display(), %err, "not a state file; left out");
+                    None
+                }
+            })
+            .collect()
+    } else {
+        backend::namespace_names(g)
+            .await?
+            .into_iter()
+            .map(|name| (name, None))
+            .collect()
+    };
     let mut rows = Vec::new();
-    for name in names {
+    for (name, file) in targets {
         let mut global = g.clone();
         global.namespace = name.clone();
-        if global.redis.is_none() && global.redis_file.is_none() {
-            // Each file is its own namespace's state.
-            global.state = Some(backend::state_path(g).with_file_name(format!("{name}.state")));
+        if file.is_some() {
+            global.state = file;
         }
         let backend = match Backend::open(&global, Open::Existing, Tuning::default()).await {
             Ok(b) => b,

@@ -324,6 +324,36 @@ fn range_lines(out: &mut String, r: &RangeStats) {
 ///
 /// `--json` says whether the ranges are in: `ranges_included`, and `completed` holds
 /// `range_stats` (the seed's full statistics) only then.
+/// The statistics document keeps the seed's fields and units (durations in seconds,
+/// `last_updated` in epoch seconds, range labels `start_end`, half-open); beside each
+/// time goes the CLI's own form: `<duration>_ms` integers, and `last_updated_ms` with
+/// `last_updated_at` (RFC 3339), as every other command writes times.
+fn with_ms(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            let mut extra = Vec::new();
+            for (key, value) in map.iter() {
+                let Some(secs) = value.as_f64() else { continue };
+                match key.as_str() {
+                    "avg_duration" | "p50" | "p95" | "p99" => {
+                        extra.push((format!("{key}_ms"), json!((secs * 1000.0).round() as u64)));
+                    }
+                    "last_updated" => {
+                        let ms = (secs * 1000.0).round() as u64;
+                        extra.push(("last_updated_ms".to_owned(), json!(ms)));
+                        extra.push(("last_updated_at".to_owned(), json!(rfc3339(ms))));
+                    }
+                    _ => {}
+                }
+            }
+            map.extend(extra);
+            map.values_mut().for_each(with_ms);
+        }
+        Value::Array(items) => items.iter_mut().for_each(with_ms),
+        _ => {}
+    }
+}
+
 pub(crate) fn stats(m: &MergedStats, json: bool) -> Result<String> {
     let c = &m.active;
     let ranges = m.ranges.as_ref().filter(|_| m.completed.is_ok());
@@ -334,6 +364,7 @@ pub(crate) fn stats(m: &MergedStats, json: bool) -> Result<String> {
                 if let (Some(r), Some(obj)) = (ranges, v.as_object_mut()) {
                     obj.insert("range_stats".into(), serde_json::to_value(r)?);
                 }
+                with_ms(&mut v);
                 v
             }
             Err(e) => json!({"error": e.to_string()}),
@@ -479,7 +510,9 @@ pub(crate) fn workers(ws: &[WorkerState], now_ms: u64, json: bool) -> String {
                 let i = &w.info;
                 json!({
                     "id": i.id, "active": w.active, "host": i.host, "process_id": i.process_id,
-                    "started_ms": i.started_ms, "last_beat_ms": i.last_beat_ms, "in_flight": i.in_flight,
+                    "started_at": rfc3339(i.started_ms), "started_ms": i.started_ms,
+                    "last_beat_at": rfc3339(i.last_beat_ms), "last_beat_ms": i.last_beat_ms,
+                    "in_flight": i.in_flight,
                     "completed": i.completed, "rate_per_s": i.rate_per_s,
                     "update_p50_ms": i.latency_p50_ms, "update_p99_ms": i.latency_p99_ms, "version": i.version,
                 })

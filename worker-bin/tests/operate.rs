@@ -465,3 +465,51 @@ fn the_seed_hashes_are_adopted_and_rolled_back() {
     let line = fails(&dir, &["export", "--to-hash", "k"], 2);
     assert!(line.contains("give --redis"), "{line}");
 }
+
+/// Embedded, `namespaces` asks each state file beside `--state` which namespace it
+/// holds: a file named freely (`x.state` holding `tranche`) is listed, not refused.
+#[test]
+fn embedded_namespaces_read_each_state_file() {
+    let dir = scratch("namespaces-embedded");
+    let x = dir.join("x.state");
+    let y = dir.join("y.state");
+    let (x, y) = (x.to_str().unwrap(), y.to_str().unwrap());
+    ok(tranche(
+        &dir,
+        &["--state", x, "plan", "--min", "1", "--max", "3000"],
+    ));
+    ok(tranche(
+        &dir,
+        &[
+            "--state",
+            y,
+            "--namespace",
+            "other",
+            "plan",
+            "--min",
+            "1",
+            "--max",
+            "5000",
+        ],
+    ));
+    let out = output(tranche(&dir, &["--state", x, "namespaces", "--json"]));
+    assert!(out.status.success());
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let listed: Vec<(&str, u64)> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["namespace"].as_str().unwrap(),
+                r["partitions"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(listed, [("tranche", 3), ("other", 5)]);
+}
