@@ -91,6 +91,10 @@ pub(crate) async fn page(
     })
 }
 
+/// How many archived records one page may read while a `--worker` filter passes over
+/// them: the time and memory of a page stay bounded whatever the archive holds.
+const EXAMINE_PER_PAGE: usize = 20_000;
+
 /// Archived partitions above `after`, through the archive's bounded range reads.
 async fn archived(
     backend: &Backend,
@@ -108,8 +112,18 @@ async fn archived(
         .unwrap_or(0);
     let mut rows = Vec::new();
     let mut from = after.saturating_add(1);
+    let mut examined = 0;
     while from <= last && rows.len() < limit {
+        if examined >= EXAMINE_PER_PAGE {
+            // A filter that matches little would otherwise walk the whole archive in
+            // one call: the page ends short, and `next` goes on from here.
+            return Ok(Page {
+                rows,
+                next: Some(from - 1),
+            });
+        }
         let page = backend.archive.range(from..=last, limit).await?;
+        examined += page.records.len();
         rows.extend(
             page.records
                 .into_iter()

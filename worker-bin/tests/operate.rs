@@ -513,3 +513,67 @@ fn embedded_namespaces_read_each_state_file() {
         .collect();
     assert_eq!(listed, [("tranche", 3), ("other", 5)]);
 }
+
+/// `list archived --worker W` reads a bounded number of records per page: where W
+/// holds nothing, a page over 25,000 archived partitions ends early with a cursor to go
+/// on from, instead of walking the whole archive, and following the cursors ends.
+#[test]
+fn a_filtered_archive_listing_is_paged_by_what_it_reads() {
+    let dir = scratch("list-bounded");
+    ok(tranche(
+        &dir,
+        &["plan", "--min", "1", "--max", "25000", "--size", "1"],
+    ));
+    ok(tranche(
+        &dir,
+        &[
+            "run",
+            "--simulate",
+            "--sim-latency",
+            "0..0",
+            "--chunk",
+            "1",
+            "--concurrency",
+            "64",
+            "--worker-id",
+            "w1",
+        ],
+    ));
+    let page = |after: u64| -> Value {
+        serde_json::from_str(&ok(tranche(
+            &dir,
+            &[
+                "list",
+                "archived",
+                "--worker",
+                "nobody",
+                "--after",
+                &after.to_string(),
+                "--json",
+            ],
+        )))
+        .unwrap()
+    };
+    let first = page(0);
+    assert_eq!(first["partitions"], serde_json::json!([]));
+    let next = first["next"].as_u64().expect("a cursor to go on from");
+    assert!((1..25_000).contains(&next), "{first}");
+    let mut after = next;
+    for _ in 0..10 {
+        let Some(n) = page(after)["next"].as_u64() else {
+            break;
+        };
+        assert!(n > after, "the cursor moves forward");
+        after = n;
+    }
+    assert!(page(after)["next"].is_null(), "the pages never end");
+    // The worker that did the job is found on the first page.
+    let mine = serde_json::from_str::<Value>(&ok(tranche(
+        &dir,
+        &[
+            "list", "archived", "--worker", "w1", "--limit", "3", "--json",
+        ],
+    )))
+    .unwrap();
+    assert_eq!(mine["partitions"].as_array().unwrap().len(), 3);
+}
