@@ -13,6 +13,34 @@
 //!
 //! Every lease carries a fencing token. A worker whose lease expired and was handed to
 //! another gets [`Error::LeaseLost`] from every call, and changes nothing.
+//!
+//! Plan, claim, complete, on the embedded backend (the Redis one takes a
+//! [`RedisConnection`] instead and behaves the same):
+//!
+//! ```
+//! use tranche_active_store::{
+//!     ActiveQuery, Config, Leases, MemoryActiveStore, Plan, Planner,
+//! };
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let store = MemoryActiveStore::new(Config { num_shards: 1, ..Config::default() })?;
+//! // Three partitions of 1000 IDs; nothing is materialised yet.
+//! store.plan(&Plan::Uniform { min: 1, max: 3000, size: 1000 }).await?;
+//! assert_eq!(store.counts().await?.unissued, 3);
+//!
+//! let leases = store.claim("worker-1", 2).await?;
+//! assert_eq!((leases[0].min_id, leases[0].max_id), (1, 1000));
+//! for lease in &leases {
+//!     // ... process lease.min_id..=lease.max_id, then:
+//!     store.complete(lease, 250).await?;
+//! }
+//! // Completed partitions left the active set for the archive's inbox.
+//! let counts = store.counts().await?;
+//! assert_eq!((counts.unissued, counts.claimed, counts.outstanding()), (1, 0, 1));
+//! assert_eq!(store.inbox(0).unwrap().len(), 2);
+//! # Ok::<(), tranche_active_store::Error>(())
+//! # }).unwrap();
+//! ```
 
 mod clock;
 mod error;

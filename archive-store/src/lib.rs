@@ -32,6 +32,39 @@
 //! A batch that fails to decode answers [`Lookup::Undecodable`] and counts in
 //! `{ns}:meta` `decode_failures`; an expired summary batch answers [`Lookup::Expired`]:
 //! in both cases the statistics layer answers instead.
+//!
+//! Archive a completion and read it back, on the embedded backend (its inbox is a
+//! channel the active store's completions arrive on; on Redis, a stream):
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tranche_archive_store::{ArchiveQuery, Archiver, Config, Lookup, MemoryArchive, Tier};
+//! use tranche_codec::CompletedRecord;
+//! use tranche_stats::{MemoryStats, StatsStore};
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let (inbox, received) = crossbeam_channel::unbounded();
+//! let stats = Arc::new(MemoryStats::new());
+//! let archive = MemoryArchive::new(Config::default(), vec![received], stats.clone())?;
+//! let record = CompletedRecord {
+//!     pid: 7,
+//!     min_id: 6001,
+//!     max_id: 7000,
+//!     worker: Arc::from("worker-1"),
+//!     completed_at_ms: 1_719_234_405_000,
+//!     duration_ms: 295,
+//! };
+//! inbox.send(record.clone()).unwrap();
+//! archive.archive_once().await?;
+//! assert_eq!(
+//!     archive.get(7).await?,
+//!     Lookup::Archived { record, tier: Tier::Simple }
+//! );
+//! // Counted once by the statistics layer.
+//! assert_eq!(stats.summary().await.unwrap().global_stats.total_completed, 1);
+//! # Ok::<(), tranche_archive_store::Error>(())
+//! # }).unwrap();
+//! ```
 
 mod dump;
 mod error;
