@@ -2,7 +2,9 @@
 //! spreads its keys over all three masters, and when one master is SIGKILLed mid-run its
 //! replica is promoted, the three workers ride the failover without help, and the job
 //! finishes with every ID processed at least once, every partition counted once, and
-//! `check` clean. With every master stopped for 10 s, the workers wait and go on.
+//! `check` clean. With every master stopped for 10 s, the workers wait and go on. A
+//! namespace whose 16 shard tags hash evenly puts as many keys on each master within
+//! 1.5x.
 
 #[path = "../../active-store/tests/support/mod.rs"]
 mod support;
@@ -185,4 +187,57 @@ fn workers_wait_out_a_cluster_that_is_briefly_down() {
         "{status}"
     );
     assert_every_id_processed(&chunk_log(&log), 1, max);
+}
+
+/// How many of `ns`'s 16 shard tags fall in each third of the slot space, as
+/// `redis-cli --cluster create` splits it over 3 masters (0-5460, 5461-10922,
+/// 10923-16383), and which third holds the namespace tag `{ns}` itself.
+fn shards_per_third(ns: &str) -> ([u32; 3], usize) {
+    let third = |slot: u16| match slot {
+        0..=5460 => 0,
+        5461..=10922 => 1,
+        _ => 2,
+    };
+    let schema = tranche_codec::KeySchema::new(ns, 16).unwrap();
+    let mut per = [0; 3];
+    for shard in schema.shards() {
+        per[third(tranche_codec::key_slot(schema.shard_tag(shard)))] += 1;
+    }
+    (per, third(tranche_codec::key_slot(schema.global_tag())))
+}
+
+#[test]
+fn sixteen_shards_spread_evenly_over_three_masters() {
+    // Shard tags are `{ns:s}`, so where a shard lands is a hash of the namespace name
+    // and nothing places 16 shards evenly on 3 masters: `tranche` and `scale` spread
+    // 4/6/6 with their `{ns}` keys on a master of 6 (4/6/8 keys after the plan, 2.0x),
+    // `reindex` 3/6/7, `down` 3/5/8. `elk` happens to spread 5/5/6 with `{elk}` on a
+    // master of 5, which is why this test uses it.
+    let ns = "elk";
+    assert_eq!(
+        shards_per_third(ns),
+        ([5, 5, 6], 1),
+        "the premise of this test"
+    );
+
+    let cluster = TestCluster::start(3);
+    let url = cluster.url();
+    let dir = scratch("cluster-spread");
+    let log = dir.join("chunks.log");
+    let cmd = on_cluster(&dir, &url, ns, &log);
+    ok(cmd(&[
+        "plan", "--min", "1", "--max", "1000000", "--size", "100", "--shards", "16",
+    ]));
+    // After the plan a shard has one key (its plans list), `{ns}` two (meta, plans).
+    let planned: Vec<u64> = cluster
+        .masters()
+        .iter()
+        .map(|m| m.cli(&["DBSIZE"]).trim().parse().unwrap())
+        .collect();
+    assert_eq!(planned.len(), 3, "{planned:?}");
+    let (max, min) = (planned.iter().max().unwrap(), planned.iter().min().unwrap());
+    assert!(
+        *min > 0 && *max as f64 / *min as f64 <= 1.5,
+        "keys per master after plan: {planned:?}"
+    );
 }
