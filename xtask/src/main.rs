@@ -18,7 +18,8 @@ const HELP: &str = "\
 cargo xtask TASK [ARGS]
 
 Tasks:
-  ci                       cargo fmt --check, cargo clippy (warnings are errors), then `test`
+  ci                       cargo fmt --check, cargo clippy and cargo doc (warnings are
+                           errors), then `test`
   test [ARGS...]           make sure a redis-server is installed, then cargo test --workspace
                            (ARGS go to cargo test, e.g. `cargo xtask test -p tranche-codec`)
   bench NAME|all           run a benchmark; it prints a table and writes
@@ -61,7 +62,8 @@ fn run() -> Result<()> {
     }
 }
 
-/// `cargo xtask ci`: exactly what CI runs, in the order that fails fastest.
+/// `cargo xtask ci`: exactly what CI runs, in the order that fails fastest: fmt,
+/// clippy, rustdoc (broken links and bad doc markup fail it), then the tests.
 fn ci() -> Result<()> {
     step(
         "cargo fmt --check",
@@ -78,6 +80,12 @@ fn ci() -> Result<()> {
             "-D",
             "warnings",
         ]),
+    )?;
+    step(
+        "cargo doc (warnings are errors)",
+        cargo()
+            .args(["doc", "--workspace", "--no-deps", "--locked"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
     test(&[])
 }
