@@ -167,7 +167,12 @@ impl TestRedis {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return false;
             }
-            if TcpStream::connect((Ipv4Addr::LOCALHOST, self.port)).is_ok() {
+            // The port answering is not enough: between probing a free port and binding
+            // it, a server another test started may have taken it, and this one is
+            // about to exit. Ready means the listening socket is this child's.
+            if TcpStream::connect((Ipv4Addr::LOCALHOST, self.port)).is_ok()
+                && listens_on(self.child.id(), self.port)
+            {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(2));
@@ -313,6 +318,32 @@ impl Drop for TestRedis {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Whether process `pid` holds the socket listening on 127.0.0.1:`port` (Linux: the
+/// listener's inode in /proc/net/tcp among the process's file descriptors).
+fn listens_on(pid: u32, port: u16) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return false;
+    };
+    let wanted = format!(":{port:04X}");
+    let inodes: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            // local_address, state 0A (LISTEN), inode.
+            (cols.len() > 9 && cols[1].ends_with(&wanted) && cols[3] == "0A")
+                .then(|| format!("socket:[{}]", cols[9]))
+        })
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|target| inodes.iter().any(|i| target.as_os_str() == i.as_str()))
+    })
 }
 
 fn free_port() -> u16 {
