@@ -163,6 +163,18 @@ fn the_api_answers_as_the_cli_does() {
             .any(|r| r["rule"] == "failed_partitions" && r["firing"] == true)
     );
     assert!(server.json("/api/v1/workers").is_array());
+    let memory = server.json("/api/v1/memory");
+    assert!(
+        memory["redis_memory_bytes"].as_u64().unwrap() > 0,
+        "{memory}"
+    );
+    assert_eq!(memory["archived"], cli["archived"]);
+    assert!(
+        memory["redis_bytes_per_archived_partition"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
     assert!(server.json("/api/v1/stats")["completed"].is_object());
 
     // Bad input: 400 with a JSON error, never a panic; unknown paths 404.

@@ -172,6 +172,30 @@ pub(crate) async fn health(State(app): State<Arc<App>>) -> ApiResult {
     Ok(json_text(render::health(&rules, true)))
 }
 
+/// What the archive costs, as far as O(1) reads can tell: on Redis the server's memory
+/// (all namespaces, every master) per archived partition of this namespace, an upper
+/// bound that is exact for a server given to one job; embedded, nothing (the state
+/// file's size is on disk, beside the lock).
+pub(crate) async fn memory(State(app): State<Arc<App>>) -> ApiResult {
+    let backend = app.backend().await?;
+    let archived = backend
+        .stats
+        .summary()
+        .await
+        .map_err(anyhow::Error::from)?
+        .global_stats
+        .total_completed;
+    let bytes = backend.used_memory().await;
+    let per = bytes
+        .filter(|_| archived > 0)
+        .map(|b| b as f64 / archived as f64);
+    Ok(json_value(json!({
+        "redis_memory_bytes": bytes,
+        "archived": archived,
+        "redis_bytes_per_archived_partition": per,
+    })))
+}
+
 /// Every namespace beside this one, with its progress: the dashboard's overview.
 pub(crate) async fn namespaces(State(app): State<Arc<App>>) -> ApiResult {
     let rows = crate::namespace::overview(&app.global).await?;

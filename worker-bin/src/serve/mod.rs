@@ -78,6 +78,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/api/v1/health", get(api::health))
         .route("/api/v1/plans", get(api::plans))
         .route("/api/v1/namespaces", get(api::namespaces))
+        .route("/api/v1/memory", get(api::memory))
         .route("/api/v1/get/{pid}", get(api::get_pid))
         .route("/api/v1/locate/{row}", get(api::locate))
         .route("/api/v1/partitions", get(api::partitions))
