@@ -171,3 +171,48 @@ pub fn eventually(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Replaces what differs from run to run in a command's JSON (times, durations, rates,
+/// where the store is, and the keys in `also`) with a marker, so that a snapshot pins
+/// the shape and every count.
+pub fn steady(v: &mut serde_json::Value, also: &[&str]) {
+    use serde_json::Value;
+    const VOLATILE: &[&str] = &[
+        "avg_duration",
+        "p50",
+        "p95",
+        "p99",
+        "last_updated",
+        "rate_per_s",
+        "location",
+        "latency_p50_ms",
+        "latency_p99_ms",
+        "update_p99_ms",
+        "duration",
+        "time_series_stats",
+        "version",
+        "host",
+        "process_id",
+    ];
+    match v {
+        Value::Object(map) => {
+            let rule = map.get("rule").and_then(Value::as_str).map(str::to_owned);
+            for (key, value) in map.iter_mut() {
+                let timed = key.ends_with("_ms") || key.ends_with("_at") || key.ends_with("_s");
+                let rule_value = key == "value"
+                    && matches!(
+                        rule.as_deref(),
+                        Some("worker_update_p99_ms" | "stalled_minutes" | "archive_lag_seconds")
+                    );
+                let named = VOLATILE.contains(&key.as_str()) || also.contains(&key.as_str());
+                if !value.is_null() && (timed || rule_value || named) {
+                    *value = Value::String("[varies]".into());
+                } else {
+                    steady(value, also);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|i| steady(i, also)),
+        _ => {}
+    }
+}
