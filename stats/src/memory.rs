@@ -185,7 +185,8 @@ impl StatsStore for MemoryStats {
     }
 
     async fn publish_snapshot(&self) -> Result<u64> {
-        let stats = self.merged().render();
+        let mut stats = self.merged().render();
+        crate::store::bound_snapshot_ranges(&mut stats);
         let timestamp_ms = now_ms();
         let mut s = lock(&self.snapshots);
         s.next += 1;

@@ -349,7 +349,8 @@ where
     }
 
     async fn publish_snapshot(&self) -> Result<u64> {
-        let stats = self.stats().await?;
+        let mut stats = self.stats().await?;
+        crate::store::bound_snapshot_ranges(&mut stats);
         let mut conn = self.conn.clone();
         let version: u64 = redis::cmd("INCR")
             .arg(self.global_key("version"))

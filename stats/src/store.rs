@@ -84,14 +84,41 @@ macro_rules! forward {
 
 forward!(std::sync::Arc<T>, Box<T>);
 
-/// A published snapshot (seed 003's `snapshot:v{n}`).
+/// The most per-range entries a snapshot holds: the ranges completed most recently
+/// (seed 003's snapshot keeps the top 100 hot paths). Every snapshot would otherwise
+/// hold the whole per-range section (about 15 MB at five billion IDs, ten kept), and
+/// the full statistics are one [`StatsStore::stats`] away.
+pub const SNAPSHOT_RANGES: usize = 100;
+
+/// Keeps the [`SNAPSHOT_RANGES`] ranges completed most recently, for a snapshot.
+pub(crate) fn bound_snapshot_ranges(stats: &mut Stats) {
+    let ranges = &mut stats.range_stats;
+    if ranges.len() <= SNAPSHOT_RANGES {
+        return;
+    }
+    let mut latest: Vec<(f64, String)> = ranges
+        .iter()
+        .map(|(label, r)| (r.completed_time_range.end, label.clone()))
+        .collect();
+    // Latest first; equal times by label, so every backend keeps the same ones.
+    latest.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+    let keep: std::collections::BTreeSet<String> = latest
+        .into_iter()
+        .take(SNAPSHOT_RANGES)
+        .map(|(_, label)| label)
+        .collect();
+    ranges.retain(|label, _| keep.contains(label));
+}
+
+/// A published snapshot (seed 003's `snapshot:v{n}`): every statistic, but of the
+/// per-range ones only the [`SNAPSHOT_RANGES`] completed most recently.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
     /// Its version, from 1.
     pub version: u64,
     /// When it was published, in ms since the Unix epoch.
     pub timestamp_ms: u64,
-    /// The statistics at that time.
+    /// The statistics at that time (ranges bounded, see [`SNAPSHOT_RANGES`]).
     pub stats: Stats,
 }
 

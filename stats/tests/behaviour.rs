@@ -382,6 +382,45 @@ async fn range_summaries_merge_the_range_across_shards() {
     }
 }
 
+/// A snapshot holds every statistic, but of the ranges only the SNAPSHOT_RANGES
+/// completed most recently: its size does not grow with the ID space.
+#[tokio::test]
+async fn snapshots_hold_the_most_recent_ranges_only() {
+    use tranche_stats::SNAPSHOT_RANGES;
+    let n = SNAPSHOT_RANGES as u64 + 50;
+    // One partition in each of n ranges of 100,000 IDs, completed one second apart.
+    let records: Vec<CompletedRecord> = (0..n)
+        .map(|i| rec(1 + 100 * i, "worker1", 1_719_234_405_000 + i * 1000, 250))
+        .collect();
+    for (kind, shards) in BACKENDS {
+        let h = Harness::new(kind, shards).await;
+        h.feed(&records, 7).await;
+        let full = h.store.stats().await.unwrap();
+        assert_eq!(full.range_stats.len() as u64, n, "{}", h.label);
+        h.store.publish_snapshot().await.unwrap();
+        let snap = h.store.latest_snapshot().await.unwrap().unwrap().stats;
+        assert_eq!(snap.range_stats.len(), SNAPSHOT_RANGES, "{}", h.label);
+        // The newest ranges, exactly as in the full statistics.
+        for i in (n - SNAPSHOT_RANGES as u64)..n {
+            let label = format!("{}_{}", i * 100_000, (i + 1) * 100_000);
+            assert_eq!(
+                snap.range_stats.get(&label),
+                full.range_stats.get(&label),
+                "{}: {label}",
+                h.label
+            );
+        }
+        // Everything else is whole.
+        assert_eq!(snap.global_stats, full.global_stats, "{}", h.label);
+        assert_eq!(snap.worker_stats, full.worker_stats, "{}", h.label);
+        assert_eq!(
+            snap.time_series_stats, full.time_series_stats,
+            "{}",
+            h.label
+        );
+    }
+}
+
 #[tokio::test]
 async fn snapshots_keep_the_last_ten_versions() {
     let records = small_workload();
