@@ -7,8 +7,11 @@
 //! there as one line on stderr and a non-zero exit.
 
 mod backend;
+mod calendar;
 mod cli;
+mod cost;
 mod embedded;
+mod health;
 mod held;
 mod job;
 mod jsonl;
@@ -22,6 +25,7 @@ mod seed;
 mod serve;
 mod slot;
 mod state;
+mod transfer;
 mod work;
 
 use std::process::ExitCode;

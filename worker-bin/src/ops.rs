@@ -1,21 +1,19 @@
-//! One function per subcommand, and the signal handling `run`, `archive` and
-//! `status --watch` share. Each opens the namespace, does its one thing and returns an
+//! One function per subcommand (those that move an archive are in
+//! [`transfer`](crate::transfer), `check` and `health` in [`health`](crate::health)), and
+//! the signal handling `run`, `archive` and `status --watch` share. Each opens the namespace, does its one thing and returns an
 //! [`Outcome`]; printing goes through [`render`](crate::render).
 
-use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
-use tranche_active_store::{Config as ActiveConfig, Plan, PlanEntry, StatusCounts};
-use tranche_archive_store::{Dump, DumpPlan, Snapshots, Tier};
-use tranche_codec::KeySchema;
-use tranche_stats::{Stats, StatsDelta, diff};
+use tranche_active_store::{Config as ActiveConfig, Plan};
+use tranche_archive_store::Snapshots;
 
 use crate::backend::{Backend, Open, Tuning};
 use crate::cli::{
-    ArchiveArgs, Cli, Command, ExportArgs, HealthArgs, ImportArgs, PlanArgs, RunArgs, StatusArgs,
+    ArchiveArgs, Cli, Command, ExportArgs, ImportArgs, PlanArgs, RunArgs, StatusArgs,
 };
 use crate::job::Job;
 use crate::render;
@@ -168,7 +166,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             .await
         }
         Command::Export(args) => {
-            export(
+            crate::transfer::export(
                 &Backend::open(g, Open::Existing, Tuning::default()).await?,
                 &args,
                 json,
@@ -177,7 +175,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
         }
         Command::Import(ImportArgs {
             file: Some(file), ..
-        }) => import(g, &file).await,
+        }) => crate::transfer::import(g, &file).await,
         Command::Import(args) => crate::seed::import(g, &args).await,
         Command::Compact => {
             let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
@@ -192,7 +190,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             Ok(Outcome::Success)
         }
         Command::Check { repair } => {
-            check(
+            crate::health::check(
                 &Backend::open(g, Open::Existing, Tuning::default()).await?,
                 repair,
                 json,
@@ -200,7 +198,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             .await
         }
         Command::Health(args) => {
-            health(
+            crate::health::health(
                 &Backend::open(g, Open::Existing, Tuning::default()).await?,
                 &args,
                 json,
@@ -532,410 +530,4 @@ async fn status(backend: &Backend, args: &StatusArgs, json: bool) -> Result<Outc
             () = tokio::time::sleep(args.interval) => {}
         }
     }
-}
-
-async fn export(backend: &Backend, args: &ExportArgs, json: bool) -> Result<Outcome> {
-    let output = args
-        .output
-        .as_deref()
-        .context("give -o FILE or --to-hash KEY")?;
-    let mut dump = backend.archive.export(work::now_ms()).await?;
-    // The plan registry travels with the archive, so that an import answers for pids
-    // and never issues an archived one again.
-    dump.plans = backend
-        .active
-        .plans()
-        .await?
-        .into_iter()
-        .map(|e| DumpPlan {
-            plan: e.plan,
-            explicit: e.explicit,
-        })
-        .collect();
-    let bytes = if args.jsonl {
-        crate::jsonl::write(&dump).into_bytes()
-    } else {
-        dump.to_bytes()?
-    };
-    let summary = format!(
-        "exported {} records in {} batches to {} ({} bytes)",
-        dump.entries(),
-        dump.batches.len(),
-        output.display(),
-        bytes.len()
-    );
-    let summary = if json {
-        serde_json::json!({
-            "records": dump.entries(), "batches": dump.batches.len(),
-            "output": output.display().to_string(), "bytes": bytes.len(),
-            "format": if args.jsonl { "jsonl" } else { "dump" },
-        })
-        .to_string()
-    } else {
-        summary
-    };
-    if output == Path::new("-") {
-        // The dump is the output: the summary goes to stderr.
-        use std::io::Write;
-        let mut out = std::io::stdout().lock();
-        out.write_all(&bytes)
-            .and_then(|()| out.flush())
-            .context("cannot write to stdout")?;
-        eprintln!("{summary}");
-    } else {
-        write_atomically(output, &bytes)?;
-        println!("{summary}");
-    }
-    Ok(Outcome::Success)
-}
-
-async fn import(g: &crate::cli::Global, file: &Path) -> Result<Outcome> {
-    let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let mut dump = if crate::jsonl::looks_like_jsonl(&bytes) {
-        let text = std::str::from_utf8(&bytes)
-            .with_context(|| format!("{} is not UTF-8 JSON lines", file.display()))?;
-        crate::jsonl::read(text, work::now_ms(), Tier::Simple).with_context(|| {
-            format!(
-                "{} is not JSON lines of `tranche export --jsonl`",
-                file.display()
-            )
-        })?
-    } else {
-        Dump::from_bytes(&bytes)
-            .with_context(|| format!("{} is not a tranche dump", file.display()))?
-    };
-    if let Some(shards) = g.shards
-        && shards != dump.num_shards
-    {
-        bail!("the dump has {} shards, not {shards}", dump.num_shards);
-    }
-    let mut global = g.clone();
-    global.shards = Some(dump.num_shards);
-    let backend = Backend::open(&global, Open::Create, Tuning::default()).await?;
-    if !backend.is_empty().await? {
-        bail!(
-            "namespace `{}` on {} is not empty; import only restores into an empty one",
-            backend.namespace,
-            backend.location()
-        );
-    }
-    backend.ensure_writable()?;
-    if crate::jsonl::looks_like_jsonl(&bytes) {
-        // JSON lines do not say where a batch lived: as many records as the archiver
-        // would have kept simple stay simple, more go to the compressed tier.
-        if dump.entries() >= backend.archive_config.compressed_at {
-            for b in &mut dump.batches {
-                b.tier = Tier::Compressed;
-            }
-        }
-    }
-    // Plans first: their checks run before anything is written, and they refuse a dump
-    // whose records lie outside its plans.
-    let entries: Vec<PlanEntry> = dump
-        .plans
-        .iter()
-        .map(|p| PlanEntry {
-            plan: p.plan,
-            explicit: p.explicit,
-        })
-        .collect();
-    let pending = if entries.is_empty() {
-        None
-    } else {
-        let mut completed: Vec<u64> = dump
-            .batches
-            .iter()
-            .flat_map(|b| &b.records)
-            .map(|r| r.pid)
-            .collect();
-        completed.sort_unstable();
-        completed.dedup();
-        Some(
-            backend
-                .active
-                .adopt(&entries, &completed)
-                .await
-                .with_context(|| format!("the plans of {} do not fit", file.display()))?,
-        )
-    };
-    let restored = backend.archive.import(&dump).await?;
-    backend.register_namespace().await?;
-    backend.save().await?;
-    if g.json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "namespace": backend.namespace, "imported": restored,
-                "plans": entries.len(), "pending": pending,
-            })
-        );
-        return Ok(Outcome::Success);
-    }
-    println!(
-        "imported {restored} records into `{}` on {}",
-        backend.namespace,
-        backend.location()
-    );
-    match pending {
-        Some(0) => println!(
-            "restored {} plan(s); every planned partition was archived",
-            entries.len()
-        ),
-        Some(n) => println!(
-            "restored {} plan(s); {n} partition(s) the export did not hold as archived are pending again (`tranche run` does them)",
-            entries.len()
-        ),
-        None => println!(
-            "the dump carries no plans (format version 1): `get` answers `unknown` for its pids, and planning them again would issue them again"
-        ),
-    }
-    Ok(Outcome::Success)
-}
-
-/// The statistics delta of every archived record, one per shard, read page by page
-/// across the plans: memory grows with workers, ranges and days, never with the archive.
-async fn archived_deltas(backend: &Backend) -> Result<Vec<StatsDelta>> {
-    let schema = KeySchema::new(&backend.namespace, backend.shards)?;
-    let mut deltas = vec![StatsDelta::default(); backend.shards as usize];
-    for entry in backend.active.plans().await? {
-        let mut from = entry.plan.first_pid();
-        let last = entry.plan.last_pid();
-        loop {
-            let page = backend.archive.range(from..=last, 10_000).await?;
-            for r in &page.records {
-                deltas[schema.shard_of(r.pid) as usize].add(r);
-            }
-            match page.next {
-                Some(next) => from = next,
-                None => break,
-            }
-        }
-    }
-    Ok(deltas)
-}
-
-/// Recomputes the statistics from the archive; repairs each shard if asked.
-async fn check_stats(
-    backend: &Backend,
-    repair: bool,
-) -> Result<(Vec<tranche_stats::Difference>, u64)> {
-    let deltas = archived_deltas(backend).await?;
-    let expected = Stats::from_deltas(&deltas);
-    let found = backend.stats.stats().await?;
-    let differences = diff(&expected, &found);
-    let count = deltas.iter().map(StatsDelta::len).sum();
-    if repair && !differences.is_empty() {
-        backend.ensure_writable()?;
-        for (shard, delta) in deltas.iter().enumerate() {
-            backend.stats.replace(shard as u32, delta).await?;
-        }
-        backend.save().await?;
-    }
-    Ok((differences, count))
-}
-
-/// The active layer's kept status counts against a count of its records, as
-/// differences under `active_counts.` (the counters are kept by the Redis scripts; a
-/// process of a version without them, writing alongside, puts them off). Read while
-/// nothing runs: a claim between the two reads shows as a difference.
-async fn check_counts(backend: &Backend, repair: bool) -> Result<Vec<tranche_stats::Difference>> {
-    let kept = backend.active.counts().await?;
-    let snapshot = backend.active.all_active().await?;
-    let mut counted = StatusCounts {
-        unissued: snapshot.unissued.iter().map(|u| u.count).sum(),
-        ..StatusCounts::default()
-    };
-    for p in &snapshot.partitions {
-        counted.add(p.status);
-    }
-    let differences: Vec<_> = [
-        ("unissued", counted.unissued, kept.unissued),
-        ("pending", counted.pending, kept.pending),
-        ("claimed", counted.claimed, kept.claimed),
-        ("running", counted.running, kept.running),
-        ("failed", counted.failed, kept.failed),
-        ("discarded", counted.discarded, kept.discarded),
-    ]
-    .into_iter()
-    .filter(|(_, want, got)| want != got)
-    .map(|(name, want, got)| tranche_stats::Difference {
-        path: format!("active_counts.{name}"),
-        expected: Some(want.to_string()),
-        found: Some(got.to_string()),
-    })
-    .collect();
-    if repair && !differences.is_empty() {
-        backend.ensure_writable()?;
-        backend.recount_active().await?;
-    }
-    Ok(differences)
-}
-
-async fn check(backend: &Backend, repair: bool, json: bool) -> Result<Outcome> {
-    let (mut differences, records) = check_stats(backend, repair).await?;
-    differences.extend(check_counts(backend, repair).await?);
-    print!("{}", render::check(&differences, records, repair, json));
-    if differences.is_empty() || repair {
-        Ok(Outcome::Success)
-    } else {
-        Ok(Outcome::Failed(format!(
-            "{} difference(s); `tranche check --repair` rewrites the statistics and the active counts",
-            differences.len()
-        )))
-    }
-}
-
-async fn health(backend: &Backend, args: &HealthArgs, json: bool) -> Result<Outcome> {
-    let rules = health_rules(backend, args).await?;
-    print!("{}", render::health(&rules, json));
-    let firing: Vec<&str> = rules
-        .iter()
-        .filter(|r| r.firing())
-        .map(|r| r.name)
-        .collect();
-    if firing.is_empty() {
-        Ok(Outcome::Success)
-    } else {
-        Ok(Outcome::Failed(format!(
-            "alert firing: {}",
-            firing.join(", ")
-        )))
-    }
-}
-
-/// Every alert rule with its reading, in O(shards) (plus a full check with `--check`).
-pub(crate) async fn health_rules(
-    backend: &Backend,
-    args: &HealthArgs,
-) -> Result<Vec<render::Rule>> {
-    let counts = backend.active.counts().await?;
-    let inbox = backend.inbox_len().await?;
-    let stats = backend.stats.summary().await?;
-    let failures = backend.archive.decode_failures().await?;
-    let dead_letters = backend.archive.dead_letter_count().await?;
-    let workers = backend.active.workers().await?;
-    let live = workers.iter().filter(|w| w.active).count();
-    let outstanding = counts.outstanding();
-    let planned = crate::progress::total_partitions(backend.active.as_ref()).await?;
-    let now_ms = work::now_ms();
-    // Minutes since anything was last archived, while work is outstanding. Before the
-    // first archive, since the oldest live worker started: a fleet stuck from its start
-    // is stalled too. 0 when the job is done or no worker runs (then
-    // `outstanding_no_worker` tells).
-    let last_ms = match stats.global_stats.last_updated {
-        last if last > 0.0 => Some((last * 1000.0) as u64),
-        _ => workers
-            .iter()
-            .filter(|w| w.active)
-            .map(|w| w.info.started_ms)
-            .min(),
-    };
-    let stalled_min = match last_ms {
-        Some(ms) if outstanding > 0 => now_ms.saturating_sub(ms) as f64 / 60_000.0,
-        _ => 0.0,
-    };
-    let lag_s = backend
-        .inbox_oldest_ms()
-        .await?
-        .map_or(0.0, |ms| now_ms.saturating_sub(ms) as f64 / 1000.0);
-    let mut rules = vec![
-        render::Rule::new(
-            "active_partitions",
-            (counts.claimed + counts.running) as f64,
-            args.max_active as f64,
-        ),
-        render::Rule::new("archive_queue", inbox as f64, args.max_inbox as f64),
-        render::Rule::new(
-            "archive_lag_seconds",
-            lag_s,
-            args.max_archive_lag.as_secs_f64(),
-        ),
-        render::Rule::new(
-            "decode_failure_rate",
-            failures as f64 / stats.global_stats.total_completed.max(1) as f64,
-            0.01,
-        ),
-        render::Rule::new(
-            "worker_update_p99_ms",
-            workers
-                .iter()
-                .filter(|w| w.active)
-                .map(|w| w.info.latency_p99_ms)
-                .fold(0.0, f64::max),
-            args.max_update_p99_ms,
-        ),
-        render::Rule::new(
-            "failed_partitions",
-            counts.failed as f64,
-            args.max_failed as f64,
-        ),
-        render::Rule::new(
-            "failed_share",
-            counts.failed as f64 / planned.max(1) as f64,
-            args.max_failed_share,
-        ),
-        render::Rule::new(
-            "outstanding_no_worker",
-            if live == 0 { outstanding as f64 } else { 0.0 },
-            0.0,
-        ),
-        render::Rule::new(
-            "stalled_minutes",
-            stalled_min,
-            args.max_stall.as_secs_f64() / 60.0,
-        ),
-        render::Rule::new("dead_letters", dead_letters as f64, 0.0),
-    ];
-    if args.check {
-        let (differences, _) = check_stats(backend, false).await?;
-        rules.push(render::Rule::new(
-            "statistics_consistency",
-            differences.len() as f64,
-            0.0,
-        ));
-    }
-    Ok(rules)
-}
-
-/// Writes `bytes` to `path` through a new temporary file beside it, synced, renamed
-/// over it, and the directory synced, so a reader never sees half a file and a crash
-/// never loses a finished one. The directory must exist: a mistyped path is an error,
-/// not a tree of new directories.
-pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    if !dir.is_dir() {
-        bail!(
-            "cannot write {}: directory {} does not exist",
-            path.display(),
-            dir.display()
-        );
-    }
-    let tmp = dir.join(format!(
-        ".{}.tmp{}",
-        path.file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("tranche"),
-        std::process::id()
-    ));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(&tmp)
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    let written = f
-        .write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .and_then(|()| std::fs::File::open(dir)?.sync_all());
-    if let Err(err) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(err).with_context(|| format!("cannot write {}", path.display()));
-    }
-    Ok(())
 }

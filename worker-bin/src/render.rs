@@ -12,27 +12,10 @@ use tranche_codec::{CompletedRecord, Partition};
 use tranche_router::{Fallback, Located, MergedStats, PartitionView};
 use tranche_stats::{Difference, RangeStats, StatsSummary};
 
-use crate::cli::TierArgs;
 use crate::work::Report;
 
-/// Redis memory per partition on Redis 7.0 with seed-shaped records (set S of the
-/// benchmarks); the dry run multiplies by these.
-pub(crate) mod cost {
-    /// A plan: its registry entry and one cursor per shard (`cargo xtask bench active`).
-    pub(crate) const PLAN: f64 = 352.0;
-    /// A claimed or running partition: its hash entry and lease zset member (an
-    /// estimate from the entry sizes; leases in flight are few, so it matters little).
-    pub(crate) const ACTIVE: f64 = 260.0;
-    /// One record in the simple tier, statistics included: 189 B measured as the
-    /// `used_memory` growth of a 30,000-partition `tranche run --simulate`.
-    pub(crate) const SIMPLE: f64 = 190.0;
-    /// One record in the compressed tier (joined segments), statistics included:
-    /// 3.61 B at 1M and 3.05 B at 5M in `cargo xtask bench archive`.
-    pub(crate) const COMPRESSED: f64 = 3.6;
-    /// One record of the summary tier once its batch expired: the statistics only
-    /// (0.45 B in the same bench's per-key breakdown) and their share of overhead.
-    pub(crate) const SUMMARY: f64 = 0.5;
-}
+pub(crate) use crate::calendar::{rfc3339, time};
+pub(crate) use crate::cost::plan_cost;
 
 /// Everything `status` shows.
 #[derive(Debug, Clone)]
@@ -545,65 +528,6 @@ pub(crate) fn workers(ws: &[WorkerState], now_ms: u64, json: bool) -> String {
     out
 }
 
-/// `plan --dry-run`: the seed's capacity planning.
-pub(crate) fn plan_cost(
-    plan: &tranche_codec::Plan,
-    shards: u32,
-    tiers: &TierArgs,
-    json: bool,
-) -> String {
-    let n = plan.partitions();
-    let simple = n.min(tiers.compressed_at);
-    let compressed = n.min(tiers.summary_at).saturating_sub(tiers.compressed_at);
-    let summary = n.saturating_sub(tiers.summary_at);
-    let running = cost::PLAN * shards as f64 + cost::ACTIVE * 64.0;
-    let archived_live =
-        simple as f64 * cost::SIMPLE + (compressed + summary) as f64 * cost::COMPRESSED;
-    let archived_later = simple as f64 * cost::SIMPLE
-        + compressed as f64 * cost::COMPRESSED
-        + summary as f64 * cost::SUMMARY;
-    if json {
-        return line(json!({
-            "partitions": n, "first_pid": plan.first_pid(), "last_pid": plan.last_pid(), "shards": shards,
-            "tiers": {"simple": simple, "compressed": compressed, "summary": summary},
-            "bytes": {"running": running.round(), "archived": archived_live.round(), "archived_after_ttl": archived_later.round()},
-        }));
-    }
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "plan       {n} partitions of {} ids (ids {}..={}), {shards} shards",
-        plan.size(),
-        plan.min(),
-        plan.max()
-    );
-    let _ = writeln!(
-        out,
-        "tiers      {simple} simple, {compressed} compressed, {summary} summary"
-    );
-    let _ = writeln!(
-        out,
-        "            (thresholds {} and {})",
-        tiers.compressed_at, tiers.summary_at
-    );
-    let _ = writeln!(out, "Redis memory, estimated:");
-    let _ = writeln!(
-        out,
-        "  while running   {} (plan cursors + 64 leases in flight; unissued partitions cost nothing)",
-        bytes(running)
-    );
-    let _ = writeln!(out, "  once archived   {}", bytes(archived_live));
-    if summary > 0 {
-        let _ = writeln!(
-            out,
-            "  after the TTL   {} (summary batches expired; statistics answer)",
-            bytes(archived_later)
-        );
-    }
-    let _ = writeln!(out, "nothing written (--dry-run)");
-    out
-}
-
 /// How the run summary reports archive size.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum ArchiveBytes {
@@ -827,7 +751,7 @@ pub(crate) fn shown(s: &str) -> std::borrow::Cow<'_, str> {
         .into()
 }
 
-fn line(v: Value) -> String {
+pub(crate) fn line(v: Value) -> String {
     format!("{v}\n")
 }
 
@@ -851,7 +775,7 @@ pub(crate) fn ms(v: f64) -> String {
     }
 }
 
-fn bytes(b: f64) -> String {
+pub(crate) fn bytes(b: f64) -> String {
     const UNITS: [&str; 5] = ["B", "KB", "MB", "GB", "TB"];
     let mut v = b;
     let mut unit = 0;
@@ -866,49 +790,9 @@ fn bytes(b: f64) -> String {
     }
 }
 
-/// Milliseconds since the epoch as RFC 3339 in UTC: `2026-11-24T19:32:46.053Z`.
-pub(crate) fn rfc3339(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, d) = civil_from_days(days as i64);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms % 1000
-    )
-}
-
-/// Milliseconds since the epoch as `YYYY-MM-DD hh:mm:ss.mmm UTC`.
-pub(crate) fn time(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, d) = civil_from_days(days as i64);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:03} UTC",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms % 1000
-    )
-}
-
-/// Howard Hinnant's days-to-civil algorithm (proleptic Gregorian, UTC).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
 #[cfg(test)]
 mod tests {
+    use crate::cli::TierArgs;
     use std::sync::Arc;
     use std::time::Duration;
 

@@ -168,7 +168,7 @@ pub(crate) async fn stats(State(app): State<Arc<App>>) -> ApiResult {
 
 pub(crate) async fn health(State(app): State<Arc<App>>) -> ApiResult {
     let backend = app.backend().await?;
-    let rules = crate::ops::health_rules(&backend, &crate::cli::HealthArgs::defaults()).await?;
+    let rules = crate::health::health_rules(&backend, &crate::cli::HealthArgs::defaults()).await?;
     Ok(json_text(render::health(&rules, true)))
 }
 

@@ -1,0 +1,279 @@
+//! One partition's run: its chunks through the sliding window (or its one chunk
+//! directly), checkpoints moved as chunks finish, and its outcome reported to the store.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+use tranche_active_store::{ActiveStore, Error as ActiveError, FailOutcome, Lease};
+use tranche_window::SlidingWindow;
+
+use crate::held::{Hold, LeaseBook};
+use crate::job::{Chunk, ChunkError};
+
+use super::{Settings, Shared, Stop, now_ms, until};
+
+/// What the partition tasks of one run share.
+pub(super) struct PartitionCtx {
+    pub(super) active: Arc<dyn ActiveStore>,
+    pub(super) settings: Settings,
+    pub(super) shared: Arc<Shared>,
+    pub(super) book: Arc<LeaseBook>,
+    pub(super) stop: watch::Receiver<Stop>,
+}
+
+enum Ended {
+    Done,
+    Failed(String),
+    /// The command cannot run at all (see [`ChunkError::Broken`]).
+    Broken(String),
+    Lost,
+    Stopped,
+}
+
+impl PartitionCtx {
+    pub(super) async fn process(self: Arc<Self>, lease: Lease, hold: Arc<Hold>) {
+        self.shared.in_flight.fetch_add(1, Relaxed);
+        let pid = lease.pid;
+        let started = Instant::now();
+        let (ended, checkpoint) = self.chunks(&lease, &hold).await;
+        // Out of the book before the outcome: no heartbeat renews a finished lease.
+        self.book.drop_lease(&lease);
+        let update = Instant::now();
+        let result = match ended {
+            Ended::Done => {
+                let ms = started.elapsed().as_millis() as u64;
+                let r = self.active.complete(&lease, ms).await.map(|_| ());
+                if r.is_ok() {
+                    self.shared.completed.fetch_add(1, Relaxed);
+                    self.shared
+                        .durations_ms
+                        .lock()
+                        .expect("not poisoned")
+                        .saturating_record(ms.max(1));
+                }
+                r
+            }
+            Ended::Failed(reason) => {
+                self.shared.failed_attempts.fetch_add(1, Relaxed);
+                // Keep the checkpoint, so the retry resumes past the chunks that finished.
+                let r = match self.active.heartbeat(&lease, checkpoint).await {
+                    Ok(()) => self.active.fail(&lease, &reason).await,
+                    Err(e) => Err(e),
+                };
+                match &r {
+                    Ok(FailOutcome::Retry { ready_at_ms }) => tracing::info!(
+                        pid,
+                        "attempt {} of {} failed, retrying in {}: {reason}",
+                        lease.attempt,
+                        self.settings.max_attempts,
+                        crate::render::ms(ready_at_ms.saturating_sub(now_ms()) as f64),
+                    ),
+                    Ok(FailOutcome::Failed) => tracing::warn!(
+                        pid,
+                        "partition failed after {} attempt(s): {reason}",
+                        lease.attempt
+                    ),
+                    Err(_) => {}
+                }
+                r.map(|_| ())
+            }
+            Ended::Broken(reason) => {
+                // Not the partition's fault: its attempt goes back, and the run stops.
+                self.shared.broken(reason);
+                self.shared.released.fetch_add(1, Relaxed);
+                self.active.release(&lease, checkpoint).await
+            }
+            Ended::Stopped => {
+                self.shared.released.fetch_add(1, Relaxed);
+                self.active.release(&lease, checkpoint).await
+            }
+            Ended::Lost => Err(ActiveError::LeaseLost {
+                pid,
+                token: lease.token,
+            }),
+        };
+        self.shared.timed_update(update);
+        match result {
+            Ok(()) => {}
+            Err(ActiveError::LeaseLost { .. }) => {
+                self.shared.lost.fetch_add(1, Relaxed);
+                tracing::warn!(
+                    pid,
+                    "lease lost to another worker (expired); its result is dropped"
+                );
+            }
+            Err(err) => {
+                tracing::warn!(pid, %err, "could not report the partition; its lease will expire")
+            }
+        }
+        self.shared.in_flight.fetch_sub(1, Relaxed);
+    }
+
+    /// Runs the partition's chunks from its checkpoint. Returns how it ended and the
+    /// checkpoint reached (an ID: every ID below it is done).
+    async fn chunks(&self, lease: &Lease, hold: &Hold) -> (Ended, u64) {
+        let chunk = self.settings.chunk;
+        let ids = (lease.max_id - lease.min_id) as u128 + 1;
+        let n_chunks = ids.div_ceil(chunk as u128) as u64;
+        let first = lease.progress.saturating_sub(lease.min_id) / chunk;
+        let (min_id, max_id) = (lease.min_id, lease.max_id);
+        let checkpoint = move |done: u64| {
+            let id = min_id as u128 + done as u128 * chunk as u128;
+            id.min(max_id as u128 + 1).min(u64::MAX as u128) as u64
+        };
+        if first >= n_chunks {
+            return (Ended::Done, checkpoint(n_chunks));
+        }
+        if n_chunks - first == 1 {
+            return self.last_chunk(lease, hold, first, checkpoint).await;
+        }
+        // Boxed: the window's state would otherwise make every partition's task as big
+        // as the largest, and a task is copied when it is spawned.
+        Box::pin(self.windowed(lease, hold, first, n_chunks, checkpoint)).await
+    }
+
+    /// Runs chunks `first..n_chunks` through the sliding window, at most `--parallel`
+    /// at once; the checkpoint follows the window's low-water mark.
+    async fn windowed(
+        &self,
+        lease: &Lease,
+        hold: &Hold,
+        first: u64,
+        n_chunks: u64,
+        checkpoint: impl Fn(u64) -> u64,
+    ) -> (Ended, u64) {
+        let chunk = self.settings.chunk;
+        let window = SlidingWindow::new(self.settings.window, first);
+        let permits = Arc::new(Semaphore::new(self.settings.parallel));
+        // The first failure of a chunk: (broken, reason).
+        let failure: Arc<Mutex<Option<(bool, String)>>> = Arc::default();
+
+        // A signal or a lost lease closes the window, which stops the issuing below
+        // (waking it if it is parked on a full window).
+        let closer = async {
+            let mut stop = self.stop.clone();
+            tokio::select! {
+                () = until(&mut stop, |s| *s != Stop::Running) => {}
+                () = hold.lost() => {}
+            }
+            window.close();
+            std::future::pending::<()>().await;
+        };
+        let mut running = JoinSet::new();
+        let issue = async {
+            for _ in first..n_chunks {
+                let Ok(permit) = permits.clone().acquire_owned().await else {
+                    break;
+                };
+                // The window hands out first, first + 1, ...: one number per turn.
+                let Ok(index) = window.next().await else {
+                    break;
+                };
+                let from = lease.min_id + index * chunk;
+                let to = from.saturating_add(chunk - 1).min(lease.max_id);
+                let c = Chunk {
+                    pid: lease.pid,
+                    index,
+                    from,
+                    to,
+                    attempt: lease.attempt,
+                };
+                let (job, window, failure, mut stop, shared) = (
+                    self.settings.job.clone(),
+                    window.clone(),
+                    failure.clone(),
+                    self.stop.clone(),
+                    self.shared.clone(),
+                );
+                running.spawn(async move {
+                    let abort = async move { until(&mut stop, |s| *s == Stop::Abort).await };
+                    let r = shared.chunk(&job, c, abort).await;
+                    drop(permit);
+                    match r {
+                        Ok(()) => {
+                            let _ = window.ack(index);
+                        }
+                        // Stopped by our shutdown: unacked, so the checkpoint stays below it.
+                        Err(ChunkError::Interrupted) => window.close(),
+                        Err(ChunkError::Failed(reason)) => {
+                            failure
+                                .lock()
+                                .expect("not poisoned")
+                                .get_or_insert((false, reason));
+                            window.close();
+                        }
+                        Err(ChunkError::Broken(reason)) => {
+                            failure
+                                .lock()
+                                .expect("not poisoned")
+                                .get_or_insert((true, reason));
+                            window.close();
+                        }
+                    }
+                });
+            }
+        };
+        tokio::pin!(closer);
+        tokio::select! {
+            () = issue => {}
+            () = &mut closer => {}
+        }
+        // Let in-flight chunks finish; once the grace period is over each one stops its
+        // process group itself. The checkpoint moves with them, for the heartbeats.
+        loop {
+            tokio::select! {
+                next = running.join_next() => {
+                    hold.advance(checkpoint(window.progress()));
+                    if next.is_none() { break }
+                }
+                () = &mut closer => {}
+            }
+        }
+        let done = checkpoint(window.progress());
+        if hold.is_lost() {
+            return (Ended::Lost, done);
+        }
+        match failure.lock().expect("not poisoned").take() {
+            Some((true, reason)) => return (Ended::Broken(reason), done),
+            Some((false, reason)) => return (Ended::Failed(reason), done),
+            None => {}
+        }
+        if window.progress() >= n_chunks {
+            (Ended::Done, done)
+        } else {
+            (Ended::Stopped, done)
+        }
+    }
+
+    /// A partition with one chunk left runs it directly: no window, no permits, no
+    /// task of its own. A drain lets it finish; the end of the grace period stops it.
+    async fn last_chunk(
+        &self,
+        lease: &Lease,
+        hold: &Hold,
+        index: u64,
+        checkpoint: impl Fn(u64) -> u64,
+    ) -> (Ended, u64) {
+        let chunk = self.settings.chunk;
+        let from = lease.min_id + index * chunk;
+        let c = Chunk {
+            pid: lease.pid,
+            index,
+            from,
+            to: from.saturating_add(chunk - 1).min(lease.max_id),
+            attempt: lease.attempt,
+        };
+        let mut stop = self.stop.clone();
+        let abort = until(&mut stop, |s| *s == Stop::Abort);
+        match self.shared.chunk(&self.settings.job, c, abort).await {
+            _ if hold.is_lost() => (Ended::Lost, checkpoint(index)),
+            Ok(()) => (Ended::Done, checkpoint(index + 1)),
+            Err(ChunkError::Failed(reason)) => (Ended::Failed(reason), checkpoint(index)),
+            Err(ChunkError::Broken(reason)) => (Ended::Broken(reason), checkpoint(index)),
+            Err(ChunkError::Interrupted) => (Ended::Stopped, checkpoint(index)),
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! What runs beside the claim loop: the reaper, the worker's registry heartbeat, and the
+//! archive drain at the end of a run.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tranche_active_store::{ActiveStore, WorkerInfo};
+
+use crate::backend::Backend;
+
+use super::{Shared, Stop, hostname, now_ms, until};
+
+/// How long a silent worker stays in the registry before the reaper forgets it.
+pub(crate) const WORKER_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+/// How often the reaper prunes the worker registry.
+const PRUNE_EVERY: Duration = Duration::from_secs(600);
+
+/// Requeues expired leases every half lease, and forgets workers silent for longer than
+/// [`WORKER_RETENTION`] every [`PRUNE_EVERY`] (first at start).
+pub(super) async fn reaper(
+    active: Arc<dyn ActiveStore>,
+    lease: Duration,
+    mut done: watch::Receiver<bool>,
+) {
+    let every = (lease / 2).clamp(Duration::from_millis(200), Duration::from_secs(15));
+    let mut pruned: Option<Instant> = None;
+    loop {
+        if pruned.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
+            pruned = Some(Instant::now());
+            match active.prune_workers(WORKER_RETENTION).await {
+                Ok(ids) if !ids.is_empty() => {
+                    tracing::info!(count = ids.len(), "forgot workers silent for a day")
+                }
+                Ok(_) => {}
+                Err(err) => tracing::warn!(%err, "pruning the worker registry failed"),
+            }
+        }
+        tokio::select! {
+            () = until(&mut done, |d| *d) => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        match active.reap(now_ms()).await {
+            Ok(pids) if !pids.is_empty() => {
+                tracing::info!(count = pids.len(), "requeued expired leases")
+            }
+            Ok(_) => {}
+            Err(err) => tracing::warn!(%err, "reap failed"),
+        }
+    }
+}
+
+/// Registers the worker and beats every few seconds with its counters.
+pub(super) async fn worker_heartbeat(
+    active: Arc<dyn ActiveStore>,
+    worker: String,
+    shared: Arc<Shared>,
+    mut done: watch::Receiver<bool>,
+) {
+    let started_ms = now_ms();
+    let started = Instant::now();
+    let host = hostname();
+    loop {
+        let (p50, p99) = {
+            let h = shared.update_us.lock().expect("not poisoned");
+            (
+                h.value_at_quantile(0.5) as f64 / 1000.0,
+                h.value_at_quantile(0.99) as f64 / 1000.0,
+            )
+        };
+        let completed = shared.completed.load(Relaxed);
+        let info = WorkerInfo {
+            id: worker.clone(),
+            host: host.clone(),
+            process_id: std::process::id(),
+            started_ms,
+            last_beat_ms: now_ms(),
+            in_flight: shared.in_flight.load(Relaxed),
+            completed,
+            rate_per_s: completed as f64 / started.elapsed().as_secs_f64().max(1e-3),
+            latency_p50_ms: p50,
+            latency_p99_ms: p99,
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+        };
+        if let Err(err) = active.worker_heartbeat(info).await {
+            tracing::warn!(%err, "worker heartbeat failed");
+        }
+        tokio::select! {
+            () = until(&mut done, |d| *d) => return,
+            () = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+    }
+}
+
+/// Archives what is left in the inboxes before the process ends, so a finished job is
+/// archived when `run` returns. Entries another live archiver holds are its business;
+/// entries of a dead one are taken over once they have been idle long enough.
+pub(crate) async fn drain_archive(backend: &Backend, stop: &watch::Receiver<Stop>) {
+    let patience = backend.archive_config.claim_idle + Duration::from_secs(5);
+    let started = Instant::now();
+    loop {
+        if *stop.borrow() == Stop::Abort {
+            return;
+        }
+        let pass = backend.archive.archive_once().await;
+        let left = backend.inbox_len().await;
+        match (pass, left) {
+            (_, Ok(0)) => break,
+            (Ok(pass), Ok(_)) if pass.entries > 0 => continue,
+            (pass, left) => {
+                if let Err(err) = pass {
+                    tracing::warn!(%err, "archive pass failed");
+                }
+                if let Err(err) = &left {
+                    tracing::warn!(%err, "cannot read the inbox length");
+                }
+                if started.elapsed() > patience {
+                    tracing::warn!(
+                        left = left.ok(),
+                        "inbox entries are left (held by other archivers?); `tranche archive` will finish them"
+                    );
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    if let Err(err) = backend.stats.publish_snapshot().await {
+        tracing::warn!(%err, "statistics snapshot failed");
+    }
+}
