@@ -82,6 +82,4 @@ pub use model::{
 };
 pub use redis_store::{APPLY_DELTA_LUA, RedisStats, delta_args, scripts, stats_keys};
 pub use state::{STATS_STATE_VERSION, StatsState};
-pub use store::{
-    SNAPSHOT_RANGES, SNAPSHOTS_KEPT, Snapshot, SnapshotConfig, SnapshotSchedule, StatsStore,
-};
+pub use store::{SNAPSHOT_RANGES, SNAPSHOTS_KEPT, Snapshot, SnapshotConfig, StatsStore};

@@ -2,12 +2,10 @@
 //! [`APPLY_DELTA_LUA`], read back and merged here.
 
 use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, LazyLock};
-use std::task::Poll;
 
 use async_trait::async_trait;
+use futures_util::future::join_all;
 use redis::Script;
 use redis::aio::ConnectionLike;
 use tranche_codec::KeySchema;
@@ -395,36 +393,6 @@ where
     async fn snapshot(&self, version: u64) -> Result<Option<Snapshot>> {
         self.get_json(self.snapshot_key(version)).await
     }
-}
-
-/// Runs `futures` concurrently (on a multiplexed connection, one round trip for all
-/// shards rather than one each) and returns their outputs in order.
-async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
-    let mut pending: Vec<Option<Pin<Box<F>>>> =
-        futures.into_iter().map(|f| Some(Box::pin(f))).collect();
-    let mut out: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut waiting = false;
-        for (slot, result) in pending.iter_mut().zip(out.iter_mut()) {
-            if let Some(fut) = slot {
-                match fut.as_mut().poll(cx) {
-                    Poll::Ready(v) => {
-                        *result = Some(v);
-                        *slot = None;
-                    }
-                    Poll::Pending => waiting = true,
-                }
-            }
-        }
-        if waiting {
-            Poll::Pending
-        } else {
-            Poll::Ready(())
-        }
-    })
-    .await;
-    // Every slot was filled before poll_fn returned Ready.
-    out.into_iter().flatten().collect()
 }
 
 /// `value` as JSON. Snapshots and their config hold only string-keyed maps and finite

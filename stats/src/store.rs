@@ -1,7 +1,5 @@
 //! The trait every statistics backend implements, and the snapshot types.
 
-use std::time::{Duration, Instant};
-
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
@@ -133,49 +131,6 @@ pub struct SnapshotConfig {
     pub count: u64,
 }
 
-/// When to publish the next snapshot: every `every_batches` archive batches or every
-/// `every` of time, whichever comes first (seed 003 refreshes every 10 batches).
-///
-/// The archiver calls [`SnapshotSchedule::batch_done`] after each batch and publishes
-/// when it returns `true`.
-#[derive(Debug, Clone)]
-pub struct SnapshotSchedule {
-    every_batches: u64,
-    every: Duration,
-    batches: u64,
-    last: Instant,
-}
-
-impl SnapshotSchedule {
-    /// A schedule starting at `now`.
-    pub fn new(every_batches: u64, every: Duration, now: Instant) -> Self {
-        Self {
-            every_batches: every_batches.max(1),
-            every,
-            batches: 0,
-            last: now,
-        }
-    }
-
-    /// Counts one archive batch; `true` when a snapshot is due (and restarts the count).
-    pub fn batch_done(&mut self, now: Instant) -> bool {
-        self.batches += 1;
-        self.due(now)
-    }
-
-    /// `true` when a snapshot is due by time alone (for an idle archiver's timer), and
-    /// restarts the count if so.
-    pub fn due(&mut self, now: Instant) -> bool {
-        let due = self.batches >= self.every_batches
-            || (self.batches > 0 && now.saturating_duration_since(self.last) >= self.every);
-        if due {
-            self.batches = 0;
-            self.last = now;
-        }
-        due
-    }
-}
-
 /// Milliseconds since the Unix epoch, now.
 pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -194,17 +149,5 @@ mod tests {
         store(&memory);
         let boxed: Box<dyn StatsStore> = Box::new(crate::MemoryStats::new());
         store(&boxed);
-    }
-
-    #[test]
-    fn snapshots_are_due_by_batches_or_by_time() {
-        let t0 = Instant::now();
-        let mut s = SnapshotSchedule::new(3, Duration::from_secs(30), t0);
-        assert!(!s.batch_done(t0));
-        assert!(!s.batch_done(t0));
-        assert!(s.batch_done(t0));
-        assert!(!s.due(t0 + Duration::from_secs(60)), "nothing new since");
-        assert!(!s.batch_done(t0 + Duration::from_secs(1)));
-        assert!(s.due(t0 + Duration::from_secs(31)));
     }
 }
