@@ -3,13 +3,14 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::ops::RangeInclusive;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use crossbeam_channel::Receiver;
 use tokio::time::Instant;
 use tranche_codec::{
-    BinaryV2Options, CompletedRecord, KeySchema, WorkerDict, decode_binary_v2, encode_binary_v2,
+    BinaryV2Options, Clock, CompletedRecord, KeySchema, SystemClock, WorkerDict, decode_binary_v2,
+    encode_binary_v2,
 };
 
 use tranche_stats::{MemoryStats, StatsDelta};
@@ -52,6 +53,9 @@ pub struct MemoryArchive {
     decode_failures: Mutex<u64>,
     /// The statistics every archived record is counted in, under the shard's lock.
     stats: Arc<MemoryStats>,
+    /// Wall-clock time for the saved state: a sealed batch's expiry is kept as an
+    /// `Instant` here and saved as the time it reads on this clock.
+    clock: Arc<dyn Clock>,
 }
 
 #[derive(Debug, Default)]
@@ -83,14 +87,6 @@ struct Sealed {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Milliseconds since the Unix epoch, by the system clock.
-fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO)
-        .as_millis() as u64
 }
 
 /// Runs of consecutive values in `sorted` (ascending, distinct).
@@ -274,7 +270,16 @@ impl MemoryArchive {
             dict: Mutex::default(),
             decode_failures: Mutex::default(),
             stats,
+            clock: Arc::new(SystemClock),
         })
+    }
+
+    /// This archive, reading wall-clock time (for the expiries of a saved state) from
+    /// `clock` rather than the system clock. The statistics take their own
+    /// ([`MemoryStats::with_clock`]).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The settings.
@@ -302,7 +307,7 @@ impl MemoryArchive {
         // held no archive write, and so no statistics delta, can happen.
         let dict = lock(&self.dict);
         let mut guards: Vec<MutexGuard<'_, Shard>> = self.shards.iter().map(lock).collect();
-        let (now, wall) = (Instant::now(), wall_ms());
+        let (now, wall) = (Instant::now(), self.clock.now_ms());
         let shards = guards
             .iter_mut()
             .zip(&self.inboxes)
@@ -371,7 +376,7 @@ impl MemoryArchive {
                 archive.shards.len()
             )));
         }
-        let (now, wall) = (Instant::now(), wall_ms());
+        let (now, wall) = (Instant::now(), archive.clock.now_ms());
         let mut names = HashSet::new();
         for (no, saved) in state.shards.into_iter().enumerate() {
             let shard = Shard::restore(&archive.schema, no as u32, saved, &mut names, now, wall)

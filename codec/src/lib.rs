@@ -46,6 +46,7 @@
 //! does I/O, and no decoder panics on any input.
 
 mod binary_v2;
+mod clock;
 mod dict;
 mod error;
 mod json;
@@ -57,6 +58,7 @@ mod text_v1;
 mod wire;
 
 pub use binary_v2::{BinaryV2Options, SealedBatch, decode_binary_v2, encode_binary_v2};
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use dict::{WorkerDict, WorkerEntry};
 pub use error::Error;
 pub use json::{decode_json, encode_json};

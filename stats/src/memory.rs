@@ -1,15 +1,16 @@
 //! The in-memory statistics backend, for the embedded mode.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use dashmap::DashMap;
+use tranche_codec::{Clock, SystemClock};
 
 use crate::aggregate::{Aggregate, RANGE_SIZE};
 use crate::model::render_range;
 use crate::state::{AggState, STATS_STATE_VERSION, StatsState};
-use crate::store::{SNAPSHOTS_KEPT, Snapshot, SnapshotConfig, StatsStore, now_ms};
+use crate::store::{SNAPSHOTS_KEPT, Snapshot, SnapshotConfig, StatsStore};
 use crate::{Error, RangeStats, Result, Stats, StatsDelta, StatsSummary};
 
 /// Statistics in memory, per shard, with the same behaviour as [`RedisStats`].
@@ -19,10 +20,22 @@ use crate::{Error, RangeStats, Result, Stats, StatsDelta, StatsSummary};
 /// script.
 ///
 /// [`RedisStats`]: crate::RedisStats
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct MemoryStats {
     shards: DashMap<u32, Aggregate>,
     snapshots: Mutex<Snapshots>,
+    /// Stamps deltas (`last_updated`) and snapshots.
+    clock: Arc<dyn Clock>,
+}
+
+impl Default for MemoryStats {
+    fn default() -> Self {
+        Self {
+            shards: DashMap::new(),
+            snapshots: Mutex::default(),
+            clock: Arc::new(SystemClock),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -38,9 +51,16 @@ impl MemoryStats {
         Self::default()
     }
 
-    /// Adds `delta` to shard `shard`'s statistics, stamped with the current time.
+    /// These statistics, stamping deltas and snapshots by `clock` rather than the
+    /// system clock.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Adds `delta` to shard `shard`'s statistics, stamped with the clock's time.
     pub fn apply(&self, shard: u32, delta: &StatsDelta) {
-        self.apply_at(shard, delta, now_ms());
+        self.apply_at(shard, delta, self.clock.now_ms());
     }
 
     /// Adds `delta` to shard `shard`'s statistics, stamped `now_ms` (as [`delta_args`]
@@ -118,6 +138,7 @@ impl MemoryStats {
                 kept,
                 config: state.snapshot_config,
             }),
+            clock: Arc::new(SystemClock),
         })
     }
 
@@ -178,7 +199,7 @@ impl StatsStore for MemoryStats {
     async fn replace(&self, shard: u32, delta: &StatsDelta) -> Result<()> {
         let mut agg = delta.agg.clone();
         if !delta.is_empty() {
-            agg.updated = Some(now_ms());
+            agg.updated = Some(self.clock.now_ms());
         }
         self.shards.insert(shard, agg);
         Ok(())
@@ -187,7 +208,7 @@ impl StatsStore for MemoryStats {
     async fn publish_snapshot(&self) -> Result<u64> {
         let mut stats = self.merged().render();
         crate::store::bound_snapshot_ranges(&mut stats);
-        let timestamp_ms = now_ms();
+        let timestamp_ms = self.clock.now_ms();
         let mut s = lock(&self.snapshots);
         s.next += 1;
         let version = s.next;

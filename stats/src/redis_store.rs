@@ -8,13 +8,13 @@ use async_trait::async_trait;
 use futures_util::future::join_all;
 use redis::Script;
 use redis::aio::ConnectionLike;
-use tranche_codec::KeySchema;
+use tranche_codec::{Clock, KeySchema, SystemClock};
 
 use crate::aggregate::{Aggregate, RANGE_SIZE, RangeAgg, WorkerAgg};
 use crate::hist::{BUCKETS, Histogram};
 use crate::model::render_range;
 use crate::packed::{block_of, read_block, read_day};
-use crate::store::{SNAPSHOTS_KEPT, Snapshot, SnapshotConfig, StatsStore, now_ms};
+use crate::store::{SNAPSHOTS_KEPT, Snapshot, SnapshotConfig, StatsStore};
 use crate::{Error, RangeStats, Result, Stats, StatsDelta, StatsSummary};
 
 /// The Lua fragment defining `apply_stats(k, a)`, for the archive's script to
@@ -193,6 +193,8 @@ pub struct RedisStats<C> {
     conn: C,
     schema: KeySchema,
     keys: Arc<[[String; 5]]>,
+    /// Stamps replaced shards (`last_updated`) and snapshots.
+    clock: Arc<dyn Clock>,
 }
 
 impl<C> RedisStats<C>
@@ -202,7 +204,18 @@ where
     /// Statistics of the namespace and shards of `schema`, through `conn`.
     pub fn new(conn: C, schema: KeySchema) -> Self {
         let keys = schema.shards().map(|s| stats_keys(&schema, s)).collect();
-        Self { conn, schema, keys }
+        Self {
+            conn,
+            schema,
+            keys,
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// These statistics, stamping by `clock` rather than the system clock.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The key schema.
@@ -343,7 +356,8 @@ where
     }
 
     async fn replace(&self, shard: u32, delta: &StatsDelta) -> Result<()> {
-        self.run_delta(&REPLACE, shard, delta, now_ms()).await
+        self.run_delta(&REPLACE, shard, delta, self.clock.now_ms())
+            .await
     }
 
     async fn publish_snapshot(&self) -> Result<u64> {
@@ -354,7 +368,7 @@ where
             .arg(self.global_key("version"))
             .query_async(&mut conn)
             .await?;
-        let timestamp_ms = now_ms();
+        let timestamp_ms = self.clock.now_ms();
         let config = SnapshotConfig {
             version,
             timestamp_ms,

@@ -10,7 +10,6 @@ use tranche_stats::{Stats, StatsDelta, diff};
 use crate::backend::Backend;
 use crate::cli::HealthArgs;
 use crate::render;
-use crate::work;
 
 use crate::ops::Outcome;
 
@@ -139,7 +138,7 @@ pub(crate) async fn health_rules(
     let live = workers.iter().filter(|w| w.active).count();
     let outstanding = counts.outstanding();
     let planned = crate::progress::total_partitions(backend.active.as_ref()).await?;
-    let now_ms = work::now_ms();
+    let now_ms = crate::now_ms();
     // Minutes since anything was last archived, while work is outstanding. Before the
     // first archive, since the oldest live worker started: a fleet stuck from its start
     // is stalled too. 0 when the job is done or no worker runs (then

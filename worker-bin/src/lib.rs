@@ -42,6 +42,13 @@ const EXIT_ERROR: u8 = 2;
 /// Exit code of a run stopped by a signal (128 + SIGINT).
 const EXIT_INTERRUPTED: u8 = 130;
 
+/// Milliseconds since the Unix epoch, by the system clock: the binary's one "now",
+/// read from the same [`Clock`](tranche_codec::Clock) the stores take.
+pub(crate) fn now_ms() -> u64 {
+    use tranche_codec::Clock;
+    tranche_codec::SystemClock.now_ms()
+}
+
 /// An error as one line: the outermost context, then each cause it does not already
 /// say.
 pub(crate) fn one_line(err: &anyhow::Error) -> String {

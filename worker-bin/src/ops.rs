@@ -111,7 +111,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
         Command::Workers => {
             let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
             let workers = backend.active.workers().await?;
-            print!("{}", render::workers(&workers, work::now_ms(), json));
+            print!("{}", render::workers(&workers, crate::now_ms(), json));
             Ok(Outcome::Success)
         }
         Command::RetryFailed { pid } => {
@@ -428,7 +428,7 @@ pub(crate) fn claim_idle() -> Duration {
 
 /// Archive bytes per archived partition in the embedded store: its dump's size.
 async fn embedded_archive_bytes(backend: &Backend) -> Option<render::ArchiveBytes> {
-    let dump = backend.archive.export(work::now_ms()).await.ok()?;
+    let dump = backend.archive.export(crate::now_ms()).await.ok()?;
     let entries = dump.entries();
     let bytes = dump.to_bytes().ok()?.len();
     (entries > 0).then(|| render::ArchiveBytes::Dump(bytes as f64 / entries as f64))

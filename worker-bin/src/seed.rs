@@ -19,7 +19,6 @@ use tranche_codec::{CompletedRecord, KeySchema, Plan, decode_json, encode_json};
 use crate::backend::{Backend, Open, Tuning};
 use crate::cli::{Global, ImportArgs};
 use crate::ops::Outcome;
-use crate::work;
 
 /// A partition of the seed's active hash. Fields this version does not use (lease
 /// times, checkpoints) are ignored.
@@ -209,7 +208,7 @@ pub(crate) async fn import(g: &Global, args: &ImportArgs) -> Result<Outcome> {
     } else {
         Tier::Simple
     };
-    let dump = crate::jsonl::dump_of(&schema, adoption.completed, work::now_ms(), tier)?;
+    let dump = crate::jsonl::dump_of(&schema, adoption.completed, crate::now_ms(), tier)?;
     let restored = backend.archive.import(&dump).await?;
     backend.register_namespace().await?;
     let plan = match adoption.entries.as_slice() {

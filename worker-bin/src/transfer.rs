@@ -9,7 +9,6 @@ use tranche_archive_store::{Dump, DumpPlan, Tier};
 
 use crate::backend::{Backend, Open, Tuning};
 use crate::cli::ExportArgs;
-use crate::work;
 
 use crate::ops::Outcome;
 
@@ -18,7 +17,7 @@ pub(crate) async fn export(backend: &Backend, args: &ExportArgs, json: bool) -> 
         .output
         .as_deref()
         .context("give -o FILE or --to-hash KEY")?;
-    let mut dump = backend.archive.export(work::now_ms()).await?;
+    let mut dump = backend.archive.export(crate::now_ms()).await?;
     // The plan registry travels with the archive, so that an import answers for pids
     // and never issues an archived one again.
     dump.plans = backend
@@ -73,7 +72,7 @@ pub(crate) async fn import(g: &crate::cli::Global, file: &Path) -> Result<Outcom
     let mut dump = if crate::jsonl::looks_like_jsonl(&bytes) {
         let text = std::str::from_utf8(&bytes)
             .with_context(|| format!("{} is not UTF-8 JSON lines", file.display()))?;
-        crate::jsonl::read(text, work::now_ms(), Tier::Simple).with_context(|| {
+        crate::jsonl::read(text, crate::now_ms(), Tier::Simple).with_context(|| {
             format!(
                 "{} is not JSON lines of `tranche export --jsonl`",
                 file.display()

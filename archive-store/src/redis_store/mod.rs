@@ -18,8 +18,8 @@ use redis::aio::ConnectionLike;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 use redis::{FromRedisValue, Script, Value};
 use tranche_codec::{
-    BinaryV2Options, CompletedRecord, KeySchema, WorkerDict, decode_binary_v2, decode_json,
-    encode_binary_v2, encode_json,
+    BinaryV2Options, Clock, CompletedRecord, KeySchema, SystemClock, WorkerDict, decode_binary_v2,
+    decode_json, encode_binary_v2, encode_json,
 };
 
 use conn::{invoke_read_only, retry};
@@ -131,6 +131,8 @@ pub struct RedisArchive<C> {
     archived: AtomicU64,
     /// Whether `archived` was ever counted (a woken pass before any sweep counts).
     counted: AtomicBool,
+    /// Stamps the statistics deltas (`last_updated`).
+    clock: Arc<dyn Clock>,
 }
 
 /// What woken passes know of each shard.
@@ -283,11 +285,19 @@ where
             }),
             archived: AtomicU64::new(0),
             counted: AtomicBool::new(false),
+            clock: Arc::new(SystemClock),
             dict: RwLock::default(),
             conn,
             config,
             schema,
         })
+    }
+
+    /// This archive, stamping the statistics deltas it applies by `clock` rather than
+    /// the system clock.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The settings.
@@ -444,7 +454,7 @@ where
                 inv.arg(self.schema.bit_offset(items[range.start].record.pid))
                     .arg(range.len());
             }
-            for a in delta_args(&delta, now_ms()) {
+            for a in delta_args(&delta, self.clock.now_ms()) {
                 inv.arg(a);
             }
             // The batches this call seals whole may complete their segments: their joins
@@ -847,11 +857,4 @@ where
         }
         Ok(sealed)
     }
-}
-
-/// Milliseconds since the Unix epoch, for the statistics' `last_updated`.
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }

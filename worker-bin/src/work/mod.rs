@@ -491,14 +491,6 @@ pub(crate) async fn until<T>(rx: &mut watch::Receiver<T>, f: impl FnMut(&T) -> b
     let _ = rx.wait_for(f).await;
 }
 
-/// Milliseconds since the epoch.
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// This machine's name, for the worker registry.
 pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")

@@ -13,7 +13,8 @@ use tranche_window::SlidingWindow;
 use crate::held::{Hold, LeaseBook};
 use crate::job::{Chunk, ChunkError};
 
-use super::{Settings, Shared, Stop, now_ms, until};
+use super::{Settings, Shared, Stop, until};
+use crate::now_ms;
 
 /// What the partition tasks of one run share.
 pub(super) struct PartitionCtx {

@@ -10,7 +10,8 @@ use tranche_active_store::{ActiveStore, WorkerInfo};
 
 use crate::backend::Backend;
 
-use super::{Shared, Stop, hostname, now_ms, until};
+use super::{Shared, Stop, hostname, until};
+use crate::now_ms;
 
 /// How long a silent worker stays in the registry before the reaper forgets it.
 pub(crate) const WORKER_RETENTION: Duration = Duration::from_secs(24 * 3600);
