@@ -43,7 +43,8 @@
 //! Times are `u64` milliseconds since the Unix epoch and durations `u64` milliseconds,
 //! everywhere; the seed's formats print seconds and grow up to three decimals only
 //! when a time has a millisecond part, so no encoding loses precision. Nothing here
-//! does I/O, and no decoder panics on any input.
+//! does I/O (the `retry` feature only sleeps between its caller's attempts), and no
+//! decoder panics on any input.
 
 mod binary_v2;
 mod clock;
@@ -53,6 +54,8 @@ mod json;
 mod keys;
 mod plan;
 mod record;
+#[cfg(feature = "retry")]
+pub mod retry;
 mod seconds;
 mod text_v1;
 mod wire;

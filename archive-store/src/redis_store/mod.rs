@@ -22,7 +22,8 @@ use tranche_codec::{
     decode_json, encode_binary_v2, encode_json,
 };
 
-use conn::{invoke_read_only, retry};
+use conn::invoke_read_only;
+use tranche_codec::retry::retry;
 use tranche_stats::{StatsDelta, delta_args};
 
 use crate::dump::{Dump, DumpBatch};
