@@ -21,8 +21,8 @@
 //! an archived one again) without planning anew; a version 1 dump reads with none.
 
 use tranche_codec::{
-    BinaryV2Options, CompletedRecord, KeySchema, Plan, WorkerDict, decode_binary_v2,
-    encode_binary_v2,
+    BinaryV2Options, CompletedRecord, KeySchema, PlanEntry, PlanGeometry, WorkerDict,
+    decode_binary_v2, encode_binary_v2,
 };
 
 use crate::model::Tier;
@@ -32,15 +32,6 @@ const MAGIC: &[u8; 8] = b"TRDUMP01";
 const VERSION: u16 = 2;
 /// The oldest version read: version 1 is version 2 without the plans section.
 const OLDEST_VERSION: u16 = 1;
-
-/// One entry of the exported plan registry: a run of pids and the IDs they cover.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DumpPlan {
-    /// The geometry: first pid, IDs and partition size.
-    pub plan: Plan,
-    /// An explicit range (one partition) rather than a uniform plan.
-    pub explicit: bool,
-}
 
 /// One batch of a dump: its id, the tier it lived in, and its records.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,7 +60,7 @@ pub struct Dump {
     /// The worker dictionary the batches were written with.
     pub dict: WorkerDict,
     /// The plan registry, by first pid (empty when the exporter had none to give).
-    pub plans: Vec<DumpPlan>,
+    pub plans: Vec<PlanEntry>,
     /// The batches, in id order.
     pub batches: Vec<DumpBatch>,
 }
@@ -274,7 +265,7 @@ impl Dump {
 }
 
 /// The plans section, its checksum checked.
-fn read_plans(r: &mut Reader<'_>, bytes: &[u8]) -> Result<Vec<DumpPlan>> {
+fn read_plans(r: &mut Reader<'_>, bytes: &[u8]) -> Result<Vec<PlanEntry>> {
     let start = r.at;
     let count = r.u32()? as usize;
     if count.saturating_mul(33) > bytes.len() {
@@ -288,9 +279,9 @@ fn read_plans(r: &mut Reader<'_>, bytes: &[u8]) -> Result<Vec<DumpPlan>> {
             1 => true,
             b => return Err(bad(&format!("plan flag {b}"))),
         };
-        let plan = Plan::new(first, min, max, size)
+        let plan = PlanGeometry::new(first, min, max, size)
             .map_err(|err| bad(&format!("plan {min}..={max}: {err}")))?;
-        plans.push(DumpPlan { plan, explicit });
+        plans.push(PlanEntry { plan, explicit });
     }
     let section = &bytes[start..r.at];
     if r.u32()? != crc32fast::hash(section) {
@@ -374,12 +365,12 @@ mod tests {
         };
         let mut dump = Dump::new(&schema, 1_719_300_000_000, dict, vec![batch]);
         dump.plans = vec![
-            DumpPlan {
-                plan: Plan::new(1, 1, 95, 10).unwrap(),
+            PlanEntry {
+                plan: PlanGeometry::new(1, 1, 95, 10).unwrap(),
                 explicit: false,
             },
-            DumpPlan {
-                plan: Plan::new(11, 500, 599, 100).unwrap(),
+            PlanEntry {
+                plan: PlanGeometry::new(11, 500, 599, 100).unwrap(),
                 explicit: true,
             },
         ];

@@ -76,7 +76,7 @@ mod snapshots;
 mod state;
 mod store;
 
-pub use dump::{Dump, DumpBatch, DumpPlan};
+pub use dump::{Dump, DumpBatch};
 pub use error::{Error, Result};
 pub use memory::MemoryArchive;
 pub use model::{ArchivePass, Config, DeadLetter, Lookup, RangePage, Tier};

@@ -9,8 +9,11 @@
 //! - [`encode_binary_v2`] / [`decode_binary_v2`]: a sealed batch as adaptive columns
 //!   with a checksum, about 1.5 bytes per seed-shaped record.
 //!
-//! [`Plan`] is the arithmetic between pids and row IDs, and [`KeySchema`] names every
-//! Redis key so that one shard's keys share one cluster slot ([`key_slot`]).
+//! [`PlanGeometry`] is the arithmetic between pids and row IDs (a [`PlanEntry`] one entry
+//! of a namespace's plan registry), and [`KeySchema`] names every Redis key so that one
+//! shard's keys share one cluster slot ([`key_slot`]). [`Clock`] is the source of "now"
+//! every store takes; the `retry` feature adds the module `retry`, the stores' one
+//! retry policy for Redis calls.
 //!
 //! **The design choice to keep in mind:** the short worker codes look derivable
 //! (`worker1` is `w1`) but are not. Codes and binary indices are assigned by a
@@ -66,6 +69,10 @@ pub use dict::{WorkerDict, WorkerEntry};
 pub use error::Error;
 pub use json::{decode_json, encode_json};
 pub use keys::{DEFAULT_BATCH_SIZE, KeySchema, MAX_BATCH_SIZE, MAX_SHARDS, crc16_xmodem, key_slot};
-pub use plan::Plan;
+/// The former name of [`PlanGeometry`], kept only until `tranche-active-store` (whose
+/// own `Plan` says what to plan) uses the new one.
+#[doc(hidden)]
+pub use plan::PlanGeometry as Plan;
+pub use plan::{PlanEntry, PlanGeometry};
 pub use record::{CompletedRecord, ParseStatusError, Partition, Status};
 pub use text_v1::{decode_text_v1, encode_text_v1};

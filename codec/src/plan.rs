@@ -1,4 +1,5 @@
-//! Plan geometry: which pid covers which IDs, computed, never stored.
+//! Plan geometry: which pid covers which IDs, computed, never stored; and the plan
+//! registry's entries.
 
 use std::ops::RangeInclusive;
 
@@ -6,16 +7,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::Error;
 
-/// A uniform plan: the IDs `min..=max` cut into partitions of `size` IDs, numbered
+/// The geometry of a uniform plan: the IDs `min..=max` cut into partitions of `size` IDs, numbered
 /// from `first_pid`. The last partition is short when `size` does not divide the span.
 ///
 /// A plan is a generator, not a list: the pid of any ID and the range of any pid are
 /// arithmetic, which is what lets the active store plan 5 billion IDs in a few bytes
 /// and the router `locate` an ID without a lookup. The seed's numbering is
-/// `Plan::new(1, 1, max, 1000)`: pid 4970 covers `4969001..=4970000`.
+/// `PlanGeometry::new(1, 1, max, 1000)`: pid 4970 covers `4969001..=4970000`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "PlanFields", into = "PlanFields")]
-pub struct Plan {
+pub struct PlanGeometry {
     first_pid: u64,
     min: u64,
     max: u64,
@@ -24,7 +25,7 @@ pub struct Plan {
     last_pid: u64,
 }
 
-/// The serialized form of a [`Plan`]: its four defining fields, validated on the way in.
+/// The serialized form of a [`PlanGeometry`]: its four defining fields, validated on the way in.
 #[derive(Serialize, Deserialize)]
 struct PlanFields {
     first_pid: u64,
@@ -33,15 +34,15 @@ struct PlanFields {
     size: u64,
 }
 
-impl TryFrom<PlanFields> for Plan {
+impl TryFrom<PlanFields> for PlanGeometry {
     type Error = Error;
     fn try_from(f: PlanFields) -> Result<Self, Error> {
-        Plan::new(f.first_pid, f.min, f.max, f.size)
+        PlanGeometry::new(f.first_pid, f.min, f.max, f.size)
     }
 }
 
-impl From<Plan> for PlanFields {
-    fn from(p: Plan) -> Self {
+impl From<PlanGeometry> for PlanFields {
+    fn from(p: PlanGeometry) -> Self {
         PlanFields {
             first_pid: p.first_pid,
             min: p.min,
@@ -51,7 +52,7 @@ impl From<Plan> for PlanFields {
     }
 }
 
-impl Plan {
+impl PlanGeometry {
     /// A plan over `min..=max` in partitions of `size` IDs, the first numbered `first_pid`.
     ///
     /// Fails when `max < min`, `size == 0`, or the last pid would exceed `u64::MAX`.
@@ -67,7 +68,7 @@ impl Plan {
         let partitions = span.div_ceil(u128::from(size));
         let last_pid = u128::from(first_pid) + partitions - 1;
         let last_pid = u64::try_from(last_pid).map_err(|_| Error::PlanOverflow)?;
-        Ok(Plan {
+        Ok(PlanGeometry {
             first_pid,
             min,
             max,
@@ -137,13 +138,27 @@ impl Plan {
     }
 }
 
+/// One entry of a namespace's plan registry: a run of consecutive pids and the row IDs
+/// they cover. An explicit range is an entry of one partition as wide as the range.
+///
+/// The active store keeps the registry; an export carries it, so an import plans the
+/// same pids again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PlanEntry {
+    /// The geometry: pids, IDs and partition size.
+    pub plan: PlanGeometry,
+    /// True for an explicit range (materialised at once); false for a uniform plan
+    /// (issued lazily from per-shard cursors).
+    pub explicit: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn seed_numbering() {
-        let plan = Plan::new(1, 1, 5_000_000_000, 1000).expect("valid plan");
+        let plan = PlanGeometry::new(1, 1, 5_000_000_000, 1000).expect("valid plan");
         assert_eq!(plan.range_of(4970), Some(4_969_001..=4_970_000));
         assert_eq!(plan.pid_of(4_969_001), Some(4970));
         assert_eq!(plan.pid_of(4_970_000), Some(4970));
@@ -156,37 +171,40 @@ mod tests {
 
     #[test]
     fn short_last_partition() {
-        let plan = Plan::new(0, 10, 2_504, 1000).expect("valid plan");
+        let plan = PlanGeometry::new(0, 10, 2_504, 1000).expect("valid plan");
         assert_eq!(plan.pids(), 0..=2);
         assert_eq!(plan.range_of(2), Some(2_010..=2_504));
     }
 
     #[test]
     fn whole_u64_space() {
-        let plan = Plan::new(0, 0, u64::MAX, 1 << 32).expect("valid plan");
+        let plan = PlanGeometry::new(0, 0, u64::MAX, 1 << 32).expect("valid plan");
         assert_eq!(plan.last_pid(), (1 << 32) - 1);
         assert_eq!(
             plan.range_of(plan.last_pid()),
             Some(u64::MAX - ((1 << 32) - 1)..=u64::MAX)
         );
         assert_eq!(plan.pid_of(u64::MAX), Some(plan.last_pid()));
-        let one_per_id = Plan::new(0, 0, u64::MAX, 1).expect("valid plan");
+        let one_per_id = PlanGeometry::new(0, 0, u64::MAX, 1).expect("valid plan");
         assert_eq!(one_per_id.partitions(), u64::MAX);
     }
 
     #[test]
     fn invalid_plans() {
         assert!(matches!(
-            Plan::new(1, 10, 9, 1),
+            PlanGeometry::new(1, 10, 9, 1),
             Err(Error::PlanInverted { min: 10, max: 9 })
         ));
-        assert!(matches!(Plan::new(1, 1, 9, 0), Err(Error::PlanZeroSize)));
         assert!(matches!(
-            Plan::new(1, 0, u64::MAX, 1),
+            PlanGeometry::new(1, 1, 9, 0),
+            Err(Error::PlanZeroSize)
+        ));
+        assert!(matches!(
+            PlanGeometry::new(1, 0, u64::MAX, 1),
             Err(Error::PlanOverflow)
         ));
         assert!(matches!(
-            Plan::new(u64::MAX, 0, 1, 1),
+            PlanGeometry::new(u64::MAX, 0, 1, 1),
             Err(Error::PlanOverflow)
         ));
     }
@@ -194,9 +212,9 @@ mod tests {
     #[test]
     fn serde_validates() {
         let json = r#"{"first_pid":1,"min":1,"max":1000000,"size":1000}"#;
-        let plan: Plan = serde_json::from_str(json).expect("valid plan");
+        let plan: PlanGeometry = serde_json::from_str(json).expect("valid plan");
         assert_eq!(serde_json::to_string(&plan).ok().as_deref(), Some(json));
         let bad = r#"{"first_pid":1,"min":1,"max":10,"size":0}"#;
-        assert!(serde_json::from_str::<Plan>(bad).is_err());
+        assert!(serde_json::from_str::<PlanGeometry>(bad).is_err());
     }
 }

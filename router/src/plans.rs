@@ -108,7 +108,7 @@ mod tests {
 
     fn entry(first_pid: u64, min: u64, max: u64, size: u64) -> PlanEntry {
         PlanEntry {
-            plan: tranche_codec::Plan::new(first_pid, min, max, size).unwrap(),
+            plan: tranche_codec::PlanGeometry::new(first_pid, min, max, size).unwrap(),
             explicit: false,
         }
     }

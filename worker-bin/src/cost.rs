@@ -28,7 +28,7 @@ pub(crate) const SUMMARY: f64 = 0.5;
 
 /// `plan --dry-run`: the seed's capacity planning.
 pub(crate) fn plan_cost(
-    plan: &tranche_codec::Plan,
+    plan: &tranche_codec::PlanGeometry,
     shards: u32,
     tiers: &TierArgs,
     json: bool,

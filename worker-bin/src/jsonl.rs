@@ -10,8 +10,8 @@
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
-use tranche_archive_store::{Dump, DumpBatch, DumpPlan, Tier};
-use tranche_codec::{CompletedRecord, KeySchema, Plan, WorkerDict, decode_json};
+use tranche_archive_store::{Dump, DumpBatch, Tier};
+use tranche_codec::{CompletedRecord, KeySchema, PlanGeometry, WorkerDict, decode_json};
 
 /// The format version written in the header.
 const VERSION: u32 = 1;
@@ -28,7 +28,7 @@ struct Header {
     plans: Vec<HeaderPlan>,
 }
 
-/// One plan of the registry, as `DumpPlan` holds it.
+/// One plan of the registry, as a `PlanEntry` holds it.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct HeaderPlan {
@@ -100,8 +100,8 @@ pub(crate) fn read(text: &str, created_ms: u64, tier: Tier) -> Result<Dump> {
         .plans
         .iter()
         .map(|p| {
-            Ok(DumpPlan {
-                plan: Plan::new(p.first_pid, p.min_id, p.max_id, p.size)
+            Ok(tranche_codec::PlanEntry {
+                plan: PlanGeometry::new(p.first_pid, p.min_id, p.max_id, p.size)
                     .with_context(|| format!("plan {}..={}", p.min_id, p.max_id))?,
                 explicit: p.explicit,
             })
@@ -163,8 +163,8 @@ mod tests {
             duration_ms: 295_000,
         };
         let mut dump = dump_of(&schema, vec![rec(250), rec(3), rec(101)], 7, Tier::Simple).unwrap();
-        dump.plans = vec![DumpPlan {
-            plan: Plan::new(1, 1, 3000, 10).unwrap(),
+        dump.plans = vec![tranche_codec::PlanEntry {
+            plan: PlanGeometry::new(1, 1, 3000, 10).unwrap(),
             explicit: false,
         }];
         let text = write(&dump);

@@ -247,7 +247,7 @@ pub(crate) fn signals(grace: Duration) -> Result<watch::Receiver<Stop>> {
 
 async fn plan(backend: &Backend, args: &PlanArgs, json: bool) -> Result<Outcome> {
     // Validate as the store will, before anything is written.
-    let geometry = tranche_codec::Plan::new(1, args.min, args.max, args.size)
+    let geometry = tranche_codec::PlanGeometry::new(1, args.min, args.max, args.size)
         .map_err(|e| anyhow::anyhow!("invalid plan: {e}"))?;
     if args.dry_run {
         print!(

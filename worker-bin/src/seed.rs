@@ -14,7 +14,7 @@ use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use tranche_active_store::{Carried, PlanEntry};
 use tranche_archive_store::Tier;
-use tranche_codec::{CompletedRecord, KeySchema, Plan, decode_json, encode_json};
+use tranche_codec::{CompletedRecord, KeySchema, PlanGeometry, decode_json, encode_json};
 
 use crate::backend::{Backend, Open, Tuning};
 use crate::cli::{Global, ImportArgs};
@@ -126,7 +126,7 @@ fn derive_plans(ranges: &[(u64, u64, u64)]) -> Result<Vec<PlanEntry>> {
     }
     let &(last_pid, _, last_max) = ranges.last().unwrap_or(&(1, first_min, first_max));
     let size = first_max - first_min + 1;
-    if let Ok(plan) = Plan::new(1, first_min, last_max, size)
+    if let Ok(plan) = PlanGeometry::new(1, first_min, last_max, size)
         && plan.last_pid() == last_pid
         && ranges
             .iter()
@@ -141,7 +141,7 @@ fn derive_plans(ranges: &[(u64, u64, u64)]) -> Result<Vec<PlanEntry>> {
         .iter()
         .map(|&(pid, min, max)| {
             Ok(PlanEntry {
-                plan: Plan::new(pid, min, max, max - min + 1)
+                plan: PlanGeometry::new(pid, min, max, max - min + 1)
                     .with_context(|| format!("partition {pid}"))?,
                 explicit: true,
             })

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use tranche_active_store::PlanEntry;
-use tranche_archive_store::{Dump, DumpPlan, Tier};
+use tranche_archive_store::{Dump, Tier};
 
 use crate::backend::{Backend, Open, Tuning};
 use crate::cli::ExportArgs;
@@ -25,7 +25,7 @@ pub(crate) async fn export(backend: &Backend, args: &ExportArgs, json: bool) -> 
         .plans()
         .await?
         .into_iter()
-        .map(|e| DumpPlan {
+        .map(|e| tranche_codec::PlanEntry {
             plan: e.plan,
             explicit: e.explicit,
         })
