@@ -80,7 +80,9 @@ pub use dump::{Dump, DumpBatch};
 pub use error::{Error, Result};
 pub use memory::MemoryArchive;
 pub use model::{ArchivePass, Config, DeadLetter, Lookup, RangePage, Tier};
-pub use redis_store::{RedisArchive, scripts};
+pub use redis_store::RedisArchive;
+#[cfg(feature = "testing")]
+pub use redis_store::scripts;
 pub use segment::SEGMENT_BATCHES;
 pub use snapshots::{SnapshotPolicy, Snapshots};
 pub use state::{ARCHIVE_STATE_VERSION, ArchiveState};

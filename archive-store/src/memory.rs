@@ -402,8 +402,9 @@ impl MemoryArchive {
             .sum()
     }
 
-    /// Overwrites the sealed bytes of `batch` (tests of the corrupt-batch path).
-    /// Returns whether the batch was sealed.
+    /// Overwrites the sealed bytes of `batch` (tests of the corrupt-batch path; feature
+    /// `testing`). Returns whether the batch was sealed.
+    #[cfg(feature = "testing")]
     pub fn corrupt_batch(&self, batch: u64, bytes: Vec<u8>) -> bool {
         let mut shard = lock(&self.shards[self.schema.shard_of_batch(batch) as usize]);
         match shard.sealed.get_mut(&batch) {

@@ -120,6 +120,7 @@ pub(crate) fn slot_of(bytes: &[u8], slot: usize) -> Result<Option<&[u8]>, String
 
 /// Segment bytes holding `blobs` (one per slot, empty for none): what `join.lua`
 /// writes, for rewriting a segment outside Lua (tests of corruption).
+#[cfg(any(test, feature = "testing"))]
 pub(crate) fn build(blobs: &[Vec<u8>]) -> Vec<u8> {
     fn varint(out: &mut Vec<u8>, mut v: u64) {
         while v >= 0x80 {
@@ -140,6 +141,7 @@ pub(crate) fn build(blobs: &[Vec<u8>]) -> Vec<u8> {
 }
 
 /// Every slot's blob (empty for none), or `Err` when the bytes are not a segment.
+#[cfg(any(test, feature = "testing"))]
 pub(crate) fn blobs(bytes: &[u8]) -> Result<Vec<Vec<u8>>, String> {
     (0..SEGMENT_BATCHES as usize)
         .map(|j| slot_of(bytes, j).map(|b| b.map(<[u8]>::to_vec).unwrap_or_default()))

@@ -84,10 +84,14 @@ async fn main() {
                 duration_ms: 200_000 + rng.random_range(0..200_000),
             })
             .collect();
-        stats
-            .apply(0, &StatsDelta::from_records(&batch), start_ms + end * 6)
-            .await
-            .expect("apply");
+        tranche_stats::testing::apply_alone(
+            &stats,
+            0,
+            &StatsDelta::from_records(&batch),
+            start_ms + end * 6,
+        )
+        .await
+        .expect("apply");
         pid = end;
     }
     eprintln!(

@@ -70,6 +70,8 @@ mod packed;
 mod redis_store;
 mod state;
 mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use aggregate::{RANGE_SIZE, StatsDelta};
 pub use diff::{Difference, diff};
@@ -80,6 +82,6 @@ pub use model::{
     DataRange, DayStats, GlobalStats, RangeStats, Stats, StatsSummary, TimeRange, WorkerShare,
     WorkerStats,
 };
-pub use redis_store::{APPLY_DELTA_LUA, RedisStats, delta_args, scripts, stats_keys};
+pub use redis_store::{APPLY_DELTA_LUA, RedisStats, delta_args, stats_keys};
 pub use state::{STATS_STATE_VERSION, StatsState};
 pub use store::{SNAPSHOT_RANGES, SNAPSHOTS_KEPT, Snapshot, SnapshotConfig, StatsStore};

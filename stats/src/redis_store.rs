@@ -50,13 +50,15 @@ macro_rules! script {
     };
 }
 
+#[cfg(any(test, feature = "testing"))]
 static APPLY: LazyLock<Script> = script!("apply");
 static REPLACE: LazyLock<Script> = script!("replace");
 static PUBLISH: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/publish.lua")));
 
 /// Every script of this crate with its name, for tests that run each on a cluster.
-pub fn scripts() -> Vec<(&'static str, &'static Script)> {
+#[cfg(any(test, feature = "testing"))]
+pub(crate) fn scripts() -> Vec<(&'static str, &'static Script)> {
     vec![
         ("apply", &APPLY),
         ("replace", &REPLACE),
@@ -223,10 +225,14 @@ where
         &self.schema
     }
 
-    /// Applies `delta` to shard `shard` on its own (the standalone `apply` script). The
-    /// archive does not use this: it runs [`APPLY_DELTA_LUA`] inside its own script, so
-    /// that statistics and archive change together.
-    pub async fn apply(&self, shard: u32, delta: &StatsDelta, now_ms: u64) -> Result<()> {
+    /// Applies `delta` to shard `shard` on its own (the standalone `apply` script), for
+    /// this crate's tests ([`testing::apply_alone`](crate::testing::apply_alone)). Not
+    /// public: outside the archive's script nothing marks the records archived, so a
+    /// delta applied this way is counted again when they are archived. The archive runs
+    /// [`APPLY_DELTA_LUA`] inside its own script, so that statistics and archive change
+    /// together.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) async fn apply(&self, shard: u32, delta: &StatsDelta, now_ms: u64) -> Result<()> {
         self.run_delta(&APPLY, shard, delta, now_ms).await
     }
 

@@ -101,8 +101,12 @@ impl Harness {
     async fn apply(&self, shard: u32, delta: &StatsDelta) {
         match &self.applier {
             Applier::Memory(m) => m.apply_at(shard, delta, NOW),
-            Applier::Single(s) => s.apply(shard, delta, NOW).await.unwrap(),
-            Applier::Cluster(s) => s.apply(shard, delta, NOW).await.unwrap(),
+            Applier::Single(s) => tranche_stats::testing::apply_alone(s, shard, delta, NOW)
+                .await
+                .unwrap(),
+            Applier::Cluster(s) => tranche_stats::testing::apply_alone(s, shard, delta, NOW)
+                .await
+                .unwrap(),
         }
     }
 

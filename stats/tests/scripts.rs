@@ -249,20 +249,17 @@ async fn work_grows_with_fields_not_records() {
         rec(4970, "w", T0, 300_000),
         rec(4970, "w", T0 + 100, 300_000),
     ];
-    store
-        .apply(0, &StatsDelta::from_records(&warm), T0)
+    tranche_stats::testing::apply_alone(&store, 0, &StatsDelta::from_records(&warm), T0)
         .await
         .unwrap();
     let commands = ["hincrby", "hget", "hset", "hmget"];
     let counts = || commands.map(|c| calls(&server, c));
     let before = counts();
-    store
-        .apply(0, &StatsDelta::from_records(&one), T0)
+    tranche_stats::testing::apply_alone(&store, 0, &StatsDelta::from_records(&one), T0)
         .await
         .unwrap();
     let middle = counts();
-    store
-        .apply(0, &StatsDelta::from_records(&hundred), T0)
+    tranche_stats::testing::apply_alone(&store, 0, &StatsDelta::from_records(&hundred), T0)
         .await
         .unwrap();
     let after = counts();
@@ -282,7 +279,9 @@ async fn work_grows_with_fields_not_records() {
     let empty = redis::Client::open(server.url()).unwrap();
     let mut c = empty.get_multiplexed_async_connection().await.unwrap();
     let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
-    store.apply(0, &StatsDelta::default(), T0).await.unwrap();
+    tranche_stats::testing::apply_alone(&store, 0, &StatsDelta::default(), T0)
+        .await
+        .unwrap();
     let keys: Vec<String> = server.query(redis::cmd("KEYS").arg("*"));
     assert!(keys.is_empty(), "{keys:?}");
 }
@@ -322,14 +321,14 @@ async fn a_counter_near_int64_is_refused_before_any_write() {
         completed_at_ms: T0,
         duration_ms: 1,
     };
-    let err = store
-        .apply(
-            0,
-            &StatsDelta::from_records(std::slice::from_ref(&huge)),
-            T0,
-        )
-        .await
-        .unwrap_err();
+    let err = tranche_stats::testing::apply_alone(
+        &store,
+        0,
+        &StatsDelta::from_records(std::slice::from_ref(&huge)),
+        T0,
+    )
+    .await
+    .unwrap_err();
     assert!(err.to_string().contains("nothing was applied"), "{err}");
     let keys: Vec<String> = server.query(redis::cmd("KEYS").arg("*"));
     assert!(keys.is_empty(), "{keys:?}");
@@ -338,20 +337,18 @@ async fn a_counter_near_int64_is_refused_before_any_write() {
     // the counter already holds more than 18 digits, so it is refused then.
     let mut half = huge.clone();
     half.max_id = 999_999_999_999_999_999;
-    store
-        .apply(0, &StatsDelta::from_records(&[half.clone()]), T0)
+    tranche_stats::testing::apply_alone(&store, 0, &StatsDelta::from_records(&[half.clone()]), T0)
         .await
         .unwrap();
-    store
-        .apply(0, &StatsDelta::from_records(&[half.clone()]), T0)
+    tranche_stats::testing::apply_alone(&store, 0, &StatsDelta::from_records(&[half.clone()]), T0)
         .await
         .unwrap();
     let before: Vec<(String, String)> =
         server.query(redis::cmd("HGETALL").arg(&stats_keys(&schema, 0)[1]));
-    let err = store
-        .apply(0, &StatsDelta::from_records(&[half]), T0)
-        .await
-        .unwrap_err();
+    let err =
+        tranche_stats::testing::apply_alone(&store, 0, &StatsDelta::from_records(&[half]), T0)
+            .await
+            .unwrap_err();
     assert!(err.to_string().contains("reached 10^18"), "{err}");
     let after: Vec<(String, String)> =
         server.query(redis::cmd("HGETALL").arg(&stats_keys(&schema, 0)[1]));
@@ -389,8 +386,7 @@ async fn a_range_of_a_hundred_partitions_costs_under_half_a_byte_per_partition()
         })
         .collect();
     for chunk in records.chunks(1000) {
-        store
-            .apply(0, &StatsDelta::from_records(chunk), T0)
+        tranche_stats::testing::apply_alone(&store, 0, &StatsDelta::from_records(chunk), T0)
             .await
             .unwrap();
     }
@@ -420,7 +416,9 @@ async fn a_delta_that_meets_a_corrupt_value_writes_nothing() {
         let recs: Vec<CompletedRecord> = pids.map(|p| rec(p, "worker1", T0 + p, 1000)).collect();
         StatsDelta::from_records(&recs)
     };
-    store.apply(0, &batch(1..=1), T0).await.unwrap();
+    tranche_stats::testing::apply_alone(&store, 0, &batch(1..=1), T0)
+        .await
+        .unwrap();
     let first_field = |key: &str| -> String {
         let fields: Vec<String> = server.query(redis::cmd("HKEYS").arg(key));
         fields.into_iter().min().unwrap()
@@ -439,7 +437,9 @@ async fn a_delta_that_meets_a_corrupt_value_writes_nothing() {
         let _: () = server.query(redis::cmd("HSET").arg(key).arg(field).arg(bad));
         let before = server.dump_all();
         for _ in 0..2 {
-            let Err(err) = store.apply(0, &batch(2..=100), T0).await else {
+            let Err(err) =
+                tranche_stats::testing::apply_alone(&store, 0, &batch(2..=100), T0).await
+            else {
                 panic!("{key} {field}: applied over a corrupt value")
             };
             assert!(
@@ -452,7 +452,9 @@ async fn a_delta_that_meets_a_corrupt_value_writes_nothing() {
         let _: () = server.query(redis::cmd("HSET").arg(key).arg(field).arg(good));
     }
     // Repaired, the same delta applies once.
-    store.apply(0, &batch(2..=100), T0).await.unwrap();
+    tranche_stats::testing::apply_alone(&store, 0, &batch(2..=100), T0)
+        .await
+        .unwrap();
     assert_eq!(
         store.stats().await.unwrap().global_stats.total_completed,
         100

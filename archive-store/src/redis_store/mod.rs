@@ -59,7 +59,9 @@ static DICT: LazyLock<Script> = script!("dict");
 static MOVE: LazyLock<Script> = script!("move");
 static JOIN: LazyLock<Script> = script!("join");
 
-/// Every script with its name, for tests that check each keeps to one slot.
+/// Every script with its name, for tests that check each keeps to one slot (feature
+/// `testing`).
+#[cfg(feature = "testing")]
 pub fn scripts() -> Vec<(&'static str, &'static Script)> {
     vec![
         ("archive", &ARCHIVE),
@@ -322,8 +324,9 @@ where
     }
 
     /// Overwrites the sealed bytes of `batch` with `bytes`, in its own key or in its
-    /// segment, keeping the TTL (tests of the corrupt-batch path; not atomic). Returns
-    /// whether the batch was sealed.
+    /// segment, keeping the TTL (tests of the corrupt-batch path; not atomic; feature
+    /// `testing`). Returns whether the batch was sealed.
+    #[cfg(feature = "testing")]
     pub async fn corrupt_batch(&self, batch: u64, bytes: Vec<u8>) -> Result<bool> {
         let key = self.schema.completed_batch(batch);
         let (seg, slot) = SegmentRef::of(&self.schema, batch);
