@@ -15,6 +15,9 @@
 // Built as a test too (`--all-targets`), where a harness-less target drops the
 // module's `#[test]`s but not their imports.
 #[allow(dead_code, unreachable_pub, unused_imports)]
+#[path = "../src/atomic.rs"]
+mod atomic;
+#[allow(dead_code, unreachable_pub, unused_imports)]
 #[path = "../src/state.rs"]
 mod state;
 

@@ -22,9 +22,7 @@
 //! it, renames it over the target and syncs the directory: a crash mid-save leaves the
 //! previous state whole.
 
-use std::fs::{self, File};
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -272,8 +270,9 @@ fn check_configs(
     Ok(())
 }
 
-/// Writes `state` to `path` atomically: a new private (0600) temporary file beside it,
-/// synced, renamed over it, and the directory synced. The caller holds the state lock. Returns the bytes written.
+/// Writes `state` to `path` atomically and privately (0600, through
+/// [`crate::atomic::write`]). The caller holds the state lock. Returns the bytes
+/// written.
 pub(crate) fn save(path: &Path, state: &EmbeddedState) -> Result<u64, StateError> {
     let io = |source| StateError::Io {
         path: path.to_owned(),
@@ -291,35 +290,7 @@ pub(crate) fn save(path: &Path, state: &EmbeddedState) -> Result<u64, StateError
     header.extend_from_slice(&STATE_FILE_VERSION.to_le_bytes());
     header.extend_from_slice(&(payload.len() as u64).to_le_bytes());
     header.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
-    let mut tmp_name = path.file_name().unwrap_or_default().to_owned();
-    tmp_name.push(".tmp");
-    let tmp = path.with_file_name(tmp_name);
-    // Only the lock holder writes, so a temporary file left here is a crashed save's, or
-    // planted: remove the name (a symlink goes, never its target), then create it afresh
-    // and privately, refusing to follow a link or reuse a file someone raced in.
-    match fs::remove_file(&tmp) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
-        _ => {}
-    }
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(&tmp)
-        .map_err(io)?;
-    file.write_all(&header).map_err(io)?;
-    file.write_all(&payload).map_err(io)?;
-    file.sync_all().map_err(io)?;
-    drop(file);
-    fs::rename(&tmp, path).map_err(io)?;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    // Makes the rename itself durable.
-    File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
-    Ok((header.len() + payload.len()) as u64)
+    crate::atomic::write(path, &[&header, &payload], 0o600).map_err(io)
 }
 
 /// Reads the state saved at `path`; `None` if there is no such file.

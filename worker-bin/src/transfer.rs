@@ -170,13 +170,9 @@ pub(crate) async fn import(g: &crate::cli::Global, file: &Path) -> Result<Outcom
     Ok(Outcome::Success)
 }
 
-/// Writes `bytes` to `path` through a new temporary file beside it, synced, renamed
-/// over it, and the directory synced, so a reader never sees half a file and a crash
-/// never loses a finished one. The directory must exist: a mistyped path is an error,
-/// not a tree of new directories.
+/// Writes `bytes` to `path` through [`crate::atomic::write`] (0644): a reader never sees
+/// half a file and a crash never loses a finished one. The directory must exist.
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -188,27 +184,7 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
             dir.display()
         );
     }
-    let tmp = dir.join(format!(
-        ".{}.tmp{}",
-        path.file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("tranche"),
-        std::process::id()
-    ));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(&tmp)
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    let written = f
-        .write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .and_then(|()| std::fs::File::open(dir)?.sync_all());
-    if let Err(err) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(err).with_context(|| format!("cannot write {}", path.display()));
-    }
+    crate::atomic::write(path, &[bytes], 0o644)
+        .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
 }
