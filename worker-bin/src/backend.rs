@@ -4,61 +4,21 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use redis::AsyncCommands;
 use tranche_active_store::{
     ActiveStore, Config as ActiveConfig, RedisActiveStore, RedisConnection, TlsOptions,
 };
-use tranche_archive_store::{
-    ArchiveQuery, Archiver, Compaction, Config as ArchiveConfig, Export, Import, RedisArchive,
-};
+use tranche_archive_store::{Config as ArchiveConfig, RedisArchive};
 use tranche_codec::KeySchema;
 use tranche_router::Router;
 use tranche_stats::{RedisStats, StatsStore};
 
-use crate::cli::{Global, TierArgs};
 use crate::embedded::EmbeddedBackend;
-
-/// Shards of a namespace created without `--shards`.
-pub(crate) const DEFAULT_SHARDS: u32 = 4;
-
-/// Everything the archive layer offers, as one object.
-pub(crate) trait ArchiveStore:
-    Archiver + ArchiveQuery + Compaction + Export + Import
-{
-}
-impl<T: Archiver + ArchiveQuery + Compaction + Export + Import + ?Sized> ArchiveStore for T {}
-
-/// How a command wants the namespace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Open {
-    /// It must exist (it has a plan).
-    Existing,
-    /// It may be new (`plan`, `import`).
-    Create,
-}
-
-/// Settings of the layers that only `run` and `archive` change.
-#[derive(Debug, Clone)]
-pub(crate) struct Tuning {
-    pub(crate) active: ActiveConfig,
-    pub(crate) tiers: Option<TierArgs>,
-    pub(crate) consumer: String,
-    pub(crate) claim_idle: Duration,
-}
-
-impl Default for Tuning {
-    fn default() -> Self {
-        Self {
-            active: ActiveConfig::default(),
-            tiers: None,
-            consumer: format!("tranche-{}", std::process::id()),
-            claim_idle: Duration::from_secs(60),
-        }
-    }
-}
+pub(crate) use crate::layers::{
+    ArchiveStore, DEFAULT_SHARDS, Location, Open, Tiers, Tuning, archive_config,
+};
 
 /// An open namespace.
 pub(crate) struct Backend {
@@ -85,7 +45,7 @@ enum Place {
 
 impl Backend {
     /// Opens the namespace `global` names, on Redis when `--redis` is given.
-    pub(crate) async fn open(global: &Global, open: Open, tuning: Tuning) -> Result<Self> {
+    pub(crate) async fn open(global: &Location, open: Open, tuning: Tuning) -> Result<Self> {
         if global.namespace.is_empty()
             || !global
                 .namespace
@@ -111,7 +71,7 @@ impl Backend {
         }
     }
 
-    async fn open_redis(global: &Global, url: &str, open: Open, tuning: Tuning) -> Result<Self> {
+    async fn open_redis(global: &Location, url: &str, open: Open, tuning: Tuning) -> Result<Self> {
         let (conn, shown) = connect(global, url).await?;
         let ns = &global.namespace;
         // The shard count is part of the namespace: every key's name depends on it.
@@ -158,7 +118,7 @@ impl Backend {
         ))
     }
 
-    async fn open_embedded(global: &Global, open: Open, tuning: Tuning) -> Result<Self> {
+    async fn open_embedded(global: &Location, open: Open, tuning: Tuning) -> Result<Self> {
         let ns = &global.namespace;
         let path = state_path(global);
         let embedded = EmbeddedBackend::open(&path, ns, global.shards, open, &tuning).await?;
@@ -419,29 +379,6 @@ fn used_memory_of(info: &redis::Value) -> Option<u64> {
     }
 }
 
-/// The archive settings of this process.
-pub(crate) fn archive_config(
-    ns: &str,
-    shards: u32,
-    first_pid: u64,
-    tuning: &Tuning,
-) -> ArchiveConfig {
-    let mut config = ArchiveConfig {
-        namespace: ns.to_owned(),
-        num_shards: shards,
-        first_pid,
-        consumer: tuning.consumer.clone(),
-        claim_idle: tuning.claim_idle,
-        ..ArchiveConfig::default()
-    };
-    if let Some(t) = &tuning.tiers {
-        config.compressed_at = t.compressed_at;
-        config.summary_at = t.summary_at;
-        config.summary_ttl = t.summary_ttl;
-    }
-    config
-}
-
 /// The lowest pid any plan issues (1 when there is no plan yet).
 async fn first_pid(active: &dyn ActiveStore) -> Result<u64> {
     let plans = active.plans().await.context("reading the plans")?;
@@ -449,7 +386,7 @@ async fn first_pid(active: &dyn ActiveStore) -> Result<u64> {
 }
 
 /// The embedded state file: `--state`, or `.tranche/<namespace>.state` here.
-pub(crate) fn state_path(global: &Global) -> PathBuf {
+pub(crate) fn state_path(global: &Location) -> PathBuf {
     global
         .state
         .clone()
@@ -457,7 +394,7 @@ pub(crate) fn state_path(global: &Global) -> PathBuf {
 }
 
 /// The Redis URL: `--redis`, or the first line of `--redis-file`; `None` embedded.
-fn redis_url(global: &Global) -> Result<Option<String>> {
+fn redis_url(global: &Location) -> Result<Option<String>> {
     match (&global.redis, &global.redis_file) {
         (Some(url), _) => Ok(Some(url.clone())),
         (None, Some(path)) => read_url(path).map(Some),
@@ -467,7 +404,7 @@ fn redis_url(global: &Global) -> Result<Option<String>> {
 
 /// Connects to `url` with the TLS options of `global`; returns the connection and the
 /// URL with its password masked.
-async fn connect(global: &Global, url: &str) -> Result<(RedisConnection, String)> {
+async fn connect(global: &Location, url: &str) -> Result<(RedisConnection, String)> {
     let shown = redact(url);
     if !["redis://", "rediss://", "redis+unix://", "unix://"]
         .iter()
@@ -504,7 +441,7 @@ async fn connect(global: &Global, url: &str) -> Result<(RedisConnection, String)
 
 /// The namespaces on the Redis of `global` (their `{ns}:meta` keys), or the state files
 /// beside the embedded state path, sorted. A cluster is refused: SCAN reaches one node.
-pub(crate) async fn namespace_names(global: &Global) -> Result<Vec<String>> {
+pub(crate) async fn namespace_names(global: &Location) -> Result<Vec<String>> {
     let mut names = Vec::new();
     match redis_url(global)? {
         Some(url) => {

@@ -91,6 +91,22 @@ pub(crate) struct Global {
     pub(crate) json: bool,
 }
 
+impl Global {
+    /// Where the namespace these options name lives, as the backend takes it.
+    pub(crate) fn location(&self) -> crate::backend::Location {
+        crate::backend::Location {
+            namespace: self.namespace.clone(),
+            shards: self.shards,
+            redis: self.redis.clone(),
+            redis_file: self.redis_file.clone(),
+            tls_ca: self.tls_ca.clone(),
+            tls_cert: self.tls_cert.clone(),
+            tls_key: self.tls_key.clone(),
+            state: self.state.clone(),
+        }
+    }
+}
+
 /// What to do.
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
@@ -311,14 +327,13 @@ pub(crate) struct TierArgs {
     pub(crate) summary_ttl: Duration,
 }
 
-#[cfg(test)]
 impl TierArgs {
-    /// The seed's thresholds: 100,000 and 500,000, batches kept 24 h.
-    pub(crate) fn defaults() -> Self {
-        Self {
-            compressed_at: 100_000,
-            summary_at: 500_000,
-            summary_ttl: Duration::from_secs(24 * 3600),
+    /// The thresholds as the backend takes them.
+    pub(crate) fn tiers(&self) -> crate::backend::Tiers {
+        crate::backend::Tiers {
+            compressed_at: self.compressed_at,
+            summary_at: self.summary_at,
+            summary_ttl: self.summary_ttl,
         }
     }
 }

@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use serde_json::json;
 
-use crate::cli::TierArgs;
+use crate::backend::Tiers;
 use crate::render::{bytes, line};
 
 // Redis memory per partition on Redis 7.0 with seed-shaped records (set S of the
@@ -30,7 +30,7 @@ pub(crate) const SUMMARY: f64 = 0.5;
 pub(crate) fn plan_cost(
     plan: &tranche_codec::PlanGeometry,
     shards: u32,
-    tiers: &TierArgs,
+    tiers: &Tiers,
     json: bool,
 ) -> String {
     let n = plan.partitions();

@@ -12,7 +12,7 @@ use tranche_active_store::{
 use tranche_archive_store::Config as ArchiveConfig;
 use tranche_stats::StatsStore;
 
-use crate::backend::{ArchiveStore, DEFAULT_SHARDS, Open, Tuning, archive_config};
+use crate::layers::{ArchiveStore, DEFAULT_SHARDS, Open, Tuning, archive_config};
 use crate::state::{self, Embedded};
 
 /// One namespace held in this process, and the file it is saved to.

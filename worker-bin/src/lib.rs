@@ -16,6 +16,7 @@ mod health;
 mod held;
 mod job;
 mod jsonl;
+mod layers;
 mod list;
 mod namespace;
 mod ops;

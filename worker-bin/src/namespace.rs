@@ -11,7 +11,7 @@ use crate::ops::Outcome;
 
 /// `pause` / `resume`: sets the namespace's flag; workers read it once a second.
 pub(crate) async fn set_paused(g: &Global, paused: bool) -> Result<Outcome> {
-    let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+    let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
     if backend.is_embedded() {
         bail!(
             "pause and resume need --redis: an embedded namespace has one process at a time (stop its run with Ctrl-C)"
@@ -36,7 +36,7 @@ pub(crate) async fn set_paused(g: &Global, paused: bool) -> Result<Outcome> {
 
 /// `plans`: every plan of the namespace with its geometry.
 pub(crate) async fn plans(g: &Global) -> Result<Outcome> {
-    let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+    let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
     let plans = backend.active.plans().await?;
     if g.json {
         println!("{}", plans_json(&plans));
@@ -89,7 +89,7 @@ pub(crate) async fn overview(g: &Global) -> Result<Vec<Value>> {
     let targets: Vec<(String, Option<std::path::PathBuf>)> = if embedded {
         // Each state file beside this one holds one namespace, whatever the file's
         // name (`--state` may name it freely): ask the file.
-        let path = backend::state_path(g);
+        let path = backend::state_path(&g.location());
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
             _ => std::path::PathBuf::from("."),
@@ -115,7 +115,7 @@ pub(crate) async fn overview(g: &Global) -> Result<Vec<Value>> {
             })
             .collect()
     } else {
-        backend::namespace_names(g)
+        backend::namespace_names(&g.location())
             .await?
             .into_iter()
             .map(|name| (name, None))
@@ -128,13 +128,14 @@ pub(crate) async fn overview(g: &Global) -> Result<Vec<Value>> {
         if file.is_some() {
             global.state = file;
         }
-        let backend = match Backend::open(&global, Open::Existing, Tuning::default()).await {
-            Ok(b) => b,
-            Err(err) => {
-                tracing::warn!(namespace = %name, %err, "cannot open; left out");
-                continue;
-            }
-        };
+        let backend =
+            match Backend::open(&global.location(), Open::Existing, Tuning::default()).await {
+                Ok(b) => b,
+                Err(err) => {
+                    tracing::warn!(namespace = %name, %err, "cannot open; left out");
+                    continue;
+                }
+            };
         let total = crate::progress::total_partitions(backend.active.as_ref()).await?;
         let counts = backend.active.counts().await?;
         let paused = backend.active.is_paused().await?;
@@ -192,7 +193,7 @@ pub(crate) async fn drop(g: &Global, yes: bool, force: bool) -> Result<Outcome> 
             g.namespace
         );
     }
-    let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+    let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
     backend.ensure_writable()?;
     let live: Vec<String> = backend
         .active

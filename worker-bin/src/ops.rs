@@ -38,7 +38,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
     match cli.command {
         Command::Plan(args) => {
             plan(
-                &Backend::open(g, Open::Create, Tuning::default()).await?,
+                &Backend::open(&g.location(), Open::Create, Tuning::default()).await?,
                 &args,
                 json,
             )
@@ -48,20 +48,20 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
         Command::Archive(args) => archive(g, args).await,
         Command::Status(args) => {
             status(
-                &Backend::open(g, Open::Existing, Tuning::default()).await?,
+                &Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
                 &args,
                 json,
             )
             .await
         }
         Command::Get { pid } => {
-            let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
             let view = backend.router.get(pid).await?;
             print!("{}", render::view(pid, &view, json));
             Ok(Outcome::Success)
         }
         Command::Locate { id } => {
-            let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
             match backend.router.locate(id).await? {
                 Some(located) => {
                     print!("{}", render::located(&located, json));
@@ -74,7 +74,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             }
         }
         Command::Stats { ranges } => {
-            let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
             let merged = if ranges {
                 backend.router.stats_with_ranges().await?
             } else {
@@ -89,7 +89,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             after,
             limit,
         } => {
-            let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
             let page =
                 crate::list::page(&backend, status, worker.as_deref(), after, limit as usize)
                     .await?;
@@ -97,7 +97,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             Ok(Outcome::Success)
         }
         Command::DeadLetters { limit } => {
-            let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
             let dead = backend.archive.dead_letters(limit).await?;
             print!("{}", render::dead_letters(&dead, json));
             Ok(Outcome::Success)
@@ -109,13 +109,13 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
         Command::Serve(args) => crate::serve::serve(g, args).await,
         Command::Drop { yes, force } => crate::namespace::drop(g, yes, force).await,
         Command::Workers => {
-            let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
             let workers = backend.active.workers().await?;
             print!("{}", render::workers(&workers, crate::now_ms(), json));
             Ok(Outcome::Success)
         }
         Command::RetryFailed { pid } => {
-            let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
             backend.ensure_writable()?;
             let pids = backend.active.retry_failed(pid).await?;
             backend.save().await?;
@@ -130,7 +130,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             Ok(Outcome::Success)
         }
         Command::Discard { pid, force: true } => {
-            let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
             backend.force_discard(pid).await?;
             say(
                 json,
@@ -140,7 +140,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             Ok(Outcome::Success)
         }
         Command::Discard { pid, force: false } => {
-            let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
             backend.ensure_writable()?;
             if !backend.active.discard(pid).await? {
                 bail!(
@@ -159,7 +159,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             to_hash: Some(key), ..
         }) => {
             crate::seed::export(
-                &Backend::open(g, Open::Existing, Tuning::default()).await?,
+                &Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
                 &key,
                 json,
             )
@@ -167,7 +167,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
         }
         Command::Export(args) => {
             crate::transfer::export(
-                &Backend::open(g, Open::Existing, Tuning::default()).await?,
+                &Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
                 &args,
                 json,
             )
@@ -178,7 +178,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
         }) => crate::transfer::import(g, &file).await,
         Command::Import(args) => crate::seed::import(g, &args).await,
         Command::Compact => {
-            let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
             backend.ensure_writable()?;
             let sealed = backend.archive.compact().await?;
             backend.save().await?;
@@ -191,7 +191,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
         }
         Command::Check { repair } => {
             crate::health::check(
-                &Backend::open(g, Open::Existing, Tuning::default()).await?,
+                &Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
                 repair,
                 json,
             )
@@ -199,7 +199,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
         }
         Command::Health(args) => {
             crate::health::health(
-                &Backend::open(g, Open::Existing, Tuning::default()).await?,
+                &Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
                 &args,
                 json,
             )
@@ -252,7 +252,7 @@ async fn plan(backend: &Backend, args: &PlanArgs, json: bool) -> Result<Outcome>
     if args.dry_run {
         print!(
             "{}",
-            render::plan_cost(&geometry, backend.shards, &args.tiers, json)
+            render::plan_cost(&geometry, backend.shards, &args.tiers.tiers(), json)
         );
         return Ok(Outcome::Success);
     }
@@ -330,12 +330,12 @@ async fn run(g: &crate::cli::Global, args: RunArgs) -> Result<Outcome> {
     }
     let tuning = Tuning {
         active,
-        tiers: Some(args.tiers.clone()),
+        tiers: Some(args.tiers.tiers()),
         consumer: worker.clone(),
         claim_idle: claim_idle(),
     };
     let stop = signals(args.grace)?;
-    let backend = Backend::open(g, Open::Existing, tuning).await?;
+    let backend = Backend::open(&g.location(), Open::Existing, tuning).await?;
     backend.ensure_writable()?;
     let job = match (&args.exec, args.simulate) {
         (Some(cmd), false) => Job::Exec(cmd.clone()),
@@ -442,13 +442,13 @@ async fn archive(g: &crate::cli::Global, args: ArchiveArgs) -> Result<Outcome> {
     } = args;
     let mut slot = None;
     let tuning = Tuning {
-        tiers: Some(tiers),
+        tiers: Some(tiers.tiers()),
         consumer: format!("archiver-{}", slot::default_name("archiver", &mut slot)),
         claim_idle: claim_idle(),
         ..Tuning::default()
     };
     let stop = signals(Duration::from_secs(5))?;
-    let backend = Backend::open(g, Open::Existing, tuning).await?;
+    let backend = Backend::open(&g.location(), Open::Existing, tuning).await?;
     backend.ensure_writable()?;
     if follow {
         let mut s = stop.clone();

@@ -21,7 +21,6 @@ use tokio::task::JoinHandle;
 use tranche_active_store::{ActiveStore, StatusCounts};
 
 use crate::backend::Backend;
-use crate::work::until;
 
 /// This process's own completions so far.
 pub(crate) type Mine = Arc<dyn Fn() -> u64 + Send + Sync>;
@@ -142,7 +141,8 @@ async fn report(
     };
     loop {
         tokio::select! {
-            () = until(&mut stop, |d| *d) => return,
+            // The guard `wait_for` returns is dropped at once: the future stays `Send`.
+            _ = async { stop.wait_for(|d| *d).await.is_ok() } => return,
             () = tokio::time::sleep(every) => {}
         }
         // Plans may grow while following.

@@ -792,7 +792,6 @@ pub(crate) fn bytes(b: f64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use crate::cli::TierArgs;
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -1109,14 +1108,22 @@ mod tests {
         assert_eq!(shown("plain text"), "plain text");
     }
 
+    /// The seed's thresholds: 100,000 and 500,000, batches kept 24 h.
+    fn seed_tiers() -> crate::backend::Tiers {
+        crate::backend::Tiers {
+            compressed_at: 100_000,
+            summary_at: 500_000,
+            summary_ttl: Duration::from_secs(24 * 3600),
+        }
+    }
+
     #[test]
     fn plan_cost_follows_the_tiers() {
-        let plan = tranche_codec::Plan::new(1, 1, 5_000_000_000, 1000).unwrap();
-        let out = plan_cost(&plan, 4, &TierArgs::defaults(), false);
+        let plan = tranche_codec::PlanGeometry::new(1, 1, 5_000_000_000, 1000).unwrap();
+        let out = plan_cost(&plan, 4, &seed_tiers(), false);
         insta::assert_snapshot!(out);
-        let small = tranche_codec::Plan::new(1, 1, 10_000, 1000).unwrap();
-        let v: Value =
-            serde_json::from_str(&plan_cost(&small, 1, &TierArgs::defaults(), true)).unwrap();
+        let small = tranche_codec::PlanGeometry::new(1, 1, 10_000, 1000).unwrap();
+        let v: Value = serde_json::from_str(&plan_cost(&small, 1, &seed_tiers(), true)).unwrap();
         assert_eq!(v["tiers"]["simple"], 10);
         assert_eq!(v["tiers"]["summary"], 0);
     }

@@ -47,8 +47,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::backend::{Backend, Open, Tuning};
-use crate::cli::Global;
+use crate::backend::{Backend, Location, Open, Tuning};
 use crate::job::Job;
 use crate::work::{self, Settings, Stop};
 
@@ -222,24 +221,20 @@ impl Runner {
         self
     }
 
-    fn global(&self) -> Global {
-        Global {
-            redis: self.redis.clone(),
-            redis_file: None,
-            tls_ca: None,
-            tls_cert: None,
-            tls_key: None,
+    fn location(&self) -> Location {
+        Location {
             namespace: self.namespace.clone(),
             shards: self.shards,
+            redis: self.redis.clone(),
             state: self.state.clone(),
-            json: false,
+            ..Location::default()
         }
     }
 
     /// Plans the IDs `min..=max` in partitions of `size` IDs (a repeated plan is a
     /// no-op; an overlapping one is an error).
     pub async fn plan(&self, min: u64, max: u64, size: u64) -> Result<(), Error> {
-        let backend = Backend::open(&self.global(), Open::Create, Tuning::default()).await?;
+        let backend = Backend::open(&self.location(), Open::Create, Tuning::default()).await?;
         backend.ensure_writable()?;
         backend
             .active
@@ -277,7 +272,7 @@ impl Runner {
             consumer: worker.clone(),
             claim_idle: crate::ops::claim_idle(),
         };
-        let backend = Backend::open(&self.global(), Open::Existing, tuning).await?;
+        let backend = Backend::open(&self.location(), Open::Existing, tuning).await?;
         backend.ensure_writable()?;
         let settings = Settings {
             job: Job::Handler(HandlerRef(Arc::new(handler))),

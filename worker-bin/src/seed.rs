@@ -154,7 +154,7 @@ pub(crate) async fn import(g: &Global, args: &ImportArgs) -> Result<Outcome> {
     if g.redis.is_none() && g.redis_file.is_none() {
         bail!("--from-hash and --completed-hash read hashes on Redis: give --redis");
     }
-    let backend = Backend::open(g, Open::Create, Tuning::default()).await?;
+    let backend = Backend::open(&g.location(), Open::Create, Tuning::default()).await?;
     let read = |key: &Option<String>| {
         let backend = &backend;
         let key = key.clone();

@@ -89,7 +89,7 @@ pub(crate) async fn import(g: &crate::cli::Global, file: &Path) -> Result<Outcom
     }
     let mut global = g.clone();
     global.shards = Some(dump.num_shards);
-    let backend = Backend::open(&global, Open::Create, Tuning::default()).await?;
+    let backend = Backend::open(&global.location(), Open::Create, Tuning::default()).await?;
     if !backend.is_empty().await? {
         bail!(
             "namespace `{}` on {} is not empty; import only restores into an empty one",

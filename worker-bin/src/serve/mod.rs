@@ -44,7 +44,7 @@ impl App {
         match &self.redis {
             Some(b) => Ok(BackendRef::Shared(b)),
             None => Ok(BackendRef::Fresh(Box::new(
-                Backend::open(&self.global, Open::Existing, Tuning::default()).await?,
+                Backend::open(&self.global.location(), Open::Existing, Tuning::default()).await?,
             ))),
         }
     }
@@ -92,7 +92,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
 
 /// `tranche serve`: binds `--listen` and answers until SIGINT/SIGTERM.
 pub(crate) async fn serve(g: &Global, args: ServeArgs) -> Result<Outcome> {
-    let backend = Backend::open(g, Open::Existing, Tuning::default()).await?;
+    let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
     let token = args.admin_token.filter(|t| !t.is_empty());
     let listen: SocketAddr = args.listen;
     if !listen.ip().is_loopback() && token.is_none() {
