@@ -1,7 +1,9 @@
 //! The PostgreSQL backfill example, for real: a private PostgreSQL server (initdb and
-//! pg_ctl on a free port, as the Redis tests start their own redis-server), a table of
-//! 25,000 rows, and the example's handler run by `tranche_worker::runner` on a private
-//! Redis, stopped halfway and run again: every row is backfilled, none is missed.
+//! pg_ctl on a free port, as the Redis tests start their own redis-server) and the
+//! example's handler run by `tranche_worker::runner` on a private Redis. A table of
+//! 25,000 rows is stopped halfway and run again; a table of 1,000,000 rows is
+//! backfilled by three runner processes, one of them SIGKILLed mid-run: every row is
+//! backfilled as intended, none is missed, and `tranche check` finds nothing amiss.
 
 #[path = "../../active-store/tests/support/mod.rs"]
 mod support;
@@ -12,8 +14,8 @@ mod example;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Duration;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
 
 use example::Backfill;
 use support::TestRedis;
@@ -36,7 +38,10 @@ impl TestPostgres {
                     .find(|p| p.join("initdb").exists())
             })
             .expect("PostgreSQL's initdb not found: apt-get install postgresql");
-        let dir = std::env::temp_dir().join(format!("tranche-pg-{}", std::process::id()));
+        // One directory per server: the tests of this binary run side by side.
+        static SERVERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = SERVERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("tranche-pg-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let port = TcpListener::bind("127.0.0.1:0")
@@ -67,8 +72,11 @@ impl TestPostgres {
                 "trust",
             ],
         );
+        // Durability is of no use to a test's throwaway cluster: without fsync the
+        // million-row UPDATEs cost what the CPU does.
         let opts = format!(
-            "-p {port} -c listen_addresses=127.0.0.1 -k {}",
+            "-p {port} -c listen_addresses=127.0.0.1 -k {} -c fsync=off \
+             -c synchronous_commit=off -c full_page_writes=off",
             dir.display()
         );
         run_as(
@@ -191,4 +199,189 @@ async fn a_postgres_backfill_runs_to_the_end_through_a_restart() {
         .unwrap();
     let (done, all): (i64, i64) = (row.get(0), row.get(1));
     assert_eq!((done, all), (25_000, 25_000));
+}
+
+/// The runner processes' settings: partitions of 10,000 IDs (100 of them), chunks of
+/// 2,000 rows, leases of 2 s so that the killed runner's partitions come back quickly.
+const ROWS: u64 = 1_000_000;
+const PARTITION: u64 = 10_000;
+const LEASE: Duration = Duration::from_secs(2);
+/// Set in a runner process: the test binary runs this test again as one of the runners.
+const ROLE: &str = "TRANCHE_PG_RUNNER";
+
+/// Three runners (processes of their own, this test binary run again with [`ROLE`] set)
+/// backfill a million rows; one is SIGKILLed mid-run, holding leases. The others reap
+/// its leases and finish: every row is backfilled, by the same UPDATE, and `tranche
+/// check` is clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_runners_backfill_a_million_rows_through_a_sigkill() {
+    if let Ok(worker) = std::env::var(ROLE) {
+        return runner_process(&worker).await;
+    }
+    let started = Instant::now();
+    let pg = TestPostgres::start();
+    let (db, connection) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    db.batch_execute(&format!(
+        "CREATE TABLE users (id bigint PRIMARY KEY, email text NOT NULL, email_lower text);
+         INSERT INTO users (id, email)
+           SELECT i, 'User' || i || '@Example.COM' FROM generate_series(1, {ROWS}) i;"
+    ))
+    .await
+    .unwrap();
+    let redis = TestRedis::start();
+    Runner::redis(redis.url())
+        .namespace("backfill")
+        .plan(1, ROWS, PARTITION)
+        .await
+        .unwrap();
+
+    let logs = pg.dir.join("runners");
+    std::fs::create_dir_all(&logs).unwrap();
+    let mut runners: Vec<Child> = (0..3)
+        .map(|n| spawn_runner(&format!("runner-{n}"), &pg.url(), &redis.url(), &logs))
+        .collect();
+    // Kill the first runner once the job is well under way.
+    let updated = || async {
+        let row = db
+            .query_one("SELECT count(email_lower) FROM users", &[])
+            .await
+            .unwrap();
+        row.get::<_, i64>(0) as u64
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut at_kill = updated().await;
+    while at_kill < ROWS / 5 {
+        assert!(Instant::now() < deadline, "no progress: {at_kill} rows");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        at_kill = updated().await;
+    }
+    runners[0].kill().unwrap(); // SIGKILL: no drain, no release, its leases left held.
+    runners[0].wait().unwrap();
+    assert!(at_kill < ROWS, "the job was over before the kill");
+
+    let mut survivors = 0;
+    for (n, runner) in runners.iter_mut().enumerate().skip(1) {
+        let status = wait_with_deadline(runner, deadline).await;
+        let said = std::fs::read_to_string(logs.join(format!("runner-{n}"))).unwrap();
+        assert!(status.success(), "runner-{n}: {said}");
+        assert!(
+            said.contains("outstanding=0 failed=0"),
+            "runner-{n}: {said}"
+        );
+        survivors += said
+            .split("completed=")
+            .nth(1)
+            .and_then(|s| s.split(' ').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("runner-{n}: {said}"));
+    }
+    eprintln!("killed at {at_kill} rows; the other two completed {survivors} partitions");
+
+    // Every row holds exactly what the UPDATE writes, and nothing else changed.
+    let row = db
+        .query_one(
+            "SELECT count(*),
+                    count(*) FILTER (WHERE email_lower = lower(email)),
+                    count(*) FILTER (WHERE email = 'User' || id || '@Example.COM'),
+                    min(id), max(id)
+             FROM users",
+            &[],
+        )
+        .await
+        .unwrap();
+    let got: (i64, i64, i64, i64, i64) =
+        (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    let rows = ROWS as i64;
+    assert_eq!(got, (rows, rows, rows, 1, rows));
+
+    let check = Command::new(env!("CARGO_BIN_EXE_tranche"))
+        .args(["--redis", &redis.url(), "--namespace", "backfill", "check"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        check.status.success() && said.contains("consistent"),
+        "{said}{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let status = Command::new(env!("CARGO_BIN_EXE_tranche"))
+        .args([
+            "--redis",
+            &redis.url(),
+            "--namespace",
+            "backfill",
+            "status",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(
+        (&status["finished"], &status["failed"]),
+        (&serde_json::json!(ROWS / PARTITION), &serde_json::json!(0)),
+        "{status}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// Starts this test binary again as runner `worker`, its output in `logs/<worker>`.
+fn spawn_runner(worker: &str, pg: &str, redis: &str, logs: &Path) -> Child {
+    let out = std::fs::File::create(logs.join(worker)).unwrap();
+    Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "three_runners_backfill_a_million_rows_through_a_sigkill",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ROLE, worker)
+        .env("TRANCHE_PG_URL", pg)
+        .env("TRANCHE_PG_REDIS", redis)
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap()
+}
+
+/// One runner process: the example's handler, run until nothing is outstanding.
+async fn runner_process(worker: &str) {
+    let pg = std::env::var("TRANCHE_PG_URL").unwrap();
+    let redis = std::env::var("TRANCHE_PG_REDIS").unwrap();
+    let report = Runner::redis(redis)
+        .namespace("backfill")
+        .worker_id(worker)
+        .concurrency(2)
+        .chunk(2_000)
+        .lease(LEASE)
+        .run(
+            Backfill::connect(&pg).await.unwrap(),
+            std::future::pending(),
+        )
+        .await
+        .unwrap();
+    println!(
+        "{worker}: completed={} outstanding={} failed={}",
+        report.completed, report.outstanding, report.failed
+    );
+}
+
+/// Waits for `child` until `deadline` (killing it then, and failing).
+async fn wait_with_deadline(child: &mut Child, deadline: Instant) -> std::process::ExitStatus {
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("a runner did not finish within the deadline");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
