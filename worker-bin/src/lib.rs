@@ -6,6 +6,7 @@
 //! and prints what they answer (`render`). [`cli_main`] is the whole binary; errors end
 //! there as one line on stderr and a non-zero exit.
 
+mod alert;
 mod atomic;
 mod backend;
 mod calendar;

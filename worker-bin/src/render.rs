@@ -14,6 +14,7 @@ use tranche_stats::{Difference, RangeStats, StatsSummary};
 
 use crate::work::Report;
 
+pub(crate) use crate::alert::Rule;
 pub(crate) use crate::calendar::{rfc3339, time};
 pub(crate) use crate::cost::plan_cost;
 
@@ -681,29 +682,6 @@ pub(crate) fn check(
         if repaired { "; repaired" } else { "" }
     );
     out
-}
-
-/// One alert rule of the seed and its reading.
-#[derive(Debug, Clone)]
-pub(crate) struct Rule {
-    pub(crate) name: &'static str,
-    pub(crate) value: f64,
-    pub(crate) threshold: f64,
-}
-
-impl Rule {
-    pub(crate) fn new(name: &'static str, value: f64, threshold: f64) -> Self {
-        Self {
-            name,
-            value,
-            threshold,
-        }
-    }
-
-    /// A rule fires when its reading is above its threshold.
-    pub(crate) fn firing(&self) -> bool {
-        self.value > self.threshold
-    }
 }
 
 /// `health`.

@@ -1,0 +1,52 @@
+//! The test hook of the Redis archive (feature `testing`).
+
+use super::*;
+
+impl<C> RedisArchive<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Overwrites the sealed bytes of `batch` with `bytes`, in its own key or in its
+    /// segment, keeping the TTL (tests of the corrupt-batch path; not atomic; feature
+    /// `testing`). Returns whether the batch was sealed.
+    #[cfg(feature = "testing")]
+    pub async fn corrupt_batch(&self, batch: u64, bytes: Vec<u8>) -> Result<bool> {
+        let key = self.schema.completed_batch(batch);
+        let (seg, slot) = SegmentRef::of(&self.schema, batch);
+        let seg_key = seg.key(&self.schema);
+        let (own, joined): (bool, Option<Vec<u8>>) = retry(&self.conn, |mut c| {
+            let mut pipe = redis::pipe();
+            pipe.cmd("EXISTS").arg(&key).cmd("GET").arg(&seg_key);
+            async move { pipe.query_async(&mut c).await }
+        })
+        .await?;
+        let (target, value) = if own {
+            (key, bytes)
+        } else if let Some(old) = joined {
+            let mut blobs = segment::blobs(&old).map_err(|detail| Error::Corrupt {
+                key: seg_key.clone(),
+                detail,
+            })?;
+            if blobs[slot].is_empty() {
+                return Ok(false);
+            }
+            blobs[slot] = bytes;
+            (seg_key, segment::build(&blobs))
+        } else {
+            return Ok(false);
+        };
+        let _: () = retry(&self.conn, |mut c| {
+            let (target, value) = (&target, &value);
+            async move {
+                redis::cmd("SET")
+                    .arg(target)
+                    .arg(value)
+                    .arg("KEEPTTL")
+                    .query_async(&mut c)
+                    .await
+            }
+        })
+        .await?;
+        Ok(true)
+    }
+}
