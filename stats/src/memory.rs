@@ -58,7 +58,12 @@ impl MemoryStats {
         self
     }
 
-    /// Adds `delta` to shard `shard`'s statistics, stamped with the clock's time.
+    /// Adds `delta` to shard `shard`'s statistics, stamped with the clock's time (a
+    /// test that wants another time gives the statistics a `ManualClock`).
+    ///
+    /// Only the memory archive calls this, under its shard lock, in the same step as it
+    /// marks the records archived: statistics applied anywhere else would count those
+    /// records again when they are archived.
     pub fn apply(&self, shard: u32, delta: &StatsDelta) {
         self.apply_at(shard, delta, self.clock.now_ms());
     }
@@ -67,7 +72,7 @@ impl MemoryStats {
     /// stamps it on Redis). An empty delta changes nothing.
     ///
     /// [`delta_args`]: crate::delta_args
-    pub fn apply_at(&self, shard: u32, delta: &StatsDelta, now_ms: u64) {
+    pub(crate) fn apply_at(&self, shard: u32, delta: &StatsDelta, now_ms: u64) {
         if delta.is_empty() {
             return;
         }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use rand::{Rng, SeedableRng};
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
-use tranche_codec::{CompletedRecord, KeySchema};
+use tranche_codec::{CompletedRecord, KeySchema, ManualClock};
 use tranche_stats::{
     MemoryStats, PERCENTILE_RELATIVE_ERROR, RedisStats, SNAPSHOTS_KEPT, Stats, StatsDelta,
     StatsStore, StatsSummary, diff,
@@ -60,7 +60,7 @@ impl Harness {
         let label = format!("{kind:?}/{shards}");
         match kind {
             Kind::Memory => {
-                let m = Arc::new(MemoryStats::new());
+                let m = Arc::new(MemoryStats::new().with_clock(Arc::new(ManualClock::new(NOW))));
                 Self {
                     store: m.clone(),
                     applier: Applier::Memory(m),
@@ -100,7 +100,7 @@ impl Harness {
 
     async fn apply(&self, shard: u32, delta: &StatsDelta) {
         match &self.applier {
-            Applier::Memory(m) => m.apply_at(shard, delta, NOW),
+            Applier::Memory(m) => m.apply(shard, delta),
             Applier::Single(s) => tranche_stats::testing::apply_alone(s, shard, delta, NOW)
                 .await
                 .unwrap(),
