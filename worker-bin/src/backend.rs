@@ -17,7 +17,7 @@ use tranche_stats::{RedisStats, StatsStore};
 
 use crate::embedded::EmbeddedBackend;
 pub(crate) use crate::layers::{
-    ArchiveStore, DEFAULT_SHARDS, Location, Open, Tiers, Tuning, archive_config,
+    ArchiveStore, DEFAULT_SHARDS, Location, Open, Tuning, archive_config,
 };
 
 /// An open namespace.

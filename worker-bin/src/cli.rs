@@ -93,8 +93,8 @@ pub(crate) struct Global {
 
 impl Global {
     /// Where the namespace these options name lives, as the backend takes it.
-    pub(crate) fn location(&self) -> crate::backend::Location {
-        crate::backend::Location {
+    pub(crate) fn location(&self) -> crate::layers::Location {
+        crate::layers::Location {
             namespace: self.namespace.clone(),
             shards: self.shards,
             redis: self.redis.clone(),
@@ -329,8 +329,8 @@ pub(crate) struct TierArgs {
 
 impl TierArgs {
     /// The thresholds as the backend takes them.
-    pub(crate) fn tiers(&self) -> crate::backend::Tiers {
-        crate::backend::Tiers {
+    pub(crate) fn tiers(&self) -> crate::layers::Tiers {
+        crate::layers::Tiers {
             compressed_at: self.compressed_at,
             summary_at: self.summary_at,
             summary_ttl: self.summary_ttl,

@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use serde_json::json;
 
-use crate::backend::Tiers;
+use crate::layers::Tiers;
 use crate::render::{bytes, line};
 
 // Redis memory per partition on Redis 7.0 with seed-shaped records (set S of the

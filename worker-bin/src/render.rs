@@ -1087,8 +1087,8 @@ mod tests {
     }
 
     /// The seed's thresholds: 100,000 and 500,000, batches kept 24 h.
-    fn seed_tiers() -> crate::backend::Tiers {
-        crate::backend::Tiers {
+    fn seed_tiers() -> crate::layers::Tiers {
+        crate::layers::Tiers {
             compressed_at: 100_000,
             summary_at: 500_000,
             summary_ttl: Duration::from_secs(24 * 3600),
