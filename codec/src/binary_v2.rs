@@ -355,14 +355,7 @@ fn put_times(out: &mut Vec<u8>, records: &[&CompletedRecord], local: &[u64], uni
 /// panics or over-allocates on hostile input.
 pub fn decode_binary_v2(bytes: &[u8], dict: &WorkerDict) -> Result<SealedBatch, Error> {
     let mut r = Reader::new(bytes);
-    let magic = r.array::<4>()?;
-    if magic != MAGIC {
-        return Err(Error::BadMagic(magic));
-    }
-    let version = r.u8()?;
-    if version != VERSION {
-        return Err(Error::UnsupportedVersion(version));
-    }
+    r.header(MAGIC, VERSION)?;
     let flags = r.u8()?;
     if flags & !KNOWN_FLAGS != 0 {
         return Err(Error::UnknownFlags(flags));

@@ -182,14 +182,7 @@ impl WorkerDict {
     /// Reads [`WorkerDict::to_bytes`], validating every field.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, Error> {
         let mut r = Reader::new(bytes);
-        let magic = r.array::<4>()?;
-        if magic != MAGIC {
-            return Err(Error::BadMagic(magic));
-        }
-        let version = r.u8()?;
-        if version != VERSION {
-            return Err(Error::UnsupportedVersion(version));
-        }
+        r.header(MAGIC, VERSION)?;
         // Check the whole value first, so corruption reads as corruption, not as
         // whatever field it happened to hit.
         let (body, crc) = bytes.split_last_chunk::<4>().ok_or(Error::Truncated)?;

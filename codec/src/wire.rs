@@ -83,6 +83,20 @@ impl<'a> Reader<'a> {
         Ok(head)
     }
 
+    /// Reads a format's 4-byte magic and 1-byte version, refusing any other
+    /// (`BadMagic`, `UnsupportedVersion`): how every binary format here opens.
+    pub(crate) fn header(&mut self, magic: [u8; 4], version: u8) -> Result<(), Error> {
+        let found = self.array::<4>()?;
+        if found != magic {
+            return Err(Error::BadMagic(found));
+        }
+        let found = self.u8()?;
+        if found != version {
+            return Err(Error::UnsupportedVersion(found));
+        }
+        Ok(())
+    }
+
     pub(crate) fn array<const N: usize>(&mut self) -> Result<[u8; N], Error> {
         let (head, rest) = self.buf.split_first_chunk::<N>().ok_or(Error::Truncated)?;
         self.buf = rest;
