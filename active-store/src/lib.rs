@@ -59,6 +59,8 @@ pub use model::{
     ActiveSnapshot, Carried, Completion, Config, FailOutcome, Lease, Plan, PlanEntry, PlanOutcome,
     StatusCounts, Unissued, WorkerInfo, WorkerState,
 };
-pub use redis_store::{RedisActiveStore, RedisConnection, TlsOptions, scripts};
+#[cfg(feature = "testing")]
+pub use redis_store::scripts;
+pub use redis_store::{RedisActiveStore, RedisConnection, TlsOptions};
 pub use state::{ACTIVE_STATE_VERSION, ActiveState, RestoredLeases};
 pub use store::{ActiveQuery, ActiveStore, Leases, Maintenance, Planner, WorkerRegistry};

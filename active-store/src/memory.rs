@@ -436,7 +436,7 @@ impl Planner for MemoryActiveStore {
         }
         let now = self.now();
         for entry in entries {
-            let outcome = self.plan(&entry.to_plan()).await?;
+            let outcome = self.plan(&Plan::from(entry)).await?;
             if outcome.entries != [*entry] {
                 return Err(Error::Corrupt {
                     key: "plans".into(),

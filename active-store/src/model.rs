@@ -23,23 +23,14 @@ pub enum Plan {
     Ranges(Vec<RangeInclusive<u64>>),
 }
 
-/// One entry of a namespace's plan registry: a run of consecutive pids and the row IDs
-/// they cover. An explicit range is an entry of one partition as wide as the range.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PlanEntry {
-    /// The geometry: pids, IDs and partition size.
-    pub plan: tranche_codec::Plan,
-    /// True for an explicit range (materialised at once); false for a uniform plan
-    /// (issued lazily from per-shard cursors).
-    pub explicit: bool,
-}
+pub use tranche_codec::PlanEntry;
 
-impl PlanEntry {
-    /// The plan that registers this entry again: its uniform plan, or its one explicit
+impl From<&PlanEntry> for Plan {
+    /// The plan that registers the entry again: its uniform plan, or its one explicit
     /// range.
-    pub fn to_plan(&self) -> Plan {
-        let p = &self.plan;
-        if self.explicit {
+    fn from(entry: &PlanEntry) -> Self {
+        let p = &entry.plan;
+        if entry.explicit {
             Plan::Ranges(vec![p.min()..=p.max()])
         } else {
             Plan::Uniform {

@@ -27,7 +27,7 @@ pub(crate) fn validate(plan: &Plan) -> Result<Request> {
         &Plan::Uniform { min, max, size } => {
             // Plan::new checks max >= min, size > 0 and overflow; first pid 1 is the
             // worst case for the count.
-            let geometry = tranche_codec::Plan::new(1, min, max, size)
+            let geometry = tranche_codec::PlanGeometry::new(1, min, max, size)
                 .map_err(|err| Error::InvalidPlan(err.to_string()))?;
             let count = geometry.partitions();
             if count >= MAX_PID {
@@ -137,7 +137,7 @@ impl Registry {
             match self.find(explicit, min, max, size)? {
                 Some(existing) => out.push(existing),
                 None => {
-                    let plan = tranche_codec::Plan::new(next_pid, min, max, size)
+                    let plan = tranche_codec::PlanGeometry::new(next_pid, min, max, size)
                         .map_err(|err| Error::InvalidPlan(err.to_string()))?;
                     debug_assert_eq!(plan.partitions(), count);
                     next_pid += count;
@@ -221,7 +221,7 @@ pub(crate) fn validate_adoption(entries: &[PlanEntry], completed: &[u64]) -> Res
                 e.plan.partitions()
             )));
         }
-        validate(&e.to_plan())?;
+        validate(&Plan::from(e))?;
         next = e.plan.last_pid() + 1;
     }
     if let Some(w) = completed.windows(2).find(|w| w[0] >= w[1]) {

@@ -696,7 +696,7 @@ async fn adopt_restores_exported_plans(h: Harness) {
     use tranche_active_store::PlanEntry;
     let s = &h.store;
     let entry = |first, min, max, size, explicit| PlanEntry {
-        plan: tranche_codec::Plan::new(first, min, max, size).unwrap(),
+        plan: tranche_codec::PlanGeometry::new(first, min, max, size).unwrap(),
         explicit,
     };
     // Pids 1..=100, then one explicit range (101), then 102..=112.

@@ -69,10 +69,6 @@ pub use dict::{WorkerDict, WorkerEntry};
 pub use error::Error;
 pub use json::{decode_json, encode_json};
 pub use keys::{DEFAULT_BATCH_SIZE, KeySchema, MAX_BATCH_SIZE, MAX_SHARDS, crc16_xmodem, key_slot};
-/// The former name of [`PlanGeometry`], kept only until `tranche-active-store` (whose
-/// own `Plan` says what to plan) uses the new one.
-#[doc(hidden)]
-pub use plan::PlanGeometry as Plan;
 pub use plan::{PlanEntry, PlanGeometry};
 pub use record::{CompletedRecord, ParseStatusError, Partition, Status};
 pub use text_v1::{decode_text_v1, encode_text_v1};

@@ -20,16 +20,7 @@ pub(crate) async fn export(backend: &Backend, args: &ExportArgs, json: bool) -> 
     let mut dump = backend.archive.export(crate::now_ms()).await?;
     // The plan registry travels with the archive, so that an import answers for pids
     // and never issues an archived one again.
-    dump.plans = backend
-        .active
-        .plans()
-        .await?
-        .into_iter()
-        .map(|e| tranche_codec::PlanEntry {
-            plan: e.plan,
-            explicit: e.explicit,
-        })
-        .collect();
+    dump.plans = backend.active.plans().await?;
     let bytes = if args.jsonl {
         crate::jsonl::write(&dump).into_bytes()
     } else {
@@ -109,14 +100,7 @@ pub(crate) async fn import(g: &crate::cli::Global, file: &Path) -> Result<Outcom
     }
     // Plans first: their checks run before anything is written, and they refuse a dump
     // whose records lie outside its plans.
-    let entries: Vec<PlanEntry> = dump
-        .plans
-        .iter()
-        .map(|p| PlanEntry {
-            plan: p.plan,
-            explicit: p.explicit,
-        })
-        .collect();
+    let entries: Vec<PlanEntry> = dump.plans.clone();
     let pending = if entries.is_empty() {
         None
     } else {

@@ -1,6 +1,5 @@
 //! Connecting to Redis, standalone or cluster, and retrying through dropped connections.
 
-use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -219,38 +218,7 @@ impl ConnectionLike for RedisConnection {
     }
 }
 
-/// Attempts per operation when the connection drops: the first command after a drop
-/// fails while the connection manager reconnects, so one retry usually suffices.
-const ATTEMPTS: u32 = 5;
-
-/// Runs `op` on a clone of `conn`, retrying with backoff while the failure is a dropped
-/// or refused connection or a timeout. Every script of the store is safe to repeat: a
+/// The stores' one retry policy: every script of this store is safe to repeat (a
 /// repeated completion is a duplicate, a repeated heartbeat renews again, and a claim
-/// whose reply was lost leaves leases that expire and are reaped.
-pub(crate) async fn retry<C, T, F, Fut>(conn: &C, mut op: F) -> RedisResult<T>
-where
-    C: Clone,
-    F: FnMut(C) -> Fut,
-    Fut: Future<Output = RedisResult<T>>,
-{
-    let mut delay = Duration::from_millis(20);
-    let mut attempt = 1;
-    loop {
-        match op(conn.clone()).await {
-            Err(err) if attempt < ATTEMPTS && transient(&err) => {
-                tracing::debug!(%err, attempt, "redis connection error; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 3).min(Duration::from_secs(1));
-                attempt += 1;
-            }
-            other => return other,
-        }
-    }
-}
-
-fn transient(err: &RedisError) -> bool {
-    err.is_io_error()
-        || err.is_connection_dropped()
-        || err.is_connection_refusal()
-        || err.is_timeout()
-}
+/// whose reply was lost leaves leases that expire and are reaped).
+pub(crate) use tranche_codec::retry::retry;

@@ -10,6 +10,7 @@ mod record;
 use std::sync::{Arc, LazyLock, OnceLock, RwLock};
 
 use async_trait::async_trait;
+use futures_util::future::join_all;
 use redis::aio::ConnectionLike;
 use redis::{AsyncCommands, Script};
 use tokio::sync::{mpsc, oneshot};
@@ -55,6 +56,7 @@ static RECOUNT: LazyLock<Script> = script!("recount");
 static CARRY: LazyLock<Script> = script!("carry");
 
 /// Every script with its source, for tests that check each keeps to one slot.
+#[cfg(feature = "testing")]
 pub fn scripts() -> Vec<(&'static str, &'static Script)> {
     vec![
         ("plan", &PLAN),
@@ -385,32 +387,6 @@ where
     }
 }
 
-/// Awaits every future of `futs`, polling them in order, and returns their outputs in
-/// order. The first poll of each happens before any is awaited, so requests they send
-/// leave together (the `futures` crate's `join_all`, without the dependency).
-async fn join_all<F: Future>(futs: impl IntoIterator<Item = F>) -> Vec<F::Output> {
-    let mut futs: Vec<_> = futs.into_iter().map(Box::pin).collect();
-    let mut outs: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (fut, out) in futs.iter_mut().zip(outs.iter_mut()) {
-            if out.is_none() {
-                match fut.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => *out = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    outs.into_iter().flatten().collect()
-}
-
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     lock.read().unwrap_or_else(|p| p.into_inner())
 }
@@ -480,7 +456,7 @@ where
                 .iter()
                 .map(|s| parse_u64(s, "plan reply"))
                 .collect::<Result<_>>()?;
-            let plan = tranche_codec::Plan::new(n[0], n[2], n[3], n[4])
+            let plan = tranche_codec::PlanGeometry::new(n[0], n[2], n[3], n[4])
                 .map_err(|err| Error::InvalidPlan(err.to_string()))?;
             entries.push(PlanEntry {
                 plan,
@@ -555,7 +531,7 @@ where
         let now = self.now().to_string();
         let mut done = completed.iter().copied().peekable();
         for entry in entries {
-            let outcome = self.plan(&entry.to_plan()).await?;
+            let outcome = self.plan(&Plan::from(entry)).await?;
             if outcome.entries != [*entry] {
                 return Err(Error::Corrupt {
                     key: self.registry_key.clone(),

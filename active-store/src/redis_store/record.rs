@@ -135,7 +135,7 @@ pub(super) fn parse_plan_entry(s: &str) -> Option<PlanEntry> {
         "r" => true,
         _ => return None,
     };
-    let plan = tranche_codec::Plan::new(
+    let plan = tranche_codec::PlanGeometry::new(
         first.parse().ok()?,
         min.parse().ok()?,
         max.parse().ok()?,
