@@ -79,7 +79,7 @@ mod store;
 pub use dump::{Dump, DumpBatch, DumpPlan};
 pub use error::{Error, Result};
 pub use memory::MemoryArchive;
-pub use model::{ArchivePass, Config, DeadLetter, Lookup, RangePage, Tier};
+pub use model::{ArchivePass, Config, DeadLetter, Lookup, RangePage, Redrive, Tier};
 pub use redis_store::{RedisArchive, scripts};
 pub use segment::SEGMENT_BATCHES;
 pub use snapshots::{SnapshotPolicy, Snapshots};

@@ -2,6 +2,7 @@
 //! shard's hash slot.
 
 mod conn;
+mod dead;
 mod export;
 mod lookup;
 mod pass;
