@@ -59,6 +59,10 @@ pub use model::{
     ActiveSnapshot, Carried, Completion, Config, FailOutcome, Lease, Plan, PlanEntry, PlanOutcome,
     StatusCounts, Unissued, WorkerInfo, WorkerState,
 };
+/// The RESP reply reader's fuzz entry (`active-store/fuzz`); not an API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub use redis_store::fuzz_replies;
 #[cfg(feature = "testing")]
 pub use redis_store::scripts;
 pub use redis_store::{RedisActiveStore, RedisConnection, TlsOptions};

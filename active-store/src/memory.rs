@@ -192,9 +192,24 @@ impl MemoryActiveStore {
             store.workers.insert(w.id.clone(), w);
         }
         if leases == RestoredLeases::Release {
-            store.release_all();
+            store.expire_all();
         }
         Ok(store)
+    }
+
+    /// Every lease expired at once, as the reaper would find it (the process that
+    /// held them is gone): pending again with its attempt counted and its checkpoint
+    /// kept, or failed if that was its last attempt, so a partition that kills its
+    /// process every time ends failed at `max_attempts` as it does on Redis.
+    fn expire_all(&self) {
+        let now = self.now();
+        for shard in &self.shards {
+            let mut shard = lock(shard);
+            let held: Vec<u64> = shard.leases.iter().map(|&(_, pid)| pid).collect();
+            for pid in held {
+                shard.expire(pid, now, self.config.max_attempts);
+            }
+        }
     }
 
     /// Releases every lease at once, whoever holds it: pending and ready now, the

@@ -89,10 +89,12 @@ pub enum RestoredLeases {
     /// Keep them as they were: their deadlines pass and the reaper makes them pending
     /// again (other workers of that process may still hold them).
     Keep,
-    /// Release every one at once, as [`Maintenance::release_worker`] does: pending and
-    /// ready now, checkpoint kept, so the next claim resumes at its first unfinished
-    /// chunk. What a resumed embedded run wants: it is the only worker, so the old
-    /// leases are dead.
+    /// Release every one at once, as [`Maintenance::release_worker`] does (an expired
+    /// lease): pending and ready now, checkpoint kept, so the next claim resumes at its
+    /// first unfinished chunk; the attempt stays counted, and a lease on its last
+    /// attempt leaves its partition failed, so a partition that kills its process
+    /// every time is not retried for ever. What a resumed embedded run wants: it is
+    /// the only worker, so the old leases are dead.
     ///
     /// [`Maintenance::release_worker`]: crate::Maintenance::release_worker
     Release,

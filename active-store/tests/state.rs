@@ -248,6 +248,50 @@ async fn release_on_restore_resumes_each_lease_from_its_checkpoint() {
     }
 }
 
+/// A lease found at a restore is an expired lease: its process died holding it. The
+/// attempt stays counted, so a partition that kills its process on every attempt is
+/// retried `max_attempts` times and then failed, as the reaper does on Redis.
+#[tokio::test]
+async fn a_lease_found_at_restore_counts_its_attempt_and_fails_at_the_last() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let mut store = MemoryActiveStore::with_clock(config(1), clock.clone()).unwrap();
+    store
+        .plan(&Plan::Uniform {
+            min: 1,
+            max: 1000,
+            size: 1000,
+        })
+        .await
+        .unwrap();
+    // `max_attempts` is 2: two crashes mid-run, each followed by a restore.
+    for attempt in 1..=2u32 {
+        let leases = store.claim("w1", 1).await.unwrap();
+        assert_eq!(leases.len(), 1, "attempt {attempt}: nothing to claim");
+        assert_eq!(leases[0].attempt, attempt);
+        store.heartbeat(&leases[0], 400).await.unwrap();
+        store = MemoryActiveStore::restore(
+            config(1),
+            clock.clone(),
+            store.state(),
+            RestoredLeases::Release,
+        )
+        .unwrap();
+        let p = store.get(1).await.unwrap().unwrap();
+        assert_eq!(p.attempts, attempt, "the crashed attempt is counted");
+        assert_eq!(p.progress, 400, "the checkpoint is kept");
+        if attempt < 2 {
+            assert_eq!(p.status, Status::Pending);
+        } else {
+            assert_eq!(p.status, Status::Failed);
+            let error = p.last_error.unwrap_or_default();
+            assert!(error.contains("attempt 2 of 2"), "{error}");
+        }
+    }
+    assert!(store.claim("w1", 1).await.unwrap().is_empty());
+    let counts = store.counts().await.unwrap();
+    assert_eq!((counts.pending, counts.failed), (0, 1));
+}
+
 #[tokio::test]
 async fn a_state_of_another_store_or_version_is_refused() {
     let clock = Arc::new(ManualClock::new(T0));

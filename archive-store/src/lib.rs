@@ -79,7 +79,7 @@ mod store;
 pub use dump::{Dump, DumpBatch};
 pub use error::{Error, Result};
 pub use memory::MemoryArchive;
-pub use model::{ArchivePass, Config, DeadLetter, Lookup, RangePage, Tier};
+pub use model::{ArchivePass, Config, DeadLetter, Lookup, RangePage, Redrive, Tier};
 pub use redis_store::RedisArchive;
 #[cfg(feature = "testing")]
 pub use redis_store::scripts;

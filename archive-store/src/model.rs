@@ -202,6 +202,22 @@ pub struct DeadLetter {
     pub reason: String,
 }
 
+/// What re-driving the dead letters did (`tranche check --repair`): each one is
+/// validated again and archived through the ordinary archive path, dropped as a
+/// duplicate, or kept.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Redrive {
+    /// Dead letters read.
+    pub found: usize,
+    /// Archived (and counted) now, once, and taken off the dead-letter stream.
+    pub archived: usize,
+    /// Taken off the stream without a write: their pid is archived already (or came
+    /// twice in the stream).
+    pub duplicates: usize,
+    /// Still not archivable, left in the stream; `reason` says why now.
+    pub kept: Vec<DeadLetter>,
+}
+
 /// One page of a range scan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RangePage {

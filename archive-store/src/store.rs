@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use crate::Result;
 use crate::dump::Dump;
-use crate::model::{ArchivePass, DeadLetter, Lookup, RangePage};
+use crate::model::{ArchivePass, DeadLetter, Lookup, RangePage, Redrive};
 use crate::snapshots::{Publisher, Snapshots};
 
 /// Drains the shards' inboxes into the archive.
@@ -32,6 +32,17 @@ pub trait Archiver: Send + Sync {
 
     /// How often [`run`] sweeps every shard with [`archive_once`](Self::archive_once).
     fn idle_wait(&self) -> Duration;
+
+    /// Validates every dead letter again and re-drives what is archivable now through
+    /// the ordinary archive path, whose archived bit makes it count once however often
+    /// this runs or crashes half way. A record whose pid is archived already is
+    /// dropped; one whose pid lies in none of `planned` (the plans' pid ranges, which
+    /// the archive does not know), or that is refused again, is kept with the reason.
+    /// A backend that never sets records aside has nothing to do.
+    async fn redrive_dead_letters(&self, planned: &[RangeInclusive<u64>]) -> Result<Redrive> {
+        let _ = planned;
+        Ok(Redrive::default())
+    }
 }
 
 /// Reads the archive.
@@ -100,6 +111,9 @@ macro_rules! forward {
             }
             fn idle_wait(&self) -> Duration {
                 (**self).idle_wait()
+            }
+            async fn redrive_dead_letters(&self, planned: &[RangeInclusive<u64>]) -> Result<Redrive> {
+                (**self).redrive_dead_letters(planned).await
             }
         }
 

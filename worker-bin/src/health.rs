@@ -92,10 +92,41 @@ async fn check_counts(backend: &Backend, repair: bool) -> Result<Vec<tranche_sta
     Ok(differences)
 }
 
+/// The dead letters: with `repair`, each validated against the plans and the archive
+/// again and re-driven, dropped or kept ([`Redrive`]); without, only counted. Runs
+/// before the statistics are checked, so a record re-driven is in that check.
+async fn check_dead_letters(backend: &Backend, repair: bool) -> Result<render::DeadLetters> {
+    let found = backend.archive.dead_letter_count().await?;
+    if !repair || found == 0 {
+        return Ok(render::DeadLetters {
+            found,
+            redriven: None,
+        });
+    }
+    backend.ensure_writable()?;
+    let planned: Vec<_> = backend
+        .active
+        .plans()
+        .await?
+        .iter()
+        .map(|e| e.plan.first_pid()..=e.plan.last_pid())
+        .collect();
+    let redrive = backend.archive.redrive_dead_letters(&planned).await?;
+    backend.save().await?;
+    Ok(render::DeadLetters {
+        found,
+        redriven: Some(redrive),
+    })
+}
+
 pub(crate) async fn check(backend: &Backend, repair: bool, json: bool) -> Result<Outcome> {
+    let dead = check_dead_letters(backend, repair).await?;
     let (mut differences, records) = check_stats(backend, repair).await?;
     differences.extend(check_counts(backend, repair).await?);
-    print!("{}", render::check(&differences, records, repair, json));
+    print!(
+        "{}",
+        render::check(&differences, records, &dead, repair, json)
+    );
     if differences.is_empty() || repair {
         Ok(Outcome::Success)
     } else {

@@ -31,6 +31,11 @@ mod state;
 mod transfer;
 mod work;
 
+/// The state-file loader's fuzz entry (`worker-bin/fuzz`); not an API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub use state::fuzz_state_file;
+
 use std::process::ExitCode;
 
 use clap::Parser;

@@ -7,7 +7,7 @@ use anyhow::Result;
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 use tranche_active_store::{StatusCounts, WorkerState};
-use tranche_archive_store::DeadLetter;
+use tranche_archive_store::{DeadLetter, Redrive};
 use tranche_codec::{CompletedRecord, Partition};
 use tranche_router::{Fallback, Located, MergedStats, PartitionView};
 use tranche_stats::{Difference, RangeStats, StatsSummary};
@@ -644,9 +644,19 @@ fn percentiles(h: &Histogram<u64>) -> String {
 }
 
 /// `check`.
+/// What `check` found in the dead-letter streams, and with `--repair` what it did.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct DeadLetters {
+    /// Dead letters counted before anything was done.
+    pub(crate) found: u64,
+    /// With `--repair`, the outcome of re-driving them (none when there were none).
+    pub(crate) redriven: Option<Redrive>,
+}
+
 pub(crate) fn check(
     differences: &[Difference],
     records: u64,
+    dead: &DeadLetters,
     repaired: bool,
     json: bool,
 ) -> String {
@@ -655,12 +665,53 @@ pub(crate) fn check(
             .iter()
             .map(|d| json!({"path": d.path, "expected": d.expected, "found": d.found}))
             .collect();
-        return line(
-            json!({"records": records, "differences": list, "repaired": repaired && !differences.is_empty()}),
-        );
+        let mut letters = json!({"found": dead.found});
+        if let Some(r) = &dead.redriven {
+            letters["archived"] = json!(r.archived);
+            letters["duplicates"] = json!(r.duplicates);
+            letters["kept"] = json!(r.kept.len());
+            letters["kept_letters"] = json!(r.kept);
+        }
+        return line(json!({
+            "records": records,
+            "differences": list,
+            "repaired": repaired && !differences.is_empty(),
+            "dead_letters": letters,
+        }));
     }
-    let mut out = format!(
-        "checked the statistics against {records} archived record(s), and the active counts against the active records\n"
+    let mut out = String::new();
+    match &dead.redriven {
+        None if dead.found > 0 => {
+            let _ = writeln!(
+                out,
+                "{} dead letter(s); `tranche check --repair` re-drives those archivable now",
+                dead.found
+            );
+        }
+        None => {}
+        Some(r) => {
+            let _ = writeln!(
+                out,
+                "dead letters: {} found, {} archived now, {} duplicate(s) dropped, {} kept",
+                dead.found,
+                r.archived,
+                r.duplicates,
+                r.kept.len()
+            );
+            for k in &r.kept {
+                let _ = writeln!(
+                    out,
+                    "  kept shard {} {}: {}",
+                    k.shard,
+                    k.id,
+                    shown(&k.reason)
+                );
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "checked the statistics against {records} archived record(s), and the active counts against the active records"
     );
     if differences.is_empty() {
         out.push_str("consistent\n");
@@ -1104,6 +1155,42 @@ mod tests {
         let v: Value = serde_json::from_str(&plan_cost(&small, 1, &seed_tiers(), true)).unwrap();
         assert_eq!(v["tiers"]["simple"], 10);
         assert_eq!(v["tiers"]["summary"], 0);
+    }
+
+    #[test]
+    fn check_reports_what_became_of_the_dead_letters() {
+        let kept = tranche_archive_store::DeadLetter {
+            shard: 1,
+            id: "1719234405000-0".into(),
+            record: "{\"pid\":999}".into(),
+            reason: "pid 999 is in no plan\u{1b}]0;x".into(),
+        };
+        let repaired = DeadLetters {
+            found: 4,
+            redriven: Some(Redrive {
+                found: 4,
+                archived: 2,
+                duplicates: 1,
+                kept: vec![kept],
+            }),
+        };
+        insta::assert_snapshot!(check(&[], 7, &repaired, true, false));
+        let json = check(&[], 7, &repaired, true, true);
+        let v: Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["dead_letters"]["archived"], 2, "{v}");
+        assert_eq!(v["dead_letters"]["kept_letters"][0]["shard"], 1, "{v}");
+        let found = DeadLetters {
+            found: 3,
+            redriven: None,
+        };
+        assert!(
+            check(&[], 7, &found, false, false)
+                .starts_with("3 dead letter(s); `tranche check --repair`")
+        );
+        assert_eq!(
+            serde_json::from_str::<Value>(&check(&[], 7, &found, false, true)).unwrap()["dead_letters"],
+            json!({"found": 3})
+        );
     }
 
     #[test]

@@ -285,11 +285,7 @@ pub(crate) fn save(path: &Path, state: &EmbeddedState) -> Result<u64, StateError
                 detail: format!("cannot encode the state: {e}"),
             }
         })?;
-    let mut header = Vec::with_capacity(HEADER_LEN);
-    header.extend_from_slice(MAGIC);
-    header.extend_from_slice(&STATE_FILE_VERSION.to_le_bytes());
-    header.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    header.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+    let header = header(&payload);
     crate::atomic::write(path, &[&header, &payload], 0o600).map_err(io)
 }
 
@@ -340,9 +336,7 @@ fn decode(path: &Path, bytes: &[u8]) -> Result<EmbeddedState, StateError> {
     if crc32fast::hash(payload) != word(20) {
         return Err(corrupt("checksum mismatch".into()));
     }
-    let config = bincode::config::standard().with_limit::<MAX_PAYLOAD_USIZE>();
-    let (state, read): (EmbeddedState, usize) =
-        bincode::serde::decode_from_slice(payload, config).map_err(|e| corrupt(e.to_string()))?;
+    let (state, read) = decode_bounded(payload).map_err(|e| corrupt(e.to_string()))?;
     if read != payload.len() {
         return Err(corrupt(format!(
             "{} bytes after the state",
@@ -352,8 +346,74 @@ fn decode(path: &Path, bytes: &[u8]) -> Result<EmbeddedState, StateError> {
     Ok(state)
 }
 
-/// [`MAX_PAYLOAD`] as bincode's allocation limit.
-const MAX_PAYLOAD_USIZE: usize = MAX_PAYLOAD as usize;
+/// The file header of `payload`: magic, version, length, CRC32.
+fn header(payload: &[u8]) -> Vec<u8> {
+    let mut header = Vec::with_capacity(HEADER_LEN);
+    header.extend_from_slice(MAGIC);
+    header.extend_from_slice(&STATE_FILE_VERSION.to_le_bytes());
+    header.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    header.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    header
+}
+
+/// The state-file loader fed `data`, for the fuzz target (`worker-bin/fuzz`, `cargo
+/// xtask fuzz state`). With the first byte odd, the rest is a payload given a valid
+/// header (random bytes almost never carry a valid CRC32, and the fuzzer would spend
+/// its time on that check instead of on bincode and the stores' checks behind it);
+/// with it even, the rest is the whole file. A state that loads is restored as a
+/// writer restores it. Whatever the bytes, both answer or err, never panic.
+#[cfg(feature = "fuzzing")]
+pub fn fuzz_state_file(data: &[u8]) {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let bytes = if mode & 1 == 1 {
+        [header(rest).as_slice(), rest].concat()
+    } else {
+        rest.to_vec()
+    };
+    let Ok(state) = decode(Path::new("fuzz.state"), &bytes) else {
+        return;
+    };
+    let (ns, shards) = (state.active.namespace.clone(), state.active.num_shards);
+    let active = tranche_active_store::Config {
+        namespace: ns.clone(),
+        num_shards: shards,
+        ..Default::default()
+    };
+    let first_pid = state.active.first_pid().unwrap_or(1);
+    let tuning = crate::backend::Tuning::default();
+    let archive = crate::backend::archive_config(&ns, shards, first_pid, &tuning);
+    let clock = Arc::new(tranche_active_store::SystemClock);
+    let _ = Embedded::restore(active, archive, clock, state, RestoredLeases::Release);
+}
+
+/// How many bytes bincode may claim per payload byte. It claims a string's or byte
+/// string's length (bytes that must then be in the payload) and each number's size in
+/// memory (at most 8 bytes for our widest, a u64, from at least one byte of varint), so
+/// a valid state never claims more than 8 per payload byte.
+const CLAIM_PER_BYTE: u64 = 16;
+
+/// `payload` decoded by bincode with an allocation limit in proportion to its size
+/// (the next power of two of [`CLAIM_PER_BYTE`] times it, at most [`MAX_PAYLOAD`]):
+/// a length field in a damaged or hostile file is refused before it is allocated,
+/// instead of allocating up to the 16 GiB a fixed limit allows (found by fuzzing: a
+/// 100-byte payload asked for 4 GB). bincode takes the limit as a const generic,
+/// hence the ladder.
+fn decode_bounded(payload: &[u8]) -> Result<(EmbeddedState, usize), bincode::error::DecodeError> {
+    let need = (payload.len() as u64).saturating_mul(CLAIM_PER_BYTE);
+    macro_rules! ladder {
+        ($($bits:literal)*) => {$(
+            if need <= 1u64 << $bits {
+                let config = bincode::config::standard().with_limit::<{ 1usize << $bits }>();
+                return bincode::serde::decode_from_slice(payload, config);
+            }
+        )*};
+    }
+    ladder!(16 18 20 22 24 26 28 30 32);
+    let config = bincode::config::standard().with_limit::<{ MAX_PAYLOAD as usize }>();
+    bincode::serde::decode_from_slice(payload, config)
+}
 
 #[cfg(test)]
 mod tests {
@@ -564,6 +624,31 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A length field asking for more than the payload could hold is refused before
+    /// anything is allocated. The fuzzer's find (`cargo xtask fuzz state`): this
+    /// 130-byte payload's string length of 0xfcfcfcfc made bincode, under the old fixed
+    /// 16 GiB limit, allocate 4 GB before finding the bytes missing.
+    #[test]
+    fn a_length_past_the_payload_is_refused_unallocated() {
+        let payload: &[u8] = &[
+            1, 7, 116, 114, 97, 110, 99, 104, 101, 4, 1, 0, 0, 252, 252, 252, 252, 252, 252, 252,
+            252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252,
+            252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252,
+            252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252,
+            252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252, 252,
+            252, 252, 252, 252, 252, 252, 252, 252, 252, 0, 0, 1, 1, 10, 1, 37, 0, 14, 0, 0, 0, 0,
+            162, 1, 0, 0, 1, 1, 1, 251, 16, 39, 251, 232, 3, 0, 253, 4,
+        ];
+        let err = decode_bounded(payload).unwrap_err();
+        assert!(
+            matches!(err, bincode::error::DecodeError::LimitExceeded),
+            "{err:?}"
+        );
+        let bytes = [header(payload).as_slice(), payload].concat();
+        let err = decode(Path::new("t.state"), &bytes).unwrap_err();
+        assert!(matches!(err, StateError::Corrupt { .. }), "{err}");
     }
 
     #[test]

@@ -578,6 +578,147 @@ fn dead_letters_are_counted_and_alerted() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("dead_letters"));
 }
 
+/// `check --repair` re-drives the dead letters through the archive path: one
+/// archivable now is archived and counted once however often the repair runs (its
+/// poisoned copy before it in the stream is refused, then dropped as a duplicate), one
+/// of a pid archived already is dropped; a poisoned one, one of no plan and one never
+/// completed are kept with their reasons.
+#[test]
+fn check_repair_redrives_dead_letters() {
+    let redis = TestRedis::start();
+    let dir = scratch("dead-repair");
+    let url = redis.url();
+    let cmd = |args: &[&str]| {
+        tranche(
+            &dir,
+            &[&["--redis", &url, "--shards", "1"][..], args].concat(),
+        )
+    };
+    ok(cmd(&[
+        "plan", "--min", "1", "--max", "5000", "--size", "1000",
+    ]));
+    ok(cmd(&[
+        "run",
+        "--simulate",
+        "--sim-latency",
+        "0..1",
+        "--no-archiver",
+    ]));
+    // Pid 6 is planned but never run: its completed-index bit is clear.
+    ok(cmd(&[
+        "plan", "--min", "5001", "--max", "6000", "--size", "1000",
+    ]));
+    let (inbox, dead) = ("{tranche:0}:inbox", "{tranche:0}:dead");
+    let entries: Vec<(String, Vec<(String, String)>)> =
+        redis.query(redis::cmd("XRANGE").arg(inbox).arg("-").arg("+"));
+    let mut lines: Vec<String> = Vec::new();
+    for (id, fields) in &entries {
+        let text = &fields.iter().find(|(k, _)| k == "r").unwrap().1;
+        lines.extend(text.lines().map(str::to_owned));
+        redis.cli(&["XDEL", inbox, id]);
+    }
+    let pid_of = |line: &str| {
+        serde_json::from_str::<serde_json::Value>(line).unwrap()["pid"]
+            .as_u64()
+            .unwrap()
+    };
+    let one = lines.iter().find(|l| pid_of(l) == 1).unwrap().clone();
+    let two = lines.iter().find(|l| pid_of(l) == 2).unwrap().clone();
+    let three = lines.iter().find(|l| pid_of(l) == 3).unwrap().clone();
+    // Pid 1's and 3's completions never reached the archive but as dead letters.
+    let rest: Vec<&str> = lines
+        .iter()
+        .filter(|l| ![1, 3].contains(&pid_of(l)))
+        .map(String::as_str)
+        .collect();
+    redis.cli(&["XADD", inbox, "*", "r", &rest.join("\n")]);
+    ok(cmd(&["archive"]));
+    let poison = |line: &str| {
+        let at = line.find("\"duration\":").unwrap();
+        format!("{}\"duration\":10000000000000000}}", &line[..at])
+    };
+    let poisoned = poison(&one);
+    let unplanned = one.replacen("\"pid\":1,", "\"pid\":999,", 1);
+    let never = one.replacen("\"pid\":1,", "\"pid\":6,", 1);
+    for line in [&poisoned, &two, &unplanned, &never, &one, &poison(&three)] {
+        redis.cli(&[
+            "XADD",
+            dead,
+            "*",
+            "r",
+            line,
+            "reason",
+            "set aside by the test",
+        ]);
+    }
+
+    let repair = |args: &[&str]| -> serde_json::Value {
+        serde_json::from_str(&ok(cmd(&[&["check", "--json"][..], args].concat()))).unwrap()
+    };
+    let v = repair(&["--repair"]);
+    let letters = &v["dead_letters"];
+    // Pid 1's poisoned copy is refused, its good one archived after it: the poisoned
+    // one is then a duplicate. Pid 2 was archived before.
+    assert_eq!(
+        (
+            &letters["found"],
+            &letters["archived"],
+            &letters["duplicates"],
+            &letters["kept"]
+        ),
+        (&6.into(), &1.into(), &2.into(), &3.into()),
+        "{v}"
+    );
+    let reasons: Vec<&str> = letters["kept_letters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["reason"].as_str().unwrap())
+        .collect();
+    assert_eq!(reasons.len(), 3, "{v}");
+    for needle in [
+        "a delta counter reached",
+        "pid 999 is in no plan",
+        "never completed here",
+    ] {
+        assert!(
+            reasons.iter().any(|r| r.contains(needle)),
+            "{needle}: {reasons:?}"
+        );
+    }
+    assert_eq!(v["differences"], serde_json::json!([]), "{v}");
+    let kept: u64 = redis.query(redis::cmd("XLEN").arg(dead));
+    assert_eq!(kept, 3);
+
+    // Counted once: four archived (pid 3's only record is poisoned), the statistics
+    // agree, and a second repair archives nothing again.
+    let status: serde_json::Value = serde_json::from_str(&ok(cmd(&["status", "--json"]))).unwrap();
+    assert_eq!(status["archived"], 4, "{status}");
+    assert_eq!(status["dead_letters"], 3, "{status}");
+    let v = repair(&["--repair"]);
+    let letters = &v["dead_letters"];
+    assert_eq!(
+        (
+            &letters["found"],
+            &letters["archived"],
+            &letters["duplicates"],
+            &letters["kept"]
+        ),
+        (&3.into(), &0.into(), &0.into(), &3.into()),
+        "{v}"
+    );
+    let v = repair(&[]);
+    assert_eq!(v["records"], 4, "{v}");
+    assert_eq!(v["differences"], serde_json::json!([]), "{v}");
+    assert_eq!(v["dead_letters"], serde_json::json!({"found": 3}), "{v}");
+    let human = ok(cmd(&["check", "--repair"]));
+    assert!(
+        human.contains("dead letters: 3 found, 0 archived now, 0 duplicate(s) dropped, 3 kept"),
+        "{human}"
+    );
+    assert!(human.contains("pid 999 is in no plan"), "{human}");
+}
+
 /// `list` pages through the partitions of one state, on both backends: every failed
 /// partition exactly once across pages, with its worker, attempt and last error; the
 /// archived ones through the archive; a worker filter; JSON with the next cursor.

@@ -206,3 +206,204 @@ fn one_writer_per_state_file() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("partition 20 is not pending"), "{stderr}");
 }
+
+/// The `sleep` processes an `--exec` chunk left behind when its tranche was SIGKILLed
+/// (a chunk runs in a process group of its own, which nothing signals then): each chunk
+/// wrote its shell's pid to `pids` before becoming `sleep`.
+fn kill_orphans(pids: &std::path::Path) {
+    for pid in std::fs::read_to_string(pids)
+        .unwrap_or_default()
+        .split_whitespace()
+    {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", pid])
+            .stderr(Stdio::null())
+            .status();
+    }
+    let _ = std::fs::remove_file(pids);
+}
+
+/// Waits until `run` holds the state lock (a command that found the lock free would
+/// take it, and the run would be refused).
+fn wait_for_lock(dir: &std::path::Path, run: &std::process::Child) {
+    let lock = dir.join(".tranche/tranche.state.lock");
+    let holder = run.id().to_string();
+    eventually(Duration::from_secs(30), "the run's lock", || {
+        std::fs::read_to_string(&lock).is_ok_and(|s| s.trim() == holder)
+    });
+}
+
+/// Waits until `run` holds the state lock and a reader of the state file sees some
+/// partition leased (claimed or running): the first run on a state has saved a lease.
+fn wait_for_saved_leases(dir: &std::path::Path, run: &std::process::Child) {
+    wait_for_lock(dir, run);
+    eventually(Duration::from_secs(60), "the run's leases saved", || {
+        let v: serde_json::Value =
+            serde_json::from_str(&ok(tranche(dir, &["status", "--json"]))).unwrap();
+        v["claimed"].as_u64().unwrap() + v["running"].as_u64().unwrap() > 0
+    });
+}
+
+/// Waits until `run` holds the state lock and has saved partition 1 leased on its
+/// attempt `attempt`.
+fn wait_for_saved_lease(dir: &std::path::Path, run: &std::process::Child, attempt: u32) {
+    wait_for_lock(dir, run);
+    eventually(Duration::from_secs(60), "the run's lease saved", || {
+        let v: serde_json::Value =
+            serde_json::from_str(&ok(tranche(dir, &["get", "1", "--json"]))).unwrap();
+        ["claimed", "running"].contains(&v["status"].as_str().unwrap_or_default())
+            && v["attempt"] == attempt
+    });
+}
+
+/// A partition whose process dies mid-run on every attempt (here SIGKILLed) is not
+/// retried for ever: the lease found when the next run takes the state over is an
+/// expired lease, its attempt counted, and after `--max-attempts` the partition is
+/// failed, as the reaper leaves it on Redis.
+#[test]
+fn a_partition_that_kills_its_process_every_time_ends_failed() {
+    let dir = scratch("embedded-crash-loop");
+    let pids = dir.join("chunks.pids");
+    ok(tranche(
+        &dir,
+        &["plan", "--min", "1", "--max", "1000", "--size", "1000"],
+    ));
+    let exec = format!("echo $$ >> {}; exec sleep 30", pids.display());
+    let run = ["run", "--exec", &exec, "--max-attempts", "2"];
+    for attempt in 1..=2 {
+        let mut child = tranche(&dir, &run)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn");
+        // Until this run saves, the file still holds the last run's lease.
+        wait_for_saved_lease(&dir, &child, attempt);
+        child.kill().expect("SIGKILL");
+        wait(&mut child, Duration::from_secs(10));
+        kill_orphans(&pids);
+    }
+    // The third run takes the state over, finds the second attempt's lease dead on the
+    // last attempt: failed, nothing left to run, exit 1.
+    let out = common::output(tranche(&dir, &run));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    kill_orphans(&pids);
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(tranche(&dir, &["get", "1", "--json"]))).unwrap();
+    assert_eq!(v["status"], "failed", "{v}");
+    assert_eq!(v["attempt"], 2, "{v}");
+    let error = v["last_error"].as_str().unwrap_or_default();
+    assert!(error.contains("lease expired on attempt 2 of 2"), "{v}");
+}
+
+/// A run SIGKILLed while it holds the state lock (and leases, saved) is taken over at
+/// once: the kernel freed its `flock`, so the next run neither waits nor is refused,
+/// and it releases the dead leases on taking the lock instead of waiting them out
+/// (they are ten minutes long here). It finishes the job, nothing lost, and `check`
+/// finds everything consistent.
+#[test]
+fn a_sigkilled_run_is_taken_over_at_once_and_nothing_is_lost() {
+    let dir = scratch("embedded-sigkill");
+    let log = dir.join("chunks.log");
+    let pids = dir.join("chunks.pids");
+    let cmd = |args: &[&str]| {
+        let mut c = tranche(&dir, args);
+        c.env("TRANCHE_LOG", &log);
+        c
+    };
+    ok(cmd(&[
+        "plan", "--min", "1", "--max", "20000", "--size", "1000",
+    ]));
+    let exec = format!(
+        "echo $$ >> {}; {} && sleep 0.05",
+        pids.display(),
+        common::example_script().display()
+    );
+    let run = [
+        "run",
+        "--exec",
+        &exec,
+        "--chunk",
+        "100",
+        "--parallel",
+        "2",
+        "--concurrency",
+        "2",
+        "--lease",
+        "10m",
+    ];
+    let mut first = cmd(&run)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    eventually(Duration::from_secs(120), "some chunks done", || {
+        chunk_log(&log).len() >= 30
+    });
+    wait_for_saved_leases(&dir, &first);
+    first.kill().expect("SIGKILL");
+    wait(&mut first, Duration::from_secs(10));
+    kill_orphans(&pids);
+
+    // At once: no retry, no refusal, and no wait for the ten-minute leases.
+    let out = ok(cmd(&run));
+    assert!(out.contains("run finished"), "{out}");
+    kill_orphans(&pids);
+    assert_every_id_processed(&chunk_log(&log), 1, 20_000);
+    let status: serde_json::Value = serde_json::from_str(&ok(cmd(&["status", "--json"]))).unwrap();
+    assert_eq!(status["archived"], 20, "{status}");
+    assert_eq!(status["finished"], 20, "{status}");
+    assert_eq!(status["failed"], 0, "{status}");
+    let check = ok(cmd(&["check"]));
+    assert!(check.contains("consistent"), "{check}");
+}
+
+/// Two first commands at once in a directory without a state: never both write. Each
+/// one either writes (the other waiting its turn or finding the lock free afterwards)
+/// or is refused with one line naming the other process and exit 2; whatever
+/// succeeded is in the state file, so nothing a successful command wrote is lost.
+#[test]
+fn two_first_commands_at_once_never_both_write() {
+    for round in 0..8 {
+        let dir = scratch(&format!("embedded-first-{round}"));
+        let plans = [["1", "10000"], ["10001", "30000"]];
+        let children: Vec<_> = plans
+            .iter()
+            .map(|[min, max]| {
+                tranche(
+                    &dir,
+                    &["plan", "--min", min, "--max", max, "--size", "1000"],
+                )
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn")
+            })
+            .collect();
+        let mut planned = 0;
+        for (child, [min, max]) in children.into_iter().zip(plans) {
+            let out = child.wait_with_output().expect("wait");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            match out.status.code() {
+                Some(0) => {
+                    planned +=
+                        (max.parse::<u64>().unwrap() - min.parse::<u64>().unwrap() + 1) / 1000
+                }
+                Some(2) => {
+                    let lines: Vec<&str> = stderr.lines().filter(|l| !l.is_empty()).collect();
+                    assert_eq!(lines.len(), 1, "{stderr}");
+                    assert!(lines[0].contains("another tranche process"), "{stderr}");
+                }
+                other => panic!("plan {min}..{max} exited {other:?}: {stderr}"),
+            }
+        }
+        assert!(planned > 0, "round {round}: neither plan was written");
+        let status: serde_json::Value =
+            serde_json::from_str(&ok(tranche(&dir, &["status", "--json"]))).unwrap();
+        assert_eq!(status["partitions"], planned, "round {round}: {status}");
+    }
+}

@@ -1,20 +1,32 @@
-//! `cargo xtask fuzz codec`: the codec's decoders under libFuzzer, through cargo-fuzz on
-//! the nightly toolchain. Not part of CI (it is open-ended by nature); run it after
-//! touching a decoder.
+//! `cargo xtask fuzz codec | active | state`: decoders under libFuzzer, through
+//! cargo-fuzz on the nightly toolchain. Each name is a fuzz crate of its own: the
+//! codec's decoders (`codec/fuzz`), the active store's RESP reply reader
+//! (`active-store/fuzz`), the embedded state file's loader (`worker-bin/fuzz`). Not
+//! part of CI (it is open-ended by nature); run it after touching a decoder.
 
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask fuzz codec [--seconds N] [--runs N] [--target T]";
+const USAGE: &str =
+    "usage: cargo xtask fuzz codec|active|state [--seconds N] [--runs N] [--target T]";
+
+/// Each name `cargo xtask fuzz` takes, with its fuzz crate.
+const CRATES: &[(&str, &str)] = &[
+    ("codec", "codec/fuzz"),
+    ("active", "active-store/fuzz"),
+    ("state", "worker-bin/fuzz"),
+];
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let mut args = args.iter();
-    match args.next().map(String::as_str) {
-        Some("codec") => {}
-        Some(other) => bail!("no fuzz targets for `{other}`; {USAGE}"),
+    let dir = match args.next().map(String::as_str) {
+        Some(name) => match CRATES.iter().find(|(n, _)| *n == name) {
+            Some((_, dir)) => *dir,
+            None => bail!("no fuzz targets for `{name}`; {USAGE}"),
+        },
         None => bail!("{USAGE}"),
-    }
+    };
     let mut seconds = 60u64;
     let mut runs: Option<u64> = None;
     let mut only = None;
@@ -40,7 +52,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         }
     }
 
-    let dir = crate::workspace_root().join("codec/fuzz");
+    let dir = crate::workspace_root().join(dir);
     ensure_cargo_fuzz()?;
     let listed = Command::new("cargo")
         .args(["+nightly", "fuzz", "list"])
@@ -64,7 +76,11 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     };
     for target in targets {
         let mut cmd = Command::new("cargo");
+        // An input that takes over 30 s (libFuzzer's default is 20 minutes) or 2 GB is a
+        // finding too: a loader must not hang on what a file claims.
         cmd.args(["+nightly", "fuzz", "run", &target, "--"])
+            .arg("-timeout=30")
+            .arg("-rss_limit_mb=2048")
             .current_dir(&dir);
         // With --runs, a number of executions (libFuzzer prints how many it did and the
         // corpus it ended with); otherwise a time budget.

@@ -25,8 +25,8 @@ Tasks:
   bench NAME|all           run a benchmark; it prints a table and writes
                            target/tranche-bench/NAME.json (names: codec, window, active, archive,
                            embedded_state, e2e, ops)
-  fuzz codec [--seconds N] [--target T]
-                           run the codec fuzz targets (nightly + cargo-fuzz), N seconds each
+  fuzz codec|active|state [--seconds N] [--runs N] [--target T]
+                           run a crate's fuzz targets (nightly + cargo-fuzz), N seconds each
   redis [--cluster [--replicas]]
                            start a private Redis (or a 3-master cluster, with a replica
                            each) on free ports in the

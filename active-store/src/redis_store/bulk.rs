@@ -475,6 +475,68 @@ fn parse(buf: &[u8], pos: usize, depth: usize) -> Result<(Frame, usize), &'stati
     }
 }
 
+/// The reply reader fed `data` as a server would send it, for the fuzz target
+/// (`active-store/fuzz`, `cargo xtask fuzz active`): the first byte is the size of the
+/// pieces the bytes arrive in (a read returns at most that many), the second how many
+/// replies are awaited (0 to 15), the rest the bytes. Whatever they are, the reader
+/// answers or errs, never panics, and every reply it returns lies within its buffer.
+#[cfg(feature = "fuzzing")]
+pub fn fuzz_replies(data: &[u8]) {
+    /// A connection that hands out `data` in pieces of `step` bytes and swallows writes.
+    struct Pieces<'a> {
+        data: &'a [u8],
+        step: usize,
+    }
+    impl Read for Pieces<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let n = self.step.min(buf.len()).min(self.data.len());
+            buf[..n].copy_from_slice(&self.data[..n]);
+            self.data = &self.data[n..];
+            Ok(n)
+        }
+    }
+    impl Write for Pieces<'_> {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    impl Wire for Pieces<'_> {
+        fn limit(&self, _: Duration) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    fn visit(replies: &Replies, frame: &Frame) {
+        match frame {
+            Frame::Simple(r) | Frame::Error(r) | Frame::Bulk(r) => {
+                let _ = replies.bytes(r);
+            }
+            Frame::Array(items) => items.iter().for_each(|f| visit(replies, f)),
+            Frame::Int(_) | Frame::Nil => {}
+        }
+    }
+    let [step, awaited, input @ ..] = data else {
+        return;
+    };
+    let mut wire = Pieces {
+        data: input,
+        step: usize::from(*step).max(1),
+    };
+    let awaited = usize::from(*awaited % 16);
+    let deadline = Instant::now() + Duration::from_secs(3600);
+    if let Ok(replies) = round_trip(&mut wire, b"", awaited, 0, deadline) {
+        assert!(
+            replies.frames().len() >= awaited,
+            "fewer replies than awaited"
+        );
+        for frame in replies.frames() {
+            visit(&replies, frame);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,6 +17,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tranche_codec::{KeySchema, Partition};
 
+#[cfg(feature = "fuzzing")]
+pub use bulk::fuzz_replies;
 use conn::retry;
 pub use conn::{RedisConnection, TlsOptions};
 

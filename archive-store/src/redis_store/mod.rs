@@ -3,6 +3,7 @@
 
 mod compact;
 mod conn;
+mod dead;
 mod dict;
 mod export;
 mod lookup;

@@ -494,4 +494,11 @@ where
     fn idle_wait(&self) -> Duration {
         self.config.block
     }
+
+    async fn redrive_dead_letters(
+        &self,
+        planned: &[RangeInclusive<u64>],
+    ) -> Result<crate::model::Redrive> {
+        self.redrive(planned).await
+    }
 }
