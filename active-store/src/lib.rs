@@ -59,6 +59,6 @@ pub use model::{
     ActiveSnapshot, Carried, Completion, Config, FailOutcome, Lease, Plan, PlanEntry, PlanOutcome,
     StatusCounts, Unissued, WorkerInfo, WorkerState,
 };
-pub use redis_store::{RedisActiveStore, RedisConnection, TlsOptions, scripts};
+pub use redis_store::{KeysMeta, RedisActiveStore, RedisConnection, TlsOptions, scripts};
 pub use state::{ACTIVE_STATE_VERSION, ActiveState, RestoredLeases};
 pub use store::{ActiveQuery, ActiveStore, Leases, Maintenance, Planner, WorkerRegistry};

@@ -1144,8 +1144,15 @@ async fn recount_repairs_counters() {
     let before = store.counts().await.unwrap();
     assert_eq!((before.claimed, before.running), (9, 1));
     let mut c = conn.clone();
-    let _: () = c.hset("{elk:0}:counts", "c", 1000).await.unwrap();
-    let _: () = c.hset("{elk:1}:counts", "p", -3).await.unwrap();
+    let schema = tranche_codec::KeySchema::new("elk", 2).unwrap();
+    let _: () = c
+        .hset(schema.shard_key(0, "counts"), "c", 1000)
+        .await
+        .unwrap();
+    let _: () = c
+        .hset(schema.shard_key(1, "counts"), "p", -3)
+        .await
+        .unwrap();
     assert_ne!(store.counts().await.unwrap(), before);
     assert_eq!(store.recount().await.unwrap(), before);
     assert_eq!(store.counts().await.unwrap(), before);
