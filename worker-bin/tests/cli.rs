@@ -526,10 +526,12 @@ fn health_rules_fire_on_redis() {
     ok(cmd(&["archive"]));
     assert!(firing_redis(&["--max-inbox", "0", "--max-archive-lag", "0s"]).is_empty());
 
-    // Statistics that disagree with the archive: only `--check` looks.
+    // Statistics that disagree with the archive: only `--check` looks. The namespace
+    // has the default 4 shards and layout 2.
+    let schema = tranche_codec::KeySchema::new("tranche", 4).unwrap();
     let _: i64 = redis.query(
         redis::cmd("HINCRBY")
-            .arg("{tranche:0}:stats:global")
+            .arg(schema.stats(0, "global"))
             .arg("count")
             .arg(1),
     );
