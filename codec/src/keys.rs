@@ -13,8 +13,9 @@ pub const MAX_BATCH_SIZE: u64 = 65_536;
 /// Redis Cluster's slot count.
 const SLOTS: u64 = 16_384;
 /// The largest suffix [`KeyLayout::Spread`] tries for one shard. A try lands in a
-/// shard's slot interval with probability `1 / num_shards` (at least 1/1024), so the
-/// search ends within a few thousand tries; the bound only makes it total.
+/// shard's target slots with probability about `1 / (8 · num_shards)` (at least
+/// 1/8192), so the search ends within some tens of thousands of tries at worst; the
+/// bound only makes it total.
 const MAX_SUFFIX: u32 = 1 << 20;
 
 /// How the shards' hash tags of a namespace are named: fixed when the namespace is
@@ -29,10 +30,12 @@ pub enum KeyLayout {
     /// `layout` field).
     Plain,
     /// Version 2, for every new namespace: shard `s` of `N` is tagged `{ns:s~k}` for the
-    /// smallest `k` (`k = 0` written `{ns:s}`) whose slot falls in the `s`-th of `N`
-    /// equal intervals of the 16384 slots. A cluster whose masters own contiguous equal
-    /// slot ranges (what `redis-cli --cluster create` makes) then holds `N / masters`
-    /// shards per master, give or take the one interval each range boundary cuts.
+    /// smallest `k` (`k = 0` written `{ns:s}`) whose slot falls in the middle eighth of
+    /// the `s`-th of `N` equal intervals of the 16384 slots ([`slot_interval`]). A
+    /// cluster whose masters own contiguous equal slot ranges (what `redis-cli
+    /// --cluster create` makes) then holds on each master the shards whose interval
+    /// centre it owns: `N / masters` rounded down or up, unless a range boundary falls
+    /// within a sixteenth of an interval of its centre.
     #[default]
     Spread,
 }
@@ -283,11 +286,27 @@ pub fn slot_interval(shard: u32, num_shards: u32) -> std::ops::Range<u16> {
     bound(shard)..bound(shard + 1)
 }
 
-/// The spread tag of `shard`: `{ns:s}` if its slot is in the shard's interval, else
-/// `{ns:s~k}` for the smallest `k >= 1` whose is. The CRC of `ns:s~` is computed once
-/// and carried on over the digits of each `k`.
+/// The slots a spread tag of `shard` aims at: the middle eighth of its interval (at
+/// least two slots), so that a master range boundary falling inside the interval sends
+/// the shard where the interval's centre lies, and masters hold as many shards as
+/// interval centres; the whole slot space for a single shard, whose plain tag
+/// `{ns:0}` always fits.
+fn target_slots(shard: u32, num_shards: u32) -> std::ops::Range<u16> {
+    let interval = slot_interval(shard, num_shards);
+    if num_shards == 1 {
+        return interval;
+    }
+    let width = interval.end - interval.start;
+    let half = (width / 16).max(1);
+    let mid = interval.start + width / 2;
+    mid - half..mid + half
+}
+
+/// The spread tag of `shard`: `{ns:s}` if its slot is in the shard's target slots,
+/// else `{ns:s~k}` for the smallest `k >= 1` whose is. The CRC of `ns:s~` is computed
+/// once and carried on over the digits of each `k`.
 fn spread_tag(namespace: &str, shard: u32, num_shards: u32) -> String {
-    let wanted = slot_interval(shard, num_shards);
+    let wanted = target_slots(shard, num_shards);
     let plain = format!("{namespace}:{shard}");
     let crc = crc16_update(0, plain.as_bytes());
     if wanted.contains(&(crc % SLOTS as u16)) {
@@ -399,15 +418,15 @@ mod tests {
         assert_eq!(k.batch_of(4970), 49);
         assert_eq!(k.shard_of(4970), 1);
         assert_eq!(k.shard_tag(0), "{elk:0~42}");
-        assert_eq!(k.shard_tag(3), "{elk:3~2}");
-        assert_eq!(k.active(3), "{elk:3~2}:active");
-        assert_eq!(k.pending(3), "{elk:3~2}:pending");
-        assert_eq!(k.leases(3), "{elk:3~2}:leases");
-        assert_eq!(k.inbox(3), "{elk:3~2}:inbox");
-        assert_eq!(k.completed(3), "{elk:3~2}:completed");
-        assert_eq!(k.completed_index(3), "{elk:3~2}:completed:index");
-        assert_eq!(k.completed_batch(497), "{elk:1~41}:completed:batch:497");
-        assert_eq!(k.stats(3, "global"), "{elk:3~2}:stats:global");
+        assert_eq!(k.shard_tag(3), "{elk:3~6}");
+        assert_eq!(k.active(3), "{elk:3~6}:active");
+        assert_eq!(k.pending(3), "{elk:3~6}:pending");
+        assert_eq!(k.leases(3), "{elk:3~6}:leases");
+        assert_eq!(k.inbox(3), "{elk:3~6}:inbox");
+        assert_eq!(k.completed(3), "{elk:3~6}:completed");
+        assert_eq!(k.completed_index(3), "{elk:3~6}:completed:index");
+        assert_eq!(k.completed_batch(497), "{elk:1~49}:completed:batch:497");
+        assert_eq!(k.stats(3, "global"), "{elk:3~6}:stats:global");
         assert_eq!(k.workers(), "{elk}:workers");
         assert_eq!(k.plans(), "{elk}:plans");
         assert_eq!(k.meta(), "{elk}:meta");
@@ -467,7 +486,8 @@ mod tests {
                     let tag = k.shard_tag(shard);
                     let slot = key_slot(tag);
                     assert!(
-                        slot_interval(shard, shards).contains(&slot),
+                        slot_interval(shard, shards).contains(&slot)
+                            && target_slots(shard, shards).contains(&slot),
                         "{tag}: slot {slot} of shard {shard}/{shards}"
                     );
                     assert!(tag.starts_with(&format!("{{{name}:{shard}")), "{tag}");
@@ -480,6 +500,72 @@ mod tests {
         for shard in k.shards() {
             let slot = key_slot(k.shard_tag(shard));
             assert!(slot_interval(shard, MAX_SHARDS).contains(&slot));
+        }
+    }
+
+    /// The slot ranges `redis-cli --cluster create` gives `masters` masters: the last
+    /// slot of each, as its `clusterManagerCommandCreate` rounds them.
+    fn default_ranges(masters: u32) -> Vec<u16> {
+        let per = SLOTS as f64 / f64::from(masters);
+        (0..masters)
+            .map(|j| {
+                if j == masters - 1 {
+                    (SLOTS - 1) as u16
+                } else {
+                    (f64::from(j) * per + per - 1.0).round() as u16
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn masters_hold_the_shards_whose_interval_centre_they_own() {
+        let mut checked = 0;
+        for ns in ["tranche", "scale", "reindex", "down", "elk", "e2e"] {
+            for masters in 2..=10u32 {
+                let lasts = default_ranges(masters);
+                let master_of = |slot: u16| lasts.iter().position(|&l| slot <= l).unwrap();
+                for shards in [16, 32, 48, 64] {
+                    let k = KeySchema::new(ns, shards).unwrap();
+                    let mut by_tag = vec![0; masters as usize];
+                    let mut by_centre = vec![0; masters as usize];
+                    let mut near = false;
+                    for shard in k.shards() {
+                        by_tag[master_of(key_slot(k.shard_tag(shard)))] += 1;
+                        let target = target_slots(shard, shards);
+                        let centre = (target.start + target.end) / 2;
+                        by_centre[master_of(centre)] += 1;
+                        // A boundary among the target slots may send the shard either way.
+                        near |= lasts.iter().any(|&l| target.contains(&l));
+                    }
+                    if near {
+                        continue;
+                    }
+                    checked += 1;
+                    assert_eq!(by_tag, by_centre, "{ns}: {shards} shards on {masters}");
+                    let (max, min) = (by_tag.iter().max(), by_tag.iter().min());
+                    assert!(
+                        max.unwrap() - min.unwrap() <= 1,
+                        "{ns} {shards}/{masters}: {by_tag:?}"
+                    );
+                }
+            }
+        }
+        assert!(checked > 150, "{checked} combinations checked");
+        let sixteen_on_three = |ns: &str| {
+            let k = KeySchema::new(ns, 16).unwrap();
+            let mut per = [0; 3];
+            for shard in k.shards() {
+                per[match key_slot(k.shard_tag(shard)) {
+                    0..=5460 => 0,
+                    5461..=10922 => 1,
+                    _ => 2,
+                }] += 1;
+            }
+            per
+        };
+        for ns in ["tranche", "scale", "reindex", "elk"] {
+            assert_eq!(sixteen_on_three(ns), [5, 6, 5], "{ns}");
         }
     }
 
@@ -526,7 +612,7 @@ mod tests {
             );
         };
         check("elk", 1, 100, r#"Ok("{elk:0}")"#);
-        check("a.b-c_9", 1024, 65_536, r#"Ok("{a.b-c_9:0~1810}")"#);
+        check("a.b-c_9", 1024, 65_536, r#"Ok("{a.b-c_9:0~5598}")"#);
         check("", 1, 100, r#"Err(InvalidNamespace(""))"#);
         check("e{k", 1, 100, r#"Err(InvalidNamespace("e{k"))"#);
         check("e:k", 1, 100, r#"Err(InvalidNamespace("e:k"))"#);

@@ -62,7 +62,7 @@ fn a_pid_its_batch_and_its_index_bit_share_a_shard() {
         );
         assert_eq!(key_slot(&batch_key), key_slot(k.active(shard)), "pid {pid}");
     }
-    assert_eq!(k.completed_batch(497), "{elk:1~41}:completed:batch:497");
+    assert_eq!(k.completed_batch(497), "{elk:1~49}:completed:batch:497");
 }
 
 #[test]
