@@ -35,6 +35,18 @@ pub enum Error {
         /// What was wrong with it.
         detail: String,
     },
+    /// The namespace is recorded with another shard count or key layout than this
+    /// process opened it with (planned at the same time by another process, or by a
+    /// version that records no layout). Nothing more is written under the other layout.
+    #[error("namespace `{namespace}` is recorded with {recorded}, not {wanted}; open it again")]
+    NamespaceMismatch {
+        /// The namespace.
+        namespace: String,
+        /// What `{ns}:meta` records.
+        recorded: String,
+        /// What this process opened it with.
+        wanted: String,
+    },
     /// An error shared by every completion of one group-commit script call.
     #[error(transparent)]
     Shared(std::sync::Arc<Error>),
@@ -65,7 +77,10 @@ impl Error {
                     | ErrorKind::UnexpectedReturnType
             ),
             Error::Shared(inner) => inner.is_permanent(),
-            Error::Corrupt { .. } | Error::InvalidArgument(_) | Error::Codec(_) => true,
+            Error::Corrupt { .. }
+            | Error::InvalidArgument(_)
+            | Error::Codec(_)
+            | Error::NamespaceMismatch { .. } => true,
             Error::InvalidPlan(_) | Error::LeaseLost { .. } | Error::Leased(_) => false,
         }
     }

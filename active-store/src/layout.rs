@@ -17,7 +17,8 @@ pub(crate) struct Layout {
 
 impl Layout {
     pub(crate) fn new(config: &Config) -> Result<Self> {
-        let schema = KeySchema::new(&config.namespace, config.num_shards)?;
+        let schema =
+            KeySchema::new(&config.namespace, config.num_shards)?.with_layout(config.layout);
         Ok(Self {
             shards: schema.num_shards(),
             per_batch: schema.batch_size(),

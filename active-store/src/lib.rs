@@ -65,6 +65,6 @@ pub use model::{
 pub use redis_store::fuzz_replies;
 #[cfg(feature = "testing")]
 pub use redis_store::scripts;
-pub use redis_store::{RedisActiveStore, RedisConnection, TlsOptions};
+pub use redis_store::{KeysMeta, RedisActiveStore, RedisConnection, TlsOptions};
 pub use state::{ACTIVE_STATE_VERSION, ActiveState, RestoredLeases};
 pub use store::{ActiveQuery, ActiveStore, Leases, Maintenance, Planner, WorkerRegistry};

@@ -4,6 +4,7 @@ use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tranche_codec::KeyLayout;
 
 /// What to plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -214,6 +215,9 @@ pub struct Config {
     pub namespace: String,
     /// Shards, 1..=1024. Each is its own Redis Cluster slot.
     pub num_shards: u32,
+    /// How the shards' keys are named: the layout `{ns}:meta` records for the
+    /// namespace ([`KeysMeta`](crate::KeysMeta)); new namespaces get the default.
+    pub layout: KeyLayout,
     /// How long a claim or heartbeat keeps a lease.
     pub lease: Duration,
     /// Claims per partition before it fails for good.
@@ -233,6 +237,7 @@ impl Default for Config {
         Self {
             namespace: "elk".to_owned(),
             num_shards: 1,
+            layout: KeyLayout::default(),
             lease: Duration::from_secs(30),
             max_attempts: 5,
             backoff_base: Duration::from_secs(1),

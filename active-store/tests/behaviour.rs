@@ -1,6 +1,8 @@
 //! One behaviour suite for the active store, run against every backend: memory, a private
 //! standalone Redis, and a private one-node Redis Cluster (where a script touching keys
-//! of two slots fails with CROSSSLOT), each at 1 and 4 shards.
+//! of two slots fails with CROSSSLOT), each at 1 and 4 shards; and once more on a
+//! cluster of 3 masters with 16 shards, every check in turn in a namespace of its own
+//! on one cluster started for them all.
 
 mod support;
 
@@ -15,7 +17,7 @@ use tranche_active_store::{
 };
 use tranche_codec::{CompletedRecord, Status, decode_json};
 
-use support::TestRedis;
+use support::{TestCluster, TestRedis};
 
 const T0: u64 = 1_719_234_405_000;
 
@@ -30,7 +32,9 @@ struct Harness {
 
 enum Backend {
     Memory(Arc<MemoryActiveStore>),
-    Redis(#[allow(dead_code)] TestRedis, RedisConnection),
+    /// The connection, and the private server when the harness owns one (a check on
+    /// the shared 3-master cluster does not).
+    Redis(#[allow(dead_code)] Option<TestRedis>, RedisConnection),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -42,18 +46,19 @@ enum Kind {
 
 impl Harness {
     async fn new(kind: Kind, shards: u32) -> Self {
-        Self::with(
-            kind,
-            Config {
-                num_shards: shards,
-                lease: Duration::from_secs(30),
-                max_attempts: 3,
-                backoff_base: Duration::from_secs(1),
-                backoff_max: Duration::from_secs(60),
-                ..Config::default()
-            },
-        )
-        .await
+        Self::with(kind, Self::new_config(shards)).await
+    }
+
+    /// The suite's settings with `shards` shards.
+    fn new_config(shards: u32) -> Config {
+        Config {
+            num_shards: shards,
+            lease: Duration::from_secs(30),
+            max_attempts: 3,
+            backoff_base: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(60),
+            ..Config::default()
+        }
     }
 
     async fn with(kind: Kind, config: Config) -> Self {
@@ -75,7 +80,7 @@ impl Harness {
                 let store =
                     RedisActiveStore::with_clock(conn.clone(), config.clone(), clock.clone())
                         .unwrap();
-                (Arc::new(store), Backend::Redis(server, conn))
+                (Arc::new(store), Backend::Redis(Some(server), conn))
             }
         };
         Self {
@@ -83,6 +88,27 @@ impl Harness {
             clock,
             config,
             backend,
+            seen: Default::default(),
+        }
+    }
+
+    /// A harness on `cluster` with 16 shards, in namespace `namespace` (one per check:
+    /// the cluster is shared).
+    async fn on_cluster(cluster: &TestCluster, namespace: &str) -> Self {
+        let config = Config {
+            namespace: namespace.to_owned(),
+            ..Self::new_config(16)
+        };
+        let clock = Arc::new(ManualClock::new(T0));
+        let conn = RedisConnection::connect(&cluster.url()).await.unwrap();
+        assert!(conn.is_cluster());
+        let store =
+            RedisActiveStore::with_clock(conn.clone(), config.clone(), clock.clone()).unwrap();
+        Self {
+            store: Arc::new(store),
+            clock,
+            config,
+            backend: Backend::Redis(None, conn),
             seen: Default::default(),
         }
     }
@@ -134,6 +160,11 @@ macro_rules! suite {
         mod redis_1 { $( #[tokio::test] async fn $check() { super::$check(super::Harness::new(super::Kind::Redis, 1).await).await } )* }
         mod redis_4 { $( #[tokio::test] async fn $check() { super::$check(super::Harness::new(super::Kind::Redis, 4).await).await } )* }
         mod cluster_4 { $( #[tokio::test] async fn $check() { super::$check(super::Harness::new(super::Kind::Cluster, 4).await).await } )* }
+        #[tokio::test]
+        async fn every_check_on_three_masters_with_16_shards() {
+            let cluster = TestCluster::start_with(3, 0);
+            $( $check(Harness::on_cluster(&cluster, stringify!($check)).await).await; )*
+        }
     };
 }
 
@@ -1144,8 +1175,15 @@ async fn recount_repairs_counters() {
     let before = store.counts().await.unwrap();
     assert_eq!((before.claimed, before.running), (9, 1));
     let mut c = conn.clone();
-    let _: () = c.hset("{elk:0}:counts", "c", 1000).await.unwrap();
-    let _: () = c.hset("{elk:1}:counts", "p", -3).await.unwrap();
+    let schema = tranche_codec::KeySchema::new("elk", 2).unwrap();
+    let _: () = c
+        .hset(schema.shard_key(0, "counts"), "c", 1000)
+        .await
+        .unwrap();
+    let _: () = c
+        .hset(schema.shard_key(1, "counts"), "p", -3)
+        .await
+        .unwrap();
     assert_ne!(store.counts().await.unwrap(), before);
     assert_eq!(store.recount().await.unwrap(), before);
     assert_eq!(store.counts().await.unwrap(), before);

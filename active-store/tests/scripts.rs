@@ -228,3 +228,40 @@ async fn carry_runs_on_a_cluster_node_and_changes_pending_records_once() {
     // Again: nothing more changes.
     assert_eq!(store.carry(&carried).await.unwrap(), 0);
 }
+
+/// `{ns}:meta` records a namespace's shard count and key layout once, on a cluster
+/// node too (`register.lua` touches `{ns}:meta` only): a second registration with the
+/// same settings is a no-op, one with others is refused and changes nothing, and a
+/// namespace recorded before layouts (no `layout` field) reads as the plain layout and
+/// never gets the spread one added.
+#[tokio::test]
+async fn the_keys_meta_is_recorded_once() {
+    use tranche_active_store::{Error, KeysMeta};
+    use tranche_codec::KeyLayout;
+    let server = TestRedis::start_cluster();
+    let conn = tranche_active_store::RedisConnection::connect(&server.url())
+        .await
+        .unwrap();
+    assert_eq!(KeysMeta::read(&conn, "new").await.unwrap(), None);
+    let new = KeysMeta::new_namespace(16);
+    assert_eq!(new.layout, KeyLayout::Spread);
+    new.register(&conn, "new").await.unwrap();
+    new.register(&conn, "new").await.unwrap();
+    assert_eq!(KeysMeta::read(&conn, "new").await.unwrap(), Some(new));
+    let other = KeysMeta::new_namespace(8);
+    let err = other.register(&conn, "new").await.unwrap_err();
+    assert!(matches!(err, Error::NamespaceMismatch { .. }), "{err}");
+    assert!(err.is_permanent());
+
+    server.cli(&["HSET", "{old}:meta", "shards", "16"]);
+    let old = KeysMeta::read(&conn, "old").await.unwrap().unwrap();
+    assert_eq!((old.shards, old.layout), (16, KeyLayout::Plain));
+    let err = new.register(&conn, "old").await.unwrap_err();
+    assert!(err.to_string().contains("key layout 1"), "{err}");
+    old.register(&conn, "old").await.unwrap();
+    assert_eq!(server.cli(&["HEXISTS", "{old}:meta", "layout"]), "0");
+
+    server.cli(&["HSET", "{future}:meta", "shards", "4", "layout", "3"]);
+    let err = KeysMeta::read(&conn, "future").await.unwrap_err();
+    assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+}

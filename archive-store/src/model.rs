@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tranche_codec::{CompletedRecord, KeySchema};
+use tranche_codec::{CompletedRecord, KeyLayout, KeySchema};
 
 use crate::{Error, Result};
 
@@ -13,6 +13,9 @@ pub struct Config {
     pub namespace: String,
     /// Shards, 1..=1024; must match the active store's.
     pub num_shards: u32,
+    /// How the shards' keys are named; must match the active store's (the layout
+    /// `{ns}:meta` records for the namespace).
+    pub layout: KeyLayout,
     /// Inbox entries read per shard and pass at most (the seed's "every 100 updates";
     /// an entry is one group commit, often many records).
     pub batch: usize,
@@ -51,6 +54,7 @@ impl Default for Config {
         Self {
             namespace: "elk".to_owned(),
             num_shards: 1,
+            layout: KeyLayout::default(),
             batch: 100,
             block: Duration::from_secs(30),
             gather: Duration::from_millis(250),
@@ -79,7 +83,7 @@ impl Config {
         if self.consumer.is_empty() {
             return Err(Error::InvalidArgument("empty consumer name".into()));
         }
-        Ok(KeySchema::new(&self.namespace, self.num_shards)?)
+        Ok(KeySchema::new(&self.namespace, self.num_shards)?.with_layout(self.layout))
     }
 
     /// How many pids batch `batch` of `batch_size` can hold: those from `first_pid` on.

@@ -191,7 +191,7 @@ mod tests {
         let (r, slot) = SegmentRef::of(&schema, 4 * 13 + 2);
         assert_eq!((r.shard, r.segment, slot), (2, 1, 3));
         assert_eq!(r.batches(&schema)[slot], 4 * 13 + 2);
-        assert_eq!(r.key(&schema), "{elk:2}:completed:seg:1");
+        assert_eq!(r.key(&schema), "{elk:2~68}:completed:seg:1");
         let (last, _) = SegmentRef::of(&schema, u64::MAX);
         assert!(last.batches(&schema).contains(&u64::MAX));
     }

@@ -1,6 +1,8 @@
 //! One behaviour suite for the archive, run against every backend: memory, a private
 //! standalone Redis, and a private one-node Redis Cluster (where a script touching keys
-//! of two slots fails with CROSSSLOT), each at 1 and 4 shards.
+//! of two slots fails with CROSSSLOT), each at 1 and 4 shards; and once more on a
+//! cluster of 3 masters with 16 shards, every check in turn on one cluster started for
+//! them all and flushed between them.
 
 #[path = "../../active-store/tests/support/mod.rs"]
 mod support;
@@ -19,7 +21,7 @@ use tranche_archive_store::{
 use tranche_codec::{CompletedRecord, KeySchema, encode_json};
 use tranche_stats::{MemoryStats, RedisStats, Stats, StatsStore, diff};
 
-use support::TestRedis;
+use support::{TestCluster, TestRedis};
 
 const T0: u64 = 1_719_234_405_000;
 
@@ -28,11 +30,21 @@ enum Kind {
     Memory,
     Redis,
     Cluster,
+    /// The 3-master cluster in [`MASTERS`].
+    Masters,
 }
+
+/// The URL of the 3-master cluster the `Kind::Masters` checks share.
+static MASTERS: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+/// Harnesses made on that cluster since it was last flushed: the first gets the
+/// config's namespace, as on a private server, later ones (a check's second archive)
+/// one of their own.
+static NAMESPACES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 enum Backend {
     Memory(Vec<Sender<CompletedRecord>>, Arc<MemoryArchive>),
-    Redis(#[allow(dead_code)] TestRedis, RedisConnection),
+    /// The connection, and the private server when the harness owns one.
+    Redis(#[allow(dead_code)] Option<TestRedis>, RedisConnection),
 }
 
 /// An archive under test and a way to fill its inboxes as the active store would.
@@ -61,7 +73,13 @@ impl Harness {
         .await
     }
 
-    async fn with(kind: Kind, config: Config) -> Self {
+    async fn with(kind: Kind, mut config: Config) -> Self {
+        if kind == Kind::Masters {
+            let n = NAMESPACES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if n > 0 {
+                config.namespace = format!("{}{n}", config.namespace);
+            }
+        }
         let schema = config.schema().unwrap();
         match kind {
             Kind::Memory => {
@@ -84,14 +102,22 @@ impl Harness {
                     config,
                 }
             }
-            Kind::Redis | Kind::Cluster => {
-                let server = if kind == Kind::Cluster {
-                    TestRedis::start_cluster()
-                } else {
-                    TestRedis::start()
+            Kind::Redis | Kind::Cluster | Kind::Masters => {
+                let (server, url) = match kind {
+                    Kind::Masters => (None, MASTERS.lock().unwrap().clone().expect("cluster")),
+                    Kind::Cluster => {
+                        let server = TestRedis::start_cluster();
+                        let url = server.url();
+                        (Some(server), url)
+                    }
+                    _ => {
+                        let server = TestRedis::start();
+                        let url = server.url();
+                        (Some(server), url)
+                    }
                 };
-                let conn = RedisConnection::connect(&server.url()).await.unwrap();
-                assert_eq!(conn.is_cluster(), kind == Kind::Cluster);
+                let conn = RedisConnection::connect(&url).await.unwrap();
+                assert_eq!(conn.is_cluster(), kind != Kind::Redis);
                 let archive = Arc::new(RedisArchive::new(conn.clone(), config.clone()).unwrap());
                 Self {
                     stats: Arc::new(RedisStats::new(conn.clone(), schema.clone())),
@@ -277,6 +303,18 @@ macro_rules! suite {
         mod redis_1 { $( #[tokio::test] async fn $check() { super::$check(super::Kind::Redis, 1).await } )* }
         mod redis_4 { $( #[tokio::test] async fn $check() { super::$check(super::Kind::Redis, 4).await } )* }
         mod cluster_4 { $( #[tokio::test] async fn $check() { super::$check(super::Kind::Cluster, 4).await } )* }
+        #[tokio::test]
+        async fn every_check_on_three_masters_with_16_shards() {
+            let cluster = TestCluster::start_with(3, 0);
+            *MASTERS.lock().unwrap() = Some(cluster.url());
+            $(
+                for master in cluster.masters() {
+                    master.cli(&["FLUSHALL"]);
+                }
+                NAMESPACES.store(0, std::sync::atomic::Ordering::Relaxed);
+                $check(Kind::Masters, 16).await;
+            )*
+        }
     };
 }
 
@@ -666,7 +704,7 @@ async fn export_import_round_trip(kind: Kind, shards: u32) {
     let other = Harness::with(
         kind,
         Config {
-            num_shards: 5 - shards,
+            num_shards: if shards == 1 { 4 } else { 1 },
             ..config
         },
     )
@@ -1235,7 +1273,7 @@ async fn woken_for_one_dirty_shard_of_64(kind: Kind) {
         },
     )
     .await;
-    let Backend::Redis(server, conn) = &h.backend else {
+    let Backend::Redis(Some(server), conn) = &h.backend else {
         unreachable!("Redis only")
     };
     // Pid 3700 is in batch 37, so shard 37; pid 500 in shard 5. Neither is marked.
@@ -1343,7 +1381,7 @@ async fn a_full_read_is_read_again_and_gather_spaces_reads() {
 /// dead-letter stream with the reason, and the entry is acknowledged.
 async fn poison_records_go_to_the_dead_letter_stream(kind: Kind) {
     let h = Harness::new(kind, 1).await;
-    let Backend::Redis(server, _) = &h.backend else {
+    let Backend::Redis(Some(server), _) = &h.backend else {
         unreachable!("Redis only")
     };
     let good = records(1..=50);

@@ -1,5 +1,6 @@
-//! The router over both backends (memory, and a private redis-server): a small job
-//! planned, partly claimed, completed and archived, then every kind of answer checked.
+//! The router over both backends (memory, and a private redis-server, a one-node cluster
+//! and a cluster of 3 masters at 16 shards): a small job planned, partly claimed,
+//! completed and archived, then every kind of answer checked.
 
 #[path = "../../active-store/tests/support/mod.rs"]
 mod support;
@@ -22,7 +23,7 @@ use tranche_stats::{
     MemoryStats, RangeStats, RedisStats, Snapshot, Stats, StatsDelta, StatsStore, StatsSummary,
 };
 
-use support::TestRedis;
+use support::{TestCluster, TestRedis};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -30,6 +31,14 @@ enum Kind {
     Redis,
     /// A one-node Redis Cluster: any script touching two slots fails with CROSSSLOT.
     Cluster,
+    /// A cluster of 3 masters without replicas, the job at 16 shards whatever it asks.
+    Masters,
+}
+
+/// The servers a Redis job runs on, kept running while it lives.
+enum Servers {
+    One(#[allow(dead_code)] TestRedis),
+    Masters(#[allow(dead_code)] TestCluster),
 }
 
 /// IDs `1..=30_000` in partitions of 100: pids 1..=300.
@@ -42,7 +51,7 @@ const PLAN: Plan = Plan::Uniform {
 /// What only one backend can do (corrupt a batch); the server lives as long as this.
 enum Backend {
     Memory(Arc<MemoryArchive>),
-    Redis(#[allow(dead_code)] TestRedis, RedisConnection, KeySchema),
+    Redis(#[allow(dead_code)] Servers, RedisConnection, KeySchema),
 }
 
 /// One job: the three layers of one backend and a router over them.
@@ -91,6 +100,7 @@ impl Job {
     }
 
     async fn with_ttl(kind: Kind, shards: u32, claimed: usize, tier: Tier, ttl: Duration) -> Self {
+        let shards = if kind == Kind::Masters { 16 } else { shards };
         let active_config = tranche_active_store::Config {
             num_shards: shards,
             // Two claims, so a random workload reaches failed partitions: a failure is
@@ -118,14 +128,26 @@ impl Job {
                     Backend::Memory(archive),
                 )
             }
-            Kind::Redis | Kind::Cluster => {
-                let server = if kind == Kind::Cluster {
-                    TestRedis::start_cluster()
-                } else {
-                    TestRedis::start()
+            Kind::Redis | Kind::Cluster | Kind::Masters => {
+                let (server, url) = match kind {
+                    Kind::Masters => {
+                        let masters = TestCluster::start_with(3, 0);
+                        let url = masters.url();
+                        (Servers::Masters(masters), url)
+                    }
+                    Kind::Cluster => {
+                        let server = TestRedis::start_cluster();
+                        let url = server.url();
+                        (Servers::One(server), url)
+                    }
+                    _ => {
+                        let server = TestRedis::start();
+                        let url = server.url();
+                        (Servers::One(server), url)
+                    }
                 };
-                let conn = RedisConnection::connect(&server.url()).await.unwrap();
-                assert_eq!(conn.is_cluster(), kind == Kind::Cluster);
+                let conn = RedisConnection::connect(&url).await.unwrap();
+                assert_eq!(conn.is_cluster(), kind != Kind::Redis);
                 let schema = KeySchema::new("elk", shards).unwrap();
                 let active = Arc::new(
                     RedisActiveStore::with_clock(conn.clone(), active_config, clock).unwrap(),
@@ -218,6 +240,12 @@ macro_rules! both {
             $(#[tokio::test]
             async fn $check() {
                 super::$check(super::Kind::Cluster).await;
+            })*
+        }
+        mod on_three_masters {
+            $(#[tokio::test]
+            async fn $check() {
+                super::$check(super::Kind::Masters).await;
             })*
         }
     };

@@ -1,6 +1,7 @@
 //! One behaviour suite for the statistics stores, run against every backend: memory, a
 //! private standalone Redis and a private one-node Redis Cluster (where a script
-//! touching keys of two slots fails with CROSSSLOT), at 1 and 4 shards.
+//! touching keys of two slots fails with CROSSSLOT), at 1 and 4 shards, and a cluster of
+//! 3 masters at 16 shards.
 
 #[path = "../../active-store/tests/support/mod.rs"]
 mod support;
@@ -17,7 +18,7 @@ use tranche_stats::{
     StatsStore, StatsSummary, diff,
 };
 
-use support::TestRedis;
+use support::{TestCluster, TestRedis};
 
 /// 2024-06-24 13:46:45 UTC, the seed's example completion time.
 const T0: u64 = 1_719_234_405_000;
@@ -29,14 +30,17 @@ enum Kind {
     Memory,
     Redis,
     Cluster,
+    /// A private cluster of 3 masters without replicas.
+    Masters,
 }
 
-const BACKENDS: [(Kind, u32); 5] = [
+const BACKENDS: [(Kind, u32); 6] = [
     (Kind::Memory, 1),
     (Kind::Memory, 4),
     (Kind::Redis, 1),
     (Kind::Redis, 4),
     (Kind::Cluster, 4),
+    (Kind::Masters, 16),
 ];
 
 enum Applier {
@@ -51,7 +55,10 @@ struct Harness {
     applier: Applier,
     schema: KeySchema,
     label: String,
+    /// The private server, for the checks that read keys directly (not on 3 masters).
     server: Option<TestRedis>,
+    /// The private 3-master cluster, kept running while the harness lives.
+    _masters: Option<TestCluster>,
 }
 
 impl Harness {
@@ -67,6 +74,7 @@ impl Harness {
                     schema,
                     label,
                     server: None,
+                    _masters: None,
                 }
             }
             Kind::Redis => {
@@ -80,6 +88,21 @@ impl Harness {
                     schema,
                     label,
                     server: Some(server),
+                    _masters: None,
+                }
+            }
+            Kind::Masters => {
+                let masters = TestCluster::start_with(3, 0);
+                let client = redis::cluster::ClusterClient::new(vec![masters.url()]).unwrap();
+                let conn = client.get_async_connection().await.unwrap();
+                let s = RedisStats::new(conn, schema.clone());
+                Self {
+                    store: Arc::new(s.clone()),
+                    applier: Applier::Cluster(s),
+                    schema,
+                    label,
+                    server: None,
+                    _masters: Some(masters),
                 }
             }
             Kind::Cluster => {
@@ -93,6 +116,7 @@ impl Harness {
                     schema,
                     label,
                     server: Some(server),
+                    _masters: None,
                 }
             }
         }

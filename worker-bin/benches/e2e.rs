@@ -15,6 +15,15 @@
 //! beside the `redis-benchmark -t set -c 50 -P 16` ceiling of the same server, in the same
 //! run. The cells run one after another on a flushed server.
 //!
+//! With `TRANCHE_BENCH_CLUSTER=1` (`cargo xtask bench e2e --cluster`) each cell also
+//! runs on a local Redis Cluster of 3 masters without replicas (the tests'
+//! `TestCluster`), right after it ran on the single server, and its row adds the Redis CPU
+//! per partition of each master and their spread (largest over smallest): the masters
+//! share this machine's cores with each other and with the workers, so the cluster's
+//! wall throughput says little, while what each master spends per partition is what
+//! grows or shrinks with the number of masters. The defaults are then small: N = 50,000
+//! and the one cell `4x64x16`.
+//!
 //! Knobs: `TRANCHE_BENCH_N` (partitions per cell, default 200,000), `TRANCHE_BENCH_CELLS`
 //! (e.g. `1x64x4,4x64x4`: P x C x S; default the four cells of issue 11),
 //! `TRANCHE_BENCH_RUN_ARGS` (more `run` arguments, space-separated, e.g. `--prefetch 64`),
@@ -37,12 +46,15 @@ use std::time::{Duration, Instant};
 
 use common::run_ok;
 use serde_json::{Value, json};
-use support::TestRedis;
+use support::{TestCluster, TestRedis};
 
 /// The binary under test, built by `cargo bench` in the bench (release) profile.
 const BIN: &str = env!("CARGO_BIN_EXE_tranche");
 const NAMESPACE: &str = "e2e";
 const DEFAULT_CELLS: &str = "1x64x4,4x64x4,4x64x16,4x64x64";
+/// The cells, and partitions per cell, of a run with the cluster.
+const CLUSTER_CELLS: &str = "4x64x16";
+const CLUSTER_N: u64 = 50_000;
 
 /// One cell of the table.
 #[derive(Debug, Clone, Copy)]
@@ -52,8 +64,8 @@ struct Cell {
     shards: u32,
 }
 
-fn cells() -> Vec<Cell> {
-    let spec = std::env::var("TRANCHE_BENCH_CELLS").unwrap_or_else(|_| DEFAULT_CELLS.into());
+fn cells(default: &str) -> Vec<Cell> {
+    let spec = std::env::var("TRANCHE_BENCH_CELLS").unwrap_or_else(|_| default.into());
     spec.split(',')
         .map(|cell| {
             let parts: Vec<&str> = cell.trim().split('x').collect();
@@ -169,27 +181,67 @@ fn set_ceiling(redis: &TestRedis) -> Option<f64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// How many of the namespace's shards each of `nodes` holds (the distinct shard tags of
+/// its keys), and which of them holds the namespace's own tag `{ns}`.
+fn placement(nodes: &[&TestRedis]) -> (Vec<usize>, Option<usize>) {
+    let shards = nodes
+        .iter()
+        .map(|node| {
+            let keys: Vec<String> = node.query(redis::cmd("KEYS").arg(format!("{{{NAMESPACE}:*")));
+            let tags: std::collections::BTreeSet<&str> = keys
+                .iter()
+                .filter_map(|k| k.split_once('}').map(|(tag, _)| tag))
+                .collect();
+            tags.len()
+        })
+        .collect();
+    let meta = format!("{{{NAMESPACE}}}:meta");
+    let holder = nodes
+        .iter()
+        .position(|node| node.cli(&["EXISTS", &meta]) == "1");
+    (shards, holder)
+}
+
+/// Commands by name summed over `nodes`.
+fn command_stats_of(nodes: &[&TestRedis]) -> BTreeMap<String, (u64, u64)> {
+    let mut sum: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for node in nodes {
+        for (name, (calls, usec)) in command_stats(node) {
+            let entry = sum.entry(name).or_default();
+            entry.0 += calls;
+            entry.1 += usec;
+        }
+    }
+    sum
+}
+
+/// Runs one cell against `nodes`: the single server, or every master of a cluster
+/// (flushed, statistics reset and measured one by one; the figures are their sums, and
+/// `redis_cpu_us_per_partition_per_master` each one's share).
 fn run_cell(
     bin: &str,
-    redis: &TestRedis,
+    nodes: &[&TestRedis],
     url: &str,
     cell: Cell,
     n: u64,
     dir: &std::path::Path,
 ) -> Value {
-    redis.cli(&["FLUSHALL"]);
-    redis.cli(&["CONFIG", "RESETSTAT"]);
-    let memory_before = used_memory(redis);
+    for node in nodes {
+        node.cli(&["FLUSHALL"]);
+        node.cli(&["CONFIG", "RESETSTAT"]);
+    }
+    let memory_before: u64 = nodes.iter().map(|r| used_memory(r)).sum();
     let max = (n * 1000).to_string();
     let shards = cell.shards.to_string();
-    run_ok(tranche(
+    run_ok(tranche_at(
+        bin,
         url,
         &[
             "plan", "--min", "1", "--max", &max, "--size", "1000", "--shards", &shards,
         ],
     ));
-    let calls_before = command_stats(redis);
-    let cpu_before = redis_cpu(redis);
+    let calls_before = command_stats_of(nodes);
+    let cpu_before: Vec<f64> = nodes.iter().map(|r| redis_cpu(r)).collect();
     let client_before = children_cpu();
     let started = Instant::now();
     let concurrency = cell.concurrency.to_string();
@@ -241,20 +293,29 @@ fn run_cell(
         counted = total_completed(url);
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let redis_cpu_s = redis_cpu(redis) - cpu_before;
+    let per_master: Vec<f64> = nodes
+        .iter()
+        .zip(&cpu_before)
+        .map(|(r, before)| (redis_cpu(r) - before) * 1e6 / n as f64)
+        .collect();
+    let redis_cpu_s: f64 = per_master.iter().sum::<f64>() * n as f64 / 1e6;
     assert_eq!(counted, n, "every partition counted exactly once");
-    let memory = used_memory(redis).saturating_sub(memory_before);
+    let memory_after: u64 = nodes.iter().map(|r| used_memory(r)).sum();
+    let memory = memory_after.saturating_sub(memory_before);
     let per_partition = |v: u64| (v as f64 / n as f64 * 1000.0).round() / 1000.0;
     let mut calls = BTreeMap::new();
     let mut usec = BTreeMap::new();
-    for (name, (c, us)) in command_stats(redis) {
+    for (name, (c, us)) in command_stats_of(nodes) {
         let (c0, us0) = calls_before.get(&name).copied().unwrap_or((0, 0));
         if c > c0 {
             calls.insert(name.clone(), per_partition(c - c0));
             usec.insert(name, per_partition(us - us0));
         }
     }
+    let (shards_per_master, holds_namespace) = placement(nodes);
     json!({
+        "shards_per_master": shards_per_master,
+        "namespace_tag_on": holds_namespace,
         "processes": cell.processes,
         "concurrency": cell.concurrency,
         "shards": cell.shards,
@@ -262,11 +323,20 @@ fn run_cell(
         "seconds": elapsed,
         "partitions_per_s": n as f64 / elapsed,
         "redis_cpu_us_per_partition": redis_cpu_s * 1e6 / n as f64,
+        "redis_cpu_us_per_partition_per_master": per_master,
+        "redis_cpu_spread": spread(&per_master),
         "client_cpu_us_per_partition": client_cpu * 1e6 / n as f64,
         "redis_bytes_per_partition": memory as f64 / n as f64,
         "commands_per_partition": calls,
         "command_us_per_partition": usec,
     })
+}
+
+/// The largest of `values` over the smallest (1 for one value).
+fn spread(values: &[f64]) -> f64 {
+    let max = values.iter().copied().fold(f64::MIN, f64::max);
+    let min = values.iter().copied().fold(f64::MAX, f64::min);
+    if min > 0.0 { max / min } else { f64::INFINITY }
 }
 
 /// The run with the median partitions/s, with the spread of all of them.
@@ -299,16 +369,83 @@ fn print_row(cell: &Cell, row: &Value, label: &str) {
     );
 }
 
+/// The cluster row's per-master figures, under its table row.
+fn print_masters(row: &Value) {
+    let per: Vec<String> = row["redis_cpu_us_per_partition_per_master"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| format!("{:.1}", v.as_f64().unwrap()))
+        .collect();
+    println!(
+        "    Redis µs per partition per master: {} (spread {:.2}); shards per master {}, {{ns}} on master {}",
+        per.join(" / "),
+        row["redis_cpu_spread"].as_f64().unwrap(),
+        row["shards_per_master"],
+        row["namespace_tag_on"],
+    );
+}
+
+/// What every cell of one bench run shares.
+struct Settings {
+    /// Partitions per cell.
+    n: u64,
+    /// Runs per cell (and per binary).
+    repeat: usize,
+    /// Another `tranche` binary to run beside this one.
+    baseline: Option<String>,
+    /// Where the runs' logs go.
+    dir: PathBuf,
+}
+
+/// Runs `cell` `repeat` times on `nodes` (alternating with the baseline's runs when
+/// there is one) and prints the median row, and the baseline's beside it.
+fn measure(nodes: &[&TestRedis], url: &str, label: &str, cell: Cell, set: &Settings) -> Value {
+    let (n, repeat, dir) = (set.n, set.repeat, set.dir.as_path());
+    let mut runs: Vec<Value> = Vec::new();
+    let mut base_runs: Vec<Value> = Vec::new();
+    for _ in 0..repeat {
+        runs.push(run_cell(BIN, nodes, url, cell, n, dir));
+        if let Some(bin) = &set.baseline {
+            base_runs.push(run_cell(bin, nodes, url, cell, n, dir));
+        }
+    }
+    let mut row = median_row(runs, repeat);
+    print_row(&cell, &row, label);
+    if nodes.len() > 1 {
+        print_masters(&row);
+    }
+    println!(
+        "    commands per partition: {}",
+        row["commands_per_partition"]
+    );
+    println!(
+        "    command µs per partition: {}",
+        row["command_us_per_partition"]
+    );
+    if !base_runs.is_empty() {
+        let base = median_row(base_runs, repeat);
+        print_row(&cell, &base, &format!("{label}  baseline"));
+        let ratio =
+            row["partitions_per_s"].as_f64().unwrap() / base["partitions_per_s"].as_f64().unwrap();
+        println!("    partitions/s, this build / baseline: {ratio:.2}");
+        row["baseline"] = base;
+        row["ratio_to_baseline"] = json!(ratio);
+    }
+    row
+}
+
 fn main() {
     // `cargo test --all-targets` builds benches as tests and runs them with no argument
     // telling them apart; `cargo bench` passes `--bench`.
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
+    let with_cluster = std::env::var("TRANCHE_BENCH_CLUSTER").is_ok_and(|v| v == "1");
     let n: u64 = std::env::var("TRANCHE_BENCH_N")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(200_000);
+        .unwrap_or(if with_cluster { CLUSTER_N } else { 200_000 });
     let out = std::env::var_os("TRANCHE_BENCH_OUT").map_or_else(
         || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/tranche-bench/e2e.json"),
         PathBuf::from,
@@ -320,6 +457,9 @@ fn main() {
     let redis = TestRedis::start();
     let url = redis.url();
     let ceiling = set_ceiling(&redis);
+    // Three masters without replicas, beside the single server: a replica would add
+    // its master's replication work, which the single server does not do.
+    let cluster = with_cluster.then(|| TestCluster::start_with(3, 0));
     let mut rows = Vec::new();
     println!(
         "{:>3} {:>4} {:>6} {:>12} {:>17} {:>14} {:>15} {:>13}",
@@ -337,34 +477,22 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(3)
         .max(1);
-    let baseline = std::env::var("TRANCHE_BENCH_BASELINE").ok();
-    for cell in cells() {
-        let mut runs: Vec<Value> = Vec::new();
-        let mut base_runs: Vec<Value> = Vec::new();
-        for _ in 0..repeat {
-            runs.push(run_cell(BIN, &redis, &url, cell, n, &dir));
-            if let Some(bin) = &baseline {
-                base_runs.push(run_cell(bin, &redis, &url, cell, n, &dir));
-            }
-        }
-        let mut row = median_row(runs, repeat);
-        print_row(&cell, &row, "");
-        println!(
-            "    commands per partition: {}",
-            row["commands_per_partition"]
-        );
-        println!(
-            "    command µs per partition: {}",
-            row["command_us_per_partition"]
-        );
-        if !base_runs.is_empty() {
-            let base = median_row(base_runs, repeat);
-            print_row(&cell, &base, "  baseline");
-            let ratio = row["partitions_per_s"].as_f64().unwrap()
-                / base["partitions_per_s"].as_f64().unwrap();
-            println!("    partitions/s, this build / baseline: {ratio:.2}");
-            row["baseline"] = base;
-            row["ratio_to_baseline"] = json!(ratio);
+    let set = Settings {
+        n,
+        repeat,
+        baseline: std::env::var("TRANCHE_BENCH_BASELINE").ok(),
+        dir,
+    };
+    let default_cells = if with_cluster {
+        CLUSTER_CELLS
+    } else {
+        DEFAULT_CELLS
+    };
+    for cell in cells(default_cells) {
+        let mut row = measure(&[&redis], &url, "", cell, &set);
+        if let Some(cluster) = &cluster {
+            let masters = cluster.masters();
+            row["cluster"] = measure(&masters, &cluster.url(), "  cluster of 3", cell, &set);
         }
         rows.push(row);
     }
@@ -375,6 +503,7 @@ fn main() {
     let report = json!({
         "partitions": n,
         "set_ceiling_per_s": ceiling,
+        "cluster_masters": cluster.as_ref().map(|_| 3),
         "cells": rows,
     });
     if let Some(parent) = out.parent() {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, anyhow, bail};
 use redis::AsyncCommands;
 use tranche_active_store::{
-    ActiveStore, Config as ActiveConfig, RedisActiveStore, RedisConnection, TlsOptions,
+    ActiveStore, Config as ActiveConfig, KeysMeta, RedisActiveStore, RedisConnection, TlsOptions,
 };
 use tranche_archive_store::{Config as ArchiveConfig, RedisArchive};
 use tranche_codec::KeySchema;
@@ -38,6 +38,8 @@ enum Place {
         /// The active store again, typed: for what only Redis has (`recount`).
         active: Arc<RedisActiveStore<RedisConnection>>,
         schema: KeySchema,
+        /// The shard count and key layout the namespace was opened with.
+        keys: KeysMeta,
         shown: String,
     },
     Embedded(EmbeddedBackend),
@@ -74,32 +76,39 @@ impl Backend {
     async fn open_redis(global: &Location, url: &str, open: Open, tuning: Tuning) -> Result<Self> {
         let (conn, shown) = connect(global, url).await?;
         let ns = &global.namespace;
-        // The shard count is part of the namespace: every key's name depends on it.
-        let meta = KeySchema::new(ns, 1)?.meta();
-        let mut c = conn.clone();
-        let stored: Option<u32> = c
-            .hget(&meta, "shards")
+        // The shard count and key layout are part of the namespace: every key's name
+        // depends on them. A new namespace gets the current layout; one planned before
+        // layouts were recorded keeps the plain tags (`KeysMeta::read`).
+        let recorded = KeysMeta::read(&conn, ns)
             .await
             .map_err(|e| anyhow!("cannot read namespace `{ns}` on {shown}: {e}"))?;
-        let shards = match (stored, global.shards, open) {
-            (Some(s), Some(asked), _) if s != asked => {
-                bail!("namespace `{ns}` on {shown} has {s} shards, not {asked}")
+        let keys = match (recorded, global.shards, open) {
+            (Some(r), Some(asked), _) if r.shards != asked => {
+                bail!(
+                    "namespace `{ns}` on {shown} has {} shards, not {asked}",
+                    r.shards
+                )
             }
-            (Some(s), _, _) => s,
+            (Some(r), _, _) => r,
             (None, _, Open::Existing) => {
                 bail!("namespace `{ns}` is unknown on {shown} (run `tranche plan` first)")
             }
-            (None, asked, Open::Create) => asked.unwrap_or(DEFAULT_SHARDS),
+            (None, asked, Open::Create) => KeysMeta::new_namespace(asked.unwrap_or(DEFAULT_SHARDS)),
         };
-        let schema = KeySchema::new(ns, shards)?;
+        let shards = keys.shards;
+        let schema = KeySchema::new(ns, shards)?.with_layout(keys.layout);
         let active_config = ActiveConfig {
             namespace: ns.clone(),
             num_shards: shards,
+            layout: keys.layout,
             ..tuning.active.clone()
         };
         let active = Arc::new(RedisActiveStore::new(conn.clone(), active_config)?);
         let first_pid = first_pid(active.as_ref()).await?;
-        let archive_config = archive_config(ns, shards, first_pid, &tuning);
+        let archive_config = ArchiveConfig {
+            layout: keys.layout,
+            ..archive_config(ns, shards, first_pid, &tuning)
+        };
         let archive = Arc::new(RedisArchive::new(conn.clone(), archive_config.clone())?);
         let stats = Arc::new(RedisStats::new(conn.clone(), schema.clone()));
         Ok(Self::assemble(
@@ -113,6 +122,7 @@ impl Backend {
                 conn,
                 active,
                 schema,
+                keys,
                 shown,
             },
         ))
@@ -263,13 +273,21 @@ impl Backend {
         matches!(self.place, Place::Embedded(_))
     }
 
-    /// Records a new namespace's shard count (Redis), so later commands agree on it.
+    /// Records a new namespace's shard count and key layout (Redis), so later commands
+    /// agree on them; fails if the namespace is recorded with others.
     pub(crate) async fn register_namespace(&self) -> Result<()> {
-        if let Place::Redis { conn, schema, .. } = &self.place {
-            let mut c = conn.clone();
-            let _: bool = c.hset_nx(schema.meta(), "shards", self.shards).await?;
+        if let Place::Redis { conn, keys, .. } = &self.place {
+            keys.register(conn, &self.namespace).await?;
         }
         Ok(())
+    }
+
+    /// The key schema of the namespace as opened: on Redis with its recorded layout.
+    pub(crate) fn schema(&self) -> Result<KeySchema> {
+        match &self.place {
+            Place::Redis { schema, .. } => Ok(schema.clone()),
+            Place::Embedded(_) => Ok(KeySchema::new(&self.namespace, self.shards)?),
+        }
     }
 
     /// Derives the active layer's status counters from its records again (Redis keeps

@@ -4,7 +4,6 @@
 
 use anyhow::Result;
 use tranche_active_store::StatusCounts;
-use tranche_codec::KeySchema;
 use tranche_stats::{Stats, StatsDelta, diff};
 
 use crate::backend::Backend;
@@ -16,7 +15,7 @@ use crate::ops::Outcome;
 /// The statistics delta of every archived record, one per shard, read page by page
 /// across the plans: memory grows with workers, ranges and days, never with the archive.
 async fn archived_deltas(backend: &Backend) -> Result<Vec<StatsDelta>> {
-    let schema = KeySchema::new(&backend.namespace, backend.shards)?;
+    let schema = backend.schema()?;
     let mut deltas = vec![StatsDelta::default(); backend.shards as usize];
     for entry in backend.active.plans().await? {
         let mut from = entry.plan.first_pid();

@@ -14,7 +14,7 @@ use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use tranche_active_store::{Carried, PlanEntry};
 use tranche_archive_store::Tier;
-use tranche_codec::{CompletedRecord, KeySchema, PlanGeometry, decode_json, encode_json};
+use tranche_codec::{CompletedRecord, PlanGeometry, decode_json, encode_json};
 
 use crate::backend::{Backend, Open, Tuning};
 use crate::cli::{Global, ImportArgs};
@@ -202,7 +202,7 @@ pub(crate) async fn import(g: &Global, args: &ImportArgs) -> Result<Outcome> {
         .await
         .context("the derived plan does not fit")?;
     backend.carry(&adoption.carried).await?;
-    let schema = KeySchema::new(&backend.namespace, backend.shards)?;
+    let schema = backend.schema()?;
     let tier = if pids.len() as u64 >= backend.archive_config.compressed_at {
         Tier::Compressed
     } else {

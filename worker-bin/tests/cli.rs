@@ -526,10 +526,12 @@ fn health_rules_fire_on_redis() {
     ok(cmd(&["archive"]));
     assert!(firing_redis(&["--max-inbox", "0", "--max-archive-lag", "0s"]).is_empty());
 
-    // Statistics that disagree with the archive: only `--check` looks.
+    // Statistics that disagree with the archive: only `--check` looks. The namespace
+    // has the default 4 shards and layout 2.
+    let schema = tranche_codec::KeySchema::new("tranche", 4).unwrap();
     let _: i64 = redis.query(
         redis::cmd("HINCRBY")
-            .arg("{tranche:0}:stats:global")
+            .arg(schema.stats(0, "global"))
             .arg("count")
             .arg(1),
     );
@@ -1335,4 +1337,93 @@ fn started_partitions_show_as_running_at_once() {
     // A drain with no grace stops the chunks' process groups too.
     common::signal(&run, "INT");
     common::wait(&mut run, Duration::from_secs(30));
+}
+
+/// A namespace planned by a version that recorded no key layout (`{ns}:meta` with
+/// `shards` only) keeps the plain shard tags `{ns:s}` for ever, through plans, runs and
+/// the archive; a new one records layout 2 and its spread tags; a layout this version
+/// does not know is refused before anything is written.
+#[test]
+fn a_namespace_keeps_the_key_layout_it_was_planned_with() {
+    let redis = TestRedis::start();
+    let dir = scratch("key-layout");
+    let url = redis.url();
+    let on = |ns: &str, args: &[&str]| {
+        tranche(
+            &dir,
+            &[&["--redis", &url, "--namespace", ns][..], args].concat(),
+        )
+    };
+    let keys = |pattern: &str| -> Vec<String> {
+        let mut keys: Vec<String> = redis.query(redis::cmd("KEYS").arg(pattern));
+        keys.sort();
+        keys
+    };
+    let plan = ["plan", "--min", "1", "--max", "1600000", "--size", "1000"];
+    let run = ["run", "--simulate", "--sim-latency", "0..0"];
+
+    // Version 1: what an older tranche left after `plan --shards 16`.
+    redis.cli(&["HSET", "{old}:meta", "shards", "16"]);
+    ok(on("old", &plan));
+    ok(on("old", &run));
+    let v1 = tranche_codec::KeySchema::new("old", 16)
+        .unwrap()
+        .with_layout(tranche_codec::KeyLayout::Plain);
+    let spread = tranche_codec::KeySchema::new("old", 16).unwrap();
+    assert_ne!(
+        v1.shard_tag(5),
+        spread.shard_tag(5),
+        "the premise of this test"
+    );
+    for shard in v1.shards() {
+        let tagged = keys(&format!("{}:*", v1.shard_tag(shard)));
+        assert!(
+            tagged.contains(&v1.completed_index(shard))
+                && tagged.contains(&v1.shard_key(shard, "plans")),
+            "shard {shard}: {tagged:?}"
+        );
+    }
+    assert!(
+        keys("{old:*~*}*").is_empty(),
+        "no spread key beside the plain ones"
+    );
+    let meta: Vec<String> = redis.query(redis::cmd("HKEYS").arg("{old}:meta"));
+    assert!(!meta.contains(&"layout".to_owned()), "{meta:?}");
+    let status: serde_json::Value =
+        serde_json::from_str(&ok(on("old", &["status", "--json"]))).unwrap();
+    assert_eq!(status["archived"], 1600, "{status}");
+
+    // A new namespace records layout 2 and uses the spread tags.
+    ok(on(
+        "new",
+        &[
+            "--shards", "16", "plan", "--min", "1", "--max", "1600", "--size", "100",
+        ],
+    ));
+    let layout: String = redis.query(redis::cmd("HGET").arg("{new}:meta").arg("layout"));
+    assert_eq!(layout, "2");
+    let spread = tranche_codec::KeySchema::new("new", 16).unwrap();
+    for shard in spread.shards() {
+        assert_eq!(keys(&format!("{}:*", spread.shard_tag(shard))).len(), 1);
+    }
+
+    // A layout from the future: refused, nothing written.
+    redis.cli(&["HSET", "{future}:meta", "shards", "4", "layout", "3"]);
+    fails(
+        &dir,
+        &[
+            "--redis",
+            &url,
+            "--namespace",
+            "future",
+            "plan",
+            "--min",
+            "1",
+            "--max",
+            "10",
+        ],
+        2,
+        "key layout `3` is unknown",
+    );
+    assert_eq!(keys("{future*"), ["{future}:meta"]);
 }

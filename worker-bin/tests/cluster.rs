@@ -3,8 +3,8 @@
 //! replica is promoted, the three workers ride the failover without help, and the job
 //! finishes with every ID processed at least once, every partition counted once, and
 //! `check` clean. With every master stopped for 10 s, the workers wait and go on. A
-//! namespace whose 16 shard tags hash evenly puts as many keys on each master within
-//! 1.5x; and when the busiest shard's slot is migrated to another master mid-run, the
+//! job of 16 shards puts as many shard keys on each master within 1.5x whatever the
+//! namespace is called (key layout 2's spread tags); and when the busiest shard's slot is migrated to another master mid-run, the
 //! workers follow the ASK and TRYAGAIN replies and MOVED afterwards, and the job
 //! finishes as cleanly as without it.
 
@@ -207,55 +207,69 @@ fn workers_wait_out_a_cluster_that_is_briefly_down() {
 
 /// How many of `ns`'s 16 shard tags fall in each third of the slot space, as
 /// `redis-cli --cluster create` splits it over 3 masters (0-5460, 5461-10922,
-/// 10923-16383), and which third holds the namespace tag `{ns}` itself.
-fn shards_per_third(ns: &str) -> ([u32; 3], usize) {
+/// 10923-16383), under key layout `layout`.
+fn shards_per_third(ns: &str, layout: tranche_codec::KeyLayout) -> [u32; 3] {
     let third = |slot: u16| match slot {
         0..=5460 => 0,
         5461..=10922 => 1,
         _ => 2,
     };
-    let schema = tranche_codec::KeySchema::new(ns, 16).unwrap();
+    let schema = tranche_codec::KeySchema::new(ns, 16)
+        .unwrap()
+        .with_layout(layout);
     let mut per = [0; 3];
     for shard in schema.shards() {
         per[third(tranche_codec::key_slot(schema.shard_tag(shard)))] += 1;
     }
-    (per, third(tranche_codec::key_slot(schema.global_tag())))
+    per
+}
+
+/// Whether the largest of `counts` is at most 1.5 times the smallest, none empty.
+fn within_half(counts: &[u64]) -> bool {
+    let (max, min) = (counts.iter().max().unwrap(), counts.iter().min().unwrap());
+    *min > 0 && *max as f64 / *min as f64 <= 1.5
 }
 
 #[test]
 fn sixteen_shards_spread_evenly_over_three_masters() {
-    // Shard tags are `{ns:s}`, so where a shard lands is a hash of the namespace name
-    // and nothing places 16 shards evenly on 3 masters: `tranche` and `scale` spread
-    // 4/6/6 with their `{ns}` keys on a master of 6 (4/6/8 keys after the plan, 2.0x),
-    // `reindex` 3/6/7, `down` 3/5/8. `elk` happens to spread 5/5/6 with `{elk}` on a
-    // master of 5, which is why this test uses it.
-    let ns = "elk";
-    assert_eq!(
-        shards_per_third(ns),
-        ([5, 5, 6], 1),
-        "the premise of this test"
-    );
+    use tranche_codec::KeyLayout;
+    // With the plain tags `{ns:s}` of key layout 1 where a shard lands is a hash of
+    // the namespace name: `tranche` spread 4/6/6, `scale` 6/4/6, `reindex` 3/6/7. The
+    // spread tags of layout 2 put shard s's slot in the middle of the s-th sixteenth of
+    // the slots, so the thirds hold 5/6/5 shards whatever the name.
+    let names = ["tranche", "scale", "reindex", "elk"];
+    assert_eq!(shards_per_third("reindex", KeyLayout::Plain), [3, 6, 7]);
+    for ns in names {
+        assert_eq!(shards_per_third(ns, KeyLayout::Spread), [5, 6, 5], "{ns}");
+    }
 
     let cluster = TestCluster::start(3);
     let url = cluster.url();
     let dir = scratch("cluster-spread");
     let log = dir.join("chunks.log");
-    let cmd = on_cluster(&dir, &url, ns, &log);
-    ok(cmd(&[
-        "plan", "--min", "1", "--max", "1000000", "--size", "100", "--shards", "16",
-    ]));
-    // After the plan a shard has one key (its plans list), `{ns}` two (meta, plans).
-    let planned: Vec<u64> = cluster
-        .masters()
-        .iter()
-        .map(|m| m.cli(&["DBSIZE"]).trim().parse().unwrap())
-        .collect();
-    assert_eq!(planned.len(), 3, "{planned:?}");
-    let (max, min) = (planned.iter().max().unwrap(), planned.iter().min().unwrap());
-    assert!(
-        *min > 0 && *max as f64 / *min as f64 <= 1.5,
-        "keys per master after plan: {planned:?}"
-    );
+    for ns in names {
+        let cmd = on_cluster(&dir, &url, ns, &log);
+        // 1,600 partitions of 100 pids: batches 0..16, so every shard gets work.
+        ok(cmd(&[
+            "plan", "--min", "1", "--max", "160000", "--size", "100", "--shards", "16",
+        ]));
+        ok(cmd(&["run", "--simulate", "--sim-latency", "0..0"]));
+    }
+    for ns in names {
+        // The shards' keys on each master, after a whole run and its archive.
+        let pattern = format!("{{{ns}:*");
+        let per: Vec<u64> = cluster
+            .masters()
+            .iter()
+            .map(|m| {
+                let keys: Vec<String> = m.query(redis::cmd("KEYS").arg(&pattern));
+                keys.len() as u64
+            })
+            .collect();
+        eprintln!("{ns}: shard keys per master {per:?}");
+        assert_eq!(per.len(), 3, "{per:?}");
+        assert!(within_half(&per), "{ns}: shard keys per master {per:?}");
+    }
 }
 
 /// The index in `cluster.nodes` of the master serving `slot`, as `node` sees it in

@@ -243,7 +243,8 @@ fn check_finds_and_repairs_damaged_statistics() {
     assert!(ok(with(&["check"])).contains("consistent"));
 
     // Lose shard 0's statistics: its partitions vanish from the totals.
-    let keys: Vec<String> = redis.query(redis::cmd("KEYS").arg("{r:0}:stats:*"));
+    let schema = tranche_codec::KeySchema::new("r", 2).unwrap();
+    let keys: Vec<String> = redis.query(redis::cmd("KEYS").arg(schema.stats(0, "*")));
     assert!(!keys.is_empty(), "shard 0 keeps statistics");
     let _: () = redis.query(redis::cmd("DEL").arg(&keys));
     let stats = |w: &dyn Fn(&[&str]) -> std::process::Command| -> serde_json::Value {
@@ -255,7 +256,8 @@ fn check_finds_and_repairs_damaged_statistics() {
     assert!(0 < left && left < 300, "{left} of 300 left");
 
     // And put shard 1's kept status counters off (a writer that does not count).
-    let _: () = redis.query(redis::cmd("HSET").arg("{r:1}:counts").arg("p").arg(5));
+    let counts = schema.shard_key(1, "counts");
+    let _: () = redis.query(redis::cmd("HSET").arg(counts).arg("p").arg(5));
     let status: serde_json::Value = serde_json::from_str(&ok(with(&["status", "--json"]))).unwrap();
     assert_eq!(status["pending"], 5, "{status}");
 

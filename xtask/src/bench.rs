@@ -4,6 +4,9 @@
 //! A benchmark may run several targets in turn; the later ones merge their fields into
 //! the file the first one wrote (`archive`: the archive's own bench, then the router's
 //! latency bench, which cannot live in archive-store because the router sits above it).
+//! `bench e2e --cluster` runs the end-to-end bench on a local 3-master Redis Cluster
+//! beside the single server, cell by cell, with small defaults (the bench's
+//! `TRANCHE_BENCH_CLUSTER`).
 
 use anyhow::{Result, bail};
 
@@ -34,6 +37,10 @@ const BENCHES: &[(&str, &[Target], bool)] = &[
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let names: Vec<&str> = BENCHES.iter().map(|(name, ..)| *name).collect();
+    let (args, cluster) = match args {
+        [name, flag] if name == "e2e" && flag == "--cluster" => (&args[..1], true),
+        _ => (args, false),
+    };
     let selected: Vec<_> = match args {
         [name] if name == "all" => BENCHES.iter().collect(),
         [name] => match BENCHES.iter().find(|(n, ..)| n == name) {
@@ -44,7 +51,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             ),
         },
         _ => bail!(
-            "usage: cargo xtask bench NAME|all (names: {})",
+            "usage: cargo xtask bench NAME|all|e2e --cluster (names: {})",
             names.join(", ")
         ),
     };
@@ -59,6 +66,9 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
                 cmd.env("TRANCHE_REDIS_SERVER", crate::redis::ensure_installed()?);
             }
             cmd.env("TRANCHE_BENCH_OUT", &out);
+            if cluster {
+                cmd.env("TRANCHE_BENCH_CLUSTER", "1");
+            }
             crate::step(&format!("bench {name} ({package} {target})"), &mut cmd)?;
         }
         eprintln!("xtask: figures written to {}", out.display());

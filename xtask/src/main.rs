@@ -25,6 +25,8 @@ Tasks:
   bench NAME|all           run a benchmark; it prints a table and writes
                            target/tranche-bench/NAME.json (names: codec, window, active, archive,
                            embedded_state, e2e, ops)
+  bench e2e --cluster      the end-to-end bench on a local 3-master cluster beside one server
+                           (N = 50,000, cell 4x64x16 unless TRANCHE_BENCH_* say otherwise)
   fuzz codec|active|state [--seconds N] [--runs N] [--target T]
                            run a crate's fuzz targets (nightly + cargo-fuzz), N seconds each
   redis [--cluster [--replicas]]

@@ -4,6 +4,7 @@ mod bulk;
 mod conn;
 mod empty;
 mod leases;
+mod namespace;
 mod query;
 mod record;
 
@@ -21,6 +22,7 @@ use tranche_codec::{KeySchema, Partition};
 pub use bulk::fuzz_replies;
 use conn::retry;
 pub use conn::{RedisConnection, TlsOptions};
+pub use namespace::KeysMeta;
 
 use crate::clock::{Clock, SystemClock};
 use crate::layout::Layout;
@@ -74,6 +76,7 @@ pub fn scripts() -> Vec<(&'static str, &'static Script)> {
         ("discard", &DISCARD),
         ("recount", &RECOUNT),
         ("carry", &CARRY),
+        ("register", namespace::register_script()),
     ]
 }
 
@@ -786,8 +789,15 @@ mod tests {
 
     #[test]
     fn every_shard_key_hashes_to_one_slot() {
-        for shards in [1u32, 4, 16, 1024] {
-            let schema = KeySchema::new("elk", shards).unwrap();
+        let layouts = [
+            tranche_codec::KeyLayout::Plain,
+            tranche_codec::KeyLayout::Spread,
+        ];
+        for (shards, layout) in [1u32, 4, 16, 1024]
+            .into_iter()
+            .flat_map(|n| layouts.map(|l| (n, l)))
+        {
+            let schema = KeySchema::new("elk", shards).unwrap().with_layout(layout);
             for s in [0, shards / 2, shards - 1] {
                 let keys = ShardKeys::new(&schema, s);
                 let slot = tranche_codec::key_slot(&keys.active);

@@ -363,10 +363,16 @@ pub struct TestCluster {
 }
 
 impl TestCluster {
-    /// Starts the nodes, creates the cluster and waits until every node sees it whole
-    /// and every replica is in sync.
+    /// Starts `masters` masters with a replica each, creates the cluster and waits
+    /// until every node sees it whole and every replica is in sync.
     pub fn start(masters: usize) -> Self {
-        let nodes: Vec<TestRedis> = (0..masters * 2)
+        Self::start_with(masters, 1)
+    }
+
+    /// As [`TestCluster::start`] with `replicas` replicas per master (0 for a cluster
+    /// of masters only, as the end-to-end bench runs it).
+    pub fn start_with(masters: usize, replicas: usize) -> Self {
+        let nodes: Vec<TestRedis> = (0..masters * (1 + replicas))
             .map(|_| {
                 TestRedis::spawn(&[
                     "--cluster-enabled",
@@ -385,7 +391,7 @@ impl TestCluster {
         let out = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addrs)
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .expect("redis-cli --cluster create");
         assert!(

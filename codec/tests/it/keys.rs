@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use tranche_codec::{KeySchema, key_slot};
+use tranche_codec::{KeyLayout, KeySchema, key_slot};
 
 fn shard_keys(k: &KeySchema, shard: u32) -> Vec<String> {
     let mut keys = vec![
@@ -27,8 +27,13 @@ fn shard_keys(k: &KeySchema, shard: u32) -> Vec<String> {
 
 #[test]
 fn every_key_of_a_shard_hashes_to_one_slot() {
-    for num_shards in [1, 2, 3, 16, 100, 1024] {
-        let k = KeySchema::new("elk", num_shards).expect("valid schema");
+    for (num_shards, layout) in [1, 2, 3, 16, 100, 1024]
+        .into_iter()
+        .flat_map(|n| [(n, KeyLayout::Plain), (n, KeyLayout::Spread)])
+    {
+        let k = KeySchema::new("elk", num_shards)
+            .expect("valid schema")
+            .with_layout(layout);
         for shard in k.shards() {
             let slots: BTreeSet<u16> = shard_keys(&k, shard).iter().map(key_slot).collect();
             assert_eq!(
@@ -57,14 +62,20 @@ fn a_pid_its_batch_and_its_index_bit_share_a_shard() {
         );
         assert_eq!(key_slot(&batch_key), key_slot(k.active(shard)), "pid {pid}");
     }
-    assert_eq!(k.completed_batch(497), "{elk:1}:completed:batch:497");
+    assert_eq!(k.completed_batch(497), "{elk:1~49}:completed:batch:497");
 }
 
 #[test]
 fn shards_spread_over_slots() {
     // Not a requirement of correctness, but 1024 shards crammed into a few slots would
-    // defeat the point of sharding: expect nearly all distinct.
-    let k = KeySchema::new("elk", 1024).expect("valid schema");
+    // defeat the point of sharding: the plain layout's hashes are nearly all distinct,
+    // the spread layout's all are (each shard has slots of its own).
+    let k = KeySchema::new("elk", 1024)
+        .expect("valid schema")
+        .with_layout(KeyLayout::Plain);
     let slots: BTreeSet<u16> = k.shards().map(|s| key_slot(k.shard_tag(s))).collect();
     assert!(slots.len() > 950, "{} distinct slots", slots.len());
+    let k = k.with_layout(KeyLayout::Spread);
+    let slots: BTreeSet<u16> = k.shards().map(|s| key_slot(k.shard_tag(s))).collect();
+    assert_eq!(slots.len(), 1024);
 }
