@@ -250,4 +250,3 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // operation validates before it mutates), so a poisoned lock is still usable.
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
-

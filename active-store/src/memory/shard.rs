@@ -93,7 +93,13 @@ impl Shard {
     }
 
     /// Leases `p` to `worker` with a fresh token (as `lua/claim.lua` does).
-    pub(super) fn lease(&mut self, mut p: Partition, worker: &str, now: u64, deadline: u64) -> Lease {
+    pub(super) fn lease(
+        &mut self,
+        mut p: Partition,
+        worker: &str,
+        now: u64,
+        deadline: u64,
+    ) -> Lease {
         self.token += 1;
         p.status = Status::Claimed;
         p.attempts += 1;
