@@ -1,6 +1,7 @@
-//! End to end on a private redis-server: three `tranche run` processes share a job,
-//! one is killed with SIGKILL half way, and the job still finishes with every ID
-//! processed, every partition archived exactly once and the statistics consistent.
+//! End to end on a private redis-server, and on a private 3-master Redis Cluster: three
+//! `tranche run` processes share a job, one is killed with SIGKILL half way, and the job
+//! still finishes with every ID processed, every partition archived exactly once and the
+//! statistics consistent.
 
 #[path = "../../active-store/tests/support/mod.rs"]
 mod support;
@@ -11,7 +12,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::{assert_every_id_processed, chunk_log, eventually, ok, scratch, tranche, wait};
-use support::TestRedis;
+use support::{TestCluster, TestRedis};
 
 const MIN: u64 = 1;
 const MAX: u64 = 60_000;
@@ -20,8 +21,30 @@ const SIZE: u64 = 1000;
 #[test]
 fn three_workers_one_killed_half_way() {
     let redis = TestRedis::start();
-    let url = redis.url();
-    let dir = scratch("fleet");
+    fleet(&redis.url(), None, "fleet");
+}
+
+/// The same fleet on three masters, its 16 shards spread over all of them: each
+/// worker's claims, completions and the archivers' passes go to every master.
+#[test]
+fn three_workers_one_killed_half_way_on_three_masters() {
+    let cluster = TestCluster::start(3);
+    fleet(&cluster.url(), Some(16), "fleet-cluster");
+    let mut holding = 0;
+    for master in cluster.masters() {
+        let keys: Vec<String> = master.query(redis::cmd("KEYS").arg("{reindex:*"));
+        if !keys.is_empty() {
+            holding += 1;
+        }
+    }
+    assert_eq!(holding, 3, "every master holds shard keys of the job");
+}
+
+/// Plans 60 partitions (`shards` of them, or the default), runs three workers, kills
+/// one half way and checks everything the job left behind.
+fn fleet(url: &str, shards: Option<u32>, name: &str) {
+    let url = url.to_owned();
+    let dir = scratch(name);
     let log = dir.join("chunks.log");
     let script = common::example_script();
     let exec = format!("{} && sleep 0.02", script.display());
@@ -33,15 +56,13 @@ fn three_workers_one_killed_half_way() {
             .env("TRANCHE_ARCHIVE_CLAIM_IDLE", "1s");
         c
     };
-    ok(cmd(&[
-        "plan",
-        "--min",
-        &MIN.to_string(),
-        "--max",
-        &MAX.to_string(),
-        "--size",
-        &SIZE.to_string(),
-    ]));
+    let (min, max, size) = (MIN.to_string(), MAX.to_string(), SIZE.to_string());
+    let mut plan = vec!["plan", "--min", &min, "--max", &max, "--size", &size];
+    let shards = shards.map(|s| s.to_string());
+    if let Some(shards) = &shards {
+        plan.extend(["--shards", shards.as_str()]);
+    }
+    ok(cmd(&plan));
 
     let spawn = |id: &str| {
         cmd(&[
