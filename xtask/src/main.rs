@@ -65,7 +65,7 @@ fn run() -> Result<()> {
 }
 
 /// `cargo xtask ci`: exactly what CI runs, in the order that fails fastest: fmt,
-/// clippy, rustdoc (broken links and bad doc markup fail it), then the tests.
+/// clippy (with every target, then the libraries and binary alone), rustdoc (broken links and bad doc markup fail it), then the tests.
 fn ci() -> Result<()> {
     step(
         "cargo fmt --check",
@@ -82,6 +82,13 @@ fn ci() -> Result<()> {
             "-D",
             "warnings",
         ]),
+    )?;
+    // The libraries and the binary as users build them: without the tests' dev
+    // dependencies, whose features (a crate's own `testing`) would hide code that only
+    // the tests use.
+    step(
+        "cargo clippy (libraries and binary alone)",
+        cargo().args(["clippy", "--workspace", "--locked", "--", "-D", "warnings"]),
     )?;
     step(
         "cargo doc (warnings are errors)",

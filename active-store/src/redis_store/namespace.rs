@@ -14,6 +14,7 @@ static REGISTER: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/register.lua")));
 
 /// The register script, for the slot checks of `scripts()`.
+#[cfg(feature = "testing")]
 pub(super) fn register_script() -> &'static Script {
     &REGISTER
 }
