@@ -150,10 +150,12 @@ type Waiting = (Lease, u64, oneshot::Sender<Result<Completion>>);
 
 /// Completions per script call at most.
 const MAX_GROUP: usize = 256;
-/// Group-commit script calls in flight at once. While they are, new completions queue
-/// and go out together in the next call: under load a call carries many completions,
-/// and alone a completion waits for nothing but its own round trip.
-const MAX_IN_FLIGHT: usize = 2;
+/// Group-commit script calls in flight at once. While one is, new completions queue
+/// and go out together in the next call: under load a call carries many completions
+/// (one in flight makes the groups half again as large as two did, and each script
+/// call has a fixed cost in Redis), and alone a completion waits for nothing but its
+/// own round trip.
+const MAX_IN_FLIGHT: usize = 1;
 
 /// The keys of one shard, built once.
 #[derive(Debug, Clone)]
