@@ -5,7 +5,11 @@
 --      KEYS[6] token sequence   KEYS[7] status counters hash
 -- ARGV[1] worker   ARGV[2] n   ARGV[3] now ms   ARGV[4] deadline ms   ARGV[5] shard
 --      ARGV[6] num_shards   ARGV[7] partitions per batch
--- Reply: flat array of (pid, token, attempts, min, max, progress) per lease.
+-- Reply: r, the number of reclaimed leases; then (pid, token, attempts, min, max,
+--      progress) per reclaimed lease; then the first fresh token (0 when none is fresh);
+--      then the fresh pids, whose tokens follow on from it one by one, with attempt 1,
+--      the range the client derives from the plan, and no checkpoint. A fresh lease is
+--      one value, not six: the reply is most of what a claim costs the client to read.
 -- Writes are gathered and issued once per key (one HSET, one ZADD): a Redis command
 -- called from Lua costs about as much as the work it does.
 local worker, want, now, deadline = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
@@ -90,6 +94,7 @@ end
 -- (status c, attempt 1, token, deadline, created, claimed, updated, worker, and empty
 -- min/max/progress/error: the client derives the range from the plan).
 local tail = '|' .. deadline .. '|' .. now .. '|' .. now .. '|' .. now .. '|' .. worker .. '||||'
+local fresh, nf, first_fresh = {}, 0, '0'
 if got < want then
   local plans = redis.call('LRANGE', KEYS[4], 0, -1)
   for _, plan in ipairs(plans) do
@@ -103,10 +108,10 @@ if got < want then
         local pid = int(at)
         token = token + 1
         local t = int(token)
+        if nf == 0 then first_fresh = t end
         records[nr + 1], records[nr + 2], nr = pid, 'c|1|' .. t .. tail, nr + 2
         scores[ns + 1], scores[ns + 2], ns = deadline, pid, ns + 2
-        out[no + 1], out[no + 2], out[no + 3], out[no + 4], out[no + 5], out[no + 6] = pid, t, '1', '', '', ''
-        no = no + 6
+        fresh[nf + 1], nf = pid, nf + 1
         got = got + 1
         at = align(at + 1)
       end
@@ -124,4 +129,8 @@ if got > 0 then
   moved('p', nil, reclaimed)
   count(KEYS[7])
 end
-return out
+local reply = {int(reclaimed)}
+for i = 1, no do reply[i + 1] = out[i] end
+reply[no + 2] = first_fresh
+for i = 1, nf do reply[no + 2 + i] = fresh[i] end
+return reply

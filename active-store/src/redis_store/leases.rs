@@ -56,15 +56,29 @@ where
         while in_flight.join_next().await.is_some() {}
     }
 
-    /// Turns a claim reply into leases.
+    /// Turns a claim reply (`claim.lua`: the reclaimed leases in full, then the first
+    /// fresh token and the fresh pids) into leases.
     async fn leases_from(
         &self,
         worker: &str,
         deadline: u64,
         reply: Vec<String>,
     ) -> Result<Vec<Lease>> {
-        let mut out = Vec::with_capacity(reply.len() / 6);
-        for f in reply.chunks_exact(6) {
+        let malformed = |detail: &str| Error::Corrupt {
+            key: "claim reply".into(),
+            detail: detail.into(),
+        };
+        let (count, rest) = reply.split_first().ok_or_else(|| malformed("empty"))?;
+        let reclaimed = parse_u64(count, "claim reply count")? as usize;
+        let full = reclaimed
+            .checked_mul(6)
+            .filter(|&n| n < rest.len())
+            .ok_or_else(|| malformed("fewer values than its count says"))?;
+        let (full, fresh) = rest.split_at(full);
+        let (first_token, fresh) = fresh.split_first().expect("checked above");
+        let first_token = parse_u64(first_token, "claim reply first token")?;
+        let mut out = Vec::with_capacity(reclaimed + fresh.len());
+        for f in full.chunks_exact(6) {
             let pid = parse_u64(&f[0], "claim reply pid")?;
             let (min_id, max_id) = if f[3].is_empty() {
                 self.range_of(pid).await?
@@ -91,6 +105,22 @@ where
                 } else {
                     parse_u64(&f[5], "progress")?
                 },
+                deadline_ms: deadline,
+            });
+        }
+        // Fresh leases: tokens one by one from the first, attempt 1, the plan's range,
+        // no checkpoint.
+        for (token, pid) in (first_token..).zip(fresh) {
+            let pid = parse_u64(pid, "claim reply pid")?;
+            let (min_id, max_id) = self.range_of(pid).await?;
+            out.push(Lease {
+                pid,
+                token,
+                worker: worker.to_owned(),
+                min_id,
+                max_id,
+                attempt: 1,
+                progress: min_id,
                 deadline_ms: deadline,
             });
         }
