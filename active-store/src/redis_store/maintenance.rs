@@ -1,0 +1,113 @@
+//! Maintenance on Redis: the reaper, retries of failed partitions, discards, the
+//! pause flag and recounts.
+
+use super::*;
+
+/// Leases reaped per shard per script call: bounds the time one call holds Redis.
+const REAP_BATCH: usize = 1000;
+
+#[async_trait]
+impl<C> Maintenance for RedisActiveStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn reap(&self, now_ms: u64) -> Result<Vec<u64>> {
+        let args = [
+            now_ms.to_string(),
+            REAP_BATCH.to_string(),
+            String::new(),
+            self.config.max_attempts.to_string(),
+        ];
+        let mut all = Vec::new();
+        loop {
+            let batch = self.per_shard_pids(&REAP, &args).await?;
+            let done = batch.len() < REAP_BATCH;
+            all.extend(batch);
+            if done {
+                break;
+            }
+        }
+        all.sort_unstable();
+        Ok(all)
+    }
+
+    async fn release_worker(&self, worker: &str) -> Result<Vec<u64>> {
+        plans::check_worker(worker)?;
+        let args = [
+            self.now().to_string(),
+            "0".to_owned(),
+            worker.to_owned(),
+            self.config.max_attempts.to_string(),
+        ];
+        self.per_shard_pids(&REAP, &args).await
+    }
+
+    async fn retry_failed(&self, pid: Option<u64>) -> Result<Vec<u64>> {
+        let args = [
+            self.now().to_string(),
+            pid.map(|p| p.to_string()).unwrap_or_default(),
+        ];
+        let shards: Vec<&ShardKeys> = match pid {
+            Some(pid) => vec![self.keys_of(pid)],
+            None => self.keys.iter().collect(),
+        };
+        let mut out = Vec::new();
+        for keys in shards {
+            let reply: Vec<String> = self
+                .invoke(
+                    &RETRY_FAILED,
+                    &[&keys.active, &keys.pending, &keys.counts],
+                    &args,
+                )
+                .await?;
+            for pid in reply {
+                out.push(parse_u64(&pid, "pid")?);
+            }
+        }
+        self.wake_shards_of(&out);
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    async fn discard(&self, pid: u64) -> Result<bool> {
+        let keys = self.keys_of(pid);
+        let code: i64 = self
+            .invoke(
+                &DISCARD,
+                &[&keys.active, &keys.pending, &keys.counts],
+                &[pid.to_string(), self.now().to_string()],
+            )
+            .await?;
+        match code {
+            1 => Ok(true),
+            0 => Ok(false),
+            _ => Err(Error::Leased(pid)),
+        }
+    }
+
+    async fn set_paused(&self, paused: bool) -> Result<()> {
+        let key = self.layout.schema().meta();
+        retry(&self.conn, |mut conn| {
+            let key = key.clone();
+            async move {
+                if paused {
+                    conn.hset::<_, _, _, ()>(key, "paused", 1).await
+                } else {
+                    conn.hdel::<_, _, ()>(key, "paused").await
+                }
+            }
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn is_paused(&self) -> Result<bool> {
+        let key = self.layout.schema().meta();
+        let flag: Option<String> = retry(&self.conn, |mut conn| {
+            let key = key.clone();
+            async move { conn.hget(key, "paused").await }
+        })
+        .await?;
+        Ok(flag.is_some())
+    }
+}

@@ -1,0 +1,144 @@
+//! `check`, `health` and `dead-letters`: what is wrong, and what was done about it.
+
+use super::*;
+
+/// `dead-letters`: one JSON object per line, or a table.
+pub(crate) fn dead_letters(dead: &[DeadLetter], json: bool) -> String {
+    if json {
+        // One array, like every other list: `[]` says "none" in JSON too.
+        return line(json!(dead));
+    }
+    if dead.is_empty() {
+        return "no dead letters: every completed record was archived\n".to_owned();
+    }
+    let mut out = format!("{:>5}  {:<17}  {}\n", "shard", "entry", "reason / record");
+    for d in dead {
+        out.push_str(&format!(
+            "{:>5}  {:<17}  {}\n{:>26}{}\n",
+            d.shard,
+            d.id,
+            shown(&d.reason),
+            "",
+            shown(&d.record)
+        ));
+    }
+    out
+}
+
+/// What `check` found in the dead-letter streams, and with `--repair` what it did.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct DeadLetters {
+    /// Dead letters counted before anything was done.
+    pub(crate) found: u64,
+    /// With `--repair`, the outcome of re-driving them (none when there were none).
+    pub(crate) redriven: Option<Redrive>,
+}
+
+/// `check`.
+pub(crate) fn check(
+    differences: &[Difference],
+    records: u64,
+    dead: &DeadLetters,
+    repaired: bool,
+    json: bool,
+) -> String {
+    if json {
+        let list: Vec<Value> = differences
+            .iter()
+            .map(|d| json!({"path": d.path, "expected": d.expected, "found": d.found}))
+            .collect();
+        let mut letters = json!({"found": dead.found});
+        if let Some(r) = &dead.redriven {
+            letters["archived"] = json!(r.archived);
+            letters["duplicates"] = json!(r.duplicates);
+            letters["kept"] = json!(r.kept.len());
+            letters["kept_letters"] = json!(r.kept);
+        }
+        return line(json!({
+            "records": records,
+            "differences": list,
+            "repaired": repaired && !differences.is_empty(),
+            "dead_letters": letters,
+        }));
+    }
+    let mut out = String::new();
+    match &dead.redriven {
+        None if dead.found > 0 => {
+            let _ = writeln!(
+                out,
+                "{} dead letter(s); `tranche check --repair` re-drives those archivable now",
+                dead.found
+            );
+        }
+        None => {}
+        Some(r) => {
+            let _ = writeln!(
+                out,
+                "dead letters: {} found, {} archived now, {} duplicate(s) dropped, {} kept",
+                dead.found,
+                r.archived,
+                r.duplicates,
+                r.kept.len()
+            );
+            for k in &r.kept {
+                let _ = writeln!(
+                    out,
+                    "  kept shard {} {}: {}",
+                    k.shard,
+                    k.id,
+                    shown(&k.reason)
+                );
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "checked the statistics against {records} archived record(s), and the active counts against the active records"
+    );
+    if differences.is_empty() {
+        out.push_str("consistent\n");
+        return out;
+    }
+    for d in differences {
+        let _ = writeln!(
+            out,
+            "  {}: expected {}, found {}",
+            d.path,
+            d.expected.as_deref().unwrap_or("nothing"),
+            d.found.as_deref().unwrap_or("nothing")
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{} difference(s){}",
+        differences.len(),
+        if repaired { "; repaired" } else { "" }
+    );
+    out
+}
+
+/// `health`.
+pub(crate) fn health(rules: &[Rule], json: bool) -> String {
+    if json {
+        let list: Vec<Value> = rules
+            .iter()
+            .map(|r| json!({"rule": r.name, "value": r.value, "threshold": r.threshold, "firing": r.firing()}))
+            .collect();
+        return line(Value::Array(list));
+    }
+    let mut out = format!(
+        "{:<24} {:>14} {:>14}  state\n",
+        "rule", "value", "threshold"
+    );
+    for r in rules {
+        let _ = writeln!(
+            out,
+            "{:<24} {:>14} {:>14}  {}",
+            r.name,
+            number(r.value),
+            number(r.threshold),
+            if r.firing() { "FIRING" } else { "ok" }
+        );
+    }
+    out
+}
