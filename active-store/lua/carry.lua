@@ -6,6 +6,17 @@
 -- ARGV[1] now ms, then per partition: pid, attempts, status (p or f), worker id
 -- Reply: the number of records changed.
 local now, n = ARGV[1], 0
+-- Every argument is checked before the first write: Redis keeps what a failing script
+-- wrote, so a bad entry late in the list must not leave the earlier ones carried.
+if not string.match(now, '^%d+$') or (#ARGV - 1) % 4 ~= 0 then
+  return redis.error_reply('ERR carry: malformed arguments')
+end
+for i = 2, #ARGV, 4 do
+  if not string.match(ARGV[i], '^%d+$') or not string.match(ARGV[i + 1], '^%d+$')
+      or (ARGV[i + 2] ~= 'p' and ARGV[i + 2] ~= 'f') or string.find(ARGV[i + 3], '|', 1, true) then
+    return redis.error_reply('ERR carry: malformed entry for pid ' .. ARGV[i])
+  end
+end
 for i = 2, #ARGV, 4 do
   local pid, attempts, status, worker = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local r = decode(redis.call('HGET', KEYS[1], pid) or '')

@@ -8,6 +8,9 @@
 -- recorded has `shards` and no `layout` (version 1) and must keep it so, so `layout` is
 -- only ever written together with `shards`. Returns what is recorded, `layout` nil
 -- for version 1, for the caller to refuse a difference.
+if not string.match(ARGV[1] or '', '^[1-9]%d*$') or not string.match(ARGV[2] or '', '^[1-9]%d*$') then
+  return redis.error_reply('ERR register: the shard count and layout must be positive integers')
+end
 local shards = redis.call('HGET', KEYS[1], 'shards')
 if not shards then
   redis.call('HSET', KEYS[1], 'shards', ARGV[1], 'layout', ARGV[2])

@@ -265,3 +265,55 @@ async fn the_keys_meta_is_recorded_once() {
     let err = KeysMeta::read(&conn, "future").await.unwrap_err();
     assert!(matches!(err, Error::Corrupt { .. }), "{err}");
 }
+
+/// `carry.lua` and `register.lua` check every argument before their first write: a
+/// malformed entry late in a carry, or a register with a bad shard count or layout, is
+/// refused and no key changes.
+#[tokio::test]
+async fn carry_and_register_refuse_malformed_arguments_before_writing() {
+    use tranche_active_store::{Leases, scripts};
+    let server = TestRedis::start();
+    let store = one_shard(&server).await;
+    for lease in store.claim("w", 3).await.unwrap() {
+        store.release(&lease, lease.min_id).await.unwrap();
+    }
+    let script = |name: &str| {
+        scripts()
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .unwrap_or_else(|| panic!("no script {name}"))
+            .1
+    };
+    let schema = tranche_codec::KeySchema::new("elk", 1).unwrap();
+    let conn = redis::Client::open(server.url()).unwrap();
+    let mut conn = conn.get_multiplexed_async_connection().await.unwrap();
+    let before = server.dump_all();
+    // The first entry is good (pid 1 is pending); the second is not.
+    for bad in [
+        ["x", "1", "p", "w"],
+        ["2", "-1", "p", "w"],
+        ["2", "1", "r", "w"],
+        ["2", "1", "p", "a|b"],
+    ] {
+        let mut call = script("carry").prepare_invoke();
+        call.key(schema.active(0))
+            .key(schema.pending(0))
+            .key(schema.shard_key(0, "counts"));
+        call.arg("1700000000000")
+            .arg(&["1", "5", "p", "w"][..])
+            .arg(&bad[..]);
+        let err = call.invoke_async::<i64>(&mut conn).await.unwrap_err();
+        assert!(err.to_string().contains("malformed"), "{bad:?}: {err}");
+        assert_eq!(server.dump_all(), before, "a refused carry wrote ({bad:?})");
+    }
+    for (shards, layout) in [("0", "2"), ("x", "2"), ("16", ""), ("16", "-1")] {
+        let mut call = script("register").prepare_invoke();
+        call.key(schema.meta()).arg(shards).arg(layout);
+        let err = call
+            .invoke_async::<redis::Value>(&mut conn)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("positive integers"), "{err}");
+        assert_eq!(server.dump_all(), before, "a refused register wrote");
+    }
+}
