@@ -3,29 +3,30 @@
 
 /// Milliseconds since the epoch as RFC 3339 in UTC: `2026-11-24T19:32:46.053Z`.
 pub(crate) fn rfc3339(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, d) = civil_from_days(days as i64);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms % 1000
-    )
+    let (date, clock) = parts(ms);
+    format!("{date}T{clock}Z")
 }
 
 /// Milliseconds since the epoch as `YYYY-MM-DD hh:mm:ss.mmm UTC`.
 pub(crate) fn time(ms: u64) -> String {
+    let (date, clock) = parts(ms);
+    format!("{date} {clock} UTC")
+}
+
+/// `YYYY-MM-DD` and `hh:mm:ss.mmm` of `ms`, in UTC.
+fn parts(ms: u64) -> (String, String) {
     let secs = ms / 1000;
     let (days, rem) = (secs / 86_400, secs % 86_400);
     let (y, m, d) = civil_from_days(days as i64);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:03} UTC",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms % 1000
+    (
+        format!("{y:04}-{m:02}-{d:02}"),
+        format!(
+            "{:02}:{:02}:{:02}.{:03}",
+            rem / 3600,
+            rem % 3600 / 60,
+            rem % 60,
+            ms % 1000
+        ),
     )
 }
 
