@@ -89,6 +89,18 @@ pub(crate) struct Global {
     /// `status --watch`), and failures as {"error": {"kind", "message"}} on stderr.
     #[arg(long, global = true)]
     pub(crate) json: bool,
+    /// Threads this process works on (1..=1024). `run` defaults to 1: its partitions'
+    /// work happens in child processes (or is simulated) and its own is waiting on
+    /// Redis, where a second thread only adds a cross-thread wake-up to each reply.
+    /// Other commands default to one per core.
+    #[arg(
+        long,
+        global = true,
+        env = "TRANCHE_THREADS",
+        value_name = "N",
+        value_parser = clap::value_parser!(u16).range(1..=1024)
+    )]
+    pub(crate) threads: Option<u16>,
 }
 
 impl Global {

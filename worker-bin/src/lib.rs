@@ -85,6 +85,31 @@ fn report(json: bool, kind: &str, message: &str) {
     }
 }
 
+/// How many threads `cli` runs on: `--threads`, else one for `run`, else `None` (one
+/// per core).
+fn threads_for(cli: &Cli) -> Option<usize> {
+    cli.global
+        .threads
+        .map(usize::from)
+        .or_else(|| matches!(cli.command, cli::Command::Run(_)).then_some(1))
+}
+
+/// The runtime `cli` runs on: a current-thread runtime for one thread (no wake-up ever
+/// crosses threads), a multi-thread one otherwise. Blocking work (state saves, bulk
+/// reads) goes to tokio's blocking pool either way.
+fn runtime_for(cli: &Cli) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = match threads_for(cli) {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(n);
+            builder
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    };
+    builder.enable_all().build()
+}
+
 /// The `tranche` command line: parses the arguments, runs the command, and returns the
 /// exit code (0 success; 1 failed partitions or a firing alert; 2 bad input or an
 /// unreachable store; 130 a signal).
@@ -122,10 +147,7 @@ pub fn cli_main() -> ExitCode {
         .with_target(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime_for(&cli) {
         Ok(rt) => rt,
         Err(err) => {
             report(json, "error", &format!("cannot start the runtime: {err}"));
@@ -147,5 +169,26 @@ pub fn cli_main() -> ExitCode {
             report(json, "error", &one_line(&err));
             ExitCode::from(EXIT_ERROR)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn threads(args: &[&str]) -> Option<usize> {
+        threads_for(&Cli::try_parse_from(args).expect("valid arguments"))
+    }
+
+    #[test]
+    fn run_works_on_one_thread_unless_told_otherwise() {
+        assert_eq!(threads(&["tranche", "run", "--simulate"]), Some(1));
+        assert_eq!(threads(&["tranche", "status"]), None, "one per core");
+        assert_eq!(
+            threads(&["tranche", "run", "--simulate", "--threads", "4"]),
+            Some(4)
+        );
+        assert_eq!(threads(&["tranche", "--threads", "2", "serve"]), Some(2));
+        assert!(Cli::try_parse_from(["tranche", "--threads", "0", "status"]).is_err());
     }
 }

@@ -39,6 +39,11 @@
 //! for a second shutdown): write it so that a dropped future leaves nothing half done
 //! (a transaction that commits at its end, an idempotent write). A chunk may be
 //! processed again after a crash or an expired lease: at least once, never lost.
+//!
+//! The runner works on whatever runtime calls it. Where the handler mostly waits (on a
+//! database, a search cluster), a current-thread runtime is the cheapest: `tranche run`
+//! uses one, as then no store reply or finished chunk is a wake-up handed to another
+//! thread. A handler that computes much wants a multi-thread one.
 
 use std::future::Future;
 use std::path::PathBuf;
