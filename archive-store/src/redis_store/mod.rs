@@ -84,7 +84,8 @@ pub fn scripts() -> Vec<(&'static str, &'static Script)> {
 
 /// The consumer group every archiver of a namespace joins, on every inbox.
 const GROUP: &str = "archivers";
-/// Records per archive script call at most: Lua's `unpack` is bounded.
+/// Records per archive script call at most: Lua's `unpack` is bounded (8000 values),
+/// and `archive.lua` unpacks four per record into one BITFIELD.
 const MAX_SCRIPT_RECORDS: usize = 1000;
 
 /// The archive on Redis (standalone or cluster).
