@@ -131,7 +131,7 @@ fn signal_group(pgid: u32, signal: nix::sys::signal::Signal) {
     if let Err(err) = nix::sys::signal::killpg(pgid, signal)
         && err != nix::errno::Errno::ESRCH
     {
-        tracing::warn!(%err, ?signal, "could not signal a chunk's process group");
+        tracing::warn!(%err, ?signal, %pgid, "could not signal a chunk's process group");
     }
 }
 

@@ -473,10 +473,13 @@ fn auto_prefetch(concurrency: usize, mean_ms: Option<f64>) -> usize {
 }
 
 /// Starts the partition of `lease` on `tasks`, in a span of its own when the span is
-/// enabled (entering a disabled span on every poll costs more than the simulated work).
+/// enabled: at debug level (`RUST_LOG=debug`), as every partition's own log line names
+/// its pid already, and a span entered on every poll of every partition cost the
+/// default `run` about a tenth of its CPU (so does entering a disabled one: none is
+/// made then).
 fn start(tasks: &mut JoinSet<()>, ctx: &Arc<PartitionCtx>, lease: Lease, hold: Arc<Hold>) {
     ctx.book.started();
-    let span = tracing::info_span!("partition", pid = lease.pid, attempt = lease.attempt);
+    let span = tracing::debug_span!("partition", pid = lease.pid, attempt = lease.attempt);
     let task = ctx.clone().process(lease, hold);
     if span.is_disabled() {
         tasks.spawn(task);
