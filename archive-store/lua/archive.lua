@@ -42,6 +42,21 @@ for j = 1, s do
   end
 end
 
+-- Everything is checked before the first write: each record's target, the time to
+-- live, and the statistics delta, whose writes `stats_plan` computes without issuing
+-- them (a delta that could overflow a counter is refused here, so a refused batch
+-- finds nothing written).
+for i = 1, n do
+  local target = tonumber(ARGV[4 * i + 1])
+  if not target or target < 0 or target > m or target % 1 ~= 0 then
+    return redis.error_reply('ERR archive: record ' .. i .. ' has target `' .. tostring(ARGV[4 * i + 1]) .. '`')
+  end
+end
+if not tonumber(ttl) then
+  return redis.error_reply('ERR archive: time to live `' .. tostring(ttl) .. '`')
+end
+local stats_writes = stats_plan(4, a + 3 * s + 2)
+
 -- One BITFIELD sets every record's archived bit and returns the old ones: reading and
 -- setting them in two calls cost the archive about a seventh of its time. A record
 -- whose old bit is set, or one bit twice in this call, is a duplicate; the call then
@@ -57,17 +72,12 @@ for _, f in ipairs(fields) do
   ops[no + 1], ops[no + 2], ops[no + 3], ops[no + 4] = 'SET', 'u' .. f[2], f[1], 2 ^ f[2] - 1
   no = no + 4
 end
-local existed = redis.call('EXISTS', KEYS[1]) == 1
 local bits = redis.call('BITFIELD', KEYS[1], unpack(ops))
 
 -- Puts back the bits the BITFIELD above changed, undoing its operations last to first
--- (so one bit set twice ends as it was): a refused call leaves every bit as it found it,
--- and a bitmap that did not exist does not exist afterwards either.
+-- (so one bit set twice ends as it was): a refused call leaves every bit as it found it.
+-- A bitmap left all zeros (it did not exist before) is deleted.
 local function undo()
-  if not existed then
-    redis.call('DEL', KEYS[1])
-    return
-  end
   local back, nb = {}, 0
   for c = #fields, 1, -1 do
     local f = fields[c]
@@ -81,6 +91,7 @@ local function undo()
     end
   end
   if nb > 0 then redis.call('BITFIELD', KEYS[1], unpack(back)) end
+  if redis.call('BITCOUNT', KEYS[1]) == 0 then redis.call('DEL', KEYS[1]) end
 end
 
 -- Idempotency: a record whose bit was set was stored and counted before (a retried
@@ -104,18 +115,9 @@ if #dups > 1 then
   return dups
 end
 
--- All fresh. The statistics next: apply_stats refuses, before writing anything, a
--- delta that could overflow a counter, and Redis does not undo a script's earlier
--- writes, so a refused delta puts the bits back before the error goes on. The
--- statistics then count exactly what the rest of this call writes, in the same
--- atomic step.
-local applied, err = pcall(apply_stats, 4, a + 3 * s + 2)
-if not applied then
-  undo()
-  error(err)
-end
-
--- Write the tiers, count.
+-- All fresh: the statistics count exactly what the rest of this call writes, in the
+-- same atomic step. Then the tiers and the count.
+stats_write(stats_writes)
 local simple, open = {}, {}
 for i = 1, n do
   local base = 4 * (i - 1) + 2

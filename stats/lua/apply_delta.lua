@@ -2,6 +2,11 @@
 -- concatenates this source in front of its own (the archiver's, so that statistics
 -- change in the same atomic step as the archive write) and calls it.
 --
+-- apply_stats is `stats_plan` then `stats_write`: stats_plan(k, a) reads, checks and
+-- computes everything and writes nothing, returning the writes and the index after
+-- the delta; stats_write(writes) issues them. A script with writes of its own plans
+-- first, before its first write, and issues the statistics' writes with its own.
+--
 -- apply_stats(k, a) applies one shard's statistics delta:
 --   KEYS[k]     {ns:s}:stats:global    KEYS[k + 1] {ns:s}:stats:workers
 --   KEYS[k + 2] {ns:s}:stats:ranges    KEYS[k + 3] {ns:s}:stats:hourly
@@ -300,9 +305,9 @@ local function stats_encode_range(r, base)
   return stats_chars(bytes)
 end
 
-local function apply_stats(k, a)
+local function stats_plan(k, a)
   local n = tonumber(ARGV[a])
-  if n == 0 then return a + 1 end
+  if n == 0 then return {}, a + 1 end
   local i = a + 1
   local function nxt()
     local v = ARGV[i]
@@ -511,10 +516,19 @@ local function apply_stats(k, a)
     later('HINCRBY', KEYS[k + 4], buckets[j], counts[j])
   end
 
-  -- Everything checked: write.
+  return writes, a + n + 1
+end
+
+-- Issues the writes of a `stats_plan`.
+local function stats_write(writes)
   for _, w in ipairs(writes) do
     local key = w[2]
     redis.call(w[1], key, unpack(w, 3))
   end
-  return a + n + 1
+end
+
+local function apply_stats(k, a)
+  local writes, after = stats_plan(k, a)
+  stats_write(writes)
+  return after
 end

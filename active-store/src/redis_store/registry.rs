@@ -2,6 +2,21 @@
 
 use super::*;
 
+impl<C> RedisActiveStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Every `(worker id, JSON)` entry of the registry, as stored.
+    async fn worker_entries(&self) -> Result<Vec<(String, String)>> {
+        let key = &self.workers_key;
+        Ok(retry(
+            &self.conn,
+            |mut conn| async move { conn.hgetall(key).await },
+        )
+        .await?)
+    }
+}
+
 #[async_trait]
 impl<C> WorkerRegistry for RedisActiveStore<C>
 where
@@ -22,13 +37,7 @@ where
     }
 
     async fn workers(&self) -> Result<Vec<WorkerState>> {
-        let key = &self.workers_key;
-        let raw: Vec<(String, String)> =
-            retry(
-                &self.conn,
-                |mut conn| async move { conn.hgetall(key).await },
-            )
-            .await?;
+        let raw = self.worker_entries().await?;
         let now = self.now();
         let mut out = Vec::with_capacity(raw.len());
         for (id, json) in raw {
@@ -37,7 +46,7 @@ where
             let info: WorkerInfo = match serde_json::from_str(&json) {
                 Ok(info) => info,
                 Err(err) => {
-                    tracing::warn!(key = %key, field = %id.escape_debug(), %err, "worker entry does not decode; left out");
+                    tracing::warn!(key = %self.workers_key, field = %id.escape_debug(), %err, "worker entry does not decode; left out");
                     continue;
                 }
             };
@@ -60,13 +69,7 @@ where
     }
 
     async fn prune_workers(&self, retention: std::time::Duration) -> Result<Vec<String>> {
-        let key = &self.workers_key;
-        let raw: Vec<(String, String)> =
-            retry(
-                &self.conn,
-                |mut conn| async move { conn.hgetall(key).await },
-            )
-            .await?;
+        let raw = self.worker_entries().await?;
         let cutoff = self.now().saturating_sub(retention.as_millis() as u64);
         let mut gone: Vec<String> = raw
             .into_iter()
@@ -79,7 +82,7 @@ where
         if !gone.is_empty() {
             // A worker that beats between the read and this HDEL registers again on its
             // next beat: forgetting it for one period is harmless.
-            let gone = &gone;
+            let (key, gone) = (&self.workers_key, &gone);
             retry(&self.conn, |mut conn| async move {
                 conn.hdel::<_, _, ()>(key, gone).await
             })
