@@ -4,21 +4,21 @@
 //! the backends) and nothing there uses it: progress and metrics attach to a run from
 //! outside, through the run loop's [`Observer`](crate::work::Observer).
 
-pub(crate) mod alert;
-pub(crate) mod args;
-pub(crate) mod calendar;
-pub(crate) mod cost;
-pub(crate) mod health;
-pub(crate) mod jsonl;
-pub(crate) mod list;
-pub(crate) mod namespace;
-pub(crate) mod observe;
-pub(crate) mod ops;
-pub(crate) mod progress;
-pub(crate) mod render;
-pub(crate) mod seed;
-pub(crate) mod serve;
-pub(crate) mod transfer;
+mod alert;
+mod args;
+mod calendar;
+mod cost;
+mod health;
+mod jsonl;
+mod list;
+mod namespace;
+mod observe;
+mod ops;
+mod progress;
+mod render;
+mod seed;
+mod serve;
+mod transfer;
 
 use std::process::ExitCode;
 
