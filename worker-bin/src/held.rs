@@ -232,7 +232,7 @@ mod tests {
         for i in [0, 2] {
             holds[i].advance(leases[i].min_id + 700);
         }
-        book.beat(store.as_ref(), &Shared::new()).await;
+        book.beat(store.as_ref(), &Shared::new(None)).await;
         assert!(!holds[0].is_lost() && !holds[2].is_lost());
         assert!(holds[1].is_lost());
         tokio::time::timeout(Duration::from_secs(1), holds[1].lost())

@@ -1,34 +1,36 @@
 //! The tranche worker: the `tranche` command line, and [`runner`], the same worker as a
 //! library for Rust programs that process chunks with their own async handler.
 //!
-//! This crate is the only place that knows every other: it opens the three layers
-//! (`backend`), hands them to the run loop (`work`) or to one operator command (`ops`),
-//! and prints what they answer (`render`). [`cli_main`] is the whole binary; errors end
-//! there as one line on stderr and a non-zero exit.
+//! The crate has two floors, and arrows only point down:
+//!
+//! - **The library floor** (the modules at the top level): the run loop (`work`), the
+//!   leases it holds (`held`), the jobs it runs (`job`), the backends and their layers
+//!   (`backend`, `layers`, `embedded`, `state`, `atomic`), worker names (`slot`), and
+//!   [`runner`]. It imports nothing from the command line, the terminal or HTTP, and
+//!   builds without default features.
+//! - **The command-line floor** (`cli`, the default `cli` feature, which the `tranche`
+//!   binary requires): the commands (`ops`), what they print (`render`), the progress
+//!   bar, `tranche serve` and `--metrics-listen`. It attaches progress and metrics to a
+//!   run from outside, through the run loop's observer hook. `cli_main` is the whole
+//!   binary; errors end there as one line on stderr and a non-zero exit.
 
-mod alert;
+// Without the command line, parts of the engine that only its commands use (exec
+// jobs, namespace listing, the run's counters for `--metrics-listen`) have no caller
+// yet; they become public API in a later step.
+#![cfg_attr(not(feature = "cli"), allow(dead_code))]
+
 mod atomic;
 mod backend;
-mod calendar;
+#[cfg(feature = "cli")]
 mod cli;
-mod cost;
+mod duration;
 mod embedded;
-mod health;
 mod held;
 mod job;
-mod jsonl;
 mod layers;
-mod list;
-mod namespace;
-mod ops;
-mod progress;
-mod render;
 pub mod runner;
-mod seed;
-mod serve;
 mod slot;
 mod state;
-mod transfer;
 mod work;
 
 /// The state-file loader's fuzz entry (`worker-bin/fuzz`); not an API.
@@ -36,159 +38,12 @@ mod work;
 #[doc(hidden)]
 pub use state::fuzz_state_file;
 
-use std::process::ExitCode;
-
-use clap::Parser;
-use tracing_subscriber::EnvFilter;
-
-use crate::cli::Cli;
-
-/// Exit code of a run that ended with failed partitions or a firing alert.
-const EXIT_FAILED: u8 = 1;
-/// Exit code of bad input or an unreachable store.
-const EXIT_ERROR: u8 = 2;
-/// Exit code of a run stopped by a signal (128 + SIGINT).
-const EXIT_INTERRUPTED: u8 = 130;
+#[cfg(feature = "cli")]
+pub use cli::cli_main;
 
 /// Milliseconds since the Unix epoch, by the system clock: the binary's one "now",
 /// read from the same [`Clock`](tranche_codec::Clock) the stores take.
 pub(crate) fn now_ms() -> u64 {
     use tranche_codec::Clock;
     tranche_codec::SystemClock.now_ms()
-}
-
-/// An error as one line: the outermost context, then each cause it does not already
-/// say.
-pub(crate) fn one_line(err: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in err.chain().map(|e| e.to_string()) {
-        if !line.contains(&cause) {
-            if !line.is_empty() {
-                line.push_str(": ");
-            }
-            line.push_str(&cause);
-        }
-    }
-    line
-}
-
-/// Prints a failure on stderr: `tranche: MESSAGE`, or with `--json` one object
-/// `{"error": {"kind", "message"}}`, so a script reading JSON gets JSON on both streams.
-fn report(json: bool, kind: &str, message: &str) {
-    if json {
-        eprintln!(
-            "{}",
-            serde_json::json!({"error": {"kind": kind, "message": message}})
-        );
-    } else {
-        eprintln!("tranche: {message}");
-    }
-}
-
-/// How many threads `cli` runs on: `--threads`, else one for `run`, else `None` (one
-/// per core).
-fn threads_for(cli: &Cli) -> Option<usize> {
-    cli.global
-        .threads
-        .map(usize::from)
-        .or_else(|| matches!(cli.command, cli::Command::Run(_)).then_some(1))
-}
-
-/// The runtime `cli` runs on: a current-thread runtime for one thread (no wake-up ever
-/// crosses threads), a multi-thread one otherwise. Blocking work (state saves, bulk
-/// reads) goes to tokio's blocking pool either way.
-fn runtime_for(cli: &Cli) -> std::io::Result<tokio::runtime::Runtime> {
-    let mut builder = match threads_for(cli) {
-        Some(1) => tokio::runtime::Builder::new_current_thread(),
-        Some(n) => {
-            let mut builder = tokio::runtime::Builder::new_multi_thread();
-            builder.worker_threads(n);
-            builder
-        }
-        None => tokio::runtime::Builder::new_multi_thread(),
-    };
-    builder.enable_all().build()
-}
-
-/// The `tranche` command line: parses the arguments, runs the command, and returns the
-/// exit code (0 success; 1 failed partitions or a firing alert; 2 bad input or an
-/// unreachable store; 130 a signal).
-pub fn cli_main() -> ExitCode {
-    // Known before parsing, so that even a usage error can answer in JSON.
-    let json = std::env::args_os().any(|a| a == "--json");
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(err) => {
-            // --help and --version are "errors" that print to stdout and exit 0.
-            if !err.use_stderr() {
-                let _ = err.print();
-                return ExitCode::SUCCESS;
-            }
-            if json {
-                let text = err.to_string();
-                let first = text
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-                    .trim_start_matches("error: ");
-                report(true, "usage", first);
-            } else {
-                let _ = err.print();
-            }
-            return ExitCode::from(EXIT_ERROR);
-        }
-    };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| EnvFilter::new("warn,tranche=info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    let runtime = match runtime_for(&cli) {
-        Ok(rt) => rt,
-        Err(err) => {
-            report(json, "error", &format!("cannot start the runtime: {err}"));
-            return ExitCode::from(EXIT_ERROR);
-        }
-    };
-    let outcome = runtime.block_on(ops::dispatch(cli));
-    // An aborted run has stopped its chunks' process groups already; do not wait for
-    // blocked reads of an unreachable server either.
-    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
-    match outcome {
-        Ok(ops::Outcome::Success) => ExitCode::SUCCESS,
-        Ok(ops::Outcome::Failed(message)) => {
-            report(json, "failed", &message);
-            ExitCode::from(EXIT_FAILED)
-        }
-        Ok(ops::Outcome::Interrupted) => ExitCode::from(EXIT_INTERRUPTED),
-        Err(err) => {
-            report(json, "error", &one_line(&err));
-            ExitCode::from(EXIT_ERROR)
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn threads(args: &[&str]) -> Option<usize> {
-        threads_for(&Cli::try_parse_from(args).expect("valid arguments"))
-    }
-
-    #[test]
-    fn run_works_on_one_thread_unless_told_otherwise() {
-        assert_eq!(threads(&["tranche", "run", "--simulate"]), Some(1));
-        assert_eq!(threads(&["tranche", "status"]), None, "one per core");
-        assert_eq!(
-            threads(&["tranche", "run", "--simulate", "--threads", "4"]),
-            Some(4)
-        );
-        assert_eq!(threads(&["tranche", "--threads", "2", "serve"]), Some(2));
-        assert!(Cli::try_parse_from(["tranche", "--threads", "0", "status"]).is_err());
-    }
 }

@@ -275,7 +275,7 @@ impl Runner {
             active,
             tiers: None,
             consumer: worker.clone(),
-            claim_idle: crate::ops::claim_idle(),
+            claim_idle: crate::duration::claim_idle(),
         };
         let backend = Backend::open(&self.location(), Open::Existing, tuning).await?;
         backend.ensure_writable()?;
@@ -295,7 +295,7 @@ impl Runner {
             heartbeat: true,
             snapshots: tranche_archive_store::SnapshotPolicy::default(),
             save_every: Duration::from_secs(2),
-            metrics: None,
+            observer: None,
         };
         let (tx, rx) = watch::channel(Stop::Running);
         let grace = self.grace;

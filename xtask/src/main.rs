@@ -65,7 +65,10 @@ fn run() -> Result<()> {
 }
 
 /// `cargo xtask ci`: exactly what CI runs, in the order that fails fastest: fmt,
-/// clippy (with every target, then the libraries and binary alone), rustdoc (broken links and bad doc markup fail it), then the tests.
+/// clippy (with every target, then the libraries and binary alone), worker-bin's library
+/// floor alone (it builds without the `cli` feature and its dependency tree holds none
+/// of the command line's crates), rustdoc (broken links and bad doc markup fail it),
+/// then the tests.
 fn ci() -> Result<()> {
     step(
         "cargo fmt --check",
@@ -90,6 +93,62 @@ fn ci() -> Result<()> {
         "cargo clippy (libraries and binary alone)",
         cargo().args(["clippy", "--workspace", "--locked", "--", "-D", "warnings"]),
     )?;
+    // worker-bin's library floor: no command line, terminal or HTTP underneath it.
+    step(
+        "cargo check (tranche-worker library without default features)",
+        cargo().args([
+            "check",
+            "-p",
+            "tranche-worker",
+            "--lib",
+            "--no-default-features",
+            "--locked",
+        ]),
+    )?;
+    eprintln!("xtask: running cargo tree (tranche-worker library without default features)");
+    let tree = cargo()
+        .args([
+            "tree",
+            "-p",
+            "tranche-worker",
+            "--no-default-features",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+            "--locked",
+        ])
+        .output()
+        .context("could not start cargo tree")?;
+    if !tree.status.success() {
+        bail!(
+            "cargo tree failed ({}): {}",
+            tree.status,
+            String::from_utf8_lossy(&tree.stderr).trim()
+        );
+    }
+    let tree = String::from_utf8_lossy(&tree.stdout);
+    let cli_only = [
+        "clap",
+        "indicatif",
+        "axum",
+        "hyper",
+        "prometheus-client",
+        "tracing-subscriber",
+    ];
+    let found: Vec<&str> = cli_only
+        .into_iter()
+        .filter(|name| {
+            tree.lines()
+                .any(|line| line.split_whitespace().next() == Some(*name))
+        })
+        .collect();
+    if !found.is_empty() {
+        bail!(
+            "tranche-worker without default features depends on {}: the library floor must not",
+            found.join(", ")
+        );
+    }
     step(
         "cargo doc (warnings are errors)",
         cargo()

@@ -88,3 +88,57 @@ fn no_stubs_or_debug_prints() {
     }
     assert!(found.is_empty(), "{found:#?}");
 }
+
+/// worker-bin's library floor (everything under `src/` but `src/cli/` and `main.rs`)
+/// imports nothing from its command-line floor, the terminal or HTTP: arrows only point
+/// down, so the library builds without the `cli` feature.
+#[test]
+fn worker_library_floor_does_not_reach_up() {
+    let src = workspace_root().join("worker-bin/src");
+    let cli = src.join("cli");
+    let crates = [
+        "clap",
+        "indicatif",
+        "axum",
+        "hyper",
+        "prometheus_client",
+        "tracing_subscriber",
+    ];
+    let mut files = Vec::new();
+    collect(&src, &mut files);
+    assert!(
+        !files.is_empty(),
+        "found no sources under {}",
+        src.display()
+    );
+    let mut found = Vec::new();
+    for path in files {
+        if path.starts_with(&cli) || path == src.join("main.rs") {
+            continue;
+        }
+        let text = fs::read_to_string(&path).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let up = line.contains("crate::cli") || line.contains("super::cli");
+            let foreign = crates.iter().find(|name| uses_crate(line, name));
+            if up || foreign.is_some() {
+                found.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "the library floor reaches into the cli floor or a cli-only crate: {found:#?}"
+    );
+}
+
+/// Whether `line` names the crate `name` as a path (`name::…`, `::name::…`) or in an
+/// `extern crate`, not merely as part of a longer identifier.
+fn uses_crate(line: &str, name: &str) -> bool {
+    let path = format!("{name}::");
+    line.match_indices(&path).any(|(at, _)| {
+        line[..at]
+            .chars()
+            .next_back()
+            .is_none_or(|c| !(c.is_alphanumeric() || c == '_'))
+    }) || line.contains(&format!("extern crate {name}"))
+}

@@ -24,7 +24,6 @@ use tranche_archive_store::{SnapshotPolicy, Snapshots};
 use crate::backend::Backend;
 use crate::held::{self, Hold, LeaseBook};
 use crate::job::{Chunk, ChunkError, Job};
-use crate::progress::Progress;
 
 mod partition;
 mod tasks;
@@ -69,8 +68,39 @@ pub(crate) struct Settings {
     pub(crate) snapshots: SnapshotPolicy,
     /// How often the embedded backend saves its state while running.
     pub(crate) save_every: Duration,
-    /// Where to serve this worker's own metrics, if anywhere.
-    pub(crate) metrics: Option<std::net::SocketAddr>,
+    /// What watches the run from outside (the command line's progress and
+    /// `--metrics-listen`), if anything.
+    pub(crate) observer: Option<Arc<dyn Observer>>,
+}
+
+/// Something attached to a run from outside the engine: how the command line hangs its
+/// progress reporter and its `--metrics-listen` server on a run without the run loop
+/// knowing either. Small and internal on purpose: a later step turns it into public
+/// typed events.
+#[async_trait::async_trait]
+pub(crate) trait Observer: Send + Sync {
+    /// Called once as the run starts, before its first claim, with the run's counters.
+    /// Tasks it spawns on `background` must end once `done` turns true: the run waits
+    /// for them before it drains the archive and reports.
+    async fn attach(
+        &self,
+        backend: &Backend,
+        shared: Arc<Shared>,
+        done: watch::Receiver<bool>,
+        background: &mut JoinSet<()>,
+    ) -> Result<()>;
+
+    /// One chunk ran for `elapsed` (whatever its outcome).
+    fn chunk(&self, elapsed: Duration);
+
+    /// The run is over; `counts` is where the namespace stands.
+    fn finish(&self, counts: &StatusCounts);
+}
+
+impl std::fmt::Debug for dyn Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Observer")
+    }
 }
 
 /// What this process did, for the summary.
@@ -115,9 +145,8 @@ pub(crate) struct Shared {
     claimed: AtomicU64,
     /// Chunks running now.
     chunks_in_flight: AtomicU64,
-    /// Chunk durations, seconds, for `--metrics-listen` (atomic buckets: no lock taken
-    /// per chunk beyond the histogram's own).
-    pub(crate) chunk_seconds: prometheus_client::metrics::histogram::Histogram,
+    /// Told of every chunk's duration, if anything watches the run.
+    observer: Option<Arc<dyn Observer>>,
     /// Partition durations, ms.
     durations_ms: Mutex<Histogram<u64>>,
     /// Latency of this worker's store updates (heartbeat, complete, fail), µs: the
@@ -128,7 +157,7 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(observer: Option<Arc<dyn Observer>>) -> Self {
         let hist = || Histogram::new_with_bounds(1, 3_600_000_000, 2).expect("valid bounds");
         Self {
             completed: AtomicU64::new(0),
@@ -138,9 +167,7 @@ impl Shared {
             in_flight: AtomicU64::new(0),
             claimed: AtomicU64::new(0),
             chunks_in_flight: AtomicU64::new(0),
-            chunk_seconds: prometheus_client::metrics::histogram::Histogram::new(
-                prometheus_client::metrics::histogram::exponential_buckets(0.001, 4.0, 10),
-            ),
+            observer,
             durations_ms: Mutex::new(hist()),
             update_us: Mutex::new(hist()),
             broken: Mutex::new(None),
@@ -169,6 +196,11 @@ impl Shared {
         }
     }
 
+    /// Partitions this process completed so far.
+    pub(crate) fn completed(&self) -> u64 {
+        self.completed.load(Relaxed)
+    }
+
     /// Records that the command cannot run (the first reason is kept).
     fn broken(&self, reason: String) {
         let mut broken = self.broken.lock().expect("not poisoned");
@@ -182,7 +214,7 @@ impl Shared {
         self.broken.lock().expect("not poisoned").is_some()
     }
 
-    /// Runs one chunk, counted in flight and timed for `--metrics-listen`.
+    /// Runs one chunk, counted in flight and timed for the observer.
     async fn chunk(
         &self,
         job: &Job,
@@ -192,7 +224,9 @@ impl Shared {
         self.chunks_in_flight.fetch_add(1, Relaxed);
         let started = Instant::now();
         let result = job.run(c, abort).await;
-        self.chunk_seconds.observe(started.elapsed().as_secs_f64());
+        if let Some(observer) = &self.observer {
+            observer.chunk(started.elapsed());
+        }
         self.chunks_in_flight.fetch_sub(1, Relaxed);
         result
     }
@@ -219,7 +253,7 @@ pub(crate) async fn run(
     stop: watch::Receiver<Stop>,
 ) -> Result<Report> {
     let started = Instant::now();
-    let shared = Arc::new(Shared::new());
+    let shared = Arc::new(Shared::new(settings.observer.clone()));
     let book = Arc::new(LeaseBook::default());
     let (bg_tx, bg_rx) = watch::channel(false);
     let mut background = JoinSet::new();
@@ -259,26 +293,11 @@ pub(crate) async fn run(
             .await;
         });
     }
-    if let Some(addr) = settings.metrics {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot listen on {addr} for --metrics-listen: {e}"))?;
-        tracing::info!(addr = %listener.local_addr()?, "worker metrics on /metrics");
-        let (shared, mut rx) = (shared.clone(), bg_rx.clone());
-        background.spawn(async move {
-            let app = crate::serve::worker_metrics(shared);
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = rx.wait_for(|done| *done).await;
-                })
-                .await;
-        });
+    if let Some(observer) = &settings.observer {
+        observer
+            .attach(backend, shared.clone(), bg_rx.clone(), &mut background)
+            .await?;
     }
-    let mine: crate::progress::Mine = {
-        let shared = shared.clone();
-        Arc::new(move || shared.completed.load(Relaxed))
-    };
-    let progress = Progress::start(backend, mine, bg_rx.clone()).await?;
 
     let outcome = claim_loop(backend, &settings, &shared, &book, stop.clone()).await;
 
@@ -296,7 +315,9 @@ pub(crate) async fn run(
         tracing::warn!(%err, "could not deregister the worker");
     }
     let counts = backend.active.counts().await?;
-    progress.finish(&counts);
+    if let Some(observer) = &settings.observer {
+        observer.finish(&counts);
+    }
     backend.save().await?;
     outcome?;
     let durations_ms = shared.durations_ms.lock().expect("not poisoned").clone();

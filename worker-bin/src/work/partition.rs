@@ -70,7 +70,7 @@ impl PartitionCtx {
                         "attempt {} of {} failed, retrying in {}: {reason}",
                         lease.attempt,
                         self.settings.max_attempts,
-                        crate::render::ms(ready_at_ms.saturating_sub(now_ms()) as f64),
+                        crate::duration::ms(ready_at_ms.saturating_sub(now_ms()) as f64),
                     ),
                     Ok(FailOutcome::Failed) => tracing::warn!(
                         pid,

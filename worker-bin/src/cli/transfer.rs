@@ -8,9 +8,9 @@ use tranche_active_store::PlanEntry;
 use tranche_archive_store::{Dump, Tier};
 
 use crate::backend::{Backend, Open, Tuning};
-use crate::cli::ExportArgs;
+use crate::cli::args::ExportArgs;
 
-use crate::ops::Outcome;
+use crate::cli::ops::Outcome;
 
 pub(crate) async fn export(backend: &Backend, args: &ExportArgs, json: bool) -> Result<Outcome> {
     let output = args
@@ -22,7 +22,7 @@ pub(crate) async fn export(backend: &Backend, args: &ExportArgs, json: bool) -> 
     // and never issues an archived one again.
     dump.plans = backend.active.plans().await?;
     let bytes = if args.jsonl {
-        crate::jsonl::write(&dump).into_bytes()
+        crate::cli::jsonl::write(&dump).into_bytes()
     } else {
         dump.to_bytes()?
     };
@@ -58,12 +58,12 @@ pub(crate) async fn export(backend: &Backend, args: &ExportArgs, json: bool) -> 
     Ok(Outcome::Success)
 }
 
-pub(crate) async fn import(g: &crate::cli::Global, file: &Path) -> Result<Outcome> {
+pub(crate) async fn import(g: &crate::cli::args::Global, file: &Path) -> Result<Outcome> {
     let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let mut dump = if crate::jsonl::looks_like_jsonl(&bytes) {
+    let mut dump = if crate::cli::jsonl::looks_like_jsonl(&bytes) {
         let text = std::str::from_utf8(&bytes)
             .with_context(|| format!("{} is not UTF-8 JSON lines", file.display()))?;
-        crate::jsonl::read(text, crate::now_ms(), Tier::Simple).with_context(|| {
+        crate::cli::jsonl::read(text, crate::now_ms(), Tier::Simple).with_context(|| {
             format!(
                 "{} is not JSON lines of `tranche export --jsonl`",
                 file.display()
@@ -89,7 +89,7 @@ pub(crate) async fn import(g: &crate::cli::Global, file: &Path) -> Result<Outcom
         );
     }
     backend.ensure_writable()?;
-    if crate::jsonl::looks_like_jsonl(&bytes) {
+    if crate::cli::jsonl::looks_like_jsonl(&bytes) {
         // JSON lines do not say where a batch lived: as many records as the archiver
         // would have kept simple stay simple, more go to the compressed tier.
         if dump.entries() >= backend.archive_config.compressed_at {

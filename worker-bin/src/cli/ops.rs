@@ -1,7 +1,7 @@
 //! One function per subcommand (those that move an archive are in
-//! [`transfer`](crate::transfer), `check` and `health` in [`health`](crate::health)), and
+//! [`transfer`](crate::cli::transfer), `check` and `health` in [`health`](crate::cli::health)), and
 //! the signal handling `run`, `archive` and `status --watch` share. Each opens the namespace, does its one thing and returns an
-//! [`Outcome`]; printing goes through [`render`](crate::render).
+//! [`Outcome`]; printing goes through [`render`](crate::cli::render).
 
 use std::time::Duration;
 
@@ -12,11 +12,11 @@ use tranche_active_store::{Config as ActiveConfig, Plan};
 use tranche_archive_store::Snapshots;
 
 use crate::backend::{Backend, Open, Tuning};
-use crate::cli::{
+use crate::cli::args::{
     ArchiveArgs, Cli, Command, ExportArgs, ImportArgs, PlanArgs, RunArgs, StatusArgs,
 };
+use crate::cli::render;
 use crate::job::Job;
-use crate::render;
 use crate::slot;
 use crate::work::until;
 use crate::work::{self, Settings, Stop};
@@ -91,9 +91,9 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
         } => {
             let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
             let page =
-                crate::list::page(&backend, status, worker.as_deref(), after, limit as usize)
+                crate::cli::list::page(&backend, status, worker.as_deref(), after, limit as usize)
                     .await?;
-            print!("{}", crate::list::render(&page, json));
+            print!("{}", crate::cli::list::render(&page, json));
             Ok(Outcome::Success)
         }
         Command::DeadLetters { limit } => {
@@ -102,12 +102,12 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             print!("{}", render::dead_letters(&dead, json));
             Ok(Outcome::Success)
         }
-        Command::Pause => crate::namespace::set_paused(g, true).await,
-        Command::Resume => crate::namespace::set_paused(g, false).await,
-        Command::Plans => crate::namespace::plans(g).await,
-        Command::Namespaces => crate::namespace::list(g).await,
-        Command::Serve(args) => crate::serve::serve(g, args).await,
-        Command::Drop { yes, force } => crate::namespace::drop(g, yes, force).await,
+        Command::Pause => crate::cli::namespace::set_paused(g, true).await,
+        Command::Resume => crate::cli::namespace::set_paused(g, false).await,
+        Command::Plans => crate::cli::namespace::plans(g).await,
+        Command::Namespaces => crate::cli::namespace::list(g).await,
+        Command::Serve(args) => crate::cli::serve::serve(g, args).await,
+        Command::Drop { yes, force } => crate::cli::namespace::drop(g, yes, force).await,
         Command::Workers => {
             let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
             let workers = backend.active.workers().await?;
@@ -158,7 +158,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
         Command::Export(ExportArgs {
             to_hash: Some(key), ..
         }) => {
-            crate::seed::export(
+            crate::cli::seed::export(
                 &Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
                 &key,
                 json,
@@ -166,7 +166,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             .await
         }
         Command::Export(args) => {
-            crate::transfer::export(
+            crate::cli::transfer::export(
                 &Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
                 &args,
                 json,
@@ -175,8 +175,8 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
         }
         Command::Import(ImportArgs {
             file: Some(file), ..
-        }) => crate::transfer::import(g, &file).await,
-        Command::Import(args) => crate::seed::import(g, &args).await,
+        }) => crate::cli::transfer::import(g, &file).await,
+        Command::Import(args) => crate::cli::seed::import(g, &args).await,
         Command::Compact => {
             let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
             backend.ensure_writable()?;
@@ -190,7 +190,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             Ok(Outcome::Success)
         }
         Command::Check { repair } => {
-            crate::health::check(
+            crate::cli::health::check(
                 &Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
                 repair,
                 json,
@@ -198,7 +198,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             .await
         }
         Command::Health(args) => {
-            crate::health::health(
+            crate::cli::health::health(
                 &Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
                 &args,
                 json,
@@ -309,7 +309,7 @@ async fn plan(backend: &Backend, args: &PlanArgs, json: bool) -> Result<Outcome>
     Ok(Outcome::Success)
 }
 
-async fn run(g: &crate::cli::Global, args: RunArgs) -> Result<Outcome> {
+async fn run(g: &crate::cli::args::Global, args: RunArgs) -> Result<Outcome> {
     // Held until `run` returns: a restart takes the same name back (see `slot`).
     let mut slot = None;
     let worker = args
@@ -332,7 +332,7 @@ async fn run(g: &crate::cli::Global, args: RunArgs) -> Result<Outcome> {
         active,
         tiers: Some(args.tiers.tiers()),
         consumer: worker.clone(),
-        claim_idle: claim_idle(),
+        claim_idle: crate::duration::claim_idle(),
     };
     let stop = signals(args.grace)?;
     let backend = Backend::open(&g.location(), Open::Existing, tuning).await?;
@@ -365,7 +365,9 @@ async fn run(g: &crate::cli::Global, args: RunArgs) -> Result<Outcome> {
         heartbeat: !args.no_heartbeat,
         snapshots: args.snapshots.policy(),
         save_every: Duration::from_secs(2),
-        metrics: args.metrics_listen,
+        observer: Some(std::sync::Arc::new(crate::cli::observe::RunObserver::new(
+            args.metrics_listen,
+        ))),
     };
     let memory_before = backend.used_memory().await;
     let report = work::run(&backend, settings, stop).await?;
@@ -417,15 +419,6 @@ pub(crate) fn say(json: bool, text: impl std::fmt::Display, value: serde_json::V
     }
 }
 
-/// How long an archiver's unacknowledged inbox entries must sit before another takes
-/// them over. `TRANCHE_ARCHIVE_CLAIM_IDLE` shortens it for tests and demos.
-pub(crate) fn claim_idle() -> Duration {
-    std::env::var("TRANCHE_ARCHIVE_CLAIM_IDLE")
-        .ok()
-        .and_then(|s| crate::cli::parse_duration(&s).ok())
-        .unwrap_or(Duration::from_secs(60))
-}
-
 /// Archive bytes per archived partition in the embedded store: its dump's size.
 async fn embedded_archive_bytes(backend: &Backend) -> Option<render::ArchiveBytes> {
     let dump = backend.archive.export(crate::now_ms()).await.ok()?;
@@ -434,7 +427,7 @@ async fn embedded_archive_bytes(backend: &Backend) -> Option<render::ArchiveByte
     (entries > 0).then(|| render::ArchiveBytes::Dump(bytes as f64 / entries as f64))
 }
 
-async fn archive(g: &crate::cli::Global, args: ArchiveArgs) -> Result<Outcome> {
+async fn archive(g: &crate::cli::args::Global, args: ArchiveArgs) -> Result<Outcome> {
     let ArchiveArgs {
         follow,
         tiers,
@@ -444,7 +437,7 @@ async fn archive(g: &crate::cli::Global, args: ArchiveArgs) -> Result<Outcome> {
     let tuning = Tuning {
         tiers: Some(tiers.tiers()),
         consumer: format!("archiver-{}", slot::default_name("archiver", &mut slot)),
-        claim_idle: claim_idle(),
+        claim_idle: crate::duration::claim_idle(),
         ..Tuning::default()
     };
     let stop = signals(Duration::from_secs(5))?;
@@ -485,7 +478,7 @@ pub(crate) async fn status_of(backend: &Backend) -> Result<render::Status> {
         namespace: backend.namespace.clone(),
         location: backend.location(),
         shards: backend.shards,
-        total: crate::progress::total_partitions(backend.active.as_ref()).await?,
+        total: crate::cli::progress::total_partitions(backend.active.as_ref()).await?,
         counts: backend.active.counts().await?,
         archived: backend.stats.summary().await?.global_stats.total_completed,
         inbox: backend.inbox_len().await?,

@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 use tranche_router::PartitionView;
 
 use super::App;
-use crate::list::{self, ListState};
-use crate::render;
+use crate::cli::list::{self, ListState};
+use crate::cli::render;
 
 /// The dashboard: one self-contained page (no CDN) that polls the API.
 const DASHBOARD: &str = include_str!("dashboard.html");
@@ -45,7 +45,7 @@ impl From<anyhow::Error> for ApiError {
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "error",
-            crate::one_line(&err),
+            crate::cli::one_line(&err),
         )
     }
 }
@@ -140,7 +140,7 @@ pub(crate) async fn config(State(app): State<Arc<App>>) -> Response {
 
 pub(crate) async fn status(State(app): State<Arc<App>>) -> ApiResult {
     let backend = app.backend().await?;
-    let mut status = crate::ops::status_of(&backend).await?;
+    let mut status = crate::cli::ops::status_of(&backend).await?;
     // The CLI's shape, but no address of the store leaves the server.
     status.location = if backend.is_embedded() {
         "embedded".to_owned()
@@ -164,7 +164,9 @@ pub(crate) async fn stats(State(app): State<Arc<App>>) -> ApiResult {
 
 pub(crate) async fn health(State(app): State<Arc<App>>) -> ApiResult {
     let backend = app.backend().await?;
-    let rules = crate::health::health_rules(&backend, &crate::cli::HealthArgs::defaults()).await?;
+    let rules =
+        crate::cli::health::health_rules(&backend, &crate::cli::args::HealthArgs::defaults())
+            .await?;
     Ok(json_text(render::health(&rules, true)))
 }
 
@@ -194,14 +196,14 @@ pub(crate) async fn memory(State(app): State<Arc<App>>) -> ApiResult {
 
 /// Every namespace beside this one, with its progress: the dashboard's overview.
 pub(crate) async fn namespaces(State(app): State<Arc<App>>) -> ApiResult {
-    let rows = crate::namespace::overview(&app.global).await?;
+    let rows = crate::cli::namespace::overview(&app.global).await?;
     Ok(json_value(Value::Array(rows)))
 }
 
 pub(crate) async fn plans(State(app): State<Arc<App>>) -> ApiResult {
     let backend = app.backend().await?;
     let plans = backend.active.plans().await?;
-    Ok(json_value(crate::namespace::plans_json(&plans)))
+    Ok(json_value(crate::cli::namespace::plans_json(&plans)))
 }
 
 pub(crate) async fn get_pid(State(app): State<Arc<App>>, Path(pid): Path<String>) -> ApiResult {

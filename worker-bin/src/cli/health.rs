@@ -7,10 +7,10 @@ use tranche_active_store::StatusCounts;
 use tranche_stats::{Stats, StatsDelta, diff};
 
 use crate::backend::Backend;
-use crate::cli::HealthArgs;
-use crate::render;
+use crate::cli::args::HealthArgs;
+use crate::cli::render;
 
-use crate::ops::Outcome;
+use crate::cli::ops::Outcome;
 
 /// The statistics delta of every archived record, one per shard, read page by page
 /// across the plans: memory grows with workers, ranges and days, never with the archive.
@@ -167,7 +167,7 @@ pub(crate) async fn health_rules(
     let workers = backend.active.workers().await?;
     let live = workers.iter().filter(|w| w.active).count();
     let outstanding = counts.outstanding();
-    let planned = crate::progress::total_partitions(backend.active.as_ref()).await?;
+    let planned = crate::cli::progress::total_partitions(backend.active.as_ref()).await?;
     let now_ms = crate::now_ms();
     // Minutes since anything was last archived, while work is outstanding. Before the
     // first archive, since the oldest live worker started: a fleet stuck from its start

@@ -103,7 +103,7 @@ pub(crate) async fn scrape(State(app): State<Arc<App>>) -> Result<Response, ApiE
     let backend = app.backend().await?;
     let q = &app.query_latency;
     let counts = q.time("active", backend.active.counts()).await?;
-    let total = crate::progress::total_partitions(backend.active.as_ref()).await?;
+    let total = crate::cli::progress::total_partitions(backend.active.as_ref()).await?;
     let workers = q.time("active", backend.active.workers()).await?;
     let paused = backend.active.is_paused().await?;
     let summary = q
@@ -241,11 +241,14 @@ pub(crate) async fn scrape(State(app): State<Arc<App>>) -> Result<Response, ApiE
 }
 
 /// `run --metrics-listen`: this worker's own counters on `/metrics`.
-pub(crate) fn worker_metrics(shared: Arc<crate::work::Shared>) -> axum::Router {
+pub(crate) fn worker_metrics(
+    shared: Arc<crate::work::Shared>,
+    chunk_seconds: Histogram,
+) -> axum::Router {
     axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {
-            let shared = shared.clone();
+            let (shared, chunk_seconds) = (shared.clone(), chunk_seconds.clone());
             async move {
                 let mut registry = Registry::with_prefix("tranche_worker");
                 let s = shared.snapshot();
@@ -294,7 +297,7 @@ pub(crate) fn worker_metrics(shared: Arc<crate::work::Shared>) -> axum::Router {
                 registry.register(
                     "chunk_duration_seconds",
                     "How long this worker's chunks took",
-                    shared.chunk_seconds.clone(),
+                    chunk_seconds,
                 );
                 let durations: Family<QuantileLabel, FloatGauge> = Family::default();
                 for (quantile, v) in [("0.5", s.p50_ms), ("0.99", s.p99_ms)] {

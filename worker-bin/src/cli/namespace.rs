@@ -6,8 +6,8 @@ use anyhow::{Result, bail};
 use serde_json::{Value, json};
 
 use crate::backend::{self, Backend, Open, Tuning};
-use crate::cli::Global;
-use crate::ops::Outcome;
+use crate::cli::args::Global;
+use crate::cli::ops::Outcome;
 
 /// `pause` / `resume`: sets the namespace's flag; workers read it once a second.
 pub(crate) async fn set_paused(g: &Global, paused: bool) -> Result<Outcome> {
@@ -18,7 +18,7 @@ pub(crate) async fn set_paused(g: &Global, paused: bool) -> Result<Outcome> {
         );
     }
     backend.active.set_paused(paused).await?;
-    crate::ops::say(
+    crate::cli::ops::say(
         g.json,
         format_args!(
             "namespace `{}` {}",
@@ -136,7 +136,7 @@ pub(crate) async fn overview(g: &Global) -> Result<Vec<Value>> {
                     continue;
                 }
             };
-        let total = crate::progress::total_partitions(backend.active.as_ref()).await?;
+        let total = crate::cli::progress::total_partitions(backend.active.as_ref()).await?;
         let counts = backend.active.counts().await?;
         let paused = backend.active.is_paused().await?;
         let finished = total
@@ -172,7 +172,7 @@ pub(crate) async fn list(g: &Global) -> Result<Outcome> {
         let _ = writeln!(
             out,
             "{:<24} {:>6} {:>12} {:>12} {:>9}  {}",
-            crate::render::shown(r["namespace"].as_str().unwrap_or("")),
+            crate::cli::render::shown(r["namespace"].as_str().unwrap_or("")),
             n("shards"),
             n("partitions"),
             n("outstanding"),
@@ -220,7 +220,7 @@ pub(crate) async fn drop(g: &Global, yes: bool, force: bool) -> Result<Outcome> 
     } else {
         format!("namespace `{}` dropped ({deleted} keys)", backend.namespace)
     };
-    crate::ops::say(
+    crate::cli::ops::say(
         g.json,
         text,
         json!({"namespace": backend.namespace, "dropped": true, "keys": deleted}),

@@ -14,9 +14,9 @@ use tranche_stats::{Difference, RangeStats, StatsSummary};
 
 use crate::work::Report;
 
-pub(crate) use crate::alert::Rule;
-pub(crate) use crate::calendar::{rfc3339, time};
-pub(crate) use crate::cost::plan_cost;
+pub(crate) use crate::cli::alert::Rule;
+pub(crate) use crate::cli::calendar::{rfc3339, time};
+pub(crate) use crate::cli::cost::plan_cost;
 
 mod checks;
 mod partition;
@@ -185,16 +185,7 @@ pub(super) fn number(v: f64) -> String {
     }
 }
 
-/// A duration in ms, short: `850ms`, `2.00s`, `1.5m`.
-pub(crate) fn ms(v: f64) -> String {
-    if v >= 60_000.0 {
-        format!("{:.1}m", v / 60_000.0)
-    } else if v >= 1000.0 {
-        format!("{:.2}s", v / 1000.0)
-    } else {
-        format!("{v:.0}ms")
-    }
-}
+pub(crate) use crate::duration::ms;
 
 pub(crate) fn bytes(b: f64) -> String {
     const UNITS: [&str; 5] = ["B", "KB", "MB", "GB", "TB"];

@@ -23,8 +23,8 @@ use axum::Router;
 use axum::routing::{get, post};
 
 use crate::backend::{Backend, Open, Tuning};
-use crate::cli::{Global, ServeArgs};
-use crate::ops::Outcome;
+use crate::cli::args::{Global, ServeArgs};
+use crate::cli::ops::Outcome;
 use crate::work::{Stop, until};
 
 /// What every handler shares.
@@ -112,7 +112,7 @@ pub(crate) async fn serve(g: &Global, args: ServeArgs) -> Result<Outcome> {
         .with_context(|| format!("cannot listen on {listen}"))?;
     let local = listener.local_addr()?;
     println!("serving namespace `{}` on http://{local}/", g.namespace);
-    let mut stop = crate::ops::signals(std::time::Duration::ZERO)?;
+    let mut stop = crate::cli::ops::signals(std::time::Duration::ZERO)?;
     axum::serve(listener, router(app))
         .with_graceful_shutdown(async move { until(&mut stop, |s| *s != Stop::Running).await })
         .await

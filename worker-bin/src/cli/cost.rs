@@ -5,8 +5,8 @@ use std::fmt::Write;
 
 use serde_json::json;
 
+use crate::cli::render::{bytes, line};
 use crate::layers::Tiers;
-use crate::render::{bytes, line};
 
 // Redis memory per partition on Redis 7.0 with seed-shaped records (set S of the
 // benchmarks); the dry run multiplies by these.

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use tranche_codec::{CompletedRecord, Partition, Status};
 
 use crate::backend::Backend;
-use crate::render::{completed_fields, shown, time, view_json};
+use crate::cli::render::{completed_fields, shown, time, view_json};
 use tranche_router::PartitionView;
 
 /// What `list` may select.

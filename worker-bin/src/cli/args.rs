@@ -209,7 +209,7 @@ pub(crate) enum Command {
     List {
         /// Only partitions in this state (`--state` names the embedded state file).
         #[arg(value_enum, value_name = "STATE")]
-        status: Option<crate::list::ListState>,
+        status: Option<crate::cli::list::ListState>,
         /// Only partitions this worker holds (or held).
         #[arg(long, value_name = "ID")]
         worker: Option<String>,
@@ -485,28 +485,7 @@ pub(crate) struct HealthArgs {
     pub(crate) check: bool,
 }
 
-/// Parses `1500ms`, `30s`, `5m`, `24h` or a bare number of seconds.
-pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("`{s}` is not a duration (try 500ms, 30s, 5m, 24h)"))?;
-    let secs = match unit {
-        "ms" => value / 1000.0,
-        "" | "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => return Err(format!("`{s}` has an unknown unit (use ms, s, m or h)")),
-    };
-    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
-        return Err(format!("`{s}` is out of range"));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
+pub(crate) use crate::duration::parse as parse_duration;
 
 fn parse_latency(s: &str) -> Result<(u64, u64), String> {
     let (a, b) = s.split_once("..").unwrap_or((s, s));
@@ -546,18 +525,6 @@ impl HealthArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
-        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
-        assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86_400)));
-        assert!(parse_duration("5 weeks").is_err());
-        assert!(parse_duration("-1s").is_err());
-        assert!(parse_duration("").is_err());
-    }
 
     #[test]
     fn latency_and_rate() {

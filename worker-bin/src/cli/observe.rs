@@ -1,0 +1,80 @@
+//! What `tranche run` attaches to the run loop from outside: the progress reporter, and
+//! with `--metrics-listen` this worker's own `/metrics`, fed by the run's counters and a
+//! chunk-duration histogram the loop's observer hook fills.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Result;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tranche_active_store::StatusCounts;
+
+use crate::backend::Backend;
+use crate::cli::progress::{Mine, Progress};
+use crate::work::{Observer, Shared};
+
+/// The command line's observer of one run.
+pub(crate) struct RunObserver {
+    /// Where to serve this worker's own metrics, if anywhere.
+    metrics: Option<SocketAddr>,
+    /// Chunk durations, seconds, for `--metrics-listen` (atomic buckets: no lock taken
+    /// per chunk beyond the histogram's own).
+    chunk_seconds: Histogram,
+    /// The progress reporter, from `attach` until `finish`.
+    progress: Mutex<Option<Progress>>,
+}
+
+impl RunObserver {
+    pub(crate) fn new(metrics: Option<SocketAddr>) -> Self {
+        Self {
+            metrics,
+            chunk_seconds: Histogram::new(exponential_buckets(0.001, 4.0, 10)),
+            progress: Mutex::new(None),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Observer for RunObserver {
+    async fn attach(
+        &self,
+        backend: &Backend,
+        shared: Arc<Shared>,
+        done: watch::Receiver<bool>,
+        background: &mut JoinSet<()>,
+    ) -> Result<()> {
+        if let Some(addr) = self.metrics {
+            let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                anyhow::anyhow!("cannot listen on {addr} for --metrics-listen: {e}")
+            })?;
+            tracing::info!(addr = %listener.local_addr()?, "worker metrics on /metrics");
+            let (shared, chunk_seconds, mut rx) =
+                (shared.clone(), self.chunk_seconds.clone(), done.clone());
+            background.spawn(async move {
+                let app = crate::cli::serve::worker_metrics(shared, chunk_seconds);
+                let _ = axum::serve(listener, app)
+                    .with_graceful_shutdown(async move {
+                        let _ = rx.wait_for(|done| *done).await;
+                    })
+                    .await;
+            });
+        }
+        let mine: Mine = Arc::new(move || shared.completed());
+        let progress = Progress::start(backend, mine, done).await?;
+        *self.progress.lock().expect("not poisoned") = Some(progress);
+        Ok(())
+    }
+
+    fn chunk(&self, elapsed: Duration) {
+        self.chunk_seconds.observe(elapsed.as_secs_f64());
+    }
+
+    fn finish(&self, counts: &StatusCounts) {
+        if let Some(progress) = self.progress.lock().expect("not poisoned").take() {
+            progress.finish(counts);
+        }
+    }
+}
