@@ -1,0 +1,112 @@
+//! The client side of a rate limit: reserves in batches, paces each unit locally.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::{Limit, Rate, RateLimiter, Result};
+
+/// Paces one process's use of a fleet-wide [`Limit`].
+///
+/// [`Pacer::acquire`] returns when `units` may be used. It reserves a batch from the
+/// [`RateLimiter`] when its own reservation runs out (about [`Pacer::BATCH_TIME`] of the
+/// rate, at most `max_batch` units, a multiple of the units asked for so equal chunks
+/// waste nothing) and lets the `i`-th unit of a batch start at `start + i / rate`. A
+/// rate of `None` acquires at once and costs no call. Shared by every task of a process
+/// (`&self`); acquisitions are served in order.
+#[derive(Debug)]
+pub struct Pacer {
+    limiter: Arc<dyn RateLimiter>,
+    limit: Limit,
+    /// The rate in force; `None` is unlimited. Read at each acquisition, so
+    /// [`Pacer::set_rate`] takes effect at the next one.
+    rate: Mutex<Option<Rate>>,
+    /// The local reservation, behind an async lock held across the reservation call so
+    /// concurrent acquisitions do not each reserve a batch.
+    batch: tokio::sync::Mutex<Option<Batch>>,
+    max_batch: u64,
+    burst: Duration,
+}
+
+#[derive(Debug)]
+struct Batch {
+    rate: Rate,
+    start: Instant,
+    granted: u64,
+    used: u64,
+}
+
+impl Pacer {
+    /// The span of the rate a batch covers at most: a longer one would queue other
+    /// workers behind it and delay a live rate change.
+    pub const BATCH_TIME: Duration = Duration::from_secs(1);
+
+    /// A pacer of `limit` through `limiter`, unlimited until [`Pacer::set_rate`], with
+    /// batches of at most `max_batch` units (for the ID limit: 100 chunks' worth, so
+    /// the limiter costs at most one call per 100 chunks at full speed).
+    pub fn new(limiter: Arc<dyn RateLimiter>, limit: Limit, max_batch: u64) -> Self {
+        Self {
+            limiter,
+            limit,
+            rate: Mutex::new(None),
+            batch: tokio::sync::Mutex::new(None),
+            max_batch: max_batch.max(1),
+            burst: Duration::ZERO,
+        }
+    }
+
+    /// Lets a reservation start up to `burst` in the past after an idle spell (default
+    /// zero: no catch-up, the limit holds in every window).
+    pub fn with_burst(mut self, burst: Duration) -> Self {
+        self.burst = burst;
+        self
+    }
+
+    /// Changes the rate (`None`: unlimited). The rest of a batch reserved at the old
+    /// rate is dropped at the next acquisition: capacity is lost, never exceeded.
+    pub fn set_rate(&self, rate: Option<Rate>) {
+        *self.rate.lock().expect("pacer lock") = rate;
+    }
+
+    /// The rate in force.
+    pub fn rate(&self) -> Option<Rate> {
+        *self.rate.lock().expect("pacer lock")
+    }
+
+    /// Waits until `units` may be used.
+    pub async fn acquire(&self, units: u64) -> Result<()> {
+        let units = units.max(1);
+        let at = {
+            let mut slot = self.batch.lock().await;
+            let Some(rate) = self.rate() else {
+                *slot = None;
+                return Ok(());
+            };
+            let usable = slot
+                .as_ref()
+                .is_some_and(|b| b.rate == rate && b.granted - b.used >= units);
+            if !usable {
+                let target =
+                    ((rate.get() * Self::BATCH_TIME.as_secs_f64()) as u64).clamp(1, self.max_batch);
+                let n = units * (target / units).max(1);
+                let reservation = self
+                    .limiter
+                    .reserve(self.limit, rate, n, self.burst)
+                    .await?;
+                *slot = Some(Batch {
+                    rate,
+                    start: reservation.start_at(Instant::now()),
+                    granted: n,
+                    used: 0,
+                });
+            }
+            let batch = slot.as_mut().expect("a batch was just reserved");
+            let at = batch.start + Duration::from_secs_f64(batch.used as f64 / rate.get());
+            batch.used += units;
+            at
+        };
+        tokio::time::sleep_until(at).await;
+        Ok(())
+    }
+}
