@@ -10,9 +10,13 @@ use crate::{Limit, Rate, RateLimiter, Result};
 /// Paces one process's use of a fleet-wide [`Limit`].
 ///
 /// [`Pacer::acquire`] returns when `units` may be used. It reserves a batch from the
-/// [`RateLimiter`] when its own reservation runs out (about [`Pacer::BATCH_TIME`] of the
-/// rate, at most `max_batch` units, a multiple of the units asked for so equal chunks
-/// waste nothing) and lets the `i`-th unit of a batch start at `start + i / rate`. A
+/// [`RateLimiter`] when its own reservation runs out and lets the `i`-th unit of a batch
+/// start at `start + i / rate`. A batch covers a span of the rate (at most `max_batch`
+/// units, a multiple of the units asked for so equal chunks waste nothing); the span
+/// adapts so the fleet's queue of reservations stays near [`Pacer::QUEUE`]: it halves
+/// when a reservation starts later than that (many workers share the limit) and doubles,
+/// up to [`Pacer::BATCH_TIME`], when it starts sooner than half of it. A worker then
+/// waits at most about `QUEUE` for its first chunk, and a raised rate applies within it. A
 /// rate of `None` acquires at once and costs no call. Shared by every task of a process
 /// (`&self`); acquisitions are served in order.
 #[derive(Debug)]
@@ -24,9 +28,16 @@ pub struct Pacer {
     rate: Mutex<Option<Rate>>,
     /// The local reservation, behind an async lock held across the reservation call so
     /// concurrent acquisitions do not each reserve a batch.
-    batch: tokio::sync::Mutex<Option<Batch>>,
+    batch: tokio::sync::Mutex<Local>,
     max_batch: u64,
     burst: Duration,
+}
+
+#[derive(Debug)]
+struct Local {
+    batch: Option<Batch>,
+    /// The span of the rate the next batch covers.
+    batch_time: Duration,
 }
 
 #[derive(Debug)]
@@ -41,6 +52,12 @@ impl Pacer {
     /// The span of the rate a batch covers at most: a longer one would queue other
     /// workers behind it and delay a live rate change.
     pub const BATCH_TIME: Duration = Duration::from_secs(1);
+    /// The span of the rate a pacer's first batch covers.
+    pub const FIRST_BATCH_TIME: Duration = Duration::from_millis(100);
+    /// The shortest span a batch covers.
+    pub const MIN_BATCH_TIME: Duration = Duration::from_millis(10);
+    /// The wait for a reservation the batch span adapts to.
+    pub const QUEUE: Duration = Duration::from_secs(2);
 
     /// A pacer of `limit` through `limiter`, unlimited until [`Pacer::set_rate`], with
     /// batches of at most `max_batch` units (for the ID limit: 100 chunks' worth, so
@@ -50,7 +67,10 @@ impl Pacer {
             limiter,
             limit,
             rate: Mutex::new(None),
-            batch: tokio::sync::Mutex::new(None),
+            batch: tokio::sync::Mutex::new(Local {
+                batch: None,
+                batch_time: Self::FIRST_BATCH_TIME,
+            }),
             max_batch: max_batch.max(1),
             burst: Duration::ZERO,
         }
@@ -78,30 +98,39 @@ impl Pacer {
     pub async fn acquire(&self, units: u64) -> Result<()> {
         let units = units.max(1);
         let at = {
-            let mut slot = self.batch.lock().await;
+            let mut local = self.batch.lock().await;
             let Some(rate) = self.rate() else {
-                *slot = None;
+                local.batch = None;
                 return Ok(());
             };
-            let usable = slot
+            let usable = local
+                .batch
                 .as_ref()
                 .is_some_and(|b| b.rate == rate && b.granted - b.used >= units);
             if !usable {
                 let target =
-                    ((rate.get() * Self::BATCH_TIME.as_secs_f64()) as u64).clamp(1, self.max_batch);
+                    ((rate.get() * local.batch_time.as_secs_f64()) as u64).clamp(1, self.max_batch);
                 let n = units * (target / units).max(1);
                 let reservation = self
                     .limiter
                     .reserve(self.limit, rate, n, self.burst)
                     .await?;
-                *slot = Some(Batch {
+                let wait = Duration::from_micros(reservation.start_offset_us.max(0) as u64);
+                local.batch_time = if wait > Self::QUEUE {
+                    (local.batch_time / 2).max(Self::MIN_BATCH_TIME)
+                } else if wait < Self::QUEUE / 2 {
+                    (local.batch_time * 2).min(Self::BATCH_TIME)
+                } else {
+                    local.batch_time
+                };
+                local.batch = Some(Batch {
                     rate,
                     start: reservation.start_at(Instant::now()),
                     granted: n,
                     used: 0,
                 });
             }
-            let batch = slot.as_mut().expect("a batch was just reserved");
+            let batch = local.batch.as_mut().expect("a batch was just reserved");
             let at = batch.start + Duration::from_secs_f64(batch.used as f64 / rate.get());
             batch.used += units;
             at

@@ -194,9 +194,15 @@ impl Change {
 }
 
 /// The set script's change argument for `changes` (and a manual throttle switch).
-pub(crate) fn change_json(changes: &[Change], manual: Option<(bool, &str)>) -> String {
+pub(crate) fn change_json(changes: &[Change], manual: Option<(bool, &str)>) -> Result<String> {
     let mut out = Map::new();
     for c in changes {
+        // JSON has no NaN or infinity (serde_json would write null, which clears).
+        if let Change::KeepBelow(Some(v)) = c
+            && !v.is_finite()
+        {
+            return Err(Error::invalid("keep_below", format!("{v} is not finite")));
+        }
         c.fields(&mut out);
     }
     if let Some((on, reason)) = manual {
@@ -205,7 +211,7 @@ pub(crate) fn change_json(changes: &[Change], manual: Option<(bool, &str)>) -> S
             serde_json::json!({ "on": on, "reason": reason }),
         );
     }
-    Value::Object(out).to_string()
+    Ok(Value::Object(out).to_string())
 }
 
 /// Applies a change (the set script's JSON) to `record` with the script's checks: the

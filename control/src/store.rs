@@ -184,11 +184,11 @@ impl ControlStore for MemoryControlStore {
     }
 
     async fn set(&self, changes: &[Change], origin: &str) -> Result<ControlRecord> {
-        self.change(change_json(changes, None), origin)
+        self.change(change_json(changes, None)?, origin)
     }
 
     async fn throttle(&self, on: bool, reason: &str, origin: &str) -> Result<ControlRecord> {
-        self.change(change_json(&[], Some((on, reason))), origin)
+        self.change(change_json(&[], Some((on, reason)))?, origin)
     }
 
     async fn log(&self, n: usize) -> Result<Vec<LogEntry>> {
@@ -367,11 +367,11 @@ where
     }
 
     async fn set(&self, changes: &[Change], origin: &str) -> Result<ControlRecord> {
-        self.change(change_json(changes, None), origin).await
+        self.change(change_json(changes, None)?, origin).await
     }
 
     async fn throttle(&self, on: bool, reason: &str, origin: &str) -> Result<ControlRecord> {
-        self.change(change_json(&[], Some((on, reason))), origin)
+        self.change(change_json(&[], Some((on, reason)))?, origin)
             .await
     }
 
