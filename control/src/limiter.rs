@@ -136,7 +136,7 @@ impl RateLimiter for MemoryRateLimiter {
 
 /// The limiter of a fleet: `lua/take.lua` on the namespace's `{ns}` slot, one call per
 /// reservation.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RedisRateLimiter<C> {
     conn: C,
     keys: crate::ControlKeys,
@@ -163,7 +163,7 @@ impl<C> RedisRateLimiter<C> {
 #[async_trait]
 impl<C> RateLimiter for RedisRateLimiter<C>
 where
-    C: ConnectionLike + Clone + Send + Sync + std::fmt::Debug + 'static,
+    C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     async fn reserve(
         &self,
@@ -186,5 +186,13 @@ where
         Ok(Reservation {
             start_offset_us: offset,
         })
+    }
+}
+
+impl<C> std::fmt::Debug for RedisRateLimiter<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisRateLimiter")
+            .field("keys", &self.keys)
+            .finish_non_exhaustive()
     }
 }

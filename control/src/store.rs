@@ -254,7 +254,7 @@ impl ControlStore for MemoryControlStore {
 
 /// The control store of a fleet: `lua/set.lua`, `lua/probe.lua` and `lua/lead.lua` on
 /// the namespace's `{ns}` slot.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RedisControlStore<C> {
     conn: C,
     keys: ControlKeys,
@@ -310,7 +310,7 @@ pub fn scripts(schema: &KeySchema) -> Vec<(&'static str, &'static str, Vec<Strin
 
 impl<C> RedisControlStore<C>
 where
-    C: ConnectionLike + Clone + Send + Sync + std::fmt::Debug + 'static,
+    C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// The control store of the namespace `schema` names, over `conn`, stamping changes
     /// with `clock`.
@@ -351,7 +351,7 @@ where
 #[async_trait]
 impl<C> ControlStore for RedisControlStore<C>
 where
-    C: ConnectionLike + Clone + Send + Sync + std::fmt::Debug + 'static,
+    C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     async fn read(&self) -> Result<ControlRecord> {
         let key = self.keys.record();
@@ -447,5 +447,13 @@ where
         })
         .await?;
         Ok(led == 1)
+    }
+}
+
+impl<C> std::fmt::Debug for RedisControlStore<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisControlStore")
+            .field("keys", &self.keys)
+            .finish_non_exhaustive()
     }
 }
