@@ -59,15 +59,21 @@ impl Probe for ExecProbe {
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .kill_on_drop(true)
+            // Its own process group, so a timeout kills what the shell started too.
+            .process_group(0)
             .spawn();
         let child = match child {
             Ok(child) => child,
             Err(err) => return ProbeOutcome::Error(format!("cannot run sh: {err}")),
         };
+        let group = child.id();
         let output = match tokio::time::timeout(self.timeout, child.wait_with_output()).await {
             Ok(Ok(output)) => output,
             Ok(Err(err)) => return ProbeOutcome::Error(format!("probe failed: {err}")),
             Err(_) => {
+                if let Some(pgid) = group {
+                    kill_group(pgid).await;
+                }
                 return ProbeOutcome::Error(format!("probe timed out after {:?}", self.timeout));
             }
         };
@@ -88,6 +94,20 @@ impl Probe for ExecProbe {
             Some(code) => ProbeOutcome::Error(format!("probe exited {code}: {first}")),
             None => ProbeOutcome::Error("probe killed by a signal".to_owned()),
         }
+    }
+}
+
+/// Kills the process group `pgid` (the shell and whatever it started): dropping the
+/// child kills only the shell, and `sleep` under `sh -c` would outlive it.
+async fn kill_group(pgid: u32) {
+    let killed = tokio::process::Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pgid}")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .await;
+    if let Err(err) = killed {
+        tracing::warn!(%err, pgid, "cannot kill a timed-out probe");
     }
 }
 
