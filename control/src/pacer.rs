@@ -94,14 +94,16 @@ impl Pacer {
         *self.rate.lock().expect("pacer lock")
     }
 
-    /// Waits until `units` may be used.
-    pub async fn acquire(&self, units: u64) -> Result<()> {
+    /// Waits until `units` may be used, and returns the instant they were allowed at
+    /// (now when unlimited). The caller may start later (a busy runtime wakes late);
+    /// the limit bounds the allowed instants.
+    pub async fn acquire(&self, units: u64) -> Result<Instant> {
         let units = units.max(1);
         let at = {
             let mut local = self.batch.lock().await;
             let Some(rate) = self.rate() else {
                 local.batch = None;
-                return Ok(());
+                return Ok(Instant::now());
             };
             let usable = local
                 .batch
@@ -136,6 +138,6 @@ impl Pacer {
             at
         };
         tokio::time::sleep_until(at).await;
-        Ok(())
+        Ok(at)
     }
 }
