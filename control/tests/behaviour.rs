@@ -352,3 +352,52 @@ async fn prober(b: Backend) {
     let report = p1.step().await.unwrap().unwrap();
     assert_eq!(report.rate, Some(710.0));
 }
+
+both!(keep_below_holds_a_metric_under_its_target, keep_below);
+/// The whole loop through the store: a probe whose metric follows the rate in force
+/// (with a lag) is held within 10 % of the target once settled, and not far below it.
+async fn keep_below(b: Backend) {
+    let target = 200.0;
+    b.store
+        .set(
+            &[
+                Change::MaxRate(Some(Rate::per_second(5_000.0).unwrap())),
+                Change::KeepBelow(Some(target)),
+            ],
+            "o",
+        )
+        .await
+        .unwrap();
+    // The plant: metric → rate / 10 (so 2.5 × the target at the ceiling), closing half
+    // the gap per step.
+    let metric = Arc::new(std::sync::Mutex::new(0.0f64));
+    let (m, store) = (metric.clone(), b.store.clone());
+    let probe = FnProbe::new(move || {
+        let (m, store) = (m.clone(), store.clone());
+        async move {
+            let rate = store.read().await.unwrap().ids_rate(None).unwrap().get();
+            let mut m = m.lock().unwrap();
+            *m += 0.5 * (rate / 10.0 - *m);
+            ProbeOutcome::Value(*m)
+        }
+    });
+    let config = ProberConfig {
+        worker: "w1".into(),
+        interval: Duration::from_secs(1),
+        max_rate: None,
+        floor: 10.0,
+    };
+    let mut prober = Prober::new(b.store.clone(), Arc::new(probe), b.clock.clone(), config);
+    let mut settled = Vec::new();
+    for step in 0..400 {
+        prober.step().await.unwrap().expect("w1 leads");
+        b.clock.advance(1_000);
+        if step >= 100 {
+            settled.push(*metric.lock().unwrap());
+        }
+    }
+    let worst = settled.iter().cloned().fold(0.0, f64::max);
+    let mean = settled.iter().sum::<f64>() / settled.len() as f64;
+    assert!(worst <= 1.1 * target, "worst {worst}");
+    assert!(mean >= 0.7 * target, "mean {mean}");
+}
