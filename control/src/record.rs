@@ -100,6 +100,26 @@ impl ControlRecord {
         self.probe.as_ref().and_then(|p| p.throttled.clone())
     }
 
+    /// [`ControlRecord::throttled`] as of `now_ms`, ignoring a probe finding older than
+    /// `stale_after` (its prober died and no other worker probes: a run loop should not
+    /// stay throttled forever by a finding nobody renews; three probe intervals plus a
+    /// margin is a sensible bound). The manual throttle never goes stale.
+    pub fn throttled_as_of(
+        &self,
+        now_ms: u64,
+        stale_after: std::time::Duration,
+    ) -> Option<Throttled> {
+        if self.manual.is_some() {
+            return self.throttled();
+        }
+        let probe = self.probe.as_ref()?;
+        let age = now_ms.saturating_sub(probe.at_ms);
+        if u128::from(age) > stale_after.as_millis() {
+            return None;
+        }
+        probe.throttled.clone()
+    }
+
     /// The ID rate in force: the set `max_rate` (or `fallback`, the worker's own
     /// option), lowered to the AIMD rate while `keep_below` is set.
     pub fn ids_rate(&self, fallback: Option<Rate>) -> Option<Rate> {

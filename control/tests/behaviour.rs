@@ -192,6 +192,9 @@ async fn manual_throttle(b: Backend) {
         (t.reason.as_str(), t.since_ms),
         ("backup still running", T0)
     );
+    // A manual throttle never goes stale.
+    let far = T0 + 1_000_000_000;
+    assert!(again.throttled_as_of(far, Duration::from_secs(1)).is_some());
     let off = store.throttle(false, "", "host/1/ann").await.unwrap();
     assert_eq!(off.throttled(), None);
     assert_eq!(off.version, 3);
@@ -237,6 +240,9 @@ async fn leadership(b: Backend) {
     assert_eq!((t.reason.as_str(), t.since_ms), ("lag 9000 ms", T0));
     assert_eq!(record.probe.as_ref().unwrap().value, Some(9000.0));
     assert_eq!(record.probe.as_ref().unwrap().at_ms, T0 + 1_000);
+    let stale = Duration::from_secs(10);
+    assert!(record.throttled_as_of(T0 + 11_000, stale).is_some());
+    assert!(record.throttled_as_of(T0 + 11_001, stale).is_none());
 
     (b.end_term)();
     assert!(store.lead_probes("w2", term).await.unwrap());
