@@ -13,7 +13,8 @@ use crate::{Limit, Rate, RateLimiter, Result};
 /// [`RateLimiter`] when its own reservation runs out and lets the `i`-th unit of a batch
 /// start at `start + i / rate`. A batch covers a span of the rate (at most `max_batch`
 /// units, a multiple of the units asked for so equal chunks waste nothing); the span
-/// adapts so the fleet's queue of reservations stays near [`Pacer::QUEUE`]: it halves
+/// adapts so the fleet's queue of reservations stays near [`Pacer::QUEUE`] (see
+/// [`Pacer::with_queue`]): it halves
 /// when a reservation starts later than that (many workers share the limit) and doubles,
 /// up to [`Pacer::BATCH_TIME`], when it starts sooner than half of it. A worker then
 /// waits at most about `QUEUE` for its first chunk, and a raised rate applies within it. A
@@ -31,6 +32,8 @@ pub struct Pacer {
     batch: tokio::sync::Mutex<Local>,
     max_batch: u64,
     burst: Duration,
+    /// The reservation wait the batch span adapts to ([`Pacer::QUEUE`] by default).
+    queue: Duration,
 }
 
 #[derive(Debug)]
@@ -73,6 +76,7 @@ impl Pacer {
             }),
             max_batch: max_batch.max(1),
             burst: Duration::ZERO,
+            queue: Self::QUEUE,
         }
     }
 
@@ -80,6 +84,14 @@ impl Pacer {
     /// zero: no catch-up, the limit holds in every window).
     pub fn with_burst(mut self, burst: Duration) -> Self {
         self.burst = burst;
+        self
+    }
+
+    /// Adapts batches to a reservation wait of `queue` rather than [`Pacer::QUEUE`]: a
+    /// longer queue lets many workers at a low rate take bigger batches (fewer calls)
+    /// at the price of a longer wait for the first chunk and for a raised rate.
+    pub fn with_queue(mut self, queue: Duration) -> Self {
+        self.queue = queue.max(Self::MIN_BATCH_TIME);
         self
     }
 
@@ -118,9 +130,9 @@ impl Pacer {
                     .reserve(self.limit, rate, n, self.burst)
                     .await?;
                 let wait = Duration::from_micros(reservation.start_offset_us.max(0) as u64);
-                local.batch_time = if wait > Self::QUEUE {
+                local.batch_time = if wait > self.queue {
                     (local.batch_time / 2).max(Self::MIN_BATCH_TIME)
-                } else if wait < Self::QUEUE / 2 {
+                } else if wait < self.queue / 2 {
                     (local.batch_time * 2).min(Self::BATCH_TIME)
                 } else {
                     local.batch_time
