@@ -117,14 +117,22 @@ impl Pacer {
                 local.batch = None;
                 return Ok(Instant::now());
             };
+            // A chunk may start while its first unit is in the batch; what it takes
+            // beyond the batch is a debt the next reservation pays first, so chunks of
+            // varying size (`--chunk-time`) waste nothing and overrun by one chunk at most.
             let usable = local
                 .batch
                 .as_ref()
-                .is_some_and(|b| b.rate == rate && b.granted - b.used >= units);
+                .is_some_and(|b| b.rate == rate && b.used < b.granted);
             if !usable {
+                let debt = local
+                    .batch
+                    .as_ref()
+                    .filter(|b| b.rate == rate)
+                    .map_or(0, |b| b.used.saturating_sub(b.granted));
                 let target =
                     ((rate.get() * local.batch_time.as_secs_f64()) as u64).clamp(1, self.max_batch);
-                let n = units * (target / units).max(1);
+                let n = units * (target / units).max(1) + debt;
                 let reservation = self
                     .limiter
                     .reserve(self.limit, rate, n, self.burst)
@@ -141,7 +149,7 @@ impl Pacer {
                     rate,
                     start: reservation.start_at(Instant::now()),
                     granted: n,
-                    used: 0,
+                    used: debt,
                 });
             }
             let batch = local.batch.as_mut().expect("a batch was just reserved");

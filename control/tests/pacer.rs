@@ -117,6 +117,26 @@ async fn memory_pacers_share_the_rate_in_every_window() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn chunks_of_varying_size_waste_nothing() {
+    let limiter: Arc<dyn RateLimiter> = Arc::new(MemoryRateLimiter::new());
+    let pacer = Pacer::new(limiter, Limit::Ids, 1_000);
+    pacer.set_rate(Some(Rate::per_second(1_000.0).unwrap()));
+    let t0 = Instant::now();
+    let span = Duration::from_secs(30);
+    let mut got = Vec::new();
+    for size in [7u64, 13, 10, 31, 3].into_iter().cycle() {
+        let at = pacer.acquire(size).await.unwrap() - t0;
+        if at >= span {
+            break;
+        }
+        got.push((at, size));
+    }
+    check_accuracy(&got, 1_000.0, span, 1, 31);
+    let total: u64 = got.iter().map(|g| g.1).sum();
+    assert!((29_900..=30_100).contains(&total), "{total}");
+}
+
+#[tokio::test(start_paused = true)]
 async fn at_full_speed_one_call_serves_a_hundred_chunks() {
     let counting = Arc::new(Counting {
         inner: MemoryRateLimiter::new(),
