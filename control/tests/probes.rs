@@ -1,0 +1,140 @@
+//! The probes: a command's exit code and first line, an HTTP status, a closure.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tranche_control::{ExecProbe, FnProbe, HttpProbe, Probe, ProbeOutcome};
+
+async fn exec(cmd: &str) -> ProbeOutcome {
+    ExecProbe::new(cmd, Duration::from_secs(5)).check().await
+}
+
+#[tokio::test]
+async fn a_command_says_go_throttle_value_or_error() {
+    let throttle = |r: &str| ProbeOutcome::Throttle { reason: r.into() };
+    let cases = [
+        ("true", ProbeOutcome::Go),
+        ("echo fine", ProbeOutcome::Go),
+        ("echo 1234.5", ProbeOutcome::Value(1234.5)),
+        ("printf 'lag 9s\\nmore\\n'; exit 1", throttle("lag 9s")),
+        ("exit 1", throttle("probe said throttle")),
+        (
+            "echo broken; exit 2",
+            ProbeOutcome::Error("probe exited 2: broken".into()),
+        ),
+        (
+            "kill -9 $$",
+            ProbeOutcome::Error("probe killed by a signal".into()),
+        ),
+    ];
+    for (cmd, want) in cases {
+        assert_eq!(exec(cmd).await, want, "{cmd}");
+    }
+}
+
+#[tokio::test]
+async fn a_command_that_hangs_is_an_error() {
+    let dir = std::env::temp_dir().join(format!("tranche-probe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let marker = dir.join("late");
+    let cmd = format!("sleep 0.5; touch {}; true", marker.display());
+    let got = ExecProbe::new(cmd, Duration::from_millis(100))
+        .check()
+        .await;
+    assert!(
+        matches!(&got, ProbeOutcome::Error(m) if m.contains("timed out")),
+        "{got:?}"
+    );
+    // What the shell started was killed with it: the marker never appears.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!marker.exists(), "the probe's child outlived the timeout");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A one-shot HTTP server answering `status_line`; returns its URL and the request it
+/// read.
+async fn serve(status_line: &'static str) -> (String, tokio::task::JoinHandle<String>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/health", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        let mut buf = vec![0; 4096];
+        let n = sock.read(&mut buf).await.unwrap();
+        let answer = format!("{status_line}\r\nContent-Length: 0\r\n\r\n");
+        sock.write_all(answer.as_bytes()).await.unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    });
+    (url, task)
+}
+
+#[tokio::test]
+async fn an_http_status_says_go_throttle_or_error() {
+    let cases = [
+        ("HTTP/1.1 200 OK", ProbeOutcome::Go),
+        ("HTTP/1.1 204 No Content", ProbeOutcome::Go),
+        (
+            "HTTP/1.1 503 Service Unavailable",
+            ProbeOutcome::Throttle {
+                reason: "HTTP/1.1 503 Service Unavailable".into(),
+            },
+        ),
+        (
+            "HTTP/1.0 429 Too Many Requests",
+            ProbeOutcome::Throttle {
+                reason: "HTTP/1.0 429 Too Many Requests".into(),
+            },
+        ),
+        (
+            "HTTP/1.1 500 Oops",
+            ProbeOutcome::Error("HTTP/1.1 500 Oops".into()),
+        ),
+        (
+            "SSH-2.0-OpenSSH",
+            ProbeOutcome::Error("not an HTTP/1.x status line: \"SSH-2.0-OpenSSH\"".into()),
+        ),
+    ];
+    for (line, want) in cases {
+        let (url, server) = serve(line).await;
+        let got = HttpProbe::new(&url, Duration::from_secs(5))
+            .unwrap()
+            .check()
+            .await;
+        assert_eq!(got, want, "{line}");
+        let request = server.await.unwrap();
+        assert!(request.starts_with("GET /health HTTP/1.1\r\n"), "{request}");
+        assert!(request.contains("Connection: close\r\n"), "{request}");
+    }
+}
+
+#[tokio::test]
+async fn an_http_endpoint_that_is_down_or_silent_is_an_error() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed = format!("http://{}/", listener.local_addr().unwrap());
+    drop(listener);
+    let got = HttpProbe::new(&closed, Duration::from_secs(5))
+        .unwrap()
+        .check()
+        .await;
+    assert!(
+        matches!(&got, ProbeOutcome::Error(m) if m.contains("cannot connect")),
+        "{got:?}"
+    );
+
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", silent.local_addr().unwrap());
+    let got = HttpProbe::new(&url, Duration::from_millis(100))
+        .unwrap()
+        .check()
+        .await;
+    assert!(
+        matches!(&got, ProbeOutcome::Error(m) if m.contains("no answer")),
+        "{got:?}"
+    );
+    assert!(HttpProbe::new("https://db/", Duration::from_secs(1)).is_err());
+}
+
+#[tokio::test]
+async fn a_closure_is_a_probe() {
+    let probe = FnProbe::new(|| async { ProbeOutcome::Value(7.0) });
+    assert_eq!(probe.check().await, ProbeOutcome::Value(7.0));
+}
