@@ -20,8 +20,10 @@ cargo xtask TASK [ARGS]
 Tasks:
   ci                       cargo fmt --check, cargo clippy and cargo doc (warnings are
                            errors), then `test`
-  test [ARGS...]           make sure a redis-server is installed, then cargo test --workspace
-                           (ARGS go to cargo test, e.g. `cargo xtask test -p tranche-codec`)
+  test [ARGS...]           make sure a redis-server (and the other servers the tests start)
+                           is installed, then cargo nextest run --workspace (every test with
+                           a deadline, .config/nextest.toml) and the doctests (ARGS go to
+                           nextest, e.g. `cargo xtask test -p tranche-codec`)
   bench NAME|all           run a benchmark; it prints a table and writes
                            target/tranche-bench/NAME.json (names: codec, window, active, archive,
                            embedded_state, e2e, ops)
@@ -165,12 +167,45 @@ fn test(args: &[String]) -> Result<()> {
     redis::ensure_browser()?;
     redis::ensure_postgres()?;
     redis::ensure_promtool()?;
+    ensure_nextest()?;
+    // Every test under nextest, each with the deadline `.config/nextest.toml` sets, then
+    // the doctests, which nextest does not run.
     let mut cmd = cargo();
-    cmd.args(["test", "--workspace", "--locked"]).args(args);
+    cmd.args(["nextest", "run", "--locked", "--no-tests=fail"]);
+    if args.is_empty() {
+        cmd.arg("--workspace");
+    }
+    cmd.args(args);
     // Tests look the binary up through this variable before falling back to PATH, so a
     // server installed somewhere unusual still works.
     cmd.env("TRANCHE_REDIS_SERVER", &server);
-    step("cargo test", &mut cmd)
+    step("cargo nextest run", &mut cmd)?;
+    if args.is_empty() {
+        let mut doc = cargo();
+        doc.args(["test", "--workspace", "--locked", "--doc"]);
+        doc.env("TRANCHE_REDIS_SERVER", &server);
+        step("cargo test --doc", &mut doc)?;
+    }
+    Ok(())
+}
+
+/// Makes sure `cargo nextest` is there (it gives every test a deadline), installing it
+/// from crates.io when it is missing.
+fn ensure_nextest() -> Result<()> {
+    let present = cargo()
+        .args(["nextest", "--version"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if present {
+        return Ok(());
+    }
+    eprintln!("xtask: cargo-nextest is missing; installing it with cargo install");
+    step(
+        "cargo install cargo-nextest",
+        cargo().args(["install", "--locked", "cargo-nextest"]),
+    )
 }
 
 /// A `cargo` command run from the workspace root, with the cargo that runs xtask.
