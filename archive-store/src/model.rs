@@ -228,10 +228,14 @@ impl Stall {
 }
 
 /// The reason a stall records for `err`: prefixed with [`STATS_DAMAGED`] when the
-/// statistics refused (every error of the statistics layer's Lua starts `stats:`).
+/// statistics refused for a stored value that does not decode (the statistics
+/// layer's Lua says `corrupt` or `not an integer`; in memory its `Corrupt` error).
 pub(crate) fn stall_reason(err: &Error) -> String {
     let text = err.to_string();
-    if matches!(err, Error::Stats(_)) || text.contains("stats:") {
+    let damaged = matches!(err, Error::Stats(tranche_stats::Error::Corrupt { .. }))
+        || (text.contains("stats:")
+            && (text.contains("corrupt") || text.contains("not an integer")));
+    if damaged {
         format!("{STATS_DAMAGED}: {text}")
     } else {
         text

@@ -185,6 +185,9 @@ const IDLE_POLL: Duration = Duration::from_millis(50);
 /// 50 ms, so a completion is archived soon and an idle archiver costs one small read
 /// per poll whatever the shard count. A failed pass is logged and retried after a
 /// second (a failed sweep is retried as a sweep); the loop never gives up on its own.
+/// A shard stalled on its own state (see [`ArchivePass::stalled`]) does not fail the
+/// pass: the backend logs it once, woken passes leave it alone and every sweep tries
+/// it again, so it resumes by itself once repaired.
 ///
 /// With `snapshots`, it publishes statistics snapshots as their [`SnapshotPolicy`]
 /// says, each on a task of its own so archiving never waits for one (a failed snapshot

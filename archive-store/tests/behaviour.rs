@@ -1106,6 +1106,8 @@ async fn a_batch_the_statistics_refuse_writes_nothing() {
     let stalled = h.query.stalled().await.unwrap();
     assert_eq!(stalled.len(), 1);
     assert!(stalled[0].reason.contains("10^18"), "{stalled:?}");
+    // A counter at the guard is not damage: no repair changes it.
+    assert!(!stalled[0].stats_damaged(), "{stalled:?}");
     // Nothing of the batch was written: no archived bit, no record, no count, and the
     // entry is still pending for a later pass.
     let archived: Option<Vec<u8>> = c.get(h.schema.shard_key(0, "archived")).await.unwrap();
