@@ -22,8 +22,16 @@
 //! After the last checkpoint an export decodes every record (it fails on any batch or
 //! segment that does not decode, and the count must be every record fed: none expired).
 //!
-//! Set `TRANCHE_BENCH_MAX` to stop earlier (e.g. 1000000). Output: a table on stdout
-//! and JSON at `$TRANCHE_BENCH_OUT` (default `target/tranche-bench/archive.json`).
+//! Every record fed has its completed-index bit set (`{ns:s}:completed:index`, at the
+//! schema's `bit_offset`), as the active store's completion script sets it in the same
+//! step as its XADD: the archiver dead-letters a record whose bit is clear, and every
+//! pass here asserts that none was.
+//!
+//! Set `TRANCHE_BENCH_MAX` to stop earlier (e.g. 1000000). With `TRANCHE_BENCH_SMOKE=1`
+//! the sizes shrink by a hundred (checkpoints 1,000 to 50,000, tier thresholds 1,000
+//! and 5,000): a few seconds, figures not judged, every code path and assert still run.
+//! Output: a table on stdout and JSON at `$TRANCHE_BENCH_OUT` (default
+//! `target/tranche-bench/archive.json`).
 
 #[path = "../../active-store/tests/support/mod.rs"]
 mod support;
@@ -43,11 +51,46 @@ use tranche_codec::{CompletedRecord, KeySchema, WorkerDict, encode_json, encode_
 
 use support::TestRedis;
 
-const CHECKPOINTS: [u64; 4] = [100_000, 500_000, 1_000_000, 5_000_000];
 const WORKERS: usize = 8;
 const SEED: u64 = 0x0074_7261_6e63_6865;
-const FEED: u64 = 20_000;
-const SAMPLES: usize = 2000;
+
+/// The sizes of a run: full, or a hundredth of them for `TRANCHE_BENCH_SMOKE=1`.
+#[derive(Debug, Clone, Copy)]
+struct Scale {
+    /// Completed counts at which memory is measured.
+    checkpoints: [u64; 4],
+    /// The archive's tier thresholds (`Config::compressed_at`, `summary_at`).
+    compressed_at: u64,
+    summary_at: u64,
+    /// Records fed between two drains.
+    feed: u64,
+    /// `get` calls per latency figure.
+    samples: usize,
+}
+
+impl Scale {
+    fn from_env() -> Self {
+        let smoke = std::env::var("TRANCHE_BENCH_SMOKE").is_ok_and(|v| v == "1");
+        let full = Self {
+            checkpoints: [100_000, 500_000, 1_000_000, 5_000_000],
+            compressed_at: 100_000,
+            summary_at: 500_000,
+            feed: 20_000,
+            samples: 2000,
+        };
+        if smoke {
+            Self {
+                checkpoints: full.checkpoints.map(|c| c / 100),
+                compressed_at: full.compressed_at / 100,
+                summary_at: full.summary_at / 100,
+                feed: full.feed / 100,
+                samples: 200,
+            }
+        } else {
+            full
+        }
+    }
+}
 
 /// Generates records `from..=to` of a set, continuing `free_at` and `rng`.
 struct Gen {
@@ -161,10 +204,15 @@ fn p99_ms(mut xs: Vec<Duration>) -> f64 {
     xs[xs.len() * 99 / 100].as_secs_f64() * 1000.0
 }
 
-async fn get_p99(archive: &RedisArchive<RedisConnection>, upto: u64, want: Tier) -> f64 {
+async fn get_p99(
+    archive: &RedisArchive<RedisConnection>,
+    samples: usize,
+    upto: u64,
+    want: Tier,
+) -> f64 {
     let mut rng = StdRng::seed_from_u64(7);
-    let mut times = Vec::with_capacity(SAMPLES);
-    for _ in 0..SAMPLES {
+    let mut times = Vec::with_capacity(samples);
+    for _ in 0..samples {
         let pid = rng.random_range(1..=upto);
         let t = Instant::now();
         let found = archive.get(pid).await.unwrap();
@@ -191,11 +239,13 @@ struct SetResult {
     client_cpu_us: f64,
 }
 
-async fn run_set(millis: bool, max: u64) -> SetResult {
+async fn run_set(millis: bool, max: u64, scale: Scale) -> SetResult {
     let server = TestRedis::start();
     let conn = RedisConnection::connect(&server.url()).await.unwrap();
     let config = Config {
         consumer: "bench".into(),
+        compressed_at: scale.compressed_at,
+        summary_at: scale.summary_at,
         ..Config::default()
     };
     let schema = config.schema().unwrap();
@@ -209,15 +259,27 @@ async fn run_set(millis: bool, max: u64) -> SetResult {
     let (mut server_cpu, mut client_cpu) = (0.0f64, 0.0f64);
     let mut bytes = Vec::new();
     let mut gets = Vec::new();
-    for &checkpoint in CHECKPOINTS.iter().filter(|&&c| c <= max) {
+    for &checkpoint in scale.checkpoints.iter().filter(|&&c| c <= max) {
         while all_done < checkpoint {
-            let n = FEED.min(checkpoint - all_done);
+            let n = scale.feed.min(checkpoint - all_done);
             let mut pipe = redis::pipe();
             let recs: Vec<CompletedRecord> = (all_done + 1..=all_done + n)
                 .map(|p| source.next(p))
                 .collect();
             for chunk in recs.chunks(100) {
                 let lines: Vec<String> = chunk.iter().map(encode_json).collect();
+                // What the completion script does in the same step as its XADD: set
+                // each pid's completed-index bit, without which the archiver
+                // dead-letters the record as never completed.
+                let index = pipe.cmd("BITFIELD").arg(schema.completed_index(0));
+                for r in chunk {
+                    index
+                        .arg("SET")
+                        .arg("u1")
+                        .arg(schema.bit_offset(r.pid))
+                        .arg(1);
+                }
+                index.ignore();
                 pipe.cmd("XADD")
                     .arg(schema.inbox(0))
                     .arg("*")
@@ -230,6 +292,8 @@ async fn run_set(millis: bool, max: u64) -> SetResult {
             let t = Instant::now();
             loop {
                 let pass = archive.archive_once().await.unwrap();
+                assert_eq!(pass.dead_lettered, 0, "records dead-lettered: {pass:?}");
+                assert_eq!(pass.malformed, 0, "records dropped: {pass:?}");
                 if pass.entries == 0 {
                     break;
                 }
@@ -239,15 +303,20 @@ async fn run_set(millis: bool, max: u64) -> SetResult {
             client_cpu += own_cpu_s() - own0;
             let before = all_done;
             all_done += n;
-            if before < 300_000 && all_done >= 300_000 {
-                // Compacted at 100,000: everything is in batches, none expires yet.
+            let (compressed, simple) = (3 * scale.compressed_at, scale.compressed_at / 2);
+            if before < compressed && all_done >= compressed {
+                // Compacted at the first checkpoint: everything is in batches, none
+                // expires yet.
                 gets.push((
                     "compressed",
-                    get_p99(&archive, 300_000, Tier::Compressed).await,
+                    get_p99(&archive, scale.samples, compressed, Tier::Compressed).await,
                 ));
             }
-            if before < 50_000 && all_done >= 50_000 {
-                gets.push(("simple", get_p99(&archive, 50_000, Tier::Simple).await));
+            if before < simple && all_done >= simple {
+                gets.push((
+                    "simple",
+                    get_p99(&archive, scale.samples, simple, Tier::Simple).await,
+                ));
             }
         }
         archive.compact().await.unwrap();
@@ -257,10 +326,10 @@ async fn run_set(millis: bool, max: u64) -> SetResult {
         let used = used_memory(&server).saturating_sub(base);
         bytes.push((checkpoint, used as f64 / checkpoint as f64));
     }
-    if all_done >= 1_000_000 {
+    if all_done >= 2 * scale.summary_at {
         gets.push((
             "summary",
-            get_p99(&archive, all_done - 1000, Tier::Summary).await,
+            get_p99(&archive, scale.samples, all_done - 1000, Tier::Summary).await,
         ));
     }
     // Every record is still there and decodes: an export decodes every batch and
@@ -273,7 +342,7 @@ async fn run_set(millis: bool, max: u64) -> SetResult {
         t.elapsed().as_secs_f64()
     );
     drop(server);
-    let seed_text = seed_text(millis, max).await;
+    let seed_text = seed_text(millis, max, scale).await;
     SetResult {
         bytes,
         seed_text,
@@ -285,7 +354,7 @@ async fn run_set(millis: bool, max: u64) -> SetResult {
 }
 
 /// The seed's compressed format as the seed stores it: APPEND per record.
-async fn seed_text(millis: bool, max: u64) -> Vec<(u64, f64)> {
+async fn seed_text(millis: bool, max: u64, scale: Scale) -> Vec<(u64, f64)> {
     let server = TestRedis::start();
     let conn = RedisConnection::connect(&server.url()).await.unwrap();
     let schema = KeySchema::new("elk", 1).unwrap();
@@ -297,9 +366,9 @@ async fn seed_text(millis: bool, max: u64) -> Vec<(u64, f64)> {
     let mut source = Gen::new(millis);
     let mut done = 0u64;
     let mut out = Vec::new();
-    for &checkpoint in CHECKPOINTS.iter().filter(|&&c| c <= max) {
+    for &checkpoint in scale.checkpoints.iter().filter(|&&c| c <= max) {
         while done < checkpoint {
-            let n = FEED.min(checkpoint - done);
+            let n = scale.feed.min(checkpoint - done);
             let mut pipe = redis::pipe();
             for pid in done + 1..=done + n {
                 let r = source.next(pid);
@@ -331,9 +400,10 @@ async fn main() {
     let max: u64 = std::env::var("TRANCHE_BENCH_MAX")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(5_000_000);
-    let s = run_set(false, max).await;
-    let m = run_set(true, max).await;
+        .unwrap_or(u64::MAX);
+    let scale = Scale::from_env();
+    let s = run_set(false, max, scale).await;
+    let m = run_set(true, max, scale).await;
     // The seed's table: 100K simple ~ 20 MB, 500K compressed ~ 15 MB, 5M summary ~ 30 MB.
     let seed_table = [
         (100_000u64, 200.0),

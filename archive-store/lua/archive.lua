@@ -56,6 +56,25 @@ if not tonumber(ttl) then
   return redis.error_reply('ERR archive: time to live `' .. tostring(ttl) .. '`')
 end
 local stats_writes = stats_plan(4, a + 3 * s + 2)
+-- The keys this call writes must be of their type, and the counters it adds to or
+-- reads back integers: a command failing after the first write would leave it half
+-- done.
+expect_type(KEYS[1], 'string')
+expect_type(KEYS[2], 'hash')
+expect_type(KEYS[3], 'hash')
+expect_type(KEYS[9], 'set')
+for j = 1, m do expect_type(KEYS[9 + j], 'hash') end
+for j = 1, s do expect_type(KEYS[9 + m + j], 'string') end
+local counted = redis.call('HGET', KEYS[3], 'count')
+if counted and not is_count(counted) then
+  error('archive: ' .. KEYS[3] .. ' count `' .. counted .. '` is not a count; nothing was written')
+end
+for j = 1, m do
+  local partial = redis.call('HGET', KEYS[3], 'partial:' .. ARGV[2 + 4 * n + j])
+  if partial and not is_count(partial) then
+    error('archive: ' .. KEYS[3] .. ' partial:' .. ARGV[2 + 4 * n + j] .. ' is not a count; nothing was written')
+  end
+end
 
 -- One BITFIELD sets every record's archived bit and returns the old ones: reading and
 -- setting them in two calls cost the archive about a seventh of its time. A record

@@ -9,6 +9,10 @@
 -- A record lives in one place at a time: the simple hash, an open hash, its batch's own
 -- sealed key, or (once join.lua has moved the whole batch in one atomic step) the
 -- batch's slot in its segment, which the caller cuts out.
+-- It only reads; malformed arguments are still refused, by name.
+if not is_count(ARGV[1]) or not is_count(ARGV[2]) then
+  error('get: pid `' .. tostring(ARGV[1]) .. '` or offset `' .. tostring(ARGV[2]) .. '` is not a count')
+end
 local index = redis.call('GETBIT', KEYS[1], ARGV[2])
 local archived = redis.call('GETBIT', KEYS[2], ARGV[2])
 if archived == 0 then return {index, 0, false, false, false, -1, false, -1} end

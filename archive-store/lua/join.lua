@@ -8,7 +8,22 @@
 -- Reply: 1 when joined, 0 when not (a planned batch not sealed yet, or only partially,
 -- or the segment joined already). Joining twice, or racing a seal, is harmless: the
 -- segment is written once, from batch keys that are all there.
+-- Every argument and key type is checked before the first write (the batch keys are
+-- read whole below, before it).
+if not is_count(ARGV[1]) or tonumber(ARGV[1]) < 1 then
+  error('join: batch count `' .. tostring(ARGV[1]) .. '`; nothing was written')
+end
 local g = tonumber(ARGV[1])
+if #ARGV ~= 1 + 2 * g or #KEYS ~= 2 + g then
+  error('join: ' .. g .. ' batches, ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments do not match; nothing was written')
+end
+for j = 1, g do
+  if not is_count(ARGV[1 + j]) or (ARGV[1 + g + j] ~= '0' and ARGV[1 + g + j] ~= '1') then
+    error('join: slot ' .. j .. ' `' .. ARGV[1 + j] .. '` `' .. ARGV[1 + g + j] .. '`; nothing was written')
+  end
+end
+expect_type(KEYS[1], 'hash')
+expect_type(KEYS[2], 'string')
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 local blobs, ttl, forever = {}, -1, false
 for j = 1, g do

@@ -8,6 +8,19 @@
 -- Reply: 1 when sealed, 0 when the batch changed since it was read (nothing written;
 -- the caller reads again). Records arrive in any order, so a record may land in the
 -- open hash between the read and this call: the length check keeps it from being lost.
+-- Every argument and key type is checked before the first write.
+for _, i in ipairs({1, 4, 5, 6, 7}) do
+  if not is_count(ARGV[i]) then
+    error('seal: ARGV[' .. i .. '] `' .. tostring(ARGV[i]) .. '` is not a count; nothing was written')
+  end
+end
+if not ARGV[2] or not ARGV[3] or ARGV[3] == '' then
+  error('seal: no sealed string; nothing was written')
+end
+expect_type(KEYS[1], 'hash')
+expect_type(KEYS[2], 'string')
+expect_type(KEYS[3], 'set')
+expect_type(KEYS[4], 'hash')
 if redis.call('HLEN', KEYS[1]) ~= tonumber(ARGV[1]) then return 0 end
 local old = redis.call('GET', KEYS[2]) or ''
 if old ~= ARGV[2] then return 0 end

@@ -18,6 +18,10 @@ pub enum Error {
         /// What was wrong with it.
         detail: String,
     },
+    /// The statistics layer refused (a damaged shard's statistics refuse every delta
+    /// until repaired).
+    #[error(transparent)]
+    Stats(#[from] tranche_stats::Error),
     /// A key-schema or encoding error from the codec.
     #[error(transparent)]
     Codec(#[from] tranche_codec::Error),

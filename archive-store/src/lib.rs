@@ -79,7 +79,9 @@ mod store;
 pub use dump::{Dump, DumpBatch};
 pub use error::{Error, Result};
 pub use memory::MemoryArchive;
-pub use model::{ArchivePass, Config, DeadLetter, Lookup, RangePage, Redrive, Tier};
+pub use model::{
+    ArchivePass, Config, DeadLetter, Lookup, RangePage, Redrive, STATS_DAMAGED, Stall, Tier,
+};
 pub use redis_store::RedisArchive;
 #[cfg(feature = "testing")]
 pub use redis_store::scripts;
@@ -87,3 +89,4 @@ pub use segment::SEGMENT_BATCHES;
 pub use snapshots::{SnapshotPolicy, Snapshots};
 pub use state::{ARCHIVE_STATE_VERSION, ArchiveState};
 pub use store::{ArchiveQuery, Archiver, Compaction, Export, Import, run};
+pub use tranche_stats::{Damage, Repaired};

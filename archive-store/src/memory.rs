@@ -13,12 +13,12 @@ use tranche_codec::{
     encode_binary_v2,
 };
 
-use tranche_stats::{MemoryStats, StatsDelta};
+use tranche_stats::{MemoryStats, StatsDelta, StatsStore};
 
 use crate::state::{ARCHIVE_STATE_VERSION, ArchiveState, SealedState, ShardState};
 
 use crate::dump::{Dump, DumpBatch};
-use crate::model::{ArchivePass, Config, Lookup, RangePage, Tier};
+use crate::model::{ArchivePass, Config, Lookup, RangePage, Stall, Tier, stall_reason};
 use crate::segment::SegmentRef;
 use crate::store::{ArchiveQuery, Archiver, Compaction, Export, Import, page_by_lookup};
 use crate::{Error, Result};
@@ -56,6 +56,9 @@ pub struct MemoryArchive {
     /// Wall-clock time for the saved state: a sealed batch's expiry is kept as an
     /// `Instant` here and saved as the time it reads on this clock.
     clock: Arc<dyn Clock>,
+    /// The stalled shards: those whose statistics refuse deltas. Not saved with the
+    /// state: the damage that stalls a shard is found again by the next pass.
+    stalls: Mutex<BTreeMap<u32, Stall>>,
 }
 
 #[derive(Debug, Default)]
@@ -271,6 +274,7 @@ impl MemoryArchive {
             decode_failures: Mutex::default(),
             stats,
             clock: Arc::new(SystemClock),
+            stalls: Mutex::default(),
         })
     }
 
@@ -416,6 +420,25 @@ impl MemoryArchive {
         }
     }
 
+    /// Makes the expiry of sealed batch `batch` happen now (feature `testing`), so
+    /// tests never wait on a clock. Returns the time it had left, in ms (none without
+    /// an expiry).
+    #[cfg(feature = "testing")]
+    pub fn expire_batch(&self, batch: u64) -> Vec<i64> {
+        let mut shard = lock(&self.shards[self.schema.shard_of_batch(batch) as usize]);
+        let now = Instant::now();
+        match shard.sealed.get_mut(&batch) {
+            Some(Sealed {
+                expires: Some(e), ..
+            }) if *e > now => {
+                let left = e.saturating_duration_since(now).as_millis() as i64;
+                *e = now;
+                vec![left]
+            }
+            _ => Vec::new(),
+        }
+    }
+
     fn archive_records(
         &self,
         shard: u32,
@@ -439,6 +462,8 @@ impl MemoryArchive {
     ) -> Result<(usize, usize)> {
         let (mut written, mut dups) = (0, 0);
         let batch_size = self.schema.batch_size();
+        // A shard whose statistics refuse deltas must refuse before anything changes.
+        self.stats.check_whole(shard)?;
         let mut delta = StatsDelta::default();
         for record in records {
             if !s.archived.insert(record.pid) {
@@ -466,8 +491,9 @@ impl MemoryArchive {
                 self.seal_locked(s, dict, batch, tier)?;
             }
         }
-        // Still under the shard lock: the statistics change with the archive.
-        self.stats.apply(shard, &delta);
+        // Still under the shard lock: the statistics change with the archive. Checked
+        // whole above, under the same lock.
+        self.stats.apply(shard, &delta)?;
         Ok((written, dups))
     }
 
@@ -615,6 +641,16 @@ impl Archiver for MemoryArchive {
             let mut dict = lock(&self.dict);
             let mut s = lock(&self.shards[shard as usize]);
             s.receive(&self.inboxes[shard as usize]);
+            // A shard whose statistics refuse deltas keeps its records received,
+            // unarchived, until it is repaired; the others go on.
+            if let Err(err) = self.stats.check_whole(shard) {
+                pass.stalled += s.received.len();
+                self.stall(shard, &err.into());
+                continue;
+            }
+            if lock(&self.stalls).remove(&shard).is_some() {
+                tracing::info!(shard, "archive of the shard resumed");
+            }
             let records = s.take_received(self.config.batch);
             pass.entries += records.len();
             // A record of another shard would take another pid's place: drop it loudly.
@@ -638,6 +674,65 @@ impl Archiver for MemoryArchive {
 
     fn idle_wait(&self) -> Duration {
         self.config.block
+    }
+
+    async fn repair_stats(&self, shard: u32) -> Result<tranche_stats::Repaired> {
+        if shard >= self.schema.num_shards() {
+            return Err(Error::InvalidArgument(format!(
+                "shard {shard} does not exist: the namespace has {} shards",
+                self.schema.num_shards()
+            )));
+        }
+        let mut delta = StatsDelta::default();
+        let mut unreadable = 0u64;
+        {
+            let dict = lock(&self.dict).clone();
+            let s = lock(&self.shards[shard as usize]);
+            let mut held = 0u64;
+            for r in s.simple.values() {
+                delta.add(r);
+                held += 1;
+            }
+            for (_, recs) in s.open.values() {
+                for r in recs.values() {
+                    delta.add(r);
+                    held += 1;
+                }
+            }
+            for sealed in s.sealed.values() {
+                if sealed.expires.is_some_and(|e| e <= Instant::now()) {
+                    continue;
+                }
+                if let Ok(b) = decode_binary_v2(&sealed.bytes, &dict) {
+                    for r in &b.records {
+                        delta.add(r);
+                        held += 1;
+                    }
+                }
+            }
+            unreadable += (s.archived.len() as u64).saturating_sub(held);
+        }
+        Ok(self.stats.repair(shard, &delta, unreadable).await?)
+    }
+}
+
+impl MemoryArchive {
+    /// Records shard `shard` as stalled by `err` (the first time only: `since` stays).
+    fn stall(&self, shard: u32, err: &Error) {
+        let mut stalls = lock(&self.stalls);
+        if stalls.contains_key(&shard) {
+            return;
+        }
+        let reason = stall_reason(err);
+        tracing::warn!(shard, %reason, "archive of the shard stalled; its records stay in the inbox");
+        stalls.insert(
+            shard,
+            Stall {
+                shard,
+                since_ms: self.clock.now_ms(),
+                reason,
+            },
+        );
     }
 }
 
@@ -698,6 +793,10 @@ impl ArchiveQuery for MemoryArchive {
 
     async fn decode_failures(&self) -> Result<u64> {
         Ok(*lock(&self.decode_failures))
+    }
+
+    async fn stalled(&self) -> Result<Vec<Stall>> {
+        Ok(lock(&self.stalls).values().cloned().collect())
     }
 }
 

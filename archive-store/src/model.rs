@@ -179,6 +179,13 @@ pub struct ArchivePass {
     /// their bit offset is past a Redis bitmap): moved to the shard's dead-letter stream
     /// `{ns:s}:dead` with the reason, acknowledged, logged.
     pub dead_lettered: usize,
+    /// Inbox entries (records, in memory) of stalled shards, left unacknowledged for a
+    /// later pass: a shard whose archive call is refused for its own state (its
+    /// statistics damaged, ...) stalls alone, and the other shards go on. Not counted
+    /// in [`entries`](Self::entries), so a pass that did nothing else has `entries ==
+    /// 0`; [`ArchiveQuery::stalled`](crate::ArchiveQuery::stalled) says which shards
+    /// and why.
+    pub stalled: usize,
 }
 
 impl ArchivePass {
@@ -190,6 +197,48 @@ impl ArchivePass {
         self.claimed += other.claimed;
         self.malformed += other.malformed;
         self.dead_lettered += other.dead_lettered;
+        self.stalled += other.stalled;
+    }
+}
+
+/// A shard whose archiving is stalled: its archive calls are refused for the shard's
+/// own state, so its records stay in the inbox until it is repaired. Kept on Redis in
+/// the hash `{ns}:archive:stalled` (shard -> `since_ms reason`, one read for every
+/// shard), set by the pass that first meets the refusal and cleared by the first
+/// pass that archives the shard again.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Stall {
+    /// The shard.
+    pub shard: u32,
+    /// When a pass first found it stalled, in ms since the Unix epoch.
+    pub since_ms: u64,
+    /// Why, as the refusal said it; starts with [`STATS_DAMAGED`] when the shard's
+    /// statistics are damaged (`check --repair` rebuilds them).
+    pub reason: String,
+}
+
+/// The start of a [`Stall::reason`] whose cause is damaged statistics.
+pub const STATS_DAMAGED: &str = "statistics damaged";
+
+impl Stall {
+    /// Whether the shard is stalled on damaged statistics.
+    pub fn stats_damaged(&self) -> bool {
+        self.reason.starts_with(STATS_DAMAGED)
+    }
+}
+
+/// The reason a stall records for `err`: prefixed with [`STATS_DAMAGED`] when the
+/// statistics refused for a stored value that does not decode (the statistics
+/// layer's Lua says `corrupt` or `not an integer`; in memory its `Corrupt` error).
+pub(crate) fn stall_reason(err: &Error) -> String {
+    let text = err.to_string();
+    let damaged = matches!(err, Error::Stats(tranche_stats::Error::Corrupt { .. }))
+        || (text.contains("stats:")
+            && (text.contains("corrupt") || text.contains("not an integer")));
+    if damaged {
+        format!("{STATS_DAMAGED}: {text}")
+    } else {
+        text
     }
 }
 

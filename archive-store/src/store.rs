@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use crate::Result;
 use crate::dump::Dump;
-use crate::model::{ArchivePass, DeadLetter, Lookup, RangePage, Redrive};
+use crate::model::{ArchivePass, DeadLetter, Lookup, RangePage, Redrive, Stall};
 use crate::snapshots::{Publisher, Snapshots};
 
 /// Drains the shards' inboxes into the archive.
@@ -43,6 +43,19 @@ pub trait Archiver: Send + Sync {
         let _ = planned;
         Ok(Redrive::default())
     }
+
+    /// Rebuilds shard `shard`'s statistics from the records the archive holds for it
+    /// (every pid of its archived bitmap, read batch by batch: memory grows with one
+    /// batch, not the shard), setting every damaged value aside in the statistics'
+    /// quarantine first: [`StatsStore::repair`](tranche_stats::StatsStore::repair),
+    /// whose rule says what happens when some records cannot be read (expired summary
+    /// batches, batches that do not decode: [`Repaired::unreadable`]). Run it while the
+    /// shard is not archiving (a stalled shard is not): a record archived during the
+    /// rebuild may be left out. The shard's stall clears on its next successful pass
+    /// ([`Archiver::archive_once`]).
+    ///
+    /// [`Repaired::unreadable`]: tranche_stats::Repaired::unreadable
+    async fn repair_stats(&self, shard: u32) -> Result<tranche_stats::Repaired>;
 }
 
 /// Reads the archive.
@@ -69,6 +82,14 @@ pub trait ArchiveQuery: Send + Sync {
     /// shard are kept). O(shards).
     async fn dead_letter_count(&self) -> Result<u64> {
         Ok(0)
+    }
+
+    /// The shards whose archiving is stalled, with since when and why, by shard. One
+    /// read on Redis (`{ns}:archive:stalled`), whatever the shard count: what `health`
+    /// polls, and what `tranche archive` names when a pass can do nothing more
+    /// (`entries == 0`) while records are left.
+    async fn stalled(&self) -> Result<Vec<Stall>> {
+        Ok(Vec::new())
     }
 }
 
@@ -115,6 +136,9 @@ macro_rules! forward {
             async fn redrive_dead_letters(&self, planned: &[RangeInclusive<u64>]) -> Result<Redrive> {
                 (**self).redrive_dead_letters(planned).await
             }
+            async fn repair_stats(&self, shard: u32) -> Result<tranche_stats::Repaired> {
+                (**self).repair_stats(shard).await
+            }
         }
 
         #[async_trait]
@@ -141,6 +165,9 @@ macro_rules! forward {
             async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {
                 (**self).dead_letters(limit).await
             }
+            async fn stalled(&self) -> Result<Vec<Stall>> {
+                (**self).stalled().await
+            }
         }
     )*};
 }
@@ -158,6 +185,9 @@ const IDLE_POLL: Duration = Duration::from_millis(50);
 /// 50 ms, so a completion is archived soon and an idle archiver costs one small read
 /// per poll whatever the shard count. A failed pass is logged and retried after a
 /// second (a failed sweep is retried as a sweep); the loop never gives up on its own.
+/// A shard stalled on its own state (see [`ArchivePass::stalled`]) does not fail the
+/// pass: the backend logs it once, woken passes leave it alone and every sweep tries
+/// it again, so it resumes by itself once repaired.
 ///
 /// With `snapshots`, it publishes statistics snapshots as their [`SnapshotPolicy`]
 /// says, each on a task of its own so archiving never waits for one (a failed snapshot

@@ -11,7 +11,8 @@ fn lua_sources() -> Vec<(String, String)> {
 
 #[test]
 fn scripts_name_keys_only_through_keys() {
-    let offenders = support::keys_not_from_keys(&lua_sources(), &[("variadic", 1)]);
+    let offenders =
+        support::keys_not_from_keys(&lua_sources(), &[("variadic", 1), ("expect_type", 0)]);
     assert!(offenders.is_empty(), "key not from KEYS[]: {offenders:#?}");
 }
 
@@ -107,4 +108,353 @@ async fn archive_refuses_malformed_arguments_before_writing() {
     let written: Vec<i64> = call("0", "0").invoke_async(&mut conn).await.unwrap();
     assert_eq!(written, vec![1, 2]);
     assert_ne!(server.dump_all(), before);
+}
+
+/// One script's row of the DUMP harness: a good call on the state [`setup`] leaves,
+/// calls with bad arguments, and corrupt values in the keys it reads; every bad call is
+/// refused and leaves every key's DUMP as it was.
+struct Row {
+    script: &'static str,
+    keys: Vec<String>,
+    good: Vec<Vec<u8>>,
+    bad_args: Vec<(&'static str, Vec<Vec<u8>>)>,
+    /// A key, a field (`None`: the key becomes a value of another type, `bad` naming
+    /// it: `hash`, `set` or `string`), the bad value.
+    corrupt: Vec<(String, Option<&'static str>, Vec<u8>)>,
+}
+
+fn args(xs: &[&str]) -> Vec<Vec<u8>> {
+    xs.iter().map(|x| x.as_bytes().to_vec()).collect()
+}
+
+const T0: u64 = 1_719_234_405_000;
+
+fn record(pid: u64) -> tranche_codec::CompletedRecord {
+    tranche_codec::CompletedRecord {
+        pid,
+        min_id: (pid - 1) * 1000 + 1,
+        max_id: pid * 1000,
+        worker: std::sync::Arc::from("w1"),
+        completed_at_ms: T0 + pid,
+        duration_ms: 1000,
+    }
+}
+
+const STATS: [&str; 5] = [
+    "{t:0}:stats:global",
+    "{t:0}:stats:workers",
+    "{t:0}:stats:ranges",
+    "{t:0}:stats:hourly",
+    "{t:0}:stats:hist",
+];
+
+fn archive_keys() -> Vec<String> {
+    let mut keys = vec![
+        "{t:0}:archived".to_owned(),
+        "{t:0}:completed".to_owned(),
+        "{t:0}:archive".to_owned(),
+    ];
+    keys.extend(STATS.iter().map(|k| (*k).to_owned()));
+    keys.push("{t:0}:archive:open".to_owned());
+    keys
+}
+
+/// `archive.lua`'s arguments for record `pid` alone, one by one into the simple hash,
+/// with its statistics delta.
+fn archive_args(pid: u64) -> Vec<Vec<u8>> {
+    let r = record(pid);
+    let mut a = args(&["1", &pid.to_string(), &pid.to_string()]);
+    a.push(tranche_codec::encode_json(&r).into_bytes());
+    a.extend(args(&["0", "0", "0", "0"]));
+    let delta = tranche_stats::StatsDelta::from_records(&[r]);
+    a.extend(
+        tranche_stats::delta_args(&delta, T0)
+            .into_iter()
+            .map(String::into_bytes),
+    );
+    a
+}
+
+async fn invoke(
+    conn: &mut redis::aio::MultiplexedConnection,
+    script: &redis::Script,
+    keys: &[String],
+    args: &[Vec<u8>],
+) -> redis::RedisResult<redis::Value> {
+    let mut call = script.prepare_invoke();
+    for k in keys {
+        call.key(k);
+    }
+    for a in args {
+        call.arg(a);
+    }
+    call.invoke_async(conn).await
+}
+
+/// Pid 5 archived (statistics, bitmap, simple hash, count), an open batch 0 of two
+/// records, and a sealed batch 1.
+async fn setup(server: &support::TestRedis, conn: &mut redis::aio::MultiplexedConnection) {
+    let _: () = server.query(&redis::cmd("FLUSHALL"));
+    let archive = script("archive");
+    invoke(conn, archive, &archive_keys(), &archive_args(5))
+        .await
+        .unwrap();
+    let _: () = server.query(
+        redis::cmd("HSET")
+            .arg("{t:0}:completed:batch:0:open")
+            .arg("1")
+            .arg("a")
+            .arg("2")
+            .arg("b"),
+    );
+    let _: () = server.query(redis::cmd("SADD").arg("{t:0}:archive:open").arg("0"));
+    let _: () = server.query(
+        redis::cmd("SET")
+            .arg("{t:0}:completed:batch:1")
+            .arg("SEALED"),
+    );
+}
+
+fn script(name: &str) -> &'static redis::Script {
+    tranche_archive_store::scripts()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .unwrap_or_else(|| panic!("no script {name}"))
+        .1
+}
+
+fn rows() -> Vec<Row> {
+    let open = "{t:0}:completed:batch:0:open".to_owned();
+    let sealed = "{t:0}:completed:batch:0".to_owned();
+    let counters = "{t:0}:archive".to_owned();
+    let open_set = "{t:0}:archive:open".to_owned();
+    let good_archive = archive_args(1);
+    let mut bad_delta = good_archive.clone();
+    let at = bad_delta.len() - 3;
+    bad_delta[at] = b"x".to_vec();
+    let mut short_delta = good_archive.clone();
+    short_delta.pop();
+    let seal = |xs: [&str; 7]| args(&xs);
+    vec![
+        Row {
+            script: "archive",
+            keys: archive_keys(),
+            good: good_archive.clone(),
+            bad_args: vec![
+                ("no arguments", vec![]),
+                ("a record count", args(&["x"])),
+                ("a target past the open batches", {
+                    let mut a = good_archive.clone();
+                    a[4] = b"1".to_vec();
+                    a
+                }),
+                ("a target not a number", {
+                    let mut a = good_archive.clone();
+                    a[4] = b"x".to_vec();
+                    a
+                }),
+                ("a time to live", {
+                    let mut a = good_archive.clone();
+                    a[7] = b"soon".to_vec();
+                    a
+                }),
+                ("a malformed delta", bad_delta),
+                ("a delta short of its count", short_delta),
+            ],
+            corrupt: vec![
+                (STATS[0].into(), Some("count"), b"x".to_vec()),
+                (STATS[1].into(), Some("w1|count"), b"many".to_vec()),
+                (STATS[2].into(), Some("0"), b"\x80".to_vec()),
+                (STATS[3].into(), Some("2024-06-24"), b"\x00\x80".to_vec()),
+                (counters.clone(), Some("count"), b"lots".to_vec()),
+                ("{t:0}:archived".into(), None, b"hash".to_vec()),
+                ("{t:0}:completed".into(), None, b"string".to_vec()),
+                (counters.clone(), None, b"string".to_vec()),
+                (open_set.clone(), None, b"string".to_vec()),
+            ],
+        },
+        Row {
+            script: "get",
+            keys: vec![
+                "{t:0}:completed:index".into(),
+                "{t:0}:archived".into(),
+                "{t:0}:completed".into(),
+                sealed.clone(),
+                open.clone(),
+                "{t:0}:completed:seg:0".into(),
+            ],
+            good: args(&["5", "5"]),
+            bad_args: vec![
+                ("no arguments", vec![]),
+                ("a pid", args(&["five", "5"])),
+                ("an offset", args(&["5", "-5"])),
+            ],
+            corrupt: vec![
+                ("{t:0}:archived".into(), None, b"hash".to_vec()),
+                ("{t:0}:completed".into(), None, b"string".to_vec()),
+            ],
+        },
+        Row {
+            script: "seal",
+            keys: vec![
+                open.clone(),
+                sealed.clone(),
+                open_set.clone(),
+                counters.clone(),
+            ],
+            good: seal(["2", "", "NEW", "0", "0", "2", "99"]),
+            bad_args: vec![
+                ("no arguments", vec![]),
+                ("a length", seal(["two", "", "NEW", "0", "0", "2", "99"])),
+                ("no new string", seal(["2", "", "", "0", "0", "2", "99"])),
+                (
+                    "a time to live",
+                    seal(["2", "", "NEW", "x", "0", "2", "99"]),
+                ),
+                ("a batch id", seal(["2", "", "NEW", "0", "-1", "2", "99"])),
+                (
+                    "a record count",
+                    seal(["2", "", "NEW", "0", "0", "2.5", "99"]),
+                ),
+                (
+                    "a planned count",
+                    seal(["2", "", "NEW", "0", "0", "2", "x"]),
+                ),
+            ],
+            corrupt: vec![
+                (open.clone(), None, b"string".to_vec()),
+                (sealed.clone(), None, b"hash".to_vec()),
+                (open_set.clone(), None, b"string".to_vec()),
+                (counters.clone(), None, b"string".to_vec()),
+            ],
+        },
+        Row {
+            script: "dict",
+            keys: vec!["{t}:dict".into()],
+            good: args(&["", "DICT"]),
+            bad_args: vec![
+                ("no arguments", vec![]),
+                ("an empty dictionary", args(&["", ""])),
+                ("an extra argument", args(&["", "DICT", "x"])),
+            ],
+            corrupt: vec![("{t}:dict".into(), None, b"hash".to_vec())],
+        },
+        Row {
+            script: "move",
+            keys: vec!["{t:0}:completed".into(), open_set.clone(), open.clone()],
+            good: args(&["1", "0", "5", "1"]),
+            bad_args: vec![
+                ("no arguments", vec![]),
+                ("a batch count", args(&["x", "0", "5", "1"])),
+                ("a batch past the keys", args(&["1", "0", "5", "2"])),
+                ("a batch not a number", args(&["1", "0", "5", "x"])),
+                ("a pid without its batch", args(&["1", "0", "5"])),
+                ("a batch id", args(&["1", "-0", "5", "1"])),
+            ],
+            corrupt: vec![
+                ("{t:0}:completed".into(), None, b"string".to_vec()),
+                (open_set.clone(), None, b"string".to_vec()),
+                (open.clone(), None, b"string".to_vec()),
+            ],
+        },
+        Row {
+            script: "join",
+            keys: vec![
+                counters.clone(),
+                "{t:0}:completed:seg:0".into(),
+                "{t:0}:completed:batch:1".into(),
+            ],
+            good: args(&["1", "1", "1"]),
+            bad_args: vec![
+                ("no arguments", vec![]),
+                ("a batch count", args(&["x", "1", "1"])),
+                ("no batch", args(&["0"])),
+                ("a batch id", args(&["1", "one", "1"])),
+                ("a planned flag", args(&["1", "1", "2"])),
+                ("too many arguments", args(&["1", "1", "1", "1"])),
+            ],
+            corrupt: vec![
+                (counters, None, b"string".to_vec()),
+                ("{t:0}:completed:seg:0".into(), None, b"hash".to_vec()),
+                ("{t:0}:completed:batch:1".into(), None, b"hash".to_vec()),
+            ],
+        },
+    ]
+}
+
+/// Every script of the store, run with bad arguments and over corrupt values in the
+/// keys it reads: each call is refused and no key's DUMP changes. Each row's good call
+/// succeeds on the same state first, so the refusals are the bad input's doing.
+#[tokio::test]
+async fn every_script_refuses_bad_input_without_writing() {
+    let server = support::TestRedis::start();
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let rows = rows();
+    let mut names: Vec<&str> = tranche_archive_store::scripts()
+        .iter()
+        .map(|(n, _)| *n)
+        .collect();
+    let mut covered: Vec<&str> = rows.iter().map(|r| r.script).collect();
+    names.sort_unstable();
+    covered.sort_unstable();
+    assert_eq!(names, covered, "every script has exactly one row");
+
+    for row in &rows {
+        let s = script(row.script);
+        setup(&server, &mut conn).await;
+        invoke(&mut conn, s, &row.keys, &row.good)
+            .await
+            .unwrap_or_else(|e| panic!("{}: the good call failed: {e}", row.script));
+        for (what, bad) in &row.bad_args {
+            setup(&server, &mut conn).await;
+            let before = server.dump_all();
+            let result = invoke(&mut conn, s, &row.keys, bad).await;
+            assert!(
+                result.is_err(),
+                "{} {what}: accepted: {result:?}",
+                row.script
+            );
+            assert_eq!(
+                server.dump_all(),
+                before,
+                "{} {what}: a key changed",
+                row.script
+            );
+        }
+        for (key, field, bad) in &row.corrupt {
+            setup(&server, &mut conn).await;
+            match field {
+                Some(f) => {
+                    let _: () = server.query(redis::cmd("HSET").arg(key).arg(f).arg(bad));
+                }
+                None => {
+                    let _: () = server.query(redis::cmd("DEL").arg(key));
+                    let cmd = match &bad[..] {
+                        b"hash" => redis::cmd("HSET").arg(key).arg("f").arg("v").clone(),
+                        b"set" => redis::cmd("SADD").arg(key).arg("m").clone(),
+                        _ => redis::cmd("SET").arg(key).arg("v").clone(),
+                    };
+                    let _: redis::Value = server.query(&cmd);
+                }
+            }
+            let before = server.dump_all();
+            let result = invoke(&mut conn, s, &row.keys, &row.good).await;
+            assert!(
+                result.is_err(),
+                "{}: accepted over {key} {field:?} = {:?}: {result:?}",
+                row.script,
+                String::from_utf8_lossy(bad)
+            );
+            assert_eq!(
+                server.dump_all(),
+                before,
+                "{}: {key} {field:?}: a key changed",
+                row.script
+            );
+        }
+    }
 }

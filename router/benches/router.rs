@@ -11,6 +11,8 @@
 //! goes through the router's trait objects, exactly as the worker binary will call it,
 //! and every answer is checked (right pid, right tier).
 //!
+//! `TRANCHE_BENCH_SMOKE=1` runs everything at a hundredth of the size (thresholds 1,000
+//! and 5,000, 6,000 completed): a few seconds, figures not judged, asserts checked.
 //! `TRANCHE_BENCH_MAX` sets the number of completed partitions (default 600,000; at
 //! least 500,001 for the summary tier to exist). Output: a table on stdout, and the
 //! fields `get_p99_ms`, `all_active_p99_ms`, `stats_p99_ms` and
@@ -35,21 +37,61 @@ use tranche_stats::{RedisStats, StatsStore};
 
 use support::TestRedis;
 
-/// Partitions that stay active (claimed) while `all_active` is measured.
-const ACTIVE: u64 = 10_000;
-/// Completions between two archiver drains: small next to the tier thresholds, so each
-/// tier starts within 10,000 records of its threshold.
-const DRAIN_EVERY: u64 = 10_000;
-/// Timed calls per `get` tier, per `all_active` and per `stats`.
-const GET_SAMPLES: usize = 5_000;
-/// Enough for a p99 that is not one unlucky call: a 99th percentile of 100 samples is
-/// the second-slowest (a read takes a few milliseconds, so 500 take a few seconds).
-const ALL_ACTIVE_SAMPLES: usize = 500;
-/// `stats()` reads the summary only (global, workers, days): well under a millisecond.
-const STATS_SAMPLES: usize = 1_000;
-/// Few: with 600,000 completed, one `stats_with_ranges()` reads every 100,000-ID range
-/// (tens of milliseconds).
-const STATS_WITH_RANGES_SAMPLES: usize = 50;
+/// The sizes of a run: the full one, or with `TRANCHE_BENCH_SMOKE=1` a hundredth of it
+/// (tier thresholds 1,000 and 5,000, 6,000 completed, 100 active, few samples): a few
+/// seconds, figures not judged, every path and assert still run.
+struct Scale {
+    /// Partitions that stay active (claimed) while `all_active` is measured.
+    active: u64,
+    /// Completions between two archiver drains: small next to the tier thresholds, so
+    /// each tier starts within this many records of its threshold.
+    drain_every: u64,
+    /// The archive's tier thresholds.
+    compressed_at: u64,
+    summary_at: u64,
+    /// Completed partitions when `TRANCHE_BENCH_MAX` is not set.
+    completed: u64,
+    /// Timed calls per `get` tier.
+    get_samples: usize,
+    /// Enough for a p99 that is not one unlucky call: a 99th percentile of 100 samples
+    /// is the second-slowest (a read takes a few milliseconds, so 500 take a few
+    /// seconds).
+    all_active_samples: usize,
+    /// `stats()` reads the summary only (global, workers, days): well under a
+    /// millisecond.
+    stats_samples: usize,
+    /// Few: with 600,000 completed, one `stats_with_ranges()` reads every 100,000-ID
+    /// range (tens of milliseconds).
+    stats_with_ranges_samples: usize,
+}
+
+static SCALE: std::sync::LazyLock<Scale> = std::sync::LazyLock::new(|| {
+    if std::env::var("TRANCHE_BENCH_SMOKE").is_ok_and(|v| v == "1") {
+        Scale {
+            active: 100,
+            drain_every: 100,
+            compressed_at: 1_000,
+            summary_at: 5_000,
+            completed: 6_000,
+            get_samples: 200,
+            all_active_samples: 20,
+            stats_samples: 20,
+            stats_with_ranges_samples: 5,
+        }
+    } else {
+        Scale {
+            active: 10_000,
+            drain_every: 10_000,
+            compressed_at: 100_000,
+            summary_at: 500_000,
+            completed: 600_000,
+            get_samples: 5_000,
+            all_active_samples: 500,
+            stats_samples: 1_000,
+            stats_with_ranges_samples: 50,
+        }
+    }
+});
 
 /// The seed's table (000): GetPartition active 0.5 ms, completed 3 ms, GetAllPartitions
 /// (active) 5 ms, statistics 50 ms; and this project's targets (p99).
@@ -102,7 +144,7 @@ async fn run() {
     let completed: u64 = std::env::var("TRANCHE_BENCH_MAX")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(600_000);
+        .unwrap_or(SCALE.completed);
     let server = TestRedis::start();
     let conn = RedisConnection::connect(&server.url()).await.unwrap();
     let active_config = tranche_active_store::Config {
@@ -112,6 +154,8 @@ async fn run() {
     };
     let archive_config = tranche_archive_store::Config {
         consumer: "router-bench".into(),
+        compressed_at: SCALE.compressed_at,
+        summary_at: SCALE.summary_at,
         ..Default::default()
     };
     let schema = archive_config.schema().unwrap();
@@ -120,7 +164,7 @@ async fn run() {
     let active_key = schema.active(0);
     let stats = Arc::new(RedisStats::new(conn.clone(), schema));
 
-    let total = completed + ACTIVE + 1000;
+    let total = completed + SCALE.active + 1000;
     active
         .plan(&Plan::Uniform {
             min: 1,
@@ -134,7 +178,7 @@ async fn run() {
     let mut rng = Rng(0x0074_7261_6e63_6865);
     let mut done = 0;
     while done < completed {
-        let n = DRAIN_EVERY.min(completed - done);
+        let n = SCALE.drain_every.min(completed - done);
         let mut left = n;
         while left > 0 {
             let worker = format!("worker{}", 1 + rng.below(8));
@@ -152,12 +196,18 @@ async fn run() {
                 outcome.unwrap();
             }
         }
-        while archive.archive_once().await.unwrap().entries > 0 {}
+        loop {
+            let pass = archive.archive_once().await.unwrap();
+            assert_eq!(pass.dead_lettered, 0, "records dead-lettered: {pass:?}");
+            if pass.entries == 0 {
+                break;
+            }
+        }
         done += n;
     }
-    let mut claimed = Vec::with_capacity(ACTIVE as usize);
-    while (claimed.len() as u64) < ACTIVE {
-        let n = (ACTIVE - claimed.len() as u64).min(1000) as usize;
+    let mut claimed = Vec::with_capacity(SCALE.active as usize);
+    while (claimed.len() as u64) < SCALE.active {
+        let n = (SCALE.active - claimed.len() as u64).min(1000) as usize;
         claimed.extend(
             active
                 .claim("worker1", n)
@@ -168,7 +218,8 @@ async fn run() {
         );
     }
     eprintln!(
-        "set up {completed} completed and {ACTIVE} active partitions in {:.1} s",
+        "set up {completed} completed and {} active partitions in {:.1} s",
+        SCALE.active,
         t.elapsed().as_secs_f64()
     );
 
@@ -187,17 +238,22 @@ async fn run() {
     // Sealed batches only: the batch straddling a threshold (pids 100,000..=100,099,
     // 500,000..=500,099) and the last, partial one stay open hashes.
     let tiers = [
-        ("get simple", Tier::Simple, 1, 100_000.min(completed)),
+        (
+            "get simple",
+            Tier::Simple,
+            1,
+            SCALE.compressed_at.min(completed),
+        ),
         (
             "get compressed",
             Tier::Compressed,
-            100_100,
-            499_999.min(completed / 100 * 100 - 1),
+            SCALE.compressed_at + 100,
+            (SCALE.summary_at - 1).min(completed / 100 * 100 - 1),
         ),
         (
             "get summary",
             Tier::Summary,
-            500_100,
+            SCALE.summary_at + 100,
             completed / 100 * 100 - 1,
         ),
     ];
@@ -211,12 +267,12 @@ async fn run() {
         rows.push((name, time_gets(&router, pids, check).await));
     }
 
-    let mut times = Vec::with_capacity(ALL_ACTIVE_SAMPLES);
-    for _ in 0..ALL_ACTIVE_SAMPLES {
+    let mut times = Vec::with_capacity(SCALE.all_active_samples);
+    for _ in 0..SCALE.all_active_samples {
         let t = Instant::now();
         let snapshot = router.all_active().await.unwrap();
         times.push(t.elapsed());
-        assert_eq!(snapshot.partitions.len() as u64, ACTIVE);
+        assert_eq!(snapshot.partitions.len() as u64, SCALE.active);
     }
     rows.push(("all_active (10K)", percentiles(times)));
     rows.push((
@@ -224,19 +280,19 @@ async fn run() {
         raw_hgetall(server.port(), &active_key),
     ));
 
-    let mut times = Vec::with_capacity(STATS_SAMPLES);
-    for _ in 0..STATS_SAMPLES {
+    let mut times = Vec::with_capacity(SCALE.stats_samples);
+    for _ in 0..SCALE.stats_samples {
         let t = Instant::now();
         let merged = router.stats().await.unwrap();
         times.push(t.elapsed());
         assert_eq!(merged.completed_count(), Some(completed));
-        assert_eq!(merged.active.claimed, ACTIVE);
+        assert_eq!(merged.active.claimed, SCALE.active);
     }
     rows.push(("stats()", percentiles(times)));
 
     // The statistics layer's part of `stats()` alone (the rest is the active counts).
-    let mut times = Vec::with_capacity(STATS_SAMPLES);
-    for _ in 0..STATS_SAMPLES {
+    let mut times = Vec::with_capacity(SCALE.stats_samples);
+    for _ in 0..SCALE.stats_samples {
         let t = Instant::now();
         let summary = stats.summary().await.unwrap();
         times.push(t.elapsed());
@@ -244,8 +300,8 @@ async fn run() {
     }
     rows.push(("  of which summary", percentiles(times)));
 
-    let mut times = Vec::with_capacity(STATS_WITH_RANGES_SAMPLES);
-    for _ in 0..STATS_WITH_RANGES_SAMPLES {
+    let mut times = Vec::with_capacity(SCALE.stats_with_ranges_samples);
+    for _ in 0..SCALE.stats_with_ranges_samples {
         let t = Instant::now();
         let merged = router.stats_with_ranges().await.unwrap();
         times.push(t.elapsed());
@@ -270,7 +326,10 @@ async fn run() {
         };
         println!("{name:<20} {p50:>9.3} {p99:>9.3} {seed:>11.1} {target:>11}{mark}");
     }
-    println!("({completed} completed, {ACTIVE} active; one shard; default tier thresholds)");
+    println!(
+        "({completed} completed, {} active; one shard; tier thresholds {} and {})",
+        SCALE.active, SCALE.compressed_at, SCALE.summary_at
+    );
     write_json(&rows, completed);
 }
 
@@ -293,8 +352,8 @@ fn raw_hgetall(port: u16, key: &str) -> (f64, f64) {
         size += n;
     }
     socket.set_read_timeout(None).unwrap();
-    let mut times = Vec::with_capacity(ALL_ACTIVE_SAMPLES);
-    for _ in 0..ALL_ACTIVE_SAMPLES {
+    let mut times = Vec::with_capacity(SCALE.all_active_samples);
+    for _ in 0..SCALE.all_active_samples {
         let t = Instant::now();
         socket.write_all(command.as_bytes()).unwrap();
         let mut got = 0;
@@ -306,7 +365,7 @@ fn raw_hgetall(port: u16, key: &str) -> (f64, f64) {
     percentiles(times)
 }
 
-/// Times `GET_SAMPLES` gets of pids drawn by `pick`, after a warm-up (scripts loaded,
+/// Times `SCALE.get_samples` gets of pids drawn by `pick`, after a warm-up (scripts loaded,
 /// plans and worker dictionary cached); every answer must pass `check`.
 async fn time_gets(
     router: &Router,
@@ -314,8 +373,8 @@ async fn time_gets(
     check: impl Fn(&PartitionView) -> bool,
 ) -> (f64, f64) {
     let mut rng = Rng(7);
-    let mut times = Vec::with_capacity(GET_SAMPLES);
-    for i in 0..GET_SAMPLES + 100 {
+    let mut times = Vec::with_capacity(SCALE.get_samples);
+    for i in 0..SCALE.get_samples + 100 {
         let pid = pick(&mut rng);
         let t = Instant::now();
         let view = router.get(pid).await.unwrap();
@@ -385,7 +444,7 @@ fn write_json(rows: &[(&str, (f64, f64))], completed: u64) {
         "router".into(),
         json!({
             "completed": completed,
-            "active": ACTIVE,
+            "active": SCALE.active,
             "get_p50_ms": tiers(p50),
             "all_active_p50_ms": field("all_active (10K)", p50),
             "all_active_floor_p50_ms": field("  floor: raw HGETALL", p50),

@@ -305,8 +305,29 @@ local function stats_encode_range(r, base)
   return stats_chars(bytes)
 end
 
-local function stats_plan(k, a)
+-- Which stored values a plan reads as absent. mask is nil (read everything), true (read
+-- nothing: plan against an empty shard, for a replace that deletes the shard after
+-- planning) or {[j] = {[field] = true}} (those fields of KEYS[k + j - 1] read as
+-- absent: a repair that removes damaged values after planning).
+local function stats_hidden(mask, j, field)
+  if mask == nil then return false end
+  if mask == true then return true end
+  return mask[j] ~= nil and mask[j][field] == true
+end
+
+local function stats_mask(mask, j, fields, values)
+  if mask == nil then return values end
+  for i = 1, #fields do
+    if stats_hidden(mask, j, fields[i]) then values[i] = false end
+  end
+  return values
+end
+
+local function stats_plan(k, a, mask)
   local n = tonumber(ARGV[a])
+  if not n or n < 0 or n ~= math.floor(n) then
+    error('stats: malformed delta argument count ' .. tostring(ARGV[a]) .. '; nothing was applied')
+  end
   if n == 0 then return {}, a + 1 end
   local i = a + 1
   local function nxt()
@@ -335,8 +356,9 @@ local function stats_plan(k, a)
 
   -- Global counters, and the completion-time bounds and update time as maxima/minima.
   local now, count, ids, dur, first, last = nxt(), nxt(), nxt(), nxt(), nxt(), nxt()
-  local cur = redis.call('HMGET', KEYS[k], 'count', 'ids', 'dur_sum_ms',
-    'first_completed_ms', 'last_completed_ms', 'updated_ms', 'palette')
+  local gnames = {'count', 'ids', 'dur_sum_ms', 'first_completed_ms', 'last_completed_ms',
+    'updated_ms', 'palette'}
+  local cur = stats_mask(mask, 1, gnames, redis.call('HMGET', KEYS[k], unpack(gnames)))
   -- The overflow guard (see the header).
   local gfields = {'count', 'ids', 'dur_sum_ms'}
   for j = 1, 3 do
@@ -376,9 +398,9 @@ local function stats_plan(k, a)
     names[j] = w .. '|idx'
     fields[3 * j - 2], fields[3 * j - 1], fields[3 * j] = w .. '|count', w .. '|ids', w .. '|dur'
   end
-  local held = stats_hmget(KEYS[k + 1], fields)
+  local held = stats_mask(mask, 2, fields, stats_hmget(KEYS[k + 1], fields))
   for j = 1, #fields do integer(KEYS[k + 1], fields[j], held[j]) end
-  local palette = stats_hmget(KEYS[k + 1], names)
+  local palette = stats_mask(mask, 2, names, stats_hmget(KEYS[k + 1], names))
   integer(KEYS[k], 'palette', cur[7])
   local next_index = tonumber(cur[7] or '0')
   for j = 1, nw do
@@ -404,6 +426,7 @@ local function stats_plan(k, a)
   for _ = 1, tonumber(nxt()) do
     local blk, nr = nxt(), tonumber(nxt())
     local old = redis.call('HGET', KEYS[k + 2], blk)
+    if stats_hidden(mask, 3, blk) then old = false end
     local base, at, order, p = nil, {}, {}, 1
     if old then
       base, p = stats_get(old, 1)
@@ -478,6 +501,7 @@ local function stats_plan(k, a)
   for _ = 1, tonumber(nxt()) do
     local day, nh = nxt(), tonumber(nxt())
     local old = redis.call('HGET', KEYS[k + 3], day)
+    if stats_hidden(mask, 4, day) then old = false end
     local hours = {}
     if old then
       local wide, p = string.byte(old, 1) == 1, 2
@@ -510,10 +534,13 @@ local function stats_plan(k, a)
     buckets[j], counts[j] = nxt(), nxt()
     count_arg(counts[j])
   end
-  local old = stats_hmget(KEYS[k + 4], buckets)
+  local old = stats_mask(mask, 5, buckets, stats_hmget(KEYS[k + 4], buckets))
   for j = 1, #buckets do
     integer(KEYS[k + 4], buckets[j], old[j])
     later('HINCRBY', KEYS[k + 4], buckets[j], counts[j])
+  end
+  if i ~= a + n + 1 then
+    error('stats: the delta has ' .. (i - a - 1) .. ' arguments, not ' .. n .. '; nothing was applied')
   end
 
   return writes, a + n + 1

@@ -3,11 +3,11 @@
 -- ARGV[1] n, then the n delta arguments (delta_args) of the recomputed statistics
 -- Reply: n + 2. Deleting and re-applying in one script means no reader ever sees the
 -- shard's statistics half rebuilt.
--- apply_stats' overflow guard would only run after the DEL here, so its delta half
--- (ARGV[3..5]: count, ids, dur_ms) is checked first: a refused repair keeps the old
--- statistics rather than none.
-if ARGV[1] ~= '0' and (#ARGV[3] > 18 or #ARGV[4] > 18 or #ARGV[5] > 18) then
-  error('stats: a delta counter reached 10^18; nothing was replaced')
-end
+-- The delta is planned against an empty shard (every stored value read as absent)
+-- before the DEL: malformed arguments or a counter past the guard fail the call while
+-- the old statistics are still whole, and the stored values, whatever they hold, are
+-- never decoded (a corrupt one is what a replace is for).
+local writes, after = stats_plan(1, 1, true)
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
-return apply_stats(1, 1)
+stats_write(writes)
+return after

@@ -34,7 +34,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use tranche_codec::{CompletedRecord, KeySchema};
-//! use tranche_stats::{MemoryStats, Stats, StatsDelta, delta_args, diff, stats_keys};
+//! use tranche_stats::{MemoryStats, Stats, StatsDelta, StatsStore, delta_args, diff, stats_keys};
 //!
 //! let records = vec![CompletedRecord {
 //!     pid: 4970,
@@ -54,13 +54,20 @@
 //!
 //! // In memory the same delta goes to MemoryStats::apply.
 //! let memory = MemoryStats::new();
-//! memory.apply(0, &delta);
+//! memory.apply(0, &delta).unwrap();
 //! let stats = Stats::from_records(&records);
 //! assert_eq!(stats.global_stats.avg_duration, 295.0);
-//! assert!(diff(&stats, &stats).is_empty());
+//! // What was applied is what the records say, and `diff` tells a difference.
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let applied = memory.stats().await.unwrap();
+//! assert!(diff(&stats, &applied).is_empty());
+//! let twice = Stats::from_records(&[records.clone(), records].concat());
+//! assert!(!diff(&twice, &applied).is_empty());
+//! # });
 //! ```
 
 mod aggregate;
+mod damage;
 mod diff;
 mod error;
 mod hist;
@@ -74,6 +81,7 @@ mod store;
 pub mod testing;
 
 pub use aggregate::{RANGE_SIZE, StatsDelta};
+pub use damage::{Damage, Repaired};
 pub use diff::{Difference, diff};
 pub use error::{Error, Result};
 pub use hist::PERCENTILE_RELATIVE_ERROR;

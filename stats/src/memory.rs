@@ -8,10 +8,11 @@ use dashmap::DashMap;
 use tranche_codec::{Clock, SystemClock};
 
 use crate::aggregate::{Aggregate, RANGE_SIZE};
+use crate::damage::{patch_in_place, rebuild_whole};
 use crate::model::render_range;
 use crate::state::{AggState, STATS_STATE_VERSION, StatsState};
 use crate::store::{SNAPSHOTS_KEPT, Snapshot, SnapshotConfig, StatsStore};
-use crate::{Error, RangeStats, Result, Stats, StatsDelta, StatsSummary};
+use crate::{Damage, Error, RangeStats, Repaired, Result, Stats, StatsDelta, StatsSummary};
 
 /// Statistics in memory, per shard, with the same behaviour as [`RedisStats`].
 ///
@@ -23,6 +24,12 @@ use crate::{Error, RangeStats, Result, Stats, StatsDelta, StatsSummary};
 #[derive(Debug)]
 pub struct MemoryStats {
     shards: DashMap<u32, Aggregate>,
+    /// Per shard, the values marked damaged (the memory twin of a value that does not
+    /// decode on Redis: only the `testing` hook [`MemoryStats::corrupt`] makes one):
+    /// `(hash, field)` -> the bad bytes. A damaged shard refuses deltas, as Redis does.
+    damaged: DashMap<u32, BTreeMap<(String, String), Vec<u8>>>,
+    /// Per shard, the bad values a repair set aside, `<hash>:<field>@<ms>` -> bytes.
+    quarantine: DashMap<u32, BTreeMap<String, Vec<u8>>>,
     snapshots: Mutex<Snapshots>,
     /// Stamps deltas (`last_updated`) and snapshots.
     clock: Arc<dyn Clock>,
@@ -32,6 +39,8 @@ impl Default for MemoryStats {
     fn default() -> Self {
         Self {
             shards: DashMap::new(),
+            damaged: DashMap::new(),
+            quarantine: DashMap::new(),
             snapshots: Mutex::default(),
             clock: Arc::new(SystemClock),
         }
@@ -63,9 +72,45 @@ impl MemoryStats {
     ///
     /// Only the memory archive calls this, under its shard lock, in the same step as it
     /// marks the records archived: statistics applied anywhere else would count those
-    /// records again when they are archived.
-    pub fn apply(&self, shard: u32, delta: &StatsDelta) {
+    /// records again when they are archived. A shard with damaged values refuses every
+    /// delta ([`Error::Corrupt`], nothing applied) until it is repaired, as on Redis.
+    pub fn apply(&self, shard: u32, delta: &StatsDelta) -> Result<()> {
+        self.check_whole(shard)?;
         self.apply_at(shard, delta, self.clock.now_ms());
+        Ok(())
+    }
+
+    /// [`Error::Corrupt`] naming the first damaged value of `shard`, if it has any.
+    pub fn check_whole(&self, shard: u32) -> Result<()> {
+        match self.damaged.get(&shard) {
+            Some(d) if !d.is_empty() => {
+                let ((hash, field), _) = d.iter().next().expect("not empty");
+                Err(Error::Corrupt {
+                    key: format!("shard {shard} stats:{hash} {field}"),
+                    detail: "a packed statistics value is corrupt".to_owned(),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Marks `field` of shard `shard`'s statistics hash `hash` (`global`, `workers`,
+    /// `ranges`, `hourly`, `hist`) as holding `bytes`, which do not decode: the shard
+    /// then refuses deltas and reports the damage until repaired (feature `testing`).
+    #[cfg(feature = "testing")]
+    pub fn corrupt(&self, shard: u32, hash: &str, field: &str, bytes: Vec<u8>) {
+        self.damaged
+            .entry(shard)
+            .or_default()
+            .insert((hash.to_owned(), field.to_owned()), bytes);
+    }
+
+    /// Every value in shard `shard`'s quarantine, by field.
+    pub fn quarantined(&self, shard: u32) -> Vec<(String, Vec<u8>)> {
+        self.quarantine
+            .get(&shard)
+            .map(|q| q.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default()
     }
 
     /// Adds `delta` to shard `shard`'s statistics, stamped `now_ms` (as [`delta_args`]
@@ -138,6 +183,8 @@ impl MemoryStats {
         }
         Ok(Self {
             shards,
+            damaged: DashMap::new(),
+            quarantine: DashMap::new(),
             snapshots: Mutex::new(Snapshots {
                 next: state.next_snapshot,
                 kept,
@@ -208,6 +255,56 @@ impl StatsStore for MemoryStats {
         }
         self.shards.insert(shard, agg);
         Ok(())
+    }
+
+    async fn damage(&self, shard: u32) -> Result<Vec<Damage>> {
+        Ok(self
+            .damaged
+            .get(&shard)
+            .map(|d| {
+                d.keys()
+                    .map(|(hash, field)| Damage {
+                        shard,
+                        hash: hash.clone(),
+                        field: field.clone(),
+                        detail: "a packed statistics value is corrupt".to_owned(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    async fn repair(&self, shard: u32, rebuilt: &StatsDelta, unreadable: u64) -> Result<Repaired> {
+        let found = self.damage(shard).await?;
+        let whole = rebuild_whole(&found, unreadable);
+        if !whole && found.is_empty() {
+            return Ok(Repaired {
+                shard,
+                quarantined: found,
+                whole,
+                unreadable,
+            });
+        }
+        let now = self.clock.now_ms();
+        if let Some((_, bad)) = self.damaged.remove(&shard) {
+            let mut q = self.quarantine.entry(shard).or_default();
+            for ((hash, field), bytes) in bad {
+                q.insert(format!("{hash}:{field}@{now}"), bytes);
+            }
+        }
+        if whole {
+            self.replace(shard, rebuilt).await?;
+        } else {
+            let mut agg = self.shards.entry(shard).or_default();
+            patch_in_place(&mut agg, &rebuilt.agg, &found);
+            agg.updated = Some(now);
+        }
+        Ok(Repaired {
+            shard,
+            quarantined: found,
+            whole,
+            unreadable,
+        })
     }
 
     async fn publish_snapshot(&self) -> Result<u64> {

@@ -11,6 +11,7 @@ use redis::aio::ConnectionLike;
 use tranche_codec::{Clock, KeySchema, SystemClock};
 
 use crate::aggregate::{Aggregate, RANGE_SIZE, RangeAgg, WorkerAgg};
+use crate::damage::{self, Damage, HASHES, KEEP_FIRST, KEEP_LAST, Repaired};
 use crate::hist::{BUCKETS, Histogram};
 use crate::model::render_range;
 use crate::packed::{block_of, read_block, read_day};
@@ -53,6 +54,7 @@ macro_rules! script {
 #[cfg(any(test, feature = "testing"))]
 static APPLY: LazyLock<Script> = script!("apply");
 static REPLACE: LazyLock<Script> = script!("replace");
+static REPAIR: LazyLock<Script> = script!("repair");
 static PUBLISH: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/publish.lua")));
 
@@ -62,6 +64,7 @@ pub(crate) fn scripts() -> Vec<(&'static str, &'static Script)> {
     vec![
         ("apply", &APPLY),
         ("replace", &REPLACE),
+        ("repair", &REPAIR),
         ("publish", &PUBLISH),
     ]
 }
@@ -92,7 +95,11 @@ pub fn delta_args(delta: &StatsDelta, now_ms: u64) -> Vec<String> {
     if delta.is_empty() {
         return vec!["0".to_owned()];
     }
-    let a = &delta.agg;
+    agg_args(&delta.agg, now_ms)
+}
+
+/// [`delta_args`] of an aggregate, empty or not (a repair's patch counts no record).
+fn agg_args(a: &Aggregate, now_ms: u64) -> Vec<String> {
     let mut out = vec![String::new()];
     let t = &a.totals;
     out.extend([
@@ -309,6 +316,21 @@ where
         Ok(all)
     }
 
+    /// The quarantine of shard `shard`: `{ns:s}:stats:quarantine`, a hash of the bad
+    /// values a repair set aside, `<hash>:<field>@<ms>` -> the bytes as they were.
+    pub fn quarantine_key(&self, shard: u32) -> String {
+        self.schema.stats(shard, "quarantine")
+    }
+
+    /// Every value in shard `shard`'s quarantine, by field.
+    pub async fn quarantined(&self, shard: u32) -> Result<Vec<(String, Vec<u8>)>> {
+        self.shard_keys(shard)?;
+        Ok(redis::cmd("HGETALL")
+            .arg(self.quarantine_key(shard))
+            .query_async(&mut self.conn.clone())
+            .await?)
+    }
+
     fn snapshot_key(&self, version: u64) -> String {
         format!("{}:stats:snapshot:v{version}", self.schema.global_tag())
     }
@@ -364,6 +386,62 @@ where
     async fn replace(&self, shard: u32, delta: &StatsDelta) -> Result<()> {
         self.run_delta(&REPLACE, shard, delta, self.clock.now_ms())
             .await
+    }
+
+    async fn damage(&self, shard: u32) -> Result<Vec<Damage>> {
+        let keys = self.shard_keys(shard)?;
+        let mut pipe = redis::pipe();
+        for k in keys {
+            pipe.hgetall(k);
+        }
+        let hashes: Vec<Vec<(String, Vec<u8>)>> = pipe.query_async(&mut self.conn.clone()).await?;
+        Ok(damage::scan(shard, &hashes))
+    }
+
+    async fn repair(&self, shard: u32, rebuilt: &StatsDelta, unreadable: u64) -> Result<Repaired> {
+        let keys = self.shard_keys(shard)?;
+        let found = self.damage(shard).await?;
+        let whole = damage::rebuild_whole(&found, unreadable);
+        let done = Repaired {
+            shard,
+            quarantined: found,
+            whole,
+            unreadable,
+        };
+        if !whole && done.quarantined.is_empty() {
+            return Ok(done);
+        }
+        let now = self.clock.now_ms();
+        let mut call = REPAIR.prepare_invoke();
+        for k in keys {
+            call.key(k.as_str());
+        }
+        call.key(self.quarantine_key(shard));
+        call.arg(if whole { "whole" } else { "patch" })
+            .arg(now)
+            .arg(done.quarantined.len());
+        for d in &done.quarantined {
+            let j = HASHES.iter().position(|h| *h == d.hash).unwrap_or(0) + 1;
+            call.arg(j).arg(&d.field);
+        }
+        let args = if whole {
+            delta_args(rebuilt, now)
+        } else {
+            let (patch, first, last) = damage::patch(&rebuilt.agg, &done.quarantined);
+            let mut args = agg_args(&patch, now);
+            if !first {
+                args[5] = KEEP_FIRST.to_owned();
+            }
+            if !last {
+                args[6] = KEEP_LAST.to_owned();
+            }
+            args
+        };
+        for a in args {
+            call.arg(a);
+        }
+        let _moved: usize = call.invoke_async(&mut self.conn.clone()).await?;
+        Ok(done)
     }
 
     async fn publish_snapshot(&self) -> Result<u64> {

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::{RangeStats, Result, Stats, StatsDelta, StatsSummary};
+use crate::{Damage, RangeStats, Repaired, Result, Stats, StatsDelta, StatsSummary};
 
 /// How many snapshot versions are kept; publishing one more deletes the oldest.
 pub const SNAPSHOTS_KEPT: u64 = 10;
@@ -40,6 +40,22 @@ pub trait StatsStore: Send + Sync {
     /// the archive holds for that shard (`check --repair`). Atomic per shard.
     async fn replace(&self, shard: u32, delta: &StatsDelta) -> Result<()>;
 
+    /// Every stored value of shard `shard`'s statistics that does not decode, each on
+    /// its own (a read stops at the first with [`Error::Corrupt`]; this goes on). Reads
+    /// the whole shard, the per-range values included: a `check`, not a poll.
+    ///
+    /// [`Error::Corrupt`]: crate::Error::Corrupt
+    async fn damage(&self, shard: u32) -> Result<Vec<Damage>>;
+
+    /// Repairs shard `shard` from `rebuilt`, the statistics of every archived record of
+    /// the shard that could be read, `unreadable` being the count of those that could
+    /// not (expired or undecodable batches): every damaged value is set aside in the
+    /// quarantine, and the shard is replaced whole or only its damaged values rebuilt,
+    /// by the rule in [`Repaired`]'s module docs (whole when nothing is unreadable or
+    /// the worker palette is damaged). Atomic per shard; a shard without damage and
+    /// with unreadable records is left alone.
+    async fn repair(&self, shard: u32, rebuilt: &StatsDelta, unreadable: u64) -> Result<Repaired>;
+
     /// Publishes the current statistics as the next snapshot version and returns it.
     /// The last [`SNAPSHOTS_KEPT`] versions are kept.
     async fn publish_snapshot(&self) -> Result<u64>;
@@ -66,6 +82,17 @@ macro_rules! forward {
             }
             async fn replace(&self, shard: u32, delta: &StatsDelta) -> Result<()> {
                 (**self).replace(shard, delta).await
+            }
+            async fn damage(&self, shard: u32) -> Result<Vec<Damage>> {
+                (**self).damage(shard).await
+            }
+            async fn repair(
+                &self,
+                shard: u32,
+                rebuilt: &StatsDelta,
+                unreadable: u64,
+            ) -> Result<Repaired> {
+                (**self).repair(shard, rebuilt, unreadable).await
             }
             async fn publish_snapshot(&self) -> Result<u64> {
                 (**self).publish_snapshot().await

@@ -124,7 +124,7 @@ impl Harness {
 
     async fn apply(&self, shard: u32, delta: &StatsDelta) {
         match &self.applier {
-            Applier::Memory(m) => m.apply(shard, delta),
+            Applier::Memory(m) => m.apply(shard, delta).unwrap(),
             Applier::Single(s) => tranche_stats::testing::apply_alone(s, shard, delta, NOW)
                 .await
                 .unwrap(),

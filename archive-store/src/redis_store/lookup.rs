@@ -349,6 +349,10 @@ where
         Ok(total)
     }
 
+    async fn stalled(&self) -> Result<Vec<Stall>> {
+        self.read_stalls().await
+    }
+
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {
         let limit = limit.max(1);
         let reads = futures_util::future::join_all(self.schema.shards().map(|shard| {

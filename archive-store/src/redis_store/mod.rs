@@ -9,6 +9,7 @@ mod export;
 mod lookup;
 mod pass;
 mod seal;
+mod stall;
 #[cfg(feature = "testing")]
 mod testing;
 mod write;
@@ -32,11 +33,11 @@ use tranche_codec::{
 use conn::invoke_read_only;
 use seal::Sealing;
 use tranche_codec::retry::retry;
-use tranche_stats::{StatsDelta, delta_args};
+use tranche_stats::{Repaired, StatsDelta, StatsStore, delta_args};
 use write::{Item, chunks_by_batch};
 
 use crate::dump::{Dump, DumpBatch};
-use crate::model::{ArchivePass, Config, Lookup, RangePage, Tier};
+use crate::model::{ArchivePass, Config, Lookup, RangePage, Stall, Tier, stall_reason};
 use crate::segment::{self, SEGMENT_BATCHES, SegmentRef};
 use crate::store::{ArchiveQuery, Archiver, Compaction, Export, Import};
 use crate::{Error, Result};
@@ -144,8 +145,14 @@ pub struct RedisArchive<C> {
     archived: AtomicU64,
     /// Whether `archived` was ever counted (a woken pass before any sweep counts).
     counted: AtomicBool,
-    /// Stamps the statistics deltas (`last_updated`).
+    /// Stamps the statistics deltas (`last_updated`) and stalls.
     clock: Arc<dyn Clock>,
+    /// `{ns}:archive:stalled`: shard -> `since_ms reason`.
+    stalled_key: String,
+    /// The shards this archiver knows stalled (its own refusals, and on every sweep
+    /// what the hash holds): woken passes skip them (a sweep retries them), and a
+    /// pass that archives one clears its entry.
+    stalled: Mutex<HashSet<u32>>,
 }
 
 /// What woken passes know of each shard.
@@ -238,6 +245,8 @@ where
             dict_key: schema.dict(),
             meta_key: schema.meta(),
             dirty_key: schema.dirty(),
+            stalled_key: format!("{}:archive:stalled", schema.global_tag()),
+            stalled: Mutex::default(),
             woken: Mutex::new(Woken {
                 owed: vec![false; schema.num_shards() as usize],
                 full: vec![false; schema.num_shards() as usize],

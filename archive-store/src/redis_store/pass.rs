@@ -17,6 +17,13 @@ fn refused(err: &redis::RedisError) -> bool {
 /// Whether the archive script refused one record for the record itself (its own
 /// counters past the statistics' guard, or arguments it cannot take), so that it can
 /// never be archived; anything else it refuses is the shard's state.
+/// Whether a shard's failure may pass by itself (a connection dropped, a timeout):
+/// the pass fails and is retried. Anything else is the shard's own state, and stalls
+/// it until repaired.
+fn transient(err: &Error) -> bool {
+    matches!(err, Error::Redis(e) if !refused(e))
+}
+
 fn poison(err: &redis::RedisError) -> bool {
     let text = err.to_string();
     text.contains("a delta counter reached") || text.contains("malformed delta argument")
@@ -129,7 +136,9 @@ where
         for shard in 0..w.owed.len() {
             let ready = w.full[shard]
                 || w.last_read[shard].is_none_or(|t| now.duration_since(t) >= self.config.gather);
-            if w.owed[shard] && ready {
+            // A stalled shard waits for a sweep (or a repair): every retry costs a
+            // refused call, and nothing changes until someone repairs it.
+            if w.owed[shard] && ready && !self.is_stalled(shard as u32) {
                 w.owed[shard] = false;
                 out.push(shard as u32);
             }
@@ -168,20 +177,37 @@ where
         .await;
         let mut pass = ArchivePass::default();
         let mut failed = None;
+        let (mut stalls, mut resumed) = (Vec::new(), Vec::new());
         for (&shard, result) in shards.iter().zip(results) {
             match result {
                 Ok(p) => {
                     self.read_done(shard, at, Some(p.entries));
+                    if p.entries > 0 && self.is_stalled(shard) {
+                        resumed.push(shard);
+                    }
                     pass.add(p);
                 }
-                Err(err) => {
-                    self.read_done(shard, at, None);
-                    failed.get_or_insert(err);
+                Err((err, entries)) => {
+                    // Its entries are pending with this consumer: read them again
+                    // (from 0) on the next visit rather than waiting for a takeover.
+                    self.started[shard as usize].store(false, Ordering::Release);
+                    if transient(&err) {
+                        self.read_done(shard, at, None);
+                        failed.get_or_insert(err);
+                    } else {
+                        // The shard's own state refused (its statistics damaged, ...):
+                        // it stalls alone, its entries stay unacknowledged, and the
+                        // other shards' results stand.
+                        self.read_done(shard, at, Some(0));
+                        pass.stalled += entries;
+                        stalls.push((shard, stall_reason(&err)));
+                    }
                 }
             }
         }
         self.archived
             .fetch_add(pass.archived as u64, Ordering::Relaxed);
+        self.note_stalls(&stalls, &resumed).await?;
         match failed {
             Some(err) => Err(err),
             None => Ok(pass),
@@ -286,18 +312,37 @@ where
         Ok(dead)
     }
 
+    /// Archives what a read of `shard` finds; a failure comes with the count of
+    /// entries read (left unacknowledged).
     pub(super) async fn archive_shard(
         &self,
         shard: u32,
         tier: Tier,
         takeover: bool,
-    ) -> Result<ArchivePass> {
+    ) -> std::result::Result<ArchivePass, (Error, usize)> {
         let mut pass = ArchivePass::default();
-        let raw = self.read(shard, takeover, &mut pass).await?;
+        let raw = self
+            .read(shard, takeover, &mut pass)
+            .await
+            .map_err(|e| (e, 0))?;
         if raw.is_empty() {
             return Ok(pass);
         }
-        pass.entries = raw.len();
+        let entries = raw.len();
+        pass.entries = entries;
+        self.archive_entries(shard, raw, tier, pass)
+            .await
+            .map_err(|e| (e, entries))
+    }
+
+    /// Archives the entries `raw` of `shard` and acknowledges them.
+    async fn archive_entries(
+        &self,
+        shard: u32,
+        raw: Vec<StreamId>,
+        tier: Tier,
+        mut pass: ArchivePass,
+    ) -> Result<ArchivePass> {
         let mut ids = Vec::with_capacity(raw.len());
         let mut texts = Vec::with_capacity(raw.len());
         for mut entry in raw {
@@ -468,6 +513,8 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     async fn archive_once(&self) -> Result<ArchivePass> {
+        // Learn the stalls other archivers recorded, so a success here clears them.
+        self.read_stalls().await?;
         let archived = self.count_archived().await?;
         let tier = self.config.tier_for(archived);
         // Shards are independent (own keys, own slot, on a cluster often their own
@@ -500,5 +547,9 @@ where
         planned: &[RangeInclusive<u64>],
     ) -> Result<crate::model::Redrive> {
         self.redrive(planned).await
+    }
+
+    async fn repair_stats(&self, shard: u32) -> Result<Repaired> {
+        self.repair_shard_stats(shard).await
     }
 }

@@ -49,4 +49,27 @@ where
         .await?;
         Ok(true)
     }
+
+    /// Makes the summary-tier expiry of `batch` happen now (feature `testing`): every
+    /// key holding it (its sealed key, its segment) that has a TTL is expired with
+    /// `PEXPIRE key 0`, so tests never race Redis's clock. Returns the PTTL, in ms,
+    /// each such key had left.
+    #[cfg(feature = "testing")]
+    pub async fn expire_batch(&self, batch: u64) -> Result<Vec<i64>> {
+        let (seg, _) = SegmentRef::of(&self.schema, batch);
+        let mut left = Vec::new();
+        for key in [self.schema.completed_batch(batch), seg.key(&self.schema)] {
+            let mut c = self.conn.clone();
+            let pttl: i64 = redis::cmd("PTTL").arg(&key).query_async(&mut c).await?;
+            if pttl >= 0 {
+                let _: i64 = redis::cmd("PEXPIRE")
+                    .arg(&key)
+                    .arg(0)
+                    .query_async(&mut c)
+                    .await?;
+                left.push(pttl);
+            }
+        }
+        Ok(left)
+    }
 }
