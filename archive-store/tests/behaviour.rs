@@ -1091,7 +1091,7 @@ async fn a_batch_the_statistics_refuse_writes_nothing() {
     };
     let mut c = conn.clone();
     // The shard's count has reached 10^18: the statistics refuse any further delta.
-    let global = tranche_stats::stats_keys(&h.schema, 0)[0].clone();
+    let global = tranche_stats::archive_protocol::stats_keys(&h.schema, 0)[0].clone();
     let _: () = c
         .hset(&global, "count", "1000000000000000000")
         .await

@@ -168,7 +168,7 @@ fn archive_args(pid: u64) -> Vec<Vec<u8>> {
     a.extend(args(&["0", "0", "0", "0"]));
     let delta = tranche_stats::StatsDelta::from_records(&[r]);
     a.extend(
-        tranche_stats::delta_args(&delta, T0)
+        tranche_stats::archive_protocol::delta_args(&delta, T0)
             .into_iter()
             .map(String::into_bytes),
     );

@@ -31,7 +31,7 @@ pub enum KeyLayout {
     Plain,
     /// Version 2, for every new namespace: shard `s` of `N` is tagged `{ns:s~k}` for the
     /// smallest `k` (`k = 0` written `{ns:s}`) whose slot falls in the middle eighth of
-    /// the `s`-th of `N` equal intervals of the 16384 slots ([`slot_interval`]). A
+    /// the `s`-th of `N` equal intervals of the 16384 slots (`slot_interval`). A
     /// cluster whose masters own contiguous equal slot ranges (what `redis-cli
     /// --cluster create` makes) then holds on each master the shards whose interval
     /// centre it owns: `N / masters` rounded down or up, unless a range boundary falls
@@ -281,7 +281,7 @@ fn tags(namespace: &str, num_shards: u32, layout: KeyLayout) -> Arc<[String]> {
 }
 
 /// The slots `lo..hi` of the `shard`-th of `num_shards` equal intervals of 0..16384.
-pub fn slot_interval(shard: u32, num_shards: u32) -> std::ops::Range<u16> {
+pub(crate) fn slot_interval(shard: u32, num_shards: u32) -> std::ops::Range<u16> {
     let bound = |s: u32| (u64::from(s) * SLOTS / u64::from(num_shards.max(1))) as u16;
     bound(shard)..bound(shard + 1)
 }
@@ -350,7 +350,7 @@ pub fn key_slot(key: impl AsRef<[u8]>) -> u16 {
 
 /// CRC16-CCITT in its XMODEM form (polynomial 0x1021, initial value 0), which Redis
 /// Cluster uses for key slots.
-pub fn crc16_xmodem(bytes: &[u8]) -> u16 {
+pub(crate) fn crc16_xmodem(bytes: &[u8]) -> u16 {
     crc16_update(0, bytes)
 }
 

@@ -68,10 +68,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use dict::{WorkerDict, WorkerEntry};
 pub use error::Error;
 pub use json::{decode_json, encode_json};
-pub use keys::{
-    DEFAULT_BATCH_SIZE, KeyLayout, KeySchema, MAX_BATCH_SIZE, MAX_SHARDS, crc16_xmodem, key_slot,
-    slot_interval,
-};
+pub use keys::{DEFAULT_BATCH_SIZE, KeyLayout, KeySchema, MAX_BATCH_SIZE, MAX_SHARDS, key_slot};
 pub use plan::{PlanEntry, PlanGeometry};
 pub use record::{CompletedRecord, ParseStatusError, Partition, Status};
 pub use text_v1::{decode_text_v1, encode_text_v1};

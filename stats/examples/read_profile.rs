@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use tranche_codec::{CompletedRecord, KeySchema};
-use tranche_stats::{RedisStats, StatsDelta, StatsStore, stats_keys};
+use tranche_stats::archive_protocol::stats_keys;
+use tranche_stats::{RedisStats, StatsDelta, StatsStore};
 
 /// Records per applied delta, as the router bench drains the inbox every 10,000.
 const DELTA: u64 = 10_000;

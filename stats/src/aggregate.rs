@@ -199,8 +199,8 @@ impl Aggregate {
 /// and histogram buckets the records touch, not with their number. Exactly-once is the
 /// caller's job: add only records whose statistics were never applied.
 ///
-/// [`APPLY_DELTA_LUA`]: crate::APPLY_DELTA_LUA
-/// [`delta_args`]: crate::delta_args
+/// [`APPLY_DELTA_LUA`]: crate::archive_protocol::APPLY_DELTA_LUA
+/// [`delta_args`]: crate::archive_protocol::delta_args
 /// [`MemoryStats::apply`]: crate::MemoryStats::apply
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StatsDelta {

@@ -27,7 +27,7 @@ use crate::hist::BUCKETS;
 use crate::packed::{block_of, read_block, read_day};
 
 /// The five statistics hashes of a shard, in the order of
-/// [`stats_keys`](crate::stats_keys).
+/// [`stats_keys`](crate::archive_protocol::stats_keys).
 pub(crate) const HASHES: [&str; 5] = ["global", "workers", "ranges", "hourly", "hist"];
 
 /// One stored statistics value that does not decode.

@@ -17,8 +17,9 @@
 //! The design choice a reader might get wrong: **this crate never updates statistics
 //! by itself, and exactly-once is not its job.** The archiver aggregates a batch of one
 //! shard's records into a [`StatsDelta`] and applies it in the *same atomic step* as
-//! the archive write: on Redis by concatenating [`APPLY_DELTA_LUA`] with its own script
-//! and passing [`stats_keys`] and [`delta_args`]; in memory by calling
+//! the archive write: on Redis by concatenating [`archive_protocol::APPLY_DELTA_LUA`]
+//! with its own script and passing [`archive_protocol::stats_keys`] and
+//! [`archive_protocol::delta_args`]; in memory by calling
 //! [`MemoryStats::apply`] under its own lock. The archive's per-pid "archived" bit,
 //! set in that same step, decides which records enter the delta, so a partition whose
 //! completion or archiving is retried still counts once.
@@ -34,7 +35,8 @@
 //! ```
 //! use std::sync::Arc;
 //! use tranche_codec::{CompletedRecord, KeySchema};
-//! use tranche_stats::{MemoryStats, Stats, StatsDelta, StatsStore, delta_args, diff, stats_keys};
+//! use tranche_stats::archive_protocol::{delta_args, stats_keys};
+//! use tranche_stats::{MemoryStats, Stats, StatsDelta, StatsStore, diff};
 //!
 //! let records = vec![CompletedRecord {
 //!     pid: 4970,
@@ -90,6 +92,13 @@ pub use model::{
     DataRange, DayStats, GlobalStats, RangeStats, Stats, StatsSummary, TimeRange, WorkerShare,
     WorkerStats,
 };
-pub use redis_store::{APPLY_DELTA_LUA, RedisStats, delta_args, stats_keys};
+pub use redis_store::RedisStats;
+
+/// The archive's side of the statistics: what `tranche-archive-store` needs to apply a
+/// [`StatsDelta`] inside its own archive script, in the same atomic step as the archive
+/// write. Not for anything else: a delta applied outside that step is counted twice.
+pub mod archive_protocol {
+    pub use crate::redis_store::{APPLY_DELTA_LUA, delta_args, stats_keys};
+}
 pub use state::{STATS_STATE_VERSION, StatsState};
 pub use store::{SNAPSHOT_RANGES, SNAPSHOTS_KEPT, Snapshot, SnapshotConfig, StatsStore};

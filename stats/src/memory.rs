@@ -116,7 +116,7 @@ impl MemoryStats {
     /// Adds `delta` to shard `shard`'s statistics, stamped `now_ms` (as [`delta_args`]
     /// stamps it on Redis). An empty delta changes nothing.
     ///
-    /// [`delta_args`]: crate::delta_args
+    /// [`delta_args`]: crate::archive_protocol::delta_args
     pub(crate) fn apply_at(&self, shard: u32, delta: &StatsDelta, now_ms: u64) {
         if delta.is_empty() {
             return;

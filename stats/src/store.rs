@@ -14,7 +14,7 @@ pub const SNAPSHOTS_KEPT: u64 = 10;
 /// same atomic step as the archive write ([`APPLY_DELTA_LUA`] on Redis,
 /// [`MemoryStats::apply`] in memory), so that each partition counts once.
 ///
-/// [`APPLY_DELTA_LUA`]: crate::APPLY_DELTA_LUA
+/// [`APPLY_DELTA_LUA`]: crate::archive_protocol::APPLY_DELTA_LUA
 /// [`MemoryStats::apply`]: crate::MemoryStats::apply
 #[async_trait]
 pub trait StatsStore: Send + Sync {

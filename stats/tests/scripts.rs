@@ -7,9 +7,8 @@ mod support;
 use std::sync::Arc;
 
 use tranche_codec::{CompletedRecord, KeySchema};
-use tranche_stats::{
-    APPLY_DELTA_LUA, RedisStats, Stats, StatsDelta, StatsStore, delta_args, stats_keys,
-};
+use tranche_stats::archive_protocol::{APPLY_DELTA_LUA, delta_args, stats_keys};
+use tranche_stats::{RedisStats, Stats, StatsDelta, StatsStore};
 
 use support::TestRedis;
 

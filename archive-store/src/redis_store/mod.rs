@@ -33,7 +33,8 @@ use tranche_codec::{
 use conn::invoke_read_only;
 use seal::Sealing;
 use tranche_codec::retry::retry;
-use tranche_stats::{Repaired, StatsDelta, StatsStore, delta_args};
+use tranche_stats::archive_protocol::delta_args;
+use tranche_stats::{Repaired, StatsDelta, StatsStore};
 use write::{Item, chunks_by_batch};
 
 use crate::dump::{Dump, DumpBatch};
@@ -59,7 +60,7 @@ static ARCHIVE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{}\n{}\n{}",
         include_str!("../../lua/prelude.lua"),
-        tranche_stats::APPLY_DELTA_LUA,
+        tranche_stats::archive_protocol::APPLY_DELTA_LUA,
         include_str!("../../lua/archive.lua")
     ))
 });
@@ -189,7 +190,7 @@ impl ShardKeys {
             archived: schema.shard_key(shard, "archived"),
             completed: schema.completed(shard),
             counters: schema.shard_key(shard, "archive"),
-            stats: tranche_stats::stats_keys(schema, shard),
+            stats: tranche_stats::archive_protocol::stats_keys(schema, shard),
             open: schema.shard_key(shard, "archive:open"),
         }
     }
