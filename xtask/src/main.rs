@@ -13,6 +13,7 @@ use anyhow::{Context, Result, bail};
 mod bench;
 mod fuzz;
 mod redis;
+mod soak;
 
 const HELP: &str = "\
 cargo xtask TASK [ARGS]
@@ -33,6 +34,13 @@ Tasks:
                            start a private Redis (or a 3-master cluster, with a replica
                            each) on free ports in the
                            foreground, print its URL, stop it on Ctrl-C
+  soak [--ci] [--seed N] [--duration SECS] [--interval SECS] [--partitions N]
+       [--workers N] [--faults F,F,...|all] [--cluster] [--release] [--lease MS]
+                           a fault-injecting soak: real workers on a private Redis (or
+                           a 3+3 cluster), a seeded fault every N s (kill, stop, panic,
+                           redis-kill, redis-pause, proxy, failover, corrupt-stats,
+                           corrupt-batch, corrupt-active), then oracles; writes
+                           target/soak/report.json and timeline.svg, fails on any oracle
   help                     this text
 ";
 
@@ -56,6 +64,7 @@ fn run() -> Result<()> {
         "bench" => bench::run(&rest),
         "fuzz" => fuzz::run(&rest),
         "redis" => redis::serve(&rest),
+        "soak" => soak::run(&rest),
         "help" | "-h" | "--help" => {
             print!("{HELP}");
             Ok(())
