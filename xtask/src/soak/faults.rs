@@ -78,4 +78,5 @@ pub(crate) struct Fault {
     /// Set by the oracles.
     pub(crate) recovery_s: Option<f64>,
     pub(crate) health_fired_after_s: Option<f64>,
+    pub(crate) health_masked: bool,
 }

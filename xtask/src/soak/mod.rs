@@ -253,6 +253,7 @@ struct Soak {
     monitor: Option<thread::JoinHandle<()>>,
     max_redis_bytes: u64,
     max_rss_kib: u64,
+    max_runner_rss_kib: u64,
     unexpected_exits: Vec<String>,
 }
 
@@ -329,6 +330,7 @@ impl Soak {
             monitor: None,
             max_redis_bytes: 0,
             max_rss_kib: 0,
+            max_runner_rss_kib: 0,
             unexpected_exits: Vec::new(),
         })
     }
@@ -342,10 +344,12 @@ impl Soak {
             .env("RUST_LOG", "error")
             .output()
             .with_context(|| format!("could not run tranche {}", args.join(" ")))?;
-        Ok((
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        ))
+        let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.trim().is_empty() {
+            // Failures come as {"error": ...} (or a line) on stderr.
+            text = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+        }
+        Ok((out.status.success(), text))
     }
 
     fn plan(&mut self, partitions: u64) -> Result<()> {
@@ -502,7 +506,11 @@ impl Soak {
         self.max_redis_bytes = self.max_redis_bytes.max(bytes);
         for slot in &self.slots {
             if let Some(kib) = slot.pid().and_then(fleet::rss_kib) {
-                self.max_rss_kib = self.max_rss_kib.max(kib);
+                let max = match slot.kind {
+                    Kind::Exec => &mut self.max_rss_kib,
+                    Kind::Runner => &mut self.max_runner_rss_kib,
+                };
+                *max = (*max).max(kib);
             }
         }
     }
@@ -557,6 +565,7 @@ impl Soak {
             persisted: None,
             recovery_s: None,
             health_fired_after_s: None,
+            health_masked: false,
         };
         let mut undo = Undo::Nothing;
         match kind.as_str() {
@@ -867,11 +876,10 @@ impl Soak {
         };
         oracle(
             "every_id_processed",
-            lost == 0 && drained,
+            lost == 0,
             Json::obj([
                 ("ids_planned", Json::from(planned_ids)),
                 ("ids_lost", Json::from(lost)),
-                ("drained_in_time", Json::from(drained)),
                 (
                     "first_gaps",
                     Json::Arr(
@@ -880,6 +888,15 @@ impl Soak {
                             .collect(),
                     ),
                 ),
+            ]),
+        );
+        oracle(
+            "everything_archived_after_the_faults",
+            drained,
+            Json::obj([
+                ("drain_deadline_s", Json::from(self.opts.drain.as_secs())),
+                ("drain_s", Json::from(drain_s)),
+                ("final_status", final_status.clone()),
             ]),
         );
         oracle(
@@ -941,20 +958,24 @@ impl Soak {
                 ),
             ]),
         );
-        let missed: Vec<Json> = self
-            .faults
-            .iter()
-            .filter(|f| {
-                faults::damage(&f.kind)
-                    && f.persisted != Some(false)
-                    && f.health_fired_after_s.is_none()
-            })
-            .map(|f| Json::from(format!("{} at {:.1} s", f.kind, f.at)))
+        let damage = || {
+            self.faults
+                .iter()
+                .filter(|f| faults::damage(&f.kind) && f.persisted != Some(false))
+        };
+        let name = |f: &Fault| Json::from(format!("{} at {:.1} s", f.kind, f.at));
+        let missed: Vec<Json> = damage()
+            .filter(|f| !f.health_masked && f.health_fired_after_s.is_none())
+            .map(name)
             .collect();
+        let masked: Vec<Json> = damage().filter(|f| f.health_masked).map(name).collect();
         oracle(
             "health_fired_on_damage",
             missed.is_empty(),
-            Json::obj([("missed", Json::Arr(missed))]),
+            Json::obj([
+                ("missed", Json::Arr(missed)),
+                ("masked_by_an_earlier_alert", Json::Arr(masked)),
+            ]),
         );
         let end_firing = firing(&health_end.1);
         oracle(
@@ -997,13 +1018,16 @@ impl Soak {
         );
         let redis_mib = self.max_redis_bytes / (1 << 20);
         let rss_mib = self.max_rss_kib / 1024;
+        let runner_mib = self.max_runner_rss_kib / 1024;
         oracle(
             "memory_bounded",
-            redis_mib <= self.opts.max_redis_mib && rss_mib <= self.opts.max_rss_mib,
+            redis_mib <= self.opts.max_redis_mib
+                && rss_mib.max(runner_mib) <= self.opts.max_rss_mib,
             Json::obj([
                 ("redis_used_memory_max_mib", Json::from(redis_mib)),
                 ("redis_limit_mib", Json::from(self.opts.max_redis_mib)),
-                ("worker_rss_max_mib", Json::from(rss_mib)),
+                ("tranche_run_rss_max_mib", Json::from(rss_mib)),
+                ("runner_rss_max_mib", Json::from(runner_mib)),
                 ("worker_limit_mib", Json::from(self.opts.max_rss_mib)),
             ]),
         );

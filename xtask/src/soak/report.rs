@@ -33,9 +33,15 @@ pub(crate) fn recovery(faults: &mut [Fault], tput: &[f64]) {
 }
 
 /// Per damage fault: seconds until the first health sample with a rule firing, within
-/// a minute.
+/// a minute; and whether health was already firing just before it (then a firing
+/// afterwards proves nothing about this fault: masked).
 pub(crate) fn health_after(faults: &mut [Fault], samples: &[(f64, Option<Vec<String>>)]) {
     for f in faults.iter_mut().filter(|f| faults::damage(&f.kind)) {
+        f.health_masked = samples
+            .iter()
+            .rev()
+            .find(|(t, firing)| *t < f.at && firing.is_some())
+            .is_some_and(|(_, firing)| firing.as_ref().is_some_and(|r| !r.is_empty()));
         f.health_fired_after_s = samples
             .iter()
             .find(|(t, firing)| {
