@@ -269,6 +269,7 @@ enum Undo {
     Cont(usize),
     Proxy,
     Check {
+        port: u16,
         key: Vec<u8>,
         field: Option<Vec<u8>>,
         value: Vec<u8>,
@@ -422,10 +423,14 @@ impl Soak {
                     return true;
                 }
                 self.heal(a);
+                // The 10 s after a heal are its recovery window: no fault in them.
+                next_fault = next_fault.max(Instant::now() + Duration::from_secs(10));
                 false
             });
-            if now >= next_fault && now < last_fault {
-                next_fault += self.opts.interval;
+            // One fault at a time: the next waits until the last one is healed (a
+            // 15 s outage every 10 s would otherwise never end, or be cut short).
+            if now >= next_fault && now < last_fault && active.is_empty() {
+                next_fault = (next_fault + self.opts.interval).max(now + Duration::from_secs(5));
                 match self.inject(&mut rng) {
                     Ok(Some(a)) => active.push(a),
                     Ok(None) => {}
@@ -659,10 +664,15 @@ impl Soak {
             }
             "corrupt-stats" | "corrupt-batch" | "corrupt-active" => {
                 match self.corrupt(&kind, rng) {
-                    Ok((key, field, value, note)) => {
+                    Ok((port, key, field, value, note)) => {
                         fault.target = String::from_utf8_lossy(&key).into_owned();
                         fault.note = note;
-                        undo = Undo::Check { key, field, value };
+                        undo = Undo::Check {
+                            port,
+                            key,
+                            field,
+                            value,
+                        };
                     }
                     Err(err) => {
                         fault.note = format!("not injected: {err:#}");
@@ -692,24 +702,23 @@ impl Soak {
         &self,
         kind: &str,
         rng: &mut Rng,
-    ) -> Result<(Vec<u8>, Option<Vec<u8>>, Vec<u8>, String)> {
-        let port = self.key_port();
+    ) -> Result<(u16, Vec<u8>, Option<Vec<u8>>, Vec<u8>, String)> {
         let pattern = match kind {
             "corrupt-stats" => "*:stats:ranges",
             "corrupt-batch" => "*:completed:batch:*",
             _ => "*:active",
         };
-        let mut keys = resp::scan(port, pattern)?;
+        let mut keys = self.scan_masters(pattern)?;
         let mut note = String::new();
         if keys.is_empty() && kind == "corrupt-batch" {
             // The simple tier: no batch string yet, so an archived record instead.
-            keys = resp::scan(port, "*:completed")?;
+            keys = self.scan_masters("*:completed")?;
             note = "no batch string yet: an archived record of the simple tier; ".into();
         }
         if keys.is_empty() {
             bail!("no key matches {pattern}");
         }
-        let key = keys[rng.below(keys.len())].clone();
+        let (port, key) = keys[rng.below(keys.len())].clone();
         let key_type = resp::call(port, &[b"TYPE", &key])?.text();
         if key_type == "string" {
             let resp::Reply::Bytes(value) = resp::call(port, &[b"GET", &key])? else {
@@ -724,7 +733,7 @@ impl Soak {
             let mut new = value;
             new[at] = byte[0];
             note.push_str(&format!("byte {at} flipped"));
-            return Ok((key, None, new, note));
+            return Ok((port, key, None, new, note));
         }
         let resp::Reply::Array(fields) = resp::call(port, &[b"HKEYS", &key])? else {
             bail!("HKEYS failed");
@@ -754,13 +763,19 @@ impl Soak {
             value
         };
         resp::call(port, &[b"HSET", &key, &field, &value])?;
-        Ok((key, Some(field), value, note))
+        Ok((port, key, Some(field), value, note))
     }
 
-    /// Where keys are read and written for corruption (single server: it; cluster: not
-    /// supported beyond the first master, which SCAN sees).
-    fn key_port(&self) -> u16 {
-        self.nodes[0].port
+    /// The keys matching `pattern` on every master, with the master's port.
+    fn scan_masters(&self, pattern: &str) -> Result<Vec<(u16, Vec<u8>)>> {
+        let mut found = Vec::new();
+        for port in self.redis_ports() {
+            if self.opts.cluster && server::role(port).as_deref() != Some("master") {
+                continue;
+            }
+            found.extend(resp::scan(port, pattern)?.into_iter().map(|k| (port, k)));
+        }
+        Ok(found)
     }
 
     fn heal(&mut self, a: &mut Active) {
@@ -777,11 +792,15 @@ impl Soak {
                     p.set(Mode::Pass);
                 }
             }
-            Undo::Check { key, field, value } => {
-                let port = self.key_port();
+            Undo::Check {
+                port,
+                key,
+                field,
+                value,
+            } => {
                 let now = match field {
-                    Some(f) => resp::call(port, &[b"HGET", key, f]),
-                    None => resp::call(port, &[b"GET", key]),
+                    Some(f) => resp::call(*port, &[b"HGET", key, f]),
+                    None => resp::call(*port, &[b"GET", key]),
                 };
                 self.faults[a.index].persisted =
                     Some(matches!(now, Ok(resp::Reply::Bytes(b)) if &b == value));
@@ -844,7 +863,27 @@ impl Soak {
         let planned_ids: u64 = self.planned.iter().map(|(a, b)| b - a + 1).sum();
         let planned_partitions = planned_ids / PARTITION;
         let (lost, gaps) = ledger::lost(&runs, &self.planned);
-        let overlaps = ledger::overlaps(&runs, &self.incarnations, run_end_us);
+        let all_overlaps = ledger::overlaps(&runs, &self.incarnations, run_end_us);
+        // A run whose own worker was SIGSTOPped during it ends after the pause, when
+        // its lease may have gone to another worker: in-process work (the runner's
+        // handler) cannot be fenced there, only reported. The rest fail the oracle.
+        let stops: Vec<(String, u64, u64)> = self
+            .faults
+            .iter()
+            .filter(|f| f.kind == "stop")
+            .map(|f| {
+                let us = |s: f64| self.t0_us + (s * 1e6) as u64;
+                (f.target.clone(), us(f.at), us(f.healed.unwrap_or(f.at)))
+            })
+            .collect();
+        let paused = |r: &ledger::ChunkRun| {
+            stops.iter().any(|(w, a, b)| {
+                *w == r.worker && r.start_us < *b && r.end_us.unwrap_or(u64::MAX) > *a
+            })
+        };
+        let (after_pause, overlaps): (Vec<_>, Vec<_>) = all_overlaps
+            .into_iter()
+            .partition(|o| paused(&o.a) || paused(&o.b));
         let outlived = ledger::outlived(&runs, &self.incarnations);
         let seconds = (fleet_end + drain_s).ceil() as usize + 1;
         let tput = ledger::throughput(&runs, self.t0_us, seconds);
@@ -904,13 +943,18 @@ impl Soak {
             overlaps.is_empty(),
             Json::obj([
                 ("overlaps", Json::from(overlaps.len() as u64)),
-                ("examples", Json::Arr(overlaps.iter().take(5).map(|o| {
-                    Json::from(format!(
-                        "partition {} ids {}..={} by {} (chunk pid {}, {}) and {}..={} by {} (chunk pid {}, {}): {:.0} ms together",
-                        o.a.partition, o.a.from, o.a.to, o.a.worker, o.a.chunk_pid, ended(&o.a),
-                        o.b.from, o.b.to, o.b.worker, o.b.chunk_pid, ended(&o.b), o.both_ms
-                    ))
-                }).collect())),
+                (
+                    "examples",
+                    Json::Arr(overlaps.iter().take(5).map(describe).collect()),
+                ),
+                (
+                    "across_a_sigstop_not_counted",
+                    Json::from(after_pause.len() as u64),
+                ),
+                (
+                    "across_a_sigstop_examples",
+                    Json::Arr(after_pause.iter().take(3).map(describe).collect()),
+                ),
             ]),
         );
         oracle(
@@ -1112,6 +1156,24 @@ impl Soak {
             ("oracles", Json::Obj(oracles)),
         ]))
     }
+}
+
+fn describe(o: &ledger::Overlap) -> Json {
+    Json::from(format!(
+        "partition {} ids {}..={} by {} (chunk pid {}, {}) and {}..={} by {} (chunk pid {}, {}): {:.0} ms together",
+        o.a.partition,
+        o.a.from,
+        o.a.to,
+        o.a.worker,
+        o.a.chunk_pid,
+        ended(&o.a),
+        o.b.from,
+        o.b.to,
+        o.b.worker,
+        o.b.chunk_pid,
+        ended(&o.b),
+        o.both_ms
+    ))
 }
 
 fn ended(r: &ledger::ChunkRun) -> &'static str {
