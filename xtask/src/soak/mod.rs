@@ -99,7 +99,12 @@ impl Options {
                 "--faults" => {
                     let v = value()?;
                     o.faults = if v == "all" {
-                        faults::MENU.iter().map(|s| s.to_string()).collect()
+                        // `proxy` stands for its three kinds.
+                        faults::MENU
+                            .iter()
+                            .filter(|s| !s.starts_with("proxy-"))
+                            .map(|s| s.to_string())
+                            .collect()
                     } else {
                         v.split(',')
                             .filter(|s| !s.is_empty())
@@ -137,7 +142,9 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     opts.faults.retain(|f| {
         let ok = match f.as_str() {
             "failover" => opts.cluster,
-            "redis-pause" | "proxy" => !opts.cluster,
+            "redis-pause" | "proxy" | "proxy-latency" | "proxy-blackhole" | "proxy-reset" => {
+                !opts.cluster
+            }
             "corrupt-state" => false,
             _ => true,
         };
@@ -627,9 +634,15 @@ impl Soak {
                 fault.note = "proxy refuses every connection".into();
                 undo = Undo::Proxy;
             }
-            "proxy" => {
+            "proxy" | "proxy-latency" | "proxy-blackhole" | "proxy-reset" => {
                 let proxy = self.proxy.as_ref().context("no proxy")?;
-                match rng.below(3) {
+                let pick = match kind.as_str() {
+                    "proxy-latency" => 0,
+                    "proxy-blackhole" => 1,
+                    "proxy-reset" => 2,
+                    _ => rng.below(3),
+                };
+                match pick {
                     0 => {
                         fault.kind = "proxy-latency".into();
                         proxy.set(Mode::Latency(Duration::from_millis(100)));
