@@ -415,7 +415,9 @@ impl Soak {
         }
         self.start_monitor();
         let mut rng = Rng::new(self.opts.seed);
-        let mut next_fault = self.t0 + self.opts.interval;
+        // The first seconds are a start-up burst, no baseline for a recovery: the first
+        // fault comes after 20 s at the earliest.
+        let mut next_fault = self.t0 + self.opts.interval.max(Duration::from_secs(20));
         // No fault so late that its recovery could not be seen before the end.
         let last_fault = self.t0 + self.opts.duration.saturating_sub(Duration::from_secs(12));
         let end = self.t0 + self.opts.duration;
@@ -903,6 +905,7 @@ impl Soak {
         report::recovery(&mut self.faults, &tput);
         let samples = self.health.lock().unwrap().clone();
         report::health_after(&mut self.faults, &samples);
+        let health_rules = report::health_rules(&samples);
 
         // The statistics: each partition counted once.
         let stats = self.tranche(&["stats", "--json"])?.1;
@@ -1130,6 +1133,7 @@ impl Soak {
                 "faults",
                 Json::Arr(self.faults.iter().map(report::fault).collect()),
             ),
+            ("health_samples", health_rules),
             (
                 "incarnations",
                 Json::Arr(

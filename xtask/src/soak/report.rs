@@ -51,6 +51,39 @@ pub(crate) fn health_after(faults: &mut [Fault], samples: &[(f64, Option<Vec<Str
     }
 }
 
+/// The health samples in short: how many answered, and per rule that fired, in how
+/// many samples, first and last (seconds).
+pub(crate) fn health_rules(samples: &[(f64, Option<Vec<String>>)]) -> Json {
+    let mut rules: Vec<(String, u64, f64, f64)> = Vec::new();
+    for (t, firing) in samples {
+        for rule in firing.iter().flatten() {
+            match rules.iter_mut().find(|r| r.0 == *rule) {
+                Some(r) => {
+                    r.1 += 1;
+                    r.3 = *t;
+                }
+                None => rules.push((rule.clone(), 1, *t, *t)),
+            }
+        }
+    }
+    Json::obj([
+        ("samples", Json::from(samples.len() as u64)),
+        (
+            "unanswered",
+            Json::from(samples.iter().filter(|(_, f)| f.is_none()).count() as u64),
+        ),
+        (
+            "firing",
+            Json::obj(rules.into_iter().map(|(rule, n, first, last)| {
+                (
+                    rule,
+                    Json::from(format!("{n} samples, {first:.0} s to {last:.0} s")),
+                )
+            })),
+        ),
+    ])
+}
+
 /// Faults counted by kind.
 pub(crate) fn by_kind(faults: &[Fault]) -> Json {
     let mut kinds: Vec<(String, u64)> = Vec::new();
