@@ -20,7 +20,7 @@ cargo xtask TASK [ARGS]
 
 Tasks:
   ci                       cargo fmt --check, cargo clippy and cargo doc (warnings are
-                           errors), then `test`
+                           errors), then `test`, then `soak --ci`
   test [ARGS...]           make sure a redis-server is installed, then cargo test --workspace
                            (ARGS go to cargo test, e.g. `cargo xtask test -p tranche-codec`)
   bench NAME|all           run a benchmark; it prints a table and writes
@@ -74,7 +74,7 @@ fn run() -> Result<()> {
 }
 
 /// `cargo xtask ci`: exactly what CI runs, in the order that fails fastest: fmt,
-/// clippy (with every target, then the libraries and binary alone), rustdoc (broken links and bad doc markup fail it), then the tests.
+/// clippy (with every target, then the libraries and binary alone), rustdoc (broken links and bad doc markup fail it), then the tests, then a 2-minute soak.
 fn ci() -> Result<()> {
     step(
         "cargo fmt --check",
@@ -105,7 +105,10 @@ fn ci() -> Result<()> {
             .args(["doc", "--workspace", "--no-deps", "--locked"])
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
-    test(&[])
+    test(&[])?;
+    // The test step built the debug binary the soak runs, so this costs its 2 minutes
+    // and little more.
+    soak::run(&["--ci".to_owned()])
 }
 
 /// `cargo xtask test`: the whole test suite against real Redis servers the tests start
