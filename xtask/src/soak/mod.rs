@@ -427,6 +427,7 @@ impl Soak {
         }
         self.start_monitor();
         let mut rng = Rng::new(self.opts.seed);
+        let mut bag = Vec::new();
         // The first seconds are a start-up burst, no baseline for a recovery: the first
         // fault comes after 20 s at the earliest.
         let mut next_fault = self.t0 + self.opts.interval.max(Duration::from_secs(20));
@@ -452,7 +453,7 @@ impl Soak {
             // 15 s outage every 10 s would otherwise never end, or be cut short).
             if now >= next_fault && now < last_fault && active.is_empty() {
                 next_fault = (next_fault + self.opts.interval).max(now + Duration::from_secs(5));
-                match self.inject(&mut rng) {
+                match self.inject(&mut rng, &mut bag) {
                     Ok(Some(a)) => active.push(a),
                     Ok(None) => {}
                     Err(err) => eprintln!("xtask: soak: a fault could not be injected: {err:#}"),
@@ -570,8 +571,16 @@ impl Soak {
     }
 
     /// Picks and injects the next fault; what heals it, if anything.
-    fn inject(&mut self, rng: &mut Rng) -> Result<Option<Active>> {
-        let kind = self.opts.faults[rng.below(self.opts.faults.len())].clone();
+    fn inject(&mut self, rng: &mut Rng, bag: &mut Vec<String>) -> Result<Option<Active>> {
+        // A seeded shuffle of the menu, drawn from until empty: every kind comes once
+        // per round, so a short run still meets each.
+        if bag.is_empty() {
+            *bag = self.opts.faults.clone();
+            for i in (1..bag.len()).rev() {
+                bag.swap(i, rng.below(i + 1));
+            }
+        }
+        let kind = bag.pop().expect("the menu is not empty");
         let at = self.secs();
         let live: Vec<usize> = (0..self.slots.len())
             .filter(|&i| self.slots[i].child.is_some() && !self.slots[i].stopped)
