@@ -9,7 +9,9 @@ use super::faults::{self, Fault};
 use super::json::Json;
 
 /// Per fault: seconds from its heal until a 3-second mean of the throughput is back to
-/// 80 % of the 10 seconds before it (None: never, or no work before it to compare).
+/// 80 % of the median second of the 30 before it (None: never, or no work before it to
+/// compare). The median, not the mean: the catch-up burst after an earlier fault or a
+/// dip of a busy machine would move a mean.
 pub(crate) fn recovery(faults: &mut [Fault], tput: &[f64]) {
     let mean = |a: usize, b: usize| -> f64 {
         let b = b.min(tput.len());
@@ -19,15 +21,20 @@ pub(crate) fn recovery(faults: &mut [Fault], tput: &[f64]) {
         tput[a..b].iter().sum::<f64>() / (b - a) as f64
     };
     for f in faults.iter_mut() {
-        let at = f.at as usize;
-        let before = mean(at.saturating_sub(10), at);
-        if before <= 0.0 {
+        let at = (f.at as usize).min(tput.len());
+        let mut before = tput[at.saturating_sub(30)..at].to_vec();
+        if before.is_empty() {
+            continue;
+        }
+        before.sort_by(f64::total_cmp);
+        let baseline = before[before.len() / 2];
+        if baseline <= 0.0 {
             continue;
         }
         let healed = f.healed.unwrap_or(f.at);
         let from = healed.floor() as usize;
         f.recovery_s = (from..tput.len().saturating_sub(2))
-            .find(|&s| mean(s, s + 3) >= 0.8 * before)
+            .find(|&s| mean(s, s + 3) >= 0.8 * baseline)
             .map(|s| (s as f64 - healed).max(0.0));
     }
 }
@@ -226,4 +233,37 @@ pub(crate) fn svg(
     );
     std::fs::write(path, s)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fault(at: f64, healed: f64) -> Fault {
+        Fault {
+            kind: "redis-pause".into(),
+            at,
+            healed: Some(healed),
+            target: String::new(),
+            note: String::new(),
+            persisted: None,
+            recovery_s: None,
+            health_fired_after_s: None,
+            health_masked: false,
+        }
+    }
+
+    #[test]
+    fn recovery_counts_from_the_heal_to_the_baseline() {
+        // 100/s, nothing from 30 to 45 s, 50/s until 48 s, then 100/s again; one burst
+        // second before the fault does not move the median baseline.
+        let mut tput = vec![100.0; 80];
+        tput[25] = 1000.0;
+        tput[30..45].fill(0.0);
+        tput[45..48].fill(50.0);
+        let mut faults = [fault(30.0, 45.0)];
+        recovery(&mut faults, &tput);
+        // The first 3 s mean at or above 80: 47..50 is (50 + 100 + 100) / 3.
+        assert_eq!(faults[0].recovery_s, Some(2.0));
+    }
 }
