@@ -130,6 +130,7 @@ pub(crate) fn fault(f: &Fault) -> Json {
             "corruption_persisted",
             f.persisted.map_or(Json::Null, Json::from),
         ),
+        ("health_already_firing", Json::from(f.health_masked)),
     ])
 }
 
