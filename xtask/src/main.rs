@@ -13,13 +13,14 @@ use anyhow::{Context, Result, bail};
 mod bench;
 mod fuzz;
 mod redis;
+mod soak;
 
 const HELP: &str = "\
 cargo xtask TASK [ARGS]
 
 Tasks:
   ci                       cargo fmt --check, cargo clippy and cargo doc (warnings are
-                           errors), then `test`
+                           errors), then `test`, then `soak --ci`
   test [ARGS...]           make sure a redis-server (and the other servers the tests start)
                            is installed, then cargo nextest run --workspace (every test with
                            a deadline, .config/nextest.toml) and the doctests (ARGS go to
@@ -35,6 +36,13 @@ Tasks:
                            start a private Redis (or a 3-master cluster, with a replica
                            each) on free ports in the
                            foreground, print its URL, stop it on Ctrl-C
+  soak [--ci] [--seed N] [--duration SECS] [--interval SECS] [--partitions N]
+       [--workers N] [--faults F,F,...|all] [--cluster] [--release] [--lease MS]
+                           a fault-injecting soak: real workers on a private Redis (or
+                           a 3+3 cluster), a seeded fault every N s (kill, stop, panic,
+                           redis-kill, redis-pause, proxy, failover, corrupt-stats,
+                           corrupt-batch, corrupt-active), then oracles; writes
+                           target/soak/report.json and timeline.svg, fails on any oracle
   help                     this text
 ";
 
@@ -58,6 +66,7 @@ fn run() -> Result<()> {
         "bench" => bench::run(&rest),
         "fuzz" => fuzz::run(&rest),
         "redis" => redis::serve(&rest),
+        "soak" => soak::run(&rest),
         "help" | "-h" | "--help" => {
             print!("{HELP}");
             Ok(())
@@ -70,7 +79,7 @@ fn run() -> Result<()> {
 /// clippy (with every target, then the libraries and binary alone), worker-bin's library
 /// floor alone (it builds without the `cli` feature and its dependency tree holds none
 /// of the command line's crates), rustdoc (broken links and bad doc markup fail it),
-/// then the tests.
+/// then the tests, then a 2-minute soak.
 fn ci() -> Result<()> {
     step(
         "cargo fmt --check",
@@ -157,7 +166,10 @@ fn ci() -> Result<()> {
             .args(["doc", "--workspace", "--no-deps", "--locked"])
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
-    test(&[])
+    test(&[])?;
+    // The test step built the debug binary the soak runs, so this costs its 2 minutes
+    // and little more.
+    soak::run(&["--ci".to_owned()])
 }
 
 /// `cargo xtask test`: the whole test suite against real Redis servers the tests start

@@ -1,0 +1,86 @@
+//! The fault menu and its seeded schedule.
+
+use std::time::Duration;
+
+/// Every fault the soak can inject.
+pub(crate) const MENU: &[&str] = &[
+    "kill",
+    "stop",
+    "panic",
+    "redis-kill",
+    "redis-pause",
+    "proxy",
+    "proxy-latency",
+    "proxy-blackhole",
+    "proxy-reset",
+    "failover",
+    "corrupt-stats",
+    "corrupt-batch",
+    "corrupt-active",
+    "corrupt-state",
+];
+
+/// The faults of `--ci`: those today's code is expected to survive. (`proxy` picks one
+/// of the three network faults at random; `--faults all` is the whole menu.)
+pub(crate) const CI: &str = "stop,redis-kill,proxy-latency,proxy-reset";
+
+/// Whether the throughput must come back within 10 s once the fault is healed.
+pub(crate) fn transient(kind: &str) -> bool {
+    kind.starts_with("redis-") || kind.starts_with("proxy") || kind == "failover"
+}
+
+/// Whether it damages something `health` must notice within a minute.
+pub(crate) fn damage(kind: &str) -> bool {
+    kind.starts_with("corrupt-") || kind == "panic"
+}
+
+/// How long a fault lasts before the soak heals it.
+pub(crate) fn length(kind: &str, lease: Duration) -> Duration {
+    match kind {
+        "stop" => lease * 2 + Duration::from_secs(1),
+        "redis-pause" => Duration::from_secs(15),
+        "proxy-latency" | "proxy-blackhole" => Duration::from_secs(10),
+        "corrupt-stats" | "corrupt-batch" | "corrupt-active" => Duration::from_secs(3),
+        _ => Duration::ZERO,
+    }
+}
+
+/// splitmix64: a seeded schedule needs nothing better.
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (n > 0).
+    pub(crate) fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// One injected fault, as the report tells it.
+#[derive(Debug, Clone)]
+pub(crate) struct Fault {
+    pub(crate) kind: String,
+    /// Seconds since the fleet started.
+    pub(crate) at: f64,
+    /// When it was healed (seconds), for faults that last.
+    pub(crate) healed: Option<f64>,
+    pub(crate) target: String,
+    pub(crate) note: String,
+    /// For corruption: whether the corrupt value was still there when checked.
+    pub(crate) persisted: Option<bool>,
+    /// Set by the oracles.
+    pub(crate) recovery_s: Option<f64>,
+    pub(crate) health_fired_after_s: Option<f64>,
+    pub(crate) health_masked: bool,
+}

@@ -1,0 +1,289 @@
+//! The fleet: `tranche run --exec` workers and one library runner, each restartable,
+//! every incarnation remembered (when it started, when and how it ended) for the oracle.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+
+/// Microseconds since the epoch: the ledgers' clock.
+pub(crate) fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros() as u64
+}
+
+/// Sends `sig` (a name `kill -s` takes: STOP, CONT, TERM, KILL) to process `pid`.
+pub(crate) fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .args(["-s", sig, &pid.to_string()])
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// The chunk command of the `--exec` workers: a START and an END line around a short
+/// sleep, appended to the worker's ledger (one `printf` of a line under PIPE_BUF to an
+/// O_APPEND file is atomic). `$$` is the chunk's own process, to tell its lines apart.
+pub(crate) const LEDGER_SH: &str = r#"#!/bin/bash
+# START|END|KILL partition from to worker chunk_pid time_us
+line() { printf '%s %s %s %s %s %s %s\n' "$1" "$TRANCHE_PID" "$TRANCHE_FROM" "$TRANCHE_TO" "$SOAK_WORKER" "$$" "${EPOCHREALTIME/./}" >> "$SOAK_LEDGER"; }
+# Killed by its worker (lease lost, drain): say when, so the interval ends there.
+trap 'line KILL; exit 143' TERM
+line START
+if (( RANDOM % 400 == 0 )); then d=8; else d=0.0$(( RANDOM % 9 + 1 )); fi
+sleep "$d"
+line END
+"#;
+
+/// What runs in a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// `tranche run --exec ledger.sh`.
+    Exec,
+    /// The `soak_runner` example: the library with a handler that can panic.
+    Runner,
+}
+
+/// One process the soak started, and how it ended.
+#[derive(Debug, Clone)]
+pub(crate) struct Incarnation {
+    /// `w3.1`: slot 3, second start. The ledgers name it.
+    pub(crate) name: String,
+    pub(crate) pid: u32,
+    pub(crate) started_us: u64,
+    /// When the soak saw it gone (after its kill or exit was reaped).
+    pub(crate) ended_us: Option<u64>,
+    /// `killed`, `terminated`, `exited N`.
+    pub(crate) end: String,
+}
+
+/// How every worker is started.
+pub(crate) struct Setup {
+    pub(crate) tranche: PathBuf,
+    pub(crate) runner: PathBuf,
+    pub(crate) dir: PathBuf,
+    pub(crate) redis_url: String,
+    pub(crate) namespace: String,
+    pub(crate) run_id: String,
+    pub(crate) lease_ms: u64,
+    pub(crate) chunk: u64,
+    pub(crate) compressed_at: u64,
+}
+
+/// A worker slot: at most one live process at a time.
+pub(crate) struct Slot {
+    pub(crate) index: usize,
+    pub(crate) kind: Kind,
+    pub(crate) child: Option<Child>,
+    /// Set while it is SIGSTOPped.
+    pub(crate) stopped: bool,
+    /// When a dead slot is started again.
+    pub(crate) restart_at: Option<Instant>,
+    generation: u32,
+}
+
+impl Slot {
+    pub(crate) fn new(index: usize, kind: Kind) -> Slot {
+        Slot {
+            index,
+            kind,
+            child: None,
+            stopped: false,
+            restart_at: None,
+            generation: 0,
+        }
+    }
+
+    /// The slot's ledger file.
+    pub(crate) fn ledger(&self, setup: &Setup) -> PathBuf {
+        setup
+            .dir
+            .join("ledger")
+            .join(format!("w{}.log", self.index))
+    }
+
+    /// Starts a new incarnation.
+    pub(crate) fn start(&mut self, setup: &Setup, log: &mut Vec<Incarnation>) -> Result<()> {
+        let name = format!("w{}.{}", self.index, self.generation);
+        self.generation += 1;
+        let out = std::fs::File::create(setup.dir.join("logs").join(format!("{name}.log")))?;
+        let err = out.try_clone()?;
+        let mut cmd = match self.kind {
+            Kind::Exec => {
+                let mut cmd = Command::new(&setup.tranche);
+                cmd.arg("run")
+                    .arg("--exec")
+                    .arg(format!("bash {}", setup.dir.join("ledger.sh").display()))
+                    .args(["--lease", &format!("{}ms", setup.lease_ms)])
+                    .args(["--chunk", &setup.chunk.to_string()])
+                    .args(["--parallel", "4", "--concurrency", "2", "--grace", "2s"])
+                    .args(["--compressed-at", &setup.compressed_at.to_string()])
+                    .args(["--worker-id", &format!("w{}", self.index)])
+                    .arg("--follow");
+                cmd
+            }
+            Kind::Runner => {
+                let mut cmd = Command::new(&setup.runner);
+                cmd.env("SOAK_PANIC_FILE", panic_file(&setup.dir))
+                    .env("SOAK_LEASE_MS", setup.lease_ms.to_string())
+                    // Smaller chunks than the exec workers': more chunks per partition
+                    // than its sliding window holds, so a chunk that never ends (its
+                    // handler panicked) can hold the rest of the partition back.
+                    .env("SOAK_CHUNK", (setup.chunk / 5).max(1).to_string());
+                cmd
+            }
+        };
+        cmd.env("TRANCHE_REDIS_URL", &setup.redis_url)
+            .env("TRANCHE_NAMESPACE", &setup.namespace)
+            .env("SOAK_LEDGER", self.ledger(setup))
+            .env("SOAK_WORKER", &name)
+            .env("SOAK_RUN", &setup.run_id)
+            .env("RUST_LOG", "warn")
+            // A panic's backtrace would load the debug info: 170 MiB of RSS that is
+            // the symbolizer's, not the worker's.
+            .env("RUST_BACKTRACE", "0")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("could not start worker {name}"))?;
+        log.push(Incarnation {
+            name,
+            pid: child.id(),
+            started_us: now_us(),
+            ended_us: None,
+            end: String::new(),
+        });
+        self.child = Some(child);
+        self.stopped = false;
+        self.restart_at = None;
+        Ok(())
+    }
+
+    /// The live process id.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILL (SIGCONT first if stopped), reap, record.
+    pub(crate) fn kill(&mut self, log: &mut [Incarnation]) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+            if self.stopped {
+                self.stopped = false;
+            }
+            ended(log, child.id(), "killed");
+        }
+    }
+
+    /// SIGTERM, wait up to `grace` for the drain, then SIGKILL.
+    pub(crate) fn terminate(&mut self, grace: Duration, log: &mut [Incarnation]) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if self.stopped {
+            signal(child.id(), "CONT");
+            self.stopped = false;
+        }
+        signal(child.id(), "TERM");
+        let deadline = Instant::now() + grace;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                ended(log, child.id(), &format!("terminated ({status})"));
+                return;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                ended(log, child.id(), "killed after SIGTERM grace");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Reaps a process that exited by itself; true when it did.
+    pub(crate) fn reap(&mut self, log: &mut [Incarnation]) -> bool {
+        let Some(child) = self.child.as_mut() else {
+            return false;
+        };
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                let pid = child.id();
+                self.child = None;
+                ended(log, pid, &format!("exited by itself ({status})"));
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+fn ended(log: &mut [Incarnation], pid: u32, how: &str) {
+    if let Some(inc) = log
+        .iter_mut()
+        .rev()
+        .find(|i| i.pid == pid && i.ended_us.is_none())
+    {
+        inc.ended_us = Some(now_us());
+        inc.end = how.to_owned();
+    }
+}
+
+/// The file whose appearance makes the runner's next chunk panic.
+pub(crate) fn panic_file(dir: &Path) -> PathBuf {
+    dir.join("panic.trigger")
+}
+
+/// Resident set size of `pid` in KiB, from /proc.
+pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Live processes whose environment carries `SOAK_RUN=run_id` (the workers, their
+/// chunk processes and anything those left behind), with their command lines.
+pub(crate) fn processes_of_run(run_id: &str) -> Vec<(u32, String)> {
+    let needle = format!("SOAK_RUN={run_id}");
+    let mut found = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(env) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if env.split(|&b| b == 0).any(|v| v == needle.as_bytes()) {
+            // A zombie (already dead, not yet reaped) is no stray.
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            if stat
+                .rsplit(')')
+                .next()
+                .is_some_and(|s| s.trim_start().starts_with('Z'))
+            {
+                continue;
+            }
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            found.push((pid, cmdline.trim().to_owned()));
+        }
+    }
+    found
+}
