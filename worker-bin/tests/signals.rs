@@ -176,3 +176,59 @@ fn chunks_never_see_the_redis_password() {
         assert!(!env.contains("s3cret-pw"), "{env}");
     }
 }
+
+/// A SIGKILLed worker (or one the OOM killer takes) leaves no chunk behind: the kernel
+/// closes its end of each chunk's lifeline pipe and the chunk's guard kills the whole
+/// group, grandchildren included. So when the next worker reclaims the range, no copy
+/// of it still runs: the ledger of START/END lines never has two copies open at once.
+#[test]
+fn a_sigkilled_workers_chunks_die_with_it() {
+    let dir = scratch("signals-sigkill");
+    ok(tranche(
+        &dir,
+        &["plan", "--min", "1", "--max", "100", "--size", "100"],
+    ));
+    let ledger = dir.join("ledger");
+    // `$$` names the copy (and its process group); `sleep` is a grandchild.
+    let exec = format!(
+        "echo START $$ $TRANCHE_FROM >> {l}; sleep 4; echo END $$ $TRANCHE_FROM >> {l}",
+        l = ledger.display()
+    );
+    let worker = |exec: &str| {
+        let mut cmd = tranche(
+            &dir,
+            &["run", "--exec", exec, "--chunk", "100", "--lease", "3s"],
+        );
+        cmd.stdin(Stdio::null()).stdout(Stdio::null());
+        cmd.spawn().unwrap()
+    };
+    let mut first = worker(&exec);
+    eventually(Duration::from_secs(20), "the first copy started", || {
+        !lines(&ledger).is_empty()
+    });
+    let copy: u32 = lines(&ledger)[0]
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(groups().contains(&copy));
+    common::signal(&first, "KILL");
+    first.wait().unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        !groups().contains(&copy),
+        "the chunk of a SIGKILLed worker is still alive 1 s later"
+    );
+    let mut second = worker(&exec);
+    let exit = wait(&mut second, Duration::from_secs(60));
+    assert!(exit.success(), "{exit:?}");
+    // The first copy would have written its END by now (4 s after its START): the
+    // ledger is its START, then the second copy's START and END, never two open.
+    let ledger = lines(&ledger);
+    assert_eq!(ledger.len(), 3, "{ledger:?}");
+    let second_copy = ledger[1].split_whitespace().nth(1).unwrap();
+    assert_ne!(second_copy, copy.to_string(), "{ledger:?}");
+    assert_eq!(ledger[1], format!("START {second_copy} 1"), "{ledger:?}");
+    assert_eq!(ledger[2], format!("END {second_copy} 1"), "{ledger:?}");
+}
