@@ -28,12 +28,15 @@ use tokio::process::Command;
 const STDERR_TAIL: usize = 1024;
 
 /// Variables tranche reads a secret from, never passed to a chunk: the Redis URL may
-/// carry a password, and the others name the files that hold one or a private key.
+/// carry a password, the admin token is one, and the others name the files that hold
+/// one or a private key.
 const SECRETS: &[&str] = &[
     "TRANCHE_REDIS_URL",
     "TRANCHE_REDIS_FILE",
     "TRANCHE_TLS_CERT",
     "TRANCHE_TLS_KEY",
+    "TRANCHE_ADMIN_TOKEN",
+    "TRANCHE_ADMIN_TOKEN_FILE",
 ];
 
 /// The shell every chunk starts in (`sh -c GUARD tranche-chunk CMD`), its stdin the

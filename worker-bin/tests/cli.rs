@@ -177,6 +177,20 @@ fn unreachable_or_malformed_redis() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("hunter2"), "{stderr}");
     assert!(stderr.contains("redis://:***@127.0.0.1"), "{stderr}");
+    // Nor a password with a `?` in it, nor one in a malformed URL, whatever the error.
+    for (url, secret) in [
+        (format!("redis://:pa?ss@127.0.0.1:{port}"), "pa?ss"),
+        (format!("redis://:pa?ss@127.0.0.1:{port}"), "ss@"),
+        ("redis:/:S3cretPW@example.invalid".to_owned(), "S3cretPW"),
+        ("redis//:S3cretPW@example.invalid".to_owned(), "S3cretPW"),
+        (format!("redis://u:p@ss#w/rd@127.0.0.1:{port}"), "ss#w"),
+    ] {
+        let out = output(tranche(&dir, &["--redis", &url, "status"]));
+        assert_eq!(out.status.code(), Some(2));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains(secret), "{url}: {stderr}");
+        assert!(stderr.contains("***@"), "{url}: {stderr}");
+    }
 }
 
 #[test]

@@ -499,6 +499,75 @@ fn without_a_token_the_server_is_read_only() {
     assert_eq!(server.json("/api/v1/status")["paused"], false);
 }
 
+/// The admin token can come from a file (`--admin-token-file`), out of `ps`.
+#[test]
+fn the_admin_token_can_come_from_a_file() {
+    let dir = scratch("serve-token-file");
+    ok(tranche(&dir, &["plan", "--min", "1", "--max", "3000"]));
+    let file = dir.join("token");
+    std::fs::write(&file, "t0ken-from-file\n").unwrap();
+    let mut child = tranche(
+        &dir,
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-token-file",
+            file.to_str().unwrap(),
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let server = Server {
+        child,
+        addr: line
+            .trim()
+            .rsplit("http://")
+            .next()
+            .unwrap()
+            .trim_end_matches('/')
+            .to_owned(),
+    };
+    assert_eq!(server.json("/api/v1/config")["actions"], true);
+    let (code, body) = server.request("POST", "/api/v1/retry-failed", Some("wrong"));
+    assert_eq!(code, 401, "{body}");
+    let (code, body) = server.request("POST", "/api/v1/retry-failed", Some("t0ken-from-file"));
+    assert_eq!(code, 200, "{body}");
+    let cmdline = std::fs::read_to_string(format!("/proc/{}/cmdline", server.child.id())).unwrap();
+    assert!(!cmdline.contains("t0ken-from-file"));
+    // Both forms at once, or an empty file, are refused.
+    let out = output(tranche(
+        &dir,
+        &[
+            "serve",
+            "--admin-token",
+            "x",
+            "--admin-token-file",
+            file.to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(out.status.code(), Some(2));
+    std::fs::write(&file, "\n").unwrap();
+    let out = output(tranche(
+        &dir,
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-token-file",
+            file.to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("holds no token"));
+}
+
 /// `run --metrics-listen` serves the worker's own counters while it runs.
 #[test]
 fn a_worker_serves_its_own_metrics() {

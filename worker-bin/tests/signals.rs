@@ -149,7 +149,7 @@ fn no_chunk_outlives_the_grace_period() {
 }
 
 /// A chunk's environment has its own variables but not the Redis URL (nor the
-/// password in it).
+/// password in it), nor the admin token.
 #[test]
 fn chunks_never_see_the_redis_password() {
     let redis = TestRedis::start_with_password("s3cret-pw");
@@ -160,6 +160,7 @@ fn chunks_never_see_the_redis_password() {
     let with_url = |args: &[&str]| {
         let mut c = tranche(&dir, args);
         c.env("TRANCHE_REDIS_URL", &url)
+            .env("TRANCHE_ADMIN_TOKEN", "adm1n-t0ken")
             .env("TRANCHE_LOG", dir.join("chunks.log"));
         c
     };
@@ -174,6 +175,7 @@ fn chunks_never_see_the_redis_password() {
         assert!(env.contains("TRANCHE_LOG="), "other variables pass: {env}");
         assert!(!env.contains("TRANCHE_REDIS_URL"), "{env}");
         assert!(!env.contains("s3cret-pw"), "{env}");
+        assert!(!env.contains("adm1n-t0ken"), "nor the admin token: {env}");
     }
 }
 

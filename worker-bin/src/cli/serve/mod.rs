@@ -4,8 +4,8 @@
 //!
 //! Everything it reads costs O(shards) per request, like `status`, except what a
 //! request asks for by size (`partitions?limit=`). Actions (retry, discard, pause,
-//! resume) are POSTs that need `Authorization: Bearer <token>` (`--admin-token` or
-//! `TRANCHE_ADMIN_TOKEN`); without a token configured the server is read-only and the
+//! resume) are POSTs that need `Authorization: Bearer <token>` (`--admin-token`,
+//! `TRANCHE_ADMIN_TOKEN` or `--admin-token-file`); without a token configured the server is read-only and the
 //! dashboard shows no action. The token never travels in a URL, and a custom header
 //! cannot be sent cross-site without CORS, which this server never grants: no CSRF.
 //! No response carries the Redis URL's password.
@@ -90,10 +90,27 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .with_state(app)
 }
 
+/// The admin token in `path`: its first line, trimmed. One line of error, never the
+/// token.
+fn read_token(path: &std::path::Path) -> Result<String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read --admin-token-file {}: {e}", path.display()))?;
+    match text.lines().next().map(str::trim) {
+        Some(token) if !token.is_empty() => Ok(token.to_owned()),
+        _ => anyhow::bail!(
+            "--admin-token-file {} holds no token on its first line",
+            path.display()
+        ),
+    }
+}
+
 /// `tranche serve`: binds `--listen` and answers until SIGINT/SIGTERM.
 pub(crate) async fn serve(g: &Global, args: ServeArgs) -> Result<Outcome> {
     let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
-    let token = args.admin_token.filter(|t| !t.is_empty());
+    let token = match &args.admin_token_file {
+        Some(path) => Some(read_token(path)?),
+        None => args.admin_token.filter(|t| !t.is_empty()),
+    };
     let listen: SocketAddr = args.listen;
     if !listen.ip().is_loopback() && token.is_none() {
         tracing::warn!(
