@@ -2,8 +2,9 @@
 //! layers as trait objects plus a router over them. This is the only module that
 //! names a concrete store.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result, anyhow, bail};
 use redis::AsyncCommands;
@@ -45,9 +46,47 @@ enum Place {
     Embedded(EmbeddedBackend),
 }
 
+/// Redis connections by URL (and TLS files), opened once and shared by every namespace
+/// opened through it: a long-lived process opening namespace after namespace (`serve`'s
+/// overview) opens no new connection per namespace and request. Each entry reconnects
+/// by itself (`RedisConnection`), so one that broke is never stale for long. Clones
+/// share the entries.
+#[derive(Clone, Default)]
+pub(crate) struct Connections(Arc<Mutex<HashMap<String, RedisConnection>>>);
+
+impl Connections {
+    /// The connection to `url`, opened now if none is kept yet.
+    async fn get(&self, global: &Location, url: &str) -> Result<(RedisConnection, String)> {
+        let key = format!(
+            "{url}\n{:?}\n{:?}\n{:?}",
+            global.tls_ca, global.tls_cert, global.tls_key
+        );
+        let kept = self.0.lock().expect("not poisoned").get(&key).cloned();
+        if let Some(conn) = kept {
+            return Ok((conn, redact(url)));
+        }
+        let (conn, shown) = connect(global, url).await?;
+        self.0
+            .lock()
+            .expect("not poisoned")
+            .insert(key, conn.clone());
+        Ok((conn, shown))
+    }
+}
+
 impl Backend {
     /// Opens the namespace `global` names, on Redis when `--redis` is given.
     pub(crate) async fn open(global: &Location, open: Open, tuning: Tuning) -> Result<Self> {
+        Self::open_with(global, open, tuning, &Connections::default()).await
+    }
+
+    /// [`Backend::open`], on Redis through a connection of `connections`.
+    pub(crate) async fn open_with(
+        global: &Location,
+        open: Open,
+        tuning: Tuning,
+        connections: &Connections,
+    ) -> Result<Self> {
         if global.namespace.is_empty()
             || !global
                 .namespace
@@ -65,7 +104,7 @@ impl Backend {
             bail!("--shards must be between 1 and 1024, not {shards}");
         }
         match redis_url(global)? {
-            Some(url) => Self::open_redis(global, &url, open, tuning).await,
+            Some(url) => Self::open_redis(global, &url, open, tuning, connections).await,
             None if global.tls_ca.is_some() || global.tls_cert.is_some() => {
                 bail!("--tls-ca, --tls-cert and --tls-key need --redis with a rediss:// URL")
             }
@@ -73,8 +112,14 @@ impl Backend {
         }
     }
 
-    async fn open_redis(global: &Location, url: &str, open: Open, tuning: Tuning) -> Result<Self> {
-        let (conn, shown) = connect(global, url).await?;
+    async fn open_redis(
+        global: &Location,
+        url: &str,
+        open: Open,
+        tuning: Tuning,
+        connections: &Connections,
+    ) -> Result<Self> {
+        let (conn, shown) = connections.get(global, url).await?;
         let ns = &global.namespace;
         // The shard count and key layout are part of the namespace: every key's name
         // depends on them. A new namespace gets the current layout; one planned before
@@ -463,11 +508,14 @@ async fn connect(global: &Location, url: &str) -> Result<(RedisConnection, Strin
 
 /// The namespaces on the Redis of `global` (their `{ns}:meta` keys), or the state files
 /// beside the embedded state path, sorted. A cluster is refused: SCAN reaches one node.
-pub(crate) async fn namespace_names(global: &Location) -> Result<Vec<String>> {
+pub(crate) async fn namespace_names(
+    global: &Location,
+    connections: &Connections,
+) -> Result<Vec<String>> {
     let mut names = Vec::new();
     match redis_url(global)? {
         Some(url) => {
-            let (conn, _) = connect(global, &url).await?;
+            let (conn, _) = connections.get(global, &url).await?;
             if conn.is_cluster() {
                 bail!(
                     "listing namespaces is not supported on Redis Cluster yet (SCAN reaches one node)"

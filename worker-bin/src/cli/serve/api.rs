@@ -196,7 +196,7 @@ pub(crate) async fn memory(State(app): State<Arc<App>>) -> ApiResult {
 
 /// Every namespace beside this one, with its progress: the dashboard's overview.
 pub(crate) async fn namespaces(State(app): State<Arc<App>>) -> ApiResult {
-    let rows = crate::cli::namespace::overview(&app.global).await?;
+    let rows = crate::cli::namespace::overview(&app.global, &app.connections).await?;
     Ok(json_value(Value::Array(rows)))
 }
 

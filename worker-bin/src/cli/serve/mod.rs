@@ -11,7 +11,10 @@
 //! No response carries the Redis URL's password.
 
 mod api;
+mod http;
 mod metrics;
+
+pub(crate) use http::serve as serve_http;
 
 pub(crate) use metrics::worker_metrics;
 
@@ -22,7 +25,7 @@ use anyhow::{Context, Result};
 use axum::Router;
 use axum::routing::{get, post};
 
-use crate::backend::{Backend, Open, Tuning};
+use crate::backend::{Backend, Connections, Open, Tuning};
 use crate::cli::args::{Global, ServeArgs};
 use crate::cli::ops::Outcome;
 use crate::work::{Stop, until};
@@ -33,6 +36,9 @@ pub(crate) struct App {
     /// The namespace on Redis, opened once; embedded, each request loads the state file
     /// afresh (a running `run` keeps saving it).
     redis: Option<Backend>,
+    /// The Redis connection `redis` was opened with, kept for the namespaces overview:
+    /// every namespace is read through it.
+    connections: Connections,
     token: Option<String>,
     /// This server's reads of each layer, for `/metrics`.
     query_latency: metrics::QueryLatency,
@@ -106,7 +112,14 @@ fn read_token(path: &std::path::Path) -> Result<String> {
 
 /// `tranche serve`: binds `--listen` and answers until SIGINT/SIGTERM.
 pub(crate) async fn serve(g: &Global, args: ServeArgs) -> Result<Outcome> {
-    let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
+    let connections = Connections::default();
+    let backend = Backend::open_with(
+        &g.location(),
+        Open::Existing,
+        Tuning::default(),
+        &connections,
+    )
+    .await?;
     let token = match &args.admin_token_file {
         Some(path) => Some(read_token(path)?),
         None => args.admin_token.filter(|t| !t.is_empty()),
@@ -121,6 +134,7 @@ pub(crate) async fn serve(g: &Global, args: ServeArgs) -> Result<Outcome> {
     let app = Arc::new(App {
         global: g.clone(),
         redis: (!backend.is_embedded()).then_some(backend),
+        connections,
         token,
         query_latency: metrics::QueryLatency::new(),
     });
@@ -130,9 +144,9 @@ pub(crate) async fn serve(g: &Global, args: ServeArgs) -> Result<Outcome> {
     let local = listener.local_addr()?;
     println!("serving namespace `{}` on http://{local}/", g.namespace);
     let mut stop = crate::cli::ops::signals(std::time::Duration::ZERO)?;
-    axum::serve(listener, router(app))
-        .with_graceful_shutdown(async move { until(&mut stop, |s| *s != Stop::Running).await })
-        .await
-        .context("the server failed")?;
+    http::serve(listener, router(app), async move {
+        until(&mut stop, |s| *s != Stop::Running).await;
+    })
+    .await;
     Ok(Outcome::Success)
 }
