@@ -87,27 +87,29 @@ impl Backend {
         tuning: Tuning,
         connections: &Connections,
     ) -> Result<Self> {
-        if global.namespace.is_empty()
-            || !global
-                .namespace
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        {
-            bail!(
-                "invalid namespace `{}`: use letters, digits, '-', '_' or '.'",
-                global.namespace
-            );
-        }
-        if let Some(shards) = global.shards
-            && !(1..=1024).contains(&shards)
-        {
-            bail!("--shards must be between 1 and 1024, not {shards}");
+        // The key schema's rules, the one statement of them; embedded, the namespace
+        // names a file too.
+        let ns = &global.namespace;
+        let shards = global.shards.unwrap_or(DEFAULT_SHARDS);
+        match KeySchema::new(ns, shards) {
+            Err(tranche_codec::Error::InvalidNamespace(_)) => {
+                bail!("invalid namespace `{ns}`: use 1 to 64 letters, digits, '-', '_' or '.'")
+            }
+            Err(tranche_codec::Error::InvalidShardCount(_)) => bail!(
+                "--shards must be between 1 and {}, not {shards}",
+                tranche_codec::MAX_SHARDS
+            ),
+            Err(err) => return Err(err.into()),
+            Ok(_) => {}
         }
         match redis_url(global)? {
             Some(url) => Self::open_redis(global, &url, open, tuning, connections).await,
             None if global.tls_ca.is_some() || global.tls_cert.is_some() => {
                 bail!("--tls-ca, --tls-cert and --tls-key need --redis with a rediss:// URL")
             }
+            None if ns.bytes().all(|b| b == b'.') => bail!(
+                "invalid namespace `{ns}`: embedded, a namespace names a file, and `{ns}` is a directory's name"
+            ),
             None => Self::open_embedded(global, open, tuning).await,
         }
     }

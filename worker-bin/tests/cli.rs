@@ -48,6 +48,52 @@ fn help_is_stable() {
     insta::assert_snapshot!("plan_help", ok(tranche(&dir, &["plan", "--help"])));
 }
 
+/// Embedded, a namespace names a file: `.` and `..` are refused (with the key
+/// schema's rules, which Redis follows too), and nothing is written.
+#[test]
+fn embedded_namespaces_are_safe_file_names() {
+    let dir = scratch("embedded-ns");
+    let long = "n".repeat(65);
+    for ns in [".", "..", "...", long.as_str(), "a/b", ""] {
+        fails(
+            &dir,
+            &["--namespace", ns, "plan", "--min", "1", "--max", "10"],
+            2,
+            "invalid namespace",
+        );
+    }
+    fails(
+        &dir,
+        &["plan", "--min", "1", "--max", "10", "--shards", "1025"],
+        2,
+        "--shards must be between 1 and 1024",
+    );
+    let written: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .flat_map(|e| std::fs::read_dir(e.path()).into_iter().flatten().flatten())
+        .map(|e| e.path())
+        .collect();
+    assert!(
+        written
+            .iter()
+            .all(|p| !p.to_string_lossy().ends_with(".state")),
+        "{written:?}"
+    );
+    ok(tranche(
+        &dir,
+        &[
+            "--namespace",
+            "a.b-c_d",
+            "plan",
+            "--min",
+            "1",
+            "--max",
+            "10",
+        ],
+    ));
+}
+
 #[test]
 fn bad_input_against_redis_writes_nothing() {
     let redis = TestRedis::start();
@@ -97,6 +143,22 @@ fn bad_input_against_redis_writes_nothing() {
         &args(&r(&["--namespace", "a b", "status"])),
         2,
         "invalid namespace `a b`",
+    );
+    // One rule, the key schema's: at most 64 characters.
+    let long = "n".repeat(65);
+    fails(
+        &dir,
+        &args(&r(&[
+            "--namespace",
+            &long,
+            "plan",
+            "--min",
+            "1",
+            "--max",
+            "10",
+        ])),
+        2,
+        "invalid namespace",
     );
     assert_eq!(dbsize(&redis), 0, "a rejected command wrote to Redis");
 
