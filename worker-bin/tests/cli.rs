@@ -94,6 +94,48 @@ fn embedded_namespaces_are_safe_file_names() {
     ));
 }
 
+/// `plan --dry-run` validates as `plan` does, existing plans included: what `plan`
+/// refuses, the dry run refuses with the same message and exit 2.
+#[test]
+fn a_dry_run_refuses_what_plan_refuses() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let dir = scratch("dry-run-overlap");
+    for redis in [None, Some(url.as_str())] {
+        let cmd = |rest: &[&str]| -> Vec<String> {
+            let mut v: Vec<String> = redis
+                .map(|u| vec!["--redis".to_owned(), u.to_owned()])
+                .unwrap_or_default();
+            v.extend(rest.iter().map(|s| s.to_string()));
+            v
+        };
+        ok(tranche(
+            &dir,
+            &args(&cmd(&["plan", "--min", "1", "--max", "100"])),
+        ));
+        let overlapping = ["plan", "--min", "50", "--max", "200"];
+        let real = output(tranche(&dir, &args(&cmd(&overlapping))));
+        assert_eq!(real.status.code(), Some(2));
+        let message = String::from_utf8_lossy(&real.stderr).trim().to_owned();
+        assert!(message.contains("overlap"), "{message}");
+        let dry = output(tranche(
+            &dir,
+            &args(&cmd(&[&overlapping[..], &["--dry-run"]].concat())),
+        ));
+        assert_eq!(dry.status.code(), Some(2), "{redis:?}");
+        assert_eq!(String::from_utf8_lossy(&dry.stderr).trim(), message);
+        // A repeated plan is a no-op for both; a disjoint one is fine.
+        ok(tranche(
+            &dir,
+            &args(&cmd(&["plan", "--min", "1", "--max", "100", "--dry-run"])),
+        ));
+        ok(tranche(
+            &dir,
+            &args(&cmd(&["plan", "--min", "101", "--max", "200", "--dry-run"])),
+        ));
+    }
+}
+
 #[test]
 fn bad_input_against_redis_writes_nothing() {
     let redis = TestRedis::start();

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
-use tranche_active_store::{Config as ActiveConfig, Plan};
+use tranche_active_store::{Config as ActiveConfig, MemoryActiveStore, Plan, Planner};
 use tranche_archive_store::Snapshots;
 
 use crate::backend::{Backend, Open, Tuning};
@@ -249,7 +249,25 @@ async fn plan(backend: &Backend, args: &PlanArgs, json: bool) -> Result<Outcome>
     // Validate as the store will, before anything is written.
     let geometry = tranche_codec::PlanGeometry::new(1, args.min, args.max, args.size)
         .map_err(|e| anyhow::anyhow!("invalid plan: {e}"))?;
+    let plan = Plan::Uniform {
+        min: args.min,
+        max: args.max,
+        size: args.size,
+    };
     if args.dry_run {
+        // The store's own validation, on a scratch copy of the plan registry: a dry
+        // run refuses exactly what `plan` would (an overlap with an existing plan, a
+        // plan past what the shards' bitmaps hold), with the same message.
+        let scratch = MemoryActiveStore::new(ActiveConfig {
+            namespace: backend.namespace.clone(),
+            num_shards: backend.shards,
+            layout: backend.schema()?.layout(),
+            ..ActiveConfig::default()
+        })?;
+        for entry in backend.active.plans().await? {
+            scratch.plan(&Plan::from(&entry)).await?;
+        }
+        scratch.plan(&plan).await.map_err(plan_refused)?;
         print!(
             "{}",
             render::plan_cost(&geometry, backend.shards, &args.tiers.tiers(), json)
@@ -257,19 +275,7 @@ async fn plan(backend: &Backend, args: &PlanArgs, json: bool) -> Result<Outcome>
         return Ok(Outcome::Success);
     }
     backend.ensure_writable()?;
-    let outcome = backend
-        .active
-        .plan(&Plan::Uniform {
-            min: args.min,
-            max: args.max,
-            size: args.size,
-        })
-        .await
-        .map_err(|e| match e {
-            // The store's refusal already says "invalid plan: …".
-            tranche_active_store::Error::InvalidPlan(_) => anyhow::Error::new(e),
-            other => anyhow::Error::new(other).context("cannot register the plan"),
-        })?;
+    let outcome = backend.active.plan(&plan).await.map_err(plan_refused)?;
     backend.register_namespace().await?;
     backend.save().await?;
     let entry = outcome
@@ -307,6 +313,15 @@ async fn plan(backend: &Backend, args: &PlanArgs, json: bool) -> Result<Outcome>
         );
     }
     Ok(Outcome::Success)
+}
+
+/// The store's refusal of a plan as the command says it.
+fn plan_refused(e: tranche_active_store::Error) -> anyhow::Error {
+    match e {
+        // The store's refusal already says "invalid plan: …".
+        tranche_active_store::Error::InvalidPlan(_) => anyhow::Error::new(e),
+        other => anyhow::Error::new(other).context("cannot register the plan"),
+    }
 }
 
 async fn run(g: &crate::cli::args::Global, args: RunArgs) -> Result<Outcome> {
