@@ -136,6 +136,48 @@ fn a_dry_run_refuses_what_plan_refuses() {
     }
 }
 
+/// Every field of an imported JSON line is bounded: a worker id longer than the
+/// registry allows (or with a `|`), a range upside down, a pid of 0, refuse the whole
+/// import before anything is written.
+#[test]
+fn an_import_with_an_unbounded_field_writes_nothing() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let dir = scratch("import-bounds");
+    let header = r#"{"tranche_jsonl":1,"namespace":"tranche","shards":1,"batch_size":1024,"plans":[{"first_pid":1,"min_id":1,"max_id":20,"size":10,"explicit":false}]}"#;
+    let line = |pid: u64, min: u64, max: u64, worker: &str| {
+        format!(
+            r#"{{"pid":{pid},"min_id":{min},"max_id":{max},"worker_id":"{worker}","completed_at":1719234405.0,"duration":2.5}}"#
+        )
+    };
+    let good = line(1, 1, 10, "w1");
+    let long = "w".repeat(257);
+    for (bad, needle) in [
+        (line(2, 11, 20, &long), "worker id"),
+        (line(2, 11, 20, "a|b"), "worker id"),
+        (line(2, 11, 20, ""), "worker id"),
+        (line(2, 20, 11, "w1"), "min_id"),
+        (line(0, 11, 20, "w1"), "pid"),
+    ] {
+        let file = dir.join("bad.jsonl");
+        std::fs::write(&file, format!("{header}\n{good}\n{bad}\n")).unwrap();
+        for redis in [None, Some(url.as_str())] {
+            let mut v: Vec<&str> = redis.map(|u| vec!["--redis", u]).unwrap_or_default();
+            v.extend(["import", file.to_str().unwrap()]);
+            fails(&dir, &v, 2, needle);
+        }
+        assert_eq!(dbsize(&redis), 0, "a refused import wrote to Redis");
+        assert!(!dir.join(".tranche/tranche.state").exists());
+    }
+    let file = dir.join("good.jsonl");
+    let fine = line(2, 11, 20, &"w".repeat(256));
+    std::fs::write(&file, format!("{header}\n{good}\n{fine}\n")).unwrap();
+    ok(tranche(
+        &dir,
+        &["--redis", &url, "import", file.to_str().unwrap()],
+    ));
+}
+
 #[test]
 fn bad_input_against_redis_writes_nothing() {
     let redis = TestRedis::start();
