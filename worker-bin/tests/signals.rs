@@ -201,7 +201,9 @@ fn a_sigkilled_workers_chunks_die_with_it() {
             &dir,
             &["run", "--exec", exec, "--chunk", "100", "--lease", "3s"],
         );
-        cmd.stdin(Stdio::null()).stdout(Stdio::null());
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
         cmd.spawn().unwrap()
     };
     let mut first = worker(&exec);
@@ -233,4 +235,55 @@ fn a_sigkilled_workers_chunks_die_with_it() {
     assert_ne!(second_copy, copy.to_string(), "{ledger:?}");
     assert_eq!(ledger[1], format!("START {second_copy} 1"), "{ledger:?}");
     assert_eq!(ledger[2], format!("END {second_copy} 1"), "{ledger:?}");
+}
+
+/// With Redis gone, Ctrl-C still ends the run within the grace period plus the abort's
+/// bound, with 130: no store call that keeps failing holds the drain.
+#[test]
+fn ctrl_c_with_redis_down_is_bounded_and_exits_130() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let dir = scratch("signals-redis-down");
+    ok(tranche(
+        &dir,
+        &[
+            "--redis", &url, "plan", "--min", "1", "--max", "4", "--size", "1",
+        ],
+    ));
+    let started = dir.join("started");
+    let exec = format!("echo $TRANCHE_PID >> {}; sleep 60", started.display());
+    let mut cmd = tranche(
+        &dir,
+        &[
+            "--redis",
+            &url,
+            "run",
+            "--exec",
+            &exec,
+            "--chunk",
+            "1",
+            "--concurrency",
+            "2",
+            "--grace",
+            "2s",
+        ],
+    );
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut run = cmd.spawn().unwrap();
+    eventually(Duration::from_secs(20), "two chunks started", || {
+        lines(&started).len() >= 2
+    });
+    drop(redis);
+    std::thread::sleep(Duration::from_millis(500));
+    let signalled = Instant::now();
+    common::signal(&run, "INT");
+    let exit = wait(&mut run, Duration::from_secs(60));
+    let took = signalled.elapsed();
+    assert_eq!(exit.code(), Some(130), "after {took:?}");
+    assert!(
+        took < Duration::from_secs(10),
+        "2 s of grace took {took:?} with Redis down"
+    );
 }

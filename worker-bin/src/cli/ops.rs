@@ -208,6 +208,11 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
     }
 }
 
+/// How long a run stopped by a signal may take, once the grace period is over, to
+/// stop its chunks and release their leases: the chunks' own stop (SIGTERM, SIGKILL two
+/// seconds later) and a moment for the store.
+const ABORT_BOUND: Duration = Duration::from_secs(5);
+
 /// SIGINT/SIGTERM: the first asks to drain (and, after `grace`, to abort: in-flight
 /// chunks' process groups are stopped and their partitions released); a second aborts
 /// at once, through the same path, so leases are released and locks dropped before
@@ -385,9 +390,53 @@ async fn run(g: &crate::cli::args::Global, args: RunArgs) -> Result<Outcome> {
         ))),
     };
     let memory_before = backend.used_memory().await;
-    let report = work::run(&backend, settings, stop).await?;
-    let memory_after = backend.used_memory().await;
-    let stats = backend.stats.summary().await.ok();
+    let mut watched = stop.clone();
+    let run = work::run(&backend, settings, stop);
+    tokio::pin!(run);
+    // A signal's drain is bounded even when every store call fails (Redis gone): once
+    // the grace period is over and chunks are stopped, the run gets ABORT_BOUND to
+    // release its leases, then it is dropped (its chunks' guards kill what is left)
+    // and the leases expire on their own.
+    let result = tokio::select! {
+        result = &mut run => result,
+        () = async {
+            until(&mut watched, |s| *s == Stop::Abort).await;
+            tokio::time::sleep(ABORT_BOUND).await;
+        } => {
+            tracing::warn!(
+                "the store did not answer within {ABORT_BOUND:?} of the abort: exiting; unreleased leases expire on their own"
+            );
+            return Ok(Outcome::Interrupted);
+        }
+    };
+    let signalled = *watched.borrow() != Stop::Running;
+    let report = match result {
+        Ok(report) => report,
+        // A signal asked to stop: the store's trouble on the way out does not change
+        // why the run ended.
+        Err(err) if signalled => {
+            tracing::warn!(
+                err = %crate::cli::one_line(&err),
+                "stopped by a signal; the store failed on the way out (unreleased leases expire on their own)"
+            );
+            return Ok(Outcome::Interrupted);
+        }
+        Err(err) => return Err(err),
+    };
+    // The summary's reads wait no longer than the abort did once a signal came.
+    let bound = if signalled {
+        ABORT_BOUND
+    } else {
+        Duration::MAX
+    };
+    let memory_after = tokio::time::timeout(bound, backend.used_memory())
+        .await
+        .ok()
+        .flatten();
+    let stats = tokio::time::timeout(bound, backend.stats.summary())
+        .await
+        .ok()
+        .and_then(Result::ok);
     let archive_bytes = match (memory_before, memory_after) {
         // Below ten thousand partitions fixed overheads would dominate the figure.
         (Some(a), Some(b)) if report.completed >= 10_000 => Some(
