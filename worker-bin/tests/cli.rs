@@ -178,6 +178,81 @@ fn an_import_with_an_unbounded_field_writes_nothing() {
     ));
 }
 
+/// One word for a planned partition no worker has claimed yet: `get` says pending, so
+/// does `status` (no other word for them), and `list pending` lists them, a page at a
+/// time, each row what `get --json` says of it; on both backends.
+#[test]
+fn never_claimed_partitions_are_pending_everywhere() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let dir = scratch("pending-vocabulary");
+    for redis in [None, Some(url.as_str())] {
+        let cmd = |rest: &[&str]| -> Vec<String> {
+            let mut v: Vec<String> = redis
+                .map(|u| vec!["--redis".to_owned(), u.to_owned()])
+                .unwrap_or_default();
+            v.extend(rest.iter().map(|s| s.to_string()));
+            v
+        };
+        ok(tranche(
+            &dir,
+            &args(&cmd(&[
+                "plan", "--min", "1", "--max", "10", "--size", "1", "--shards", "3",
+            ])),
+        ));
+        let json = |rest: &[&str]| -> serde_json::Value {
+            serde_json::from_str(&ok(tranche(&dir, &args(&cmd(rest))))).unwrap()
+        };
+        let get = json(&["get", "1", "--json"]);
+        assert_eq!(get["status"], "pending", "{get}");
+        let status = ok(tranche(&dir, &args(&cmd(&["status"]))));
+        assert!(!status.contains("unissued"), "{status}");
+        assert!(
+            status
+                .lines()
+                .any(|l| l.split_whitespace().take(2).eq(["pending", "10"])),
+            "{status}"
+        );
+        let mut seen = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = json(&[
+                "list",
+                "pending",
+                "--json",
+                "--limit",
+                "4",
+                "--after",
+                &after.to_string(),
+            ]);
+            for row in page["partitions"].as_array().unwrap() {
+                let pid = row["pid"].as_u64().unwrap();
+                assert_eq!(row, &json(&["get", &pid.to_string(), "--json"]), "{pid}");
+                seen.push(pid);
+            }
+            match page["next"].as_u64() {
+                Some(next) => after = next,
+                None => break,
+            }
+        }
+        assert_eq!(seen, (1..=10).collect::<Vec<u64>>(), "{redis:?}");
+        let all = json(&["list", "--json"]);
+        assert_eq!(all["partitions"].as_array().unwrap().len(), 10, "{all}");
+        let claimed = json(&["list", "claimed", "--json"]);
+        assert_eq!(
+            claimed["partitions"].as_array().unwrap().len(),
+            0,
+            "{claimed}"
+        );
+        let table = ok(tranche(
+            &dir,
+            &args(&cmd(&["list", "pending", "--limit", "2"])),
+        ));
+        assert!(table.contains("more: --after 2"), "{table}");
+        let _ = std::fs::remove_dir_all(dir.join(".tranche"));
+    }
+}
+
 #[test]
 fn bad_input_against_redis_writes_nothing() {
     let redis = TestRedis::start();

@@ -2,8 +2,10 @@
 //!
 //! Active states (pending, claimed, running, failed) come from the active layer's
 //! snapshot (one read per shard; its size is the active set, which holds only
-//! unfinished work, never the unissued part of a plan), filtered, sorted by pid and cut
-//! after `--after`. Archived partitions are paged through the archive's `range`, so
+//! unfinished work), filtered, sorted by pid and cut after `--after`. Pending includes
+//! the planned partitions no worker has claimed yet (the snapshot's unissued runs, which
+//! the active set does not hold): the first page's worth above `--after` is generated
+//! from the runs, each row what `get` says of such a pid. Archived partitions are paged through the archive's `range`, so
 //! memory and time stay bounded by `--limit` whatever the namespace size.
 
 use std::fmt::Write as _;
@@ -19,7 +21,8 @@ use tranche_router::PartitionView;
 /// What `list` may select.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum ListState {
-    /// Waiting: retries in back-off, released or reaped leases, explicit ranges.
+    /// Waiting: planned and never claimed yet, retries in back-off, released or reaped
+    /// leases, explicit ranges.
     Pending,
     /// Claimed, no heartbeat yet.
     Claimed,
@@ -75,6 +78,7 @@ pub(crate) async fn page(
     }
     let want = state.and_then(ListState::status);
     let snapshot = backend.router.all_active().await?;
+    let known: std::collections::HashSet<u64> = snapshot.partitions.iter().map(|p| p.pid).collect();
     let mut rows: Vec<Partition> = snapshot
         .partitions
         .into_iter()
@@ -82,6 +86,19 @@ pub(crate) async fn page(
         .filter(|p| want.is_none_or(|s| p.status == s))
         .filter(|p| worker.is_none_or(|w| p.worker.as_deref() == Some(w)))
         .collect();
+    // Never claimed, so held by no worker: pending, unless a worker is asked for.
+    if worker.is_none() && want.is_none_or(|s| s == Status::Pending) {
+        let plans = backend.active.plans().await?;
+        let schema = backend.schema()?;
+        rows.extend(never_claimed(
+            &schema,
+            &plans,
+            &snapshot.unissued,
+            &known,
+            after,
+            limit + 1,
+        ));
+    }
     rows.sort_unstable_by_key(|p| p.pid);
     let next = (rows.len() > limit).then(|| rows[limit - 1].pid);
     rows.truncate(limit);
@@ -89,6 +106,48 @@ pub(crate) async fn page(
         rows: rows.into_iter().map(Row::Active).collect(),
         next,
     })
+}
+
+/// The most pids [`never_claimed`] looks at for one page: pids already issued can lie
+/// between unissued ones (each shard's cursor is at its own place), at most a few
+/// batches per shard of them.
+const SCAN_PER_PAGE: u64 = 1 << 20;
+
+/// Up to `want` planned pids above `after` that no cursor has issued yet (nor any
+/// record holds), in pid order, as `get` shows them: pending, attempt 0, created at 0.
+fn never_claimed(
+    schema: &tranche_codec::KeySchema,
+    plans: &[tranche_codec::PlanEntry],
+    runs: &[tranche_active_store::Unissued],
+    known: &std::collections::HashSet<u64>,
+    after: u64,
+    want: usize,
+) -> Vec<Partition> {
+    let runs: Vec<_> = runs.iter().filter(|r| r.count > 0).collect();
+    let (Some(first), Some(last)) = (
+        runs.iter().map(|r| r.next_pid).min(),
+        runs.iter().map(|r| r.last_pid).max(),
+    ) else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    let mut pid = first.max(after.saturating_add(1));
+    let mut scanned = 0;
+    while pid <= last && found.len() < want && scanned < SCAN_PER_PAGE {
+        let shard = schema.shard_of(pid);
+        let unissued = runs
+            .iter()
+            .any(|r| r.shard == shard && (r.next_pid..=r.last_pid).contains(&pid));
+        if unissued && !known.contains(&pid) {
+            let range = plans.iter().find_map(|e| e.plan.range_of(pid));
+            if let Some(range) = range {
+                found.push(Partition::pending(pid, *range.start(), *range.end(), 0));
+            }
+        }
+        pid += 1;
+        scanned += 1;
+    }
+    found
 }
 
 /// How many archived records one page may read while a `--worker` filter passes over
