@@ -253,6 +253,26 @@ fn never_claimed_partitions_are_pending_everywhere() {
     }
 }
 
+/// A refused discard says what the partition is instead, in `get`'s words.
+#[test]
+fn a_refused_discard_names_the_partitions_state() {
+    let dir = scratch("discard-state");
+    ok(tranche(
+        &dir,
+        &["plan", "--min", "1", "--max", "2", "--size", "1"],
+    ));
+    ok(tranche(
+        &dir,
+        &["run", "--simulate", "--sim-latency", "0..1"],
+    ));
+    fails(
+        &dir,
+        &["discard", "1"],
+        2,
+        "partition 1 is not pending or failed (it is completed): nothing discarded",
+    );
+}
+
 #[test]
 fn bad_input_against_redis_writes_nothing() {
     let redis = TestRedis::start();
@@ -354,7 +374,7 @@ fn bad_input_against_redis_writes_nothing() {
         &dir,
         &args(&r(&["discard", "999"])),
         2,
-        "partition 999 is not pending or failed",
+        "partition 999 is not pending or failed (it is unknown): nothing discarded",
     );
     fails(
         &dir,

@@ -143,9 +143,8 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
             backend.ensure_writable()?;
             if !backend.active.discard(pid).await? {
-                bail!(
-                    "partition {pid} is not pending or failed (claimed, completed, discarded or unknown): nothing discarded"
-                );
+                let now = state_of(&backend, pid).await;
+                bail!("partition {pid} is not pending or failed (it is {now}): nothing discarded");
             }
             backend.save().await?;
             say(
@@ -318,6 +317,18 @@ async fn plan(backend: &Backend, args: &PlanArgs, json: bool) -> Result<Outcome>
         );
     }
     Ok(Outcome::Success)
+}
+
+/// What `get` would call `pid`'s state, in one word, for a refusal's message
+/// (`unreadable` when even that read fails).
+pub(crate) async fn state_of(backend: &Backend, pid: u64) -> &'static str {
+    use tranche_router::PartitionView;
+    match backend.router.get(pid).await {
+        Ok(PartitionView::Active(p)) => p.status.as_str(),
+        Ok(PartitionView::Unknown) => "unknown",
+        Ok(_) => "completed",
+        Err(_) => "unreadable",
+    }
 }
 
 /// The store's refusal of a plan as the command says it.

@@ -318,7 +318,10 @@ pub(crate) async fn discard(
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "conflict",
-            format!("partition {pid} is not pending or failed: nothing discarded"),
+            format!(
+                "partition {pid} is not pending or failed (it is {}): nothing discarded",
+                crate::cli::ops::state_of(&backend, pid).await
+            ),
         ));
     }
     backend.save().await?;
