@@ -108,13 +108,12 @@ pub(crate) async fn page(
     })
 }
 
-/// The most pids [`never_claimed`] looks at for one page: pids already issued can lie
-/// between unissued ones (each shard's cursor is at its own place), at most a few
-/// batches per shard of them.
-const SCAN_PER_PAGE: u64 = 1 << 20;
-
 /// Up to `want` planned pids above `after` that no cursor has issued yet (nor any
 /// record holds), in pid order, as `get` shows them: pending, attempt 0, created at 0.
+///
+/// A shard holds every `num_shards`-th batch of pids, so each unissued run walks its
+/// own shard's batches only: at most `want` pids and a skip per batch, whatever the
+/// plan's size or how far the other shards' cursors are.
 fn never_claimed(
     schema: &tranche_codec::KeySchema,
     plans: &[tranche_codec::PlanEntry],
@@ -123,31 +122,35 @@ fn never_claimed(
     after: u64,
     want: usize,
 ) -> Vec<Partition> {
-    let runs: Vec<_> = runs.iter().filter(|r| r.count > 0).collect();
-    let (Some(first), Some(last)) = (
-        runs.iter().map(|r| r.next_pid).min(),
-        runs.iter().map(|r| r.last_pid).max(),
-    ) else {
-        return Vec::new();
-    };
-    let mut found = Vec::new();
-    let mut pid = first.max(after.saturating_add(1));
-    let mut scanned = 0;
-    while pid <= last && found.len() < want && scanned < SCAN_PER_PAGE {
-        let shard = schema.shard_of(pid);
-        let unissued = runs
-            .iter()
-            .any(|r| r.shard == shard && (r.next_pid..=r.last_pid).contains(&pid));
-        if unissued && !known.contains(&pid) {
-            let range = plans.iter().find_map(|e| e.plan.range_of(pid));
-            if let Some(range) = range {
-                found.push(Partition::pending(pid, *range.start(), *range.end(), 0));
+    let (shards, size) = (u64::from(schema.num_shards()), schema.batch_size());
+    let mut pids = Vec::new();
+    for run in runs.iter().filter(|r| r.count > 0) {
+        let mut pid = run.next_pid.max(after.saturating_add(1));
+        let mut taken = 0;
+        while pid <= run.last_pid && taken < want {
+            let batch = schema.batch_of(pid);
+            let ahead = (u64::from(run.shard) + shards - batch % shards) % shards;
+            if ahead > 0 {
+                // The next batch of this run's shard.
+                pid = (batch + ahead).saturating_mul(size);
+                continue;
             }
+            if !known.contains(&pid) {
+                pids.push(pid);
+                taken += 1;
+            }
+            pid += 1;
         }
-        pid += 1;
-        scanned += 1;
     }
-    found
+    pids.sort_unstable();
+    pids.dedup();
+    pids.into_iter()
+        .filter_map(|pid| {
+            let range = plans.iter().find_map(|e| e.plan.range_of(pid))?;
+            Some(Partition::pending(pid, *range.start(), *range.end(), 0))
+        })
+        .take(want)
+        .collect()
 }
 
 /// How many archived records one page may read while a `--worker` filter passes over
@@ -290,5 +293,59 @@ fn row_json(row: &Row) -> Value {
             v["layer"] = json!("archive");
             v
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tranche_active_store::Unissued;
+    use tranche_codec::{KeySchema, PlanEntry, PlanGeometry};
+
+    #[test]
+    fn never_claimed_walks_each_shards_batches() {
+        let schema = KeySchema::new("ns", 3).unwrap().with_batch_size(4).unwrap();
+        let plans = [PlanEntry {
+            plan: PlanGeometry::new(1, 1, 100, 1).unwrap(),
+            explicit: false,
+        }];
+        // Each shard's cursor at its own place; pid 30 materialised (a record holds it).
+        let runs: Vec<Unissued> = [(0, 25), (1, 6), (2, 99)]
+            .into_iter()
+            .map(|(shard, next_pid)| Unissued {
+                shard,
+                next_pid,
+                last_pid: 100,
+                count: 1,
+            })
+            .collect();
+        let known = std::collections::HashSet::from([30]);
+        let brute: Vec<u64> = (1..=100)
+            .filter(|&pid| {
+                runs.iter().any(|r| {
+                    r.shard == schema.shard_of(pid) && (r.next_pid..=r.last_pid).contains(&pid)
+                }) && !known.contains(&pid)
+            })
+            .collect();
+        for after in [0, 5, 26, 60, 100] {
+            for want in [1, 3, 10, 200] {
+                let got: Vec<u64> = never_claimed(&schema, &plans, &runs, &known, after, want)
+                    .iter()
+                    .map(|p| p.pid)
+                    .collect();
+                let expected: Vec<u64> = brute
+                    .iter()
+                    .copied()
+                    .filter(|&p| p > after)
+                    .take(want)
+                    .collect();
+                assert_eq!(got, expected, "after {after}, want {want}");
+            }
+        }
+        let p = &never_claimed(&schema, &plans, &runs, &known, 0, 1)[0];
+        assert_eq!(
+            (p.status, p.min_id, p.max_id),
+            (Status::Pending, p.pid, p.pid)
+        );
     }
 }
