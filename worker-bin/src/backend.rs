@@ -707,6 +707,17 @@ mod tests {
     }
 
     #[test]
+    fn a_location_debugs_its_url_redacted() {
+        let location = Location {
+            redis: Some("redis://:s3cret@host".into()),
+            ..Location::default()
+        };
+        let shown = format!("{location:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("redis://:***@host"), "{shown}");
+    }
+
+    #[test]
     fn a_message_quoting_the_url_is_scrubbed() {
         let url = "redis://:pa?ss-w0rd@host:1";
         assert_eq!(
