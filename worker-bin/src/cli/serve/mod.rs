@@ -9,6 +9,11 @@
 //! dashboard shows no action. The token never travels in a URL, and a custom header
 //! cannot be sent cross-site without CORS, which this server never grants: no CSRF.
 //! No response carries the Redis URL's password.
+//!
+//! Connections are accepted by [`http::serve`] (also `run --metrics-listen`'s): capped,
+//! with a header-read timeout and a bounded drain at shutdown, so no client holds the
+//! process open. On Redis every namespace of the overview is read through the one
+//! connection the server opened (`backend::Connections`).
 
 mod api;
 mod http;
