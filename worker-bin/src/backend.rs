@@ -2,8 +2,9 @@
 //! layers as trait objects plus a router over them. This is the only module that
 //! names a concrete store.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result, anyhow, bail};
 use redis::AsyncCommands;
@@ -45,43 +46,90 @@ enum Place {
     Embedded(EmbeddedBackend),
 }
 
+/// Redis connections by URL (and TLS files), opened once and shared by every namespace
+/// opened through it: a long-lived process opening namespace after namespace (`serve`'s
+/// overview) opens no new connection per namespace and request. Each entry reconnects
+/// by itself (`RedisConnection`), so one that broke is never stale for long. Clones
+/// share the entries.
+#[derive(Clone, Default)]
+pub(crate) struct Connections(Arc<Mutex<HashMap<String, RedisConnection>>>);
+
+impl Connections {
+    /// The connection to `url`, opened now if none is kept yet.
+    async fn get(&self, global: &Location, url: &str) -> Result<(RedisConnection, String)> {
+        let key = format!(
+            "{url}\n{:?}\n{:?}\n{:?}",
+            global.tls_ca, global.tls_cert, global.tls_key
+        );
+        let kept = self.0.lock().expect("not poisoned").get(&key).cloned();
+        if let Some(conn) = kept {
+            return Ok((conn, redact(url)));
+        }
+        let (conn, shown) = connect(global, url).await?;
+        self.0
+            .lock()
+            .expect("not poisoned")
+            .insert(key, conn.clone());
+        Ok((conn, shown))
+    }
+}
+
 impl Backend {
     /// Opens the namespace `global` names, on Redis when `--redis` is given.
     pub(crate) async fn open(global: &Location, open: Open, tuning: Tuning) -> Result<Self> {
-        if global.namespace.is_empty()
-            || !global
-                .namespace
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        {
-            bail!(
-                "invalid namespace `{}`: use letters, digits, '-', '_' or '.'",
-                global.namespace
-            );
-        }
-        if let Some(shards) = global.shards
-            && !(1..=1024).contains(&shards)
-        {
-            bail!("--shards must be between 1 and 1024, not {shards}");
+        Self::open_with(global, open, tuning, &Connections::default()).await
+    }
+
+    /// [`Backend::open`], on Redis through a connection of `connections`.
+    pub(crate) async fn open_with(
+        global: &Location,
+        open: Open,
+        tuning: Tuning,
+        connections: &Connections,
+    ) -> Result<Self> {
+        // The key schema's rules, the one statement of them; embedded, the namespace
+        // names a file too.
+        let ns = &global.namespace;
+        let shards = global.shards.unwrap_or(DEFAULT_SHARDS);
+        match KeySchema::new(ns, shards) {
+            Err(tranche_codec::Error::InvalidNamespace(_)) => {
+                bail!("invalid namespace `{ns}`: use 1 to 64 letters, digits, '-', '_' or '.'")
+            }
+            Err(tranche_codec::Error::InvalidShardCount(_)) => bail!(
+                "--shards must be between 1 and {}, not {shards}",
+                tranche_codec::MAX_SHARDS
+            ),
+            Err(err) => return Err(err.into()),
+            Ok(_) => {}
         }
         match redis_url(global)? {
-            Some(url) => Self::open_redis(global, &url, open, tuning).await,
+            Some(url) => Self::open_redis(global, &url, open, tuning, connections).await,
             None if global.tls_ca.is_some() || global.tls_cert.is_some() => {
                 bail!("--tls-ca, --tls-cert and --tls-key need --redis with a rediss:// URL")
             }
+            None if ns.bytes().all(|b| b == b'.') => bail!(
+                "invalid namespace `{ns}`: embedded, a namespace names a file, and `{ns}` is a directory's name"
+            ),
             None => Self::open_embedded(global, open, tuning).await,
         }
     }
 
-    async fn open_redis(global: &Location, url: &str, open: Open, tuning: Tuning) -> Result<Self> {
-        let (conn, shown) = connect(global, url).await?;
+    async fn open_redis(
+        global: &Location,
+        url: &str,
+        open: Open,
+        tuning: Tuning,
+        connections: &Connections,
+    ) -> Result<Self> {
+        let (conn, shown) = connections.get(global, url).await?;
         let ns = &global.namespace;
         // The shard count and key layout are part of the namespace: every key's name
         // depends on them. A new namespace gets the current layout; one planned before
         // layouts were recorded keeps the plain tags (`KeysMeta::read`).
-        let recorded = KeysMeta::read(&conn, ns)
-            .await
-            .map_err(|e| anyhow!("cannot read namespace `{ns}` on {shown}: {e}"))?;
+        let recorded = KeysMeta::read(&conn, ns).await.map_err(|e| {
+            let e = scrub(&e.to_string(), url);
+            anyhow!("cannot read namespace `{ns}` on {shown}: {e}")
+        })?;
         let keys = match (recorded, global.shards, open) {
             (Some(r), Some(asked), _) if r.shards != asked => {
                 bail!(
@@ -452,18 +500,24 @@ async fn connect(global: &Location, url: &str) -> Result<(RedisConnection, Strin
             } else {
                 ""
             };
-            anyhow!("cannot connect to Redis at {shown}: {e}{hint}")
+            anyhow!(
+                "cannot connect to Redis at {shown}: {}{hint}",
+                scrub(&e.to_string(), url)
+            )
         })?;
     Ok((conn, shown))
 }
 
 /// The namespaces on the Redis of `global` (their `{ns}:meta` keys), or the state files
 /// beside the embedded state path, sorted. A cluster is refused: SCAN reaches one node.
-pub(crate) async fn namespace_names(global: &Location) -> Result<Vec<String>> {
+pub(crate) async fn namespace_names(
+    global: &Location,
+    connections: &Connections,
+) -> Result<Vec<String>> {
     let mut names = Vec::new();
     match redis_url(global)? {
         Some(url) => {
-            let (conn, _) = connect(global, &url).await?;
+            let (conn, _) = connections.get(global, &url).await?;
             if conn.is_cluster() {
                 bail!(
                     "listing namespaces is not supported on Redis Cluster yet (SCAN reaches one node)"
@@ -532,35 +586,83 @@ fn read_url(path: &std::path::Path) -> Result<String> {
     }
 }
 
-/// The URL with its password replaced, for messages and logs.
+/// The URL with its password replaced, for messages and logs: the one place a URL is
+/// made fit to print, malformed ones included. Whatever lies between the authority's
+/// start (after `//`, or `:/` for a URL missing a slash) and the last `@` is user
+/// information: its user name is kept, the rest is `***` (a password may hold `?`,
+/// `#`, `/` or `@`, so nothing before that last `@` is read as a path or query). A
+/// `pass` or `password` parameter of the query is masked too
+/// (`redis+unix:///run/redis.sock?pass=...`).
 pub(crate) fn redact(url: &str) -> String {
-    // A password may also ride in the query (`redis+unix:///run/redis.sock?pass=...`).
-    let (url, query) = match url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (url, None),
-    };
-    let mut out = match url.split_once("://") {
-        Some((scheme, rest)) => match rest.rsplit_once('@') {
-            Some((userinfo, host)) => match userinfo.split_once(':') {
-                Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-                None => format!("{scheme}://***@{host}"),
-            },
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    };
-    if let Some(query) = query {
-        let params: Vec<String> = query
-            .split('&')
-            .map(|param| match param.split_once('=') {
-                Some((key, _)) if matches!(key, "pass" | "password") => format!("{key}=***"),
-                _ => param.to_owned(),
-            })
-            .collect();
-        out.push('?');
-        out.push_str(&params.join("&"));
+    let (scheme, userinfo, host) = split_url(url);
+    let mut out = scheme.to_owned();
+    match userinfo.map(|u| u.split_once(':')) {
+        Some(Some((user, _))) => {
+            out.push_str(user);
+            out.push_str(":***@");
+        }
+        Some(None) => out.push_str("***@"),
+        None => {}
+    }
+    match host.split_once('?') {
+        Some((base, query)) => {
+            let params: Vec<String> = query
+                .split('&')
+                .map(|param| match param.split_once('=') {
+                    Some((key, _)) if matches!(key, "pass" | "password") => format!("{key}=***"),
+                    _ => param.to_owned(),
+                })
+                .collect();
+            out.push_str(base);
+            out.push('?');
+            out.push_str(&params.join("&"));
+        }
+        None => out.push_str(host),
     }
     out
+}
+
+/// `url` cut into what comes before its authority (the scheme and slashes), its user
+/// information (up to the last `@`, which is dropped) and the rest.
+fn split_url(url: &str) -> (&str, Option<&str>, &str) {
+    let start = match (url.find("//"), url.find(":/")) {
+        (Some(slashes), Some(colon)) if colon < slashes => colon + 1,
+        (Some(slashes), _) => slashes,
+        (None, Some(colon)) => colon + 1,
+        // No authority marker at all: anything before an `@` may still be a secret.
+        (None, None) => 0,
+    };
+    let start = start + url[start..].len() - url[start..].trim_start_matches('/').len();
+    let (scheme, rest) = url.split_at(start);
+    match rest.rfind('@') {
+        Some(at) => (scheme, Some(&rest[..at]), &rest[at + 1..]),
+        None => (scheme, None, rest),
+    }
+}
+
+/// `text` (an error's message) with `url` and the secrets in it masked as [`redact`]
+/// masks them: for messages of a library that might quote the URL it was given.
+pub(crate) fn scrub(text: &str, url: &str) -> String {
+    let (_, userinfo, host) = split_url(url);
+    // The password (or the token that is the whole user information), and the query's.
+    let mut secrets: Vec<&str> = userinfo
+        .map(|u| u.split_once(':').map_or(u, |(_, password)| password))
+        .into_iter()
+        .collect();
+    if let Some((_, query)) = host.split_once('?') {
+        secrets.extend(query.split('&').filter_map(|param| {
+            let (key, value) = param.split_once('=')?;
+            matches!(key, "pass" | "password").then_some(value)
+        }));
+    }
+    let mut text = text.replace(url, &redact(url));
+    for secret in secrets {
+        // Too short a secret would mask ordinary words; such a password is no secret.
+        if secret.len() >= 4 {
+            text = text.replace(secret, "***");
+        }
+    }
+    text
 }
 
 #[cfg(test)]
@@ -588,6 +690,43 @@ mod tests {
             redact("redis://:a@h/0?protocol=resp3"),
             "redis://:***@h/0?protocol=resp3"
         );
+        // A password with the characters that end a path or start a query, or an `@`.
+        assert_eq!(redact("redis://:pa?ss@host"), "redis://:***@host");
+        assert_eq!(
+            redact("redis://u:p/a#s@s@host:1/0"),
+            "redis://u:***@host:1/0"
+        );
+        // Malformed: one slash, none, no scheme, only slashes.
+        assert_eq!(redact("redis:/:S3cretPW@host"), "redis:/:***@host");
+        assert_eq!(redact("redis:S3cretPW@host"), "redis:***@host");
+        assert_eq!(redact("S3cretPW@host"), "***@host");
+        assert_eq!(redact("//u:S3cretPW@host"), "//u:***@host");
+        assert_eq!(redact("redis//:S3cretPW@host"), "redis//:***@host");
+        assert_eq!(redact("plain-host"), "plain-host");
+        assert_eq!(redact(""), "");
+    }
+
+    #[test]
+    fn a_location_debugs_its_url_redacted() {
+        let location = Location {
+            redis: Some("redis://:s3cret@host".into()),
+            ..Location::default()
+        };
+        let shown = format!("{location:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("redis://:***@host"), "{shown}");
+    }
+
+    #[test]
+    fn a_message_quoting_the_url_is_scrubbed() {
+        let url = "redis://:pa?ss-w0rd@host:1";
+        assert_eq!(
+            scrub(&format!("bad URL {url}; password pa?ss-w0rd rejected"), url),
+            "bad URL redis://:***@host:1; password *** rejected"
+        );
+        let unix = "unix:///r.sock?pass=s3cret-x";
+        assert_eq!(scrub("got s3cret-x", unix), "got ***");
+        assert_eq!(scrub("no secret here", "redis://host"), "no secret here");
     }
 
     #[test]

@@ -4,10 +4,17 @@
 //! Each `--exec` chunk runs in a process group of its own: a Ctrl-C in the terminal
 //! reaches tranche alone (which drains), never the chunks, and when the grace period is
 //! over the whole group is stopped (SIGTERM, then SIGKILL), grandchildren included, so
-//! no chunk outlives the lease it ran under. The child's environment is tranche's minus
-//! the variables tranche reads secrets from (`TRANCHE_REDIS_URL`, and the files named by
-//! `TRANCHE_REDIS_FILE` and `TRANCHE_TLS_CERT`/`_KEY`), plus
-//! the chunk's variables.
+//! no chunk outlives the lease it ran under.
+//!
+//! Nor does a chunk outlive its worker, however the worker dies (SIGKILL, the OOM
+//! killer): the chunk's stdin is a pipe whose write end only the worker holds, and a
+//! small shell guard ([`GUARD`]) watches it from inside the chunk's group. The kernel
+//! closes that end when the worker dies, the watcher reads end-of-file and kills the
+//! whole group. No `pre_exec` (the crate forbids unsafe code), and grandchildren are
+//! covered, which `PR_SET_PDEATHSIG` would not do.
+//!
+//! The child's environment is tranche's minus the variables tranche reads secrets
+//! from ([`SECRETS`]), plus the chunk's variables.
 
 use std::future::Future;
 use std::process::Stdio;
@@ -21,13 +28,28 @@ use tokio::process::Command;
 const STDERR_TAIL: usize = 1024;
 
 /// Variables tranche reads a secret from, never passed to a chunk: the Redis URL may
-/// carry a password, and the others name the files that hold one or a private key.
+/// carry a password, the admin token is one, and the others name the files that hold
+/// one or a private key.
 const SECRETS: &[&str] = &[
     "TRANCHE_REDIS_URL",
     "TRANCHE_REDIS_FILE",
     "TRANCHE_TLS_CERT",
     "TRANCHE_TLS_KEY",
+    "TRANCHE_ADMIN_TOKEN",
+    "TRANCHE_ADMIN_TOKEN_FILE",
 ];
+
+/// The shell every chunk starts in (`sh -c GUARD tranche-chunk CMD`), its stdin the
+/// worker's lifeline pipe. It moves the pipe to fd 3 (stdin becomes /dev/null), starts
+/// the watcher, a background subshell of the same process group that blocks reading
+/// fd 3 and, at end-of-file, kills the group (`kill -KILL 0`), then `exec`s the command
+/// itself, so the chunk's pid, group, exit status and terminating signal stay the
+/// command's own (126 and 127 included). The watcher starts before the command: a
+/// worker that dies at any moment after the spawn leaves a pipe at end-of-file, which
+/// the watcher finds whenever it reads. When the chunk ends, the worker closes its end
+/// too, and the watcher takes what the command left running in its group along: the
+/// chunk is over, so is everything it started.
+const GUARD: &str = r#"exec 3<&0 </dev/null; { read -r _ <&3; kill -KILL 0; } >/dev/null 2>&1 & exec sh -c "$1" sh 3<&-"#;
 
 /// How long a chunk's process group has between SIGTERM and SIGKILL once aborted.
 const KILL_AFTER: Duration = Duration::from_secs(2);
@@ -137,7 +159,7 @@ fn signal_group(pgid: u32, signal: nix::sys::signal::Signal) {
 
 async fn exec(cmd: &str, chunk: Chunk, abort: impl Future<Output = ()>) -> Result<(), ChunkError> {
     let mut command = Command::new("sh");
-    command.arg("-c").arg(cmd);
+    command.arg("-c").arg(GUARD).arg("tranche-chunk").arg(cmd);
     for key in SECRETS {
         command.env_remove(key);
     }
@@ -147,7 +169,8 @@ async fn exec(cmd: &str, chunk: Chunk, abort: impl Future<Output = ()>) -> Resul
         .env("TRANCHE_TO", chunk.to.to_string())
         .env("TRANCHE_ATTEMPT", chunk.attempt.to_string())
         .env("TRANCHE_CHUNK", chunk.index.to_string())
-        .stdin(Stdio::null())
+        // The lifeline: its write end, created close-on-exec, stays in this process.
+        .stdin(Stdio::piped())
         .stdout(Stdio::inherit())
         .stderr(Stdio::piped())
         // A group of its own: the terminal's Ctrl-C is for tranche, not the chunk.
@@ -157,6 +180,10 @@ async fn exec(cmd: &str, chunk: Chunk, abort: impl Future<Output = ()>) -> Resul
         .spawn()
         .map_err(|e| ChunkError::Failed(format!("cannot start `sh -c {cmd}`: {e}")))?;
     let pgid = child.id().expect("a child just spawned has a pid");
+    // Never written; held until the command has ended (or this future is dropped,
+    // after an abort): closing it, or this process dying, is what tells the guard to
+    // kill the group.
+    let lifeline = child.stdin.take().expect("stdin is piped");
     let mut stderr = child.stderr.take().expect("stderr is piped");
     // Keep only the tail: a chatty command must not grow this process's memory.
     let read_tail = async {
@@ -175,7 +202,12 @@ async fn exec(cmd: &str, chunk: Chunk, abort: impl Future<Output = ()>) -> Resul
         }
         tail
     };
-    let finished = async { tokio::join!(child.wait(), read_tail) };
+    let wait = async {
+        let status = child.wait().await;
+        drop(lifeline);
+        status
+    };
+    let finished = async { tokio::join!(wait, read_tail) };
     tokio::pin!(finished);
     let (status, tail) = tokio::select! {
         done = &mut finished => done,
@@ -344,5 +376,58 @@ mod tests {
             !groups().contains(&pgid),
             "sleep, a grandchild, is gone with its group"
         );
+    }
+
+    #[tokio::test]
+    async fn the_guard_keeps_the_commands_own_exit() {
+        async fn run(cmd: &str) -> Result<(), ChunkError> {
+            Job::Exec(cmd.into())
+                .run(chunk(), std::future::pending())
+                .await
+        }
+        assert!(matches!(
+            run("no-such-command-here").await,
+            Err(ChunkError::Broken(e)) if e.contains("exit status 127 (command not found)")
+        ));
+        assert!(matches!(run("exit 126").await, Err(ChunkError::Broken(_))));
+        assert!(matches!(
+            run("kill -KILL $$").await,
+            Err(ChunkError::Failed(e)) if e.ends_with("killed by a signal")
+        ));
+        assert!(
+            matches!(
+                run("read line; exit 4").await,
+                Err(ChunkError::Failed(e)) if e.ends_with("exit status 4"),
+            ),
+            "stdin is /dev/null, never the lifeline"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_dropped_chunk_takes_its_whole_group_along() {
+        let dir = std::env::temp_dir().join(format!("tranche-job-drop-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pid_file = dir.join("sh.pid");
+        let job = Job::Exec(format!("echo $$ > {}; sleep 30; true", pid_file.display()));
+        let run = tokio::spawn(async move { job.run(chunk(), std::future::pending()).await });
+        let pgid: u32 = loop {
+            if let Some(pid) = std::fs::read_to_string(&pid_file)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+            {
+                break pid;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        // As when the worker dies: the lifeline's write end closes, nothing signals.
+        run.abort();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while groups().contains(&pgid) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the group outlived its chunk"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }

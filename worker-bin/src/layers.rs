@@ -34,8 +34,9 @@ pub(crate) enum Open {
 
 /// Where a namespace lives and how to reach it: the plain settings that
 /// [`Backend::open`](crate::backend::Backend::open) takes, whoever asks (the command
-/// line through `Global::location`, the library's `Runner` from its builder).
-#[derive(Debug, Clone, Default)]
+/// line through `Global::location`, the library's `Runner` from its builder). Its
+/// `Debug` shows the URL redacted.
+#[derive(Clone, Default)]
 pub(crate) struct Location {
     /// The namespace's name.
     pub(crate) namespace: String,
@@ -53,6 +54,21 @@ pub(crate) struct Location {
     pub(crate) tls_key: Option<PathBuf>,
     /// The embedded state file; `.tranche/<namespace>.state` when `None`.
     pub(crate) state: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Location")
+            .field("namespace", &self.namespace)
+            .field("shards", &self.shards)
+            .field("redis", &self.redis.as_deref().map(crate::backend::redact))
+            .field("redis_file", &self.redis_file)
+            .field("tls_ca", &self.tls_ca)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
+            .field("state", &self.state)
+            .finish()
+    }
 }
 
 /// Archive tier thresholds (`run`, `archive`, the dry run's cost model).

@@ -149,7 +149,7 @@ fn no_chunk_outlives_the_grace_period() {
 }
 
 /// A chunk's environment has its own variables but not the Redis URL (nor the
-/// password in it).
+/// password in it), nor the admin token.
 #[test]
 fn chunks_never_see_the_redis_password() {
     let redis = TestRedis::start_with_password("s3cret-pw");
@@ -160,6 +160,7 @@ fn chunks_never_see_the_redis_password() {
     let with_url = |args: &[&str]| {
         let mut c = tranche(&dir, args);
         c.env("TRANCHE_REDIS_URL", &url)
+            .env("TRANCHE_ADMIN_TOKEN", "adm1n-t0ken")
             .env("TRANCHE_LOG", dir.join("chunks.log"));
         c
     };
@@ -174,5 +175,115 @@ fn chunks_never_see_the_redis_password() {
         assert!(env.contains("TRANCHE_LOG="), "other variables pass: {env}");
         assert!(!env.contains("TRANCHE_REDIS_URL"), "{env}");
         assert!(!env.contains("s3cret-pw"), "{env}");
+        assert!(!env.contains("adm1n-t0ken"), "nor the admin token: {env}");
     }
+}
+
+/// A SIGKILLed worker (or one the OOM killer takes) leaves no chunk behind: the kernel
+/// closes its end of each chunk's lifeline pipe and the chunk's guard kills the whole
+/// group, grandchildren included. So when the next worker reclaims the range, no copy
+/// of it still runs: the ledger of START/END lines never has two copies open at once.
+#[test]
+fn a_sigkilled_workers_chunks_die_with_it() {
+    let dir = scratch("signals-sigkill");
+    ok(tranche(
+        &dir,
+        &["plan", "--min", "1", "--max", "100", "--size", "100"],
+    ));
+    let ledger = dir.join("ledger");
+    // `$$` names the copy (and its process group); `sleep` is a grandchild.
+    let exec = format!(
+        "echo START $$ $TRANCHE_FROM >> {l}; sleep 4; echo END $$ $TRANCHE_FROM >> {l}",
+        l = ledger.display()
+    );
+    let worker = |exec: &str| {
+        let mut cmd = tranche(
+            &dir,
+            &["run", "--exec", exec, "--chunk", "100", "--lease", "3s"],
+        );
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        cmd.spawn().unwrap()
+    };
+    let mut first = worker(&exec);
+    eventually(Duration::from_secs(20), "the first copy started", || {
+        !lines(&ledger).is_empty()
+    });
+    let copy: u32 = lines(&ledger)[0]
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(groups().contains(&copy));
+    common::signal(&first, "KILL");
+    first.wait().unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        !groups().contains(&copy),
+        "the chunk of a SIGKILLed worker is still alive 1 s later"
+    );
+    let mut second = worker(&exec);
+    let exit = wait(&mut second, Duration::from_secs(60));
+    assert!(exit.success(), "{exit:?}");
+    // The first copy would have written its END by now (4 s after its START): the
+    // ledger is its START, then the second copy's START and END, never two open.
+    let ledger = lines(&ledger);
+    assert_eq!(ledger.len(), 3, "{ledger:?}");
+    let second_copy = ledger[1].split_whitespace().nth(1).unwrap();
+    assert_ne!(second_copy, copy.to_string(), "{ledger:?}");
+    assert_eq!(ledger[1], format!("START {second_copy} 1"), "{ledger:?}");
+    assert_eq!(ledger[2], format!("END {second_copy} 1"), "{ledger:?}");
+}
+
+/// With Redis gone, Ctrl-C still ends the run within the grace period plus the abort's
+/// bound, with 130: no store call that keeps failing holds the drain.
+#[test]
+fn ctrl_c_with_redis_down_is_bounded_and_exits_130() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let dir = scratch("signals-redis-down");
+    ok(tranche(
+        &dir,
+        &[
+            "--redis", &url, "plan", "--min", "1", "--max", "4", "--size", "1",
+        ],
+    ));
+    let started = dir.join("started");
+    let exec = format!("echo $TRANCHE_PID >> {}; sleep 60", started.display());
+    let mut cmd = tranche(
+        &dir,
+        &[
+            "--redis",
+            &url,
+            "run",
+            "--exec",
+            &exec,
+            "--chunk",
+            "1",
+            "--concurrency",
+            "2",
+            "--grace",
+            "2s",
+        ],
+    );
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut run = cmd.spawn().unwrap();
+    eventually(Duration::from_secs(20), "two chunks started", || {
+        lines(&started).len() >= 2
+    });
+    drop(redis);
+    std::thread::sleep(Duration::from_millis(500));
+    let signalled = Instant::now();
+    common::signal(&run, "INT");
+    let exit = wait(&mut run, Duration::from_secs(60));
+    let took = signalled.elapsed();
+    assert_eq!(exit.code(), Some(130), "after {took:?}");
+    assert!(
+        took < Duration::from_secs(10),
+        "2 s of grace took {took:?} with Redis down"
+    );
 }

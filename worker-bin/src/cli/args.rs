@@ -444,7 +444,8 @@ pub(crate) struct ServeArgs {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7878")]
     pub(crate) listen: std::net::SocketAddr,
     /// Token that actions (retry, discard, pause, resume) must present as
-    /// `Authorization: Bearer TOKEN`; without it the server is read-only.
+    /// `Authorization: Bearer TOKEN`; without it the server is read-only. On the
+    /// command line it shows in `ps`: prefer TRANCHE_ADMIN_TOKEN or --admin-token-file.
     #[arg(
         long,
         value_name = "TOKEN",
@@ -452,6 +453,15 @@ pub(crate) struct ServeArgs {
         hide_env_values = true
     )]
     pub(crate) admin_token: Option<String>,
+    /// Read the admin token from the first line of FILE instead (out of `ps` and of
+    /// the environment).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "TRANCHE_ADMIN_TOKEN_FILE",
+        conflicts_with = "admin_token"
+    )]
+    pub(crate) admin_token_file: Option<std::path::PathBuf>,
 }
 
 /// `health`.

@@ -109,11 +109,53 @@ pub(crate) fn read(text: &str, created_ms: u64, tier: Tier) -> Result<Dump> {
         .collect::<Result<Vec<_>>>()?;
     let mut records: Vec<CompletedRecord> = Vec::new();
     for (n, line) in lines {
-        records.push(decode_json(line.trim()).with_context(|| format!("line {}", n + 1))?);
+        let record = decode_json(line.trim()).with_context(|| format!("line {}", n + 1))?;
+        check_record(&record).with_context(|| format!("line {}", n + 1))?;
+        records.push(record);
     }
     let mut dump = dump_of(&schema, records, created_ms, tier)?;
     dump.plans = plans;
     Ok(dump)
+}
+
+/// The longest worker id a record may carry: the active store's limit for the worker
+/// ids it registers, so an import holds no worker a live run could not be.
+pub(crate) const MAX_WORKER_ID: usize = 256;
+
+/// The highest pid a plan issues (2^53, the active store's bound).
+const MAX_PID: u64 = 1 << 53;
+
+/// Refuses an imported record with a field out of bounds: a pid outside
+/// `1..=2^53`, a range upside down, a worker id empty, longer than
+/// [`MAX_WORKER_ID`] bytes or holding a `|` (records are `|`-separated). The numbers
+/// are otherwise whole `u64`s and the times were parsed exactly by the codec.
+pub(crate) fn check_record(r: &CompletedRecord) -> Result<()> {
+    if !(1..=MAX_PID).contains(&r.pid) {
+        bail!("pid {} is outside 1..=2^53", r.pid);
+    }
+    if r.min_id > r.max_id {
+        bail!(
+            "partition {}: min_id {} is above max_id {}",
+            r.pid,
+            r.min_id,
+            r.max_id
+        );
+    }
+    let worker: &str = &r.worker;
+    if worker.is_empty() || worker.len() > MAX_WORKER_ID || worker.contains('|') {
+        let shown: String = worker.chars().take(40).collect();
+        bail!(
+            "partition {}: worker id `{shown}{}` ({} bytes) must be 1 to {MAX_WORKER_ID} bytes without '|'",
+            r.pid,
+            if shown.len() < worker.len() {
+                "…"
+            } else {
+                ""
+            },
+            worker.len()
+        );
+    }
+    Ok(())
 }
 
 /// A dump of `records` (in any order; a pid twice is an error) cut into the batches of

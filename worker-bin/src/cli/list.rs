@@ -2,8 +2,10 @@
 //!
 //! Active states (pending, claimed, running, failed) come from the active layer's
 //! snapshot (one read per shard; its size is the active set, which holds only
-//! unfinished work, never the unissued part of a plan), filtered, sorted by pid and cut
-//! after `--after`. Archived partitions are paged through the archive's `range`, so
+//! unfinished work), filtered, sorted by pid and cut after `--after`. Pending includes
+//! the planned partitions no worker has claimed yet (the snapshot's unissued runs, which
+//! the active set does not hold): the first page's worth above `--after` is generated
+//! from the runs, each row what `get` says of such a pid. Archived partitions are paged through the archive's `range`, so
 //! memory and time stay bounded by `--limit` whatever the namespace size.
 
 use std::fmt::Write as _;
@@ -19,7 +21,8 @@ use tranche_router::PartitionView;
 /// What `list` may select.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum ListState {
-    /// Waiting: retries in back-off, released or reaped leases, explicit ranges.
+    /// Waiting: planned and never claimed yet, retries in back-off, released or reaped
+    /// leases, explicit ranges.
     Pending,
     /// Claimed, no heartbeat yet.
     Claimed,
@@ -75,6 +78,7 @@ pub(crate) async fn page(
     }
     let want = state.and_then(ListState::status);
     let snapshot = backend.router.all_active().await?;
+    let known: std::collections::HashSet<u64> = snapshot.partitions.iter().map(|p| p.pid).collect();
     let mut rows: Vec<Partition> = snapshot
         .partitions
         .into_iter()
@@ -82,6 +86,19 @@ pub(crate) async fn page(
         .filter(|p| want.is_none_or(|s| p.status == s))
         .filter(|p| worker.is_none_or(|w| p.worker.as_deref() == Some(w)))
         .collect();
+    // Never claimed, so held by no worker: pending, unless a worker is asked for.
+    if worker.is_none() && want.is_none_or(|s| s == Status::Pending) {
+        let plans = backend.active.plans().await?;
+        let schema = backend.schema()?;
+        rows.extend(never_claimed(
+            &schema,
+            &plans,
+            &snapshot.unissued,
+            &known,
+            after,
+            limit + 1,
+        ));
+    }
     rows.sort_unstable_by_key(|p| p.pid);
     let next = (rows.len() > limit).then(|| rows[limit - 1].pid);
     rows.truncate(limit);
@@ -89,6 +106,51 @@ pub(crate) async fn page(
         rows: rows.into_iter().map(Row::Active).collect(),
         next,
     })
+}
+
+/// Up to `want` planned pids above `after` that no cursor has issued yet (nor any
+/// record holds), in pid order, as `get` shows them: pending, attempt 0, created at 0.
+///
+/// A shard holds every `num_shards`-th batch of pids, so each unissued run walks its
+/// own shard's batches only: at most `want` pids and a skip per batch, whatever the
+/// plan's size or how far the other shards' cursors are.
+fn never_claimed(
+    schema: &tranche_codec::KeySchema,
+    plans: &[tranche_codec::PlanEntry],
+    runs: &[tranche_active_store::Unissued],
+    known: &std::collections::HashSet<u64>,
+    after: u64,
+    want: usize,
+) -> Vec<Partition> {
+    let (shards, size) = (u64::from(schema.num_shards()), schema.batch_size());
+    let mut pids = Vec::new();
+    for run in runs.iter().filter(|r| r.count > 0) {
+        let mut pid = run.next_pid.max(after.saturating_add(1));
+        let mut taken = 0;
+        while pid <= run.last_pid && taken < want {
+            let batch = schema.batch_of(pid);
+            let ahead = (u64::from(run.shard) + shards - batch % shards) % shards;
+            if ahead > 0 {
+                // The next batch of this run's shard.
+                pid = (batch + ahead).saturating_mul(size);
+                continue;
+            }
+            if !known.contains(&pid) {
+                pids.push(pid);
+                taken += 1;
+            }
+            pid += 1;
+        }
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    pids.into_iter()
+        .filter_map(|pid| {
+            let range = plans.iter().find_map(|e| e.plan.range_of(pid))?;
+            Some(Partition::pending(pid, *range.start(), *range.end(), 0))
+        })
+        .take(want)
+        .collect()
 }
 
 /// How many archived records one page may read while a `--worker` filter passes over
@@ -231,5 +293,59 @@ fn row_json(row: &Row) -> Value {
             v["layer"] = json!("archive");
             v
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tranche_active_store::Unissued;
+    use tranche_codec::{KeySchema, PlanEntry, PlanGeometry};
+
+    #[test]
+    fn never_claimed_walks_each_shards_batches() {
+        let schema = KeySchema::new("ns", 3).unwrap().with_batch_size(4).unwrap();
+        let plans = [PlanEntry {
+            plan: PlanGeometry::new(1, 1, 100, 1).unwrap(),
+            explicit: false,
+        }];
+        // Each shard's cursor at its own place; pid 30 materialised (a record holds it).
+        let runs: Vec<Unissued> = [(0, 25), (1, 6), (2, 99)]
+            .into_iter()
+            .map(|(shard, next_pid)| Unissued {
+                shard,
+                next_pid,
+                last_pid: 100,
+                count: 1,
+            })
+            .collect();
+        let known = std::collections::HashSet::from([30]);
+        let brute: Vec<u64> = (1..=100)
+            .filter(|&pid| {
+                runs.iter().any(|r| {
+                    r.shard == schema.shard_of(pid) && (r.next_pid..=r.last_pid).contains(&pid)
+                }) && !known.contains(&pid)
+            })
+            .collect();
+        for after in [0, 5, 26, 60, 100] {
+            for want in [1, 3, 10, 200] {
+                let got: Vec<u64> = never_claimed(&schema, &plans, &runs, &known, after, want)
+                    .iter()
+                    .map(|p| p.pid)
+                    .collect();
+                let expected: Vec<u64> = brute
+                    .iter()
+                    .copied()
+                    .filter(|&p| p > after)
+                    .take(want)
+                    .collect();
+                assert_eq!(got, expected, "after {after}, want {want}");
+            }
+        }
+        let p = &never_claimed(&schema, &plans, &runs, &known, 0, 1)[0];
+        assert_eq!(
+            (p.status, p.min_id, p.max_id),
+            (Status::Pending, p.pid, p.pid)
+        );
     }
 }

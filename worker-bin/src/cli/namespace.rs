@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use anyhow::{Result, bail};
 use serde_json::{Value, json};
 
-use crate::backend::{self, Backend, Open, Tuning};
+use crate::backend::{self, Backend, Connections, Open, Tuning};
 use crate::cli::args::Global;
 use crate::cli::ops::Outcome;
 
@@ -84,7 +84,8 @@ pub(crate) fn plans_json(plans: &[tranche_active_store::PlanEntry]) -> Value {
 
 /// Every namespace on the Redis (or beside the state file) with its size and state,
 /// each read in O(shards): what `namespaces` prints and `serve` shows as its overview.
-pub(crate) async fn overview(g: &Global) -> Result<Vec<Value>> {
+/// On Redis every namespace is read through the one connection of `connections`.
+pub(crate) async fn overview(g: &Global, connections: &Connections) -> Result<Vec<Value>> {
     let embedded = g.redis.is_none() && g.redis_file.is_none();
     let targets: Vec<(String, Option<std::path::PathBuf>)> = if embedded {
         // Each state file beside this one holds one namespace, whatever the file's
@@ -115,7 +116,7 @@ pub(crate) async fn overview(g: &Global) -> Result<Vec<Value>> {
             })
             .collect()
     } else {
-        backend::namespace_names(&g.location())
+        backend::namespace_names(&g.location(), connections)
             .await?
             .into_iter()
             .map(|name| (name, None))
@@ -128,14 +129,20 @@ pub(crate) async fn overview(g: &Global) -> Result<Vec<Value>> {
         if file.is_some() {
             global.state = file;
         }
-        let backend =
-            match Backend::open(&global.location(), Open::Existing, Tuning::default()).await {
-                Ok(b) => b,
-                Err(err) => {
-                    tracing::warn!(namespace = %name, %err, "cannot open; left out");
-                    continue;
-                }
-            };
+        let backend = match Backend::open_with(
+            &global.location(),
+            Open::Existing,
+            Tuning::default(),
+            connections,
+        )
+        .await
+        {
+            Ok(b) => b,
+            Err(err) => {
+                tracing::warn!(namespace = %name, %err, "cannot open; left out");
+                continue;
+            }
+        };
         let total = crate::cli::progress::total_partitions(backend.active.as_ref()).await?;
         let counts = backend.active.counts().await?;
         let paused = backend.active.is_paused().await?;
@@ -154,7 +161,7 @@ pub(crate) async fn overview(g: &Global) -> Result<Vec<Value>> {
 
 /// `namespaces`: [`overview`] as a table or JSON.
 pub(crate) async fn list(g: &Global) -> Result<Outcome> {
-    let rows = overview(g).await?;
+    let rows = overview(g, &Connections::default()).await?;
     if g.json {
         println!("{}", Value::Array(rows));
         return Ok(Outcome::Success);

@@ -55,11 +55,10 @@ impl Observer for RunObserver {
                 (shared.clone(), self.chunk_seconds.clone(), done.clone());
             background.spawn(async move {
                 let app = crate::cli::serve::worker_metrics(shared, chunk_seconds);
-                let _ = axum::serve(listener, app)
-                    .with_graceful_shutdown(async move {
-                        let _ = rx.wait_for(|done| *done).await;
-                    })
-                    .await;
+                crate::cli::serve::serve_http(listener, app, async move {
+                    let _ = rx.wait_for(|done| *done).await;
+                })
+                .await;
             });
         }
         let mine: Mine = Arc::new(move || shared.completed());

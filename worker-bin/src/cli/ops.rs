@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
-use tranche_active_store::{Config as ActiveConfig, Plan};
+use tranche_active_store::{Config as ActiveConfig, MemoryActiveStore, Plan, Planner};
 use tranche_archive_store::Snapshots;
 
 use crate::backend::{Backend, Open, Tuning};
@@ -143,9 +143,8 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
             backend.ensure_writable()?;
             if !backend.active.discard(pid).await? {
-                bail!(
-                    "partition {pid} is not pending or failed (claimed, completed, discarded or unknown): nothing discarded"
-                );
+                let now = state_of(&backend, pid).await;
+                bail!("partition {pid} is not pending or failed (it is {now}): nothing discarded");
             }
             backend.save().await?;
             say(
@@ -208,6 +207,11 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
     }
 }
 
+/// How long a run stopped by a signal may take, once the grace period is over, to
+/// stop its chunks and release their leases: the chunks' own stop (SIGTERM, SIGKILL two
+/// seconds later) and a moment for the store.
+const ABORT_BOUND: Duration = Duration::from_secs(5);
+
 /// SIGINT/SIGTERM: the first asks to drain (and, after `grace`, to abort: in-flight
 /// chunks' process groups are stopped and their partitions released); a second aborts
 /// at once, through the same path, so leases are released and locks dropped before
@@ -249,7 +253,25 @@ async fn plan(backend: &Backend, args: &PlanArgs, json: bool) -> Result<Outcome>
     // Validate as the store will, before anything is written.
     let geometry = tranche_codec::PlanGeometry::new(1, args.min, args.max, args.size)
         .map_err(|e| anyhow::anyhow!("invalid plan: {e}"))?;
+    let plan = Plan::Uniform {
+        min: args.min,
+        max: args.max,
+        size: args.size,
+    };
     if args.dry_run {
+        // The store's own validation, on a scratch copy of the plan registry: a dry
+        // run refuses exactly what `plan` would (an overlap with an existing plan, a
+        // plan past what the shards' bitmaps hold), with the same message.
+        let scratch = MemoryActiveStore::new(ActiveConfig {
+            namespace: backend.namespace.clone(),
+            num_shards: backend.shards,
+            layout: backend.schema()?.layout(),
+            ..ActiveConfig::default()
+        })?;
+        for entry in backend.active.plans().await? {
+            scratch.plan(&Plan::from(&entry)).await?;
+        }
+        scratch.plan(&plan).await.map_err(plan_refused)?;
         print!(
             "{}",
             render::plan_cost(&geometry, backend.shards, &args.tiers.tiers(), json)
@@ -257,19 +279,7 @@ async fn plan(backend: &Backend, args: &PlanArgs, json: bool) -> Result<Outcome>
         return Ok(Outcome::Success);
     }
     backend.ensure_writable()?;
-    let outcome = backend
-        .active
-        .plan(&Plan::Uniform {
-            min: args.min,
-            max: args.max,
-            size: args.size,
-        })
-        .await
-        .map_err(|e| match e {
-            // The store's refusal already says "invalid plan: …".
-            tranche_active_store::Error::InvalidPlan(_) => anyhow::Error::new(e),
-            other => anyhow::Error::new(other).context("cannot register the plan"),
-        })?;
+    let outcome = backend.active.plan(&plan).await.map_err(plan_refused)?;
     backend.register_namespace().await?;
     backend.save().await?;
     let entry = outcome
@@ -307,6 +317,27 @@ async fn plan(backend: &Backend, args: &PlanArgs, json: bool) -> Result<Outcome>
         );
     }
     Ok(Outcome::Success)
+}
+
+/// What `get` would call `pid`'s state, in one word, for a refusal's message
+/// (`unreadable` when even that read fails).
+pub(crate) async fn state_of(backend: &Backend, pid: u64) -> &'static str {
+    use tranche_router::PartitionView;
+    match backend.router.get(pid).await {
+        Ok(PartitionView::Active(p)) => p.status.as_str(),
+        Ok(PartitionView::Unknown) => "unknown",
+        Ok(_) => "completed",
+        Err(_) => "unreadable",
+    }
+}
+
+/// The store's refusal of a plan as the command says it.
+fn plan_refused(e: tranche_active_store::Error) -> anyhow::Error {
+    match e {
+        // The store's refusal already says "invalid plan: …".
+        tranche_active_store::Error::InvalidPlan(_) => anyhow::Error::new(e),
+        other => anyhow::Error::new(other).context("cannot register the plan"),
+    }
 }
 
 async fn run(g: &crate::cli::args::Global, args: RunArgs) -> Result<Outcome> {
@@ -370,9 +401,53 @@ async fn run(g: &crate::cli::args::Global, args: RunArgs) -> Result<Outcome> {
         ))),
     };
     let memory_before = backend.used_memory().await;
-    let report = work::run(&backend, settings, stop).await?;
-    let memory_after = backend.used_memory().await;
-    let stats = backend.stats.summary().await.ok();
+    let mut watched = stop.clone();
+    let run = work::run(&backend, settings, stop);
+    tokio::pin!(run);
+    // A signal's drain is bounded even when every store call fails (Redis gone): once
+    // the grace period is over and chunks are stopped, the run gets ABORT_BOUND to
+    // release its leases, then it is dropped (its chunks' guards kill what is left)
+    // and the leases expire on their own.
+    let result = tokio::select! {
+        result = &mut run => result,
+        () = async {
+            until(&mut watched, |s| *s == Stop::Abort).await;
+            tokio::time::sleep(ABORT_BOUND).await;
+        } => {
+            tracing::warn!(
+                "the store did not answer within {ABORT_BOUND:?} of the abort: exiting; unreleased leases expire on their own"
+            );
+            return Ok(Outcome::Interrupted);
+        }
+    };
+    let signalled = *watched.borrow() != Stop::Running;
+    let report = match result {
+        Ok(report) => report,
+        // A signal asked to stop: the store's trouble on the way out does not change
+        // why the run ended.
+        Err(err) if signalled => {
+            tracing::warn!(
+                err = %crate::cli::one_line(&err),
+                "stopped by a signal; the store failed on the way out (unreleased leases expire on their own)"
+            );
+            return Ok(Outcome::Interrupted);
+        }
+        Err(err) => return Err(err),
+    };
+    // The summary's reads wait no longer than the abort did once a signal came.
+    let bound = if signalled {
+        ABORT_BOUND
+    } else {
+        Duration::MAX
+    };
+    let memory_after = tokio::time::timeout(bound, backend.used_memory())
+        .await
+        .ok()
+        .flatten();
+    let stats = tokio::time::timeout(bound, backend.stats.summary())
+        .await
+        .ok()
+        .and_then(Result::ok);
     let archive_bytes = match (memory_before, memory_after) {
         // Below ten thousand partitions fixed overheads would dominate the figure.
         (Some(a), Some(b)) if report.completed >= 10_000 => Some(

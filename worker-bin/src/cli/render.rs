@@ -86,8 +86,14 @@ pub(crate) fn status(s: &Status, json: bool) -> String {
         s.total
     );
     let _ = writeln!(out);
-    let _ = writeln!(out, "  unissued  {:>12}", c.unissued);
-    let _ = writeln!(out, "  pending   {:>12}", c.pending);
+    // Pending is one word for work waiting to be claimed, whether a worker ever held it
+    // or not (`get` and `list pending` say the same; `--json` keeps the two counts).
+    let _ = writeln!(
+        out,
+        "  pending   {:>12}  ({} never claimed)",
+        c.unissued + c.pending,
+        c.unissued
+    );
     let _ = writeln!(out, "  claimed   {:>12}", c.claimed);
     let _ = writeln!(out, "  running   {:>12}", c.running);
     let _ = writeln!(out, "  failed    {:>12}", c.failed);

@@ -70,8 +70,14 @@ pub(crate) async fn import(g: &crate::cli::args::Global, file: &Path) -> Result<
             )
         })?
     } else {
-        Dump::from_bytes(&bytes)
-            .with_context(|| format!("{} is not a tranche dump", file.display()))?
+        let dump = Dump::from_bytes(&bytes)
+            .with_context(|| format!("{} is not a tranche dump", file.display()))?;
+        // A binary dump is bounded as JSON lines are, before anything is written.
+        for record in dump.batches.iter().flat_map(|b| &b.records) {
+            crate::cli::jsonl::check_record(record)
+                .with_context(|| format!("{} holds a record out of bounds", file.display()))?;
+        }
+        dump
     };
     if let Some(shards) = g.shards
         && shards != dump.num_shards

@@ -91,8 +91,13 @@ pub(crate) fn stats(m: &MergedStats, json: bool) -> Result<String> {
     let _ = writeln!(out, "partitions {}", m.total());
     let _ = writeln!(
         out,
-        "active     {} unissued, {} pending, {} claimed, {} running, {} failed, {} discarded",
-        c.unissued, c.pending, c.claimed, c.running, c.failed, c.discarded
+        "active     {} pending ({} never claimed), {} claimed, {} running, {} failed, {} discarded",
+        c.unissued + c.pending,
+        c.unissued,
+        c.claimed,
+        c.running,
+        c.failed,
+        c.discarded
     );
     match &m.completed {
         Err(e) => {

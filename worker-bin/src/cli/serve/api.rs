@@ -196,7 +196,7 @@ pub(crate) async fn memory(State(app): State<Arc<App>>) -> ApiResult {
 
 /// Every namespace beside this one, with its progress: the dashboard's overview.
 pub(crate) async fn namespaces(State(app): State<Arc<App>>) -> ApiResult {
-    let rows = crate::cli::namespace::overview(&app.global).await?;
+    let rows = crate::cli::namespace::overview(&app.global, &app.connections).await?;
     Ok(json_value(Value::Array(rows)))
 }
 
@@ -318,7 +318,10 @@ pub(crate) async fn discard(
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "conflict",
-            format!("partition {pid} is not pending or failed: nothing discarded"),
+            format!(
+                "partition {pid} is not pending or failed (it is {}): nothing discarded",
+                crate::cli::ops::state_of(&backend, pid).await
+            ),
         ));
     }
     backend.save().await?;

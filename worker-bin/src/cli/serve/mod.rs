@@ -4,14 +4,22 @@
 //!
 //! Everything it reads costs O(shards) per request, like `status`, except what a
 //! request asks for by size (`partitions?limit=`). Actions (retry, discard, pause,
-//! resume) are POSTs that need `Authorization: Bearer <token>` (`--admin-token` or
-//! `TRANCHE_ADMIN_TOKEN`); without a token configured the server is read-only and the
+//! resume) are POSTs that need `Authorization: Bearer <token>` (`--admin-token`,
+//! `TRANCHE_ADMIN_TOKEN` or `--admin-token-file`); without a token configured the server is read-only and the
 //! dashboard shows no action. The token never travels in a URL, and a custom header
 //! cannot be sent cross-site without CORS, which this server never grants: no CSRF.
 //! No response carries the Redis URL's password.
+//!
+//! Connections are accepted by [`http::serve`] (also `run --metrics-listen`'s): capped,
+//! with a header-read timeout and a bounded drain at shutdown, so no client holds the
+//! process open. On Redis every namespace of the overview is read through the one
+//! connection the server opened (`backend::Connections`).
 
 mod api;
+mod http;
 mod metrics;
+
+pub(crate) use http::serve as serve_http;
 
 pub(crate) use metrics::worker_metrics;
 
@@ -22,7 +30,7 @@ use anyhow::{Context, Result};
 use axum::Router;
 use axum::routing::{get, post};
 
-use crate::backend::{Backend, Open, Tuning};
+use crate::backend::{Backend, Connections, Open, Tuning};
 use crate::cli::args::{Global, ServeArgs};
 use crate::cli::ops::Outcome;
 use crate::work::{Stop, until};
@@ -33,6 +41,9 @@ pub(crate) struct App {
     /// The namespace on Redis, opened once; embedded, each request loads the state file
     /// afresh (a running `run` keeps saving it).
     redis: Option<Backend>,
+    /// The Redis connection `redis` was opened with, kept for the namespaces overview:
+    /// every namespace is read through it.
+    connections: Connections,
     token: Option<String>,
     /// This server's reads of each layer, for `/metrics`.
     query_latency: metrics::QueryLatency,
@@ -90,10 +101,34 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .with_state(app)
 }
 
+/// The admin token in `path`: its first line, trimmed. One line of error, never the
+/// token.
+fn read_token(path: &std::path::Path) -> Result<String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read --admin-token-file {}: {e}", path.display()))?;
+    match text.lines().next().map(str::trim) {
+        Some(token) if !token.is_empty() => Ok(token.to_owned()),
+        _ => anyhow::bail!(
+            "--admin-token-file {} holds no token on its first line",
+            path.display()
+        ),
+    }
+}
+
 /// `tranche serve`: binds `--listen` and answers until SIGINT/SIGTERM.
 pub(crate) async fn serve(g: &Global, args: ServeArgs) -> Result<Outcome> {
-    let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
-    let token = args.admin_token.filter(|t| !t.is_empty());
+    let connections = Connections::default();
+    let backend = Backend::open_with(
+        &g.location(),
+        Open::Existing,
+        Tuning::default(),
+        &connections,
+    )
+    .await?;
+    let token = match &args.admin_token_file {
+        Some(path) => Some(read_token(path)?),
+        None => args.admin_token.filter(|t| !t.is_empty()),
+    };
     let listen: SocketAddr = args.listen;
     if !listen.ip().is_loopback() && token.is_none() {
         tracing::warn!(
@@ -104,6 +139,7 @@ pub(crate) async fn serve(g: &Global, args: ServeArgs) -> Result<Outcome> {
     let app = Arc::new(App {
         global: g.clone(),
         redis: (!backend.is_embedded()).then_some(backend),
+        connections,
         token,
         query_latency: metrics::QueryLatency::new(),
     });
@@ -113,9 +149,9 @@ pub(crate) async fn serve(g: &Global, args: ServeArgs) -> Result<Outcome> {
     let local = listener.local_addr()?;
     println!("serving namespace `{}` on http://{local}/", g.namespace);
     let mut stop = crate::cli::ops::signals(std::time::Duration::ZERO)?;
-    axum::serve(listener, router(app))
-        .with_graceful_shutdown(async move { until(&mut stop, |s| *s != Stop::Running).await })
-        .await
-        .context("the server failed")?;
+    http::serve(listener, router(app), async move {
+        until(&mut stop, |s| *s != Stop::Running).await;
+    })
+    .await;
     Ok(Outcome::Success)
 }
