@@ -338,6 +338,8 @@ async fn claims_hand_out_each_pid_once(h: Harness) {
         .unwrap();
     let mut seen = std::collections::BTreeSet::new();
     for round in 0.. {
+        // Every wait has an end: 2,505 pids at 37 a claim take 68 rounds.
+        assert!(round < 1000, "claims never ran dry");
         let worker = format!("w{}", round % 7);
         let leases = s.claim(&worker, 37).await.unwrap();
         if leases.is_empty() {
@@ -792,7 +794,8 @@ async fn adopt_restores_exported_plans(h: Harness) {
 
     // Claims hand out exactly the missing pids, each once.
     let mut claimed = Vec::new();
-    loop {
+    for round in 0.. {
+        assert!(round <= missing.len(), "claims never ran dry: {claimed:?}");
         let leases = s.claim("w", 7).await.unwrap();
         if leases.is_empty() {
             break;
@@ -1063,7 +1066,12 @@ async fn a_batch_heartbeat_with_one_lease_lost(h: Harness) {
     let reaped = s.reap(h.clock_now()).await.unwrap();
     assert_eq!(reaped.len(), 198);
     assert!(reaped.contains(&picked[1].pid));
+    let mut tries = 0..=reaped.len();
     let taken = loop {
+        assert!(
+            tries.next().is_some(),
+            "the reaped lease was never claimed again"
+        );
         let got = s.claim("other", 1).await.unwrap().remove(0);
         if got.pid == picked[1].pid {
             break got;

@@ -170,7 +170,8 @@ async fn tokens_stay_unique_when_the_sequence_rolls_back() {
         .shard_key(0, "seq");
     // The rollback: the counter as it was before those claims.
     server.cli(&["SET", &seq, "0"]);
-    std::thread::sleep(std::time::Duration::from_millis(2));
+    // The token floor follows the server's clock in ms: wait until it has moved on.
+    server.wait_for_time_past(server.time_ms());
     let after = store.claim("w", 3).await.unwrap();
     assert!(
         after.iter().all(|l| l.token > highest),
