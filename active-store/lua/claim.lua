@@ -22,6 +22,8 @@ num(now, 'now')
 num(deadline, 'deadline')
 local shard, shards, per_batch = num(ARGV[5], 'shard'), pos(ARGV[6], 'num_shards'), pos(ARGV[7], 'per batch')
 if shard >= shards then refuse('shard', ARGV[5]) end
+-- The tokens of a call are reserved up front: a huge n would spend the sequence.
+if want > 100000 then refuse('n', ARGV[2]) end
 -- Arrays are filled through explicit counters: `#t` is a search in Lua 5.1.
 local out, records, scores, got = {}, {}, {}, 0
 local no, nr, ns, reclaimed = 0, 0, 0, 0

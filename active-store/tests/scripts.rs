@@ -333,6 +333,8 @@ enum Arg {
     Num,
     /// A positive count (at least 1).
     Pos,
+    /// How many partitions a claim wants: 1 to 100,000.
+    Want,
     /// A pid, token, bit offset, row ID or checkpoint: a decimal u64.
     Id,
     /// An [`Arg::Id`] or empty (keep, or every one).
@@ -361,6 +363,7 @@ impl Arg {
         match self {
             Arg::Num => &["x", "-1", "", "1.5", "1e3", " 1", HUGE],
             Arg::Pos => &["x", "-1", "", "1.5", "0", HUGE],
+            Arg::Want => &["x", "-1", "", "1.5", "0", "100001", HUGE],
             Arg::Id => &["x", "-1", "", "1.5", "0x1", HUGE],
             Arg::OptId => &["x", "-1", "1.5", "0x1", HUGE],
             Arg::Worker => &["", "a|b"],
@@ -483,7 +486,7 @@ fn refusal_rows(server: &TestRedis, tokens: &std::collections::HashMap<u64, u64>
             ],
             args: vec![
                 a("w2", Worker),
-                a("2", Pos),
+                a("2", Want),
                 a(&now, Num),
                 a(&later, Num),
                 a("0", Shard),
