@@ -18,9 +18,8 @@ for i = 3, #ARGV, 3 do
   opt_id(ARGV[i + 2], 'progress')
 end
 local recs = redis.call('HMGET', KEYS[1], unpack(pids))
-read_counts(KEYS[3])
 -- Every record is decoded and checked before the first write.
-local seen = {}
+local seen, moving = {}, false
 local out, records, scores, nr = {}, {}, {}, 0
 for i = 1, n do
   local pid, token, progress = pids[i], ARGV[3 * i + 1], ARGV[3 * i + 2]
@@ -28,7 +27,10 @@ for i = 1, n do
   local r = seen[pid] or (recs[i] and checked(KEYS[1], pid, recs[i]))
   if r then seen[pid] = r end
   if leased(r, token) then
-    if r[1] == 'c' then moved('c', 'r') end
+    if r[1] == 'c' then
+      moved('c', 'r')
+      moving = true
+    end
     r[1] = 'r'
     r[4] = deadline
     r[7] = now
@@ -41,9 +43,12 @@ for i = 1, n do
     out[i] = LOST
   end
 end
+-- The counters are read (and checked) only when a status moves: a beat of running
+-- leases, the common one, costs no read of them.
+if moving then read_counts(KEYS[3]) end
 if nr > 0 then
   variadic('HSET', KEYS[1], records)
   variadic('ZADD', KEYS[2], scores)
-  count(KEYS[3])
+  if moving then count(KEYS[3]) end
 end
 return out
