@@ -5,22 +5,29 @@
 -- KEYS[1] active hash   KEYS[2] pending zset   KEYS[3] status counters hash
 -- ARGV[1] now ms, then per partition: pid, attempts, status (p or f), worker id
 -- Reply: the number of records changed.
+-- Every argument, and every record read, is checked before the first write: Redis keeps
+-- what a failing script wrote, so a bad entry late in the list must not leave the
+-- earlier ones carried.
 local now, n = ARGV[1], 0
--- Every argument is checked before the first write: Redis keeps what a failing script
--- wrote, so a bad entry late in the list must not leave the earlier ones carried.
-if not string.match(now, '^%d+$') or (#ARGV - 1) % 4 ~= 0 then
+if not is_num(now) or (#ARGV - 1) % 4 ~= 0 then
   return redis.error_reply('ERR carry: malformed arguments')
 end
 for i = 2, #ARGV, 4 do
-  if not string.match(ARGV[i], '^%d+$') or not string.match(ARGV[i + 1], '^%d+$')
+  if not is_id(ARGV[i]) or not is_num(ARGV[i + 1])
       or (ARGV[i + 2] ~= 'p' and ARGV[i + 2] ~= 'f') or string.find(ARGV[i + 3], '|', 1, true) then
     return redis.error_reply('ERR carry: malformed entry for pid ' .. ARGV[i])
   end
 end
+local seen, changed, failed, nc, nf = {}, {}, {}, 0, 0
 for i = 2, #ARGV, 4 do
   local pid, attempts, status, worker = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  local r = decode(redis.call('HGET', KEYS[1], pid) or '')
-  if r ~= nil and r[1] == 'p' and (r[2] ~= attempts or status ~= 'p') then
+  local r = seen[pid]
+  if r == nil then
+    local s = redis.call('HGET', KEYS[1], pid)
+    r = s and checked(KEYS[1], pid, s) or false
+    seen[pid] = r
+  end
+  if r and r[1] == 'p' and (r[2] ~= attempts or status ~= 'p') then
     r[2] = attempts
     r[7] = now
     if status == 'f' then
@@ -28,11 +35,16 @@ for i = 2, #ARGV, 4 do
       moved('p', 'f')
       r[1] = 'f'
       r[8] = worker
-      redis.call('ZREM', KEYS[2], pid)
+      nf = nf + 1
+      failed[nf] = pid
     end
-    redis.call('HSET', KEYS[1], pid, encode(r))
+    nc = nc + 1
+    changed[nc] = pid
     n = n + 1
   end
 end
+read_counts(KEYS[3])
+for i = 1, nc do redis.call('HSET', KEYS[1], changed[i], encode(seen[changed[i]])) end
+for i = 1, nf do redis.call('ZREM', KEYS[2], failed[i]) end
 count(KEYS[3])
 return n

@@ -12,8 +12,18 @@
 --      one value, not six: the reply is most of what a claim costs the client to read.
 -- Writes are gathered and issued once per key (one HSET, one ZADD): a Redis command
 -- called from Lua costs about as much as the work it does.
-local worker, want, now, deadline = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local shard, shards, per_batch = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+-- Every argument, and every record, plan entry, cursor and counter read, is checked
+-- before the first write: a script that errors midway keeps what it wrote (Redis has no
+-- rollback).
+if #ARGV ~= 7 then refuse('argument count', #ARGV) end
+local worker, want = worker_id(ARGV[1], 'worker'), pos(ARGV[2], 'n')
+local now, deadline = ARGV[3], ARGV[4]
+num(now, 'now')
+num(deadline, 'deadline')
+local shard, shards, per_batch = num(ARGV[5], 'shard'), pos(ARGV[6], 'num_shards'), pos(ARGV[7], 'per batch')
+if shard >= shards then refuse('shard', ARGV[5]) end
+-- The tokens of a call are reserved up front: a huge n would spend the sequence.
+if want > 100000 then refuse('n', ARGV[2]) end
 -- Arrays are filled through explicit counters: `#t` is a search in Lua 5.1.
 local out, records, scores, got = {}, {}, {}, 0
 local no, nr, ns, reclaimed = 0, 0, 0, 0
@@ -35,24 +45,26 @@ local function lease(pid, r)
   got = got + 1
 end
 
--- Ready retries and released partitions first: they are older work.
--- Every record is read and checked before the first write: a script that errors
--- midway keeps what it wrote (Redis has no rollback), so a corrupt record is refused
--- by name and nothing changes.
+-- Ready retries and released partitions first: they are older work. A corrupt record
+-- is refused by name, and nothing changes.
 local ready = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, want)
-local decoded = {}
+local decoded, ndecoded = {}, 0
 if #ready > 0 then
   local recs = redis.call('HMGET', KEYS[1], unpack(ready))
   for i, pid in ipairs(ready) do
-    local r = decode(recs[i] or '')
-    if r and r[1] == 'p' then
-      if not tonumber(r[2]) then
-        return redis.error_reply('ERR corrupt record ' .. KEYS[1] .. ' ' .. pid .. ': attempts `' .. r[2] .. '`')
+    if recs[i] then
+      local r = checked(KEYS[1], pid, recs[i])
+      if r[1] == 'p' then
+        decoded[i], ndecoded = r, ndecoded + 1
       end
-      decoded[i] = r
     end
   end
 end
+-- The uniform plans and their cursors, read (and checked) only when the ready work
+-- does not fill the claim.
+local plans = {}
+if ndecoded < want then plans = read_cursors(KEYS[5], read_plans(KEYS[4])) end
+read_counts(KEYS[7])
 
 -- Fresh tokens for this call, reserved up front: every later call on a lease must
 -- present its token (fencing). Unused ones are simply skipped. Tokens never fall below
@@ -96,12 +108,9 @@ end
 local tail = '|' .. deadline .. '|' .. now .. '|' .. now .. '|' .. now .. '|' .. worker .. '||||'
 local fresh, nf, first_fresh = {}, 0, '0'
 if got < want then
-  local plans = redis.call('LRANGE', KEYS[4], 0, -1)
   for _, plan in ipairs(plans) do
     if got >= want then break end
-    local sep = string.find(plan, '|', 1, true)
-    local first, last = tonumber(string.sub(plan, 1, sep - 1)), tonumber(string.sub(plan, sep + 1))
-    local at = tonumber(redis.call('HGET', KEYS[5], int(first)) or first)
+    local first, last, at = plan[1], plan[2], plan[3]
     if at <= last then
       at = align(at)
       while got < want and at <= last do

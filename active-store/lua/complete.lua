@@ -3,15 +3,26 @@
 --      KEYS[4] inbox stream   KEYS[5] status counters hash
 -- ARGV per completion: pid, token, bit offset in the index, encoded completed record
 -- Reply: per completion, OK, DUPLICATE or LOST.
--- Every command runs once per call, not once per completion: a batch of 30 costs
--- little more than a batch of one.
+-- Every argument is checked before the first write (the BITFIELD). Every command
+-- runs once per call, not once per completion: a batch of 30 costs little more than a
+-- batch of one.
+entries(0, 4, true)
 local n = #ARGV / 4
 local pids = {}
-for i = 1, n do pids[i] = ARGV[4 * i - 3] end
+for i = 1, n do
+  pids[i] = id(ARGV[4 * i - 3], 'pid')
+  id(ARGV[4 * i - 2], 'token')
+  id(ARGV[4 * i - 1], 'bit offset')
+  -- The inbox entry holds one record per line.
+  local rec = ARGV[4 * i]
+  if rec == '' or string.find(rec, '\n', 1, true) then refuse('completed record', rec) end
+end
 local recs = redis.call('HMGET', KEYS[1], unpack(pids))
+read_counts(KEYS[5])
 
 -- One BITFIELD for the whole batch: held leases set their bit (and read the old one);
--- the others only read theirs, to tell a duplicate from a lost lease.
+-- the others only read theirs, to tell a duplicate from a lost lease. A record not held
+-- is checked (off the hot path): a corrupt one is refused, not reported lost.
 local ops, held, no = {}, {}, 0
 for i = 1, n do
   local bit = ARGV[4 * i - 1]
@@ -20,6 +31,7 @@ for i = 1, n do
     ops[no + 1], ops[no + 2], ops[no + 3], ops[no + 4] = 'SET', 'u1', bit, 1
     no = no + 4
   else
+    if recs[i] then checked(KEYS[1], pids[i], recs[i]) end
     ops[no + 1], ops[no + 2], ops[no + 3] = 'GET', 'u1', bit
     no = no + 3
   end

@@ -16,11 +16,33 @@ local function overlaps(amin, amax, bmin, bmax)
   return not (lt(amax, bmin) or lt(bmax, amin))
 end
 
+-- Every argument and every registry entry is checked before the one write.
+local function range(min, max, size)
+  id(min, 'min id')
+  id(max, 'max id')
+  if id(size, 'size') == '0' then refuse('size', size) end
+  if lt(max, min) then refuse('range', min .. '..=' .. max) end
+end
+if ARGV[1] == 'u' then
+  if #ARGV ~= 5 then refuse('argument count', #ARGV) end
+  range(ARGV[2], ARGV[3], ARGV[4])
+  pos(ARGV[5], 'partition count')
+elseif ARGV[1] == 'r' then
+  entries(1, 3, true)
+  for i = 2, #ARGV, 3 do range(ARGV[i], ARGV[i + 1], ARGV[i + 2]) end
+else
+  refuse('plan kind', ARGV[1])
+end
+
 local entries = {}
 local next_pid = 1
-for _, e in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+for i, e in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
   local f = {}
   for part in string.gmatch(e, '[^|]+') do f[#f + 1] = part end
+  if #f ~= 6 or (f[1] ~= 'u' and f[1] ~= 'r') or not is_num(f[2]) or not is_num(f[3])
+      or not is_id(f[4]) or not is_id(f[5]) or not is_id(f[6]) then
+    corrupt(KEYS[1], i - 1, 'plan entry `' .. e .. '`')
+  end
   entries[#entries + 1] = f
   next_pid = math.max(next_pid, tonumber(f[3]) + 1)
 end

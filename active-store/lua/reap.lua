@@ -5,42 +5,62 @@
 -- KEYS[1] active hash   KEYS[2] leases zset   KEYS[3] pending zset
 --      KEYS[4] status counters hash
 -- ARGV[1] now ms   ARGV[2] at most this many   ARGV[3] worker (empty: any; otherwise
---      release that worker's leases whatever their deadline)   ARGV[4] max attempts
+--      release that worker's leases whatever their deadline, and ARGV[2] is not used)
+--      ARGV[4] max attempts
 -- Reply: the pids returned to pending. A lease that expired on its last attempt
 -- (attempts >= max attempts) is failed instead: a partition that crashes its worker
 -- every time must not be retried for ever.
-local now, limit, worker, max_attempts = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
-if not limit or not max_attempts then return redis.error_reply('reap: bad arguments') end
+-- Every argument and every record met is checked before the first write.
+if #ARGV ~= 4 then refuse('argument count', #ARGV) end
+local now, limit, worker = ARGV[1], num(ARGV[2], 'limit'), ARGV[3]
+num(now, 'now')
+if worker ~= '' then worker_id(worker, 'worker') end
+local max_attempts = pos(ARGV[4], 'max attempts')
 local pids
 if worker == '' then
   pids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
 else
   pids = redis.call('ZRANGE', KEYS[2], 0, -1)
 end
-local out = {}
+read_counts(KEYS[4])
+local stale, ns, changes, nc = {}, 0, {}, 0
 for _, pid in ipairs(pids) do
-  local r = decode(redis.call('HGET', KEYS[1], pid) or '')
-  if pid == SKIPLIST_KEEPER then
-    -- Not a lease (see record.lua); only the whole-index read of a worker meets it.
-  elseif r == nil then
-    redis.call('ZREM', KEYS[2], pid)
-  elseif worker == '' or r[8] == worker then
-    local attempts = tonumber(r[2]) or 0
-    r[4] = ''
-    r[7] = now
-    redis.call('ZREM', KEYS[2], pid)
-    if attempts >= max_attempts then
-      moved(r[1], 'f')
-      r[1] = 'f'
-      r[12] = 'lease expired on attempt ' .. r[2] .. ' of ' .. ARGV[4] .. ' (the worker died or stalled)'
-      redis.call('HSET', KEYS[1], pid, encode(r))
+  if pid ~= SKIPLIST_KEEPER then
+    -- (Not a lease, see record.lua; only the whole-index read of a worker meets it.)
+    local s = redis.call('HGET', KEYS[1], pid)
+    if not s then
+      -- A lease entry without a record is stale: dropped.
+      ns = ns + 1
+      stale[ns] = pid
     else
-      moved(r[1], 'p')
-      r[1] = 'p'
-      redis.call('HSET', KEYS[1], pid, encode(r))
-      redis.call('ZADD', KEYS[3], now, pid)
-      out[#out + 1] = pid
+      local r = checked(KEYS[1], pid, s)
+      if worker == '' or r[8] == worker then
+        nc = nc + 1
+        changes[nc] = {pid, r}
+      end
     end
+  end
+end
+local out, no = {}, 0
+for i = 1, ns do redis.call('ZREM', KEYS[2], stale[i]) end
+for i = 1, nc do
+  local pid, r = changes[i][1], changes[i][2]
+  local attempts = tonumber(r[2])
+  r[4] = ''
+  r[7] = now
+  redis.call('ZREM', KEYS[2], pid)
+  if attempts >= max_attempts then
+    moved(r[1], 'f')
+    r[1] = 'f'
+    r[12] = 'lease expired on attempt ' .. r[2] .. ' of ' .. ARGV[4] .. ' (the worker died or stalled)'
+    redis.call('HSET', KEYS[1], pid, encode(r))
+  else
+    moved(r[1], 'p')
+    r[1] = 'p'
+    redis.call('HSET', KEYS[1], pid, encode(r))
+    redis.call('ZADD', KEYS[3], now, pid)
+    no = no + 1
+    out[no] = pid
   end
 end
 count(KEYS[4])

@@ -35,7 +35,7 @@ end
 -- token. This is the fencing check: a worker whose lease was reaped and handed to
 -- another gets `lease lost`, never a silent overwrite of the new holder's state.
 local function leased(r, token)
-  return r ~= nil and (r[1] == 'c' or r[1] == 'r') and r[3] == token
+  return r and (r[1] == 'c' or r[1] == 'r') and r[3] == token or false
 end
 
 -- The same check on the raw string, without splitting it (the completion hot path):
@@ -63,33 +63,162 @@ local function variadic(cmd, key, list)
   end
 end
 
+-- Checks of arguments and of what a script reads, all run before its first write:
+-- Redis keeps what a failing script wrote, so a refused call must be refused before
+-- anything is written. Each raises an error reply naming what was wrong.
+local function refuse(what, v)
+  error({err = 'ERR bad argument: ' .. what .. ' `' .. tostring(v) .. '`'})
+end
+
+-- A pid, token, bit offset, row ID or checkpoint: a canonical decimal u64 (no sign,
+-- no leading zero), kept as a string (Lua numbers are doubles). Canonical, so two are
+-- compared exactly by length, then bytes (`id_lt`).
+local U64_MAX = '18446744073709551615'
+local function is_id(v)
+  return type(v) == 'string' and (v == '0' or string.match(v, '^[1-9]%d*$') ~= nil)
+    and (#v < 20 or (#v == 20 and v <= U64_MAX))
+end
+local function id(v, what)
+  if not is_id(v) then refuse(what, v) end
+  return v
+end
+local function opt_id(v, what)
+  if v ~= '' then id(v, what) end
+  return v
+end
+local function id_lt(a, b)
+  if #a ~= #b then return #a < #b end
+  return a < b
+end
+
+-- A time in ms, a count or an attempt number: digits, exact as a Lua number (below
+-- 10^15, far below 2^53). Returns the number.
+local function is_num(v)
+  return type(v) == 'string' and #v <= 15 and string.match(v, '^%d+$') ~= nil
+end
+local function num(v, what)
+  if not is_num(v) then refuse(what, v) end
+  return tonumber(v)
+end
+local function pos(v, what)
+  local n = num(v, what)
+  if n < 1 then refuse(what, v) end
+  return n
+end
+
+-- A worker id: not empty, and without '|', a record's separator.
+local function worker_id(v, what)
+  if type(v) ~= 'string' or v == '' or string.find(v, '|', 1, true) then refuse(what, v) end
+  return v
+end
+
+-- ARGV holds `head` arguments, then whole entries of `width` (at least one if `some`).
+local function entries(head, width, some)
+  local n = #ARGV - head
+  if n < 0 or n % width ~= 0 or (some and n == 0) then
+    refuse('argument count', #ARGV)
+  end
+end
+
+-- A record read from `key` (field `pid`), decoded and checked field by field; an error
+-- reply naming the key and pid when it does not decode or a field is malformed. Data
+-- read back from Redis is checked like input: writing on top of a corrupt record
+-- spreads the damage.
+local STATUSES = {p = true, c = true, r = true, f = true, d = true}
+local function corrupt(key, pid, detail)
+  error({err = 'ERR corrupt record ' .. key .. ' ' .. pid .. ': ' .. detail})
+end
+local function checked(key, pid, s)
+  local r = decode(s)
+  if r == nil then corrupt(key, pid, 'not a record `' .. s .. '`') end
+  if not STATUSES[r[1]] then corrupt(key, pid, 'status `' .. r[1] .. '`') end
+  if not is_num(r[2]) then corrupt(key, pid, 'attempts `' .. r[2] .. '`') end
+  for _, n in ipairs({3, 9, 10, 11}) do
+    if r[n] ~= '' and not is_id(r[n]) then corrupt(key, pid, 'field ' .. n .. ' `' .. r[n] .. '`') end
+  end
+  for n = 4, 7 do
+    if r[n] ~= '' and not is_num(r[n]) then corrupt(key, pid, 'field ' .. n .. ' `' .. r[n] .. '`') end
+  end
+  return r
+end
+
+-- The higher of two checkpoints (either may be empty: none recorded). A checkpoint
+-- never moves backwards: a heartbeat or release carrying an older one after a newer
+-- one (reordered, or retried) keeps the newer.
+local function later(stored, given)
+  if given == '' or (stored ~= '' and id_lt(given, stored)) then return stored end
+  return given
+end
+
+-- A shard's uniform plans as {first, last, at, entry}: `read_plans` reads and checks the
+-- plans list `key`, `read_cursors` each plan's cursor from the cursor hash `key` (claim
+-- and discard read them before writing).
+local function read_plans(key)
+  local out = {}
+  for i, e in ipairs(redis.call('LRANGE', key, 0, -1)) do
+    local first, last = string.match(e, '^(%d+)|(%d+)$')
+    if not first or not is_num(first) or not is_num(last) or tonumber(first) > tonumber(last) then
+      corrupt(key, i - 1, 'plan entry `' .. e .. '`')
+    end
+    out[i] = {tonumber(first), tonumber(last), 0, e, first}
+  end
+  return out
+end
+local function read_cursors(key, plans)
+  for _, plan in ipairs(plans) do
+    local at = redis.call('HGET', key, plan[5]) or plan[5]
+    if not is_num(at) then corrupt(key, plan[5], 'cursor `' .. at .. '`') end
+    plan[3] = tonumber(at)
+  end
+  return plans
+end
+
 -- The shard's status counters: the `counts` hash holds how many records of the active
 -- hash are in each status (fields p, c, r, f, d, as field 1 of a record), so that
 -- `counts()` reads five numbers instead of every record. Every script that changes a
--- status records the move with `moved` and applies the sum once at its end with `count`,
--- in the same atomic step as the change itself. Field v (1) says the counters are exact:
--- set when they start from an empty active hash (`start_counting`) or are derived from
--- the records (`recount.lua`); a namespace written before the counters existed has none,
+-- status reads them first with `read_counts` (checked, before its first write), records
+-- each move with `moved` and writes the sums once at its end with `count`, in the same
+-- atomic step as the change itself. Field v (1) says the counters are exact: set when
+-- they start from an empty active hash (`start_counting`) or are derived from the
+-- records (`recount.lua`); a namespace written before the counters existed has none,
 -- and the client derives them once.
+local COUNTED = {'p', 'c', 'r', 'f', 'd'}
 local tally = {p = 0, c = 0, r = 0, f = 0, d = 0}
+local counters
+local function read_counts(key)
+  counters = redis.call('HMGET', key, 'p', 'c', 'r', 'f', 'd', 'v')
+  for i = 1, 5 do
+    local v = counters[i]
+    if v and not (string.match(v, '^%-?%d+$') and #v <= 16) then
+      corrupt(key, COUNTED[i], 'counter `' .. v .. '`')
+    end
+    counters[i] = tonumber(v or 0)
+  end
+end
 local function moved(from, to, n)
   n = n or 1
   if tally[from] then tally[from] = tally[from] - n end
   if tally[to] then tally[to] = tally[to] + n end
 end
 local function count(key)
-  for _, status in ipairs({'p', 'c', 'r', 'f', 'd'}) do
-    if tally[status] ~= 0 then redis.call('HINCRBY', key, status, tally[status]) end
+  local args, n = {}, 0
+  for i, status in ipairs(COUNTED) do
+    if tally[status] ~= 0 then
+      args[n + 1], args[n + 2], n = status, int(counters[i] + tally[status]), n + 2
+    end
   end
+  if n > 0 then redis.call('HSET', key, unpack(args)) end
 end
 -- Marks the counters `key` of a shard as exact (all zero) when they are not marked yet
 -- and `empty()` says its active hash holds no record. The scripts that create records
--- (claim, plan_ranges) call it before they write, so a new shard counts from its first
--- record and never needs deriving, while a shard that already held records uncounted
--- stays unmarked.
+-- (claim, plan_ranges) call it before they write records, so a new shard counts from its
+-- first record and never needs deriving, while a shard that already held records
+-- uncounted stays unmarked. `read_counts` comes first.
 local function start_counting(key, empty)
-  if redis.call('HEXISTS', key, 'v') == 0 and empty() then
+  if not counters[6] and empty() then
     redis.call('HSET', key, 'p', 0, 'c', 0, 'r', 0, 'f', 0, 'v', 1)
+    for i = 1, 4 do counters[i] = 0 end
+    counters[6] = '1'
   end
 end
 

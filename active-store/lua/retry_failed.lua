@@ -3,24 +3,36 @@
 -- KEYS[1] active hash   KEYS[2] pending zset   KEYS[3] status counters hash
 -- ARGV[1] now ms, ARGV[2] pid (empty: every failed partition of the shard)
 -- Reply: the pids requeued.
-local now, only = ARGV[1], ARGV[2]
-local out = {}
-local function requeue(pid, r)
-  if r and r[1] == 'f' then
-    moved('f', 'p')
-    r[1] = 'p'
-    r[2] = '0'
-    r[7] = now
-    redis.call('HSET', KEYS[1], pid, encode(r))
-    redis.call('ZADD', KEYS[2], now, pid)
-    out[#out + 1] = pid
+-- Every argument and every record read is checked before the first write.
+if #ARGV ~= 2 then refuse('argument count', #ARGV) end
+local now, only = ARGV[1], opt_id(ARGV[2], 'pid')
+num(now, 'now')
+local found, nf = {}, 0
+local function consider(pid, s)
+  local r = checked(KEYS[1], pid, s)
+  if r[1] == 'f' then
+    nf = nf + 1
+    found[nf] = {pid, r}
   end
 end
 if only ~= '' then
-  requeue(only, decode(redis.call('HGET', KEYS[1], only) or ''))
+  local s = redis.call('HGET', KEYS[1], only)
+  if s then consider(only, s) end
 else
   local all = redis.call('HGETALL', KEYS[1])
-  for i = 1, #all, 2 do requeue(all[i], decode(all[i + 1])) end
+  for i = 1, #all, 2 do consider(all[i], all[i + 1]) end
+end
+read_counts(KEYS[3])
+local out = {}
+for i = 1, nf do
+  local pid, r = found[i][1], found[i][2]
+  moved('f', 'p')
+  r[1] = 'p'
+  r[2] = '0'
+  r[7] = now
+  redis.call('HSET', KEYS[1], pid, encode(r))
+  redis.call('ZADD', KEYS[2], now, pid)
+  out[i] = pid
 end
 count(KEYS[3])
 return out

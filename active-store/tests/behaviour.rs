@@ -192,6 +192,8 @@ suite!(
     a_batch_heartbeat_with_one_lease_lost,
     expired_leases_end_failed_at_max_attempts,
     a_plan_past_the_bitmap_limit_is_refused,
+    checkpoints_never_move_backwards,
+    a_pid_not_issued_yet_is_discarded_like_a_pending_one,
 );
 
 async fn plan_validation(h: Harness) {
@@ -336,6 +338,8 @@ async fn claims_hand_out_each_pid_once(h: Harness) {
         .unwrap();
     let mut seen = std::collections::BTreeSet::new();
     for round in 0.. {
+        // Every wait has an end: 2,505 pids at 37 a claim take 68 rounds.
+        assert!(round < 1000, "claims never ran dry");
         let worker = format!("w{}", round % 7);
         let leases = s.claim(&worker, 37).await.unwrap();
         if leases.is_empty() {
@@ -790,7 +794,8 @@ async fn adopt_restores_exported_plans(h: Harness) {
 
     // Claims hand out exactly the missing pids, each once.
     let mut claimed = Vec::new();
-    loop {
+    for round in 0.. {
+        assert!(round <= missing.len(), "claims never ran dry: {claimed:?}");
         let leases = s.claim("w", 7).await.unwrap();
         if leases.is_empty() {
             break;
@@ -1061,7 +1066,12 @@ async fn a_batch_heartbeat_with_one_lease_lost(h: Harness) {
     let reaped = s.reap(h.clock_now()).await.unwrap();
     assert_eq!(reaped.len(), 198);
     assert!(reaped.contains(&picked[1].pid));
+    let mut tries = 0..=reaped.len();
     let taken = loop {
+        assert!(
+            tries.next().is_some(),
+            "the reaped lease was never claimed again"
+        );
         let got = s.claim("other", 1).await.unwrap().remove(0);
         if got.pid == picked[1].pid {
             break got;
@@ -1221,4 +1231,79 @@ async fn a_backwards_range_read_back_is_an_error() {
         matches!(&err, Error::Corrupt { key, .. } if key.contains("{elk:0}:active")),
         "{err}"
     );
+}
+
+/// A checkpoint never moves backwards: a heartbeat (single or batched) or a release
+/// carrying an older checkpoint than one recorded (beats reordered or retried) keeps the
+/// newer one; the beat still renews the lease, and the next claimant resumes from the
+/// newer checkpoint.
+async fn checkpoints_never_move_backwards(h: Harness) {
+    let s = &h.store;
+    s.plan(&uniform(1, 10_000, 1000)).await.unwrap();
+    let lease = s.claim("w", 1).await.unwrap().remove(0);
+    let newer = lease.min_id + 500;
+    s.heartbeat(&lease, newer).await.unwrap();
+    h.clock.advance(10_000);
+    s.heartbeat(&lease, lease.min_id + 200).await.unwrap();
+    let p = s.get(lease.pid).await.unwrap().unwrap();
+    assert_eq!((p.status, p.progress), (Status::Running, newer));
+    assert_eq!(p.deadline_ms, Some(h.clock_now() + 30_000), "renewed");
+    let beats = s
+        .heartbeat_many(&[(lease.clone(), lease.min_id + 100)])
+        .await
+        .unwrap();
+    assert!(beats[0].is_ok(), "{beats:?}");
+    assert_eq!(s.get(lease.pid).await.unwrap().unwrap().progress, newer);
+    s.release(&lease, lease.min_id + 300).await.unwrap();
+    let p = s.get(lease.pid).await.unwrap().unwrap();
+    assert_eq!((p.status, p.progress), (Status::Pending, newer));
+    let again = s.claim("w", 1).await.unwrap().remove(0);
+    assert_eq!((again.pid, again.progress), (lease.pid, newer));
+    // A newer checkpoint still moves it on.
+    s.heartbeat(&again, newer + 1).await.unwrap();
+    assert_eq!(s.get(lease.pid).await.unwrap().unwrap().progress, newer + 1);
+}
+
+/// A planned pid that no cursor has issued yet reads as pending, and `discard` drops it
+/// like any pending partition ("Drop one pending or failed partition"): it ends
+/// discarded, is never issued, a replay of its plan does not bring it back, and the
+/// counts stay exact throughout (the pid leaves the unissued count for the discarded).
+async fn a_pid_not_issued_yet_is_discarded_like_a_pending_one(h: Harness) {
+    let s = &h.store;
+    s.plan(&uniform(1, 20_000, 1000)).await.unwrap();
+    assert_eq!(s.get(7).await.unwrap().unwrap().status, Status::Pending);
+    assert!(s.discard(7).await.unwrap());
+    assert!(!s.discard(7).await.unwrap(), "already discarded");
+    let p = s.get(7).await.unwrap().unwrap();
+    assert_eq!(
+        (p.status, p.min_id, p.max_id),
+        (Status::Discarded, 6001, 7000)
+    );
+    let c = s.counts().await.unwrap();
+    assert_eq!((c.unissued, c.discarded), (19, 1));
+    assert_eq!(c, recounted(s.as_ref()).await);
+    // The ends of a plan, and a pid next to one discarded.
+    for pid in [1, 20, 8] {
+        assert!(s.discard(pid).await.unwrap(), "pid {pid}");
+        assert_eq!(s.counts().await.unwrap(), recounted(s.as_ref()).await);
+    }
+    let mut claimed = Vec::new();
+    for round in 0.. {
+        assert!(round < 100, "claims never ran dry: {claimed:?}");
+        let leases = s.claim("w", 3).await.unwrap();
+        if leases.is_empty() {
+            break;
+        }
+        claimed.extend(leases.iter().map(|l| l.pid));
+    }
+    claimed.sort_unstable();
+    let expected: Vec<u64> = (1..=20).filter(|p| ![1, 7, 8, 20].contains(p)).collect();
+    assert_eq!(claimed, expected);
+    let c = s.counts().await.unwrap();
+    assert_eq!((c.unissued, c.claimed, c.discarded), (0, 16, 4));
+    assert_eq!(c, recounted(s.as_ref()).await);
+    // Planning the same again is a no-op, and issues nothing discarded.
+    assert!(!s.plan(&uniform(1, 20_000, 1000)).await.unwrap().created);
+    assert!(s.claim("w", 3).await.unwrap().is_empty());
+    assert_eq!(s.get(8).await.unwrap().unwrap().status, Status::Discarded);
 }

@@ -60,7 +60,14 @@ async fn race(store: Arc<dyn ActiveStore>, clock: Arc<ManualClock>) {
             let mut rng = rand::rngs::StdRng::seed_from_u64(w as u64);
             let worker = format!("worker-{w}");
             let mut idle = 0;
+            // The race ends when the work does; a store that never drains fails the
+            // test instead of hanging it.
+            let deadline = std::time::Instant::now() + Duration::from_secs(300);
             loop {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{worker}: the work never drained"
+                );
                 let leases = store
                     .claim(&worker, rng.random_range(1..=10))
                     .await

@@ -100,7 +100,7 @@ async fn tokens_stay_unique_after_the_server_reloads_an_older_snapshot() {
 
     // A failover or a restore takes far longer than the millisecond the token floor
     // needs to move past what was issued; make sure of one here.
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    server.wait_for_time_past(server.time_ms());
     assert_eq!(server.cli(&["DEBUG", "RELOAD", "NOSAVE"]), "OK");
     for (s, lost_tokens) in tokens(&schema, &lost) {
         let now = server.cli(&["GET", &schema.shard_key(s, "seq")]);

@@ -61,7 +61,9 @@ impl Leases for MemoryActiveStore {
         let p = shard.leased(lease).ok_or_else(|| lost(lease))?;
         let old = p.deadline_ms.replace(deadline);
         p.status = Status::Running;
-        p.progress = progress;
+        // A checkpoint never moves backwards (as in `lua/heartbeat.lua`): an older one,
+        // from a beat reordered or retried, keeps the newer.
+        p.progress = p.progress.max(progress);
         p.updated_at_ms = now;
         if let Some(old) = old {
             shard.leases.remove(&(old, lease.pid));
@@ -121,7 +123,7 @@ impl Leases for MemoryActiveStore {
         let now = self.now();
         let mut shard = self.shard(lease.pid);
         let p = shard.leased(lease).ok_or_else(|| lost(lease))?;
-        p.progress = progress;
+        p.progress = p.progress.max(progress);
         // A graceful release gives the attempt back (as `lua/release.lua` does); a
         // reaped lease keeps it.
         p.attempts = p.attempts.saturating_sub(1);

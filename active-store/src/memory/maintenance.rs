@@ -67,22 +67,50 @@ impl Maintenance for MemoryActiveStore {
     }
 
     async fn discard(&self, pid: u64) -> Result<bool> {
-        let mut shard = self.shard(pid);
+        let shard_no = self.layout.shard_of(pid);
+        // Lock order everywhere: registry, then shards.
+        let registry = lock(&self.registry);
+        let mut shard = lock(&self.shards[shard_no as usize]);
+        let now = self.now();
         match shard.active.get(&pid).map(|p| p.status) {
-            None => Ok(false),
-            Some(status) if status.is_leased() => Err(Error::Leased(pid)),
-            Some(Status::Discarded) => Ok(false),
+            None => {}
+            Some(status) if status.is_leased() => return Err(Error::Leased(pid)),
+            Some(Status::Discarded) => return Ok(false),
             Some(_) => {
-                let now = self.now();
                 // The record stays, marked: the pid answers "discarded" for ever.
                 let p = shard.active.get_mut(&pid).expect("present");
                 p.status = Status::Discarded;
                 p.deadline_ms = None;
                 p.updated_at_ms = now;
                 shard.pending.retain(|&(_, p)| p != pid);
-                Ok(true)
+                return Ok(true);
             }
         }
+        // Not materialised: pending if a cursor has yet to issue it. Its cursor is split
+        // around it (as `lua/discard.lua` splits the plan entry), so it is never issued.
+        let Some(c) = shard
+            .cursors
+            .iter()
+            .position(|&(first, last, at)| first <= pid && pid <= last && at <= pid)
+        else {
+            return Ok(false);
+        };
+        let Some((min, max)) = registry.range_of(pid) else {
+            return Ok(false);
+        };
+        let (first, last, at) = shard.cursors[c];
+        shard.cursors[c] = if pid > first {
+            (first, pid - 1, at)
+        } else {
+            (first, first, first + 1)
+        };
+        if pid < last {
+            shard.cursors.insert(c + 1, (pid + 1, last, pid + 1));
+        }
+        let mut p = Partition::pending(pid, min, max, now);
+        p.status = Status::Discarded;
+        shard.active.insert(pid, p);
+        Ok(true)
     }
 
     async fn set_paused(&self, paused: bool) -> Result<()> {

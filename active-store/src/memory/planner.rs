@@ -27,7 +27,9 @@ impl Planner for MemoryActiveStore {
                 for shard in &self.shards {
                     let mut shard = lock(shard);
                     let (first, last) = (entry.plan.first_pid(), entry.plan.last_pid());
-                    if !shard.cursors.iter().any(|c| (c.0, c.1) == (first, last)) {
+                    // The plan may be there in pieces: a discard of a pid not issued
+                    // yet splits its cursor around it.
+                    if !shard.cursors.iter().any(|c| first <= c.0 && c.1 <= last) {
                         shard.cursors.push((first, last, first));
                     }
                 }

@@ -74,7 +74,13 @@ where
         let code: i64 = self
             .invoke(
                 &DISCARD,
-                &[&keys.active, &keys.pending, &keys.counts],
+                &[
+                    &keys.active,
+                    &keys.pending,
+                    &keys.counts,
+                    &keys.plans,
+                    &keys.cursor,
+                ],
                 &[pid.to_string(), self.now().to_string()],
             )
             .await?;

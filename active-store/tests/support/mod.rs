@@ -237,6 +237,23 @@ impl TestRedis {
             .collect()
     }
 
+    /// The server's clock (`TIME`) in ms.
+    pub fn time_ms(&self) -> u64 {
+        let (s, us): (u64, u64) = self.query(&redis::cmd("TIME"));
+        s * 1000 + us / 1000
+    }
+
+    /// Waits until the server's clock has passed `ms`, failing after 5 s: for a test
+    /// that needs the server's time to move on, with no guess at how long a sleep
+    /// must be.
+    pub fn wait_for_time_past(&self, ms: u64) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.time_ms() <= ms {
+            assert!(Instant::now() < deadline, "the server's clock stood still");
+            std::thread::yield_now();
+        }
+    }
+
     /// Runs a command and parses the reply.
     pub fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
         let client = redis::Client::open(self.url()).unwrap();
