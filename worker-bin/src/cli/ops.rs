@@ -142,7 +142,15 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
         Command::Discard { pid, force: false } => {
             let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
             backend.ensure_writable()?;
-            if !backend.active.discard(pid).await? {
+            let discarded = match backend.active.discard(pid).await {
+                // A record the store cannot read is never half-discarded: say so, and
+                // what removes it.
+                Err(err) if err.to_string().contains("corrupt record") => {
+                    bail!("{err}: nothing discarded (`discard {pid} --force` replaces the record)")
+                }
+                other => other?,
+            };
+            if !discarded {
                 let now = state_of(&backend, pid).await;
                 bail!("partition {pid} is not pending or failed (it is {now}): nothing discarded");
             }
