@@ -219,3 +219,74 @@ pub(crate) fn health(rules: &[Rule], json: bool) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn damage(shard: u32) -> tranche_stats::Damage {
+        tranche_stats::Damage {
+            shard,
+            hash: "ranges".into(),
+            field: "0".into(),
+            detail: "truncated at byte 1".into(),
+        }
+    }
+
+    #[test]
+    fn check_says_what_is_damaged_and_what_the_repair_did() {
+        let none = DeadLetters::default();
+        let found = Damaged {
+            found: vec![damage(3), damage(0), damage(3)],
+            repaired: Vec::new(),
+        };
+        let out = check(&[], 7, &none, &found, false, false);
+        assert!(
+            out.starts_with("damaged: shard 3 stats:ranges field \"0\": truncated at byte 1\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "3 damaged statistics value(s): the statistics of shards 0, 3 cannot be compared"
+            ),
+            "{out}"
+        );
+        assert!(!out.contains("consistent"), "{out}");
+        let v: Value = serde_json::from_str(&check(&[], 7, &none, &found, false, true)).unwrap();
+        assert_eq!(v["damaged"][1]["shard"], 0, "{v}");
+        assert_eq!(v["repaired"], false, "{v}");
+
+        let repaired = Damaged {
+            found: vec![damage(0)],
+            repaired: vec![tranche_stats::Repaired {
+                shard: 0,
+                quarantined: vec![damage(0)],
+                whole: false,
+                unreadable: 2,
+            }],
+        };
+        let out = check(&[], 7, &none, &repaired, true, false);
+        assert!(out.contains("shard 0: 1 damaged value(s) quarantined in stats:quarantine, those values rebuilt from the archive (2 archived record(s) could not be read and are missing)"), "{out}");
+        assert!(out.ends_with("consistent\n"), "{out}");
+        let v: Value = serde_json::from_str(&check(&[], 7, &none, &repaired, true, true)).unwrap();
+        assert_eq!(
+            v["rebuilt"][0],
+            json!({"shard": 0, "quarantined": 1, "whole": false, "unreadable": 2})
+        );
+        assert_eq!(v["repaired"], true, "{v}");
+    }
+
+    #[test]
+    fn a_firing_rule_says_what_it_points_at() {
+        let rules = [
+            Rule::new("archive_stalled_shards", 1.0, 0.0).detail(|| "shard 0\u{1b}".into()),
+            Rule::new("statistics_damaged", 0.0, 0.0).detail(|| "never said".into()),
+        ];
+        assert!(rules[1].detail.is_none());
+        let out = health(&rules, false);
+        assert!(out.contains("FIRING\n  shard 0\\u{1b}\n"), "{out}");
+        let v: Value = serde_json::from_str(&health(&rules, true)).unwrap();
+        assert_eq!(v[0]["detail"], "shard 0\u{1b}");
+        assert!(v[1].get("detail").is_none(), "{v}");
+    }
+}
