@@ -51,6 +51,54 @@ fn text(out: &Output) -> (String, String) {
     )
 }
 
+/// A running `tranche serve`, killed on drop.
+struct Serve(std::process::Child, String);
+
+impl Serve {
+    fn start(mut cmd: std::process::Command) -> Self {
+        use std::io::BufRead;
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn serve");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .rsplit("http://")
+            .next()
+            .and_then(|a| a.strip_suffix('/'))
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .to_owned();
+        Self(child, addr)
+    }
+
+    /// The value of the unlabelled gauge `name` on `/metrics`.
+    fn gauge(&self, name: &str) -> f64 {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&self.1).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        write!(s, "GET /metrics HTTP/1.0\r\nHost: {}\r\n\r\n", self.1).unwrap();
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).unwrap();
+        raw.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} in {raw}"))
+            .parse()
+            .unwrap()
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn xlen(redis: &TestRedis, key: &str) -> u64 {
     redis.query(redis::cmd("XLEN").arg(key))
 }
@@ -141,6 +189,10 @@ fn a_corrupt_statistics_value_stalls_one_shard_and_is_repaired() {
         fired[1].1.contains("statistics damaged on shard 0"),
         "{fired:?}"
     );
+    // And `/metrics`, which the shipped alerting rules read.
+    let serve = Serve::start(cmd(&["serve", "--listen", "127.0.0.1:0"]));
+    assert_eq!(serve.gauge("tranche_archive_stalled_shards"), 1.0);
+    assert_eq!(serve.gauge("tranche_statistics_damaged_shards"), 1.0);
 
     // `check` reports the damage as a finding (exit 1), not an error (exit 2).
     let out = output(cmd(&["check"]));
@@ -182,6 +234,8 @@ fn a_corrupt_statistics_value_stalls_one_shard_and_is_repaired() {
     assert!(out.contains("consistent"), "{out}");
     assert_eq!(firing(&cmd, &[]), Vec::<(String, String)>::new());
     assert_eq!(firing(&cmd, &["--check"]), Vec::<(String, String)>::new());
+    assert_eq!(serve.gauge("tranche_archive_stalled_shards"), 0.0);
+    assert_eq!(serve.gauge("tranche_statistics_damaged_shards"), 0.0);
     let stats: Value = serde_json::from_str(&ok(cmd(&["stats", "--json"]))).unwrap();
     assert_eq!(
         stats["completed"]["global_stats"]["total_completed"], 100,
