@@ -490,6 +490,11 @@ pub(crate) struct HealthArgs {
     /// archiver that is missing or falls behind; Redis only).
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
     pub(crate) max_archive_lag: Duration,
+    /// Alert when a running partition whose lease is still renewed (its worker lives:
+    /// a hung handler) has been held longer than this, or than 10 times the p99
+    /// partition duration when that is longer.
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
+    pub(crate) max_partition_time: Duration,
     /// Also recompute statistics from the archive (reads every record).
     #[arg(long)]
     pub(crate) check: bool,

@@ -2,9 +2,11 @@
 //! counts from the records, `--repair` fixes) and `health` (the alert rules, each read in
 //! O(shards), with `--check` the consistency rule too).
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use tranche_active_store::StatusCounts;
-use tranche_stats::{Stats, StatsDelta, diff};
+use tranche_archive_store::Stall;
+use tranche_codec::Status;
+use tranche_stats::{Damage, Stats, StatsDelta, diff};
 
 use crate::backend::Backend;
 use crate::cli::args::HealthArgs;
@@ -118,22 +120,81 @@ async fn check_dead_letters(backend: &Backend, repair: bool) -> Result<render::D
     })
 }
 
+/// Every statistics value of every shard that does not decode (reads each shard whole).
+async fn find_damage(backend: &Backend) -> Result<Vec<Damage>> {
+    let mut found = Vec::new();
+    for shard in 0..backend.shards {
+        found.extend(backend.stats.damage(shard).await?);
+    }
+    Ok(found)
+}
+
+/// The statistics' damage, and with `repair` each damaged shard rebuilt from its
+/// archived records, its bad values set aside in its quarantine (the archive's
+/// [`repair_stats`](tranche_archive_store::Archiver::repair_stats)). `check` runs
+/// while nothing archives; a stalled shard archives nothing.
+async fn check_damage(backend: &Backend, repair: bool) -> Result<render::Damaged> {
+    let found = find_damage(backend).await?;
+    let mut repaired = Vec::new();
+    if repair && !found.is_empty() {
+        backend.ensure_writable()?;
+        let mut shards: Vec<u32> = found.iter().map(|d| d.shard).collect();
+        shards.dedup();
+        for shard in shards {
+            let done = backend
+                .archive
+                .repair_stats(shard)
+                .await
+                .with_context(|| format!("cannot repair the statistics of shard {shard}"))?;
+            repaired.push(done);
+        }
+        backend.save().await?;
+    }
+    Ok(render::Damaged { found, repaired })
+}
+
 pub(crate) async fn check(backend: &Backend, repair: bool, json: bool) -> Result<Outcome> {
     let dead = check_dead_letters(backend, repair).await?;
-    let (mut differences, records) = check_stats(backend, repair).await?;
+    let damaged = check_damage(backend, repair).await?;
+    // Damage left in place makes the statistics unreadable: it is the finding, and
+    // the comparison waits for the repair.
+    let (mut differences, records) = if damaged.found.is_empty() || repair {
+        check_stats(backend, repair).await?
+    } else {
+        (Vec::new(), archived_count(backend).await?)
+    };
     differences.extend(check_counts(backend, repair).await?);
     print!(
         "{}",
-        render::check(&differences, records, &dead, repair, json)
+        render::check(&differences, records, &dead, &damaged, repair, json)
     );
-    if differences.is_empty() || repair {
-        Ok(Outcome::Success)
-    } else {
-        Ok(Outcome::Failed(format!(
+    if repair || (differences.is_empty() && damaged.found.is_empty()) {
+        return Ok(Outcome::Success);
+    }
+    if damaged.found.is_empty() {
+        return Ok(Outcome::Failed(format!(
             "{} difference(s); `tranche check --repair` rewrites the statistics and the active counts",
             differences.len()
-        )))
+        )));
     }
+    Ok(Outcome::Failed(format!(
+        "corrupt statistics in {} ({} value(s){}); `tranche check --repair` quarantines them and rebuilds them from the archive",
+        render::shards_named(&damaged.found),
+        damaged.found.len(),
+        match differences.len() {
+            0 => String::new(),
+            n => format!(", and {n} difference(s)"),
+        }
+    )))
+}
+
+/// How many records the archive holds (what `check` compares the statistics with).
+async fn archived_count(backend: &Backend) -> Result<u64> {
+    Ok(archived_deltas(backend)
+        .await?
+        .iter()
+        .map(StatsDelta::len)
+        .sum())
 }
 
 pub(crate) async fn health(backend: &Backend, args: &HealthArgs, json: bool) -> Result<Outcome> {
@@ -161,7 +222,14 @@ pub(crate) async fn health_rules(
 ) -> Result<Vec<render::Rule>> {
     let counts = backend.active.counts().await?;
     let inbox = backend.inbox_len().await?;
-    let stats = backend.stats.summary().await?;
+    // A corrupt value in what the summary reads is damage to alert on, not a reason
+    // for `health` to fail: the rules that need the summary read it as empty.
+    let (stats, unreadable) = match backend.stats.summary().await {
+        Ok(stats) => (stats, None),
+        Err(err @ tranche_stats::Error::Corrupt { .. }) => (Default::default(), Some(err)),
+        Err(err) => return Err(err.into()),
+    };
+    let stalls = backend.archive.stalled().await?;
     let failures = backend.archive.decode_failures().await?;
     let dead_letters = backend.archive.dead_letter_count().await?;
     let workers = backend.active.workers().await?;
@@ -236,14 +304,126 @@ pub(crate) async fn health_rules(
             args.max_stall.as_secs_f64() / 60.0,
         ),
         render::Rule::new("dead_letters", dead_letters as f64, 0.0),
+        stalled_rule(&stalls),
+        damaged_rule(&stalls, unreadable.as_ref()),
+        overdue_rule(
+            backend,
+            args,
+            counts.running,
+            stats.global_stats.p99,
+            now_ms,
+        )
+        .await?,
     ];
     if args.check {
-        let (differences, _) = check_stats(backend, false).await?;
-        rules.push(render::Rule::new(
-            "statistics_consistency",
-            differences.len() as f64,
-            0.0,
-        ));
+        // Damage makes the statistics unreadable; each damaged value is a difference.
+        let damage = find_damage(backend).await?;
+        let differences = if damage.is_empty() {
+            check_stats(backend, false).await?.0.len()
+        } else {
+            damage.len()
+        };
+        rules.push(
+            render::Rule::new("statistics_consistency", differences as f64, 0.0).detail(|| {
+                match damage.is_empty() {
+                    true => "`tranche check` lists the differences".to_owned(),
+                    false => format!("corrupt statistics in {}", render::shards_named(&damage)),
+                }
+            }),
+        );
     }
     Ok(rules)
+}
+
+/// `archive_stalled_shards`: shards whose archive calls are refused for the shard's
+/// own state, so their completions stay in the inbox (set by the archiver's pass that
+/// meets the refusal: within a sweep, 30 s, of the damage while an archiver runs;
+/// cleared by the first pass that archives the shard again).
+fn stalled_rule(stalls: &[Stall]) -> render::Rule {
+    render::Rule::new("archive_stalled_shards", stalls.len() as f64, 0.0).detail(|| {
+        let now_ms = crate::now_ms();
+        stalls
+            .iter()
+            .map(|s| {
+                format!(
+                    "archive stalled on shard {} for {}: {}",
+                    s.shard,
+                    crate::duration::ms(now_ms.saturating_sub(s.since_ms) as f64),
+                    s.reason
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    })
+}
+
+/// `statistics_damaged`: shards whose statistics hold a value that does not decode,
+/// as the archiver found them (a stall for that reason) or as the summary `health`
+/// reads found them; `tranche check --repair` rebuilds them.
+fn damaged_rule(stalls: &[Stall], unreadable: Option<&tranche_stats::Error>) -> render::Rule {
+    let damaged: Vec<u32> = stalls
+        .iter()
+        .filter(|s| s.stats_damaged())
+        .map(|s| s.shard)
+        .collect();
+    let value = damaged.len().max(usize::from(unreadable.is_some()));
+    render::Rule::new("statistics_damaged", value as f64, 0.0).detail(|| {
+        let mut said: Vec<String> = damaged
+            .iter()
+            .map(|s| format!("statistics damaged on shard {s}"))
+            .collect();
+        if let Some(err) = unreadable {
+            said.push(err.to_string());
+        }
+        format!(
+            "{}; `tranche check --repair` rebuilds them from the archive",
+            said.join("; ")
+        )
+    })
+}
+
+/// How many times the p99 partition duration a partition may run before it is overdue
+/// (unless `--max-partition-time` is longer).
+const OVERDUE_P99S: f64 = 10.0;
+
+/// `longest_partition_seconds`: the longest a running partition whose lease is still
+/// live (its worker heartbeats: a hung handler, not a dead worker, which the reaper
+/// handles) has been held, against its expected time, the longer of
+/// `--max-partition-time` and [`OVERDUE_P99S`] times the p99 partition duration. Reads
+/// the active records only while some partition runs.
+async fn overdue_rule(
+    backend: &Backend,
+    args: &HealthArgs,
+    running: u64,
+    p99_s: f64,
+    now_ms: u64,
+) -> Result<render::Rule> {
+    let expected_s = args
+        .max_partition_time
+        .as_secs_f64()
+        .max(OVERDUE_P99S * p99_s);
+    let mut held: Vec<(u64, f64)> = Vec::new();
+    if running > 0 {
+        for p in backend.active.all_active().await?.partitions {
+            let live = p.deadline_ms.is_some_and(|d| d > now_ms);
+            if let (Status::Running, true, Some(claimed)) = (p.status, live, p.claimed_at_ms) {
+                held.push((p.pid, now_ms.saturating_sub(claimed) as f64 / 1000.0));
+            }
+        }
+    }
+    let longest = held.iter().map(|&(_, s)| s).fold(0.0, f64::max);
+    Ok(
+        render::Rule::new("longest_partition_seconds", longest, expected_s).detail(|| {
+            let over: Vec<String> = held
+                .iter()
+                .filter(|&&(_, s)| s > expected_s)
+                .map(|&(pid, s)| format!("{pid} ({})", crate::duration::ms(s * 1000.0)))
+                .collect();
+            format!(
+                "partition(s) running past their expected {} with live heartbeats (a hung handler?): {}",
+                crate::duration::ms(expected_s * 1000.0),
+                over.join(", ")
+            )
+        }),
+    )
 }

@@ -537,22 +537,100 @@ async fn archive(g: &crate::cli::args::Global, args: ArchiveArgs) -> Result<Outc
         })
         .await;
     }
-    work::drain_archive(&backend, &stop).await;
+    let stalls = drain_or_stall(&backend, &stop).await;
+    if let Err(err) = backend.stats.publish_snapshot().await {
+        tracing::warn!(%err, "statistics snapshot failed");
+    }
     backend.save().await?;
     let left = backend.inbox_len().await?;
-    say(
-        g.json,
-        format_args!(
-            "archive drained; {left} inbox entr{} left",
-            if left == 1 { "y" } else { "ies" }
-        ),
-        serde_json::json!({"inbox_left": left}),
-    );
-    Ok(if *stop.borrow() == Stop::Running {
-        Outcome::Success
+    let entries = |n: u64| format!("{n} inbox entr{}", if n == 1 { "y" } else { "ies" });
+    if left == 0 || stalls.is_empty() {
+        say(
+            g.json,
+            format_args!("archive drained; {} left", entries(left)),
+            serde_json::json!({"inbox_left": left}),
+        );
     } else {
-        Outcome::Interrupted
-    })
+        let mut text = format!(
+            "archived what could be; {} left, on stalled shard(s):",
+            entries(left)
+        );
+        for s in &stalls {
+            text.push_str(&format!(
+                "\n  shard {}: {}",
+                s.shard,
+                render::shown(&s.reason)
+            ));
+        }
+        say(
+            g.json,
+            text,
+            serde_json::json!({"inbox_left": left, "stalled": stalls}),
+        );
+    }
+    if *stop.borrow() != Stop::Running {
+        return Ok(Outcome::Interrupted);
+    }
+    if left > 0 && !stalls.is_empty() {
+        let shards: Vec<String> = stalls.iter().map(|s| s.shard.to_string()).collect();
+        let repair = if stalls.iter().any(|s| s.stats_damaged()) {
+            "; `tranche check --repair` rebuilds damaged statistics"
+        } else {
+            ""
+        };
+        return Ok(Outcome::Failed(format!(
+            "archive stalled on shard{} {}: {} left{repair}",
+            if shards.len() == 1 { "" } else { "s" },
+            shards.join(", "),
+            entries(left)
+        )));
+    }
+    Ok(Outcome::Success)
+}
+
+/// `tranche archive`'s drain: passes until the inboxes are empty or nothing more can
+/// be done, which is when a pass archives nothing (`entries == 0`) and leaves entries
+/// on stalled shards (a stalled shard stays stalled until repaired; the other shards
+/// go on while they archive anything, then the drain ends at once rather than waiting
+/// on it). With no stall, entries held by another archiver are waited for until they
+/// can be taken over, as the run's own drain does. Returns the stalled shards.
+async fn drain_or_stall(
+    backend: &Backend,
+    stop: &watch::Receiver<Stop>,
+) -> Vec<tranche_archive_store::Stall> {
+    let patience = backend.archive_config.claim_idle + Duration::from_secs(5);
+    let started = std::time::Instant::now();
+    loop {
+        if *stop.borrow() == Stop::Abort {
+            return Vec::new();
+        }
+        let pass = backend.archive.archive_once().await;
+        let left = backend.inbox_len().await;
+        match (&pass, &left) {
+            (_, Ok(0)) => return Vec::new(),
+            (Ok(pass), Ok(_)) if pass.entries > 0 => continue,
+            (Ok(pass), Ok(_)) if pass.stalled > 0 => match backend.archive.stalled().await {
+                Ok(stalls) if !stalls.is_empty() => return stalls,
+                Ok(_) => {}
+                Err(err) => tracing::warn!(%err, "cannot read the stalled shards"),
+            },
+            _ => {}
+        }
+        if let Err(err) = &pass {
+            tracing::warn!(%err, "archive pass failed");
+        }
+        if let Err(err) = &left {
+            tracing::warn!(%err, "cannot read the inbox length");
+        }
+        if started.elapsed() > patience {
+            tracing::warn!(
+                left = left.ok(),
+                "inbox entries are left (held by other archivers?); `tranche archive` will finish them"
+            );
+            return backend.archive.stalled().await.unwrap_or_default();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// What `status` shows, read in O(shards).

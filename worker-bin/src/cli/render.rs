@@ -23,7 +23,7 @@ mod partition;
 mod run;
 mod stats;
 
-pub(crate) use checks::{DeadLetters, check, dead_letters, health};
+pub(crate) use checks::{Damaged, DeadLetters, check, dead_letters, health, shards_named};
 pub(crate) use partition::{completed_fields, located, view, view_json};
 pub(crate) use run::{ArchiveBytes, run_summary, run_summary_json};
 use stats::range_lines;
@@ -563,8 +563,8 @@ mod tests {
                 kept: vec![kept],
             }),
         };
-        insta::assert_snapshot!(check(&[], 7, &repaired, true, false));
-        let json = check(&[], 7, &repaired, true, true);
+        insta::assert_snapshot!(check(&[], 7, &repaired, &Damaged::default(), true, false));
+        let json = check(&[], 7, &repaired, &Damaged::default(), true, true);
         let v: Value = serde_json::from_str(&json).unwrap();
         assert_eq!(v["dead_letters"]["archived"], 2, "{v}");
         assert_eq!(v["dead_letters"]["kept_letters"][0]["shard"], 1, "{v}");
@@ -573,11 +573,12 @@ mod tests {
             redriven: None,
         };
         assert!(
-            check(&[], 7, &found, false, false)
+            check(&[], 7, &found, &Damaged::default(), false, false)
                 .starts_with("3 dead letter(s); `tranche check --repair`")
         );
         assert_eq!(
-            serde_json::from_str::<Value>(&check(&[], 7, &found, false, true)).unwrap()["dead_letters"],
+            serde_json::from_str::<Value>(&check(&[], 7, &found, &Damaged::default(), false, true))
+                .unwrap()["dead_letters"],
             json!({"found": 3})
         );
     }

@@ -119,6 +119,11 @@ pub(crate) async fn scrape(State(app): State<Arc<App>>) -> Result<Response, ApiE
         .dead_letter_count()
         .await
         .map_err(anyhow::Error::from)?;
+    let stalls = backend
+        .archive
+        .stalled()
+        .await
+        .map_err(anyhow::Error::from)?;
     let inbox = q.time("inbox", backend.inbox_len()).await?;
     let oldest = backend.inbox_oldest_ms().await?;
     let memory = backend.used_memory().await;
@@ -186,6 +191,18 @@ pub(crate) async fn scrape(State(app): State<Arc<App>>) -> Result<Response, ApiE
         "dead_letters",
         "Records set aside as never archivable",
         dead_letters,
+    );
+    gauge(
+        &mut registry,
+        "archive_stalled_shards",
+        "Shards whose archive calls are refused for the shard's own state (`tranche health` names them)",
+        stalls.len() as u64,
+    );
+    gauge(
+        &mut registry,
+        "statistics_damaged_shards",
+        "Shards stalled on damaged statistics (`tranche check --repair` rebuilds them)",
+        stalls.iter().filter(|s| s.stats_damaged()).count() as u64,
     );
     counter(
         &mut registry,

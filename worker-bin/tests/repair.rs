@@ -1,0 +1,346 @@
+//! Damage is repaired, never fatal (issue 22, item 2), through the real binary: one
+//! corrupt statistics value stalls its shard's archive alone, `tranche archive` ends
+//! naming it, `health` fires, `check` reports it and `check --repair` rebuilds it from
+//! the archive; and a partition held past its expected time with live heartbeats
+//! fires `health` until it ends.
+
+#[path = "../../active-store/tests/support/mod.rs"]
+mod support;
+
+mod common;
+
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{eventually, ok, output, scratch, tranche};
+use serde_json::Value;
+use support::TestRedis;
+
+/// `health --json EXTRA`: the firing rules' names and their details, with the exit
+/// code checked against them.
+fn firing(cmd: &dyn Fn(&[&str]) -> std::process::Command, extra: &[&str]) -> Vec<(String, String)> {
+    let out = output(cmd(&[&["health", "--json"][..], extra].concat()));
+    let rules: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let fired: Vec<(String, String)> = rules
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["firing"] == true)
+        .map(|r| {
+            (
+                r["rule"].as_str().unwrap().to_owned(),
+                r["detail"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let expected = if fired.is_empty() { 0 } else { 1 };
+    assert_eq!(out.status.code(), Some(expected), "{stderr}");
+    fired
+}
+
+fn names(fired: &[(String, String)]) -> Vec<&str> {
+    fired.iter().map(|(n, _)| n.as_str()).collect()
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A running `tranche serve`, killed on drop.
+struct Serve(std::process::Child, String);
+
+impl Serve {
+    fn start(mut cmd: std::process::Command) -> Self {
+        use std::io::BufRead;
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn serve");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .rsplit("http://")
+            .next()
+            .and_then(|a| a.strip_suffix('/'))
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .to_owned();
+        Self(child, addr)
+    }
+
+    /// The value of the unlabelled gauge `name` on `/metrics`.
+    fn gauge(&self, name: &str) -> f64 {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&self.1).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        write!(s, "GET /metrics HTTP/1.0\r\nHost: {}\r\n\r\n", self.1).unwrap();
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).unwrap();
+        raw.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} in {raw}"))
+            .parse()
+            .unwrap()
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn xlen(redis: &TestRedis, key: &str) -> u64 {
+    redis.query(redis::cmd("XLEN").arg(key))
+}
+
+/// The issue's scenario: a finished 50-partition job on 2 shards, a corrupt `ranges`
+/// value of shard 0, 50 more partitions run with `--no-archiver`.
+#[test]
+fn a_corrupt_statistics_value_stalls_one_shard_and_is_repaired() {
+    let redis = TestRedis::start();
+    let dir = scratch("repair-stats");
+    let url = redis.url();
+    let cmd = |args: &[&str]| {
+        tranche(
+            &dir,
+            &[
+                &["--redis", &url, "--namespace", "st", "--shards", "2"][..],
+                args,
+            ]
+            .concat(),
+        )
+    };
+    let run = |extra: &[&str]| {
+        ok(cmd(&[
+            &["run", "--simulate", "--sim-latency", "0..1"][..],
+            extra,
+        ]
+        .concat()))
+    };
+    ok(cmd(&[
+        "plan", "--min", "1", "--max", "50000", "--size", "1000",
+    ]));
+    run(&[]);
+    let schema = tranche_codec::KeySchema::new("st", 2).unwrap();
+    let ranges = schema.stats(0, "ranges");
+    let _: i64 = redis.query(redis::cmd("HSET").arg(&ranges).arg("0").arg(b"\x80"));
+    ok(cmd(&[
+        "plan", "--min", "50001", "--max", "100000", "--size", "1000",
+    ]));
+    run(&["--no-archiver"]);
+    let (inbox0, inbox1) = (schema.inbox(0), schema.inbox(1));
+    let stuck = xlen(&redis, &inbox0);
+    assert!(stuck > 0 && xlen(&redis, &inbox1) > 0);
+
+    // The archive ends, non-zero, naming shard 0; shard 1's records are archived.
+    let started = Instant::now();
+    let out = output(cmd(&["archive"]));
+    let (stdout, stderr) = text(&out);
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    // Log lines say what each pass met; the outcome is one line.
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("tranche: "))
+        .collect();
+    assert_eq!(said.len(), 1, "{stderr}");
+    assert!(said[0].contains("archive stalled on shard 0:"), "{stderr}");
+    assert!(stderr.contains("check --repair"), "{stderr}");
+    assert!(stdout.contains("shard 0: statistics damaged"), "{stdout}");
+    assert_eq!(xlen(&redis, &inbox1), 0, "shard 1 archived");
+    assert_eq!(
+        xlen(&redis, &inbox0),
+        stuck,
+        "shard 0's records left in place"
+    );
+    // In JSON too, with the stall.
+    let out = output(cmd(&["archive", "--json"]));
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["inbox_left"], stuck, "{v}");
+    assert_eq!(v["stalled"][0]["shard"], 0, "{v}");
+
+    // `health` fires the stall and the damage, naming the shard.
+    let fired = firing(&cmd, &[]);
+    assert_eq!(
+        names(&fired),
+        ["archive_stalled_shards", "statistics_damaged"],
+        "{fired:?}"
+    );
+    assert!(
+        fired[0].1.contains("archive stalled on shard 0"),
+        "{fired:?}"
+    );
+    assert!(
+        fired[1].1.contains("statistics damaged on shard 0"),
+        "{fired:?}"
+    );
+    // And `/metrics`, which the shipped alerting rules read.
+    let serve = Serve::start(cmd(&["serve", "--listen", "127.0.0.1:0"]));
+    assert_eq!(serve.gauge("tranche_archive_stalled_shards"), 1.0);
+    assert_eq!(serve.gauge("tranche_statistics_damaged_shards"), 1.0);
+
+    // `check` reports the damage as a finding (exit 1), not an error (exit 2).
+    let out = output(cmd(&["check"]));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("damaged: shard 0 stats:ranges field \"0\""),
+        "{stdout}"
+    );
+    assert!(stderr.contains("corrupt statistics in shard 0"), "{stderr}");
+    let out = output(cmd(&["check", "--json"]));
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["damaged"][0]["shard"], 0, "{v}");
+    assert_eq!(v["damaged"][0]["hash"], "ranges", "{v}");
+
+    // `check --repair` quarantines the bad value and rebuilds the shard.
+    let out = output(cmd(&["check", "--repair"]));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("shard 0: 1 damaged value(s) quarantined"),
+        "{stdout}"
+    );
+    let quarantine = schema.stats(0, "quarantine");
+    let kept: Vec<(String, Vec<u8>)> = redis.query(redis::cmd("HGETALL").arg(&quarantine));
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert!(kept[0].0.starts_with("ranges:0@"), "{kept:?}");
+    assert_eq!(kept[0].1, b"\x80");
+
+    // Then the archive drains, `check` is clean, `health` all ok, and every partition
+    // is counted once.
+    let out = ok(cmd(&["archive"]));
+    assert!(
+        out.contains("archive drained; 0 inbox entries left"),
+        "{out}"
+    );
+    let out = ok(cmd(&["check"]));
+    assert!(out.contains("consistent"), "{out}");
+    assert_eq!(firing(&cmd, &[]), Vec::<(String, String)>::new());
+    assert_eq!(firing(&cmd, &["--check"]), Vec::<(String, String)>::new());
+    assert_eq!(serve.gauge("tranche_archive_stalled_shards"), 0.0);
+    assert_eq!(serve.gauge("tranche_statistics_damaged_shards"), 0.0);
+    let stats: Value = serde_json::from_str(&ok(cmd(&["stats", "--json"]))).unwrap();
+    assert_eq!(
+        stats["completed"]["global_stats"]["total_completed"], 100,
+        "{stats}"
+    );
+}
+
+/// Without the archiver having met it, `health --check` and `check` find damage to a
+/// value the summary reads (`global`), and `health` does not fail over it.
+#[test]
+fn damage_the_summary_reads_fires_health_without_an_archive_pass() {
+    let redis = TestRedis::start();
+    let dir = scratch("repair-global");
+    let url = redis.url();
+    let cmd = |args: &[&str]| {
+        tranche(
+            &dir,
+            &[
+                &["--redis", &url, "--namespace", "g", "--shards", "2"][..],
+                args,
+            ]
+            .concat(),
+        )
+    };
+    ok(cmd(&[
+        "plan", "--min", "1", "--max", "10000", "--size", "1000",
+    ]));
+    ok(cmd(&["run", "--simulate", "--sim-latency", "0..1"]));
+    let schema = tranche_codec::KeySchema::new("g", 2).unwrap();
+    let _: i64 = redis.query(
+        redis::cmd("HSET")
+            .arg(schema.stats(1, "global"))
+            .arg("count")
+            .arg("many"),
+    );
+    let fired = firing(&cmd, &["--check"]);
+    assert_eq!(
+        names(&fired),
+        ["statistics_damaged", "statistics_consistency"],
+        "{fired:?}"
+    );
+    assert!(fired[1].1.contains("shard 1"), "{fired:?}");
+    let out = output(cmd(&["check"]));
+    assert_eq!(out.status.code(), Some(1), "{:?}", text(&out));
+    ok(cmd(&["check", "--repair"]));
+    assert_eq!(firing(&cmd, &["--check"]), Vec::<(String, String)>::new());
+    let stats: Value = serde_json::from_str(&ok(cmd(&["stats", "--json"]))).unwrap();
+    assert_eq!(
+        stats["completed"]["global_stats"]["total_completed"], 10,
+        "{stats}"
+    );
+}
+
+/// A hung handler: its partition runs on with its lease renewed while the others
+/// complete around it. Past the expected time `health` names it; once it is gone the
+/// rule clears. Embedded (whose run saves its state file as its claim loop turns, so
+/// other partitions keep running) and on Redis.
+#[test]
+fn a_partition_past_its_expected_time_with_live_heartbeats_fires() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    for url in [None, Some(url.as_str())] {
+        let dir = scratch(&format!("repair-hung-{}", url.is_some()));
+        let base: Vec<&str> = match url {
+            Some(url) => vec!["--redis", url],
+            None => vec![],
+        };
+        let cmd = |args: &[&str]| tranche(&dir, &[&base[..], args].concat());
+        ok(cmd(&[
+            "plan", "--min", "1", "--max", "300000", "--size", "1000",
+        ]));
+        // Pid 3 hangs; the others take a moment each, one slot beside it.
+        let mut worker = cmd(&[
+            "run",
+            "--exec",
+            "if [ \"$TRANCHE_PID\" = 3 ]; then sleep 600; else sleep 0.1; fi",
+            "--chunk",
+            "1000",
+            "--concurrency",
+            "2",
+            "--prefetch",
+            "0",
+            "--grace",
+            "0s",
+            "--lease",
+            "10s",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+        let overdue = |extra: &[&str]| {
+            firing(&cmd, extra)
+                .into_iter()
+                .find(|(n, _)| n == "longest_partition_seconds")
+                .map(|(_, d)| d)
+        };
+        eventually(Duration::from_secs(60), "the hung partition named", || {
+            overdue(&["--max-partition-time", "3s"])
+                .is_some_and(|d| d.contains("with live heartbeats") && d.contains(": 3 ("))
+        });
+        // The default allowance (10 minutes) is not spent.
+        assert_eq!(overdue(&[]), None);
+        common::signal(&worker, "INT");
+        common::wait(&mut worker, Duration::from_secs(30));
+        assert_eq!(overdue(&["--max-partition-time", "3s"]), None);
+    }
+}
