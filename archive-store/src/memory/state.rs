@@ -3,17 +3,7 @@
 
 use super::*;
 
-/// Runs of consecutive values in `sorted` (ascending, distinct).
-fn runs(sorted: &[u64]) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for &v in sorted {
-        match out.last_mut() {
-            Some(run) if run.1.checked_add(1) == Some(v) => run.1 = v,
-            _ => out.push((v, v)),
-        }
-    }
-    out
-}
+use tranche_codec::state::runs;
 
 /// Shares one `Arc` per worker id among restored records, as decoding does.
 fn intern(names: &mut HashSet<Arc<str>>, mut r: CompletedRecord) -> CompletedRecord {
@@ -188,12 +178,8 @@ impl MemoryArchive {
             key: "archive state".into(),
             detail,
         };
-        if state.version != ARCHIVE_STATE_VERSION {
-            return Err(corrupt(format!(
-                "version {} (this build reads version {ARCHIVE_STATE_VERSION})",
-                state.version
-            )));
-        }
+        tranche_codec::state::check_version(state.version, ARCHIVE_STATE_VERSION)
+            .map_err(|e| corrupt(e.to_string()))?;
         if (state.namespace.as_str(), state.num_shards)
             != (config.namespace.as_str(), config.num_shards)
         {
