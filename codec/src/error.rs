@@ -180,6 +180,16 @@ pub enum Error {
     #[error("worker id or code is not UTF-8")]
     NotUtf8,
 
+    // ---- Saved states.
+    /// A saved state of another version than this build reads ([`crate::state::check_version`]).
+    #[error("version {found} (this build reads version {reads})")]
+    StateVersion {
+        /// The version the state was written with.
+        found: u32,
+        /// The version this build reads.
+        reads: u32,
+    },
+
     // ---- Records.
     /// Only a completed partition has an archived form.
     #[error("partition {pid} is {status}, not completed")]

@@ -13,7 +13,8 @@
 //! of a namespace's plan registry), and [`KeySchema`] names every Redis key so that one
 //! shard's keys share one cluster slot ([`key_slot`]). [`Clock`] is the source of "now"
 //! every store takes; the `retry` feature adds the module `retry`, the stores' one
-//! retry policy for Redis calls.
+//! retry policy for Redis calls. The module [`state`] holds the rules the memory stores'
+//! saved states share (the version check, pid sets as runs).
 //!
 //! **The design choice to keep in mind:** the short worker codes look derivable
 //! (`worker1` is `w1`) but are not. Codes and binary indices are assigned by a
@@ -60,6 +61,7 @@ mod record;
 #[cfg(feature = "retry")]
 pub mod retry;
 mod seconds;
+pub mod state;
 mod text_v1;
 mod wire;
 

@@ -4,7 +4,9 @@
 --
 -- apply_stats is `stats_plan` then `stats_write`: stats_plan(k, a) reads, checks and
 -- computes everything and writes nothing, returning the writes and the index after
--- the delta; stats_write(writes) issues them. A script with writes of its own plans
+-- the delta; stats_write(writes) issues them. stats_plan is three steps: stats_decode
+-- (the arguments, checked), stats_check (the stored values the delta touches, read
+-- and checked) and stats_compute (the writes). A script with writes of its own plans
 -- first, before its first write, and issues the statistics' writes with its own.
 --
 -- apply_stats(k, a) applies one shard's statistics delta:
@@ -323,111 +325,137 @@ local function stats_mask(mask, j, fields, values)
   return values
 end
 
-local function stats_plan(k, a, mask)
+-- A field about to take HINCRBY must hold an integer (or nothing).
+local function stats_integer(key, field, v)
+  if v and not string.match(v, '^%-?%d+$') then
+    error('stats: ' .. key .. ' field ' .. field .. ' is not an integer; nothing was applied')
+  end
+end
+
+-- An increment from the caller must be a decimal count.
+local function stats_count_arg(v)
+  if not v or not string.match(v, '^%d+$') or #v > 18 then
+    error('stats: malformed delta argument ' .. tostring(v) .. '; nothing was applied')
+  end
+end
+
+-- Decodes the delta's arguments ARGV[a ..] (the layout is in the header) into a table,
+-- checking every count the caller sends. Reads no key. Returns the delta (nil for an
+-- empty one) and the index of the first ARGV after it.
+local function stats_decode(a)
   local n = tonumber(ARGV[a])
   if not n or n < 0 or n ~= math.floor(n) then
     error('stats: malformed delta argument count ' .. tostring(ARGV[a]) .. '; nothing was applied')
   end
-  if n == 0 then return {}, a + 1 end
+  if n == 0 then return nil, a + 1 end
   local i = a + 1
   local function nxt()
     local v = ARGV[i]
     i = i + 1
     return v
   end
-  -- Redis does not undo a script's writes when a later step fails. So everything is
-  -- read, checked, decoded and computed first, and the writes are gathered in `writes`
-  -- and issued at the end: malformed arguments, a corrupt packed value or a counter that
-  -- is not an integer fail the call before anything is written.
-  local writes = {}
-  local function later(cmd, key, ...) writes[#writes + 1] = {cmd, key, ...} end
-  -- A field about to take HINCRBY must hold an integer (or nothing).
-  local function integer(key, field, v)
-    if v and not string.match(v, '^%-?%d+$') then
-      error('stats: ' .. key .. ' field ' .. field .. ' is not an integer; nothing was applied')
-    end
+  local d = {}
+
+  -- Global counters, and the completion-time bounds and update time.
+  d.now, d.count, d.ids, d.dur, d.first, d.last = nxt(), nxt(), nxt(), nxt(), nxt(), nxt()
+  -- The overflow guard on the delta's side (see the header).
+  if #d.count > 18 or #d.ids > 18 or #d.dur > 18 then
+    error('stats: a delta counter reached 10^18; nothing was applied')
   end
-  -- An increment from the caller must be a decimal count.
-  local function count_arg(v)
-    if not v or not string.match(v, '^%d+$') or #v > 18 then
-      error('stats: malformed delta argument ' .. tostring(v) .. '; nothing was applied')
-    end
+  for _, v in ipairs({d.now, d.count, d.ids, d.dur, d.first, d.last}) do stats_count_arg(v) end
+
+  -- Per worker: {worker, count, ids, dur}, and the workers hash fields they touch.
+  d.workers, d.names, d.fields = {}, {}, {}
+  for j = 1, tonumber(nxt()) do
+    local w, c, wi, wd = nxt(), nxt(), nxt(), nxt()
+    stats_count_arg(c); stats_count_arg(wi); stats_count_arg(wd)
+    d.workers[j] = {w, c, wi, wd}
+    d.names[j] = w .. '|idx'
+    d.fields[3 * j - 2], d.fields[3 * j - 1], d.fields[3 * j] =
+      w .. '|count', w .. '|ids', w .. '|dur'
   end
 
-  -- Global counters, and the completion-time bounds and update time as maxima/minima.
-  local now, count, ids, dur, first, last = nxt(), nxt(), nxt(), nxt(), nxt(), nxt()
+  -- Per block of 64 ranges: {blk, ranges}, a range {slot, mn, mx, f, l, ws} with ws the
+  -- flat list of its workers' (wpos, count, dur, ids).
+  d.blocks = {}
+  for b = 1, tonumber(nxt()) do
+    local blk, nr = nxt(), tonumber(nxt())
+    local ranges = {}
+    for j = 1, nr do
+      local slot = tonumber(nxt())
+      local mn, mx, f, l = stats_num(nxt()), stats_num(nxt()), stats_num(nxt()), stats_num(nxt())
+      local ws = {}
+      for m = 1, tonumber(nxt()) do
+        local wpos = tonumber(nxt())
+        local c, dd, wi = stats_num(nxt()), stats_num(nxt()), stats_num(nxt())
+        ws[4 * m - 3], ws[4 * m - 2], ws[4 * m - 1], ws[4 * m] = wpos, c, dd, wi
+      end
+      ranges[j] = {slot = slot, mn = mn, mx = mx, f = f, l = l, ws = ws}
+    end
+    d.blocks[b] = {blk = blk, ranges = ranges}
+  end
+
+  -- Per day: {day, adds}, adds the flat list of (hour from 1, count).
+  d.days = {}
+  for j = 1, tonumber(nxt()) do
+    local day, nh = nxt(), tonumber(nxt())
+    local adds = {}
+    for m = 1, nh do
+      adds[2 * m - 1] = tonumber(nxt()) + 1
+      adds[2 * m] = stats_num(nxt())
+    end
+    d.days[j] = {day = day, adds = adds}
+  end
+
+  -- Duration histogram buckets.
+  d.buckets, d.counts = {}, {}
+  for j = 1, tonumber(nxt()) do
+    d.buckets[j], d.counts[j] = nxt(), nxt()
+    stats_count_arg(d.counts[j])
+  end
+  if i ~= a + n + 1 then
+    error('stats: the delta has ' .. (i - a - 1) .. ' arguments, not ' .. n .. '; nothing was applied')
+  end
+  return d, a + n + 1
+end
+
+-- Reads every stored value delta d touches (one HMGET or HGET per hash field list,
+-- block and day, as before any write) and checks it: counters are integers below the
+-- overflow guard, packed values decode. Writes nothing. Returns what it read: cur (the
+-- global fields), held and palette (the workers' fields and indexes), blocks (per
+-- block: old value, base, at, order and the old ranges the delta touches), hours (per
+-- day: 24 counts) and hist.
+local function stats_check(k, mask, d)
+  local s = {}
+  -- Global counters. The overflow guard on the stored side (see the header).
   local gnames = {'count', 'ids', 'dur_sum_ms', 'first_completed_ms', 'last_completed_ms',
     'updated_ms', 'palette'}
   local cur = stats_mask(mask, 1, gnames, redis.call('HMGET', KEYS[k], unpack(gnames)))
-  -- The overflow guard (see the header).
   local gfields = {'count', 'ids', 'dur_sum_ms'}
   for j = 1, 3 do
-    integer(KEYS[k], gfields[j], cur[j])
+    stats_integer(KEYS[k], gfields[j], cur[j])
     if cur[j] and #cur[j] > 18 then
       error('stats: a counter of ' .. KEYS[k] .. ' reached 10^18; nothing was applied')
     end
   end
-  if #count > 18 or #ids > 18 or #dur > 18 then
-    error('stats: a delta counter reached 10^18; nothing was applied')
-  end
-  for _, v in ipairs({now, count, ids, dur, first, last}) do count_arg(v) end
-  later('HINCRBY', KEYS[k], 'count', count)
-  if ids ~= '0' then later('HINCRBY', KEYS[k], 'ids', ids) end
-  if dur ~= '0' then later('HINCRBY', KEYS[k], 'dur_sum_ms', dur) end
-  local set = {}
-  if not cur[4] or stats_less(first, cur[4]) then
-    set[#set + 1], set[#set + 2] = 'first_completed_ms', first
-  end
-  if not cur[5] or stats_less(cur[5], last) then
-    set[#set + 1], set[#set + 2] = 'last_completed_ms', last
-  end
-  if not cur[6] or stats_less(cur[6], now) then
-    set[#set + 1], set[#set + 2] = 'updated_ms', now
-  end
-  if #set > 0 then later('HSET', KEYS[k], unpack(set)) end
+  s.cur = cur
 
-  -- Per worker, and its palette index (allocated on its first completion, from the
-  -- global field `palette`, the next index).
-  local nw = tonumber(nxt())
-  local names, fields = {}, {}
-  local incr = {}
-  for j = 1, nw do
-    local w, c, wi, wd = nxt(), nxt(), nxt(), nxt()
-    count_arg(c); count_arg(wi); count_arg(wd)
-    incr[j] = {w, c, wi, wd}
-    names[j] = w .. '|idx'
-    fields[3 * j - 2], fields[3 * j - 1], fields[3 * j] = w .. '|count', w .. '|ids', w .. '|dur'
-  end
-  local held = stats_mask(mask, 2, fields, stats_hmget(KEYS[k + 1], fields))
-  for j = 1, #fields do integer(KEYS[k + 1], fields[j], held[j]) end
-  local palette = stats_mask(mask, 2, names, stats_hmget(KEYS[k + 1], names))
-  integer(KEYS[k], 'palette', cur[7])
-  local next_index = tonumber(cur[7] or '0')
-  for j = 1, nw do
-    local w, c, wi, wd = incr[j][1], incr[j][2], incr[j][3], incr[j][4]
-    later('HINCRBY', KEYS[k + 1], w .. '|count', c)
-    if wi ~= '0' then later('HINCRBY', KEYS[k + 1], w .. '|ids', wi) end
-    if wd ~= '0' then later('HINCRBY', KEYS[k + 1], w .. '|dur', wd) end
-    if palette[j] then
-      integer(KEYS[k + 1], names[j], palette[j])
-      palette[j] = tonumber(palette[j])
-    else
-      palette[j] = next_index
-      next_index = next_index + 1
-      later('HSET', KEYS[k + 1], names[j], palette[j])
-    end
-  end
-  if next_index ~= tonumber(cur[7] or '0') then
-    later('HSET', KEYS[k], 'palette', next_index)
+  -- Per worker counters and palette indexes.
+  s.held = stats_mask(mask, 2, d.fields, stats_hmget(KEYS[k + 1], d.fields))
+  for j = 1, #d.fields do stats_integer(KEYS[k + 1], d.fields[j], s.held[j]) end
+  s.palette = stats_mask(mask, 2, d.names, stats_hmget(KEYS[k + 1], d.names))
+  stats_integer(KEYS[k], 'palette', cur[7])
+  for j = 1, #d.workers do
+    if s.palette[j] then stats_integer(KEYS[k + 1], d.names[j], s.palette[j]) end
   end
 
-  -- Per 100,000-ID range, one block value of 64 ranges at a time: read it, decode only
-  -- the ranges the delta touches, and write it back with the untouched entries copied.
-  for _ = 1, tonumber(nxt()) do
-    local blk, nr = nxt(), tonumber(nxt())
-    local old = redis.call('HGET', KEYS[k + 2], blk)
-    if stats_hidden(mask, 3, blk) then old = false end
+  -- Per block: its entries' positions, and the old ranges the delta touches decoded.
+  s.blocks = {}
+  for b, blk in ipairs(d.blocks) do
+    local old = redis.call('HGET', KEYS[k + 2], blk.blk)
+    if stats_hidden(mask, 3, blk.blk) then old = false end
     local base, at, order, p = nil, {}, {}, 1
+    local olds = {}
     if old then
       base, p = stats_get(old, 1)
       while p <= #old do
@@ -438,35 +466,116 @@ local function stats_plan(k, a, mask)
         p = q + len
       end
       if p ~= #old + 1 then
-        error('stats: ' .. KEYS[k + 2] .. ' block ' .. blk .. ' is corrupt; nothing was applied')
+        error('stats: ' .. KEYS[k + 2] .. ' block ' .. blk.blk .. ' is corrupt; nothing was applied')
+      end
+      for j, e in ipairs(blk.ranges) do
+        if at[e.slot] then olds[j] = stats_decode_range(old, at[e.slot][2], base) end
       end
     end
+    s.blocks[b] = {old = old, base = base, at = at, order = order, olds = olds}
+  end
+
+  -- Per day: its 24 counts.
+  s.hours = {}
+  for j, e in ipairs(d.days) do
+    local old = redis.call('HGET', KEYS[k + 3], e.day)
+    if stats_hidden(mask, 4, e.day) then old = false end
+    local hours = {}
+    if old then
+      local wide, p = string.byte(old, 1) == 1, 2
+      for h = 1, 24 do
+        if wide then hours[h], p = stats_getdec(old, p) else hours[h], p = stats_get(old, p) end
+      end
+      if p ~= #old + 1 then
+        error('stats: ' .. KEYS[k + 3] .. ' day ' .. e.day .. ' is corrupt; nothing was applied')
+      end
+    else
+      for h = 1, 24 do hours[h] = 0 end
+    end
+    s.hours[j] = hours
+  end
+
+  -- Duration histogram buckets.
+  local hist = stats_mask(mask, 5, d.buckets, stats_hmget(KEYS[k + 4], d.buckets))
+  for j = 1, #d.buckets do stats_integer(KEYS[k + 4], d.buckets[j], hist[j]) end
+  return s
+end
+
+-- Computes the writes that add delta d to the stored values s (what stats_check read):
+-- a list of {command, key, args...}, in the order they are issued. Reads no key.
+local function stats_compute(k, d, s)
+  local writes = {}
+  local function later(cmd, key, ...) writes[#writes + 1] = {cmd, key, ...} end
+
+  -- Global counters, and the completion-time bounds and update time as maxima/minima.
+  local cur = s.cur
+  later('HINCRBY', KEYS[k], 'count', d.count)
+  if d.ids ~= '0' then later('HINCRBY', KEYS[k], 'ids', d.ids) end
+  if d.dur ~= '0' then later('HINCRBY', KEYS[k], 'dur_sum_ms', d.dur) end
+  local set = {}
+  if not cur[4] or stats_less(d.first, cur[4]) then
+    set[#set + 1], set[#set + 2] = 'first_completed_ms', d.first
+  end
+  if not cur[5] or stats_less(cur[5], d.last) then
+    set[#set + 1], set[#set + 2] = 'last_completed_ms', d.last
+  end
+  if not cur[6] or stats_less(cur[6], d.now) then
+    set[#set + 1], set[#set + 2] = 'updated_ms', d.now
+  end
+  if #set > 0 then later('HSET', KEYS[k], unpack(set)) end
+
+  -- Per worker, and its palette index (allocated on its first completion, from the
+  -- global field `palette`, the next index).
+  local palette = s.palette
+  local next_index = tonumber(cur[7] or '0')
+  for j, e in ipairs(d.workers) do
+    local w, c, wi, wd = e[1], e[2], e[3], e[4]
+    later('HINCRBY', KEYS[k + 1], w .. '|count', c)
+    if wi ~= '0' then later('HINCRBY', KEYS[k + 1], w .. '|ids', wi) end
+    if wd ~= '0' then later('HINCRBY', KEYS[k + 1], w .. '|dur', wd) end
+    if palette[j] then
+      palette[j] = tonumber(palette[j])
+    else
+      palette[j] = next_index
+      next_index = next_index + 1
+      later('HSET', KEYS[k + 1], d.names[j], palette[j])
+    end
+  end
+  if next_index ~= tonumber(cur[7] or '0') then
+    later('HSET', KEYS[k], 'palette', next_index)
+  end
+
+  -- Per 100,000-ID range, one block value of 64 ranges at a time: only the ranges the
+  -- delta touches are decoded, and the block is written back with the untouched entries
+  -- copied.
+  for b, blk in ipairs(d.blocks) do
+    local sb = s.blocks[b]
+    local old, base, at, order = sb.old, sb.base, sb.at, sb.order
     local new, slots = {}, {}
-    for _ = 1, nr do
-      local slot = tonumber(nxt())
-      local mn, mx, f, l = stats_num(nxt()), stats_num(nxt()), stats_num(nxt()), stats_num(nxt())
+    for j, e in ipairs(blk.ranges) do
+      local slot = e.slot
       if base == nil then
         base = 0
-        if type(f) == 'number' then base = f end
+        if type(e.f) == 'number' then base = e.f end
       end
-      local r
-      if at[slot] then
-        r = stats_decode_range(old, at[slot][2], base)
-        if stats_lt(mn, r.mn) then r.mn = mn end
-        if stats_lt(r.mx, mx) then r.mx = mx end
-        if stats_lt(f, r.f) then r.f = f end
-        if stats_lt(r.l, l) then r.l = l end
+      local r = sb.olds[j]
+      if r then
+        if stats_lt(e.mn, r.mn) then r.mn = e.mn end
+        if stats_lt(r.mx, e.mx) then r.mx = e.mx end
+        if stats_lt(e.f, r.f) then r.f = e.f end
+        if stats_lt(r.l, e.l) then r.l = e.l end
       else
-        r = {mn = mn, mx = mx, f = f, l = l, w = {}}
+        r = {mn = e.mn, mx = e.mx, f = e.f, l = e.l, w = {}}
       end
-      for _ = 1, tonumber(nxt()) do
-        local idx = palette[tonumber(nxt())]
-        local c, d, wi = stats_num(nxt()), stats_num(nxt()), stats_num(nxt())
-        local e = r.w[idx]
-        if e then
-          e[1], e[2], e[3] = stats_add(e[1], c), stats_add(e[2], d), stats_add(e[3], wi)
+      local ws = e.ws
+      for m = 1, #ws, 4 do
+        local idx = palette[ws[m]]
+        local c, dd, wi = ws[m + 1], ws[m + 2], ws[m + 3]
+        local x = r.w[idx]
+        if x then
+          x[1], x[2], x[3] = stats_add(x[1], c), stats_add(x[2], dd), stats_add(x[3], wi)
         else
-          r.w[idx] = {c, d, wi}
+          r.w[idx] = {c, dd, wi}
         end
       end
       local body = stats_encode_range(r, base)
@@ -481,12 +590,12 @@ local function stats_plan(k, a, mask)
     local parts, from, to = {stats_chars(head)}, nil, nil
     local oi, ni = 1, 1
     while oi <= #order or ni <= #slots do
-      local o, s = order[oi], slots[ni]
-      if s and (not o or s <= o) then
+      local o, sl = order[oi], slots[ni]
+      if sl and (not o or sl <= o) then
         if from then parts[#parts + 1] = string.sub(old, from, to); from = nil end
-        parts[#parts + 1] = new[s]
+        parts[#parts + 1] = new[sl]
         ni = ni + 1
-        if o == s then oi = oi + 1 end
+        if o == sl then oi = oi + 1 end
       else
         if not from then from = at[o][1] end
         to = at[o][3]
@@ -494,29 +603,15 @@ local function stats_plan(k, a, mask)
       end
     end
     if from then parts[#parts + 1] = string.sub(old, from, to) end
-    later('HSET', KEYS[k + 2], blk, table.concat(parts))
+    later('HSET', KEYS[k + 2], blk.blk, table.concat(parts))
   end
 
   -- Hourly completions, one value of 24 counts per day.
-  for _ = 1, tonumber(nxt()) do
-    local day, nh = nxt(), tonumber(nxt())
-    local old = redis.call('HGET', KEYS[k + 3], day)
-    if stats_hidden(mask, 4, day) then old = false end
-    local hours = {}
-    if old then
-      local wide, p = string.byte(old, 1) == 1, 2
-      for h = 1, 24 do
-        if wide then hours[h], p = stats_getdec(old, p) else hours[h], p = stats_get(old, p) end
-      end
-      if p ~= #old + 1 then
-        error('stats: ' .. KEYS[k + 3] .. ' day ' .. day .. ' is corrupt; nothing was applied')
-      end
-    else
-      for h = 1, 24 do hours[h] = 0 end
-    end
-    for _ = 1, nh do
-      local h = tonumber(nxt()) + 1
-      hours[h] = stats_add(hours[h], stats_num(nxt()))
+  for j, e in ipairs(d.days) do
+    local hours, adds = s.hours[j], e.adds
+    for m = 1, #adds, 2 do
+      local h = adds[m]
+      hours[h] = stats_add(hours[h], adds[m + 1])
     end
     local bytes = {0}
     for h = 1, 24 do
@@ -525,25 +620,26 @@ local function stats_plan(k, a, mask)
     for h = 1, 24 do
       if bytes[1] == 1 then stats_putdec(bytes, hours[h]) else stats_put(bytes, hours[h]) end
     end
-    later('HSET', KEYS[k + 3], day, stats_chars(bytes))
+    later('HSET', KEYS[k + 3], e.day, stats_chars(bytes))
   end
 
   -- Duration histogram buckets.
-  local buckets, counts = {}, {}
-  for j = 1, tonumber(nxt()) do
-    buckets[j], counts[j] = nxt(), nxt()
-    count_arg(counts[j])
+  for j = 1, #d.buckets do
+    later('HINCRBY', KEYS[k + 4], d.buckets[j], d.counts[j])
   end
-  local old = stats_mask(mask, 5, buckets, stats_hmget(KEYS[k + 4], buckets))
-  for j = 1, #buckets do
-    integer(KEYS[k + 4], buckets[j], old[j])
-    later('HINCRBY', KEYS[k + 4], buckets[j], counts[j])
-  end
-  if i ~= a + n + 1 then
-    error('stats: the delta has ' .. (i - a - 1) .. ' arguments, not ' .. n .. '; nothing was applied')
-  end
+  return writes
+end
 
-  return writes, a + n + 1
+-- Plans delta ARGV[a ..] against KEYS[k .. k + 4]: decodes it, reads and checks what it
+-- touches, and computes the writes, writing nothing. Redis does not undo a script's
+-- writes when a later step fails, so malformed arguments, a corrupt packed value or a
+-- counter that is not an integer fail the call here, before anything is written.
+-- Returns the writes (for stats_write) and the index of the first ARGV after the delta.
+local function stats_plan(k, a, mask)
+  local d, after = stats_decode(a)
+  if d == nil then return {}, after end
+  local s = stats_check(k, mask, d)
+  return stats_compute(k, d, s), after
 end
 
 -- Issues the writes of a `stats_plan`.

@@ -149,15 +149,12 @@ impl MemoryStats {
     /// Statistics exactly as `state` saved them: every query answers as it did.
     /// [`Error::Corrupt`] for another state version or a malformed state.
     pub fn restore(state: StatsState) -> Result<Self> {
-        if state.version != STATS_STATE_VERSION {
-            return Err(Error::Corrupt {
+        tranche_codec::state::check_version(state.version, STATS_STATE_VERSION).map_err(|e| {
+            Error::Corrupt {
                 key: "stats state".into(),
-                detail: format!(
-                    "version {} (this build reads version {STATS_STATE_VERSION})",
-                    state.version
-                ),
-            });
-        }
+                detail: e.to_string(),
+            }
+        })?;
         let shards = DashMap::new();
         for (shard, agg) in state.shards {
             if shards.insert(shard, agg.into_agg()?).is_some() {

@@ -2,8 +2,7 @@
 //! through `KEYS[]` (checked on the source, since a one-node cluster does not stop an
 //! undeclared key), and the behaviour suite runs every script against a cluster node.
 
-#[path = "../../active-store/tests/support/mod.rs"]
-mod support;
+use crate::support;
 
 fn lua_sources() -> Vec<(String, String)> {
     support::lua_sources(env!("CARGO_MANIFEST_DIR"))

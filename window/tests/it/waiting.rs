@@ -2,7 +2,7 @@
 //! and after a cancelled waiter. Futures are polled by hand with a counting waker,
 //! so every assertion is about ordering, never about time.
 
-mod common;
+use crate::common;
 
 use common::Polled;
 use tranche_window::{Error, SlidingWindow};

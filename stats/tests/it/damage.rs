@@ -3,8 +3,7 @@
 //! rebuilds the shard (whole when every record could be read, only the damaged values
 //! when some could not).
 
-#[path = "../../active-store/tests/support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

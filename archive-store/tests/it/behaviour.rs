@@ -4,8 +4,7 @@
 //! cluster of 3 masters with 16 shards, every check in turn on one cluster started for
 //! them all and flushed between them.
 
-#[path = "../../active-store/tests/support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

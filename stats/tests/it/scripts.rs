@@ -1,8 +1,7 @@
 //! The Lua side: the `apply_stats` fragment's contract when embedded in another script,
 //! one slot per script, the ARGV format, and work per field rather than per record.
 
-#[path = "../../active-store/tests/support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

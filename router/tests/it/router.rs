@@ -2,8 +2,7 @@
 //! and a cluster of 3 masters at 16 shards): a small job planned, partly claimed,
 //! completed and archived, then every kind of answer checked.
 
-#[path = "../../active-store/tests/support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -3,8 +3,7 @@
 //! touching keys of two slots fails with CROSSSLOT), at 1 and 4 shards, and a cluster of
 //! 3 masters at 16 shards.
 
-#[path = "../../active-store/tests/support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

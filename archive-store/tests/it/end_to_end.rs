@@ -1,8 +1,7 @@
 //! The archive behind a real active store: plan, claim, complete, archive, look up. The
 //! active store is a dev-dependency only; the archive knows nothing of it.
 
-#[path = "../../active-store/tests/support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

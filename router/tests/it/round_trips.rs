@@ -7,8 +7,7 @@
 //! after an answer starts the next. Redis's `INFO commandstats` confirms the count on
 //! the server side.
 
-#[path = "../../active-store/tests/support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
