@@ -86,12 +86,25 @@ impl Job {
             // Boxed: a child process's state would make every chunk's future that big.
             Job::Exec(cmd) => Box::pin(exec(cmd, chunk, abort)).await,
             Job::Handler(handler) => {
+                use futures_util::FutureExt;
                 let handler = handler.0.clone();
+                // A panic is caught here, at the chunk: it fails the attempt like an
+                // error (retried up to max_attempts) instead of unwinding through the
+                // partition's task, which would leave its lease held and renewed for
+                // ever. AssertUnwindSafe: after a panic the future is dropped, and
+                // nothing of it is used again.
+                let process = std::panic::AssertUnwindSafe(handler.process(chunk)).catch_unwind();
                 tokio::select! {
-                    r = handler.process(chunk) => r.map_err(|err| ChunkError::Failed(format!(
-                        "chunk {} ({}..={}) failed: {err}",
-                        chunk.index, chunk.from, chunk.to
-                    ))),
+                    r = process => match r {
+                        Ok(r) => r.map_err(|err| ChunkError::Failed(format!(
+                            "chunk {} ({}..={}) failed: {err}",
+                            chunk.index, chunk.from, chunk.to
+                        ))),
+                        Err(payload) => Err(ChunkError::Failed(format!(
+                            "chunk {} ({}..={}) failed: handler panicked: {}",
+                            chunk.index, chunk.from, chunk.to, panic_message(payload.as_ref())
+                        ))),
+                    },
                     // The handler's future is dropped: see `runner`.
                     () = abort => Err(ChunkError::Interrupted),
                 }
@@ -123,6 +136,15 @@ impl Job {
             }
         }
     }
+}
+
+/// A panic's message: its payload when that is a string (as `panic!` makes it).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a non-string payload")
 }
 
 /// Sends `signal` to process group `pgid`; a group already gone is fine.

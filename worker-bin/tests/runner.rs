@@ -134,3 +134,46 @@ async fn a_shutdown_drains_and_a_second_run_finishes() {
     all.extend(rest.seen.lock().unwrap().iter().copied());
     covered(&all, 40_000);
 }
+
+/// Panics on every chunk of partition 3.
+struct PanicsOnThree;
+
+#[async_trait::async_trait]
+impl Handler for PanicsOnThree {
+    async fn process(&self, chunk: Chunk) -> Result<(), HandlerError> {
+        if chunk.pid == 3 {
+            panic!("row {} is cursed", chunk.from);
+        }
+        Ok(())
+    }
+}
+
+/// A panicking handler fails its attempt like an error: retried up to `max_attempts`,
+/// then failed, and the rest of the run goes on (it used to hang for ever, the
+/// partition `running` under a lease the heartbeat kept renewing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_fails_its_attempt() {
+    let dir = std::env::temp_dir().join(format!("tranche-panic-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let runner = Runner::embedded(dir.join("panic.state"))
+        .namespace("panic")
+        .lease(Duration::from_secs(2))
+        .max_attempts(2)
+        .backoff(Duration::from_millis(10))
+        .chunk(100);
+    runner.plan(1, 1000, 200).await.unwrap();
+    let report = tokio::time::timeout(
+        Duration::from_secs(60),
+        runner.run(PanicsOnThree, std::future::pending()),
+    )
+    .await
+    .expect("the run returns although a handler panicked")
+    .unwrap();
+    assert_eq!(
+        (report.completed, report.failed, report.outstanding),
+        (4, 1, 0),
+        "{report:?}"
+    );
+    assert_eq!(report.failed_attempts, 2, "{report:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
