@@ -46,6 +46,9 @@ pub(crate) enum ChunkError {
     /// spending every partition's attempts; the partition is released, its attempt
     /// given back.
     Broken(String),
+    /// A handler's error that names its own policy (permanent, or retry after a
+    /// delay): the partition's attempt is spent under that policy.
+    Refused(String, tranche_active_store::FailPolicy),
 }
 
 /// One chunk: the IDs `from..=to` of partition `pid`, on attempt `attempt`.
@@ -71,7 +74,7 @@ pub(crate) enum Job {
     /// Sleep uniformly in `latency` ms, fail with probability `fail`.
     Simulate { latency: (u64, u64), fail: f64 },
     /// A library user's handler ([`crate::runner::Handler`]).
-    Handler(crate::runner::HandlerRef),
+    Handler(crate::handler::HandlerRef),
 }
 
 impl Job {
@@ -96,10 +99,17 @@ impl Job {
                 let process = std::panic::AssertUnwindSafe(handler.process(chunk)).catch_unwind();
                 tokio::select! {
                     r = process => match r {
-                        Ok(r) => r.map_err(|err| ChunkError::Failed(format!(
-                            "chunk {} ({}..={}) failed: {err}",
-                            chunk.index, chunk.from, chunk.to
-                        ))),
+                        Ok(r) => r.map_err(|err| {
+                            let reason = format!(
+                                "chunk {} ({}..={}) failed: {err}",
+                                chunk.index, chunk.from, chunk.to
+                            );
+                            if err.policy() == Default::default() {
+                                ChunkError::Failed(reason)
+                            } else {
+                                ChunkError::Refused(reason, err.policy())
+                            }
+                        }),
                         Err(payload) => Err(ChunkError::Failed(format!(
                             "chunk {} ({}..={}) failed: handler panicked: {}",
                             chunk.index, chunk.from, chunk.to, panic_message(payload.as_ref())

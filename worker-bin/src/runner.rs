@@ -58,17 +58,8 @@ use crate::work::{self, Settings, Stop};
 
 pub use crate::job::Chunk;
 
-/// The error a handler returns for a failed chunk: any error, shown as its message.
-pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
-
-/// What processes each chunk of a partition.
-#[async_trait::async_trait]
-pub trait Handler: Send + Sync + 'static {
-    /// Processes the row IDs `chunk.from..=chunk.to` of partition `chunk.pid`. `Ok`
-    /// acknowledges the chunk (the checkpoint moves past it once every earlier chunk
-    /// is done); `Err` fails the partition's attempt.
-    async fn process(&self, chunk: Chunk) -> Result<(), HandlerError>;
-}
+use crate::handler::HandlerRef;
+pub use crate::handler::{Handler, HandlerError};
 
 /// A failure of the runner itself (the store, bad settings), not of a chunk.
 #[derive(Debug, thiserror::Error)]
@@ -316,15 +307,5 @@ impl Runner {
             outstanding: report.counts.outstanding(),
             interrupted: report.interrupted,
         })
-    }
-}
-
-/// A shared handler, as the run loop holds it.
-#[derive(Clone)]
-pub(crate) struct HandlerRef(pub(crate) Arc<dyn Handler>);
-
-impl std::fmt::Debug for HandlerRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Handler")
     }
 }

@@ -177,3 +177,71 @@ async fn a_panicking_handler_fails_its_attempt() {
     assert_eq!(report.failed_attempts, 2, "{report:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Fails partition 2 for good, and asks partition 4 to come back after a delay.
+#[derive(Clone, Default)]
+struct Picky {
+    seen: Arc<Mutex<Vec<Chunk>>>,
+}
+
+#[async_trait::async_trait]
+impl Handler for Picky {
+    async fn process(&self, chunk: Chunk) -> Result<(), HandlerError> {
+        self.seen.lock().unwrap().push(chunk);
+        match (chunk.pid, chunk.attempt) {
+            (2, _) => Err(HandlerError::permanent("row 1234 cannot be parsed")),
+            (4, 1) => Err(HandlerError::retry_after(
+                "rate limited",
+                Duration::from_millis(50),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A permanent error fails its partition on the first attempt, with attempts left;
+/// `retry_after` is retried (after its own delay, not the 1 h back-off).
+async fn permanent_and_delayed(runner: Runner) {
+    runner.plan(1, 1000, 200).await.unwrap();
+    let handler = Picky::default();
+    let report = tokio::time::timeout(
+        Duration::from_secs(30),
+        runner
+            .clone()
+            .max_attempts(5)
+            .backoff(Duration::from_secs(3600))
+            .run(handler.clone(), std::future::pending()),
+    )
+    .await
+    .expect("retry_after is not the hour-long back-off")
+    .unwrap();
+    assert_eq!(
+        (report.completed, report.failed, report.outstanding),
+        (4, 1, 0),
+        "{report:?}"
+    );
+    assert_eq!(report.failed_attempts, 2, "{report:?}");
+    let seen = handler.seen.lock().unwrap().clone();
+    assert!(
+        seen.iter().filter(|c| c.pid == 2).all(|c| c.attempt == 1),
+        "a permanent failure is not retried: {seen:?}"
+    );
+    assert!(
+        seen.iter().any(|c| c.pid == 4 && c.attempt == 2),
+        "{seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn permanent_and_delayed_failures_embedded() {
+    let dir = std::env::temp_dir().join(format!("tranche-picky-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    permanent_and_delayed(Runner::embedded(dir.join("picky.state")).chunk(100)).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permanent_and_delayed_failures_on_redis() {
+    let redis = TestRedis::start();
+    permanent_and_delayed(Runner::redis(redis.url()).namespace("picky").chunk(100)).await;
+}

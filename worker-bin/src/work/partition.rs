@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
-use tranche_active_store::{ActiveStore, Error as ActiveError, FailOutcome, Lease};
+use tranche_active_store::{ActiveStore, Error as ActiveError, FailOutcome, FailPolicy, Lease};
 use tranche_window::SlidingWindow;
 
 use crate::held::{Hold, LeaseBook};
@@ -27,7 +27,8 @@ pub(super) struct PartitionCtx {
 
 enum Ended {
     Done,
-    Failed(String),
+    /// The attempt failed, under the handler's policy (the default for `--exec`).
+    Failed(String, FailPolicy),
     /// The command cannot run at all (see [`ChunkError::Broken`]).
     Broken(String),
     Lost,
@@ -57,11 +58,11 @@ impl PartitionCtx {
                 }
                 r
             }
-            Ended::Failed(reason) => {
+            Ended::Failed(reason, policy) => {
                 self.shared.failed_attempts.fetch_add(1, Relaxed);
                 // Keep the checkpoint, so the retry resumes past the chunks that finished.
                 let r = match self.active.heartbeat(&lease, checkpoint).await {
-                    Ok(()) => self.active.fail(&lease, &reason).await,
+                    Ok(()) => self.active.fail_with(&lease, &reason, policy).await,
                     Err(e) => Err(e),
                 };
                 match &r {
@@ -71,6 +72,11 @@ impl PartitionCtx {
                         lease.attempt,
                         self.settings.max_attempts,
                         crate::duration::ms(ready_at_ms.saturating_sub(now_ms()) as f64),
+                    ),
+                    Ok(FailOutcome::Failed) if policy.permanent => tracing::warn!(
+                        pid,
+                        "partition failed on attempt {} (permanent, not retried): {reason}",
+                        lease.attempt
                     ),
                     Ok(FailOutcome::Failed) => tracing::warn!(
                         pid,
@@ -149,8 +155,8 @@ impl PartitionCtx {
         let chunk = self.settings.chunk;
         let window = SlidingWindow::new(self.settings.window, first);
         let permits = Arc::new(Semaphore::new(self.settings.parallel));
-        // The first failure of a chunk: (broken, reason).
-        let failure: Arc<Mutex<Option<(bool, String)>>> = Arc::default();
+        // The first failure of a chunk: (broken, reason, policy).
+        let failure: Arc<Mutex<Option<(bool, String, FailPolicy)>>> = Arc::default();
 
         // A signal or a lost lease closes the window, which stops the issuing below
         // (waking it if it is parked on a full window).
@@ -200,17 +206,26 @@ impl PartitionCtx {
                         // Stopped by our shutdown: unacked, so the checkpoint stays below it.
                         Err(ChunkError::Interrupted) => window.close(),
                         Err(ChunkError::Failed(reason)) => {
+                            failure.lock().expect("not poisoned").get_or_insert((
+                                false,
+                                reason,
+                                FailPolicy::default(),
+                            ));
+                            window.close();
+                        }
+                        Err(ChunkError::Refused(reason, policy)) => {
                             failure
                                 .lock()
                                 .expect("not poisoned")
-                                .get_or_insert((false, reason));
+                                .get_or_insert((false, reason, policy));
                             window.close();
                         }
                         Err(ChunkError::Broken(reason)) => {
-                            failure
-                                .lock()
-                                .expect("not poisoned")
-                                .get_or_insert((true, reason));
+                            failure.lock().expect("not poisoned").get_or_insert((
+                                true,
+                                reason,
+                                FailPolicy::default(),
+                            ));
                             window.close();
                         }
                     }
@@ -238,8 +253,8 @@ impl PartitionCtx {
             return (Ended::Lost, done);
         }
         match failure.lock().expect("not poisoned").take() {
-            Some((true, reason)) => return (Ended::Broken(reason), done),
-            Some((false, reason)) => return (Ended::Failed(reason), done),
+            Some((true, reason, _)) => return (Ended::Broken(reason), done),
+            Some((false, reason, policy)) => return (Ended::Failed(reason, policy), done),
             None => {}
         }
         if window.progress() >= n_chunks {
@@ -272,7 +287,13 @@ impl PartitionCtx {
         match self.shared.chunk(&self.settings.job, c, abort).await {
             _ if hold.is_lost() => (Ended::Lost, checkpoint(index)),
             Ok(()) => (Ended::Done, checkpoint(index + 1)),
-            Err(ChunkError::Failed(reason)) => (Ended::Failed(reason), checkpoint(index)),
+            Err(ChunkError::Failed(reason)) => (
+                Ended::Failed(reason, FailPolicy::default()),
+                checkpoint(index),
+            ),
+            Err(ChunkError::Refused(reason, policy)) => {
+                (Ended::Failed(reason, policy), checkpoint(index))
+            }
             Err(ChunkError::Broken(reason)) => (Ended::Broken(reason), checkpoint(index)),
             Err(ChunkError::Interrupted) => (Ended::Stopped, checkpoint(index)),
         }
