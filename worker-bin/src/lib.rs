@@ -25,6 +25,7 @@ mod backend;
 mod cli;
 mod duration;
 mod embedded;
+mod error;
 mod handler;
 mod held;
 mod job;

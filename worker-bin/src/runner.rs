@@ -61,10 +61,7 @@ pub use crate::job::Chunk;
 use crate::handler::HandlerRef;
 pub use crate::handler::{Handler, HandlerError};
 
-/// A failure of the runner itself (the store, bad settings), not of a chunk.
-#[derive(Debug, thiserror::Error)]
-#[error(transparent)]
-pub struct Error(#[from] anyhow::Error);
+pub use crate::error::Error;
 
 /// What a run did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -227,16 +224,81 @@ impl Runner {
         }
     }
 
+    /// Opens the namespace, with typed errors for what a caller may want to tell
+    /// apart: a namespace not planned, a store out of reach, bad settings.
+    pub(crate) async fn open(&self, open: Open, tuning: Tuning) -> Result<Backend, Error> {
+        let ns = &self.namespace;
+        if ns.is_empty()
+            || !ns
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return Err(Error::Config(format!(
+                "namespace `{ns}`: use letters, digits, '-', '_' or '.'"
+            )));
+        }
+        if let Some(shards) = self.shards
+            && !(1..=1024).contains(&shards)
+        {
+            return Err(Error::Config(format!(
+                "shards must be between 1 and 1024, not {shards}"
+            )));
+        }
+        match (&self.redis, &self.state) {
+            (Some(url), _) => {
+                // Connected once here to tell "unreachable" and "not planned" from
+                // the rest; the backend then opens its own connection.
+                let location = crate::backend::redact(url);
+                let conn = tranche_active_store::RedisConnection::connect(url)
+                    .await
+                    .map_err(|e| Error::StoreUnreachable {
+                        location: location.clone(),
+                        source: e.into(),
+                    })?;
+                if open == Open::Existing
+                    && tranche_active_store::KeysMeta::read(&conn, ns)
+                        .await?
+                        .is_none()
+                {
+                    return Err(Error::NotPlanned {
+                        namespace: ns.clone(),
+                        location,
+                    });
+                }
+            }
+            (None, Some(path)) if open == Open::Existing && !path.exists() => {
+                return Err(Error::NotPlanned {
+                    namespace: ns.clone(),
+                    location: path.display().to_string(),
+                });
+            }
+            _ => {}
+        }
+        Ok(Backend::open(&self.location(), open, tuning).await?)
+    }
+
+    /// Refuses when another process holds the embedded state file.
+    pub(crate) fn writable(&self, backend: &Backend) -> Result<(), Error> {
+        backend.ensure_writable().map_err(|_| {
+            let path = self.state.clone().unwrap_or_default();
+            let mut lock = path.as_os_str().to_owned();
+            lock.push(".lock");
+            let holder = std::fs::read_to_string(lock)
+                .ok()
+                .and_then(|s| s.trim().parse().ok());
+            Error::StateLocked { path, holder }
+        })
+    }
+
     /// Plans the IDs `min..=max` in partitions of `size` IDs (a repeated plan is a
-    /// no-op; an overlapping one is an error).
+    /// no-op; an overlapping one is [`Error::InvalidPlan`]).
     pub async fn plan(&self, min: u64, max: u64, size: u64) -> Result<(), Error> {
-        let backend = Backend::open(&self.location(), Open::Create, Tuning::default()).await?;
-        backend.ensure_writable()?;
+        let backend = self.open(Open::Create, Tuning::default()).await?;
+        self.writable(&backend)?;
         backend
             .active
             .plan(&tranche_active_store::Plan::Uniform { min, max, size })
-            .await
-            .map_err(|e| anyhow::anyhow!("invalid plan: {e}"))?;
+            .await?;
         backend.register_namespace().await?;
         backend.save().await?;
         Ok(())
@@ -268,8 +330,8 @@ impl Runner {
             consumer: worker.clone(),
             claim_idle: crate::duration::claim_idle(),
         };
-        let backend = Backend::open(&self.location(), Open::Existing, tuning).await?;
-        backend.ensure_writable()?;
+        let backend = self.open(Open::Existing, tuning).await?;
+        self.writable(&backend)?;
         let settings = Settings {
             job: Job::Handler(HandlerRef(Arc::new(handler))),
             chunk: self.chunk,

@@ -245,3 +245,75 @@ async fn permanent_and_delayed_failures_on_redis() {
     let redis = TestRedis::start();
     permanent_and_delayed(Runner::redis(redis.url()).namespace("picky").chunk(100)).await;
 }
+
+/// Errors are kinds to match, with messages of the library's, not the command line's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_are_typed() {
+    use tranche_worker::runner::Error;
+    let dir = std::env::temp_dir().join(format!("tranche-errors-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let runner = Runner::embedded(dir.join("e.state")).namespace("e");
+    let err = runner
+        .run(Recorder::default(), std::future::pending())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::NotPlanned { .. }), "{err:?}");
+    assert!(!err.to_string().contains("tranche plan"), "{err}");
+
+    runner.plan(1, 100, 10).await.unwrap();
+    let err = runner.plan(50, 200, 10).await.unwrap_err();
+    assert!(matches!(err, Error::InvalidPlan(_)), "{err:?}");
+    assert_eq!(err.to_string().matches("invalid plan").count(), 1, "{err}");
+
+    let bad = Runner::embedded(dir.join("x.state")).namespace("a b");
+    assert!(matches!(bad.plan(1, 2, 1).await, Err(Error::Config(_))));
+
+    // A run in progress holds the state file: a second runner is refused, naming it.
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let busy = Recorder::default();
+    let first = tokio::spawn({
+        let (runner, busy) = (runner.clone().follow(true), busy.clone());
+        async move {
+            runner
+                .run(busy, async {
+                    let _ = rx.await;
+                })
+                .await
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while busy.seen.lock().unwrap().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first run started"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let err = runner.plan(1000, 2000, 10).await.unwrap_err();
+    let Error::StateLocked { holder, .. } = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(*holder, Some(std::process::id()), "{err}");
+    assert!(!err.to_string().contains("tranche process"), "{err}");
+    tx.send(()).unwrap();
+    first.await.unwrap().unwrap();
+
+    let redis = TestRedis::start();
+    let err = Runner::redis(redis.url())
+        .namespace("never")
+        .run(Recorder::default(), std::future::pending())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::NotPlanned { .. }), "{err:?}");
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let err = Runner::redis(format!("redis://127.0.0.1:{closed}"))
+        .plan(1, 2, 1)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::StoreUnreachable { .. }), "{err:?}");
+    assert!(std::error::Error::source(&err).is_some());
+    let _ = std::fs::remove_dir_all(&dir);
+}
