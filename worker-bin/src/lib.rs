@@ -26,6 +26,7 @@ mod cli;
 mod duration;
 mod embedded;
 mod error;
+mod event;
 mod handler;
 mod held;
 mod job;

@@ -51,10 +51,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
+/// The token that drains a run ([`Runner::run_until_cancelled`]), re-exported from
+/// `tokio-util`.
+pub use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Backend, Location, Open, Tuning};
+use crate::event::Subscribers;
+pub use crate::event::{Event, Progress};
 use crate::job::Job;
-use crate::work::{self, Settings, Stop};
+use crate::work::{self, Observer, Settings, Shared, Stop};
 
 pub use crate::job::Chunk;
 
@@ -63,21 +68,58 @@ pub use crate::handler::{Handler, HandlerError};
 
 pub use crate::error::Error;
 
-/// What a run did.
+/// What a run did: this runner's own work, and where the namespace (every worker's)
+/// stood when it ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RunReport {
-    /// Partitions this runner completed.
-    pub completed: u64,
-    /// Attempts of this runner that failed (each retried, or ending failed).
-    pub failed_attempts: u64,
-    /// Partitions this runner gave back unfinished (a drain).
-    pub released: u64,
-    /// Partitions of the namespace that ended failed, when the run ended.
-    pub failed: u64,
-    /// Partitions of the namespace still outstanding, when the run ended.
-    pub outstanding: u64,
-    /// Whether the shutdown future ended the run.
+    /// What this runner did.
+    pub this_runner: RunnerReport,
+    /// The namespace as a whole when the run ended.
+    pub namespace: NamespaceReport,
+    /// Whether the shutdown ended the run.
     pub interrupted: bool,
+    /// How long the run took.
+    pub elapsed: Duration,
+}
+
+/// What one runner did in one run ([`RunReport::this_runner`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RunnerReport {
+    /// Partitions completed here.
+    pub completed: u64,
+    /// Partitions that ended failed here (their last attempt ran here), in order.
+    pub failed_pids: Vec<u64>,
+    /// Attempts that failed here (each retried, or ending failed).
+    pub attempts_failed: u64,
+    /// Partitions given back unfinished (a drain).
+    pub released: u64,
+    /// Leases lost (expired while running here; another worker may have redone them).
+    pub lost: u64,
+}
+
+/// Where the namespace stood when a run ended ([`RunReport::namespace`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NamespaceReport {
+    /// Partitions that ended failed, by any worker, in any run.
+    pub failed: u64,
+    /// Partitions still outstanding (pending, claimed or running).
+    pub outstanding: u64,
+}
+
+/// When [`Runner::run`] returns (besides a shutdown).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Until {
+    /// Once the namespace has nothing outstanding: partitions other workers hold, and
+    /// retries in back-off, are waited for (and claimed, should they come back).
+    #[default]
+    Drained,
+    /// Once this runner has nothing running and a claim finds nothing: it leaves what
+    /// others hold, and retries still in back-off, to them or a later run.
+    NothingToClaim,
 }
 
 /// A worker for one namespace: where it is, and how it runs. Build it with
@@ -100,6 +142,8 @@ pub struct Runner {
     backoff: Duration,
     grace: Duration,
     follow: bool,
+    until: Until,
+    subscribers: Subscribers,
 }
 
 impl Runner {
@@ -120,6 +164,8 @@ impl Runner {
             backoff: Duration::from_secs(1),
             grace: Duration::from_secs(10),
             follow: false,
+            until: Until::Drained,
+            subscribers: Subscribers::default(),
         }
     }
 
@@ -214,6 +260,20 @@ impl Runner {
         self
     }
 
+    /// When `run` returns (default [`Until::Drained`]).
+    pub fn until(mut self, until: Until) -> Self {
+        self.until = until;
+        self
+    }
+
+    /// Calls `callback` with every [`Event`] of a run, inline on the task where it
+    /// happened: it must return quickly (count, or send into a channel). Callbacks
+    /// add up, called in the order given.
+    pub fn on_event(mut self, callback: impl Fn(&Event) + Send + Sync + 'static) -> Self {
+        self.subscribers.0.push(Arc::new(callback));
+        self
+    }
+
     fn location(&self) -> Location {
         Location {
             namespace: self.namespace.clone(),
@@ -304,11 +364,50 @@ impl Runner {
         Ok(())
     }
 
-    /// Runs `handler` over the namespace's partitions until none is left (or, with
-    /// [`follow`](Runner::follow), until `shutdown` resolves). When `shutdown`
-    /// resolves it drains: nothing more is claimed, running chunks get the grace period,
-    /// then what is unfinished is checkpointed and released.
-    pub async fn run<H: Handler>(
+    /// Runs `handler` over the namespace's partitions until none is left (see
+    /// [`until`](Runner::until)), with no way to stop it early: for a job that runs to
+    /// its end. [`run_until_cancelled`](Runner::run_until_cancelled) takes a token that
+    /// drains it.
+    pub async fn run<H: Handler>(&self, handler: H) -> Result<RunReport, Error> {
+        self.run_with_shutdown(handler, std::future::pending())
+            .await
+    }
+
+    /// Runs `handler` like [`run`](Runner::run) until `token` is cancelled, then
+    /// drains: nothing more is claimed, running chunks get the [grace
+    /// period](Runner::grace), then what is unfinished is checkpointed and released
+    /// (its attempt given back). With [`follow`](Runner::follow) the token is the only
+    /// way the run ends. A token cancelled before the call drains at once: nothing is
+    /// claimed.
+    ///
+    /// ```no_run
+    /// # async fn demo(runner: tranche_worker::Runner, handler: impl tranche_worker::Handler) {
+    /// let token = tranche_worker::CancellationToken::new();
+    /// let on_ctrl_c = token.clone();
+    /// tokio::spawn(async move {
+    ///     let _ = tokio::signal::ctrl_c().await;
+    ///     on_ctrl_c.cancel();
+    /// });
+    /// let report = runner.run_until_cancelled(handler, token).await;
+    /// # }
+    /// ```
+    pub async fn run_until_cancelled<H: Handler>(
+        &self,
+        handler: H,
+        token: CancellationToken,
+    ) -> Result<RunReport, Error> {
+        self.run_with_shutdown(handler, token.cancelled_owned())
+            .await
+    }
+
+    /// Runs `handler` like [`run`](Runner::run) until the future `shutdown` resolves,
+    /// then drains as [`run_until_cancelled`](Runner::run_until_cancelled) does.
+    ///
+    /// The future is the signal, not the work: **a future that is already complete
+    /// (`async {}`) drains at once**, so the run claims nothing and returns
+    /// `interrupted: true`. For a run without a shutdown use [`run`](Runner::run) (or
+    /// pass `std::future::pending()`).
+    pub async fn run_with_shutdown<H: Handler>(
         &self,
         handler: H,
         shutdown: impl Future<Output = ()> + Send + 'static,
@@ -343,17 +442,31 @@ impl Runner {
             lease: self.lease,
             max_attempts: self.max_attempts,
             follow: self.follow,
+            until_idle: self.until == Until::NothingToClaim,
             reaper: true,
             archiver: true,
             heartbeat: true,
             snapshots: tranche_archive_store::SnapshotPolicy::default(),
             save_every: Duration::from_secs(2),
-            observer: None,
+            observer: (!self.subscribers.is_empty())
+                .then(|| Arc::new(Subscribed(self.subscribers.clone())) as Arc<dyn Observer>),
         };
-        let (tx, rx) = watch::channel(Stop::Running);
+        tracing::info!(
+            namespace = %self.namespace,
+            worker = %settings.worker,
+            concurrency = self.concurrency,
+            "runner started"
+        );
+        // A shutdown already over drains from the start, before the first claim (the
+        // task below might otherwise run only after it).
+        let mut shutdown = Box::pin(shutdown);
+        let over = futures_util::FutureExt::now_or_never(&mut shutdown).is_some();
+        let (tx, rx) = watch::channel(if over { Stop::Draining } else { Stop::Running });
         let grace = self.grace;
         let stopper = tokio::spawn(async move {
-            shutdown.await;
+            if !over {
+                shutdown.await;
+            }
             let _ = tx.send(Stop::Draining);
             tokio::time::sleep(grace).await;
             let _ = tx.send(Stop::Abort);
@@ -361,13 +474,52 @@ impl Runner {
         let report = work::run(&backend, settings, rx).await;
         stopper.abort();
         let report = report?;
-        Ok(RunReport {
-            completed: report.completed,
-            failed_attempts: report.failed_attempts,
-            released: report.released,
-            failed: report.counts.failed,
-            outstanding: report.counts.outstanding(),
+        let report = RunReport {
+            this_runner: RunnerReport {
+                completed: report.completed,
+                failed_pids: report.failed_pids,
+                attempts_failed: report.failed_attempts,
+                released: report.released,
+                lost: report.lost,
+            },
+            namespace: NamespaceReport {
+                failed: report.counts.failed,
+                outstanding: report.counts.outstanding(),
+            },
             interrupted: report.interrupted,
-        })
+            elapsed: report.elapsed,
+        };
+        tracing::info!(
+            namespace = %self.namespace,
+            completed = report.this_runner.completed,
+            failed = report.this_runner.failed_pids.len(),
+            outstanding = report.namespace.outstanding,
+            interrupted = report.interrupted,
+            "runner finished in {}",
+            crate::duration::ms(report.elapsed.as_secs_f64() * 1000.0)
+        );
+        Ok(report)
     }
+}
+
+/// A runner's subscribers, as the run loop's observer.
+struct Subscribed(Subscribers);
+
+#[async_trait::async_trait]
+impl Observer for Subscribed {
+    async fn attach(
+        &self,
+        _: &Backend,
+        _: Arc<Shared>,
+        _: watch::Receiver<bool>,
+        _: &mut tokio::task::JoinSet<()>,
+    ) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn event(&self, event: &Event) {
+        self.0.emit(event);
+    }
+
+    fn finish(&self, _: &tranche_active_store::StatusCounts) {}
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use support::TestRedis;
-use tranche_worker::runner::{Chunk, Handler, HandlerError, Runner};
+use tranche_worker::runner::{CancellationToken, Chunk, Handler, HandlerError, Runner};
 
 /// Records every chunk it processes; fails the first attempt of partition 3's chunk 1.
 #[derive(Clone, Default)]
@@ -48,15 +48,19 @@ async fn runs_every_chunk(runner: Runner) {
     let report = runner
         .clone()
         .backoff(Duration::from_millis(10))
-        .run(handler.clone(), std::future::pending())
+        .run(handler.clone())
         .await
         .unwrap();
     assert_eq!(
-        (report.completed, report.failed, report.outstanding),
+        (
+            report.this_runner.completed,
+            report.namespace.failed,
+            report.namespace.outstanding
+        ),
         (20, 0, 0),
         "{report:?}"
     );
-    assert_eq!(report.failed_attempts, 1, "{report:?}");
+    assert_eq!(report.this_runner.attempts_failed, 1, "{report:?}");
     assert!(!report.interrupted);
     let seen = handler.seen.lock().unwrap().clone();
     covered(&seen, 20_000);
@@ -115,21 +119,25 @@ async fn a_shutdown_drains_and_a_second_run_finishes() {
         ..Recorder::default()
     };
     let first = runner
-        .run(slow.clone(), tokio::time::sleep(Duration::from_millis(300)))
+        .run_with_shutdown(slow.clone(), tokio::time::sleep(Duration::from_millis(300)))
         .await
         .unwrap();
     assert!(first.interrupted, "{first:?}");
     assert!(
-        first.outstanding > 0,
+        first.namespace.outstanding > 0,
         "the job should outlast the first run: {first:?}"
     );
     let rest = Recorder::default();
-    let second = runner
-        .run(rest.clone(), std::future::pending())
-        .await
-        .unwrap();
-    assert_eq!((second.outstanding, second.failed), (0, 0), "{second:?}");
-    assert_eq!(first.completed + second.completed, 40);
+    let second = runner.run(rest.clone()).await.unwrap();
+    assert_eq!(
+        (second.namespace.outstanding, second.namespace.failed),
+        (0, 0),
+        "{second:?}"
+    );
+    assert_eq!(
+        first.this_runner.completed + second.this_runner.completed,
+        40
+    );
     let mut all = slow.seen.lock().unwrap().clone();
     all.extend(rest.seen.lock().unwrap().iter().copied());
     covered(&all, 40_000);
@@ -162,19 +170,20 @@ async fn a_panicking_handler_fails_its_attempt() {
         .backoff(Duration::from_millis(10))
         .chunk(100);
     runner.plan(1, 1000, 200).await.unwrap();
-    let report = tokio::time::timeout(
-        Duration::from_secs(60),
-        runner.run(PanicsOnThree, std::future::pending()),
-    )
-    .await
-    .expect("the run returns although a handler panicked")
-    .unwrap();
+    let report = tokio::time::timeout(Duration::from_secs(60), runner.run(PanicsOnThree))
+        .await
+        .expect("the run returns although a handler panicked")
+        .unwrap();
     assert_eq!(
-        (report.completed, report.failed, report.outstanding),
+        (
+            report.this_runner.completed,
+            report.namespace.failed,
+            report.namespace.outstanding
+        ),
         (4, 1, 0),
         "{report:?}"
     );
-    assert_eq!(report.failed_attempts, 2, "{report:?}");
+    assert_eq!(report.this_runner.attempts_failed, 2, "{report:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -210,17 +219,21 @@ async fn permanent_and_delayed(runner: Runner) {
             .clone()
             .max_attempts(5)
             .backoff(Duration::from_secs(3600))
-            .run(handler.clone(), std::future::pending()),
+            .run(handler.clone()),
     )
     .await
     .expect("retry_after is not the hour-long back-off")
     .unwrap();
     assert_eq!(
-        (report.completed, report.failed, report.outstanding),
+        (
+            report.this_runner.completed,
+            report.namespace.failed,
+            report.namespace.outstanding
+        ),
         (4, 1, 0),
         "{report:?}"
     );
-    assert_eq!(report.failed_attempts, 2, "{report:?}");
+    assert_eq!(report.this_runner.attempts_failed, 2, "{report:?}");
     let seen = handler.seen.lock().unwrap().clone();
     assert!(
         seen.iter().filter(|c| c.pid == 2).all(|c| c.attempt == 1),
@@ -253,10 +266,7 @@ async fn errors_are_typed() {
     let dir = std::env::temp_dir().join(format!("tranche-errors-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let runner = Runner::embedded(dir.join("e.state")).namespace("e");
-    let err = runner
-        .run(Recorder::default(), std::future::pending())
-        .await
-        .unwrap_err();
+    let err = runner.run(Recorder::default()).await.unwrap_err();
     assert!(matches!(err, Error::NotPlanned { .. }), "{err:?}");
     assert!(!err.to_string().contains("tranche plan"), "{err}");
 
@@ -269,17 +279,11 @@ async fn errors_are_typed() {
     assert!(matches!(bad.plan(1, 2, 1).await, Err(Error::Config(_))));
 
     // A run in progress holds the state file: a second runner is refused, naming it.
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let token = CancellationToken::new();
     let busy = Recorder::default();
     let first = tokio::spawn({
-        let (runner, busy) = (runner.clone().follow(true), busy.clone());
-        async move {
-            runner
-                .run(busy, async {
-                    let _ = rx.await;
-                })
-                .await
-        }
+        let (runner, busy, token) = (runner.clone().follow(true), busy.clone(), token.clone());
+        async move { runner.run_until_cancelled(busy, token).await }
     });
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while busy.seen.lock().unwrap().is_empty() {
@@ -295,13 +299,17 @@ async fn errors_are_typed() {
     };
     assert_eq!(*holder, Some(std::process::id()), "{err}");
     assert!(!err.to_string().contains("tranche process"), "{err}");
-    tx.send(()).unwrap();
-    first.await.unwrap().unwrap();
+    token.cancel();
+    let first = first.await.unwrap().unwrap();
+    assert!(
+        first.interrupted,
+        "a follow run ends by its token: {first:?}"
+    );
 
     let redis = TestRedis::start();
     let err = Runner::redis(redis.url())
         .namespace("never")
-        .run(Recorder::default(), std::future::pending())
+        .run(Recorder::default())
         .await
         .unwrap_err();
     assert!(matches!(err, Error::NotPlanned { .. }), "{err:?}");
@@ -315,5 +323,125 @@ async fn errors_are_typed() {
         .unwrap_err();
     assert!(matches!(err, Error::StoreUnreachable { .. }), "{err:?}");
     assert!(std::error::Error::source(&err).is_some());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Fails partition 2 for good; partition 4 asks to come back in an hour.
+struct Stubborn;
+
+#[async_trait::async_trait]
+impl Handler for Stubborn {
+    async fn process(&self, chunk: Chunk) -> Result<(), HandlerError> {
+        match chunk.pid {
+            2 => Err(HandlerError::permanent("bad row")),
+            4 => Err(HandlerError::retry_after(
+                "come back later",
+                Duration::from_secs(3600),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Subscribers see what happened, the report tells this runner's work from the
+/// namespace's, and `Until::NothingToClaim` returns without waiting for a retry an hour
+/// away.
+#[tokio::test]
+async fn events_and_until_nothing_to_claim() {
+    use tranche_worker::runner::{Event, Until};
+    let dir = std::env::temp_dir().join(format!("tranche-events-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let events: Arc<Mutex<Vec<Event>>> = Arc::default();
+    let runner = Runner::embedded(dir.join("ev.state"))
+        .chunk(50)
+        .until(Until::NothingToClaim)
+        .on_event({
+            let events = events.clone();
+            move |e| events.lock().unwrap().push(e.clone())
+        });
+    runner.plan(1, 1000, 200).await.unwrap();
+    let report = tokio::time::timeout(Duration::from_secs(30), runner.run(Stubborn))
+        .await
+        .expect("no wait for the namespace to drain")
+        .unwrap();
+    assert_eq!(report.this_runner.completed, 3, "{report:?}");
+    assert_eq!(report.this_runner.failed_pids, vec![2], "{report:?}");
+    assert_eq!(report.this_runner.attempts_failed, 2, "{report:?}");
+    assert_eq!(
+        (report.namespace.failed, report.namespace.outstanding),
+        (1, 1),
+        "{report:?}"
+    );
+    let events = events.lock().unwrap().clone();
+    let claimed = events
+        .iter()
+        .filter(|e| matches!(e, Event::Claimed { .. }))
+        .count();
+    let done: BTreeSet<u64> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::PartitionDone { pid, .. } => Some(*pid),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(claimed, 5, "{events:?}");
+    assert_eq!(done, BTreeSet::from([1, 3, 5]));
+    assert!(
+        events.iter().any(|e| matches!(
+            e,
+            Event::AttemptFailed { pid: 2, permanent: true, retry_in: None, error, .. }
+                if error.contains("bad row")
+        )),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|e| matches!(
+            e,
+            Event::AttemptFailed { pid: 4, permanent: false, retry_in: Some(d), .. }
+                if *d > Duration::from_secs(3000)
+        )),
+        "{events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .filter(|e| matches!(e, Event::ChunkDone { ok: true, .. }))
+            .count()
+            >= 12,
+        "{events:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A shutdown that is already over drains at once, whichever way it is given: the run
+/// claims nothing and says it was interrupted.
+#[tokio::test]
+async fn a_finished_shutdown_claims_nothing() {
+    let dir = std::env::temp_dir().join(format!("tranche-done-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let runner = Runner::embedded(dir.join("d.state"));
+    runner.plan(1, 1000, 100).await.unwrap();
+    let handler = Recorder::default();
+    let report = runner
+        .run_with_shutdown(handler.clone(), async {})
+        .await
+        .unwrap();
+    assert!(report.interrupted, "{report:?}");
+    assert_eq!(report.this_runner.completed, 0, "{report:?}");
+    assert_eq!(report.namespace.outstanding, 10, "{report:?}");
+    let token = CancellationToken::new();
+    token.cancel();
+    let report = runner
+        .run_until_cancelled(handler.clone(), token)
+        .await
+        .unwrap();
+    assert!(
+        report.interrupted && report.this_runner.completed == 0,
+        "{report:?}"
+    );
+    assert!(handler.seen.lock().unwrap().is_empty());
+    let report = runner.run(handler.clone()).await.unwrap();
+    assert!(!report.interrupted, "{report:?}");
+    assert_eq!(report.this_runner.completed, 10, "{report:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -360,6 +360,7 @@ async fn run(g: &crate::cli::args::Global, args: RunArgs) -> Result<Outcome> {
         lease: args.lease,
         max_attempts: args.max_attempts,
         follow: args.follow,
+        until_idle: false,
         reaper: !args.no_reaper,
         archiver: !args.no_archiver,
         heartbeat: !args.no_heartbeat,

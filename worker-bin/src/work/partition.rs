@@ -3,13 +3,14 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tranche_active_store::{ActiveStore, Error as ActiveError, FailOutcome, FailPolicy, Lease};
 use tranche_window::SlidingWindow;
 
+use crate::event::Event;
 use crate::held::{Hold, LeaseBook};
 use crate::job::{Chunk, ChunkError};
 
@@ -50,6 +51,11 @@ impl PartitionCtx {
                 let r = self.active.complete(&lease, ms).await.map(|_| ());
                 if r.is_ok() {
                     self.shared.completed.fetch_add(1, Relaxed);
+                    self.shared.emit(|| Event::PartitionDone {
+                        pid,
+                        attempt: lease.attempt,
+                        duration: started.elapsed(),
+                    });
                     self.shared
                         .durations_ms
                         .lock()
@@ -65,6 +71,23 @@ impl PartitionCtx {
                     Ok(()) => self.active.fail_with(&lease, &reason, policy).await,
                     Err(e) => Err(e),
                 };
+                if let Ok(outcome) = &r {
+                    self.shared.emit(|| Event::AttemptFailed {
+                        pid,
+                        attempt: lease.attempt,
+                        error: reason.clone(),
+                        permanent: policy.permanent,
+                        retry_in: match outcome {
+                            FailOutcome::Retry { ready_at_ms } => {
+                                Some(Duration::from_millis(ready_at_ms.saturating_sub(now_ms())))
+                            }
+                            FailOutcome::Failed => None,
+                        },
+                    });
+                }
+                if let Ok(FailOutcome::Failed) = &r {
+                    self.shared.failed_for_good(pid);
+                }
                 match &r {
                     Ok(FailOutcome::Retry { ready_at_ms }) => tracing::info!(
                         pid,
@@ -91,10 +114,12 @@ impl PartitionCtx {
                 // Not the partition's fault: its attempt goes back, and the run stops.
                 self.shared.broken(reason);
                 self.shared.released.fetch_add(1, Relaxed);
+                self.shared.emit(|| Event::Released { pid });
                 self.active.release(&lease, checkpoint).await
             }
             Ended::Stopped => {
                 self.shared.released.fetch_add(1, Relaxed);
+                self.shared.emit(|| Event::Released { pid });
                 self.active.release(&lease, checkpoint).await
             }
             Ended::Lost => Err(ActiveError::LeaseLost {
@@ -107,6 +132,7 @@ impl PartitionCtx {
             Ok(()) => {}
             Err(ActiveError::LeaseLost { .. }) => {
                 self.shared.lost.fetch_add(1, Relaxed);
+                self.shared.emit(|| Event::LeaseLost { pid });
                 tracing::warn!(
                     pid,
                     "lease lost to another worker (expired); its result is dropped"
