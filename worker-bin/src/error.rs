@@ -90,6 +90,7 @@ impl From<anyhow::Error> for Error {
         };
         let store = err.is::<tranche_archive_store::Error>()
             || err.is::<tranche_stats::Error>()
+            || err.is::<tranche_router::Error>()
             || err.is::<redis::RedisError>();
         if store {
             Error::Store(err.into())

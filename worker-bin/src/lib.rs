@@ -31,6 +31,7 @@ mod handler;
 mod held;
 mod job;
 mod layers;
+mod query;
 pub mod runner;
 mod slot;
 mod state;
@@ -43,6 +44,18 @@ pub use state::fuzz_state_file;
 
 #[cfg(feature = "cli")]
 pub use cli::cli_main;
+
+pub use error::Error;
+pub use event::{Event, Progress};
+pub use handler::{Handler, HandlerError};
+pub use job::Chunk;
+pub use query::{Job, JobStatus};
+pub use runner::{CancellationToken, NamespaceReport, RunReport, Runner, RunnerReport, Until};
+/// The values a [`Job`] answers with, from the crates underneath.
+pub use tranche_active_store::{PlanEntry, StatusCounts, WorkerInfo, WorkerState};
+pub use tranche_archive_store::DeadLetter;
+pub use tranche_codec::{CompletedRecord, Partition, Status};
+pub use tranche_router::{Located, MergedStats, PartitionView};
 
 /// Milliseconds since the Unix epoch, by the system clock: the binary's one "now",
 /// read from the same [`Clock`](tranche_codec::Clock) the stores take.

@@ -58,7 +58,8 @@ pub use tokio_util::sync::CancellationToken;
 use crate::backend::{Backend, Location, Open, Tuning};
 use crate::event::Subscribers;
 pub use crate::event::{Event, Progress};
-use crate::job::Job;
+use crate::job::Job as Work;
+pub use crate::query::{Job, JobStatus};
 use crate::work::{self, Observer, Settings, Shared, Stop};
 
 pub use crate::job::Chunk;
@@ -274,6 +275,11 @@ impl Runner {
         self
     }
 
+    /// Opens the namespace to ask what its job has done ([`Job`]).
+    pub async fn job(&self) -> Result<Job, Error> {
+        Job::of(self).await
+    }
+
     fn location(&self) -> Location {
         Location {
             namespace: self.namespace.clone(),
@@ -432,7 +438,7 @@ impl Runner {
         let backend = self.open(Open::Existing, tuning).await?;
         self.writable(&backend)?;
         let settings = Settings {
-            job: Job::Handler(HandlerRef(Arc::new(handler))),
+            job: Work::Handler(HandlerRef(Arc::new(handler))),
             chunk: self.chunk,
             parallel: self.parallel,
             window: self.window.unwrap_or(2 * self.parallel),

@@ -184,6 +184,12 @@ async fn a_panicking_handler_fails_its_attempt() {
         "{report:?}"
     );
     assert_eq!(report.this_runner.attempts_failed, 2, "{report:?}");
+    let failed = runner.job().await.unwrap().failed().await.unwrap();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0].pid, 3);
+    let error = failed[0].last_error.as_deref().unwrap_or_default();
+    assert!(error.contains("handler panicked: row "), "{error}");
+    assert!(error.ends_with(" is cursed"), "{error}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -444,4 +450,73 @@ async fn a_finished_shutdown_claims_nothing() {
     assert!(!report.interrupted, "{report:?}");
     assert_eq!(report.this_runner.completed, 10, "{report:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What a job did, asked from Rust after the run: the same answers on both backends.
+async fn asks_what_happened(runner: Runner) {
+    use tranche_worker::{PartitionView, Status};
+    runner.plan(1, 1000, 200).await.unwrap();
+    let report = runner
+        .clone()
+        .worker_id("asker-1")
+        .run(Stubborn)
+        .await
+        .unwrap();
+    // Partition 4 waits an hour for its retry: a drained run would wait with it.
+    assert_eq!(report.this_runner.completed, 3, "{report:?}");
+    let job = runner.job().await.unwrap();
+    let status = job.status().await.unwrap();
+    assert_eq!((status.total, status.completed), (5, 3), "{status:?}");
+    assert_eq!(
+        (status.counts.failed, status.counts.pending),
+        (1, 1),
+        "{status:?}"
+    );
+    let failed = job.failed().await.unwrap();
+    assert_eq!(failed.iter().map(|p| p.pid).collect::<Vec<_>>(), vec![2]);
+    assert!(failed[0].last_error.as_deref().unwrap().contains("bad row"));
+    let pending = job.list(Some(Status::Pending), 0, 10).await.unwrap();
+    assert_eq!(pending.iter().map(|p| p.pid).collect::<Vec<_>>(), vec![4]);
+    assert!(
+        matches!(job.get(2).await.unwrap(), PartitionView::Active(p) if p.status == Status::Failed)
+    );
+    let located = job.locate(450).await.unwrap().expect("planned");
+    assert_eq!((located.pid, located.range.clone()), (3, 401..=600));
+    assert!(located.view.is_completed(), "{located:?}");
+    assert!(job.locate(5000).await.unwrap().is_none());
+    // A worker leaves the registry when its run ends: none is left.
+    let workers = job.workers().await.unwrap();
+    assert!(
+        workers.iter().all(|w| w.info.id != "asker-1"),
+        "{workers:?}"
+    );
+    assert_eq!(job.plans().await.unwrap().len(), 1);
+    assert!(job.dead_letters(10).await.unwrap().is_empty());
+    let stats = job.stats().await.unwrap();
+    assert!(format!("{stats:?}").contains('3'), "{stats:?}");
+}
+
+#[tokio::test]
+async fn asks_what_happened_embedded() {
+    let dir = std::env::temp_dir().join(format!("tranche-ask-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    asks_what_happened(
+        Runner::embedded(dir.join("ask.state"))
+            .chunk(50)
+            .until(tranche_worker::Until::NothingToClaim),
+    )
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asks_what_happened_on_redis() {
+    let redis = TestRedis::start();
+    asks_what_happened(
+        Runner::redis(redis.url())
+            .namespace("ask")
+            .chunk(50)
+            .until(tranche_worker::Until::NothingToClaim),
+    )
+    .await;
 }
