@@ -31,6 +31,8 @@ mod handler;
 mod held;
 mod job;
 mod layers;
+#[cfg(feature = "metrics")]
+mod metrics;
 mod query;
 pub mod runner;
 mod slot;

@@ -520,3 +520,30 @@ async fn asks_what_happened_on_redis() {
     )
     .await;
 }
+
+/// `Runner::metrics` fills the application's registry from the run's events.
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn metrics_land_in_the_applications_registry() {
+    let dir = std::env::temp_dir().join(format!("tranche-metrics-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut registry = prometheus_client::registry::Registry::default();
+    let runner = Runner::embedded(dir.join("m.state"))
+        .chunk(50)
+        .until(tranche_worker::Until::NothingToClaim)
+        .metrics(&mut registry);
+    runner.plan(1, 1000, 200).await.unwrap();
+    runner.run(Stubborn).await.unwrap();
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for line in [
+        "tranche_worker_partitions_claimed_total 5",
+        "tranche_worker_partitions_completed_total 3",
+        "tranche_worker_attempts_failed_total 2",
+        "tranche_worker_partitions_failed_total 1",
+        "tranche_worker_partition_seconds_count 3",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
