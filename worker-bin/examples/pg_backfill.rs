@@ -77,7 +77,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     .namespace("backfill-email-lower")
     .concurrency(4)
     .chunk(1_000);
-    runner.plan(min, max, 10_000).await?;
+    runner
+        .plan(tranche_worker::Plan::ids(min..=max).partition_size(10_000))
+        .await?;
     let report = runner
         .run_with_shutdown(backfill, async {
             let _ = tokio::signal::ctrl_c().await;

@@ -1,4 +1,4 @@
-//! Run a worker from Rust: your own async handler instead of `--exec`.
+//! Run a worker from Rust: your own async [`Handler`] instead of `--exec`.
 //!
 //! Everything `tranche run` does comes along: batched claims with a local prefetch
 //! queue, each partition's chunks through the resumable sliding window, checkpoints and
@@ -6,39 +6,67 @@
 //! retries with back-off up to `max_attempts`, and a graceful drain on shutdown that
 //! checkpoints and releases what runs, giving the attempt back.
 //!
-//! ```no_run
-//! use tranche_worker::runner::{Chunk, Handler, HandlerError, Runner};
+//! ```
+//! use tranche_worker::{Chunk, Handler, HandlerError, Plan, Runner};
 //!
 //! struct Reindex;
 //!
 //! #[async_trait::async_trait]
 //! impl Handler for Reindex {
 //!     async fn process(&self, chunk: Chunk) -> Result<(), HandlerError> {
-//!         // Index rows chunk.from..=chunk.to; an Err fails this attempt (it is
-//!         // retried with back-off up to max_attempts).
+//!         // Index rows chunk.from..=chunk.to. An Err fails this attempt (retried
+//!         // with back-off up to max_attempts); HandlerError::permanent does not retry.
 //!         let _ = (chunk.from, chunk.to);
 //!         Ok(())
 //!     }
 //! }
 //!
-//! # async fn demo() -> Result<(), tranche_worker::runner::Error> {
-//! let runner = Runner::redis("redis://127.0.0.1:6379")
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tranche_worker::Error> {
+//! # let dir = std::env::temp_dir().join(format!("tranche-doc-runner-{}", std::process::id()));
+//! // Runner::redis("redis://127.0.0.1:6379") for a fleet; embedded needs no service.
+//! let runner = Runner::embedded(dir.join("reindex.state"))
 //!     .namespace("reindex")
 //!     .concurrency(8)
 //!     .chunk(500);
-//! runner.plan(1, 5_000_000, 10_000).await?;
-//! let report = runner
-//!     .run(Reindex, async { let _ = tokio::signal::ctrl_c().await; })
-//!     .await?;
-//! println!("{} partitions completed here", report.completed);
+//! runner.plan(Plan::ids(1..=50_000).partition_size(5_000)).await?;
+//! let report = runner.run(Reindex).await?;
+//! assert_eq!(report.this_runner.completed, 10);
+//! # std::fs::remove_dir_all(&dir).ok();
 //! # Ok(())
 //! # }
 //! ```
 //!
-//! A handler's future is dropped when the drain's grace period is over (or at once,
-//! for a second shutdown): write it so that a dropped future leaves nothing half done
-//! (a transaction that commits at its end, an idempotent write). A chunk may be
-//! processed again after a crash or an expired lease: at least once, never lost.
+//! # Concepts
+//!
+//! A [`Plan`] cuts the row IDs into **partitions** (`partition_size` IDs each): the
+//! unit a worker claims under a lease, retries, and completes. A partition is
+//! processed in **chunks** of [`chunk`](Runner::chunk) IDs, one [`Handler::process`]
+//! call each. Four settings say how much runs at once:
+//!
+//! - [`concurrency`](Runner::concurrency): partitions this runner processes at once.
+//! - [`parallel`](Runner::parallel): chunks of one partition in flight at once, so at
+//!   most `concurrency × parallel` handler calls run together.
+//! - [`window`](Runner::window): how far past the partition's checkpoint (its first
+//!   unfinished chunk) chunks may be issued. Chunks finish out of order; the
+//!   checkpoint only moves over finished ones, so after a crash at most one window of
+//!   chunks is processed again. A slow chunk holds the window: past it nothing new is
+//!   issued.
+//! - [`prefetch`](Runner::prefetch): partitions claimed ahead and queued beyond
+//!   `concurrency`, so a finished partition is replaced without a round trip to the
+//!   store. They are leased (renewed while they wait) and given back on shutdown.
+//!
+//! # Shutdown
+//!
+//! [`run`](Runner::run) runs to the end; [`run_until_cancelled`](Runner::run_until_cancelled)
+//! drains on a [`CancellationToken`]: nothing more is claimed, running chunks get the
+//! [`grace`](Runner::grace) period, what is unfinished is checkpointed and released.
+//! A handler's future is dropped when the grace period is over: write it so that a
+//! dropped future leaves nothing half done (a transaction that commits at its end, an
+//! idempotent write). A chunk may be processed again after a crash or an expired
+//! lease: at least once, never lost.
+//!
+//! # Runtime
 //!
 //! The runner works on whatever runtime calls it. Where the handler mostly waits (on a
 //! database, a search cluster), a current-thread runtime is the cheapest: `tranche run`
@@ -59,6 +87,7 @@ use crate::backend::{Backend, Location, Open, Tuning};
 use crate::event::Subscribers;
 pub use crate::event::{Event, Progress};
 use crate::job::Job as Work;
+pub use crate::plan::Plan;
 pub use crate::query::{Job, JobStatus};
 use crate::work::{self, Observer, Settings, Shared, Stop};
 
@@ -367,15 +396,12 @@ impl Runner {
         })
     }
 
-    /// Plans the IDs `min..=max` in partitions of `size` IDs (a repeated plan is a
-    /// no-op; an overlapping one is [`Error::InvalidPlan`]).
-    pub async fn plan(&self, min: u64, max: u64, size: u64) -> Result<(), Error> {
+    /// Adds `plan` to the namespace, creating it if need be (the same plan again is a
+    /// no-op; one overlapping another is [`Error::InvalidPlan`], and writes nothing).
+    pub async fn plan(&self, plan: Plan) -> Result<(), Error> {
         let backend = self.open(Open::Create, Tuning::default()).await?;
         self.writable(&backend)?;
-        backend
-            .active
-            .plan(&tranche_active_store::Plan::Uniform { min, max, size })
-            .await?;
+        backend.active.plan(&plan.to_store()).await?;
         backend.register_namespace().await?;
         backend.save().await?;
         Ok(())

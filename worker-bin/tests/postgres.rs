@@ -170,7 +170,10 @@ async fn a_postgres_backfill_runs_to_the_end_through_a_restart() {
         .concurrency(2)
         .chunk(500)
         .grace(Duration::from_secs(5));
-    runner.plan(min, max, 1000).await.unwrap();
+    runner
+        .plan(tranche_worker::Plan::ids(min..=max).partition_size(1000))
+        .await
+        .unwrap();
     // Stopped early, then started again, as an operator would.
     let first = runner
         .run_with_shutdown(backfill, tokio::time::sleep(Duration::from_millis(200)))
@@ -235,7 +238,7 @@ async fn three_runners_backfill_a_million_rows_through_a_sigkill() {
     let redis = TestRedis::start();
     Runner::redis(redis.url())
         .namespace("backfill")
-        .plan(1, ROWS, PARTITION)
+        .plan(tranche_worker::Plan::ids(1..=ROWS).partition_size(PARTITION))
         .await
         .unwrap();
 

@@ -43,7 +43,10 @@ fn covered(seen: &[Chunk], max: u64) {
 }
 
 async fn runs_every_chunk(runner: Runner) {
-    runner.plan(1, 20_000, 1000).await.unwrap();
+    runner
+        .plan(tranche_worker::Plan::ids(1..=20_000).partition_size(1000))
+        .await
+        .unwrap();
     let handler = Recorder::default();
     let report = runner
         .clone()
@@ -113,7 +116,10 @@ async fn a_shutdown_drains_and_a_second_run_finishes() {
         .chunk(100)
         .grace(Duration::from_secs(5))
         .backoff(Duration::from_millis(10));
-    runner.plan(1, 40_000, 1000).await.unwrap();
+    runner
+        .plan(tranche_worker::Plan::ids(1..=40_000).partition_size(1000))
+        .await
+        .unwrap();
     let slow = Recorder {
         delay: Duration::from_millis(20),
         ..Recorder::default()
@@ -169,7 +175,10 @@ async fn a_panicking_handler_fails_its_attempt() {
         .max_attempts(2)
         .backoff(Duration::from_millis(10))
         .chunk(100);
-    runner.plan(1, 1000, 200).await.unwrap();
+    runner
+        .plan(tranche_worker::Plan::ids(1..=1000).partition_size(200))
+        .await
+        .unwrap();
     let report = tokio::time::timeout(Duration::from_secs(60), runner.run(PanicsOnThree))
         .await
         .expect("the run returns although a handler panicked")
@@ -217,7 +226,10 @@ impl Handler for Picky {
 /// A permanent error fails its partition on the first attempt, with attempts left;
 /// `retry_after` is retried (after its own delay, not the 1 h back-off).
 async fn permanent_and_delayed(runner: Runner) {
-    runner.plan(1, 1000, 200).await.unwrap();
+    runner
+        .plan(tranche_worker::Plan::ids(1..=1000).partition_size(200))
+        .await
+        .unwrap();
     let handler = Picky::default();
     let report = tokio::time::timeout(
         Duration::from_secs(30),
@@ -276,13 +288,23 @@ async fn errors_are_typed() {
     assert!(matches!(err, Error::NotPlanned { .. }), "{err:?}");
     assert!(!err.to_string().contains("tranche plan"), "{err}");
 
-    runner.plan(1, 100, 10).await.unwrap();
-    let err = runner.plan(50, 200, 10).await.unwrap_err();
+    runner
+        .plan(tranche_worker::Plan::ids(1..=100).partition_size(10))
+        .await
+        .unwrap();
+    let err = runner
+        .plan(tranche_worker::Plan::ids(50..=200).partition_size(10))
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::InvalidPlan(_)), "{err:?}");
     assert_eq!(err.to_string().matches("invalid plan").count(), 1, "{err}");
 
     let bad = Runner::embedded(dir.join("x.state")).namespace("a b");
-    assert!(matches!(bad.plan(1, 2, 1).await, Err(Error::Config(_))));
+    assert!(matches!(
+        bad.plan(tranche_worker::Plan::ids(1..=2).partition_size(1))
+            .await,
+        Err(Error::Config(_))
+    ));
 
     // A run in progress holds the state file: a second runner is refused, naming it.
     let token = CancellationToken::new();
@@ -299,7 +321,10 @@ async fn errors_are_typed() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let err = runner.plan(1000, 2000, 10).await.unwrap_err();
+    let err = runner
+        .plan(tranche_worker::Plan::ids(1000..=2000).partition_size(10))
+        .await
+        .unwrap_err();
     let Error::StateLocked { holder, .. } = &err else {
         panic!("{err:?}")
     };
@@ -324,7 +349,7 @@ async fn errors_are_typed() {
         l.local_addr().unwrap().port()
     };
     let err = Runner::redis(format!("redis://127.0.0.1:{closed}"))
-        .plan(1, 2, 1)
+        .plan(tranche_worker::Plan::ids(1..=2).partition_size(1))
         .await
         .unwrap_err();
     assert!(matches!(err, Error::StoreUnreachable { .. }), "{err:?}");
@@ -365,7 +390,10 @@ async fn events_and_until_nothing_to_claim() {
             let events = events.clone();
             move |e| events.lock().unwrap().push(e.clone())
         });
-    runner.plan(1, 1000, 200).await.unwrap();
+    runner
+        .plan(tranche_worker::Plan::ids(1..=1000).partition_size(200))
+        .await
+        .unwrap();
     let report = tokio::time::timeout(Duration::from_secs(30), runner.run(Stubborn))
         .await
         .expect("no wait for the namespace to drain")
@@ -426,7 +454,10 @@ async fn a_finished_shutdown_claims_nothing() {
     let dir = std::env::temp_dir().join(format!("tranche-done-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let runner = Runner::embedded(dir.join("d.state"));
-    runner.plan(1, 1000, 100).await.unwrap();
+    runner
+        .plan(tranche_worker::Plan::ids(1..=1000).partition_size(100))
+        .await
+        .unwrap();
     let handler = Recorder::default();
     let report = runner
         .run_with_shutdown(handler.clone(), async {})
@@ -455,7 +486,10 @@ async fn a_finished_shutdown_claims_nothing() {
 /// What a job did, asked from Rust after the run: the same answers on both backends.
 async fn asks_what_happened(runner: Runner) {
     use tranche_worker::{PartitionView, Status};
-    runner.plan(1, 1000, 200).await.unwrap();
+    runner
+        .plan(tranche_worker::Plan::ids(1..=1000).partition_size(200))
+        .await
+        .unwrap();
     let report = runner
         .clone()
         .worker_id("asker-1")
@@ -532,7 +566,10 @@ async fn metrics_land_in_the_applications_registry() {
         .chunk(50)
         .until(tranche_worker::Until::NothingToClaim)
         .metrics(&mut registry);
-    runner.plan(1, 1000, 200).await.unwrap();
+    runner
+        .plan(tranche_worker::Plan::ids(1..=1000).partition_size(200))
+        .await
+        .unwrap();
     runner.run(Stubborn).await.unwrap();
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
