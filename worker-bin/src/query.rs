@@ -4,7 +4,8 @@
 //! line's `get`, `locate`, `stats` and `workers` print what these return.
 //!
 //! A job opened on an embedded state file that a run holds reads the file as that run
-//! last saved it (every few seconds, and at its end).
+//! last saved it (every few seconds, and at its end). One opened on a free state file
+//! holds it, as a run would, until it is dropped.
 
 use tranche_active_store::{PlanEntry, StatusCounts, WorkerState};
 use tranche_archive_store::DeadLetter;

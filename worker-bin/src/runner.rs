@@ -304,7 +304,9 @@ impl Runner {
         self
     }
 
-    /// Opens the namespace to ask what its job has done ([`Job`]).
+    /// Opens the namespace to ask what its job has done ([`Job`]). Embedded, an open
+    /// `Job` holds the state file while it lives, as a run does (unless a run holds it
+    /// already: then it reads the last save): drop it before starting a run.
     pub async fn job(&self) -> Result<Job, Error> {
         Job::of(self).await
     }
