@@ -127,6 +127,10 @@ pub struct RunnerReport {
     pub released: u64,
     /// Leases lost (expired while running here; another worker may have redone them).
     pub lost: u64,
+    /// The median time a partition completed here took (zero before the first).
+    pub partition_p50: Duration,
+    /// The 99th percentile of the same.
+    pub partition_p99: Duration,
 }
 
 /// Where the namespace stood when a run ended ([`RunReport::namespace`]).
@@ -519,6 +523,15 @@ impl Runner {
         let report = work::run(&backend, settings, rx).await;
         stopper.abort();
         let report = report?;
+        let quantile = |q: f64| {
+            let h = &report.durations_ms;
+            Duration::from_millis(if h.is_empty() {
+                0
+            } else {
+                h.value_at_quantile(q)
+            })
+        };
+        let (partition_p50, partition_p99) = (quantile(0.5), quantile(0.99));
         let report = RunReport {
             this_runner: RunnerReport {
                 completed: report.completed,
@@ -526,6 +539,8 @@ impl Runner {
                 attempts_failed: report.failed_attempts,
                 released: report.released,
                 lost: report.lost,
+                partition_p50,
+                partition_p99,
             },
             namespace: NamespaceReport {
                 failed: report.counts.failed,

@@ -65,6 +65,11 @@ async fn runs_every_chunk(runner: Runner) {
     );
     assert_eq!(report.this_runner.attempts_failed, 1, "{report:?}");
     assert!(!report.interrupted);
+    let mine = &report.this_runner;
+    assert!(
+        Duration::from_millis(1) <= mine.partition_p50 && mine.partition_p50 <= mine.partition_p99,
+        "{report:?}"
+    );
     let seen = handler.seen.lock().unwrap().clone();
     covered(&seen, 20_000);
     // The failed chunk was retried on attempt 2, from the partition's checkpoint.
