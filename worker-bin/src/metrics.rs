@@ -1,7 +1,10 @@
 //! Prometheus metrics of a run for a library user's own registry
 //! ([`Runner::metrics`](crate::Runner::metrics), feature `metrics`), built from the
 //! run's [`Event`]s as any subscriber would: the runner itself keeps no metric and
-//! serves nothing; the application mounts its registry where it likes.
+//! serves nothing; the application mounts its registry where it likes. The families
+//! are named as `tranche run --metrics-listen` names its own (`claimed`, `completed`,
+//! `failed_attempts`, `released`, `lost_leases`, `partitions_in_flight`,
+//! `chunks_in_flight`, `chunk_duration_seconds`), so one dashboard reads both.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -42,17 +45,17 @@ impl RunMetrics {
         };
         let r = registry.sub_registry_with_prefix("tranche_worker");
         r.register(
-            "partitions_claimed",
+            "claimed",
             "Partitions this runner claimed",
             m.claimed.clone(),
         );
         r.register(
-            "partitions_completed",
+            "completed",
             "Partitions this runner completed",
             m.completed.clone(),
         );
         r.register(
-            "attempts_failed",
+            "failed_attempts",
             "Attempts that failed here (retried or not)",
             m.attempts_failed.clone(),
         );
@@ -62,12 +65,12 @@ impl RunMetrics {
             m.failed.clone(),
         );
         r.register(
-            "partitions_released",
+            "released",
             "Partitions given back unfinished",
             m.released.clone(),
         );
         r.register(
-            "leases_lost",
+            "lost_leases",
             "Leases lost while running here",
             m.lost.clone(),
         );
@@ -82,7 +85,7 @@ impl RunMetrics {
             m.chunks_in_flight.clone(),
         );
         r.register(
-            "chunk_seconds",
+            "chunk_duration_seconds",
             "How long the handler took per chunk",
             m.chunk_seconds.clone(),
         );

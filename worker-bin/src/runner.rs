@@ -315,10 +315,10 @@ impl Runner {
         Job::of(self).await
     }
 
-    /// Registers this runner's metrics in `registry` (prefix `tranche_worker`:
-    /// partitions claimed, completed, failed, released; attempts failed; leases lost;
-    /// partitions and chunks in flight; chunk and partition durations), built from
-    /// its events. The application serves the registry where it likes. Feature
+    /// Registers this runner's metrics in `registry` (prefix `tranche_worker`, the
+    /// names `tranche run --metrics-listen` uses: partitions claimed, completed,
+    /// failed, released; attempts failed; leases lost; partitions and chunks in
+    /// flight; chunk and partition durations), built from its events. The application serves the registry where it likes. Feature
     /// `metrics`.
     #[cfg(feature = "metrics")]
     pub fn metrics(self, registry: &mut crate::metrics::Registry) -> Self {

@@ -579,9 +579,9 @@ async fn metrics_land_in_the_applications_registry() {
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
     for line in [
-        "tranche_worker_partitions_claimed_total 5",
-        "tranche_worker_partitions_completed_total 3",
-        "tranche_worker_attempts_failed_total 2",
+        "tranche_worker_claimed_total 5",
+        "tranche_worker_completed_total 3",
+        "tranche_worker_failed_attempts_total 2",
         "tranche_worker_partitions_failed_total 1",
         "tranche_worker_partition_seconds_count 3",
     ] {
