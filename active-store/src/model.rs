@@ -111,6 +111,18 @@ pub enum FailOutcome {
     Failed,
 }
 
+/// How a failed attempt is to be handled, beyond the store's own retry policy
+/// ([`Leases::fail_with`](crate::Leases::fail_with)). The default is the ordinary
+/// failure: retried after the backoff until `max_attempts` are spent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FailPolicy {
+    /// Fail the partition now, whatever attempts are left: no retry can help.
+    pub permanent: bool,
+    /// Retry after this delay instead of the backoff (ignored when `permanent`, or
+    /// when the attempts are spent).
+    pub retry_after: Option<std::time::Duration>,
+}
+
 /// Partitions by status, across every shard.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatusCounts {

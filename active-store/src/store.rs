@@ -8,8 +8,8 @@ use tranche_codec::Partition;
 
 use crate::Result;
 use crate::model::{
-    ActiveSnapshot, Completion, FailOutcome, Lease, Plan, PlanEntry, PlanOutcome, StatusCounts,
-    WorkerInfo, WorkerState,
+    ActiveSnapshot, Completion, FailOutcome, FailPolicy, Lease, Plan, PlanEntry, PlanOutcome,
+    StatusCounts, WorkerInfo, WorkerState,
 };
 
 /// Plans: the generators of partitions.
@@ -78,6 +78,27 @@ pub trait Leases: Send + Sync {
     /// The attempt is given back too (the next claim has the same attempt number), so
     /// interruptions never use up `max_attempts`; an expired lease, reaped, keeps it.
     async fn release(&self, lease: &Lease, progress: u64) -> Result<()>;
+
+    /// Reports a failed attempt under the caller's [`FailPolicy`]: failed at once when
+    /// `permanent` (whatever attempts are left), or retried after `retry_after`
+    /// instead of the backoff. The default serves the ordinary policy through
+    /// [`fail`](Self::fail) and refuses any other with [`Error::InvalidArgument`]
+    /// (crate::Error::InvalidArgument), writing nothing: a store that cannot honour
+    /// the policy says so rather than retry a permanent failure.
+    async fn fail_with(
+        &self,
+        lease: &Lease,
+        error: &str,
+        policy: FailPolicy,
+    ) -> Result<FailOutcome> {
+        if policy == FailPolicy::default() {
+            self.fail(lease, error).await
+        } else {
+            Err(crate::Error::InvalidArgument(format!(
+                "this store cannot fail with {policy:?}"
+            )))
+        }
+    }
 }
 
 /// Housekeeping that keeps the active set moving when workers die or give up.
@@ -181,6 +202,9 @@ macro_rules! forward {
             }
             async fn release(&self, lease: &Lease, progress: u64) -> Result<()> {
                 (**self).release(lease, progress).await
+            }
+            async fn fail_with(&self, lease: &Lease, error: &str, policy: FailPolicy) -> Result<FailOutcome> {
+                (**self).fail_with(lease, error, policy).await
             }
         }
 

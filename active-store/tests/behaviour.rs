@@ -12,8 +12,8 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 use redis::AsyncCommands;
 use tranche_active_store::{
-    ActiveStore, Completion, Config, Error, FailOutcome, Lease, ManualClock, MemoryActiveStore,
-    Plan, RedisActiveStore, RedisConnection, StatusCounts, WorkerInfo,
+    ActiveStore, Completion, Config, Error, FailOutcome, FailPolicy, Lease, ManualClock,
+    MemoryActiveStore, Plan, RedisActiveStore, RedisConnection, StatusCounts, WorkerInfo,
 };
 use tranche_codec::{CompletedRecord, Status, decode_json};
 
@@ -194,6 +194,7 @@ suite!(
     a_plan_past_the_bitmap_limit_is_refused,
     checkpoints_never_move_backwards,
     a_pid_not_issued_yet_is_discarded_like_a_pending_one,
+    fail_with_a_policy,
 );
 
 async fn plan_validation(h: Harness) {
@@ -1306,4 +1307,65 @@ async fn a_pid_not_issued_yet_is_discarded_like_a_pending_one(h: Harness) {
     assert!(!s.plan(&uniform(1, 20_000, 1000)).await.unwrap().created);
     assert!(s.claim("w", 3).await.unwrap().is_empty());
     assert_eq!(s.get(8).await.unwrap().unwrap().status, Status::Discarded);
+}
+
+/// A permanent failure fails the partition on its first attempt; `retry_after` replaces
+/// the backoff; the ordinary policy is `fail`.
+async fn fail_with_a_policy(h: Harness) {
+    let s = &h.store;
+    s.plan(&uniform(1, 3000, 1000)).await.unwrap();
+    let leases = s.claim("w", 3).await.unwrap();
+    let permanent = FailPolicy {
+        permanent: true,
+        retry_after: Some(Duration::from_millis(5)),
+    };
+    assert_eq!(
+        s.fail_with(&leases[0], "no such table", permanent)
+            .await
+            .unwrap(),
+        FailOutcome::Failed,
+        "permanent on attempt 1 of 3"
+    );
+    let p = s.get(leases[0].pid).await.unwrap().unwrap();
+    assert_eq!(
+        (p.status, p.last_error.as_deref()),
+        (Status::Failed, Some("no such table"))
+    );
+    let later = FailPolicy {
+        retry_after: Some(Duration::from_millis(250)),
+        ..FailPolicy::default()
+    };
+    assert_eq!(
+        s.fail_with(&leases[1], "throttled", later).await.unwrap(),
+        FailOutcome::Retry {
+            ready_at_ms: h.clock_now() + 250
+        },
+        "the asked-for delay, not the 1 s backoff"
+    );
+    assert_eq!(
+        s.fail_with(&leases[2], "boom", FailPolicy::default())
+            .await
+            .unwrap(),
+        FailOutcome::Retry {
+            ready_at_ms: h.clock_now() + 1000
+        },
+        "the ordinary policy backs off"
+    );
+    assert!(lost(
+        s.fail_with(&leases[0], "again", permanent)
+            .await
+            .unwrap_err()
+    ));
+    h.clock.advance(250);
+    let retried = s.claim("w", 3).await.unwrap();
+    assert_eq!(
+        retried
+            .iter()
+            .map(|l| (l.pid, l.attempt))
+            .collect::<Vec<_>>(),
+        vec![(leases[1].pid, 2)],
+        "the failed partition is not retried"
+    );
+    let c = s.counts().await.unwrap();
+    assert_eq!((c.failed, c.pending, c.claimed), (1, 1, 1));
 }

@@ -355,6 +355,8 @@ enum Arg {
     Status,
     /// A shard number below the shard count (1 here).
     Shard,
+    /// A failure's policy: empty (the backoff), `permanent`, or a delay in ms.
+    Policy,
 }
 
 impl Arg {
@@ -373,6 +375,7 @@ impl Arg {
             Arg::Range => &["x", "", "5|", "|5", "20|11", "a|b", "1|2|3"],
             Arg::Record => &["", "{\"a\":1}\n{\"b\":2}"],
             Arg::Status => &["r", ""],
+            Arg::Policy => &["soon", "-5", "1.5", "permanently", HUGE],
             Arg::Shard => &["x", "-1", "", "1"],
         }
     }
@@ -562,6 +565,7 @@ fn refusal_rows(server: &TestRedis, tokens: &std::collections::HashMap<u64, u64>
                 a("5", Pos),
                 a("1000", Num),
                 a("60000", Num),
+                a("", Policy),
             ],
             corrupt: vec![record(3, 2, "x"), record(3, 11, "x"), counter("c")],
         },

@@ -77,15 +77,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     .namespace("backfill-email-lower")
     .concurrency(4)
     .chunk(1_000);
-    runner.plan(min, max, 10_000).await?;
+    runner
+        .plan(tranche_worker::Plan::ids(min..=max).partition_size(10_000))
+        .await?;
     let report = runner
-        .run(backfill, async {
+        .run_with_shutdown(backfill, async {
             let _ = tokio::signal::ctrl_c().await;
         })
         .await?;
     println!(
         "{} partitions backfilled here; {} outstanding, {} failed",
-        report.completed, report.outstanding, report.failed
+        report.this_runner.completed, report.namespace.outstanding, report.namespace.failed
     );
     Ok(())
 }

@@ -68,6 +68,9 @@ pub(crate) enum ChunkError {
     /// spending every partition's attempts; the partition is released, its attempt
     /// given back.
     Broken(String),
+    /// A handler's error that names its own policy (permanent, or retry after a
+    /// delay): the partition's attempt is spent under that policy.
+    Refused(String, tranche_active_store::FailPolicy),
 }
 
 /// One chunk: the IDs `from..=to` of partition `pid`, on attempt `attempt`.
@@ -93,7 +96,7 @@ pub(crate) enum Job {
     /// Sleep uniformly in `latency` ms, fail with probability `fail`.
     Simulate { latency: (u64, u64), fail: f64 },
     /// A library user's handler ([`crate::runner::Handler`]).
-    Handler(crate::runner::HandlerRef),
+    Handler(crate::handler::HandlerRef),
 }
 
 impl Job {
@@ -108,12 +111,32 @@ impl Job {
             // Boxed: a child process's state would make every chunk's future that big.
             Job::Exec(cmd) => Box::pin(exec(cmd, chunk, abort)).await,
             Job::Handler(handler) => {
+                use futures_util::FutureExt;
                 let handler = handler.0.clone();
+                // A panic is caught here, at the chunk: it fails the attempt like an
+                // error (retried up to max_attempts) instead of unwinding through the
+                // partition's task, which would leave its lease held and renewed for
+                // ever. AssertUnwindSafe: after a panic the future is dropped, and
+                // nothing of it is used again.
+                let process = std::panic::AssertUnwindSafe(handler.process(chunk)).catch_unwind();
                 tokio::select! {
-                    r = handler.process(chunk) => r.map_err(|err| ChunkError::Failed(format!(
-                        "chunk {} ({}..={}) failed: {err}",
-                        chunk.index, chunk.from, chunk.to
-                    ))),
+                    r = process => match r {
+                        Ok(r) => r.map_err(|err| {
+                            let reason = format!(
+                                "chunk {} ({}..={}) failed: {err}",
+                                chunk.index, chunk.from, chunk.to
+                            );
+                            if err.policy() == Default::default() {
+                                ChunkError::Failed(reason)
+                            } else {
+                                ChunkError::Refused(reason, err.policy())
+                            }
+                        }),
+                        Err(payload) => Err(ChunkError::Failed(format!(
+                            "chunk {} ({}..={}) failed: handler panicked: {}",
+                            chunk.index, chunk.from, chunk.to, panic_message(payload.as_ref())
+                        ))),
+                    },
                     // The handler's future is dropped: see `runner`.
                     () = abort => Err(ChunkError::Interrupted),
                 }
@@ -145,6 +168,15 @@ impl Job {
             }
         }
     }
+}
+
+/// A panic's message: its payload when that is a string (as `panic!` makes it).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a non-string payload")
 }
 
 /// Sends `signal` to process group `pgid`; a group already gone is fine.

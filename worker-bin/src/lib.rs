@@ -1,18 +1,62 @@
-//! The tranche worker: the `tranche` command line, and [`runner`], the same worker as a
-//! library for Rust programs that process chunks with their own async handler.
+//! The tranche worker: the `tranche` command line, and the same worker as a library
+//! for Rust programs that process chunks with their own async [`Handler`].
+//!
+//! The library in one screen: plan a job, run a handler over it, ask what happened.
+//! Embedded (one process, state in a file) needs no service; [`Runner::redis`] runs
+//! the same code on a fleet.
+//!
+//! ```
+//! use tranche_worker::{Chunk, Handler, HandlerError, Plan, Runner, Status};
+//!
+//! struct Square;
+//!
+//! #[async_trait::async_trait]
+//! impl Handler for Square {
+//!     async fn process(&self, chunk: Chunk) -> Result<(), HandlerError> {
+//!         if chunk.from <= 4_242 && 4_242 <= chunk.to {
+//!             return Err(HandlerError::permanent("row 4242 is malformed"));
+//!         }
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tranche_worker::Error> {
+//! let dir = std::env::temp_dir().join(format!("tranche-doc-{}", std::process::id()));
+//! let runner = Runner::embedded(dir.join("square.state")).chunk(100);
+//! runner.plan(Plan::ids(1..=10_000).partition_size(1_000)).await?;
+//! let report = runner.run(Square).await?;
+//! assert_eq!(report.this_runner.completed, 9);
+//! assert_eq!(report.this_runner.failed_pids, vec![5]);
+//!
+//! let job = runner.job().await?;
+//! let located = job.locate(4_242).await?.expect("planned");
+//! assert_eq!((located.pid, located.range), (5, 4_001..=5_000));
+//! let failed = job.list(Some(Status::Failed), 0, 10).await?;
+//! assert!(failed[0].last_error.as_deref().unwrap().contains("row 4242"));
+//! # std::fs::remove_dir_all(&dir).ok();
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`runner`] explains the settings (concurrency, parallel, window, prefetch) and the
+//! shutdown; [`Event`] what a run reports as it goes; [`Job`] what can be asked after.
+//! Errors are one [`Error`] enum. Feature `metrics` adds [`Runner::metrics`]-style
+//! Prometheus families to the application's own registry.
 //!
 //! The crate has two floors, and arrows only point down:
 //!
 //! - **The library floor** (the modules at the top level): the run loop (`work`), the
 //!   leases it holds (`held`), the jobs it runs (`job`), the backends and their layers
 //!   (`backend`, `layers`, `embedded`, `state`, `atomic`), worker names (`slot`), and
-//!   [`runner`]. It imports nothing from the command line, the terminal or HTTP, and
+//!   the public API ([`runner`], `handler`, `event`, `query`, `plan`, `error`,
+//!   `metrics`). It imports nothing from the command line, the terminal or HTTP, and
 //!   builds without default features.
 //! - **The command-line floor** (`cli`, the default `cli` feature, which the `tranche`
 //!   binary requires): the commands (`ops`), what they print (`render`), the progress
 //!   bar, `tranche serve` and `--metrics-listen`. It attaches progress and metrics to a
-//!   run from outside, through the run loop's observer hook. `cli_main` is the whole
-//!   binary; errors end there as one line on stderr and a non-zero exit.
+//!   run from outside, through the run's events. `cli_main` is the whole binary;
+//!   errors end there as one line on stderr and a non-zero exit.
 
 // Without the command line, parts of the engine that only its commands use (exec
 // jobs, namespace listing, the run's counters for `--metrics-listen`) have no caller
@@ -25,9 +69,16 @@ mod backend;
 mod cli;
 mod duration;
 mod embedded;
+mod error;
+mod event;
+mod handler;
 mod held;
 mod job;
 mod layers;
+#[cfg(feature = "metrics")]
+mod metrics;
+mod plan;
+mod query;
 pub mod runner;
 mod slot;
 mod state;
@@ -40,6 +91,25 @@ pub use state::fuzz_state_file;
 
 #[cfg(feature = "cli")]
 pub use cli::cli_main;
+
+pub use error::Error;
+pub use event::{Event, Progress};
+pub use handler::{Handler, HandlerError};
+pub use job::Chunk;
+pub use plan::Plan;
+pub use query::{Job, JobStatus};
+pub use runner::{CancellationToken, NamespaceReport, RunReport, Runner, RunnerReport, Until};
+/// The values a [`Job`] answers with, from the crates underneath.
+pub use tranche_active_store::{PlanEntry, StatusCounts, WorkerInfo, WorkerState};
+pub use tranche_archive_store::DeadLetter;
+pub use tranche_codec::{CompletedRecord, Partition, Status};
+pub use tranche_router::{Located, MergedStats, PartitionView};
+
+/// The README's "Embed a worker in Rust" section, compiled and run as a doctest so
+/// that it stays true.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
 
 /// Milliseconds since the Unix epoch, by the system clock: the binary's one "now",
 /// read from the same [`Clock`](tranche_codec::Clock) the stores take.

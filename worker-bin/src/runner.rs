@@ -1,4 +1,4 @@
-//! Run a worker from Rust: your own async handler instead of `--exec`.
+//! Run a worker from Rust: your own async [`Handler`] instead of `--exec`.
 //!
 //! Everything `tranche run` does comes along: batched claims with a local prefetch
 //! queue, each partition's chunks through the resumable sliding window, checkpoints and
@@ -6,39 +6,67 @@
 //! retries with back-off up to `max_attempts`, and a graceful drain on shutdown that
 //! checkpoints and releases what runs, giving the attempt back.
 //!
-//! ```no_run
-//! use tranche_worker::runner::{Chunk, Handler, HandlerError, Runner};
+//! ```
+//! use tranche_worker::{Chunk, Handler, HandlerError, Plan, Runner};
 //!
 //! struct Reindex;
 //!
 //! #[async_trait::async_trait]
 //! impl Handler for Reindex {
 //!     async fn process(&self, chunk: Chunk) -> Result<(), HandlerError> {
-//!         // Index rows chunk.from..=chunk.to; an Err fails this attempt (it is
-//!         // retried with back-off up to max_attempts).
+//!         // Index rows chunk.from..=chunk.to. An Err fails this attempt (retried
+//!         // with back-off up to max_attempts); HandlerError::permanent does not retry.
 //!         let _ = (chunk.from, chunk.to);
 //!         Ok(())
 //!     }
 //! }
 //!
-//! # async fn demo() -> Result<(), tranche_worker::runner::Error> {
-//! let runner = Runner::redis("redis://127.0.0.1:6379")
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tranche_worker::Error> {
+//! # let dir = std::env::temp_dir().join(format!("tranche-doc-runner-{}", std::process::id()));
+//! // Runner::redis("redis://127.0.0.1:6379") for a fleet; embedded needs no service.
+//! let runner = Runner::embedded(dir.join("reindex.state"))
 //!     .namespace("reindex")
 //!     .concurrency(8)
 //!     .chunk(500);
-//! runner.plan(1, 5_000_000, 10_000).await?;
-//! let report = runner
-//!     .run(Reindex, async { let _ = tokio::signal::ctrl_c().await; })
-//!     .await?;
-//! println!("{} partitions completed here", report.completed);
+//! runner.plan(Plan::ids(1..=50_000).partition_size(5_000)).await?;
+//! let report = runner.run(Reindex).await?;
+//! assert_eq!(report.this_runner.completed, 10);
+//! # std::fs::remove_dir_all(&dir).ok();
 //! # Ok(())
 //! # }
 //! ```
 //!
-//! A handler's future is dropped when the drain's grace period is over (or at once,
-//! for a second shutdown): write it so that a dropped future leaves nothing half done
-//! (a transaction that commits at its end, an idempotent write). A chunk may be
-//! processed again after a crash or an expired lease: at least once, never lost.
+//! # Concepts
+//!
+//! A [`Plan`] cuts the row IDs into **partitions** (`partition_size` IDs each): the
+//! unit a worker claims under a lease, retries, and completes. A partition is
+//! processed in **chunks** of [`chunk`](Runner::chunk) IDs, one [`Handler::process`]
+//! call each. Four settings say how much runs at once:
+//!
+//! - [`concurrency`](Runner::concurrency): partitions this runner processes at once.
+//! - [`parallel`](Runner::parallel): chunks of one partition in flight at once, so at
+//!   most `concurrency × parallel` handler calls run together.
+//! - [`window`](Runner::window): how far past the partition's checkpoint (its first
+//!   unfinished chunk) chunks may be issued. Chunks finish out of order; the
+//!   checkpoint only moves over finished ones, so after a crash at most one window of
+//!   chunks is processed again. A slow chunk holds the window: past it nothing new is
+//!   issued.
+//! - [`prefetch`](Runner::prefetch): partitions claimed ahead and queued beyond
+//!   `concurrency`, so a finished partition is replaced without a round trip to the
+//!   store. They are leased (renewed while they wait) and given back on shutdown.
+//!
+//! # Shutdown
+//!
+//! [`run`](Runner::run) runs to the end; [`run_until_cancelled`](Runner::run_until_cancelled)
+//! drains on a [`CancellationToken`]: nothing more is claimed, running chunks get the
+//! [`grace`](Runner::grace) period, what is unfinished is checkpointed and released.
+//! A handler's future is dropped when the grace period is over: write it so that a
+//! dropped future leaves nothing half done (a transaction that commits at its end, an
+//! idempotent write). A chunk may be processed again after a crash or an expired
+//! lease: at least once, never lost.
+//!
+//! # Runtime
 //!
 //! The runner works on whatever runtime calls it. Where the handler mostly waits (on a
 //! database, a search cluster), a current-thread runtime is the cheapest: `tranche run`
@@ -51,45 +79,81 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
+/// The token that drains a run ([`Runner::run_until_cancelled`]), re-exported from
+/// `tokio-util`.
+pub use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Backend, Location, Open, Tuning};
-use crate::job::Job;
-use crate::work::{self, Settings, Stop};
+use crate::event::Subscribers;
+pub use crate::event::{Event, Progress};
+use crate::job::Job as Work;
+pub use crate::plan::Plan;
+pub use crate::query::{Job, JobStatus};
+use crate::work::{self, Observer, Settings, Shared, Stop};
 
 pub use crate::job::Chunk;
 
-/// The error a handler returns for a failed chunk: any error, shown as its message.
-pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
+use crate::handler::HandlerRef;
+pub use crate::handler::{Handler, HandlerError};
 
-/// What processes each chunk of a partition.
-#[async_trait::async_trait]
-pub trait Handler: Send + Sync + 'static {
-    /// Processes the row IDs `chunk.from..=chunk.to` of partition `chunk.pid`. `Ok`
-    /// acknowledges the chunk (the checkpoint moves past it once every earlier chunk
-    /// is done); `Err` fails the partition's attempt.
-    async fn process(&self, chunk: Chunk) -> Result<(), HandlerError>;
+pub use crate::error::Error;
+
+/// What a run did: this runner's own work, and where the namespace (every worker's)
+/// stood when it ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RunReport {
+    /// What this runner did.
+    pub this_runner: RunnerReport,
+    /// The namespace as a whole when the run ended.
+    pub namespace: NamespaceReport,
+    /// Whether the shutdown ended the run.
+    pub interrupted: bool,
+    /// How long the run took.
+    pub elapsed: Duration,
 }
 
-/// A failure of the runner itself (the store, bad settings), not of a chunk.
-#[derive(Debug, thiserror::Error)]
-#[error(transparent)]
-pub struct Error(#[from] anyhow::Error);
-
-/// What a run did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunReport {
-    /// Partitions this runner completed.
+/// What one runner did in one run ([`RunReport::this_runner`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RunnerReport {
+    /// Partitions completed here.
     pub completed: u64,
-    /// Attempts of this runner that failed (each retried, or ending failed).
-    pub failed_attempts: u64,
-    /// Partitions this runner gave back unfinished (a drain).
+    /// Partitions that ended failed here (their last attempt ran here), in order.
+    pub failed_pids: Vec<u64>,
+    /// Attempts that failed here (each retried, or ending failed).
+    pub attempts_failed: u64,
+    /// Partitions given back unfinished (a drain).
     pub released: u64,
-    /// Partitions of the namespace that ended failed, when the run ended.
+    /// Leases lost (expired while running here; another worker may have redone them).
+    pub lost: u64,
+    /// The median time a partition completed here took (zero before the first).
+    pub partition_p50: Duration,
+    /// The 99th percentile of the same.
+    pub partition_p99: Duration,
+}
+
+/// Where the namespace stood when a run ended ([`RunReport::namespace`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NamespaceReport {
+    /// Partitions that ended failed, by any worker, in any run.
     pub failed: u64,
-    /// Partitions of the namespace still outstanding, when the run ended.
+    /// Partitions still outstanding (pending, claimed or running).
     pub outstanding: u64,
-    /// Whether the shutdown future ended the run.
-    pub interrupted: bool,
+}
+
+/// When [`Runner::run`] returns (besides a shutdown).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Until {
+    /// Once the namespace has nothing outstanding: partitions other workers hold, and
+    /// retries in back-off, are waited for (and claimed, should they come back).
+    #[default]
+    Drained,
+    /// Once this runner has nothing running and a claim finds nothing: it leaves what
+    /// others hold, and retries still in back-off, to them or a later run.
+    NothingToClaim,
 }
 
 /// A worker for one namespace: where it is, and how it runs. Build it with
@@ -112,6 +176,8 @@ pub struct Runner {
     backoff: Duration,
     grace: Duration,
     follow: bool,
+    until: Until,
+    subscribers: Subscribers,
 }
 
 impl Runner {
@@ -132,6 +198,8 @@ impl Runner {
             backoff: Duration::from_secs(1),
             grace: Duration::from_secs(10),
             follow: false,
+            until: Until::Drained,
+            subscribers: Subscribers::default(),
         }
     }
 
@@ -226,6 +294,38 @@ impl Runner {
         self
     }
 
+    /// When `run` returns (default [`Until::Drained`]).
+    pub fn until(mut self, until: Until) -> Self {
+        self.until = until;
+        self
+    }
+
+    /// Calls `callback` with every [`Event`] of a run, inline on the task where it
+    /// happened: it must return quickly (count, or send into a channel). Callbacks
+    /// add up, called in the order given.
+    pub fn on_event(mut self, callback: impl Fn(&Event) + Send + Sync + 'static) -> Self {
+        self.subscribers.0.push(Arc::new(callback));
+        self
+    }
+
+    /// Opens the namespace to ask what its job has done ([`Job`]). Embedded, an open
+    /// `Job` holds the state file while it lives, as a run does (unless a run holds it
+    /// already: then it reads the last save): drop it before starting a run.
+    pub async fn job(&self) -> Result<Job, Error> {
+        Job::of(self).await
+    }
+
+    /// Registers this runner's metrics in `registry` (prefix `tranche_worker`, the
+    /// names `tranche run --metrics-listen` uses: partitions claimed, completed,
+    /// failed, released; attempts failed; leases lost; partitions and chunks in
+    /// flight; chunk and partition durations), built from its events. The application serves the registry where it likes. Feature
+    /// `metrics`.
+    #[cfg(feature = "metrics")]
+    pub fn metrics(self, registry: &mut crate::metrics::Registry) -> Self {
+        let metrics = crate::metrics::RunMetrics::register(registry);
+        self.on_event(move |event| metrics.observe(event))
+    }
+
     fn location(&self) -> Location {
         Location {
             namespace: self.namespace.clone(),
@@ -236,26 +336,127 @@ impl Runner {
         }
     }
 
-    /// Plans the IDs `min..=max` in partitions of `size` IDs (a repeated plan is a
-    /// no-op; an overlapping one is an error).
-    pub async fn plan(&self, min: u64, max: u64, size: u64) -> Result<(), Error> {
-        let backend = Backend::open(&self.location(), Open::Create, Tuning::default()).await?;
-        backend.ensure_writable()?;
-        backend
-            .active
-            .plan(&tranche_active_store::Plan::Uniform { min, max, size })
-            .await
-            .map_err(|e| anyhow::anyhow!("invalid plan: {e}"))?;
+    /// Opens the namespace, with typed errors for what a caller may want to tell
+    /// apart: a namespace not planned, a store out of reach, bad settings.
+    pub(crate) async fn open(&self, open: Open, tuning: Tuning) -> Result<Backend, Error> {
+        let ns = &self.namespace;
+        if ns.is_empty()
+            || !ns
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return Err(Error::Config(format!(
+                "namespace `{ns}`: use letters, digits, '-', '_' or '.'"
+            )));
+        }
+        if let Some(shards) = self.shards
+            && !(1..=1024).contains(&shards)
+        {
+            return Err(Error::Config(format!(
+                "shards must be between 1 and 1024, not {shards}"
+            )));
+        }
+        match (&self.redis, &self.state) {
+            (Some(url), _) => {
+                // Connected once here to tell "unreachable" and "not planned" from
+                // the rest; the backend then opens its own connection.
+                let location = crate::backend::redact(url);
+                let conn = tranche_active_store::RedisConnection::connect(url)
+                    .await
+                    .map_err(|e| Error::StoreUnreachable {
+                        location: location.clone(),
+                        source: e.into(),
+                    })?;
+                if open == Open::Existing
+                    && tranche_active_store::KeysMeta::read(&conn, ns)
+                        .await?
+                        .is_none()
+                {
+                    return Err(Error::NotPlanned {
+                        namespace: ns.clone(),
+                        location,
+                    });
+                }
+            }
+            (None, Some(path)) if open == Open::Existing && !path.exists() => {
+                return Err(Error::NotPlanned {
+                    namespace: ns.clone(),
+                    location: path.display().to_string(),
+                });
+            }
+            _ => {}
+        }
+        Ok(Backend::open(&self.location(), open, tuning).await?)
+    }
+
+    /// Refuses when another process holds the embedded state file.
+    pub(crate) fn writable(&self, backend: &Backend) -> Result<(), Error> {
+        backend.ensure_writable().map_err(|_| {
+            let path = self.state.clone().unwrap_or_default();
+            let mut lock = path.as_os_str().to_owned();
+            lock.push(".lock");
+            let holder = std::fs::read_to_string(lock)
+                .ok()
+                .and_then(|s| s.trim().parse().ok());
+            Error::StateLocked { path, holder }
+        })
+    }
+
+    /// Adds `plan` to the namespace, creating it if need be (the same plan again is a
+    /// no-op; one overlapping another is [`Error::InvalidPlan`], and writes nothing).
+    pub async fn plan(&self, plan: Plan) -> Result<(), Error> {
+        let backend = self.open(Open::Create, Tuning::default()).await?;
+        self.writable(&backend)?;
+        backend.active.plan(&plan.to_store()).await?;
         backend.register_namespace().await?;
         backend.save().await?;
         Ok(())
     }
 
-    /// Runs `handler` over the namespace's partitions until none is left (or, with
-    /// [`follow`](Runner::follow), until `shutdown` resolves). When `shutdown`
-    /// resolves it drains: nothing more is claimed, running chunks get the grace period,
-    /// then what is unfinished is checkpointed and released.
-    pub async fn run<H: Handler>(
+    /// Runs `handler` over the namespace's partitions until none is left (see
+    /// [`until`](Runner::until)), with no way to stop it early: for a job that runs to
+    /// its end. [`run_until_cancelled`](Runner::run_until_cancelled) takes a token that
+    /// drains it.
+    pub async fn run<H: Handler>(&self, handler: H) -> Result<RunReport, Error> {
+        self.run_with_shutdown(handler, std::future::pending())
+            .await
+    }
+
+    /// Runs `handler` like [`run`](Runner::run) until `token` is cancelled, then
+    /// drains: nothing more is claimed, running chunks get the [grace
+    /// period](Runner::grace), then what is unfinished is checkpointed and released
+    /// (its attempt given back). With [`follow`](Runner::follow) the token is the only
+    /// way the run ends. A token cancelled before the call drains at once: nothing is
+    /// claimed.
+    ///
+    /// ```no_run
+    /// # async fn demo(runner: tranche_worker::Runner, handler: impl tranche_worker::Handler) {
+    /// let token = tranche_worker::CancellationToken::new();
+    /// let on_ctrl_c = token.clone();
+    /// tokio::spawn(async move {
+    ///     let _ = tokio::signal::ctrl_c().await;
+    ///     on_ctrl_c.cancel();
+    /// });
+    /// let report = runner.run_until_cancelled(handler, token).await;
+    /// # }
+    /// ```
+    pub async fn run_until_cancelled<H: Handler>(
+        &self,
+        handler: H,
+        token: CancellationToken,
+    ) -> Result<RunReport, Error> {
+        self.run_with_shutdown(handler, token.cancelled_owned())
+            .await
+    }
+
+    /// Runs `handler` like [`run`](Runner::run) until the future `shutdown` resolves,
+    /// then drains as [`run_until_cancelled`](Runner::run_until_cancelled) does.
+    ///
+    /// The future is the signal, not the work: **a future that is already complete
+    /// (`async {}`) drains at once**, so the run claims nothing and returns
+    /// `interrupted: true`. For a run without a shutdown use [`run`](Runner::run) (or
+    /// pass `std::future::pending()`).
+    pub async fn run_with_shutdown<H: Handler>(
         &self,
         handler: H,
         shutdown: impl Future<Output = ()> + Send + 'static,
@@ -277,10 +478,10 @@ impl Runner {
             consumer: worker.clone(),
             claim_idle: crate::duration::claim_idle(),
         };
-        let backend = Backend::open(&self.location(), Open::Existing, tuning).await?;
-        backend.ensure_writable()?;
+        let backend = self.open(Open::Existing, tuning).await?;
+        self.writable(&backend)?;
         let settings = Settings {
-            job: Job::Handler(HandlerRef(Arc::new(handler))),
+            job: Work::Handler(HandlerRef(Arc::new(handler))),
             chunk: self.chunk,
             parallel: self.parallel,
             window: self.window.unwrap_or(2 * self.parallel),
@@ -290,17 +491,31 @@ impl Runner {
             lease: self.lease,
             max_attempts: self.max_attempts,
             follow: self.follow,
+            until_idle: self.until == Until::NothingToClaim,
             reaper: true,
             archiver: true,
             heartbeat: true,
             snapshots: tranche_archive_store::SnapshotPolicy::default(),
             save_every: Duration::from_secs(2),
-            observer: None,
+            observer: (!self.subscribers.is_empty())
+                .then(|| Arc::new(Subscribed(self.subscribers.clone())) as Arc<dyn Observer>),
         };
-        let (tx, rx) = watch::channel(Stop::Running);
+        tracing::info!(
+            namespace = %self.namespace,
+            worker = %settings.worker,
+            concurrency = self.concurrency,
+            "runner started"
+        );
+        // A shutdown already over drains from the start, before the first claim (the
+        // task below might otherwise run only after it).
+        let mut shutdown = Box::pin(shutdown);
+        let over = futures_util::FutureExt::now_or_never(&mut shutdown).is_some();
+        let (tx, rx) = watch::channel(if over { Stop::Draining } else { Stop::Running });
         let grace = self.grace;
         let stopper = tokio::spawn(async move {
-            shutdown.await;
+            if !over {
+                shutdown.await;
+            }
             let _ = tx.send(Stop::Draining);
             tokio::time::sleep(grace).await;
             let _ = tx.send(Stop::Abort);
@@ -308,23 +523,63 @@ impl Runner {
         let report = work::run(&backend, settings, rx).await;
         stopper.abort();
         let report = report?;
-        Ok(RunReport {
-            completed: report.completed,
-            failed_attempts: report.failed_attempts,
-            released: report.released,
-            failed: report.counts.failed,
-            outstanding: report.counts.outstanding(),
+        let quantile = |q: f64| {
+            let h = &report.durations_ms;
+            Duration::from_millis(if h.is_empty() {
+                0
+            } else {
+                h.value_at_quantile(q)
+            })
+        };
+        let (partition_p50, partition_p99) = (quantile(0.5), quantile(0.99));
+        let report = RunReport {
+            this_runner: RunnerReport {
+                completed: report.completed,
+                failed_pids: report.failed_pids,
+                attempts_failed: report.failed_attempts,
+                released: report.released,
+                lost: report.lost,
+                partition_p50,
+                partition_p99,
+            },
+            namespace: NamespaceReport {
+                failed: report.counts.failed,
+                outstanding: report.counts.outstanding(),
+            },
             interrupted: report.interrupted,
-        })
+            elapsed: report.elapsed,
+        };
+        tracing::info!(
+            namespace = %self.namespace,
+            completed = report.this_runner.completed,
+            failed = report.this_runner.failed_pids.len(),
+            outstanding = report.namespace.outstanding,
+            interrupted = report.interrupted,
+            "runner finished in {}",
+            crate::duration::ms(report.elapsed.as_secs_f64() * 1000.0)
+        );
+        Ok(report)
     }
 }
 
-/// A shared handler, as the run loop holds it.
-#[derive(Clone)]
-pub(crate) struct HandlerRef(pub(crate) Arc<dyn Handler>);
+/// A runner's subscribers, as the run loop's observer.
+struct Subscribed(Subscribers);
 
-impl std::fmt::Debug for HandlerRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Handler")
+#[async_trait::async_trait]
+impl Observer for Subscribed {
+    async fn attach(
+        &self,
+        _: &Backend,
+        _: Arc<Shared>,
+        _: watch::Receiver<bool>,
+        _: &mut tokio::task::JoinSet<()>,
+    ) -> anyhow::Result<()> {
+        Ok(())
     }
+
+    fn event(&self, event: &Event) {
+        self.0.emit(event);
+    }
+
+    fn finish(&self, _: &tranche_active_store::StatusCounts) {}
 }

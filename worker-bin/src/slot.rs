@@ -7,8 +7,13 @@
 //! for ever. Named after a slot, a restarted process takes its predecessor's name back,
 //! so they grow with the number of processes a host runs at once, not with restarts.
 //!
-//! A slot is held by an exclusive `flock` on `<tmp>/tranche-<uid>/<kind>-<N>.slot` for the
-//! life of the process; the kernel frees it however the process ends. Two live
+//! A slot is held by an exclusive `flock` on `<dir>/<kind>-<N>.slot` for the life of the
+//! process; the kernel frees it however the process ends. `<dir>` is
+//! `$XDG_RUNTIME_DIR/tranche` (private to the user by design), else
+//! `<tmp>/tranche-<uid>`; either is used only if it is a real directory (not a
+//! symlink) owned by this user and closed to everyone else (mode `0700`), so another
+//! user of a shared `/tmp` can neither plant nor hold it: otherwise the process is named
+//! after its pid. Two live
 //! processes never share a slot; a dead one's slot is free at once. (Its leases are not
 //! taken over by name: they expire or are reaped as ever.)
 
@@ -38,6 +43,10 @@ impl Slot {
     fn take_in(dir: &std::path::Path, kind: &str) -> Option<Slot> {
         if let Err(err) = DirBuilder::new().recursive(true).mode(0o700).create(dir) {
             tracing::debug!(dir = %dir.display(), %err, "no slot directory");
+            return None;
+        }
+        if let Err(why) = private_dir(dir) {
+            tracing::warn!(dir = %dir.display(), why, "not using the slot directory");
             return None;
         }
         for number in 0..MAX_SLOTS {
@@ -72,9 +81,30 @@ pub(crate) fn open_lock_file(path: &std::path::Path) -> std::io::Result<File> {
         .open(path)
 }
 
-/// `<tmp>/tranche-<uid>`: per user, so another user can neither hold nor plant a slot.
+/// `$XDG_RUNTIME_DIR/tranche`, else `<tmp>/tranche-<uid>`: per user, so another user
+/// can neither hold nor plant a slot (checked by [`private_dir`]).
 fn default_dir() -> PathBuf {
-    std::env::temp_dir().join(format!("tranche-{}", nix::unistd::getuid()))
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(run) => PathBuf::from(run).join("tranche"),
+        None => std::env::temp_dir().join(format!("tranche-{}", nix::unistd::getuid())),
+    }
+}
+
+/// Whether `dir` is a directory (not a symlink) owned by this user and closed to
+/// group and others: a directory someone else made in a shared `/tmp` is refused.
+fn private_dir(dir: &std::path::Path) -> Result<(), &'static str> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(dir).map_err(|_| "cannot read it")?;
+    if !meta.file_type().is_dir() {
+        return Err("not a directory (a symlink?)");
+    }
+    if meta.uid() != nix::unistd::getuid().as_raw() {
+        return Err("owned by another user");
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err("open to other users (mode is not 0700)");
+    }
+    Ok(())
 }
 
 /// `host-N` from a slot of `kind` (kept alive in `holder` for the process's lifetime),
@@ -105,6 +135,24 @@ mod tests {
         assert_eq!((a.number(), b.number(), other.number()), (0, 1, 0));
         drop(a);
         assert_eq!(Slot::take_in(&dir, "worker").unwrap().number(), 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_slot_directory_open_to_others_or_a_symlink_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("tranche-slot-open-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(Slot::take_in(&dir, "worker").is_none(), "mode 0777");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let link = dir.with_extension("link");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        assert!(Slot::take_in(&link, "worker").is_none(), "a symlink");
+        assert!(Slot::take_in(&dir, "worker").is_some(), "private: used");
+        let _ = std::fs::remove_file(&link);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -170,22 +170,26 @@ async fn a_postgres_backfill_runs_to_the_end_through_a_restart() {
         .concurrency(2)
         .chunk(500)
         .grace(Duration::from_secs(5));
-    runner.plan(min, max, 1000).await.unwrap();
+    runner
+        .plan(tranche_worker::Plan::ids(min..=max).partition_size(1000))
+        .await
+        .unwrap();
     // Stopped early, then started again, as an operator would.
     let first = runner
-        .run(backfill, tokio::time::sleep(Duration::from_millis(200)))
+        .run_with_shutdown(backfill, tokio::time::sleep(Duration::from_millis(200)))
         .await
         .unwrap();
     let second = runner
-        .run(
-            Backfill::connect(&pg.url()).await.unwrap(),
-            std::future::pending(),
-        )
+        .run(Backfill::connect(&pg.url()).await.unwrap())
         .await
         .unwrap();
-    assert_eq!((second.outstanding, second.failed), (0, 0), "{second:?}");
     assert_eq!(
-        first.completed + second.completed,
+        (second.namespace.outstanding, second.namespace.failed),
+        (0, 0),
+        "{second:?}"
+    );
+    assert_eq!(
+        first.this_runner.completed + second.this_runner.completed,
         25,
         "{first:?} {second:?}"
     );
@@ -234,7 +238,7 @@ async fn three_runners_backfill_a_million_rows_through_a_sigkill() {
     let redis = TestRedis::start();
     Runner::redis(redis.url())
         .namespace("backfill")
-        .plan(1, ROWS, PARTITION)
+        .plan(tranche_worker::Plan::ids(1..=ROWS).partition_size(PARTITION))
         .await
         .unwrap();
 
@@ -360,15 +364,12 @@ async fn runner_process(worker: &str) {
         .concurrency(2)
         .chunk(2_000)
         .lease(LEASE)
-        .run(
-            Backfill::connect(&pg).await.unwrap(),
-            std::future::pending(),
-        )
+        .run(Backfill::connect(&pg).await.unwrap())
         .await
         .unwrap();
     println!(
         "{worker}: completed={} outstanding={} failed={}",
-        report.completed, report.outstanding, report.failed
+        report.this_runner.completed, report.namespace.outstanding, report.namespace.failed
     );
 }
 

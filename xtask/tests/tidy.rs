@@ -116,10 +116,16 @@ fn worker_library_floor_does_not_reach_up() {
         if path.starts_with(&cli) || path == src.join("main.rs") {
             continue;
         }
+        // `metrics.rs`, behind the opt-in `metrics` feature, fills the application's
+        // own prometheus-client registry; it serves nothing.
+        let metrics = path == src.join("metrics.rs");
         let text = fs::read_to_string(&path).unwrap();
         for (n, line) in text.lines().enumerate() {
             let up = line.contains("crate::cli") || line.contains("super::cli");
-            let foreign = crates.iter().find(|name| uses_crate(line, name));
+            let foreign = crates
+                .iter()
+                .filter(|name| !(metrics && **name == "prometheus_client"))
+                .find(|name| uses_crate(line, name));
             if up || foreign.is_some() {
                 found.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
             }

@@ -2,6 +2,7 @@
 //! releases.
 
 use super::*;
+use crate::model::FailPolicy;
 
 #[async_trait]
 impl Leases for MemoryActiveStore {
@@ -101,12 +102,21 @@ impl Leases for MemoryActiveStore {
     }
 
     async fn fail(&self, lease: &Lease, error: &str) -> Result<FailOutcome> {
+        self.fail_with(lease, error, FailPolicy::default()).await
+    }
+
+    async fn fail_with(
+        &self,
+        lease: &Lease,
+        error: &str,
+        policy: FailPolicy,
+    ) -> Result<FailOutcome> {
         let now = self.now();
         let mut shard = self.shard(lease.pid);
         let p = shard.leased(lease).ok_or_else(|| lost(lease))?;
         p.last_error = Some(error.to_owned());
         let attempts = p.attempts;
-        if attempts >= self.config.max_attempts {
+        if attempts >= self.config.max_attempts || policy.permanent {
             p.status = Status::Failed;
             p.updated_at_ms = now;
             if let Some(deadline) = p.deadline_ms.take() {
@@ -114,7 +124,10 @@ impl Leases for MemoryActiveStore {
             }
             return Ok(FailOutcome::Failed);
         }
-        let ready_at_ms = now + self.config.backoff(attempts).as_millis() as u64;
+        let delay = policy
+            .retry_after
+            .unwrap_or_else(|| self.config.backoff(attempts));
+        let ready_at_ms = now.saturating_add(delay.as_millis().min(u64::MAX as u128) as u64);
         shard.requeue(lease.pid, ready_at_ms, now);
         Ok(FailOutcome::Retry { ready_at_ms })
     }

@@ -3,6 +3,7 @@
 //! releases. One script call per shard involved, all shards' calls sent together.
 
 use super::*;
+use crate::model::FailPolicy;
 
 impl<C> RedisActiveStore<C>
 where
@@ -378,8 +379,17 @@ where
     }
 
     async fn fail(&self, lease: &Lease, error: &str) -> Result<FailOutcome> {
+        self.fail_with(lease, error, FailPolicy::default()).await
+    }
+
+    async fn fail_with(
+        &self,
+        lease: &Lease,
+        error: &str,
+        policy: FailPolicy,
+    ) -> Result<FailOutcome> {
         let keys = self.keys_of(lease.pid);
-        let args = [
+        let mut args = vec![
             lease.pid.to_string(),
             lease.token.to_string(),
             self.now().to_string(),
@@ -388,6 +398,14 @@ where
             self.config.backoff_base.as_millis().to_string(),
             self.config.backoff_max.as_millis().to_string(),
         ];
+        // The policy: empty is the ordinary backoff.
+        args.push(if policy.permanent {
+            "permanent".to_owned()
+        } else if let Some(after) = policy.retry_after {
+            after.as_millis().min(MAX_DELAY_MS).to_string()
+        } else {
+            String::new()
+        });
         let reply: Vec<i64> = self
             .invoke(
                 &FAIL,
@@ -436,3 +454,7 @@ fn lost(lease: &Lease) -> Error {
         token: lease.token,
     }
 }
+
+/// The longest retry delay sent to `fail.lua`, ms (ten years): well within what a Lua
+/// number holds exactly, whatever a caller asks for.
+const MAX_DELAY_MS: u128 = 10 * 365 * 24 * 3600 * 1000;

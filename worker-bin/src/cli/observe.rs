@@ -1,10 +1,12 @@
 //! What `tranche run` attaches to the run loop from outside: the progress reporter, and
 //! with `--metrics-listen` this worker's own `/metrics`, fed by the run's counters and a
-//! chunk-duration histogram the loop's observer hook fills.
+//! chunk-duration histogram, both built from the run's [`Event`]s as a library user's
+//! subscriber would (`ChunkDone` fills the histogram, `PartitionDone` counts the
+//! progress reporter's own completions).
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use anyhow::Result;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -14,6 +16,7 @@ use tranche_active_store::StatusCounts;
 
 use crate::backend::Backend;
 use crate::cli::progress::{Mine, Progress};
+use crate::event::Event;
 use crate::work::{Observer, Shared};
 
 /// The command line's observer of one run.
@@ -25,6 +28,9 @@ pub(crate) struct RunObserver {
     chunk_seconds: Histogram,
     /// The progress reporter, from `attach` until `finish`.
     progress: Mutex<Option<Progress>>,
+    /// Partitions completed here, counted from [`Event::PartitionDone`]: the
+    /// progress reporter's "here" rate.
+    completed: Arc<AtomicU64>,
 }
 
 impl RunObserver {
@@ -33,6 +39,7 @@ impl RunObserver {
             metrics,
             chunk_seconds: Histogram::new(exponential_buckets(0.001, 4.0, 10)),
             progress: Mutex::new(None),
+            completed: Arc::default(),
         }
     }
 }
@@ -61,14 +68,23 @@ impl Observer for RunObserver {
                 .await;
             });
         }
-        let mine: Mine = Arc::new(move || shared.completed());
+        let completed = self.completed.clone();
+        let mine: Mine = Arc::new(move || completed.load(Relaxed));
         let progress = Progress::start(backend, mine, done).await?;
         *self.progress.lock().expect("not poisoned") = Some(progress);
         Ok(())
     }
 
-    fn chunk(&self, elapsed: Duration) {
-        self.chunk_seconds.observe(elapsed.as_secs_f64());
+    fn event(&self, event: &Event) {
+        match event {
+            Event::ChunkDone { duration, .. } => {
+                self.chunk_seconds.observe(duration.as_secs_f64());
+            }
+            Event::PartitionDone { .. } => {
+                self.completed.fetch_add(1, Relaxed);
+            }
+            _ => {}
+        }
     }
 
     fn finish(&self, counts: &StatusCounts) {

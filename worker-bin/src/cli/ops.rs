@@ -55,22 +55,22 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             .await
         }
         Command::Get { pid } => {
-            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
-            let view = backend.router.get(pid).await?;
+            let job = crate::query::Job::from_backend(
+                Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
+            );
+            let view = job.get(pid).await?;
             print!("{}", render::view(pid, &view, json));
             Ok(Outcome::Success)
         }
         Command::Locate { id } => {
             let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
-            match backend.router.locate(id).await? {
+            let namespace = backend.namespace.clone();
+            match crate::query::Job::from_backend(backend).locate(id).await? {
                 Some(located) => {
                     print!("{}", render::located(&located, json));
                     Ok(Outcome::Success)
                 }
-                None => bail!(
-                    "no plan of namespace `{}` covers row ID {id}",
-                    backend.namespace
-                ),
+                None => bail!("no plan of namespace `{namespace}` covers row ID {id}"),
             }
         }
         Command::Stats { ranges } => {
@@ -78,7 +78,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             let merged = if ranges {
                 backend.router.stats_with_ranges().await?
             } else {
-                backend.router.stats().await?
+                crate::query::Job::from_backend(backend).stats().await?
             };
             print!("{}", render::stats(&merged, json)?);
             Ok(Outcome::Success)
@@ -109,8 +109,10 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
         Command::Serve(args) => crate::cli::serve::serve(g, args).await,
         Command::Drop { yes, force } => crate::cli::namespace::drop(g, yes, force).await,
         Command::Workers => {
-            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
-            let workers = backend.active.workers().await?;
+            let job = crate::query::Job::from_backend(
+                Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
+            );
+            let workers = job.workers().await?;
             print!("{}", render::workers(&workers, crate::now_ms(), json));
             Ok(Outcome::Success)
         }
@@ -399,6 +401,7 @@ async fn run(g: &crate::cli::args::Global, args: RunArgs) -> Result<Outcome> {
         lease: args.lease,
         max_attempts: args.max_attempts,
         follow: args.follow,
+        until_idle: false,
         reaper: !args.no_reaper,
         archiver: !args.no_archiver,
         heartbeat: !args.no_heartbeat,

@@ -610,6 +610,7 @@ mod tests {
             counts: StatusCounts::default(),
             interrupted: false,
             broken: None,
+            failed_pids: Vec::new(),
         };
         insta::assert_snapshot!(run_summary(
             &report,

@@ -22,6 +22,7 @@ use tranche_active_store::{Lease, StatusCounts};
 use tranche_archive_store::{SnapshotPolicy, Snapshots};
 
 use crate::backend::Backend;
+use crate::event::{Event, Progress};
 use crate::held::{self, Hold, LeaseBook};
 use crate::job::{Chunk, ChunkError, Job};
 
@@ -61,6 +62,9 @@ pub(crate) struct Settings {
     /// Attempts before a partition ends failed (for the retry log lines).
     pub(crate) max_attempts: u32,
     pub(crate) follow: bool,
+    /// Stop once this process has nothing running and a claim found nothing, rather
+    /// than wait for the namespace to drain (others' leases, retries in back-off).
+    pub(crate) until_idle: bool,
     pub(crate) reaper: bool,
     pub(crate) archiver: bool,
     pub(crate) heartbeat: bool,
@@ -90,8 +94,8 @@ pub(crate) trait Observer: Send + Sync {
         background: &mut JoinSet<()>,
     ) -> Result<()>;
 
-    /// One chunk ran for `elapsed` (whatever its outcome).
-    fn chunk(&self, elapsed: Duration);
+    /// Something happened in the run (called inline: return quickly).
+    fn event(&self, event: &Event);
 
     /// The run is over; `counts` is where the namespace stands.
     fn finish(&self, counts: &StatusCounts);
@@ -118,6 +122,8 @@ pub(crate) struct Report {
     pub(crate) interrupted: bool,
     /// Why the command cannot run, if a chunk showed it (the run stopped at once).
     pub(crate) broken: Option<String>,
+    /// Partitions that ended failed here.
+    pub(crate) failed_pids: Vec<u64>,
 }
 
 /// [`Shared`]'s counters at one instant.
@@ -154,6 +160,8 @@ pub(crate) struct Shared {
     update_us: Mutex<Histogram<u64>>,
     /// Why the command cannot run, once a chunk showed it: the run stops claiming.
     broken: Mutex<Option<String>>,
+    /// Partitions that ended failed here, for the run's report.
+    failed_pids: Mutex<Vec<u64>>,
 }
 
 impl Shared {
@@ -171,6 +179,33 @@ impl Shared {
             durations_ms: Mutex::new(hist()),
             update_us: Mutex::new(hist()),
             broken: Mutex::new(None),
+            failed_pids: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Tells the observer, if any, of the event `f` makes (made only if one listens).
+    pub(crate) fn emit(&self, f: impl FnOnce() -> Event) {
+        if let Some(observer) = &self.observer {
+            observer.event(&f());
+        }
+    }
+
+    /// Records a partition that ended failed here.
+    pub(crate) fn failed_for_good(&self, pid: u64) {
+        self.failed_pids.lock().expect("not poisoned").push(pid);
+    }
+
+    /// This run's counters now, as [`Event::Progress`] carries them.
+    pub(crate) fn progress(&self, elapsed: Duration) -> Progress {
+        Progress {
+            claimed: self.claimed.load(Relaxed),
+            completed: self.completed.load(Relaxed),
+            attempts_failed: self.failed_attempts.load(Relaxed),
+            released: self.released.load(Relaxed),
+            lost: self.lost.load(Relaxed),
+            in_flight: self.in_flight.load(Relaxed),
+            chunks_in_flight: self.chunks_in_flight.load(Relaxed),
+            elapsed,
         }
     }
 
@@ -196,11 +231,6 @@ impl Shared {
         }
     }
 
-    /// Partitions this process completed so far.
-    pub(crate) fn completed(&self) -> u64 {
-        self.completed.load(Relaxed)
-    }
-
     /// Records that the command cannot run (the first reason is kept).
     fn broken(&self, reason: String) {
         let mut broken = self.broken.lock().expect("not poisoned");
@@ -224,9 +254,12 @@ impl Shared {
         self.chunks_in_flight.fetch_add(1, Relaxed);
         let started = Instant::now();
         let result = job.run(c, abort).await;
-        if let Some(observer) = &self.observer {
-            observer.chunk(started.elapsed());
-        }
+        self.emit(|| Event::ChunkDone {
+            pid: c.pid,
+            index: c.index,
+            duration: started.elapsed(),
+            ok: result.is_ok(),
+        });
         self.chunks_in_flight.fetch_sub(1, Relaxed);
         result
     }
@@ -297,6 +330,16 @@ pub(crate) async fn run(
         observer
             .attach(backend, shared.clone(), bg_rx.clone(), &mut background)
             .await?;
+        let (shared, mut done) = (shared.clone(), bg_rx.clone());
+        background.spawn(async move {
+            loop {
+                tokio::select! {
+                    () = until(&mut done, |d| *d) => return,
+                    () = tokio::time::sleep(PROGRESS_EVERY) => {}
+                }
+                shared.emit(|| Event::Progress(shared.progress(started.elapsed())));
+            }
+        });
     }
 
     let outcome = claim_loop(backend, &settings, &shared, &book, stop.clone()).await;
@@ -331,6 +374,7 @@ pub(crate) async fn run(
         counts,
         interrupted,
         broken: shared.broken.lock().expect("not poisoned").take(),
+        failed_pids: std::mem::take(&mut *shared.failed_pids.lock().expect("not poisoned")),
     })
 }
 
@@ -419,6 +463,10 @@ async fn claim_loop(
                     claimed = leases.len();
                     shared.claimed.fetch_add(claimed as u64, Relaxed);
                     for lease in leases {
+                        shared.emit(|| Event::Claimed {
+                            pid: lease.pid,
+                            attempt: lease.attempt,
+                        });
                         // Held from now on: renewed by the heartbeats while it waits.
                         let hold = book.hold(&lease);
                         queue.push_back((lease, hold));
@@ -438,6 +486,9 @@ async fn claim_loop(
             continue;
         }
         if tasks.is_empty() && queue.is_empty() && !settings.follow {
+            if settings.until_idle {
+                break;
+            }
             let counts = backend.active.counts().await?;
             if counts.outstanding() == 0 {
                 break;
@@ -462,6 +513,9 @@ async fn claim_loop(
     Ok(())
 }
 
+/// How often a run with an observer sends [`Event::Progress`].
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
 /// How often the claim loop reads the namespace's pause flag.
 const PAUSE_POLL: Duration = Duration::from_secs(1);
 
@@ -475,6 +529,7 @@ async fn release_queued(
     for (lease, _) in queue.drain(..) {
         book.drop_lease(&lease);
         shared.released.fetch_add(1, Relaxed);
+        shared.emit(|| Event::Released { pid: lease.pid });
         if let Err(err) = backend.active.release(&lease, lease.progress).await {
             tracing::warn!(pid = lease.pid, %err, "could not release a queued partition; its lease will expire");
         }

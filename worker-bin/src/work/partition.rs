@@ -3,13 +3,14 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
-use tranche_active_store::{ActiveStore, Error as ActiveError, FailOutcome, Lease};
+use tranche_active_store::{ActiveStore, Error as ActiveError, FailOutcome, FailPolicy, Lease};
 use tranche_window::SlidingWindow;
 
+use crate::event::Event;
 use crate::held::{Hold, LeaseBook};
 use crate::job::{Chunk, ChunkError};
 
@@ -27,7 +28,8 @@ pub(super) struct PartitionCtx {
 
 enum Ended {
     Done,
-    Failed(String),
+    /// The attempt failed, under the handler's policy (the default for `--exec`).
+    Failed(String, FailPolicy),
     /// The command cannot run at all (see [`ChunkError::Broken`]).
     Broken(String),
     Lost,
@@ -49,6 +51,11 @@ impl PartitionCtx {
                 let r = self.active.complete(&lease, ms).await.map(|_| ());
                 if r.is_ok() {
                     self.shared.completed.fetch_add(1, Relaxed);
+                    self.shared.emit(|| Event::PartitionDone {
+                        pid,
+                        attempt: lease.attempt,
+                        duration: started.elapsed(),
+                    });
                     self.shared
                         .durations_ms
                         .lock()
@@ -57,13 +64,30 @@ impl PartitionCtx {
                 }
                 r
             }
-            Ended::Failed(reason) => {
+            Ended::Failed(reason, policy) => {
                 self.shared.failed_attempts.fetch_add(1, Relaxed);
                 // Keep the checkpoint, so the retry resumes past the chunks that finished.
                 let r = match self.active.heartbeat(&lease, checkpoint).await {
-                    Ok(()) => self.active.fail(&lease, &reason).await,
+                    Ok(()) => self.active.fail_with(&lease, &reason, policy).await,
                     Err(e) => Err(e),
                 };
+                if let Ok(outcome) = &r {
+                    self.shared.emit(|| Event::AttemptFailed {
+                        pid,
+                        attempt: lease.attempt,
+                        error: reason.clone(),
+                        permanent: policy.permanent,
+                        retry_in: match outcome {
+                            FailOutcome::Retry { ready_at_ms } => {
+                                Some(Duration::from_millis(ready_at_ms.saturating_sub(now_ms())))
+                            }
+                            FailOutcome::Failed => None,
+                        },
+                    });
+                }
+                if let Ok(FailOutcome::Failed) = &r {
+                    self.shared.failed_for_good(pid);
+                }
                 match &r {
                     Ok(FailOutcome::Retry { ready_at_ms }) => tracing::info!(
                         pid,
@@ -71,6 +95,11 @@ impl PartitionCtx {
                         lease.attempt,
                         self.settings.max_attempts,
                         crate::duration::ms(ready_at_ms.saturating_sub(now_ms()) as f64),
+                    ),
+                    Ok(FailOutcome::Failed) if policy.permanent => tracing::warn!(
+                        pid,
+                        "partition failed on attempt {} (permanent, not retried): {reason}",
+                        lease.attempt
                     ),
                     Ok(FailOutcome::Failed) => tracing::warn!(
                         pid,
@@ -85,10 +114,12 @@ impl PartitionCtx {
                 // Not the partition's fault: its attempt goes back, and the run stops.
                 self.shared.broken(reason);
                 self.shared.released.fetch_add(1, Relaxed);
+                self.shared.emit(|| Event::Released { pid });
                 self.active.release(&lease, checkpoint).await
             }
             Ended::Stopped => {
                 self.shared.released.fetch_add(1, Relaxed);
+                self.shared.emit(|| Event::Released { pid });
                 self.active.release(&lease, checkpoint).await
             }
             Ended::Lost => Err(ActiveError::LeaseLost {
@@ -101,6 +132,7 @@ impl PartitionCtx {
             Ok(()) => {}
             Err(ActiveError::LeaseLost { .. }) => {
                 self.shared.lost.fetch_add(1, Relaxed);
+                self.shared.emit(|| Event::LeaseLost { pid });
                 tracing::warn!(
                     pid,
                     "lease lost to another worker (expired); its result is dropped"
@@ -149,8 +181,8 @@ impl PartitionCtx {
         let chunk = self.settings.chunk;
         let window = SlidingWindow::new(self.settings.window, first);
         let permits = Arc::new(Semaphore::new(self.settings.parallel));
-        // The first failure of a chunk: (broken, reason).
-        let failure: Arc<Mutex<Option<(bool, String)>>> = Arc::default();
+        // The first failure of a chunk: (broken, reason, policy).
+        let failure: Arc<Mutex<Option<(bool, String, FailPolicy)>>> = Arc::default();
 
         // A signal or a lost lease closes the window, which stops the issuing below
         // (waking it if it is parked on a full window).
@@ -200,17 +232,26 @@ impl PartitionCtx {
                         // Stopped by our shutdown: unacked, so the checkpoint stays below it.
                         Err(ChunkError::Interrupted) => window.close(),
                         Err(ChunkError::Failed(reason)) => {
+                            failure.lock().expect("not poisoned").get_or_insert((
+                                false,
+                                reason,
+                                FailPolicy::default(),
+                            ));
+                            window.close();
+                        }
+                        Err(ChunkError::Refused(reason, policy)) => {
                             failure
                                 .lock()
                                 .expect("not poisoned")
-                                .get_or_insert((false, reason));
+                                .get_or_insert((false, reason, policy));
                             window.close();
                         }
                         Err(ChunkError::Broken(reason)) => {
-                            failure
-                                .lock()
-                                .expect("not poisoned")
-                                .get_or_insert((true, reason));
+                            failure.lock().expect("not poisoned").get_or_insert((
+                                true,
+                                reason,
+                                FailPolicy::default(),
+                            ));
                             window.close();
                         }
                     }
@@ -238,8 +279,8 @@ impl PartitionCtx {
             return (Ended::Lost, done);
         }
         match failure.lock().expect("not poisoned").take() {
-            Some((true, reason)) => return (Ended::Broken(reason), done),
-            Some((false, reason)) => return (Ended::Failed(reason), done),
+            Some((true, reason, _)) => return (Ended::Broken(reason), done),
+            Some((false, reason, policy)) => return (Ended::Failed(reason, policy), done),
             None => {}
         }
         if window.progress() >= n_chunks {
@@ -272,7 +313,13 @@ impl PartitionCtx {
         match self.shared.chunk(&self.settings.job, c, abort).await {
             _ if hold.is_lost() => (Ended::Lost, checkpoint(index)),
             Ok(()) => (Ended::Done, checkpoint(index + 1)),
-            Err(ChunkError::Failed(reason)) => (Ended::Failed(reason), checkpoint(index)),
+            Err(ChunkError::Failed(reason)) => (
+                Ended::Failed(reason, FailPolicy::default()),
+                checkpoint(index),
+            ),
+            Err(ChunkError::Refused(reason, policy)) => {
+                (Ended::Failed(reason, policy), checkpoint(index))
+            }
             Err(ChunkError::Broken(reason)) => (Ended::Broken(reason), checkpoint(index)),
             Err(ChunkError::Interrupted) => (Ended::Stopped, checkpoint(index)),
         }

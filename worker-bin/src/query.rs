@@ -1,0 +1,160 @@
+//! [`Job`]: what a namespace's job has done, asked from Rust, the same on Redis and
+//! embedded: its status, one partition, the partition holding a row ID, partitions by
+//! state, the statistics, the workers, the plans and the dead letters. The command
+//! line's `get`, `locate`, `stats` and `workers` print what these return.
+//!
+//! A job opened on an embedded state file that a run holds reads the file as that run
+//! last saved it (every few seconds, and at its end). One opened on a free state file
+//! holds it, as a run would, until it is dropped.
+
+use tranche_active_store::{PlanEntry, StatusCounts, WorkerState};
+use tranche_archive_store::DeadLetter;
+use tranche_codec::{Partition, Status};
+use tranche_router::{Located, MergedStats, PartitionView};
+
+use crate::backend::{Backend, Open, Tuning};
+use crate::error::Error;
+use crate::runner::Runner;
+
+/// A namespace opened to be asked about: [`Runner::job`] or [`Job::open`].
+pub struct Job {
+    backend: Backend,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("namespace", &self.backend.namespace)
+            .field("at", &self.backend.location())
+            .finish()
+    }
+}
+
+/// Where a job stands ([`Job::status`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct JobStatus {
+    /// Partitions every plan issues, done or not.
+    pub total: u64,
+    /// Unfinished partitions by state.
+    pub counts: StatusCounts,
+    /// Partitions completed (`total` minus what is unfinished or discarded).
+    pub completed: u64,
+    /// Whether the namespace is paused.
+    pub paused: bool,
+    /// Workers that beat recently.
+    pub workers: usize,
+}
+
+impl Job {
+    /// Opens `namespace` at `at`: a Redis URL (`redis://`, `rediss://`, `unix://`) or
+    /// the path of an embedded state file.
+    pub async fn open(at: &str, namespace: &str) -> Result<Self, Error> {
+        let runner = if ["redis://", "rediss://", "redis+unix://", "unix://"]
+            .iter()
+            .any(|s| at.starts_with(s))
+        {
+            Runner::redis(at)
+        } else {
+            Runner::embedded(at)
+        };
+        runner.namespace(namespace).job().await
+    }
+
+    pub(crate) async fn of(runner: &Runner) -> Result<Self, Error> {
+        Ok(Self {
+            backend: runner.open(Open::Existing, Tuning::default()).await?,
+        })
+    }
+
+    /// Wraps a backend the command line opened.
+    #[cfg(feature = "cli")]
+    pub(crate) fn from_backend(backend: Backend) -> Self {
+        Self { backend }
+    }
+
+    /// Where the job stands.
+    pub async fn status(&self) -> Result<JobStatus, Error> {
+        let active = &self.backend.active;
+        let total = active
+            .plans()
+            .await?
+            .iter()
+            .map(|e| e.plan.last_pid() - e.plan.first_pid() + 1)
+            .sum::<u64>();
+        let counts = active.counts().await?;
+        let unfinished = counts.outstanding() + counts.failed + counts.discarded;
+        Ok(JobStatus {
+            total,
+            counts,
+            completed: total.saturating_sub(unfinished),
+            paused: active.is_paused().await?,
+            workers: active.workers().await?.iter().filter(|w| w.active).count(),
+        })
+    }
+
+    /// Everything known about partition `pid`, from whichever layer holds it.
+    pub async fn get(&self, pid: u64) -> Result<PartitionView, Error> {
+        self.backend.router.get(pid).await.map_err(store)
+    }
+
+    /// The partition covering row ID `id`, and what is known of it; `None` when no
+    /// plan covers it.
+    pub async fn locate(&self, id: u64) -> Result<Option<Located>, Error> {
+        self.backend.router.locate(id).await.map_err(store)
+    }
+
+    /// Unfinished partitions in `state` (every unfinished state when `None`) with
+    /// pids above `after`, by pid, at most `limit`: page on with the last pid.
+    /// Completed partitions are asked one at a time ([`get`](Self::get)).
+    pub async fn list(
+        &self,
+        state: Option<Status>,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Partition>, Error> {
+        let snapshot = self.backend.router.all_active().await.map_err(store)?;
+        let mut rows: Vec<Partition> = snapshot
+            .partitions
+            .into_iter()
+            .filter(|p| p.pid > after && state.is_none_or(|s| p.status == s))
+            .collect();
+        rows.sort_unstable_by_key(|p| p.pid);
+        rows.truncate(limit);
+        Ok(rows)
+    }
+
+    /// Every partition that ended failed, by pid, with its last error.
+    pub async fn failed(&self) -> Result<Vec<Partition>, Error> {
+        self.list(Some(Status::Failed), 0, usize::MAX).await
+    }
+
+    /// The statistics: unfinished counts merged with what the archive has counted.
+    pub async fn stats(&self) -> Result<MergedStats, Error> {
+        self.backend.router.stats().await.map_err(store)
+    }
+
+    /// The workers of the registry, each with its own counters (completed, rate,
+    /// update latency) and whether it beat recently.
+    pub async fn workers(&self) -> Result<Vec<WorkerState>, Error> {
+        Ok(self.backend.active.workers().await?)
+    }
+
+    /// The namespace's plans, by first pid.
+    pub async fn plans(&self) -> Result<Vec<PlanEntry>, Error> {
+        Ok(self.backend.active.plans().await?)
+    }
+
+    /// Up to `limit` completions the archiver could not store.
+    pub async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, Error> {
+        self.backend
+            .archive
+            .dead_letters(limit)
+            .await
+            .map_err(store)
+    }
+}
+
+fn store(err: impl std::error::Error + Send + Sync + 'static) -> Error {
+    Error::Store(Box::new(err))
+}
