@@ -99,30 +99,3 @@ pub enum RestoredLeases {
     /// [`Maintenance::release_worker`]: crate::Maintenance::release_worker
     Release,
 }
-
-/// Runs of consecutive values in `sorted` (ascending, distinct).
-pub(crate) fn runs(sorted: &[u64]) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for &v in sorted {
-        match out.last_mut() {
-            Some(run) if run.1.checked_add(1) == Some(v) => run.1 = v,
-            _ => out.push((v, v)),
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::runs;
-
-    #[test]
-    fn runs_join_consecutive_values() {
-        assert_eq!(runs(&[]), vec![]);
-        assert_eq!(runs(&[5]), vec![(5, 5)]);
-        assert_eq!(
-            runs(&[1, 2, 3, 7, 9, 10, u64::MAX - 1, u64::MAX]),
-            vec![(1, 3), (7, 7), (9, 10), (u64::MAX - 1, u64::MAX)]
-        );
-    }
-}

@@ -15,9 +15,10 @@ use crate::model::{
     StatusCounts, Unissued, WorkerInfo, WorkerState,
 };
 use crate::plans::{self, Registry};
-use crate::state::{ACTIVE_STATE_VERSION, ActiveState, RestoredLeases, ShardState, runs};
+use crate::state::{ACTIVE_STATE_VERSION, ActiveState, RestoredLeases, ShardState};
 use crate::store::{ActiveQuery, Leases, Maintenance, Planner, WorkerRegistry};
 use crate::{Error, Result};
+use tranche_codec::state::runs;
 
 mod leases;
 mod maintenance;
@@ -154,12 +155,8 @@ impl MemoryActiveStore {
             key: "active state".into(),
             detail,
         };
-        if state.version != ACTIVE_STATE_VERSION {
-            return Err(corrupt(format!(
-                "version {} (this build reads version {ACTIVE_STATE_VERSION})",
-                state.version
-            )));
-        }
+        tranche_codec::state::check_version(state.version, ACTIVE_STATE_VERSION)
+            .map_err(|e| corrupt(e.to_string()))?;
         if (state.namespace.as_str(), state.num_shards)
             != (config.namespace.as_str(), config.num_shards)
         {
