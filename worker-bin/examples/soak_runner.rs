@@ -112,10 +112,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             _ = tokio::signal::ctrl_c() => {}
         }
     };
-    let report = runner.run(handler, shutdown).await?;
+    let report = runner.run_with_shutdown(handler, shutdown).await?;
+    let mine = &report.this_runner;
     eprintln!(
         "soak_runner: {} completed, {} failed attempts, {} released",
-        report.completed, report.failed_attempts, report.released
+        mine.completed, mine.attempts_failed, mine.released
     );
     Ok(())
 }

@@ -7,6 +7,16 @@
 //! enter the book at once (prefetched ones too, so they are renewed while they wait for a
 //! slot) and leave it when their partition reports its outcome. A lease the store
 //! refuses is marked lost: its partition stops issuing chunks and drops its result.
+//!
+//! A lease the process cannot renew fences itself. Each hold knows the last instant
+//! by which the store certainly still counted it ([`Hold::renewed`]: when the last
+//! accepted renewal, or the claim, was *sent*, plus the lease), since the store's own
+//! deadline was set later than that. A quarter of a lease before it, with no renewal
+//! accepted in between (Redis unreachable, a slow network, a stalled process), the
+//! partition stops as if the lease were lost and its running chunks are stopped,
+//! killed outright before the deadline: by the time another worker's reaper can
+//! reclaim the partition, nothing of this process runs it any more. No range is ever
+//! processed by two live leases at once, whatever keeps the heartbeats from Redis.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -27,15 +37,61 @@ pub(crate) struct Hold {
     lost: AtomicBool,
     /// Wakes the partition when the lease is lost.
     notify: Notify,
+    /// The lease's length, which every accepted renewal extends it by.
+    lease: Duration,
+    /// Until when the store certainly holds the lease for us: the send instant of the
+    /// last accepted renewal (or of the claim) plus the lease. The store's deadline is
+    /// later, since it was set when the call arrived.
+    valid_until: Mutex<Instant>,
 }
 
 impl Hold {
-    fn new(checkpoint: u64) -> Self {
+    fn new(checkpoint: u64, lease: Duration, sent: Instant) -> Self {
         Self {
             checkpoint: AtomicU64::new(checkpoint),
             lost: AtomicBool::new(false),
             notify: Notify::new(),
+            lease,
+            valid_until: Mutex::new(sent + lease),
         }
+    }
+
+    /// A renewal sent at `sent` was accepted: the lease holds until `sent + lease`.
+    pub(crate) fn renewed(&self, sent: Instant) {
+        let mut until = self.valid_until.lock().expect("not poisoned");
+        *until = (*until).max(sent + self.lease);
+    }
+
+    fn valid_until(&self) -> Instant {
+        *self.valid_until.lock().expect("not poisoned")
+    }
+
+    /// When the partition fences itself if no renewal is accepted before: a quarter of
+    /// a lease before [`valid_until`](Self::valid_until).
+    fn fence_at(&self) -> Instant {
+        self.valid_until() - self.lease / 4
+    }
+
+    /// Whether the lease went unrenewed too long to go on working under it.
+    pub(crate) fn is_fenced(&self) -> bool {
+        Instant::now() >= self.fence_at()
+    }
+
+    /// Resolves once the lease went unrenewed too long to go on working under it.
+    pub(crate) async fn fenced(&self) {
+        loop {
+            let at = self.fence_at();
+            if Instant::now() >= at {
+                return;
+            }
+            tokio::time::sleep_until(at.into()).await;
+        }
+    }
+
+    /// Once [fenced](Self::fenced), how long a running chunk may take to stop before
+    /// it is killed: until a twelfth of a lease before the lease could expire.
+    pub(crate) fn grace_left(&self) -> Duration {
+        (self.valid_until() - self.lease / 12).saturating_duration_since(Instant::now())
     }
 
     /// Moves the checkpoint forward (never back).
@@ -70,8 +126,10 @@ impl Hold {
 type Held = HashMap<(u64, u64), (Lease, Arc<Hold>)>;
 
 /// The leases this process holds.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct LeaseBook {
+    /// The length of every lease in it.
+    lease: Duration,
     held: Mutex<Held>,
     /// Wakes the heartbeat task when a partition starts, so that it shows as running
     /// within [`FIRST_BEAT`] instead of at the next regular beat.
@@ -83,9 +141,19 @@ pub(crate) struct LeaseBook {
 pub(crate) const FIRST_BEAT: Duration = Duration::from_secs(1);
 
 impl LeaseBook {
-    /// Enters `lease`, its checkpoint where the claim left it.
-    pub(crate) fn hold(&self, lease: &Lease) -> Arc<Hold> {
-        let hold = Arc::new(Hold::new(lease.progress));
+    /// An empty book of leases of length `lease`.
+    pub(crate) fn new(lease: Duration) -> Self {
+        Self {
+            lease,
+            held: Mutex::default(),
+            starts: Notify::new(),
+        }
+    }
+
+    /// Enters `lease`, its checkpoint where the claim left it; the claim was sent at
+    /// `sent`.
+    pub(crate) fn hold(&self, lease: &Lease, sent: Instant) -> Arc<Hold> {
+        let hold = Arc::new(Hold::new(lease.progress, self.lease, sent));
         self.lock()
             .insert((lease.pid, lease.token), (lease.clone(), hold.clone()));
         hold
@@ -141,7 +209,7 @@ impl LeaseBook {
         };
         for ((lease, _, hold), outcome) in beats.iter().zip(outcomes) {
             match outcome {
-                Ok(()) => {}
+                Ok(()) => hold.renewed(at),
                 Err(ActiveError::LeaseLost { .. }) => {
                     tracing::warn!(pid = lease.pid, "lease lost (expired and reclaimed?)");
                     self.drop_lease(lease);
@@ -212,8 +280,11 @@ mod tests {
             .await
             .unwrap();
         let leases = store.claim("me", 3).await.unwrap();
-        let book = LeaseBook::default();
-        let holds: Vec<_> = leases.iter().map(|l| book.hold(l)).collect();
+        let book = LeaseBook::new(Duration::from_secs(30));
+        let holds: Vec<_> = leases
+            .iter()
+            .map(|l| book.hold(l, Instant::now()))
+            .collect();
         // The first and third are renewed (by a heartbeat the book did not see); the
         // second expires and goes to another worker.
         clock.advance(20_000);

@@ -51,8 +51,9 @@ const SECRETS: &[&str] = &[
 /// chunk is over, so is everything it started.
 const GUARD: &str = r#"exec 3<&0 </dev/null; { read -r _ <&3; kill -KILL 0; } >/dev/null 2>&1 & exec sh -c "$1" sh 3<&-"#;
 
-/// How long a chunk's process group has between SIGTERM and SIGKILL once aborted.
-const KILL_AFTER: Duration = Duration::from_secs(2);
+/// How long a chunk's process group has between SIGTERM and SIGKILL once aborted at
+/// the end of a drain.
+pub(crate) const KILL_AFTER: Duration = Duration::from_secs(2);
 
 /// Why a chunk did not succeed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,11 +102,12 @@ pub(crate) enum Job {
 
 impl Job {
     /// Runs one chunk until it ends or `abort` resolves (then it is stopped and
-    /// [`ChunkError::Interrupted`]).
+    /// [`ChunkError::Interrupted`]). `abort` gives how long a command's process group
+    /// has between SIGTERM and SIGKILL; a handler's future is dropped at once.
     pub(crate) async fn run(
         &self,
         chunk: Chunk,
-        abort: impl Future<Output = ()>,
+        abort: impl Future<Output = Duration>,
     ) -> Result<(), ChunkError> {
         match self {
             // Boxed: a child process's state would make every chunk's future that big.
@@ -138,7 +140,7 @@ impl Job {
                         ))),
                     },
                     // The handler's future is dropped: see `runner`.
-                    () = abort => Err(ChunkError::Interrupted),
+                    _ = abort => Err(ChunkError::Interrupted),
                 }
             }
             Job::Simulate { latency, fail } => {
@@ -154,7 +156,7 @@ impl Job {
                 if ms > 0 {
                     tokio::select! {
                         () = tokio::time::sleep(Duration::from_millis(ms)) => {}
-                        () = abort => return Err(ChunkError::Interrupted),
+                        _ = abort => return Err(ChunkError::Interrupted),
                     }
                 }
                 if failed {
@@ -189,7 +191,11 @@ fn signal_group(pgid: u32, signal: nix::sys::signal::Signal) {
     }
 }
 
-async fn exec(cmd: &str, chunk: Chunk, abort: impl Future<Output = ()>) -> Result<(), ChunkError> {
+async fn exec(
+    cmd: &str,
+    chunk: Chunk,
+    abort: impl Future<Output = Duration>,
+) -> Result<(), ChunkError> {
     let mut command = Command::new("sh");
     command.arg("-c").arg(GUARD).arg("tranche-chunk").arg(cmd);
     for key in SECRETS {
@@ -243,12 +249,12 @@ async fn exec(cmd: &str, chunk: Chunk, abort: impl Future<Output = ()>) -> Resul
     tokio::pin!(finished);
     let (status, tail) = tokio::select! {
         done = &mut finished => done,
-        () = abort => {
+        grace = abort => {
             // The whole group, grandchildren too: SIGTERM, SIGKILL if it lingers. A
             // process that left the group could still hold stderr open, so the wait
             // for the pipe is bounded as well.
             signal_group(pgid, nix::sys::signal::Signal::SIGTERM);
-            if tokio::time::timeout(KILL_AFTER, &mut finished).await.is_err() {
+            if tokio::time::timeout(grace, &mut finished).await.is_err() {
                 signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
                 let _ = tokio::time::timeout(KILL_AFTER, &mut finished).await;
             }
@@ -379,6 +385,7 @@ mod tests {
         let run = tokio::spawn(async move {
             job.run(chunk(), async {
                 let _ = rx.await;
+                KILL_AFTER
             })
             .await
         });

@@ -237,6 +237,71 @@ fn a_sigkilled_workers_chunks_die_with_it() {
     assert_eq!(ledger[2], format!("END {second_copy} 1"), "{ledger:?}");
 }
 
+/// A worker cut off from Redis (every call hangs: `CLIENT PAUSE`) cannot renew its
+/// lease, so it fences itself: its running chunk is stopped before the lease could
+/// expire, so no other worker's reaper can hand the range out while it still runs.
+/// Once Redis answers again the partition is done, once, from the start.
+#[test]
+fn a_worker_cut_off_from_redis_stops_its_chunks_before_its_lease_ends() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let dir = scratch("signals-fenced");
+    ok(tranche(
+        &dir,
+        &[
+            "--redis", &url, "plan", "--min", "1", "--max", "100", "--size", "100",
+        ],
+    ));
+    let ledger = dir.join("ledger");
+    let exec = format!(
+        "echo START $$ >> {l}; sleep 8; echo END $$ >> {l}",
+        l = ledger.display()
+    );
+    let mut cmd = tranche(
+        &dir,
+        &[
+            "--redis", &url, "run", "--exec", &exec, "--chunk", "100", "--lease", "3s",
+        ],
+    );
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut run = cmd.spawn().unwrap();
+    eventually(Duration::from_secs(20), "the chunk started", || {
+        !lines(&ledger).is_empty()
+    });
+    let copy: u32 = lines(&ledger)[0]
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    // The heartbeat that marks it running goes out within a second of its start.
+    std::thread::sleep(Duration::from_millis(1500));
+    let paused = Instant::now();
+    redis.cli(&["CLIENT", "PAUSE", "6000", "ALL"]);
+    // The last renewal was sent before the pause: the lease holds until at most 3 s
+    // after it, and the chunk must be gone before then.
+    while groups().contains(&copy) {
+        assert!(
+            paused.elapsed() < Duration::from_secs(3),
+            "the chunk still runs {:?} into the outage",
+            paused.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let exit = wait(&mut run, Duration::from_secs(90));
+    assert!(exit.success(), "{exit:?}");
+    let ledger = lines(&ledger);
+    assert_eq!(
+        ledger.len(),
+        3,
+        "the stopped copy, then one whole run: {ledger:?}"
+    );
+    assert!(ledger[0].starts_with("START") && ledger[1].starts_with("START"));
+    assert!(ledger[2].starts_with("END"), "{ledger:?}");
+}
+
 /// With Redis gone, Ctrl-C still ends the run within the grace period plus the abort's
 /// bound, with 130: no store call that keeps failing holds the drain.
 #[test]

@@ -249,7 +249,7 @@ impl Shared {
         &self,
         job: &Job,
         c: Chunk,
-        abort: impl std::future::Future<Output = ()>,
+        abort: impl std::future::Future<Output = Duration>,
     ) -> Result<(), ChunkError> {
         self.chunks_in_flight.fetch_add(1, Relaxed);
         let started = Instant::now();
@@ -287,7 +287,7 @@ pub(crate) async fn run(
 ) -> Result<Report> {
     let started = Instant::now();
     let shared = Arc::new(Shared::new(settings.observer.clone()));
-    let book = Arc::new(LeaseBook::default());
+    let book = Arc::new(LeaseBook::new(settings.lease));
     let (bg_tx, bg_rx) = watch::channel(false);
     let mut background = JoinSet::new();
     background.spawn(held::heartbeat(
@@ -458,6 +458,7 @@ async fn claim_loop(
         let starving = queue.is_empty() && tasks.len() < settings.concurrency;
         let mut claimed = 0;
         if want > 0 && (want >= refill_at || starving) {
+            let sent = Instant::now();
             match backend.active.claim(&settings.worker, want).await {
                 Ok(leases) => {
                     claimed = leases.len();
@@ -468,7 +469,7 @@ async fn claim_loop(
                             attempt: lease.attempt,
                         });
                         // Held from now on: renewed by the heartbeats while it waits.
-                        let hold = book.hold(&lease);
+                        let hold = book.hold(&lease, sent);
                         queue.push_back((lease, hold));
                     }
                 }

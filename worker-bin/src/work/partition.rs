@@ -1,7 +1,7 @@
 //! One partition's run: its chunks through the sliding window (or its one chunk
 //! directly), checkpoints moved as chunks finish, and its outcome reported to the store.
 
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -12,7 +12,7 @@ use tranche_window::SlidingWindow;
 
 use crate::event::Event;
 use crate::held::{Hold, LeaseBook};
-use crate::job::{Chunk, ChunkError};
+use crate::job::{Chunk, ChunkError, KILL_AFTER};
 
 use super::{Settings, Shared, Stop, until};
 use crate::now_ms;
@@ -41,7 +41,13 @@ impl PartitionCtx {
         self.shared.in_flight.fetch_add(1, Relaxed);
         let pid = lease.pid;
         let started = Instant::now();
-        let (ended, checkpoint) = self.chunks(&lease, &hold).await;
+        let (ended, checkpoint) = if hold.is_fenced() {
+            // Queued for longer than its renewals could reach the store: another worker
+            // may hold it by now.
+            (Ended::Lost, lease.progress)
+        } else {
+            self.chunks(&lease, &hold).await
+        };
         // Out of the book before the outcome: no heartbeat renews a finished lease.
         self.book.drop_lease(&lease);
         let update = Instant::now();
@@ -147,7 +153,7 @@ impl PartitionCtx {
 
     /// Runs the partition's chunks from its checkpoint. Returns how it ended and the
     /// checkpoint reached (an ID: every ID below it is done).
-    async fn chunks(&self, lease: &Lease, hold: &Hold) -> (Ended, u64) {
+    async fn chunks(&self, lease: &Lease, hold: &Arc<Hold>) -> (Ended, u64) {
         let chunk = self.settings.chunk;
         let ids = (lease.max_id - lease.min_id) as u128 + 1;
         let n_chunks = ids.div_ceil(chunk as u128) as u64;
@@ -173,7 +179,7 @@ impl PartitionCtx {
     async fn windowed(
         &self,
         lease: &Lease,
-        hold: &Hold,
+        hold: &Arc<Hold>,
         first: u64,
         n_chunks: u64,
         checkpoint: impl Fn(u64) -> u64,
@@ -184,13 +190,18 @@ impl PartitionCtx {
         // The first failure of a chunk: (broken, reason, policy).
         let failure: Arc<Mutex<Option<(bool, String, FailPolicy)>>> = Arc::default();
 
-        // A signal or a lost lease closes the window, which stops the issuing below
-        // (waking it if it is parked on a full window).
+        // A signal, a lost lease or a fenced one closes the window, which stops the
+        // issuing below (waking it if it is parked on a full window).
+        let fenced = AtomicBool::new(false);
         let closer = async {
             let mut stop = self.stop.clone();
             tokio::select! {
                 () = until(&mut stop, |s| *s != Stop::Running) => {}
                 () = hold.lost() => {}
+                () = hold.fenced() => {
+                    fenced.store(true, Relaxed);
+                    tracing::warn!(pid = lease.pid, "lease not renewed in time; stopping its partition");
+                }
             }
             window.close();
             std::future::pending::<()>().await;
@@ -214,15 +225,16 @@ impl PartitionCtx {
                     to,
                     attempt: lease.attempt,
                 };
-                let (job, window, failure, mut stop, shared) = (
+                let (job, window, failure, stop, shared, hold) = (
                     self.settings.job.clone(),
                     window.clone(),
                     failure.clone(),
                     self.stop.clone(),
                     self.shared.clone(),
+                    hold.clone(),
                 );
                 running.spawn(async move {
-                    let abort = async move { until(&mut stop, |s| *s == Stop::Abort).await };
+                    let abort = abort(stop, hold);
                     let r = shared.chunk(&job, c, abort).await;
                     drop(permit);
                     match r {
@@ -275,7 +287,7 @@ impl PartitionCtx {
             }
         }
         let done = checkpoint(window.progress());
-        if hold.is_lost() {
+        if hold.is_lost() || fenced.load(Relaxed) {
             return (Ended::Lost, done);
         }
         match failure.lock().expect("not poisoned").take() {
@@ -295,7 +307,7 @@ impl PartitionCtx {
     async fn last_chunk(
         &self,
         lease: &Lease,
-        hold: &Hold,
+        hold: &Arc<Hold>,
         index: u64,
         checkpoint: impl Fn(u64) -> u64,
     ) -> (Ended, u64) {
@@ -308,10 +320,14 @@ impl PartitionCtx {
             to: from.saturating_add(chunk - 1).min(lease.max_id),
             attempt: lease.attempt,
         };
-        let mut stop = self.stop.clone();
-        let abort = until(&mut stop, |s| *s == Stop::Abort);
+        let fenced = AtomicBool::new(false);
+        let abort = async {
+            let grace = abort(self.stop.clone(), hold.clone()).await;
+            fenced.store(hold.is_fenced(), Relaxed);
+            grace
+        };
         match self.shared.chunk(&self.settings.job, c, abort).await {
-            _ if hold.is_lost() => (Ended::Lost, checkpoint(index)),
+            _ if hold.is_lost() || fenced.load(Relaxed) => (Ended::Lost, checkpoint(index)),
             Ok(()) => (Ended::Done, checkpoint(index + 1)),
             Err(ChunkError::Failed(reason)) => (
                 Ended::Failed(reason, FailPolicy::default()),
@@ -323,5 +339,16 @@ impl PartitionCtx {
             Err(ChunkError::Broken(reason)) => (Ended::Broken(reason), checkpoint(index)),
             Err(ChunkError::Interrupted) => (Ended::Stopped, checkpoint(index)),
         }
+    }
+}
+
+/// What stops a running chunk, and how long it then has before it is killed: the end of
+/// the drain's grace period ([`KILL_AFTER`]), or its lease going unrenewed too long
+/// (until shortly before the lease could expire, so that no other worker can have
+/// reclaimed the partition while the chunk still runs).
+async fn abort(mut stop: watch::Receiver<Stop>, hold: Arc<Hold>) -> Duration {
+    tokio::select! {
+        () = until(&mut stop, |s| *s == Stop::Abort) => KILL_AFTER,
+        () = hold.fenced() => hold.grace_left(),
     }
 }
