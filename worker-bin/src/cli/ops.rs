@@ -102,6 +102,9 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             print!("{}", render::dead_letters(&dead, json));
             Ok(Outcome::Success)
         }
+        Command::Set(args) => crate::cli::control::set(g, &args).await,
+        Command::Throttle(c) => crate::cli::control::throttle(g, &c).await,
+        Command::Control(c) => crate::cli::control::control(g, &c).await,
         Command::Pause => crate::cli::namespace::set_paused(g, true).await,
         Command::Resume => crate::cli::namespace::set_paused(g, false).await,
         Command::Plans => crate::cli::namespace::plans(g).await,
@@ -368,6 +371,11 @@ async fn run(g: &crate::cli::args::Global, args: RunArgs) -> Result<Outcome> {
         observer: Some(std::sync::Arc::new(crate::cli::observe::RunObserver::new(
             args.metrics_listen,
         ))),
+        control: Default::default(),
+    };
+    let settings = Settings {
+        control: crate::cli::control::options(&args.control)?,
+        ..settings
     };
     let memory_before = backend.used_memory().await;
     let report = work::run(&backend, settings, stop).await?;
@@ -492,6 +500,7 @@ pub(crate) async fn status_of(backend: &Backend) -> Result<render::Status> {
         decode_failures: backend.archive.decode_failures().await?,
         dead_letters: backend.archive.dead_letter_count().await?,
         paused: backend.active.is_paused().await?,
+        control: crate::cli::control::record_of(backend).await?,
     })
 }
 

@@ -43,6 +43,8 @@ pub(crate) struct Status {
     pub(crate) decode_failures: u64,
     pub(crate) dead_letters: u64,
     pub(crate) paused: bool,
+    /// The namespace's control record (Redis only).
+    pub(crate) control: Option<tranche_control::ControlRecord>,
 }
 
 /// `status`.
@@ -60,6 +62,7 @@ pub(crate) fn status(s: &Status, json: bool) -> String {
             "running": c.running, "failed": c.failed, "discarded": c.discarded, "inbox": s.inbox,
             "active_workers": s.workers, "decode_failures": s.decode_failures,
             "dead_letters": s.dead_letters, "paused": s.paused,
+            "control": s.control.as_ref().map(|r| crate::cli::control::record_json(r, crate::now_ms())),
         }));
     }
     let pct = if s.total == 0 {
@@ -96,6 +99,9 @@ pub(crate) fn status(s: &Status, json: bool) -> String {
     let _ = writeln!(out, "  inbox     {:>12}", s.inbox);
     let _ = writeln!(out);
     let _ = writeln!(out, "workers    {} active", s.workers);
+    if let Some(r) = &s.control {
+        out.push_str(&crate::cli::control::status_lines(r, crate::now_ms()));
+    }
     let _ = writeln!(out, "decode failures {}", s.decode_failures);
     let _ = writeln!(
         out,

@@ -23,6 +23,8 @@ pub(super) struct PartitionCtx {
     pub(super) shared: Arc<Shared>,
     pub(super) book: Arc<LeaseBook>,
     pub(super) stop: watch::Receiver<Stop>,
+    /// Throttles, rate limits and live settings (`crate::control`).
+    pub(super) gate: Arc<crate::control::Gate>,
 }
 
 enum Ended {
@@ -116,7 +118,8 @@ impl PartitionCtx {
     /// Runs the partition's chunks from its checkpoint. Returns how it ended and the
     /// checkpoint reached (an ID: every ID below it is done).
     async fn chunks(&self, lease: &Lease, hold: &Hold) -> (Ended, u64) {
-        let chunk = self.settings.chunk;
+        // Live settings apply from a partition's start (`tranche set --chunk`).
+        let chunk = self.gate.chunk();
         let ids = (lease.max_id - lease.min_id) as u128 + 1;
         let n_chunks = ids.div_ceil(chunk as u128) as u64;
         let first = lease.progress.saturating_sub(lease.min_id) / chunk;
@@ -129,11 +132,11 @@ impl PartitionCtx {
             return (Ended::Done, checkpoint(n_chunks));
         }
         if n_chunks - first == 1 {
-            return self.last_chunk(lease, hold, first, checkpoint).await;
+            return self.last_chunk(lease, hold, first, chunk, checkpoint).await;
         }
         // Boxed: the window's state would otherwise make every partition's task as big
         // as the largest, and a task is copied when it is spawned.
-        Box::pin(self.windowed(lease, hold, first, n_chunks, checkpoint)).await
+        Box::pin(self.windowed(lease, hold, first, n_chunks, chunk, checkpoint)).await
     }
 
     /// Runs chunks `first..n_chunks` through the sliding window, at most `--parallel`
@@ -144,11 +147,12 @@ impl PartitionCtx {
         hold: &Hold,
         first: u64,
         n_chunks: u64,
+        chunk: u64,
         checkpoint: impl Fn(u64) -> u64,
     ) -> (Ended, u64) {
-        let chunk = self.settings.chunk;
-        let window = SlidingWindow::new(self.settings.window, first);
-        let permits = Arc::new(Semaphore::new(self.settings.parallel));
+        let parallel = self.gate.parallel();
+        let window = SlidingWindow::new(self.settings.window.max(parallel), first);
+        let permits = Arc::new(Semaphore::new(parallel));
         // The first failure of a chunk: (broken, reason).
         let failure: Arc<Mutex<Option<(bool, String)>>> = Arc::default();
 
@@ -175,6 +179,8 @@ impl PartitionCtx {
                 };
                 let from = lease.min_id + index * chunk;
                 let to = from.saturating_add(chunk - 1).min(lease.max_id);
+                // Throttled or rate-limited: wait here (the closer above still ends it).
+                self.gate.chunk_start(to - from + 1).await;
                 let c = Chunk {
                     pid: lease.pid,
                     index,
@@ -256,9 +262,9 @@ impl PartitionCtx {
         lease: &Lease,
         hold: &Hold,
         index: u64,
+        chunk: u64,
         checkpoint: impl Fn(u64) -> u64,
     ) -> (Ended, u64) {
-        let chunk = self.settings.chunk;
         let from = lease.min_id + index * chunk;
         let c = Chunk {
             pid: lease.pid,
@@ -268,6 +274,11 @@ impl PartitionCtx {
             attempt: lease.attempt,
         };
         let mut stop = self.stop.clone();
+        tokio::select! {
+            () = self.gate.chunk_start(c.to - c.from + 1) => {}
+            () = until(&mut stop, |s| *s != Stop::Running) => return (Ended::Stopped, checkpoint(index)),
+            () = hold.lost() => return (Ended::Lost, checkpoint(index)),
+        }
         let abort = until(&mut stop, |s| *s == Stop::Abort);
         match self.shared.chunk(&self.settings.job, c, abort).await {
             _ if hold.is_lost() => (Ended::Lost, checkpoint(index)),

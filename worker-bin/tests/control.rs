@@ -1,0 +1,1 @@
+//! Production control against a real Redis and embedded.
