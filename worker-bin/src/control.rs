@@ -309,7 +309,10 @@ async fn apply(
         let r = record.borrow_and_update().clone();
         let o = own.borrow_and_update().clone();
         let own_rate = o.max_rate.unwrap_or(options.max_rate);
-        live.ids.set_rate(r.ids_rate(own_rate));
+        let rate = r.ids_rate(own_rate);
+        if !aimd_step(&r, live.ids.rate(), rate, own_rate) {
+            live.ids.set_rate(rate);
+        }
         live.parts
             .set_rate(r.partitions_rate(options.max_partitions_rate));
         let s = &r.settings;
@@ -357,6 +360,30 @@ async fn apply(
             () = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
     }
+}
+
+/// Whether `next` is only a small AIMD increase over `current` (under a tenth, and
+/// below the ceiling), which is not applied yet: a pacer drops what is left of its
+/// reservation when the rate changes, and the AIMD rate rises a little every probe, so
+/// applying each step would waste a batch per second. Decreases apply at once.
+fn aimd_step(
+    record: &ControlRecord,
+    current: Option<Rate>,
+    next: Option<Rate>,
+    own: Option<Rate>,
+) -> bool {
+    let (Some(current), Some(next)) = (current, next) else {
+        return false;
+    };
+    let ceiling = record
+        .settings
+        .max_rate
+        .and_then(|r| Rate::per_second(r).ok())
+        .or(own);
+    record.settings.keep_below.is_some()
+        && next > current
+        && next.get() < current.get() * 1.1
+        && ceiling.is_none_or(|c| next < c)
 }
 
 /// Why claims and chunk starts wait at `now_ms`, if they do: a throttle (the manual

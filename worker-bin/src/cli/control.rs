@@ -371,7 +371,12 @@ pub(crate) fn record_json(r: &ControlRecord, now_ms: u64) -> Value {
 pub(crate) fn status_lines(r: &ControlRecord, now_ms: u64) -> String {
     let mut out = String::new();
     if let Some(t) = throttled_now(r, now_ms) {
-        let _ = writeln!(out, "THROTTLED  since {}: {}", time(t.since_ms), t.reason);
+        let _ = writeln!(
+            out,
+            "control    throttled since {}: {}",
+            time(t.since_ms),
+            t.reason
+        );
     }
     if let Some(why) = crate::control::closed_reason(
         &ControlRecord {
@@ -383,7 +388,7 @@ pub(crate) fn status_lines(r: &ControlRecord, now_ms: u64) -> String {
         now_ms,
         Duration::ZERO,
     ) {
-        let _ = writeln!(out, "WAITING    {why}");
+        let _ = writeln!(out, "control    {why}");
     }
     let s = &r.settings;
     let mut set = Vec::new();

@@ -328,6 +328,7 @@ async fn run(g: &crate::cli::args::Global, args: RunArgs) -> Result<Outcome> {
     if args.lease < Duration::from_millis(300) {
         bail!("--lease must be at least 300ms");
     }
+    let control = crate::cli::control::options(&args.control)?;
     if !args.simulate && (args.sim_fail.is_some() || args.sim_latency.is_some()) {
         bail!("--sim-fail and --sim-latency only shape --simulate; they do nothing with --exec");
     }
@@ -371,11 +372,7 @@ async fn run(g: &crate::cli::args::Global, args: RunArgs) -> Result<Outcome> {
         observer: Some(std::sync::Arc::new(crate::cli::observe::RunObserver::new(
             args.metrics_listen,
         ))),
-        control: Default::default(),
-    };
-    let settings = Settings {
-        control: crate::cli::control::options(&args.control)?,
-        ..settings
+        control,
     };
     let memory_before = backend.used_memory().await;
     let report = work::run(&backend, settings, stop).await?;
