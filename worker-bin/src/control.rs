@@ -346,17 +346,16 @@ async fn apply(
             }
         }
         first = false;
+        // Without a handle its sender is gone: only the record and the clock change
+        // things then.
+        let own_changed = async {
+            if own.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
         tokio::select! {
             r = record.changed() => if r.is_err() { return },
-            r = own.changed() => if r.is_err() {
-                // No handle: only the record and the clock change things.
-                loop {
-                    tokio::select! {
-                        r = record.changed() => if r.is_err() { return } else { break },
-                        () = tokio::time::sleep(Duration::from_secs(1)) => break,
-                    }
-                }
-            },
+            () = own_changed => {}
             () = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
     }

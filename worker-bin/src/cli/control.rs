@@ -325,14 +325,15 @@ fn log_text(entries: &[LogEntry]) -> String {
     out
 }
 
-/// The namespace's control record for `status` (`None` embedded: a running worker's
-/// record lives in its process).
+/// The namespace's control record for `status`, once anything was ever set (`None`
+/// embedded: a running worker's record lives in its process).
 pub(crate) async fn record_of(backend: &Backend) -> Result<Option<ControlRecord>> {
     if backend.is_embedded() {
         return Ok(None);
     }
     let (store, _) = control::stores(backend);
-    Ok(Some(store.read().await?))
+    let record = store.read().await?;
+    Ok((record != ControlRecord::default()).then_some(record))
 }
 
 /// The throttle a run loop would see now (the probe's finding counts for 30 s).

@@ -55,15 +55,18 @@ pub(crate) fn status(s: &Status, json: bool) -> String {
         .total
         .saturating_sub(c.outstanding() + c.failed + c.discarded);
     if json {
-        return line(json!({
+        let mut v = json!({
             "namespace": s.namespace, "location": s.location, "shards": s.shards,
             "partitions": s.total, "finished": finished, "archived": s.archived,
             "unissued": c.unissued, "pending": c.pending, "claimed": c.claimed,
             "running": c.running, "failed": c.failed, "discarded": c.discarded, "inbox": s.inbox,
             "active_workers": s.workers, "decode_failures": s.decode_failures,
             "dead_letters": s.dead_letters, "paused": s.paused,
-            "control": s.control.as_ref().map(|r| crate::cli::control::record_json(r, crate::now_ms())),
-        }));
+        });
+        if let Some(r) = &s.control {
+            v["control"] = crate::cli::control::record_json(r, crate::now_ms());
+        }
+        return line(v);
     }
     let pct = if s.total == 0 {
         0.0
@@ -302,6 +305,7 @@ mod tests {
             decode_failures: 0,
             dead_letters: 0,
             paused: false,
+            control: None,
         };
         insta::assert_snapshot!(status(&s, false));
         insta::assert_snapshot!(status(&s, true));

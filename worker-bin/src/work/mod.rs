@@ -408,10 +408,12 @@ async fn claim_loop(
         // started (queued leases stay held and renewed), until the gate opens.
         if gate.is_closed() {
             while tasks.try_join_next().is_some() {}
-            if tasks.is_empty() && queue.is_empty() && !settings.follow {
-                if backend.active.counts().await?.outstanding() == 0 {
-                    break;
-                }
+            if tasks.is_empty()
+                && queue.is_empty()
+                && !settings.follow
+                && backend.active.counts().await?.outstanding() == 0
+            {
+                break;
             }
             tokio::select! {
                 Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
