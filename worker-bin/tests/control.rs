@@ -534,3 +534,202 @@ fn set_refuses_bad_values_and_embedded() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs --redis"));
 }
+
+/// A plain HTTP/1.1 GET of `path` on `port`: the status code and the body.
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((code, body))
+}
+
+/// `serve`'s status JSON and `/metrics` show the throttle and the settings in force.
+#[test]
+fn serve_shows_the_control_state() {
+    let redis = TestRedis::start();
+    let job = Job::new("serve-control", &Place::Redis(&redis));
+    job.plan(1000, 100);
+    ok(job.cmd(&["set", "--max-rate", "500/s", "--concurrency", "8"]));
+    ok(job.cmd(&["throttle", "on", "--reason", "backup window"]));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut serve = job
+        .cmd(&["serve", "--listen", &listen])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut metrics = String::new();
+    eventually(
+        Duration::from_secs(20),
+        "serve to answer",
+        || match http_get(port, "/metrics") {
+            Some((200, body)) => {
+                metrics = body;
+                true
+            }
+            _ => false,
+        },
+    );
+    assert!(
+        metrics.contains("throttled{reason=\"backup window\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("control_max_rate_ids_per_second 500"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("control_concurrency 8"), "{metrics}");
+    let (code, body) = http_get(port, "/api/v1/status").unwrap();
+    assert_eq!(code, 200, "{body}");
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(status["control"]["throttled"]["reason"], "backup window");
+    assert_eq!(status["control"]["settings"]["max_rate"], 500.0);
+    let _ = serve.kill();
+    let _ = serve.wait();
+}
+
+mod library {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use tranche_worker::runner::{Chunk, Handler, HandlerError, ProbeOutcome, Runner};
+
+    /// Records when each chunk started.
+    #[derive(Clone, Default)]
+    struct Starts(Arc<Mutex<Vec<(Instant, u64)>>>);
+
+    #[async_trait::async_trait]
+    impl Handler for Starts {
+        async fn process(&self, chunk: Chunk) -> Result<(), HandlerError> {
+            self.0
+                .lock()
+                .unwrap()
+                .push((Instant::now(), chunk.to - chunk.from + 1));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            Ok(())
+        }
+    }
+
+    impl Starts {
+        fn since(&self, t: Instant) -> Vec<(Instant, u64)> {
+            self.0
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(at, _)| *at > t)
+                .copied()
+                .collect()
+        }
+    }
+
+    /// IDs per second started after `t` (the last chunk not counted).
+    fn rate_since(starts: &[(Instant, u64)]) -> f64 {
+        let first = starts.iter().map(|s| s.0).min().unwrap();
+        let last = starts.iter().max_by_key(|s| s.0).unwrap();
+        let ids: u64 = starts.iter().map(|s| s.1).sum::<u64>() - last.1;
+        ids as f64 / (last.0 - first).as_secs_f64()
+    }
+
+    async fn probe_and_handle(runner: Runner) {
+        runner.plan(1, 1_000_000, 1000).await.unwrap();
+        let hold = Arc::new(AtomicBool::new(false));
+        let probe_hold = hold.clone();
+        let runner = runner
+            .concurrency(4)
+            .chunk(100)
+            .max_rate(4000.0)
+            .throttle_interval(Duration::from_millis(200))
+            .throttle_probe(move || {
+                let hold = probe_hold.load(Ordering::Relaxed);
+                async move {
+                    if hold {
+                        ProbeOutcome::Throttle {
+                            reason: "the closure says wait".into(),
+                        }
+                    } else {
+                        ProbeOutcome::Go
+                    }
+                }
+            });
+        let handle = runner.control();
+        let starts = Starts::default();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn({
+            let starts = starts.clone();
+            async move {
+                runner
+                    .run(starts, async move {
+                        let _ = stop_rx.await;
+                    })
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let t = Instant::now();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let r = rate_since(&starts.since(t));
+        assert!((3400.0..=4400.0).contains(&r), "{r:.0} IDs/s at 4000/s");
+
+        // The handle lowers the rate live.
+        handle.set_max_rate(Some(1000.0)).unwrap();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let t = Instant::now();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let r = rate_since(&starts.since(t));
+        assert!(r <= 1100.0, "{r:.0} IDs/s after the handle set 1000/s");
+
+        // The probe closure throttles: nothing starts from 2 s on.
+        hold.store(true, Ordering::Relaxed);
+        let on = Instant::now();
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let late = starts.since(on + Duration::from_secs(2));
+        assert!(
+            late.is_empty(),
+            "{} chunks started while throttled",
+            late.len()
+        );
+        hold.store(false, Ordering::Relaxed);
+        let off = Instant::now();
+        let deadline = off + Duration::from_secs(10);
+        while starts.since(off).is_empty() {
+            assert!(Instant::now() < deadline, "work never resumed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let first = starts.since(off).iter().map(|s| s.0).min().unwrap();
+        assert!(
+            first - off <= Duration::from_secs(2),
+            "resumed after {:?}",
+            first - off
+        );
+        let _ = stop_tx.send(());
+        let report = task.await.unwrap().unwrap();
+        assert!(report.interrupted);
+    }
+
+    #[tokio::test]
+    async fn runner_probe_closure_and_live_handle_on_redis() {
+        let redis = super::TestRedis::start();
+        probe_and_handle(Runner::redis(redis.url()).namespace("lib")).await;
+    }
+
+    #[tokio::test]
+    async fn runner_probe_closure_and_live_handle_embedded() {
+        let dir = super::scratch("lib-embedded");
+        probe_and_handle(Runner::embedded(dir.join("state")).namespace("lib")).await;
+    }
+}

@@ -438,6 +438,100 @@ pub(crate) fn status_lines(r: &ControlRecord, now_ms: u64) -> String {
     out
 }
 
+/// The control record's families for `/metrics`: whether the namespace is throttled
+/// (and since when, and why, as a label), and the settings in force.
+pub(crate) fn register_metrics(
+    registry: &mut prometheus_client::registry::Registry,
+    r: &ControlRecord,
+    now_ms: u64,
+) {
+    use prometheus_client::metrics::family::Family;
+    use prometheus_client::metrics::gauge::Gauge;
+    use std::sync::atomic::AtomicU64;
+    type FloatGauge = Gauge<f64, AtomicU64>;
+    let float =
+        |registry: &mut prometheus_client::registry::Registry, name: &str, help: &str, v: f64| {
+            let g = FloatGauge::default();
+            g.set(v);
+            registry.register(name, help, g);
+        };
+    let throttled = throttled_now(r, now_ms);
+    let family: Family<Vec<(String, String)>, Gauge> = Family::default();
+    family
+        .get_or_create(&vec![(
+            "reason".to_owned(),
+            throttled
+                .as_ref()
+                .map(|t| t.reason.clone())
+                .unwrap_or_default(),
+        )])
+        .set(i64::from(throttled.is_some()));
+    registry.register(
+        "throttled",
+        "1 while a throttle is in force (no new chunk starts), its reason as a label",
+        family,
+    );
+    if let Some(t) = &throttled {
+        float(
+            registry,
+            "throttled_since_seconds",
+            "When the throttle in force started, seconds since the epoch",
+            t.since_ms as f64 / 1000.0,
+        );
+    }
+    float(
+        registry,
+        "control_version",
+        "The control record's version (bumped by every change)",
+        r.version as f64,
+    );
+    if let Some(rate) = r.ids_rate(None) {
+        float(
+            registry,
+            "control_max_rate_ids_per_second",
+            "The fleet-wide ID rate limit in force (the AIMD rate under --keep-below)",
+            rate.get(),
+        );
+    }
+    let s = &r.settings;
+    for (name, help, v) in [
+        (
+            "control_max_partitions_rate",
+            "The fleet-wide partition rate limit set, per second",
+            s.max_partitions_rate,
+        ),
+        (
+            "control_concurrency",
+            "The concurrency set for every worker",
+            s.concurrency.map(f64::from),
+        ),
+        (
+            "control_parallel",
+            "The parallel chunks per partition set for every worker",
+            s.parallel.map(f64::from),
+        ),
+        (
+            "control_chunk",
+            "The chunk size set for every worker",
+            s.chunk.map(|c| c as f64),
+        ),
+        (
+            "control_keep_below",
+            "The probe metric the fleet's rate is adjusted to stay below",
+            s.keep_below,
+        ),
+        (
+            "probe_value",
+            "The number the throttle probe printed last",
+            r.probe.as_ref().and_then(|p| p.value),
+        ),
+    ] {
+        if let Some(v) = v {
+            float(registry, name, help, v);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
