@@ -42,8 +42,18 @@ pub(crate) struct Options {
     pub(crate) keep_below: Option<f64>,
     /// `--active-hours` with `--tz`.
     pub(crate) active_hours: Option<ActiveHours>,
+    /// `--chunk-time` with `--chunk-min` and `--chunk-max`: chunks sized by time.
+    pub(crate) chunk_time: Option<ChunkTime>,
     /// The library's live handle, if one was taken.
     pub(crate) handle: Option<ControlHandle>,
+}
+
+/// Chunks sized to take `target` each, within `min..=max` IDs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct ChunkTime {
+    pub(crate) target: Duration,
+    pub(crate) min: u64,
+    pub(crate) max: u64,
 }
 
 /// How often probes run when `--throttle-interval` is not given.
@@ -103,6 +113,7 @@ struct Live {
     concurrency: AtomicUsize,
     parallel: AtomicUsize,
     chunk: AtomicU64,
+    chunk_time: Mutex<Option<ChunkTime>>,
 }
 
 /// The admission gate of one run (see the module docs).
@@ -176,6 +187,7 @@ impl Gate {
             concurrency: AtomicUsize::new(base.concurrency),
             parallel: AtomicUsize::new(base.parallel),
             chunk: AtomicU64::new(base.chunk),
+            chunk_time: Mutex::new(options.chunk_time),
         });
         let (closed_tx, closed) = watch::channel(None);
         let mut tasks = Vec::new();
@@ -232,6 +244,17 @@ impl Gate {
     /// IDs per chunk, for a partition starting now.
     pub(crate) fn chunk(&self) -> u64 {
         self.live.chunk.load(Relaxed)
+    }
+
+    /// A sizer for a partition starting now, when chunks are sized by time.
+    pub(crate) fn sizer(&self) -> Option<tranche_control::ChunkSizer> {
+        let t = (*self.live.chunk_time.lock().expect("not poisoned"))?;
+        Some(tranche_control::ChunkSizer::new(
+            t.target,
+            t.min,
+            t.max,
+            self.chunk(),
+        ))
     }
 
     /// Whether claims and chunk starts wait now.
@@ -332,6 +355,21 @@ async fn apply(
         );
         live.chunk
             .store(s.chunk.or(o.chunk).unwrap_or(base.chunk), Relaxed);
+        let timed = s.chunk_time_ms.map(Duration::from_millis);
+        let timed = match (timed, options.chunk_time) {
+            (Some(target), own) => Some(ChunkTime {
+                target,
+                min: s.chunk_min.or(own.map(|o| o.min)).unwrap_or(1),
+                max: s.chunk_max.or(own.map(|o| o.max)).unwrap_or(u64::MAX / 2),
+            }),
+            (None, Some(own)) => Some(ChunkTime {
+                min: s.chunk_min.unwrap_or(own.min),
+                max: s.chunk_max.unwrap_or(own.max),
+                ..own
+            }),
+            (None, None) => None,
+        };
+        *live.chunk_time.lock().expect("not poisoned") = timed;
         let reason = closed_reason(&r, options.active_hours.as_ref(), crate::now_ms(), stale);
         let changed = closed.send_if_modified(|current| {
             let changed = *current != reason;

@@ -127,6 +127,7 @@ struct Control {
     throttle_interval: Option<Duration>,
     keep_below: Option<f64>,
     active_hours: Option<(String, Option<String>)>,
+    chunk_time: Option<crate::control::ChunkTime>,
     handle: ControlHandle,
 }
 
@@ -153,6 +154,7 @@ impl Control {
                 .map(|(spec, tz)| tranche_control::ActiveHours::parse(spec, tz.as_deref()))
                 .transpose()
                 .map_err(|e| anyhow::anyhow!("active_hours: {e}"))?,
+            chunk_time: self.chunk_time,
             handle: Some(self.handle.clone()),
         })
     }
@@ -316,6 +318,17 @@ impl Runner {
     /// `tz` (an IANA name; the system's when `None`). Checked when the run starts.
     pub fn active_hours(mut self, spec: impl Into<String>, tz: Option<&str>) -> Self {
         self.control.active_hours = Some((spec.into(), tz.map(str::to_owned)));
+        self
+    }
+
+    /// Size each partition's chunks so each takes about `target` (starting from
+    /// [`chunk`](Runner::chunk), within `min..=max` IDs); the checkpoint stays exact.
+    pub fn chunk_time(mut self, target: Duration, min: u64, max: u64) -> Self {
+        self.control.chunk_time = Some(crate::control::ChunkTime {
+            target: target.max(Duration::from_millis(1)),
+            min: min.max(1),
+            max: max.max(min.max(1)),
+        });
         self
     }
 

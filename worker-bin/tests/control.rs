@@ -733,3 +733,68 @@ mod library {
         probe_and_handle(Runner::embedded(dir.join("state")).namespace("lib")).await;
     }
 }
+
+/// `--chunk-time`: a chunk takes 1 s per 20 000 IDs (plus a fork), so 200 ms chunks are
+/// about 4000 IDs. The sizes converge there from 100; a worker killed half way leaves a
+/// checkpoint another resumes from exactly, and every ID is processed.
+fn chunk_time(place: Place<'_>, name: &str) {
+    let job = Job::new(name, &place);
+    job.plan(200_000, 200_000);
+    let sleep = "$(awk \"BEGIN { print ($TRANCHE_TO - $TRANCHE_FROM + 1) / 20000 }\")";
+    let args = [
+        "--chunk",
+        "100",
+        "--parallel",
+        "2",
+        "--chunk-time",
+        "200ms",
+        "--chunk-min",
+        "50",
+        "--chunk-max",
+        "50000",
+    ];
+    let mut first = job.spawn(sleep, &args);
+    // Past the first heartbeats (every lease / 3) and, embedded, a save of the state
+    // (every 2 s), so a checkpoint is stored.
+    eventually(Duration::from_secs(30), "a dozen chunks", || {
+        job.starts().len() >= 12
+    });
+    std::thread::sleep(Duration::from_millis(2500));
+    signal(&first, "KILL");
+    wait(&mut first, Duration::from_secs(10));
+    let before = job.starts();
+    let second = job.spawn(sleep, &args);
+    let report = summary(second, Duration::from_secs(120));
+    assert_eq!(report["namespace"]["outstanding"], 0, "{report}");
+    let all = job.starts();
+    let after = &all[before.len()..];
+    // Resumed at the start of a chunk of the first run (the first unfinished one), past
+    // the beginning.
+    let resumed = after.iter().map(|s| s.from).min().unwrap();
+    assert!(resumed > 1, "resumed from the start: no checkpoint");
+    assert!(
+        before.iter().any(|s| s.from == resumed),
+        "resumed at {resumed}, not at a chunk start of the first run"
+    );
+    let log: Vec<(u64, u64, u64)> = all.iter().map(|s| (s.pid, s.from, s.to)).collect();
+    common::assert_every_id_processed(&log, 1, 200_000);
+    // Converged near 4000 IDs (the last chunk is cut by the partition's end).
+    let sizes: Vec<u64> = after.iter().map(|s| s.to - s.from + 1).collect();
+    let tail = &sizes[sizes.len().saturating_sub(6)..sizes.len() - 1];
+    assert!(
+        tail.iter().all(|&n| (2000..=8000).contains(&n)),
+        "chunk sizes {sizes:?}"
+    );
+    assert!(sizes[0] <= 200, "the second run starts small: {sizes:?}");
+}
+
+#[test]
+fn chunk_time_converges_and_resumes_on_redis() {
+    let redis = TestRedis::start();
+    chunk_time(Place::Redis(&redis), "chunk-time-redis");
+}
+
+#[test]
+fn chunk_time_converges_and_resumes_embedded() {
+    chunk_time(Place::Embedded, "chunk-time-embedded");
+}

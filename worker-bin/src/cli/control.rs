@@ -53,6 +53,16 @@ pub(crate) struct RunControlArgs {
     /// system's).
     #[arg(long, value_name = "ZONE", requires = "active_hours")]
     pub(crate) tz: Option<String>,
+    /// Size each partition's chunks so each takes about this long (from --chunk, between
+    /// --chunk-min and --chunk-max), keeping the window's checkpoint exact.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) chunk_time: Option<Duration>,
+    /// The smallest chunk --chunk-time makes.
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "chunk_time", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) chunk_min: u64,
+    /// The largest chunk --chunk-time makes.
+    #[arg(long, value_name = "N", default_value_t = 1_000_000, requires = "chunk_time", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) chunk_max: u64,
 }
 
 fn parse_rate(s: &str) -> Result<Rate, String> {
@@ -67,6 +77,9 @@ pub(crate) fn options(a: &RunControlArgs) -> Result<Options> {
     }
     if a.keep_below.is_some_and(|v| !v.is_finite()) {
         bail!("--keep-below must be a finite number");
+    }
+    if a.chunk_time.is_some_and(|t| t < Duration::from_millis(1)) {
+        bail!("--chunk-time must be at least 1ms");
     }
     if a.throttle_interval < Duration::from_millis(10) {
         bail!("--throttle-interval must be at least 10ms");
@@ -92,6 +105,11 @@ pub(crate) fn options(a: &RunControlArgs) -> Result<Options> {
         throttle_interval: a.throttle_interval,
         keep_below: a.keep_below,
         active_hours,
+        chunk_time: a.chunk_time.map(|target| control::ChunkTime {
+            target,
+            min: a.chunk_min,
+            max: a.chunk_max.max(a.chunk_min),
+        }),
         handle: None,
     })
 }
@@ -115,6 +133,15 @@ pub(crate) struct SetArgs {
     /// Chunks of one partition in flight, for partitions started from now on (or none).
     #[arg(long, value_name = "N")]
     parallel: Option<String>,
+    /// Size chunks to take this long (a duration, or none).
+    #[arg(long, value_name = "DURATION")]
+    chunk_time: Option<String>,
+    /// The smallest chunk of --chunk-time (or none).
+    #[arg(long, value_name = "N")]
+    chunk_min: Option<String>,
+    /// The largest chunk of --chunk-time (or none).
+    #[arg(long, value_name = "N")]
+    chunk_max: Option<String>,
     /// The probe metric the fleet's rate is adjusted to stay below (or none).
     #[arg(long, value_name = "N")]
     keep_below: Option<String>,
@@ -193,6 +220,21 @@ fn changes(a: &SetArgs) -> Result<Vec<Change>> {
     }
     if let Some(v) = setting("parallel", a.parallel.as_deref(), count)? {
         out.push(Change::Parallel(v));
+    }
+    if let Some(v) = setting("chunk-time", a.chunk_time.as_deref(), |s| {
+        parse_duration(s)
+            .ok()
+            .map(|d| d.as_millis() as u64)
+            .filter(|ms| *ms >= 1)
+    })? {
+        out.push(Change::ChunkTimeMs(v));
+    }
+    let ids = |s: &str| s.parse::<u64>().ok().filter(|n| *n >= 1);
+    if let Some(v) = setting("chunk-min", a.chunk_min.as_deref(), ids)? {
+        out.push(Change::ChunkMin(v));
+    }
+    if let Some(v) = setting("chunk-max", a.chunk_max.as_deref(), ids)? {
+        out.push(Change::ChunkMax(v));
     }
     if let Some(v) = setting("keep-below", a.keep_below.as_deref(), |s| {
         s.parse::<f64>().ok().filter(|v| v.is_finite())
@@ -407,6 +449,9 @@ pub(crate) fn status_lines(r: &ControlRecord, now_ms: u64) -> String {
     }
     if let Some(v) = s.parallel {
         set.push(format!("parallel {v}"));
+    }
+    if let Some(v) = s.chunk_time_ms {
+        set.push(format!("chunk-time {v}ms"));
     }
     if let Some(v) = s.keep_below {
         set.push(format!("keep-below {v}"));

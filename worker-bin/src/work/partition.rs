@@ -16,6 +16,8 @@ use crate::job::{Chunk, ChunkError};
 use super::{Settings, Shared, Stop, until};
 use crate::now_ms;
 
+mod timed;
+
 /// What the partition tasks of one run share.
 pub(super) struct PartitionCtx {
     pub(super) active: Arc<dyn ActiveStore>,
@@ -120,6 +122,9 @@ impl PartitionCtx {
     async fn chunks(&self, lease: &Lease, hold: &Hold) -> (Ended, u64) {
         // Live settings apply from a partition's start (`tranche set --chunk`).
         let chunk = self.gate.chunk();
+        if let Some(sizer) = self.gate.sizer() {
+            return Box::pin(self.timed(lease, hold, sizer)).await;
+        }
         let ids = (lease.max_id - lease.min_id) as u128 + 1;
         let n_chunks = ids.div_ceil(chunk as u128) as u64;
         let first = lease.progress.saturating_sub(lease.min_id) / chunk;
