@@ -332,7 +332,8 @@ async fn apply(
         let r = record.borrow_and_update().clone();
         let o = own.borrow_and_update().clone();
         let own_rate = o.max_rate.unwrap_or(options.max_rate);
-        let rate = r.ids_rate(own_rate);
+        let now = crate::now_ms();
+        let rate = ids_rate_as_of(&r, own_rate, now, stale);
         if !aimd_step(&r, live.ids.rate(), rate, own_rate) {
             live.ids.set_rate(rate);
         }
@@ -370,7 +371,7 @@ async fn apply(
             (None, None) => None,
         };
         *live.chunk_time.lock().expect("not poisoned") = timed;
-        let reason = closed_reason(&r, options.active_hours.as_ref(), crate::now_ms(), stale);
+        let reason = closed_reason(&r, options.active_hours.as_ref(), now, stale);
         let changed = closed.send_if_modified(|current| {
             let changed = *current != reason;
             *current = reason.clone();
@@ -423,6 +424,30 @@ fn aimd_step(
         && ceiling.is_none_or(|c| next < c)
 }
 
+/// The ID rate in force at `now_ms` ([`ControlRecord::ids_rate`] over `own`), but an
+/// AIMD rate nobody renewed for `stale` (its prober stopped, or a past run's) is
+/// ignored like a stale probe throttle: the ceiling is in force again.
+pub(crate) fn ids_rate_as_of(
+    r: &ControlRecord,
+    own: Option<Rate>,
+    now_ms: u64,
+    stale: Duration,
+) -> Option<Rate> {
+    let fresh = r
+        .probe
+        .as_ref()
+        .is_some_and(|p| u128::from(now_ms.saturating_sub(p.at_ms)) <= stale.as_millis());
+    if fresh {
+        r.ids_rate(own)
+    } else {
+        ControlRecord {
+            probe: None,
+            ..r.clone()
+        }
+        .ids_rate(own)
+    }
+}
+
 /// Why claims and chunk starts wait at `now_ms`, if they do: a throttle (the manual
 /// one, or a probe finding younger than `stale`), or the time outside the active hours
 /// (the record's, else the worker's own).
@@ -456,4 +481,93 @@ pub(crate) fn time(ms: u64) -> String {
     jiff::Timestamp::from_millisecond(ms as i64)
         .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
         .unwrap_or_else(|_| ms.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tranche_control::{ManualThrottle, ProbeState, Settings, Throttled};
+
+    fn rate(r: f64) -> Rate {
+        Rate::per_second(r).unwrap()
+    }
+
+    fn aimd_record(at_ms: u64) -> ControlRecord {
+        ControlRecord {
+            settings: Settings {
+                keep_below: Some(10.0),
+                ..Settings::default()
+            },
+            probe: Some(ProbeState {
+                rate: Some(100.0),
+                at_ms,
+                ..ProbeState::default()
+            }),
+            ..ControlRecord::default()
+        }
+    }
+
+    #[test]
+    fn a_stale_aimd_rate_gives_way_to_the_ceiling() {
+        let stale = Duration::from_secs(30);
+        let r = aimd_record(1_000_000);
+        let own = Some(rate(1000.0));
+        assert_eq!(ids_rate_as_of(&r, own, 1_010_000, stale), Some(rate(100.0)));
+        assert_eq!(
+            ids_rate_as_of(&r, own, 1_031_000, stale),
+            Some(rate(1000.0))
+        );
+    }
+
+    #[test]
+    fn small_aimd_increases_wait_decreases_do_not() {
+        let r = aimd_record(0);
+        let own = Some(rate(1000.0));
+        let step = |from: f64, to: f64| aimd_step(&r, Some(rate(from)), Some(rate(to)), own);
+        assert!(step(100.0, 105.0), "under a tenth: held back");
+        assert!(!step(100.0, 111.0), "a tenth or more applies");
+        assert!(!step(100.0, 70.0), "a decrease applies at once");
+        assert!(!step(995.0, 1000.0), "the ceiling applies");
+        let plain = ControlRecord::default();
+        assert!(!aimd_step(
+            &plain,
+            Some(rate(100.0)),
+            Some(rate(105.0)),
+            own
+        ));
+    }
+
+    #[test]
+    fn the_gate_closes_for_a_throttle_then_for_the_hours() {
+        let stale = Duration::from_secs(30);
+        let mut r = ControlRecord {
+            manual: Some(ManualThrottle {
+                reason: "vacuum".into(),
+                since_ms: 0,
+                origin: "me".into(),
+            }),
+            ..ControlRecord::default()
+        };
+        let why = closed_reason(&r, None, 60_000, stale).unwrap();
+        assert_eq!(why, "throttled since 1970-01-01T00:00:00Z: vacuum");
+        r.manual = None;
+        r.probe = Some(ProbeState {
+            throttled: Some(Throttled {
+                reason: "lag".into(),
+                since_ms: 0,
+            }),
+            at_ms: 0,
+            ..ProbeState::default()
+        });
+        assert!(closed_reason(&r, None, 10_000, stale).is_some());
+        assert_eq!(closed_reason(&r, None, 31_000, stale), None, "stale");
+        // 00:01 UTC is outside 02:00-03:00.
+        let hours = ActiveHours::parse("02:00-03:00", Some("UTC")).unwrap();
+        let why = closed_reason(&r, Some(&hours), 31_000, stale).unwrap();
+        assert_eq!(
+            why,
+            "outside active hours 02:00-03:00 (UTC) until 1970-01-01T02:00:00Z"
+        );
+        assert_eq!(closed_reason(&r, Some(&hours), 7_200_000, stale), None);
+    }
 }

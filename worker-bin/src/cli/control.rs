@@ -400,7 +400,7 @@ pub(crate) fn record_json(r: &ControlRecord, now_ms: u64) -> Value {
     json!({
         "version": r.version,
         "settings": r.settings,
-        "ids_rate": r.ids_rate(None).map(Rate::get),
+        "ids_rate": crate::control::ids_rate_as_of(r, None, now_ms, Duration::from_secs(30)).map(Rate::get),
         "throttled": throttled.as_ref().map(|t| json!({
             "since_ms": t.since_ms, "since": time(t.since_ms), "reason": t.reason,
         })),
@@ -435,7 +435,7 @@ pub(crate) fn status_lines(r: &ControlRecord, now_ms: u64) -> String {
     }
     let s = &r.settings;
     let mut set = Vec::new();
-    if let Some(rate) = r.ids_rate(None) {
+    if let Some(rate) = crate::control::ids_rate_as_of(r, None, now_ms, Duration::from_secs(30)) {
         set.push(format!("max-rate {:.0}/s", rate.get()));
     }
     if let Some(v) = s.max_partitions_rate {
@@ -530,7 +530,7 @@ pub(crate) fn register_metrics(
         "The control record's version (bumped by every change)",
         r.version as f64,
     );
-    if let Some(rate) = r.ids_rate(None) {
+    if let Some(rate) = crate::control::ids_rate_as_of(r, None, now_ms, Duration::from_secs(30)) {
         float(
             registry,
             "control_max_rate_ids_per_second",
