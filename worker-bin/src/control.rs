@@ -94,7 +94,8 @@ impl ControlHandle {
         self.own.send_modify(|o| o.concurrency = Some(n.max(1)));
     }
 
-    /// Chunks of one partition in flight at once, for partitions started from now on.
+    /// Chunks of one partition in flight at once, applied in flight up to each
+    /// partition's window (see [`Runner::window`](crate::runner::Runner::window)).
     pub fn set_parallel(&self, n: usize) {
         self.own.send_modify(|o| o.parallel = Some(n.max(1)));
     }
@@ -304,6 +305,54 @@ impl Gate {
                 }
             }
         }
+    }
+}
+
+/// A partition's chunk permits, resized to the gate's parallelism in flight: grown at
+/// once, shrunk by taking the surplus out as running chunks finish. One task (the
+/// partition's issuing loop) acquires.
+#[derive(Debug)]
+pub(crate) struct Permits {
+    gate: Arc<Gate>,
+    sem: Arc<tokio::sync::Semaphore>,
+    size: usize,
+}
+
+impl Permits {
+    /// Permits for as many chunks as the gate's parallelism now.
+    pub(crate) fn new(gate: Arc<Gate>) -> Self {
+        let size = gate.parallel();
+        Self {
+            gate,
+            sem: Arc::new(tokio::sync::Semaphore::new(size)),
+            size,
+        }
+    }
+
+    /// The window of a partition starting now: `--window`, or twice the parallelism
+    /// when `tranche set` raised it above `--parallel` (so it can grow in flight).
+    pub(crate) fn window(&self, settings: &crate::work::Settings) -> usize {
+        if self.size > settings.parallel {
+            settings.window.max(2 * self.size)
+        } else {
+            settings.window
+        }
+    }
+
+    /// Waits for a chunk's permit under the parallelism in force now.
+    pub(crate) async fn acquire(
+        &mut self,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, tokio::sync::AcquireError> {
+        let want = self.gate.parallel().max(1);
+        if want > self.size {
+            self.sem.add_permits(want - self.size);
+            self.size = want;
+        } else if want < self.size {
+            let surplus = (self.size - want) as u32;
+            self.sem.clone().acquire_many_owned(surplus).await?.forget();
+            self.size = want;
+        }
+        self.sem.clone().acquire_owned().await
     }
 }
 

@@ -798,3 +798,47 @@ fn chunk_time_converges_and_resumes_on_redis() {
 fn chunk_time_converges_and_resumes_embedded() {
     chunk_time(Place::Embedded, "chunk-time-embedded");
 }
+
+/// `tranche set --parallel` reaches a partition in flight: one long partition at
+/// `--parallel 1` (with a window of 8) runs four chunks at once within 2 s of the
+/// change, then one again.
+#[test]
+fn parallel_grows_and_shrinks_in_flight() {
+    let redis = TestRedis::start();
+    let job = Job::new("parallel", &Place::Redis(&redis));
+    // One partition of 400 chunks of 100 ms.
+    job.plan(40_000, 40_000);
+    // The window bounds the chunks in flight: room for four.
+    let mut run = job.spawn(
+        "0.1",
+        &["--chunk", "100", "--parallel", "1", "--window", "8"],
+    );
+    eventually(Duration::from_secs(20), "the first chunks", || {
+        job.starts().len() >= 3
+    });
+    // Chunks started in the second from `at`: about 10 per chunk in flight.
+    let started_in = |at: u128| {
+        job.starts()
+            .iter()
+            .filter(|s| s.at_ns >= at && s.at_ns < at + 1_000_000_000)
+            .count()
+    };
+    let set = now_ns();
+    ok(job.cmd(&["set", "--parallel", "4"]));
+    std::thread::sleep(Duration::from_secs(3));
+    let grown = started_in(set + 2_000_000_000);
+    assert!(
+        grown >= 25,
+        "{grown} chunks in the second after --parallel 4"
+    );
+    let set = now_ns();
+    ok(job.cmd(&["set", "--parallel", "1"]));
+    std::thread::sleep(Duration::from_secs(3));
+    let shrunk = started_in(set + 2_000_000_000);
+    assert!(
+        shrunk <= 12,
+        "{shrunk} chunks in the second after --parallel 1"
+    );
+    signal(&run, "INT");
+    wait(&mut run, Duration::from_secs(30));
+}

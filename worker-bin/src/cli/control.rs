@@ -130,7 +130,8 @@ pub(crate) struct SetArgs {
     /// Row IDs per chunk, for partitions started from now on (or none).
     #[arg(long, value_name = "N")]
     chunk: Option<String>,
-    /// Chunks of one partition in flight, for partitions started from now on (or none).
+    /// Chunks of one partition in flight, applied in flight up to each partition's
+    /// window (or none).
     #[arg(long, value_name = "N")]
     parallel: Option<String>,
     /// Size chunks to take this long (a duration, or none).

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tranche_active_store::{ActiveStore, Error as ActiveError, FailOutcome, Lease};
 use tranche_window::SlidingWindow;
@@ -155,9 +155,8 @@ impl PartitionCtx {
         chunk: u64,
         checkpoint: impl Fn(u64) -> u64,
     ) -> (Ended, u64) {
-        let parallel = self.gate.parallel();
-        let window = SlidingWindow::new(self.settings.window.max(parallel), first);
-        let permits = Arc::new(Semaphore::new(parallel));
+        let mut permits = crate::control::Permits::new(self.gate.clone());
+        let window = SlidingWindow::new(permits.window(&self.settings), first);
         // The first failure of a chunk: (broken, reason).
         let failure: Arc<Mutex<Option<(bool, String)>>> = Arc::default();
 
@@ -175,7 +174,7 @@ impl PartitionCtx {
         let mut running = JoinSet::new();
         let issue = async {
             for _ in first..n_chunks {
-                let Ok(permit) = permits.clone().acquire_owned().await else {
+                let Ok(permit) = permits.acquire().await else {
                     break;
                 };
                 // The window hands out first, first + 1, ...: one number per turn.

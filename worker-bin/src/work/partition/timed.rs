@@ -15,7 +15,6 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tranche_active_store::Lease;
 use tranche_control::ChunkSizer;
@@ -68,9 +67,8 @@ impl PartitionCtx {
                 spans.lock().expect("not poisoned").checkpoint(0),
             );
         }
-        let parallel = self.gate.parallel();
-        let window = SlidingWindow::new(self.settings.window.max(parallel), 0);
-        let permits = Arc::new(Semaphore::new(parallel));
+        let mut permits = crate::control::Permits::new(self.gate.clone());
+        let window = SlidingWindow::new(permits.window(&self.settings), 0);
         let sizer = Arc::new(Mutex::new(sizer));
         let failure: Arc<Mutex<Option<(bool, String)>>> = Arc::default();
         let checkpoint = || {
@@ -97,7 +95,7 @@ impl PartitionCtx {
                     break;
                 }
                 let from = from as u64;
-                let Ok(permit) = permits.clone().acquire_owned().await else {
+                let Ok(permit) = permits.acquire().await else {
                     break;
                 };
                 let Ok(seq) = window.next().await else {
