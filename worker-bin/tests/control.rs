@@ -106,7 +106,7 @@ impl Job {
     }
 
     /// `run --exec` with the ledger and `extra`, its stderr in a file.
-    fn spawn(&self, sleep: &str, extra: &[&str]) -> Child {
+    fn spawn(&self, sleep: &str, extra: &[&str]) -> Running {
         let exec = exec(&self.ledger, sleep);
         let mut args = vec!["run", "--exec", exec.as_str(), "--lease", "2s", "--json"];
         args.extend_from_slice(extra);
@@ -116,6 +116,7 @@ impl Job {
             .stdout(Stdio::piped())
             .stderr(stderr)
             .spawn()
+            .map(Running)
             .expect("spawn run")
     }
 
@@ -128,8 +129,34 @@ impl Job {
     }
 }
 
+/// A `tranche run` of a test, killed if the test ends (or panics) while it runs, so a
+/// failed test leaves no worker behind.
+struct Running(Child);
+
+impl std::ops::Deref for Running {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Running {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 /// Waits for `child` to exit successfully and returns its `--json` summary.
-fn summary(mut child: Child, limit: Duration) -> serde_json::Value {
+fn summary(mut child: Running, limit: Duration) -> serde_json::Value {
     let status = wait(&mut child, limit);
     let mut out = String::new();
     child
@@ -566,11 +593,12 @@ fn serve_shows_the_control_state() {
         .unwrap()
         .port();
     let listen = format!("127.0.0.1:{port}");
-    let mut serve = job
+    let serve = job
         .cmd(&["serve", "--listen", &listen])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
+        .map(Running)
         .unwrap();
     let mut metrics = String::new();
     eventually(
@@ -598,8 +626,7 @@ fn serve_shows_the_control_state() {
     let status: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(status["control"]["throttled"]["reason"], "backup window");
     assert_eq!(status["control"]["settings"]["max_rate"], 500.0);
-    let _ = serve.kill();
-    let _ = serve.wait();
+    drop(serve);
 }
 
 mod library {
