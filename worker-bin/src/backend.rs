@@ -216,6 +216,15 @@ impl Backend {
         }
     }
 
+    /// The namespace's Redis connection and key schema (`None` embedded), for the
+    /// control record and the rate limiter (`crate::control`).
+    pub(crate) fn redis_parts(&self) -> Option<(RedisConnection, KeySchema)> {
+        match &self.place {
+            Place::Redis { conn, schema, .. } => Some((conn.clone(), schema.clone())),
+            Place::Embedded(_) => None,
+        }
+    }
+
     /// Where the namespace lives, for messages: the redacted URL or the state file.
     pub(crate) fn location(&self) -> String {
         match &self.place {

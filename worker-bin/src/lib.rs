@@ -67,6 +67,7 @@ mod atomic;
 mod backend;
 #[cfg(feature = "cli")]
 mod cli;
+mod control;
 mod duration;
 mod embedded;
 mod error;

@@ -91,7 +91,10 @@ pub use crate::plan::Plan;
 pub use crate::query::{Job, JobStatus};
 use crate::work::{self, Observer, Settings, Shared, Stop};
 
+pub use crate::control::ControlHandle;
 pub use crate::job::Chunk;
+/// What a throttle probe found ([`Runner::throttle_probe`]).
+pub use tranche_control::ProbeOutcome;
 
 use crate::handler::HandlerRef;
 pub use crate::handler::{Handler, HandlerError};
@@ -178,6 +181,49 @@ pub struct Runner {
     follow: bool,
     until: Until,
     subscribers: Subscribers,
+    control: Control,
+}
+
+/// The runner's production-control settings (`crate::control::Options` before parsing).
+#[derive(Debug, Clone, Default)]
+struct Control {
+    max_rate: Option<f64>,
+    max_partitions_rate: Option<f64>,
+    probe: Option<Arc<dyn tranche_control::Probe>>,
+    throttle_interval: Option<Duration>,
+    keep_below: Option<f64>,
+    active_hours: Option<(String, Option<String>)>,
+    chunk_time: Option<crate::control::ChunkTime>,
+    handle: ControlHandle,
+}
+
+impl Control {
+    fn options(&self) -> anyhow::Result<crate::control::Options> {
+        let rate = |r: Option<f64>, what: &str| {
+            r.map(tranche_control::Rate::per_second)
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("{what}: {e}"))
+        };
+        let max_rate = rate(self.max_rate, "max_rate")?;
+        if self.keep_below.is_some() && max_rate.is_none() {
+            anyhow::bail!("keep_below needs a max_rate as the ceiling of the rate it adjusts");
+        }
+        Ok(crate::control::Options {
+            max_rate,
+            max_partitions_rate: rate(self.max_partitions_rate, "max_partitions_rate")?,
+            probe: self.probe.clone(),
+            throttle_interval: self.throttle_interval.unwrap_or_default(),
+            keep_below: self.keep_below,
+            active_hours: self
+                .active_hours
+                .as_ref()
+                .map(|(spec, tz)| tranche_control::ActiveHours::parse(spec, tz.as_deref()))
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("active_hours: {e}"))?,
+            chunk_time: self.chunk_time,
+            handle: Some(self.handle.clone()),
+        })
+    }
 }
 
 impl Runner {
@@ -200,6 +246,7 @@ impl Runner {
             follow: false,
             until: Until::Drained,
             subscribers: Subscribers::default(),
+            control: Control::default(),
         }
     }
 
@@ -324,6 +371,71 @@ impl Runner {
     pub fn metrics(self, registry: &mut crate::metrics::Registry) -> Self {
         let metrics = crate::metrics::RunMetrics::register(registry);
         self.on_event(move |event| metrics.observe(event))
+    }
+
+    /// A fleet-wide limit of row IDs per second, shared by every worker of the
+    /// namespace (through Redis, or in this process embedded).
+    pub fn max_rate(mut self, ids_per_second: f64) -> Self {
+        self.control.max_rate = Some(ids_per_second);
+        self
+    }
+
+    /// A fleet-wide limit of partitions claimed per second.
+    pub fn max_partitions_rate(mut self, per_second: f64) -> Self {
+        self.control.max_partitions_rate = Some(per_second);
+        self
+    }
+
+    /// A throttle probe: an async closure run every
+    /// [`throttle_interval`](Runner::throttle_interval) by one worker of the
+    /// namespace. [`ProbeOutcome::Throttle`] (or an [`ProbeOutcome::Error`]) stops
+    /// every worker from starting chunks until a later check says go;
+    /// [`ProbeOutcome::Value`] feeds [`keep_below`](Runner::keep_below).
+    pub fn throttle_probe<F, Fut>(mut self, probe: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ProbeOutcome> + Send + 'static,
+    {
+        self.control.probe = Some(Arc::new(tranche_control::FnProbe::new(probe)));
+        self
+    }
+
+    /// How often the throttle probe runs (default 1 s).
+    pub fn throttle_interval(mut self, every: Duration) -> Self {
+        self.control.throttle_interval = Some(every);
+        self
+    }
+
+    /// Adjust the fleet's ID rate (AIMD, at most [`max_rate`](Runner::max_rate),
+    /// which it needs) so that the probe's [`ProbeOutcome::Value`] stays below
+    /// `target`.
+    pub fn keep_below(mut self, target: f64) -> Self {
+        self.control.keep_below = Some(target);
+        self
+    }
+
+    /// Claim and start work only within `HH:MM-HH:MM` (wrapping midnight) in the zone
+    /// `tz` (an IANA name; the system's when `None`). Checked when the run starts.
+    pub fn active_hours(mut self, spec: impl Into<String>, tz: Option<&str>) -> Self {
+        self.control.active_hours = Some((spec.into(), tz.map(str::to_owned)));
+        self
+    }
+
+    /// Size each partition's chunks so each takes about `target` (starting from
+    /// [`chunk`](Runner::chunk), within `min..=max` IDs); the checkpoint stays exact.
+    pub fn chunk_time(mut self, target: Duration, min: u64, max: u64) -> Self {
+        self.control.chunk_time = Some(crate::control::ChunkTime {
+            target: target.max(Duration::from_millis(1)),
+            min: min.max(1),
+            max: max.max(min.max(1)),
+        });
+        self
+    }
+
+    /// A handle that changes this runner's rate limit, concurrency, parallelism and
+    /// chunk size while it runs (clones of the runner share it).
+    pub fn control(&self) -> ControlHandle {
+        self.control.handle.clone()
     }
 
     fn location(&self) -> Location {
@@ -499,6 +611,7 @@ impl Runner {
             save_every: Duration::from_secs(2),
             observer: (!self.subscribers.is_empty())
                 .then(|| Arc::new(Subscribed(self.subscribers.clone())) as Arc<dyn Observer>),
+            control: self.control.options()?,
         };
         tracing::info!(
             namespace = %self.namespace,

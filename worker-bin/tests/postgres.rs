@@ -386,3 +386,107 @@ async fn wait_with_deadline(child: &mut Child, deadline: Instant) -> std::proces
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The example's backfill under `keep_below`: each chunk's UPDATE also logs its IDs in
+/// `chunk_log` on the server, and the probe asks the server how many IDs it was given
+/// in the last second. The runner's AIMD brings the rate down from its 6000 IDs/s
+/// ceiling and holds the server's figure under 3000.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_below_holds_a_server_figure_under_its_target() {
+    use std::sync::Arc;
+    use tranche_worker::runner::{Chunk, Handler, HandlerError, ProbeOutcome};
+
+    struct Logged {
+        backfill: Backfill,
+        db: Arc<tokio_postgres::Client>,
+    }
+
+    #[async_trait::async_trait]
+    impl Handler for Logged {
+        async fn process(&self, chunk: Chunk) -> Result<(), HandlerError> {
+            self.backfill.process(chunk).await?;
+            self.db
+                .execute(
+                    "INSERT INTO chunk_log (at, ids) VALUES (clock_timestamp(), $1)",
+                    &[&((chunk.to - chunk.from + 1) as i64)],
+                )
+                .await?;
+            Ok(())
+        }
+    }
+
+    async fn client(url: &str) -> Arc<tokio_postgres::Client> {
+        let (db, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        Arc::new(db)
+    }
+
+    /// IDs the server was given over the last `secs` seconds, per second.
+    async fn figure(db: &tokio_postgres::Client, secs: f64) -> f64 {
+        let row = db
+            .query_one(
+                "SELECT coalesce(sum(ids), 0)::float8 FROM chunk_log \
+                 WHERE at > clock_timestamp() - make_interval(secs => $1)",
+                &[&secs],
+            )
+            .await
+            .unwrap();
+        row.get::<_, f64>(0) / secs
+    }
+
+    let pg = TestPostgres::start();
+    let db = client(&pg.url()).await;
+    db.batch_execute(
+        "CREATE TABLE users (id bigint PRIMARY KEY, email text NOT NULL, email_lower text);
+         INSERT INTO users (id, email) SELECT i, 'User' || i || '@Example.COM' FROM generate_series(1, 200000) i;
+         CREATE TABLE chunk_log (at timestamptz NOT NULL, ids bigint NOT NULL);",
+    )
+    .await
+    .unwrap();
+    let redis = TestRedis::start();
+    let probe_db = client(&pg.url()).await;
+    let runner = Runner::redis(redis.url())
+        .namespace("backfill-aimd")
+        .concurrency(4)
+        .chunk(100)
+        .max_rate(6000.0)
+        .keep_below(3000.0)
+        .throttle_probe(move || {
+            let db = probe_db.clone();
+            async move { ProbeOutcome::Value(figure(&db, 1.0).await) }
+        });
+    runner
+        .plan(tranche_worker::Plan::ids(1..=200_000).partition_size(1000))
+        .await
+        .unwrap();
+    let handler = Logged {
+        backfill: Backfill::connect(&pg.url()).await.unwrap(),
+        db: client(&pg.url()).await,
+    };
+    let run = tokio::spawn(async move {
+        runner
+            .run_with_shutdown(handler, tokio::time::sleep(Duration::from_secs(18)))
+            .await
+    });
+    // Three cuts (6000 → 4200 → 2940) take about 7 s; then sample the figure.
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    let mut samples = Vec::new();
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        samples.push(figure(&db, 1.0).await);
+    }
+    let report = run.await.unwrap().unwrap();
+    assert!(report.interrupted, "{report:?}");
+    let mean = samples.iter().sum::<f64>() / samples.len() as f64;
+    eprintln!("IDs/s the server saw each second: {samples:.0?} (mean {mean:.0})");
+    assert!(
+        (1500.0..=3300.0).contains(&mean),
+        "the server's figure was {mean:.0} IDs/s on average for a target of 3000: {samples:.0?}"
+    );
+    assert!(
+        samples.iter().all(|&s| s < 4500.0),
+        "no second far above the target: {samples:.0?}"
+    );
+}

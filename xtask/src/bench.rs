@@ -26,6 +26,7 @@ const BENCHES: &[(&str, &[Target], bool)] = &[
         ],
         true,
     ),
+    ("limiter", &[("tranche-control", "limiter")], true),
     ("e2e", &[("tranche-worker", "e2e")], true),
     ("ops", &[("tranche-worker", "ops")], true),
     (

@@ -220,6 +220,16 @@ pub(crate) enum Command {
         #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=100_000))]
         limit: u64,
     },
+    /// Change the namespace's live settings: every worker applies them within 2 s,
+    /// without restarting (Redis only; `none` clears one).
+    Set(crate::cli::control::SetArgs),
+    /// Turn the namespace's manual throttle on or off: while on, no new chunk starts
+    /// on any worker (Redis only).
+    #[command(subcommand)]
+    Throttle(crate::cli::control::ThrottleCommand),
+    /// The namespace's control record and its change log (Redis only).
+    #[command(subcommand)]
+    Control(crate::cli::control::ControlCommand),
     /// Records that can never be archived, set aside with the reason (per shard, oldest
     /// first).
     DeadLetters {
@@ -323,6 +333,8 @@ pub(crate) struct RunArgs {
     pub(crate) tiers: TierArgs,
     #[command(flatten)]
     pub(crate) snapshots: SnapshotArgs,
+    #[command(flatten)]
+    pub(crate) control: crate::cli::control::RunControlArgs,
 }
 
 /// Archive tier settings (`run`, `archive`).

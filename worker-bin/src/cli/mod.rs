@@ -7,6 +7,7 @@
 mod alert;
 mod args;
 mod calendar;
+mod control;
 mod cost;
 mod health;
 mod jsonl;

@@ -102,6 +102,9 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             print!("{}", render::dead_letters(&dead, json));
             Ok(Outcome::Success)
         }
+        Command::Set(args) => crate::cli::control::set(g, &args).await,
+        Command::Throttle(c) => crate::cli::control::throttle(g, &c).await,
+        Command::Control(c) => crate::cli::control::control(g, &c).await,
         Command::Pause => crate::cli::namespace::set_paused(g, true).await,
         Command::Resume => crate::cli::namespace::set_paused(g, false).await,
         Command::Plans => crate::cli::namespace::plans(g).await,
@@ -366,6 +369,7 @@ async fn run(g: &crate::cli::args::Global, args: RunArgs) -> Result<Outcome> {
     if args.lease < Duration::from_millis(300) {
         bail!("--lease must be at least 300ms");
     }
+    let control = crate::cli::control::options(&args.control)?;
     if !args.simulate && (args.sim_fail.is_some() || args.sim_latency.is_some()) {
         bail!("--sim-fail and --sim-latency only shape --simulate; they do nothing with --exec");
     }
@@ -410,6 +414,7 @@ async fn run(g: &crate::cli::args::Global, args: RunArgs) -> Result<Outcome> {
         observer: Some(std::sync::Arc::new(crate::cli::observe::RunObserver::new(
             args.metrics_listen,
         ))),
+        control,
     };
     let memory_before = backend.used_memory().await;
     let mut watched = stop.clone();
@@ -656,6 +661,7 @@ pub(crate) async fn status_of(backend: &Backend) -> Result<render::Status> {
         decode_failures: backend.archive.decode_failures().await?,
         dead_letters: backend.archive.dead_letter_count().await?,
         paused: backend.active.is_paused().await?,
+        control: crate::cli::control::record_of(backend).await?,
     })
 }
 

@@ -43,6 +43,8 @@ pub(crate) struct Status {
     pub(crate) decode_failures: u64,
     pub(crate) dead_letters: u64,
     pub(crate) paused: bool,
+    /// The namespace's control record (Redis only).
+    pub(crate) control: Option<tranche_control::ControlRecord>,
 }
 
 /// `status`.
@@ -53,14 +55,18 @@ pub(crate) fn status(s: &Status, json: bool) -> String {
         .total
         .saturating_sub(c.outstanding() + c.failed + c.discarded);
     if json {
-        return line(json!({
+        let mut v = json!({
             "namespace": s.namespace, "location": s.location, "shards": s.shards,
             "partitions": s.total, "finished": finished, "archived": s.archived,
             "unissued": c.unissued, "pending": c.pending, "claimed": c.claimed,
             "running": c.running, "failed": c.failed, "discarded": c.discarded, "inbox": s.inbox,
             "active_workers": s.workers, "decode_failures": s.decode_failures,
             "dead_letters": s.dead_letters, "paused": s.paused,
-        }));
+        });
+        if let Some(r) = &s.control {
+            v["control"] = crate::cli::control::record_json(r, crate::now_ms());
+        }
+        return line(v);
     }
     let pct = if s.total == 0 {
         0.0
@@ -102,6 +108,9 @@ pub(crate) fn status(s: &Status, json: bool) -> String {
     let _ = writeln!(out, "  inbox     {:>12}", s.inbox);
     let _ = writeln!(out);
     let _ = writeln!(out, "workers    {} active", s.workers);
+    if let Some(r) = &s.control {
+        out.push_str(&crate::cli::control::status_lines(r, crate::now_ms()));
+    }
     let _ = writeln!(out, "decode failures {}", s.decode_failures);
     let _ = writeln!(
         out,
@@ -302,6 +311,7 @@ mod tests {
             decode_failures: 0,
             dead_letters: 0,
             paused: false,
+            control: None,
         };
         insta::assert_snapshot!(status(&s, false));
         insta::assert_snapshot!(status(&s, true));

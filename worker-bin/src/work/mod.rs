@@ -75,6 +75,8 @@ pub(crate) struct Settings {
     /// What watches the run from outside (the command line's progress and
     /// `--metrics-listen`), if anything.
     pub(crate) observer: Option<Arc<dyn Observer>>,
+    /// Rate limits, probes and active hours of the worker's own (`crate::control`).
+    pub(crate) control: crate::control::Options,
 }
 
 /// Something attached to a run from outside the engine: how the command line hangs its
@@ -342,7 +344,15 @@ pub(crate) async fn run(
         });
     }
 
-    let outcome = claim_loop(backend, &settings, &shared, &book, stop.clone()).await;
+    let base = crate::control::Base {
+        concurrency: settings.concurrency,
+        parallel: settings.parallel,
+        chunk: settings.chunk,
+    };
+    let gate = crate::control::Gate::start(backend, &settings.control, base, &settings.worker);
+    let gate = Arc::new(gate.await?);
+    let outcome = claim_loop(backend, &settings, &shared, &book, &gate, stop.clone()).await;
+    drop(gate);
 
     // Background work stops only after the partitions: a heartbeat or reap between
     // the last release and here is harmless, a missing one is not.
@@ -392,6 +402,7 @@ async fn claim_loop(
     settings: &Settings,
     shared: &Arc<Shared>,
     book: &Arc<LeaseBook>,
+    gate: &Arc<crate::control::Gate>,
     mut stop: watch::Receiver<Stop>,
 ) -> Result<()> {
     let mut tasks: JoinSet<()> = JoinSet::new();
@@ -402,6 +413,7 @@ async fn claim_loop(
         shared: shared.clone(),
         book: book.clone(),
         stop: stop.clone(),
+        gate: gate.clone(),
     });
 
     let mut idle = Duration::from_millis(10);
@@ -436,30 +448,55 @@ async fn claim_loop(
             }
             continue;
         }
+        // A throttle or the time outside the active hours: nothing is claimed or
+        // started (queued leases stay held and renewed), until the gate opens.
+        if gate.is_closed() {
+            while tasks.try_join_next().is_some() {}
+            if tasks.is_empty()
+                && queue.is_empty()
+                && !settings.follow
+                && backend.active.counts().await?.outstanding() == 0
+            {
+                break;
+            }
+            tokio::select! {
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                _ = stop.changed() => {}
+                () = gate.opened() => {}
+                () = tokio::time::sleep(PAUSE_POLL) => {}
+            }
+            continue;
+        }
+        let concurrency = gate.concurrency();
         if backend.is_embedded() && last_save.elapsed() >= settings.save_every {
             backend.save().await?;
             last_save = Instant::now();
         }
         // Finished partitions free their slots (a JoinSet counts them until joined).
         while tasks.try_join_next().is_some() {}
-        while tasks.len() < settings.concurrency
+        while tasks.len() < concurrency
             && let Some((lease, hold)) = queue.pop_front()
         {
             start(&mut tasks, &ctx, lease, hold);
         }
         let prefetch = settings
             .prefetch
-            .unwrap_or_else(|| auto_prefetch(settings.concurrency, shared.mean_ms()));
-        let target = settings.concurrency + prefetch;
+            .unwrap_or_else(|| auto_prefetch(concurrency, shared.mean_ms()));
+        let target = concurrency + prefetch;
         // Claim once a quarter of the target is free: big batches, and a queue that
         // never runs dry while the claim is in flight.
         let refill_at = (target / 4).max(1);
         let want = target.saturating_sub(tasks.len() + queue.len());
-        let starving = queue.is_empty() && tasks.len() < settings.concurrency;
+        let starving = queue.is_empty() && tasks.len() < concurrency;
         let mut claimed = 0;
         if want > 0 && (want >= refill_at || starving) {
+            let want = gate.claim(want).await;
             let sent = Instant::now();
-            match backend.active.claim(&settings.worker, want).await {
+            let answer = match want {
+                0 => Ok(Vec::new()),
+                _ => backend.active.claim(&settings.worker, want).await,
+            };
+            match answer {
                 Ok(leases) => {
                     claimed = leases.len();
                     shared.claimed.fetch_add(claimed as u64, Relaxed);

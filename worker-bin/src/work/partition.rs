@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tranche_active_store::{ActiveStore, Error as ActiveError, FailOutcome, FailPolicy, Lease};
 use tranche_window::SlidingWindow;
@@ -17,6 +17,8 @@ use crate::job::{Chunk, ChunkError, KILL_AFTER};
 use super::{Settings, Shared, Stop, until};
 use crate::now_ms;
 
+mod timed;
+
 /// What the partition tasks of one run share.
 pub(super) struct PartitionCtx {
     pub(super) active: Arc<dyn ActiveStore>,
@@ -24,6 +26,8 @@ pub(super) struct PartitionCtx {
     pub(super) shared: Arc<Shared>,
     pub(super) book: Arc<LeaseBook>,
     pub(super) stop: watch::Receiver<Stop>,
+    /// Throttles, rate limits and live settings (`crate::control`).
+    pub(super) gate: Arc<crate::control::Gate>,
 }
 
 enum Ended {
@@ -154,7 +158,11 @@ impl PartitionCtx {
     /// Runs the partition's chunks from its checkpoint. Returns how it ended and the
     /// checkpoint reached (an ID: every ID below it is done).
     async fn chunks(&self, lease: &Lease, hold: &Arc<Hold>) -> (Ended, u64) {
-        let chunk = self.settings.chunk;
+        // Live settings apply from a partition's start (`tranche set --chunk`).
+        let chunk = self.gate.chunk();
+        if let Some(sizer) = self.gate.sizer() {
+            return Box::pin(self.timed(lease, hold, sizer)).await;
+        }
         let ids = (lease.max_id - lease.min_id) as u128 + 1;
         let n_chunks = ids.div_ceil(chunk as u128) as u64;
         let first = lease.progress.saturating_sub(lease.min_id) / chunk;
@@ -167,11 +175,11 @@ impl PartitionCtx {
             return (Ended::Done, checkpoint(n_chunks));
         }
         if n_chunks - first == 1 {
-            return self.last_chunk(lease, hold, first, checkpoint).await;
+            return self.last_chunk(lease, hold, first, chunk, checkpoint).await;
         }
         // Boxed: the window's state would otherwise make every partition's task as big
         // as the largest, and a task is copied when it is spawned.
-        Box::pin(self.windowed(lease, hold, first, n_chunks, checkpoint)).await
+        Box::pin(self.windowed(lease, hold, first, n_chunks, chunk, checkpoint)).await
     }
 
     /// Runs chunks `first..n_chunks` through the sliding window, at most `--parallel`
@@ -182,11 +190,11 @@ impl PartitionCtx {
         hold: &Arc<Hold>,
         first: u64,
         n_chunks: u64,
+        chunk: u64,
         checkpoint: impl Fn(u64) -> u64,
     ) -> (Ended, u64) {
-        let chunk = self.settings.chunk;
-        let window = SlidingWindow::new(self.settings.window, first);
-        let permits = Arc::new(Semaphore::new(self.settings.parallel));
+        let mut permits = crate::control::Permits::new(self.gate.clone());
+        let window = SlidingWindow::new(permits.window(&self.settings), first);
         // The first failure of a chunk: (broken, reason, policy).
         let failure: Arc<Mutex<Option<(bool, String, FailPolicy)>>> = Arc::default();
 
@@ -209,7 +217,7 @@ impl PartitionCtx {
         let mut running = JoinSet::new();
         let issue = async {
             for _ in first..n_chunks {
-                let Ok(permit) = permits.clone().acquire_owned().await else {
+                let Ok(permit) = permits.acquire().await else {
                     break;
                 };
                 // The window hands out first, first + 1, ...: one number per turn.
@@ -218,6 +226,8 @@ impl PartitionCtx {
                 };
                 let from = lease.min_id + index * chunk;
                 let to = from.saturating_add(chunk - 1).min(lease.max_id);
+                // Throttled or rate-limited: wait here (the closer above still ends it).
+                self.gate.chunk_start(to - from + 1).await;
                 let c = Chunk {
                     pid: lease.pid,
                     index,
@@ -309,9 +319,9 @@ impl PartitionCtx {
         lease: &Lease,
         hold: &Arc<Hold>,
         index: u64,
+        chunk: u64,
         checkpoint: impl Fn(u64) -> u64,
     ) -> (Ended, u64) {
-        let chunk = self.settings.chunk;
         let from = lease.min_id + index * chunk;
         let c = Chunk {
             pid: lease.pid,
@@ -320,6 +330,13 @@ impl PartitionCtx {
             to: from.saturating_add(chunk - 1).min(lease.max_id),
             attempt: lease.attempt,
         };
+        let mut stop = self.stop.clone();
+        tokio::select! {
+            () = self.gate.chunk_start(c.to - c.from + 1) => {}
+            () = until(&mut stop, |s| *s != Stop::Running) => return (Ended::Stopped, checkpoint(index)),
+            () = hold.lost() => return (Ended::Lost, checkpoint(index)),
+            () = hold.fenced() => return (Ended::Lost, checkpoint(index)),
+        }
         let fenced = AtomicBool::new(false);
         let abort = async {
             let grace = abort(self.stop.clone(), hold.clone()).await;

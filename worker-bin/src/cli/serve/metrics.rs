@@ -216,6 +216,9 @@ pub(crate) async fn scrape(State(app): State<Arc<App>>) -> Result<Response, ApiE
         "1 while the namespace is paused",
         u64::from(paused),
     );
+    if let Some(record) = crate::cli::control::record_of(&backend).await? {
+        crate::cli::control::register_metrics(&mut registry, &record, crate::now_ms());
+    }
     if let Some(bytes) = memory {
         gauge(
             &mut registry,

@@ -1,0 +1,622 @@
+//! The run loop's admission gate: the namespace's control record (`tranche set`,
+//! `tranche throttle`, the probes) and the worker's own options turned into "may a
+//! claim be made / a chunk start now, and with what settings".
+//!
+//! One [`Gate`] per run. It polls the record once a second through a
+//! [`ControlWatcher`] (the only cost when no limit or probe is set: no call per claim
+//! or chunk), and an applier task turns each record change into the pacers' rates, the
+//! live concurrency, chunk and parallelism, and one "closed" reason (a throttle, or
+//! outside the active hours) that it logs once per change. Claims and chunk starts
+//! wait while it is closed; heartbeats and chunks in flight never do, so a throttled
+//! partition is never reaped.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tranche_codec::{Clock, SystemClock};
+use tranche_control::{
+    ActiveHours, Change, ControlRecord, ControlStore, ControlWatcher, Limit, MemoryControlStore,
+    MemoryRateLimiter, Pacer, Probe, Prober, ProberConfig, Rate, RateLimiter, RedisControlStore,
+    RedisRateLimiter,
+};
+
+use crate::backend::Backend;
+
+/// The worker's own control options (`run`'s flags, the runner's builder): in force
+/// for every setting the namespace's control record leaves unset.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Options {
+    /// `--max-rate`, IDs per second fleet-wide.
+    pub(crate) max_rate: Option<Rate>,
+    /// `--max-partitions-rate`, partitions claimed per second fleet-wide.
+    pub(crate) max_partitions_rate: Option<Rate>,
+    /// `--throttle-exec`, `--throttle-http` or the runner's closure.
+    pub(crate) probe: Option<Arc<dyn Probe>>,
+    /// `--throttle-interval` (zero: [`DEFAULT_INTERVAL`]).
+    pub(crate) throttle_interval: Duration,
+    /// `--keep-below`: written into the record, where the leading prober reads it.
+    pub(crate) keep_below: Option<f64>,
+    /// `--active-hours` with `--tz`.
+    pub(crate) active_hours: Option<ActiveHours>,
+    /// `--chunk-time` with `--chunk-min` and `--chunk-max`: chunks sized by time.
+    pub(crate) chunk_time: Option<ChunkTime>,
+    /// The library's live handle, if one was taken.
+    pub(crate) handle: Option<ControlHandle>,
+}
+
+/// Chunks sized to take `target` each, within `min..=max` IDs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct ChunkTime {
+    pub(crate) target: Duration,
+    pub(crate) min: u64,
+    pub(crate) max: u64,
+}
+
+/// How often probes run when `--throttle-interval` is not given.
+pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A live handle on a running job's control, from
+/// [`Runner::control`](crate::runner::Runner::control): it changes this worker's own
+/// rate limit, concurrency, parallelism and chunk size while it runs (applied at once).
+/// What the namespace's control record sets (`tranche set`) still takes precedence.
+#[derive(Debug, Clone, Default)]
+pub struct ControlHandle {
+    own: Arc<watch::Sender<Own>>,
+}
+
+/// The handle's overrides of the worker's own options (`None`: unchanged).
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Own {
+    max_rate: Option<Option<Rate>>,
+    concurrency: Option<usize>,
+    parallel: Option<usize>,
+    chunk: Option<u64>,
+}
+
+impl ControlHandle {
+    /// Limits this worker's fleet-wide ID rate to `ids_per_second` (`None`: no limit of
+    /// its own). Errs on a rate that is not positive and finite.
+    pub fn set_max_rate(&self, ids_per_second: Option<f64>) -> Result<(), crate::runner::Error> {
+        let rate = ids_per_second
+            .map(Rate::per_second)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("invalid rate: {e}"))?;
+        self.own.send_modify(|o| o.max_rate = Some(rate));
+        Ok(())
+    }
+
+    /// Partitions processed at once: more start at once, fewer as running ones finish.
+    pub fn set_concurrency(&self, n: usize) {
+        self.own.send_modify(|o| o.concurrency = Some(n.max(1)));
+    }
+
+    /// Chunks of one partition in flight at once, applied in flight up to each
+    /// partition's window (see [`Runner::window`](crate::runner::Runner::window)).
+    pub fn set_parallel(&self, n: usize) {
+        self.own.send_modify(|o| o.parallel = Some(n.max(1)));
+    }
+
+    /// Row IDs per chunk, for partitions started from now on.
+    pub fn set_chunk(&self, ids: u64) {
+        self.own.send_modify(|o| o.chunk = Some(ids.max(1)));
+    }
+}
+
+/// The settings in force, shared by the applier and the run loop.
+#[derive(Debug)]
+struct Live {
+    ids: Pacer,
+    parts: Pacer,
+    concurrency: AtomicUsize,
+    parallel: AtomicUsize,
+    chunk: AtomicU64,
+    chunk_time: Mutex<Option<ChunkTime>>,
+}
+
+/// The admission gate of one run (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Gate {
+    live: Arc<Live>,
+    /// Why nothing may be claimed or started now (`None`: open).
+    closed: watch::Receiver<Option<String>>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// The namespace's control store and rate limiter: Redis, or memory embedded.
+pub(crate) fn stores(backend: &Backend) -> (Arc<dyn ControlStore>, Arc<dyn RateLimiter>) {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    match backend.redis_parts() {
+        Some((conn, schema)) => (
+            Arc::new(RedisControlStore::new(conn.clone(), &schema, clock)),
+            Arc::new(RedisRateLimiter::new(conn, &schema)),
+        ),
+        None => (
+            Arc::new(MemoryControlStore::new(clock)),
+            Arc::new(MemoryRateLimiter::new()),
+        ),
+    }
+}
+
+/// Who made a change, for the control log: `user@host/pid`.
+pub(crate) fn origin() -> String {
+    let user = std::env::var("USER").unwrap_or_else(|_| "?".to_owned());
+    format!("{user}@{}/{}", crate::work::hostname(), std::process::id())
+}
+
+/// The worker's own values the gate starts from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Base {
+    pub(crate) concurrency: usize,
+    pub(crate) parallel: usize,
+    pub(crate) chunk: u64,
+}
+
+impl Gate {
+    /// Starts the gate of a run: the watcher, the applier and, with a probe, the
+    /// prober. Errs when the record cannot be read or `--keep-below` has no ceiling.
+    pub(crate) async fn start(
+        backend: &Backend,
+        options: &Options,
+        base: Base,
+        worker: &str,
+    ) -> Result<Self> {
+        let (store, limiter) = stores(backend);
+        let interval = if options.throttle_interval.is_zero() {
+            DEFAULT_INTERVAL
+        } else {
+            options.throttle_interval
+        };
+        if let Some(target) = options.keep_below {
+            if options.max_rate.is_none() {
+                bail!("--keep-below needs a --max-rate as the ceiling of the rate it adjusts");
+            }
+            let record = store.read().await?;
+            if record.settings.keep_below != Some(target) {
+                store
+                    .set(&[Change::KeepBelow(Some(target))], &origin())
+                    .await?;
+            }
+        }
+        let watcher = ControlWatcher::start(store.clone(), ControlWatcher::INTERVAL).await?;
+        let live = Arc::new(Live {
+            ids: Pacer::new(limiter.clone(), Limit::Ids, base.chunk.saturating_mul(100)),
+            parts: Pacer::new(limiter, Limit::Partitions, 100),
+            concurrency: AtomicUsize::new(base.concurrency),
+            parallel: AtomicUsize::new(base.parallel),
+            chunk: AtomicU64::new(base.chunk),
+            chunk_time: Mutex::new(options.chunk_time),
+        });
+        let (closed_tx, closed) = watch::channel(None);
+        let mut tasks = Vec::new();
+        // A finding nobody renewed for this long is stale (its prober died).
+        let stale = (interval * 3 + Duration::from_secs(2)).max(Duration::from_secs(30));
+        let own = options.handle.clone().unwrap_or_default().own.subscribe();
+        tasks.push(tokio::spawn(apply(
+            live.clone(),
+            watcher,
+            own,
+            options.clone(),
+            base,
+            stale,
+            closed_tx,
+        )));
+        if let Some(probe) = &options.probe {
+            let floor = options.max_rate.map_or(1.0, |r| (r.get() / 100.0).max(1.0));
+            tasks.push(
+                Prober::new(
+                    store,
+                    probe.clone(),
+                    Arc::new(SystemClock),
+                    ProberConfig {
+                        worker: worker.to_owned(),
+                        interval,
+                        max_rate: options.max_rate,
+                        floor,
+                    },
+                )
+                .spawn(),
+            );
+        }
+        let gate = Self {
+            live,
+            closed,
+            tasks: Mutex::new(tasks),
+        };
+        // The first record is applied before the first claim.
+        let mut closed = gate.closed.clone();
+        let _ = tokio::time::timeout(Duration::from_secs(1), closed.changed()).await;
+        Ok(gate)
+    }
+
+    /// Partitions to run at once now.
+    pub(crate) fn concurrency(&self) -> usize {
+        self.live.concurrency.load(Relaxed)
+    }
+
+    /// Chunks of one partition in flight at once, for a partition starting now.
+    pub(crate) fn parallel(&self) -> usize {
+        self.live.parallel.load(Relaxed)
+    }
+
+    /// IDs per chunk, for a partition starting now.
+    pub(crate) fn chunk(&self) -> u64 {
+        self.live.chunk.load(Relaxed)
+    }
+
+    /// A sizer for a partition starting now, when chunks are sized by time.
+    pub(crate) fn sizer(&self) -> Option<tranche_control::ChunkSizer> {
+        let t = (*self.live.chunk_time.lock().expect("not poisoned"))?;
+        Some(tranche_control::ChunkSizer::new(
+            t.target,
+            t.min,
+            t.max,
+            self.chunk(),
+        ))
+    }
+
+    /// Whether claims and chunk starts wait now.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.borrow().is_some()
+    }
+
+    /// Returns once the gate is open.
+    pub(crate) async fn opened(&self) {
+        if self.closed.borrow().is_none() {
+            return;
+        }
+        let mut closed = self.closed.clone();
+        let _ = closed.wait_for(Option::is_none).await;
+    }
+
+    /// How many partitions the next claim may take of `want`: all of them without a
+    /// partition rate, else at most a second's worth, once the limit allows.
+    pub(crate) async fn claim(&self, want: usize) -> usize {
+        let Some(rate) = self.live.parts.rate() else {
+            return want;
+        };
+        let want = want.min(rate.get().ceil().max(1.0) as usize).max(1);
+        match self.live.parts.acquire(want as u64).await {
+            Ok(_) => want,
+            Err(err) => {
+                tracing::warn!(%err, "the partition rate limit is unreachable; claiming nothing for a second");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                0
+            }
+        }
+    }
+
+    /// Waits until a chunk of `ids` IDs may start: the gate open and the ID rate
+    /// allowing it.
+    pub(crate) async fn chunk_start(&self, ids: u64) {
+        loop {
+            self.opened().await;
+            if self.live.ids.rate().is_none() {
+                return;
+            }
+            match self.live.ids.acquire(ids).await {
+                Ok(_) => return,
+                Err(err) => {
+                    tracing::warn!(%err, "the rate limit is unreachable; retrying in a second");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+}
+
+/// A partition's chunk permits, resized to the gate's parallelism in flight: grown at
+/// once, shrunk by taking the surplus out as running chunks finish. One task (the
+/// partition's issuing loop) acquires.
+#[derive(Debug)]
+pub(crate) struct Permits {
+    gate: Arc<Gate>,
+    sem: Arc<tokio::sync::Semaphore>,
+    size: usize,
+}
+
+impl Permits {
+    /// Permits for as many chunks as the gate's parallelism now.
+    pub(crate) fn new(gate: Arc<Gate>) -> Self {
+        let size = gate.parallel();
+        Self {
+            gate,
+            sem: Arc::new(tokio::sync::Semaphore::new(size)),
+            size,
+        }
+    }
+
+    /// The window of a partition starting now: `--window`, or twice the parallelism
+    /// when `tranche set` raised it above `--parallel` (so it can grow in flight).
+    pub(crate) fn window(&self, settings: &crate::work::Settings) -> usize {
+        if self.size > settings.parallel {
+            settings.window.max(2 * self.size)
+        } else {
+            settings.window
+        }
+    }
+
+    /// Waits for a chunk's permit under the parallelism in force now.
+    pub(crate) async fn acquire(
+        &mut self,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, tokio::sync::AcquireError> {
+        let want = self.gate.parallel().max(1);
+        if want > self.size {
+            self.sem.add_permits(want - self.size);
+            self.size = want;
+        } else if want < self.size {
+            let surplus = (self.size - want) as u32;
+            self.sem.clone().acquire_many_owned(surplus).await?.forget();
+            self.size = want;
+        }
+        self.sem.clone().acquire_owned().await
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        for task in self.tasks.lock().expect("not poisoned").drain(..) {
+            task.abort();
+        }
+    }
+}
+
+/// Applies every change of the record (and of the library's handle) to `live`, and
+/// publishes why the gate is closed, logging each change of it once.
+async fn apply(
+    live: Arc<Live>,
+    watcher: ControlWatcher,
+    mut own: watch::Receiver<Own>,
+    options: Options,
+    base: Base,
+    stale: Duration,
+    closed: watch::Sender<Option<String>>,
+) {
+    let mut record = watcher.subscribe();
+    let mut first = true;
+    loop {
+        let r = record.borrow_and_update().clone();
+        let o = own.borrow_and_update().clone();
+        let own_rate = o.max_rate.unwrap_or(options.max_rate);
+        let now = crate::now_ms();
+        let rate = ids_rate_as_of(&r, own_rate, now, stale);
+        if !aimd_step(&r, live.ids.rate(), rate, own_rate) {
+            live.ids.set_rate(rate);
+        }
+        live.parts
+            .set_rate(r.partitions_rate(options.max_partitions_rate));
+        let s = &r.settings;
+        live.concurrency.store(
+            s.concurrency
+                .map(|c| c as usize)
+                .or(o.concurrency)
+                .unwrap_or(base.concurrency),
+            Relaxed,
+        );
+        live.parallel.store(
+            s.parallel
+                .map(|c| c as usize)
+                .or(o.parallel)
+                .unwrap_or(base.parallel),
+            Relaxed,
+        );
+        live.chunk
+            .store(s.chunk.or(o.chunk).unwrap_or(base.chunk), Relaxed);
+        let timed = s.chunk_time_ms.map(Duration::from_millis);
+        let timed = match (timed, options.chunk_time) {
+            (Some(target), own) => Some(ChunkTime {
+                target,
+                min: s.chunk_min.or(own.map(|o| o.min)).unwrap_or(1),
+                max: s.chunk_max.or(own.map(|o| o.max)).unwrap_or(u64::MAX / 2),
+            }),
+            (None, Some(own)) => Some(ChunkTime {
+                min: s.chunk_min.unwrap_or(own.min),
+                max: s.chunk_max.unwrap_or(own.max),
+                ..own
+            }),
+            (None, None) => None,
+        };
+        *live.chunk_time.lock().expect("not poisoned") = timed;
+        let reason = closed_reason(&r, options.active_hours.as_ref(), now, stale);
+        let changed = closed.send_if_modified(|current| {
+            let changed = *current != reason;
+            *current = reason.clone();
+            changed || first
+        });
+        if changed {
+            match &reason {
+                Some(why) => tracing::info!("{why}: no new chunk starts, nothing is claimed"),
+                None if !first => tracing::info!("control gate open: work resumes"),
+                None => {}
+            }
+        }
+        first = false;
+        // Without a handle its sender is gone: only the record and the clock change
+        // things then.
+        let own_changed = async {
+            if own.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            r = record.changed() => if r.is_err() { return },
+            () = own_changed => {}
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
+
+/// Whether `next` is only a small AIMD increase over `current` (under a tenth, and
+/// below the ceiling), which is not applied yet: a pacer drops what is left of its
+/// reservation when the rate changes, and the AIMD rate rises a little every probe, so
+/// applying each step would waste a batch per second. Decreases apply at once.
+fn aimd_step(
+    record: &ControlRecord,
+    current: Option<Rate>,
+    next: Option<Rate>,
+    own: Option<Rate>,
+) -> bool {
+    let (Some(current), Some(next)) = (current, next) else {
+        return false;
+    };
+    let ceiling = record
+        .settings
+        .max_rate
+        .and_then(|r| Rate::per_second(r).ok())
+        .or(own);
+    record.settings.keep_below.is_some()
+        && next > current
+        && next.get() < current.get() * 1.1
+        && ceiling.is_none_or(|c| next < c)
+}
+
+/// The ID rate in force at `now_ms` ([`ControlRecord::ids_rate`] over `own`), but an
+/// AIMD rate nobody renewed for `stale` (its prober stopped, or a past run's) is
+/// ignored like a stale probe throttle: the ceiling is in force again.
+pub(crate) fn ids_rate_as_of(
+    r: &ControlRecord,
+    own: Option<Rate>,
+    now_ms: u64,
+    stale: Duration,
+) -> Option<Rate> {
+    let fresh = r
+        .probe
+        .as_ref()
+        .is_some_and(|p| u128::from(now_ms.saturating_sub(p.at_ms)) <= stale.as_millis());
+    if fresh {
+        r.ids_rate(own)
+    } else {
+        ControlRecord {
+            probe: None,
+            ..r.clone()
+        }
+        .ids_rate(own)
+    }
+}
+
+/// Why claims and chunk starts wait at `now_ms`, if they do: a throttle (the manual
+/// one, or a probe finding younger than `stale`), or the time outside the active hours
+/// (the record's, else the worker's own).
+pub(crate) fn closed_reason(
+    record: &ControlRecord,
+    own_hours: Option<&ActiveHours>,
+    now_ms: u64,
+    stale: Duration,
+) -> Option<String> {
+    if let Some(t) = record.throttled_as_of(now_ms, stale) {
+        return Some(format!(
+            "throttled since {}: {}",
+            time(t.since_ms),
+            t.reason
+        ));
+    }
+    let hours = record.active_hours().or_else(|| own_hours.cloned())?;
+    if hours.is_active(now_ms) {
+        return None;
+    }
+    Some(format!(
+        "outside active hours {}{} until {}",
+        hours.spec(),
+        hours.tz().map(|z| format!(" ({z})")).unwrap_or_default(),
+        time(hours.next_change(now_ms))
+    ))
+}
+
+/// A time stamp (ms since the epoch) as RFC 3339 UTC, to the second.
+pub(crate) fn time(ms: u64) -> String {
+    jiff::Timestamp::from_millisecond(ms as i64)
+        .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+        .unwrap_or_else(|_| ms.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tranche_control::{ManualThrottle, ProbeState, Settings, Throttled};
+
+    fn rate(r: f64) -> Rate {
+        Rate::per_second(r).unwrap()
+    }
+
+    fn aimd_record(at_ms: u64) -> ControlRecord {
+        ControlRecord {
+            settings: Settings {
+                keep_below: Some(10.0),
+                ..Settings::default()
+            },
+            probe: Some(ProbeState {
+                rate: Some(100.0),
+                at_ms,
+                ..ProbeState::default()
+            }),
+            ..ControlRecord::default()
+        }
+    }
+
+    #[test]
+    fn a_stale_aimd_rate_gives_way_to_the_ceiling() {
+        let stale = Duration::from_secs(30);
+        let r = aimd_record(1_000_000);
+        let own = Some(rate(1000.0));
+        assert_eq!(ids_rate_as_of(&r, own, 1_010_000, stale), Some(rate(100.0)));
+        assert_eq!(
+            ids_rate_as_of(&r, own, 1_031_000, stale),
+            Some(rate(1000.0))
+        );
+    }
+
+    #[test]
+    fn small_aimd_increases_wait_decreases_do_not() {
+        let r = aimd_record(0);
+        let own = Some(rate(1000.0));
+        let step = |from: f64, to: f64| aimd_step(&r, Some(rate(from)), Some(rate(to)), own);
+        assert!(step(100.0, 105.0), "under a tenth: held back");
+        assert!(!step(100.0, 111.0), "a tenth or more applies");
+        assert!(!step(100.0, 70.0), "a decrease applies at once");
+        assert!(!step(995.0, 1000.0), "the ceiling applies");
+        let plain = ControlRecord::default();
+        assert!(!aimd_step(
+            &plain,
+            Some(rate(100.0)),
+            Some(rate(105.0)),
+            own
+        ));
+    }
+
+    #[test]
+    fn the_gate_closes_for_a_throttle_then_for_the_hours() {
+        let stale = Duration::from_secs(30);
+        let mut r = ControlRecord {
+            manual: Some(ManualThrottle {
+                reason: "vacuum".into(),
+                since_ms: 0,
+                origin: "me".into(),
+            }),
+            ..ControlRecord::default()
+        };
+        let why = closed_reason(&r, None, 60_000, stale).unwrap();
+        assert_eq!(why, "throttled since 1970-01-01T00:00:00Z: vacuum");
+        r.manual = None;
+        r.probe = Some(ProbeState {
+            throttled: Some(Throttled {
+                reason: "lag".into(),
+                since_ms: 0,
+            }),
+            at_ms: 0,
+            ..ProbeState::default()
+        });
+        assert!(closed_reason(&r, None, 10_000, stale).is_some());
+        assert_eq!(closed_reason(&r, None, 31_000, stale), None, "stale");
+        // 00:01 UTC is outside 02:00-03:00.
+        let hours = ActiveHours::parse("02:00-03:00", Some("UTC")).unwrap();
+        let why = closed_reason(&r, Some(&hours), 31_000, stale).unwrap();
+        assert_eq!(
+            why,
+            "outside active hours 02:00-03:00 (UTC) until 1970-01-01T02:00:00Z"
+        );
+        assert_eq!(closed_reason(&r, Some(&hours), 7_200_000, stale), None);
+    }
+}
