@@ -408,6 +408,40 @@ where
         Ok(snapshot)
     }
 
+    async fn corrupt_records(&self) -> Result<Vec<CorruptRecord>> {
+        // Each shard's records whole (HGETALL, as `all_active` reads them), parsed here:
+        // a record is corrupt when it does not parse whatever its plan's range.
+        let mut found = Vec::new();
+        for (shard, keys) in (0..).zip(self.keys.iter()) {
+            let reply: redis::Value = retry(&self.conn, |mut conn| async move {
+                redis::cmd("HGETALL")
+                    .arg(&keys.active)
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await?;
+            let entries = record::hash_entries(&reply).ok_or_else(|| Error::Corrupt {
+                key: keys.active.clone(),
+                detail: "the reply to HGETALL is not a hash".into(),
+            })?;
+            for (pid, rec) in entries {
+                let Some(pid) = record::parse_u64(pid) else {
+                    continue;
+                };
+                if record::parse_bytes(pid, rec, |_| Some((0, 0))).is_none() {
+                    found.push(CorruptRecord {
+                        shard,
+                        pid,
+                        key: keys.active.clone(),
+                        raw: rec.to_vec(),
+                    });
+                }
+            }
+        }
+        found.sort_unstable_by_key(|c| c.pid);
+        Ok(found)
+    }
+
     async fn counts(&self) -> Result<StatusCounts> {
         // One round trip: each shard's counters beside its cursors, all shards
         // pipelined. Counters not marked exact are zero when the shard holds no record
