@@ -124,8 +124,9 @@ where
 
     /// Replaces whatever record `pid` has in the active layer, even one that does not
     /// decode, with a discarded one (`tranche discard --force`), takes it off the
-    /// pending and lease indexes, and derives its shard's counters again. The one way to
-    /// remove a corrupt record, which every script refuses to read. Refused for a pid
+    /// pending and lease indexes, and derives its shard's counters again: gives up a
+    /// corrupt record's partition, where [`Maintenance::repair_corrupt`] rebuilds it
+    /// (the scripts that change a record refuse a corrupt one). Refused for a pid
     /// no plan has, or one already completed. Not atomic with running workers: a lease
     /// on the pid is lost (its holder's next call gets `LeaseLost`).
     pub async fn force_discard(&self, pid: u64) -> Result<()> {
