@@ -421,6 +421,12 @@ fn a_corrupt_active_record_is_set_aside_and_rebuilt() {
         "{stdout}"
     );
     assert!(stderr.contains("1 corrupt active record"), "{stderr}");
+    let fired = firing(&cmd, &["--check"]);
+    let corrupt = fired
+        .iter()
+        .find(|(n, _)| n == "active_records_corrupt")
+        .unwrap_or_else(|| panic!("{fired:?}"));
+    assert!(corrupt.1.contains("pid 11"), "{fired:?}");
 
     let out = output(cmd(&["check", "--repair"]));
     let (stdout, stderr) = text(&out);
@@ -434,6 +440,7 @@ fn a_corrupt_active_record_is_set_aside_and_rebuilt() {
     ok(cmd(&["run", "--simulate", "--sim-latency", "0..1"]));
     let out = ok(cmd(&["check"]));
     assert!(out.contains("consistent"), "{out}");
+    assert_eq!(firing(&cmd, &["--check"]), Vec::<(String, String)>::new());
     let stats: Value = serde_json::from_str(&ok(cmd(&["stats", "--json"]))).unwrap();
     assert_eq!(
         stats["completed"]["global_stats"]["total_completed"], 20,

@@ -379,6 +379,19 @@ pub(crate) async fn health_rules(
                 }
             }),
         );
+        let corrupt = backend.active.corrupt_records().await?;
+        rules.push(
+            render::Rule::new("active_records_corrupt", corrupt.len() as f64, 0.0).detail(|| {
+                let named: Vec<String> = corrupt
+                    .iter()
+                    .map(|c| format!("shard {} pid {}", c.shard, c.pid))
+                    .collect();
+                format!(
+                    "active records that do not decode: {}; `tranche check --repair` sets them aside and rebuilds them",
+                    named.join(", ")
+                )
+            }),
+        );
     }
     Ok(rules)
 }
@@ -452,7 +465,17 @@ async fn overdue_rule(
         .max(OVERDUE_P99S * p99_s);
     let mut held: Vec<(u64, f64)> = Vec::new();
     if running > 0 {
-        for p in backend.active.all_active().await?.partitions {
+        // A corrupt record stops the read: no partition is held as far as this rule
+        // can tell (`health --check` fires `active_records_corrupt` on it).
+        let partitions = match backend.active.all_active().await {
+            Ok(snapshot) => snapshot.partitions,
+            Err(err @ tranche_active_store::Error::Corrupt { .. }) => {
+                tracing::warn!(%err, "cannot read the active records; `tranche check` lists what does not decode");
+                Vec::new()
+            }
+            Err(err) => return Err(err.into()),
+        };
+        for p in partitions {
             let live = p.deadline_ms.is_some_and(|d| d > now_ms);
             if let (Status::Running, true, Some(claimed)) = (p.status, live, p.claimed_at_ms) {
                 held.push((p.pid, now_ms.saturating_sub(claimed) as f64 / 1000.0));
