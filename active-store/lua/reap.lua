@@ -10,7 +10,9 @@
 -- Reply: the pids returned to pending. A lease that expired on its last attempt
 -- (attempts >= max attempts) is failed instead: a partition that crashes its worker
 -- every time must not be retried for ever.
--- Every argument and every record met is checked before the first write.
+-- Every argument and every record met is checked before the first write. A record that
+-- does not decode is skipped, left as it is with its lease entry (`check --repair`
+-- rebuilds it): one corrupt record never stops a shard's reaping.
 if #ARGV ~= 4 then refuse('argument count', #ARGV) end
 local now, limit, worker = ARGV[1], num(ARGV[2], 'limit'), ARGV[3]
 num(now, 'now')
@@ -33,8 +35,8 @@ for _, pid in ipairs(pids) do
       ns = ns + 1
       stale[ns] = pid
     else
-      local r = checked(KEYS[1], pid, s)
-      if worker == '' or r[8] == worker then
+      local ok, r = pcall(checked, KEYS[1], pid, s)
+      if ok and (worker == '' or r[8] == worker) then
         nc = nc + 1
         changes[nc] = {pid, r}
       end

@@ -5,8 +5,8 @@
 -- KEYS[1] active hash   KEYS[2] status counters hash
 -- ARGV none
 -- Reply: {pending, claimed, running, failed, discarded}
--- A record whose status is unknown is refused by name before anything is written
--- (`force_discard` replaces it).
+-- A record whose status is unknown is not counted (`check --repair` rebuilds it): one
+-- corrupt record never stops a shard's counting.
 if #ARGV ~= 0 then refuse('argument count', #ARGV) end
 local n = {p = 0, c = 0, r = 0, f = 0, d = 0}
 local all = redis.call('HGETALL', KEYS[1])
@@ -14,10 +14,7 @@ for i = 1, #all, 2 do
   -- The status is the record's first field (record.lua).
   local rec = all[i + 1]
   local status = string.sub(rec, 1, 1)
-  if not n[status] or string.sub(rec, 2, 2) ~= '|' then
-    corrupt(KEYS[1], all[i], 'status of `' .. rec .. '`')
-  end
-  n[status] = n[status] + 1
+  if n[status] and string.sub(rec, 2, 2) == '|' then n[status] = n[status] + 1 end
 end
 redis.call('HSET', KEYS[2], 'p', n.p, 'c', n.c, 'r', n.r, 'f', n.f, 'd', n.d, 'v', 1)
 return {n.p, n.c, n.r, n.f, n.d}

@@ -56,8 +56,8 @@ pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use error::{Error, Result};
 pub use memory::MemoryActiveStore;
 pub use model::{
-    ActiveSnapshot, Carried, Completion, Config, FailOutcome, FailPolicy, Lease, Plan, PlanEntry,
-    PlanOutcome, StatusCounts, Unissued, WorkerInfo, WorkerState,
+    ActiveSnapshot, Carried, Completion, Config, CorruptRecord, FailOutcome, FailPolicy, Lease,
+    Plan, PlanEntry, PlanOutcome, Repair, StatusCounts, Unissued, WorkerInfo, WorkerState,
 };
 /// The RESP reply reader's fuzz entry (`active-store/fuzz`); not an API.
 #[cfg(feature = "fuzzing")]

@@ -293,3 +293,29 @@ pub struct Carried {
     /// The worker that last held it (kept on a failed partition; empty for none).
     pub worker: String,
 }
+
+/// An active record that does not decode, found by
+/// [`ActiveQuery::corrupt_records`](crate::ActiveQuery::corrupt_records).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CorruptRecord {
+    /// The shard holding it.
+    pub shard: u32,
+    /// Its partition.
+    pub pid: u64,
+    /// The hash holding it.
+    pub key: String,
+    /// Its value as stored.
+    pub raw: Vec<u8>,
+}
+
+/// What [`Maintenance::repair_corrupt`](crate::Maintenance::repair_corrupt) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Repair {
+    /// Set aside, and the partition pending again from its min id.
+    Rebuilt,
+    /// Set aside, and the record removed: the partition was completed.
+    Removed,
+    /// Nothing to repair: no record, or one that decodes.
+    Nothing,
+}

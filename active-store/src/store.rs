@@ -8,8 +8,8 @@ use tranche_codec::Partition;
 
 use crate::Result;
 use crate::model::{
-    ActiveSnapshot, Completion, FailOutcome, FailPolicy, Lease, Plan, PlanEntry, PlanOutcome,
-    StatusCounts, WorkerInfo, WorkerState,
+    ActiveSnapshot, Completion, CorruptRecord, FailOutcome, FailPolicy, Lease, Plan, PlanEntry,
+    PlanOutcome, Repair, StatusCounts, WorkerInfo, WorkerState,
 };
 
 /// Plans: the generators of partitions.
@@ -127,6 +127,16 @@ pub trait Maintenance: Send + Sync {
 
     /// Whether the namespace is paused.
     async fn is_paused(&self) -> Result<bool>;
+
+    /// Sets aside `pid`'s active record if it does not decode (`check --repair`): the
+    /// raw value goes to the shard's quarantine, and the partition is pending again
+    /// from its min id with no attempt spent, or only removed if it was completed; the
+    /// shard's counters are derived again. One atomic step. The default (a store that
+    /// cannot hold a corrupt record, as the memory store) has nothing to repair.
+    async fn repair_corrupt(&self, pid: u64) -> Result<Repair> {
+        let _ = pid;
+        Ok(Repair::Nothing)
+    }
 }
 
 /// The worker registry.
@@ -162,6 +172,13 @@ pub trait ActiveQuery: Send + Sync {
     /// grow with the active set. Each shard's part equals its part of
     /// [`all_active`](Self::all_active), counted by status, at one instant.
     async fn counts(&self) -> Result<StatusCounts>;
+
+    /// Every active record that does not decode, by pid (`check`): read like
+    /// [`all_active`](Self::all_active), which refuses them. The default (a store that
+    /// cannot hold a corrupt record, as the memory store) finds none.
+    async fn corrupt_records(&self) -> Result<Vec<CorruptRecord>> {
+        Ok(Vec::new())
+    }
 }
 
 /// The whole active layer: what the router and the worker binary hold.
@@ -222,6 +239,9 @@ macro_rules! forward {
                 (**self).set_paused(paused).await
             }
             async fn is_paused(&self) -> Result<bool> { (**self).is_paused().await }
+            async fn repair_corrupt(&self, pid: u64) -> Result<Repair> {
+                (**self).repair_corrupt(pid).await
+            }
         }
 
         #[async_trait]
@@ -243,6 +263,9 @@ macro_rules! forward {
             async fn get(&self, pid: u64) -> Result<Option<Partition>> { (**self).get(pid).await }
             async fn all_active(&self) -> Result<ActiveSnapshot> { (**self).all_active().await }
             async fn counts(&self) -> Result<StatusCounts> { (**self).counts().await }
+            async fn corrupt_records(&self) -> Result<Vec<CorruptRecord>> {
+                (**self).corrupt_records().await
+            }
         }
     )*};
 }

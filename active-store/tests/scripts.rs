@@ -131,6 +131,63 @@ async fn the_lease_index_is_a_skiplist() {
     drop(leases);
 }
 
+/// A corrupt active record is found by `corrupt_records`, passed by the reaper, and
+/// `repair_corrupt` sets it aside in the shard's quarantine: a pending or claimed pid is
+/// pending again from its min id with no attempt spent, a completed one is removed, and
+/// the counters are derived again. A record that decodes has nothing to repair.
+#[tokio::test]
+async fn a_corrupt_record_is_found_passed_by_and_repaired() {
+    use tranche_active_store::{ActiveQuery, Leases, Maintenance, Repair};
+    use tranche_codec::Status;
+    let server = TestRedis::start();
+    let store = one_shard(&server).await;
+    let leases = store.claim("w", 4).await.unwrap();
+    store.heartbeat(&leases[1], 1500).await.unwrap();
+    store.complete(&leases[3], 10).await.unwrap();
+    let active = tranche_codec::KeySchema::new("elk", 1).unwrap().active(0);
+    let quarantine = format!("{active}:quarantine");
+    // Pid 2 (claimed, checkpoint 1500) is garbage; pid 4 (completed) has a record again.
+    server.cli(&["HSET", &active, "2", "garbage"]);
+    server.cli(&["HSET", &active, "4", "p|x"]);
+    let found = store.corrupt_records().await.unwrap();
+    let pids: Vec<u64> = found.iter().map(|c| c.pid).collect();
+    assert_eq!(pids, [2, 4]);
+    assert_eq!(found[0].raw, b"garbage".to_vec());
+    assert_eq!(found[0].key, active);
+
+    // The reaper passes the corrupt lease by and reaps the others.
+    let mut reaped = store.reap(99_999_999_999_999).await.unwrap();
+    reaped.sort_unstable();
+    assert_eq!(reaped, [1, 3]);
+
+    assert_eq!(store.repair_corrupt(2).await.unwrap(), Repair::Rebuilt);
+    assert_eq!(store.repair_corrupt(4).await.unwrap(), Repair::Removed);
+    assert_eq!(store.repair_corrupt(2).await.unwrap(), Repair::Nothing);
+    assert!(store.corrupt_records().await.unwrap().is_empty());
+    let two = store.get(2).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            two.status,
+            two.attempts,
+            two.progress,
+            two.min_id,
+            two.max_id
+        ),
+        (Status::Pending, 0, 1001, 1001, 2000)
+    );
+    assert!(two.last_error.unwrap().contains("corrupt record"));
+    assert_eq!(store.get(4).await.unwrap(), None);
+    let set_aside: Vec<String> = server.query(redis::cmd("HVALS").arg(&quarantine));
+    assert_eq!(set_aside.len(), 2);
+    assert!(set_aside.contains(&"garbage".to_owned()), "{set_aside:?}");
+    let counts = store.counts().await.unwrap();
+    assert_eq!((counts.pending, counts.claimed), (3, 0));
+    assert_eq!(store.all_active().await.unwrap().partitions.len(), 3);
+    // The rebuilt pid is claimed again, from its min id.
+    let again = store.claim("w", 3).await.unwrap();
+    assert!(again.iter().any(|l| l.pid == 2 && l.progress == 1001));
+}
+
 /// A store of namespace `elk` on one shard of `server`, with pids 1..=10 planned.
 async fn one_shard(
     server: &TestRedis,
@@ -410,12 +467,18 @@ impl Corrupt {
 
 /// One call of one script: a good call (which must succeed and write), each of whose
 /// arguments is replaced in turn by every bad value of its kind, and corruptions of
-/// the keys it reads, each of which must make the good call refuse.
+/// the keys it reads, each of which must make the good call refuse. `setup` is applied
+/// to the starting state first (what the good call works on); each of `skipped` is a
+/// corrupt record the good call must pass by: it succeeds, and the record stays as it
+/// was.
+#[derive(Default)]
 struct Row {
     script: &'static str,
     keys: Vec<String>,
     args: Vec<(String, Arg)>,
     corrupt: Vec<Corrupt>,
+    setup: Vec<Corrupt>,
+    skipped: Vec<Corrupt>,
 }
 
 /// The state every row starts from (namespace `elk`, one shard, pids 1..=10 of 1000
@@ -506,6 +569,7 @@ fn refusal_rows(server: &TestRedis, tokens: &std::collections::HashMap<u64, u64>
                 Corrupt::Field(cursor.clone(), "1".into(), "x".into()),
                 Corrupt::Set(seq.clone(), "x"),
             ],
+            ..Row::default()
         },
         Row {
             script: "heartbeat",
@@ -527,6 +591,7 @@ fn refusal_rows(server: &TestRedis, tokens: &std::collections::HashMap<u64, u64>
                 counter("c"),
                 counter("r"),
             ],
+            ..Row::default()
         },
         Row {
             script: "complete",
@@ -548,6 +613,7 @@ fn refusal_rows(server: &TestRedis, tokens: &std::collections::HashMap<u64, u64>
                 a("{\"pid\":3}", Record),
             ],
             corrupt: vec![garbage(3), counter("c")],
+            ..Row::default()
         },
         Row {
             script: "fail",
@@ -568,6 +634,7 @@ fn refusal_rows(server: &TestRedis, tokens: &std::collections::HashMap<u64, u64>
                 a("", Policy),
             ],
             corrupt: vec![record(3, 2, "x"), record(3, 11, "x"), counter("c")],
+            ..Row::default()
         },
         Row {
             script: "release",
@@ -593,6 +660,7 @@ fn refusal_rows(server: &TestRedis, tokens: &std::collections::HashMap<u64, u64>
                 counter("c"),
                 counter("p"),
             ],
+            ..Row::default()
         },
         Row {
             script: "reap",
@@ -603,19 +671,23 @@ fn refusal_rows(server: &TestRedis, tokens: &std::collections::HashMap<u64, u64>
                 counts.clone(),
             ],
             args: vec![a(&far, Num), a("100", Num), a("", OptWorker), a("5", Pos)],
-            corrupt: vec![garbage(3), record(3, 2, "x"), counter("c"), counter("p")],
+            corrupt: vec![counter("c"), counter("p")],
+            skipped: vec![garbage(3), record(3, 2, "x")],
+            ..Row::default()
         },
         Row {
             script: "retry_failed",
             keys: vec![active.clone(), pending.clone(), counts.clone()],
             args: vec![a(&now, Num), a("6", OptId)],
             corrupt: vec![record(6, 1, "z"), counter("f")],
+            ..Row::default()
         },
         Row {
             script: "retry_failed",
             keys: vec![active.clone(), pending.clone(), counts.clone()],
             args: vec![a(&now, Num), a("", OptId)],
             corrupt: vec![garbage(3), counter("p")],
+            ..Row::default()
         },
         Row {
             script: "discard",
@@ -628,6 +700,7 @@ fn refusal_rows(server: &TestRedis, tokens: &std::collections::HashMap<u64, u64>
             ],
             args: vec![a("5", Id), a(&now, Num)],
             corrupt: vec![garbage(5), record(5, 1, "z"), counter("p"), counter("d")],
+            ..Row::default()
         },
         Row {
             script: "discard",
@@ -644,6 +717,7 @@ fn refusal_rows(server: &TestRedis, tokens: &std::collections::HashMap<u64, u64>
                 Corrupt::Push(plans.clone(), "garbage"),
                 Corrupt::Field(cursor.clone(), "1".into(), "x".into()),
             ],
+            ..Row::default()
         },
         Row {
             script: "plan",
@@ -656,6 +730,7 @@ fn refusal_rows(server: &TestRedis, tokens: &std::collections::HashMap<u64, u64>
                 a("10", Pos),
             ],
             corrupt: vec![Corrupt::Push(schema.plans(), "garbage")],
+            ..Row::default()
         },
         Row {
             script: "plan",
@@ -670,12 +745,14 @@ fn refusal_rows(server: &TestRedis, tokens: &std::collections::HashMap<u64, u64>
                 a("100", Pos),
             ],
             corrupt: vec![Corrupt::Push(schema.plans(), "r|x|12|1|2|2")],
+            ..Row::default()
         },
         Row {
             script: "plan_cursor",
             keys: vec![plans.clone()],
             args: vec![a("11|20", Range)],
             corrupt: vec![Corrupt::Push(plans.clone(), "garbage")],
+            ..Row::default()
         },
         Row {
             script: "plan_ranges",
@@ -697,12 +774,35 @@ fn refusal_rows(server: &TestRedis, tokens: &std::collections::HashMap<u64, u64>
                 a(&bit(12), Id),
             ],
             corrupt: vec![counter("p")],
+            ..Row::default()
         },
         Row {
             script: "recount",
             keys: vec![active.clone(), counts.clone()],
             args: vec![],
-            corrupt: vec![garbage(3), record(3, 1, "z")],
+            skipped: vec![garbage(3), record(3, 1, "z")],
+            ..Row::default()
+        },
+        Row {
+            script: "repair",
+            keys: vec![
+                active.clone(),
+                pending.clone(),
+                leases.clone(),
+                index.clone(),
+                counts.clone(),
+                format!("{active}:quarantine"),
+            ],
+            args: vec![
+                a("3", Id),
+                a(&now, Num),
+                a(&bit(3), Id),
+                a("2001", Id),
+                a("3000", Id),
+            ],
+            corrupt: vec![counter("p")],
+            setup: vec![garbage(3)],
+            ..Row::default()
         },
         Row {
             script: "carry",
@@ -719,6 +819,7 @@ fn refusal_rows(server: &TestRedis, tokens: &std::collections::HashMap<u64, u64>
                 a("w", OptWorker),
             ],
             corrupt: vec![garbage(5), record(5, 2, "x"), counter("p")],
+            ..Row::default()
         },
         Row {
             script: "register",
@@ -729,6 +830,7 @@ fn refusal_rows(server: &TestRedis, tokens: &std::collections::HashMap<u64, u64>
                 "shards".into(),
                 "x".into(),
             )],
+            ..Row::default()
         },
     ]
 }
@@ -779,6 +881,31 @@ async fn call(
     invocation.invoke_async(conn).await
 }
 
+/// `row`'s good call, on a fresh starting state with `skipped` (a corrupt record)
+/// applied, succeeds and leaves that record as it was.
+async fn passes_by(row: &Row, skipped: &Corrupt) -> Result<(), String> {
+    let server = TestRedis::start();
+    refusal_state(&server).await;
+    for c in &row.setup {
+        c.apply(&server);
+    }
+    skipped.apply(&server);
+    let Corrupt::Field(key, field, value) = skipped else {
+        return Err(format!("skipped {skipped:?} is not a record"));
+    };
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let good: Vec<String> = row.args.iter().map(|(v, _)| v.clone()).collect();
+    call(&mut conn, row.script, &row.keys, &good)
+        .await
+        .map_err(|err| format!("skipped {skipped:?}: refused: {err}"))?;
+    let after: Option<String> = server.query(redis::cmd("HGET").arg(key).arg(field));
+    if after.as_deref() != Some(value.as_str()) {
+        return Err(format!("skipped {skipped:?}: it became {after:?}"));
+    }
+    Ok(())
+}
+
 /// Every script checks every argument and everything it reads before its first write:
 /// each row's call with one argument replaced by a bad value (non-number, negative,
 /// empty, fractional, huge), with one argument too few or too many, and with a corrupt
@@ -805,6 +932,14 @@ async fn every_script_refuses_bad_input_before_writing() {
         let server = TestRedis::start();
         let tokens = refusal_state(&server).await;
         let row = &refusal_rows(&server, &tokens)[i];
+        for c in &row.setup {
+            c.apply(&server);
+        }
+        for skipped in &row.skipped {
+            if let Err(failure) = passes_by(row, skipped).await {
+                failures.push(format!("row {i} {}: {failure}", row.script));
+            }
+        }
         let client = redis::Client::open(server.url()).unwrap();
         let mut conn = client.get_multiplexed_async_connection().await.unwrap();
         let good: Vec<String> = row.args.iter().map(|(v, _)| v.clone()).collect();

@@ -344,3 +344,106 @@ fn a_partition_past_its_expected_time_with_live_heartbeats_fires() {
         assert_eq!(overdue(&["--max-partition-time", "3s"]), None);
     }
 }
+
+/// One flipped byte in a claimed partition's active record: `check` names it (exit 1,
+/// not 2), `check --repair` sets its raw bytes aside in the shard's quarantine and makes
+/// the partition pending again, and `run` then finishes every partition, each counted
+/// once.
+#[test]
+fn a_corrupt_active_record_is_set_aside_and_rebuilt() {
+    let redis = TestRedis::start();
+    let dir = scratch("repair-active");
+    let url = redis.url();
+    let cmd = |args: &[&str]| {
+        tranche(
+            &dir,
+            &[
+                &["--redis", &url, "--namespace", "ca", "--shards", "2"][..],
+                args,
+            ]
+            .concat(),
+        )
+    };
+    ok(cmd(&[
+        "plan", "--min", "1", "--max", "10000", "--size", "1000",
+    ]));
+    ok(cmd(&["run", "--simulate", "--sim-latency", "0..1"]));
+    ok(cmd(&[
+        "plan", "--min", "10001", "--max", "20000", "--size", "1000",
+    ]));
+    // A worker takes pid 11 and dies holding it.
+    let mut worker = cmd(&[
+        "run",
+        "--exec",
+        "sleep 30",
+        "--concurrency",
+        "1",
+        "--prefetch",
+        "0",
+        "--grace",
+        "0s",
+        "--lease",
+        "2s",
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let schema = tranche_codec::KeySchema::new("ca", 2).unwrap();
+    let held = || {
+        (0..2).find_map(|shard| {
+            let active = schema.active(shard);
+            let rec: Option<Vec<u8>> = redis.query(redis::cmd("HGET").arg(&active).arg(11));
+            rec.filter(|r| r.starts_with(b"c|") || r.starts_with(b"r|"))
+                .map(|r| (active, r))
+        })
+    };
+    eventually(Duration::from_secs(30), "pid 11 claimed", || {
+        held().is_some()
+    });
+    worker.kill().unwrap();
+    worker.wait().unwrap();
+    let (active, mut record) = held().unwrap();
+    // Its attempts ('1') becomes 'q'.
+    record[2] ^= 0x40;
+    let _: i64 = redis.query(redis::cmd("HSET").arg(&active).arg(11).arg(&record));
+
+    let out = output(cmd(&["check"]));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    let named: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains("active_records."))
+        .collect();
+    assert_eq!(named.len(), 1, "{stdout}");
+    assert!(
+        named[0].contains(".11 (") && named[0].contains("unreadable record"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("1 corrupt active record"), "{stderr}");
+    let fired = firing(&cmd, &["--check"]);
+    let corrupt = fired
+        .iter()
+        .find(|(n, _)| n == "active_records_corrupt")
+        .unwrap_or_else(|| panic!("{fired:?}"));
+    assert!(corrupt.1.contains("pid 11"), "{fired:?}");
+
+    let out = output(cmd(&["check", "--repair"]));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    let kept: Vec<(String, Vec<u8>)> =
+        redis.query(redis::cmd("HGETALL").arg(format!("{active}:quarantine")));
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert!(kept[0].0.starts_with("11@"), "{kept:?}");
+    assert_eq!(kept[0].1, record);
+
+    ok(cmd(&["run", "--simulate", "--sim-latency", "0..1"]));
+    let out = ok(cmd(&["check"]));
+    assert!(out.contains("consistent"), "{out}");
+    assert_eq!(firing(&cmd, &["--check"]), Vec::<(String, String)>::new());
+    let stats: Value = serde_json::from_str(&ok(cmd(&["stats", "--json"]))).unwrap();
+    assert_eq!(
+        stats["completed"]["global_stats"]["total_completed"], 20,
+        "{stats}"
+    );
+}

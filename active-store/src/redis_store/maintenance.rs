@@ -116,4 +116,37 @@ where
         .await?;
         Ok(flag.is_some())
     }
+
+    async fn repair_corrupt(&self, pid: u64) -> Result<Repair> {
+        let (min, max) = self.range_of(pid).await?;
+        let keys = self.keys_of(pid);
+        let quarantine = format!("{}:quarantine", keys.active);
+        let args = [
+            pid.to_string(),
+            self.now().to_string(),
+            self.bit(pid).to_string(),
+            min.to_string(),
+            max.to_string(),
+        ];
+        let done: i64 = self
+            .invoke(
+                &REPAIR,
+                &[
+                    &keys.active,
+                    &keys.pending,
+                    &keys.leases,
+                    &keys.index,
+                    &keys.counts,
+                    &quarantine,
+                ],
+                &args,
+            )
+            .await?;
+        self.empty.wake_all();
+        Ok(match done {
+            1 => Repair::Rebuilt,
+            2 => Repair::Removed,
+            _ => Repair::Nothing,
+        })
+    }
 }

@@ -30,8 +30,8 @@ pub use namespace::KeysMeta;
 use crate::clock::{Clock, SystemClock};
 use crate::layout::Layout;
 use crate::model::{
-    ActiveSnapshot, Carried, Completion, Config, FailOutcome, Lease, Plan, PlanEntry, PlanOutcome,
-    StatusCounts, Unissued, WorkerInfo, WorkerState,
+    ActiveSnapshot, Carried, Completion, Config, CorruptRecord, FailOutcome, Lease, Plan,
+    PlanEntry, PlanOutcome, Repair, StatusCounts, Unissued, WorkerInfo, WorkerState,
 };
 use crate::plans::{self, Registry, Request};
 use crate::store::{ActiveQuery, Leases, Maintenance, Planner, WorkerRegistry};
@@ -61,6 +61,7 @@ static RETRY_FAILED: LazyLock<Script> = script!("retry_failed");
 static DISCARD: LazyLock<Script> = script!("discard");
 static RECOUNT: LazyLock<Script> = script!("recount");
 static CARRY: LazyLock<Script> = script!("carry");
+static REPAIR: LazyLock<Script> = script!("repair");
 
 /// Every script with its source, for tests that check each keeps to one slot.
 #[cfg(feature = "testing")]
@@ -78,6 +79,7 @@ pub fn scripts() -> Vec<(&'static str, &'static Script)> {
         ("retry_failed", &RETRY_FAILED),
         ("discard", &DISCARD),
         ("recount", &RECOUNT),
+        ("repair", &REPAIR),
         ("carry", &CARRY),
         ("register", namespace::register_script()),
     ]

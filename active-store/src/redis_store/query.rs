@@ -124,8 +124,9 @@ where
 
     /// Replaces whatever record `pid` has in the active layer, even one that does not
     /// decode, with a discarded one (`tranche discard --force`), takes it off the
-    /// pending and lease indexes, and derives its shard's counters again. The one way to
-    /// remove a corrupt record, which every script refuses to read. Refused for a pid
+    /// pending and lease indexes, and derives its shard's counters again: gives up a
+    /// corrupt record's partition, where [`Maintenance::repair_corrupt`] rebuilds it
+    /// (the scripts that change a record refuse a corrupt one). Refused for a pid
     /// no plan has, or one already completed. Not atomic with running workers: a lease
     /// on the pid is lost (its holder's next call gets `LeaseLost`).
     pub async fn force_discard(&self, pid: u64) -> Result<()> {
@@ -406,6 +407,40 @@ where
             }
         };
         Ok(snapshot)
+    }
+
+    async fn corrupt_records(&self) -> Result<Vec<CorruptRecord>> {
+        // Each shard's records whole (HGETALL, as `all_active` reads them), parsed here:
+        // a record is corrupt when it does not parse whatever its plan's range.
+        let mut found = Vec::new();
+        for (shard, keys) in (0..).zip(self.keys.iter()) {
+            let reply: redis::Value = retry(&self.conn, |mut conn| async move {
+                redis::cmd("HGETALL")
+                    .arg(&keys.active)
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await?;
+            let entries = record::hash_entries(&reply).ok_or_else(|| Error::Corrupt {
+                key: keys.active.clone(),
+                detail: "the reply to HGETALL is not a hash".into(),
+            })?;
+            for (pid, rec) in entries {
+                let Some(pid) = record::parse_u64(pid) else {
+                    continue;
+                };
+                if record::parse_bytes(pid, rec, |_| Some((0, 0))).is_none() {
+                    found.push(CorruptRecord {
+                        shard,
+                        pid,
+                        key: keys.active.clone(),
+                        raw: rec.to_vec(),
+                    });
+                }
+            }
+        }
+        found.sort_unstable_by_key(|c| c.pid);
+        Ok(found)
     }
 
     async fn counts(&self) -> Result<StatusCounts> {

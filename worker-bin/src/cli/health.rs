@@ -153,9 +153,45 @@ async fn check_damage(backend: &Backend, repair: bool) -> Result<render::Damaged
     Ok(render::Damaged { found, repaired })
 }
 
+/// The active records that do not decode, one difference each under
+/// `active_records.` (shard, pid, the raw value); with `repair` each is set aside in its
+/// shard's quarantine and rebuilt ([`Maintenance::repair_corrupt`]
+/// (tranche_active_store::Maintenance::repair_corrupt)). Runs before the counts are
+/// compared: the records are read whole for them, which a corrupt one stops.
+async fn check_records(backend: &Backend, repair: bool) -> Result<Vec<tranche_stats::Difference>> {
+    use tranche_active_store::{Maintenance, Repair};
+    let corrupt = backend.active.corrupt_records().await?;
+    let mut differences = Vec::with_capacity(corrupt.len());
+    for c in corrupt {
+        let found = format!("unreadable record {:?}", String::from_utf8_lossy(&c.raw));
+        let expected = if repair {
+            backend.ensure_writable()?;
+            match backend
+                .active
+                .repair_corrupt(c.pid)
+                .await
+                .with_context(|| format!("cannot repair {} {}", c.key, c.pid))?
+            {
+                Repair::Removed => "removed: the partition was completed",
+                Repair::Nothing => "nothing to repair: it decodes now",
+                _ => "set aside in the quarantine and rebuilt pending",
+            }
+        } else {
+            "a record (`tranche check --repair` sets it aside and rebuilds it)"
+        };
+        differences.push(tranche_stats::Difference {
+            path: format!("active_records.shard{}.{} ({})", c.shard, c.pid, c.key),
+            expected: Some(expected.to_owned()),
+            found: Some(found),
+        });
+    }
+    Ok(differences)
+}
+
 pub(crate) async fn check(backend: &Backend, repair: bool, json: bool) -> Result<Outcome> {
     let dead = check_dead_letters(backend, repair).await?;
     let damaged = check_damage(backend, repair).await?;
+    let corrupt = check_records(backend, repair).await?;
     // Damage left in place makes the statistics unreadable: it is the finding, and
     // the comparison waits for the repair.
     let (mut differences, records) = if damaged.found.is_empty() || repair {
@@ -163,13 +199,25 @@ pub(crate) async fn check(backend: &Backend, repair: bool, json: bool) -> Result
     } else {
         (Vec::new(), archived_count(backend).await?)
     };
-    differences.extend(check_counts(backend, repair).await?);
+    // Corrupt records left in place stop the count of the records: they are the
+    // finding, and the comparison waits for the repair.
+    if corrupt.is_empty() || repair {
+        differences.extend(check_counts(backend, repair).await?);
+    }
+    let unreadable = corrupt.len();
+    differences.extend(corrupt);
     print!(
         "{}",
         render::check(&differences, records, &dead, &damaged, repair, json)
     );
     if repair || (differences.is_empty() && damaged.found.is_empty()) {
         return Ok(Outcome::Success);
+    }
+    if unreadable > 0 && damaged.found.is_empty() {
+        return Ok(Outcome::Failed(format!(
+            "{unreadable} corrupt active record(s) among {} difference(s); `tranche check --repair` sets them aside and rebuilds them",
+            differences.len()
+        )));
     }
     if damaged.found.is_empty() {
         return Ok(Outcome::Failed(format!(
@@ -331,6 +379,19 @@ pub(crate) async fn health_rules(
                 }
             }),
         );
+        let corrupt = backend.active.corrupt_records().await?;
+        rules.push(
+            render::Rule::new("active_records_corrupt", corrupt.len() as f64, 0.0).detail(|| {
+                let named: Vec<String> = corrupt
+                    .iter()
+                    .map(|c| format!("shard {} pid {}", c.shard, c.pid))
+                    .collect();
+                format!(
+                    "active records that do not decode: {}; `tranche check --repair` sets them aside and rebuilds them",
+                    named.join(", ")
+                )
+            }),
+        );
     }
     Ok(rules)
 }
@@ -404,7 +465,17 @@ async fn overdue_rule(
         .max(OVERDUE_P99S * p99_s);
     let mut held: Vec<(u64, f64)> = Vec::new();
     if running > 0 {
-        for p in backend.active.all_active().await?.partitions {
+        // A corrupt record stops the read: no partition is held as far as this rule
+        // can tell (`health --check` fires `active_records_corrupt` on it).
+        let partitions = match backend.active.all_active().await {
+            Ok(snapshot) => snapshot.partitions,
+            Err(err @ tranche_active_store::Error::Corrupt { .. }) => {
+                tracing::warn!(%err, "cannot read the active records; `tranche check` lists what does not decode");
+                Vec::new()
+            }
+            Err(err) => return Err(err.into()),
+        };
+        for p in partitions {
             let live = p.deadline_ms.is_some_and(|d| d > now_ms);
             if let (Status::Running, true, Some(claimed)) = (p.status, live, p.claimed_at_ms) {
                 held.push((p.pid, now_ms.saturating_sub(claimed) as f64 / 1000.0));
