@@ -82,7 +82,7 @@ pub trait Leases: Send + Sync {
     /// Reports a failed attempt under the caller's [`FailPolicy`]: failed at once when
     /// `permanent` (whatever attempts are left), or retried after `retry_after`
     /// instead of the backoff. The default serves the ordinary policy through
-    /// [`fail`](Self::fail) and refuses any other with [`Error::InvalidArgument`]
+    /// [`fail`](Self::fail) and refuses any other with [`Error::InvalidArgument`](crate::Error::InvalidArgument)
     /// (crate::Error::InvalidArgument), writing nothing: a store that cannot honour
     /// the policy says so rather than retry a permanent failure.
     async fn fail_with(
