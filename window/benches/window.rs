@@ -372,7 +372,10 @@ fn multithreading(only_threads: &[usize]) -> (Vec<Value>, Vec<Value>) {
     let mut cells = Vec::new();
     let mut ceiling = Vec::new();
     println!("BenchmarkMultithreading: T holders, each item sleeps uniform 0-49 ms then acks.");
-    println!("efficiency = op/s / (T / 24.5 ms); median of {} runs of about 1 s, each", SCALE.repeats);
+    println!(
+        "efficiency = op/s / (T / 24.5 ms); median of {} runs of about 1 s, each",
+        SCALE.repeats
+    );
     println!("paired with a no-window run for \"of ceiling\"; late: mean wake-up after the");
     println!("item's deadline; cpu: process CPU per item.\n");
     println!(
@@ -555,7 +558,6 @@ impl Raw {
     }
 }
 
-
 /// Median ns per pair over `SCALE.raw_repeats` runs of `run`, which does `pairs` pairs.
 fn ns_per_pair(pairs: usize, mut run: impl FnMut() -> Duration) -> f64 {
     run(); // warm up caches, the allocator and the branch predictors
@@ -734,8 +736,7 @@ fn ack_schedule(in_flight: usize, size: usize, steps: usize) -> Vec<u32> {
 fn print_raw(window: &Raw, tracker: &Raw) {
     println!(
         "Raw overhead per next + ack pair, ns (median of {} runs of {} pairs)\n",
-        SCALE.raw_repeats,
-        SCALE.raw_pairs,
+        SCALE.raw_repeats, SCALE.raw_pairs,
     );
     println!(
         "{:<34} {:>10} {:>16} {:>8}",
