@@ -20,7 +20,8 @@ cargo xtask TASK [ARGS]
 
 Tasks:
   ci                       cargo fmt --check, cargo clippy and cargo doc (warnings are
-                           errors), then `test`, then `soak --ci`
+                           errors), then `test`, every bench once with
+                           TRANCHE_BENCH_SMOKE=1, then `soak --ci`
   test [ARGS...]           make sure a redis-server (and the other servers the tests start)
                            is installed, then cargo nextest run --workspace (every test with
                            a deadline, .config/nextest.toml) and the doctests (ARGS go to
