@@ -5,6 +5,9 @@
 //! Writes `target/tranche-bench/active.json` (or `$TRANCHE_BENCH_OUT`). With
 //! `TRANCHE_BENCH_STATS=1` it also prints Redis's `INFO commandstats` and CPU after each
 //! lifecycle cell: Redis CPU per partition is the figure to drive down.
+//!
+//! With `TRANCHE_BENCH_SMOKE=1` each cell runs 1 s and `redis-benchmark` sends 10,000
+//! SETs: a few seconds, figures not judged, every path still run, JSON still written.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -22,8 +25,14 @@ use support::TestRedis;
 
 /// Partitions per claim, as the issue sets it.
 const CLAIM_BATCH: usize = 10;
-/// How long each lifecycle cell runs.
-const CELL: Duration = Duration::from_secs(4);
+/// Whether `TRANCHE_BENCH_SMOKE=1` asks for the small run.
+static SMOKE: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| std::env::var("TRANCHE_BENCH_SMOKE").is_ok_and(|v| v == "1"));
+
+/// How long each lifecycle cell runs: 4 s, 1 s in smoke mode.
+fn cell() -> Duration {
+    Duration::from_secs(if *SMOKE { 1 } else { 4 })
+}
 
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -79,7 +88,12 @@ async fn run() {
 }
 
 fn redis_benchmark_set(port: u16) -> f64 {
-    let out = Command::new("redis-benchmark")
+    // Beside the server the tests use (`TRANCHE_REDIS_SERVER`) when it is there, as xtask
+    // may have installed both off PATH; otherwise from PATH.
+    let beside = std::env::var_os("TRANCHE_REDIS_SERVER")
+        .map(|server| PathBuf::from(server).with_file_name("redis-benchmark"))
+        .filter(|path| path.is_file());
+    let out = Command::new(beside.unwrap_or_else(|| "redis-benchmark".into()))
         .args([
             "-p",
             &port.to_string(),
@@ -88,7 +102,7 @@ fn redis_benchmark_set(port: u16) -> f64 {
             "-c",
             "50",
             "-n",
-            "300000",
+            if *SMOKE { "10000" } else { "300000" },
             "-q",
         ])
         .output()
@@ -120,7 +134,7 @@ async fn fresh_store(server: &TestRedis, namespace: &str) -> RedisActiveStore {
     store
 }
 
-/// `workers` tasks each claim 10 and complete them one by one, for [`CELL`].
+/// `workers` tasks each claim 10 and complete them one by one, for [`cell()`].
 async fn lifecycle_cell(server: &TestRedis, workers: usize) -> (f64, f64, f64) {
     let store = Arc::new(fresh_store(server, &format!("life{workers}")).await);
     let done = Arc::new(AtomicU64::new(0));
@@ -131,7 +145,7 @@ async fn lifecycle_cell(server: &TestRedis, workers: usize) -> (f64, f64, f64) {
         tasks.push(tokio::spawn(async move {
             let worker = format!("worker-{w}");
             let mut hist = Histogram::<u64>::new(3).unwrap();
-            while start.elapsed() < CELL {
+            while start.elapsed() < cell() {
                 let leases = store.claim(&worker, CLAIM_BATCH).await.unwrap();
                 for lease in &leases {
                     let t = Instant::now();
@@ -176,7 +190,7 @@ async fn lifecycle_cell(server: &TestRedis, workers: usize) -> (f64, f64, f64) {
     )
 }
 
-/// 32 tasks heartbeat 10 leases each, round and round, for [`CELL`].
+/// 32 tasks heartbeat 10 leases each, round and round, for [`cell()`].
 async fn heartbeat_cell(server: &TestRedis) -> f64 {
     let store = Arc::new(fresh_store(server, "beat").await);
     let count = Arc::new(AtomicU64::new(0));
@@ -190,7 +204,7 @@ async fn heartbeat_cell(server: &TestRedis) -> f64 {
                 .await
                 .unwrap();
             let mut progress = 0;
-            while start.elapsed() < CELL {
+            while start.elapsed() < cell() {
                 for lease in &leases {
                     progress += 1;
                     store

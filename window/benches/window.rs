@@ -7,6 +7,10 @@
 //! `threads` to run only one part, and thread counts to run only those rows (the
 //! JSON then holds only what ran): `cargo bench -p tranche-window --bench window --
 //! threads 10000`.
+//!
+//! With `TRANCHE_BENCH_SMOKE=1` the sizes shrink (100 holders at 1.0x and 2.0x, one
+//! run each; 20,000 raw pairs, one run): a few seconds, figures not judged, every
+//! path and assert still run, JSON still written.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
@@ -27,9 +31,40 @@ use tranche_window::SlidingWindow;
 
 /// The mean of the seed's per-item sleep, `rand.Int31n(50)` ms.
 const MEAN_SLEEP: Duration = Duration::from_micros(24_500);
-const THREADS: [usize; 4] = [10, 100, 1000, 10_000];
-const MULTIPLIERS: [f64; 8] = [1.0, 1.3, 1.5, 1.8, 2.0, 3.0, 5.0, 10.0];
-const REPEATS: usize = 3;
+
+/// The sizes of a run: full, or small for `TRANCHE_BENCH_SMOKE=1`.
+struct Scale {
+    /// Holder counts of the multithreading table.
+    threads: &'static [usize],
+    /// Window sizes as multiples of the holder count.
+    multipliers: &'static [f64],
+    /// Runs per multithreading cell.
+    repeats: usize,
+    /// `next` + `ack` pairs per raw run.
+    raw_pairs: usize,
+    /// Runs per raw figure.
+    raw_repeats: usize,
+}
+
+static SCALE: LazyLock<Scale> = LazyLock::new(|| {
+    if std::env::var("TRANCHE_BENCH_SMOKE").is_ok_and(|v| v == "1") {
+        Scale {
+            threads: &[100],
+            multipliers: &[1.0, 2.0],
+            repeats: 1,
+            raw_pairs: 20_000,
+            raw_repeats: 1,
+        }
+    } else {
+        Scale {
+            threads: &[10, 100, 1000, 10_000],
+            multipliers: &[1.0, 1.3, 1.5, 1.8, 2.0, 3.0, 5.0, 10.0],
+            repeats: 3,
+            raw_pairs: 1_000_000,
+            raw_repeats: 7,
+        }
+    }
+});
 
 fn main() {
     // cargo passes `--bench`; anything else is a part name or a thread count.
@@ -337,14 +372,18 @@ fn multithreading(only_threads: &[usize]) -> (Vec<Value>, Vec<Value>) {
     let mut cells = Vec::new();
     let mut ceiling = Vec::new();
     println!("BenchmarkMultithreading: T holders, each item sleeps uniform 0-49 ms then acks.");
-    println!("efficiency = op/s / (T / 24.5 ms); median of {REPEATS} runs of about 1 s, each");
+    println!(
+        "efficiency = op/s / (T / 24.5 ms); median of {} runs of about 1 s, each",
+        SCALE.repeats
+    );
     println!("paired with a no-window run for \"of ceiling\"; late: mean wake-up after the");
     println!("item's deadline; cpu: process CPU per item.\n");
     println!(
         "{:>7} {:>7} {:>10} {:>10} {:>10} {:>8} {:>10}",
         "threads", "window", "op/s", "efficiency", "of ceiling", "late ms", "cpu us/op"
     );
-    for &threads in THREADS
+    for &threads in SCALE
+        .threads
         .iter()
         .filter(|t| only_threads.is_empty() || only_threads.contains(t))
     {
@@ -353,10 +392,10 @@ fn multithreading(only_threads: &[usize]) -> (Vec<Value>, Vec<Value>) {
         let free = || run_cell(&rt, threads, ops, Source::Unbounded(Default::default()));
         let mut free_runs = Vec::new();
         let mut rows = Vec::new();
-        for &m in &MULTIPLIERS {
+        for &m in SCALE.multipliers {
             let size = (threads as f64 * m).round() as usize;
             let (mut runs, mut ratios) = (Vec::new(), Vec::new());
-            for _ in 0..REPEATS {
+            for _ in 0..SCALE.repeats {
                 let reference = free();
                 let run = run_cell(
                     &rt,
@@ -519,24 +558,21 @@ impl Raw {
     }
 }
 
-const RAW_PAIRS: usize = 1_000_000;
-const RAW_REPEATS: usize = 7;
-
-/// Median ns per pair over `RAW_REPEATS` runs of `run`, which does `pairs` pairs.
+/// Median ns per pair over `SCALE.raw_repeats` runs of `run`, which does `pairs` pairs.
 fn ns_per_pair(pairs: usize, mut run: impl FnMut() -> Duration) -> f64 {
     run(); // warm up caches, the allocator and the branch predictors
     median(
-        (0..RAW_REPEATS)
+        (0..SCALE.raw_repeats)
             .map(|_| run().as_nanos() as f64 / pairs as f64)
             .collect(),
     )
 }
 
 fn raw_overheads<P: Pairs>() -> Raw {
-    let in_order = ns_per_pair(RAW_PAIRS, || {
+    let in_order = ns_per_pair(SCALE.raw_pairs, || {
         let p = P::new(1024);
         let start = Instant::now();
-        for _ in 0..RAW_PAIRS {
+        for _ in 0..SCALE.raw_pairs {
             let sn = p.next_sync();
             p.ack(black_box(sn));
         }
@@ -544,8 +580,8 @@ fn raw_overheads<P: Pairs>() -> Raw {
     });
     let random = |in_flight: usize| {
         let size = in_flight * 16;
-        let schedule = ack_schedule(in_flight, size, RAW_PAIRS);
-        ns_per_pair(RAW_PAIRS, || {
+        let schedule = ack_schedule(in_flight, size, SCALE.raw_pairs);
+        ns_per_pair(SCALE.raw_pairs, || {
             let p = P::new(size);
             let mut held: Vec<u64> = (0..in_flight).map(|_| p.next_sync()).collect();
             let start = Instant::now();
@@ -562,11 +598,11 @@ fn raw_overheads<P: Pairs>() -> Raw {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("tokio runtime");
-    let async_ = ns_per_pair(RAW_PAIRS, || {
+    let async_ = ns_per_pair(SCALE.raw_pairs, || {
         let p = P::new(1024);
         rt.block_on(async {
             let start = Instant::now();
-            for _ in 0..RAW_PAIRS {
+            for _ in 0..SCALE.raw_pairs {
                 let sn = p.next_async().await;
                 p.ack(black_box(sn));
             }
@@ -590,7 +626,7 @@ fn raw_overheads<P: Pairs>() -> Raw {
 /// Both start together and a run lasts until the later one is done. On a machine busy
 /// with other work the two may share one core by turns and hardly contend, so each
 /// run is preceded by a check that two cores are free right now, and only such runs
-/// count (up to `3 * RAW_REPEATS` attempts; if none qualifies, all runs count).
+/// count (up to `3 * SCALE.raw_repeats` attempts; if none qualifies, all runs count).
 /// Returns ns per pair, the share of numbers whose predecessor went to the other
 /// thread, and how many runs had two free cores.
 fn contended_ns_per_pair<P: Pairs>() -> (f64, f64, usize) {
@@ -604,7 +640,7 @@ fn contended_ns_per_pair<P: Pairs>() -> (f64, f64, usize) {
                 std::thread::spawn(move || {
                     barrier.wait();
                     let (mut last, mut handoffs) = (u64::MAX - 1, 0u64);
-                    for _ in 0..RAW_PAIRS / 2 {
+                    for _ in 0..SCALE.raw_pairs / 2 {
                         let sn = p.next_sync();
                         handoffs += u64::from(sn != last + 1);
                         last = sn;
@@ -617,20 +653,20 @@ fn contended_ns_per_pair<P: Pairs>() -> (f64, f64, usize) {
         barrier.wait();
         let start = Instant::now();
         let handoffs: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
-        let ns = start.elapsed().as_nanos() as f64 / RAW_PAIRS as f64;
-        (ns, handoffs as f64 / RAW_PAIRS as f64)
+        let ns = start.elapsed().as_nanos() as f64 / SCALE.raw_pairs as f64;
+        (ns, handoffs as f64 / SCALE.raw_pairs as f64)
     };
     run(); // warm up
     let (mut parallel, mut any) = (Vec::new(), Vec::new());
-    for _ in 0..3 * RAW_REPEATS {
-        if parallel.len() == RAW_REPEATS {
+    for _ in 0..3 * SCALE.raw_repeats {
+        if parallel.len() == SCALE.raw_repeats {
             break;
         }
         let free = two_cores_free();
         let sample = run();
         if free {
             parallel.push(sample);
-        } else if any.len() < RAW_REPEATS {
+        } else if any.len() < SCALE.raw_repeats {
             any.push(sample);
         }
     }
@@ -699,7 +735,8 @@ fn ack_schedule(in_flight: usize, size: usize, steps: usize) -> Vec<u32> {
 
 fn print_raw(window: &Raw, tracker: &Raw) {
     println!(
-        "Raw overhead per next + ack pair, ns (median of {RAW_REPEATS} runs of {RAW_PAIRS} pairs)\n"
+        "Raw overhead per next + ack pair, ns (median of {} runs of {} pairs)\n",
+        SCALE.raw_repeats, SCALE.raw_pairs,
     );
     println!(
         "{:<34} {:>10} {:>16} {:>8}",
@@ -732,10 +769,11 @@ fn print_raw(window: &Raw, tracker: &Raw) {
         println!("{name:<34} {w:>10.1} {t:>16.1} {:>7.1}x", t / w);
     }
     println!(
-        "(contended: {} and {} of {RAW_REPEATS} runs had two free cores; numbers taken \
+        "(contended: {} and {} of {} runs had two free cores; numbers taken \
          alternately: window {:.0} %, tracker {:.0} %)",
         window.parallel_runs,
         tracker.parallel_runs,
+        SCALE.raw_repeats,
         window.interleaved * 100.0,
         tracker.interleaved * 100.0
     );

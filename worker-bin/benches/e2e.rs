@@ -33,6 +33,11 @@
 //! binary, e.g. one built from an older commit: each cell then also runs it, the two
 //! alternating run by run on the same server, and a `baseline` row follows each cell with
 //! the ratio of the medians).
+//!
+//! With `TRANCHE_BENCH_SMOKE=1` it also runs under `cargo test` (with the binary of
+//! that profile) as one tiny cell, `1x8x1` on 2,000 partitions, run once, with a
+//! 20,000-SET ceiling and neither baseline nor cluster (each skipped with a note): a
+//! few seconds, figures not judged, every check still run, JSON still written.
 
 #[path = "../../active-store/tests/support/mod.rs"]
 mod support;
@@ -48,13 +53,17 @@ use common::run_ok;
 use serde_json::{Value, json};
 use support::{TestCluster, TestRedis};
 
-/// The binary under test, built by `cargo bench` in the bench (release) profile.
+/// The binary under test, built by cargo in the profile of this bench (release under
+/// `cargo bench`).
 const BIN: &str = env!("CARGO_BIN_EXE_tranche");
 const NAMESPACE: &str = "e2e";
 const DEFAULT_CELLS: &str = "1x64x4,4x64x4,4x64x16,4x64x64";
 /// The cells, and partitions per cell, of a run with the cluster.
 const CLUSTER_CELLS: &str = "4x64x16";
 const CLUSTER_N: u64 = 50_000;
+/// The cell, and partitions, of a smoke run (`TRANCHE_BENCH_SMOKE=1`).
+const SMOKE_CELLS: &str = "1x8x1";
+const SMOKE_N: u64 = 2_000;
 
 /// One cell of the table.
 #[derive(Debug, Clone, Copy)]
@@ -166,10 +175,11 @@ fn total_completed(url: &str) -> u64 {
 }
 
 /// `redis-benchmark -t set -c 50 -P 16` against the server: SET/s.
-fn set_ceiling(redis: &TestRedis) -> Option<f64> {
+fn set_ceiling(redis: &TestRedis, smoke: bool) -> Option<f64> {
+    let sets = if smoke { "20000" } else { "2000000" };
     let out = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &redis.port().to_string()])
-        .args(["-t", "set", "-c", "50", "-P", "16", "-n", "2000000", "-q"])
+        .args(["-t", "set", "-c", "50", "-P", "16", "-n", sets, "-q"])
         .stderr(Stdio::null())
         .output()
         .ok()?;
@@ -436,16 +446,26 @@ fn measure(nodes: &[&TestRedis], url: &str, label: &str, cell: Cell, set: &Setti
 }
 
 fn main() {
+    let smoke = std::env::var("TRANCHE_BENCH_SMOKE").is_ok_and(|v| v == "1");
     // `cargo test --all-targets` builds benches as tests and runs them with no argument
-    // telling them apart; `cargo bench` passes `--bench`.
-    if !std::env::args().any(|a| a == "--bench") {
+    // telling them apart; `cargo bench` passes `--bench`. Only the smoke run is cheap
+    // enough for the former.
+    if !smoke && !std::env::args().any(|a| a == "--bench") {
         return;
     }
-    let with_cluster = std::env::var("TRANCHE_BENCH_CLUSTER").is_ok_and(|v| v == "1");
+    let mut with_cluster = std::env::var("TRANCHE_BENCH_CLUSTER").is_ok_and(|v| v == "1");
+    if smoke && with_cluster {
+        println!("smoke: TRANCHE_BENCH_CLUSTER ignored, no cluster");
+        with_cluster = false;
+    }
     let n: u64 = std::env::var("TRANCHE_BENCH_N")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(if with_cluster { CLUSTER_N } else { 200_000 });
+        .unwrap_or(match (smoke, with_cluster) {
+            (true, _) => SMOKE_N,
+            (false, true) => CLUSTER_N,
+            (false, false) => 200_000,
+        });
     let out = std::env::var_os("TRANCHE_BENCH_OUT").map_or_else(
         || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/tranche-bench/e2e.json"),
         PathBuf::from,
@@ -456,7 +476,7 @@ fn main() {
 
     let redis = TestRedis::start();
     let url = redis.url();
-    let ceiling = set_ceiling(&redis);
+    let ceiling = set_ceiling(&redis, smoke);
     // Three masters without replicas, beside the single server: a replica would add
     // its master's replication work, which the single server does not do.
     let cluster = with_cluster.then(|| TestCluster::start_with(3, 0));
@@ -475,15 +495,21 @@ fn main() {
     let repeat: usize = std::env::var("TRANCHE_BENCH_REPEAT")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(3)
+        .unwrap_or(if smoke { 1 } else { 3 })
         .max(1);
+    let mut baseline = std::env::var("TRANCHE_BENCH_BASELINE").ok();
+    if smoke && baseline.take().is_some() {
+        println!("smoke: TRANCHE_BENCH_BASELINE ignored, no baseline");
+    }
     let set = Settings {
         n,
         repeat,
-        baseline: std::env::var("TRANCHE_BENCH_BASELINE").ok(),
+        baseline,
         dir,
     };
-    let default_cells = if with_cluster {
+    let default_cells = if smoke {
+        SMOKE_CELLS
+    } else if with_cluster {
         CLUSTER_CELLS
     } else {
         DEFAULT_CELLS

@@ -9,7 +9,9 @@
 //! save and the load run five times and the medians are reported. The state module is
 //! `src/state.rs`, compiled here through `#[path]` (a binary crate has no library to import).
 //!
-//! Set `TRANCHE_BENCH_MAX` to stop earlier. Output: a table on stdout and JSON at
+//! Set `TRANCHE_BENCH_MAX` to stop earlier. With `TRANCHE_BENCH_SMOKE=1` the job has
+//! 10,000 partitions (checkpoints 1,000, 5,000 and 10,000) and each figure one run: a
+//! few seconds, figures not judged, every path still run, JSON still written. Output: a table on stdout and JSON at
 //! `$TRANCHE_BENCH_OUT` (default `target/tranche-bench/embedded_state.json`).
 
 // Built as a test too (`--all-targets`), where a harness-less target drops the
@@ -31,8 +33,29 @@ use tranche_archive_store::Archiver;
 
 use state::Embedded;
 
-const CHECKPOINTS: [u64; 3] = [100_000, 500_000, 1_000_000];
-const RUNS: usize = 5;
+/// The sizes of a run: full, or a hundredth for `TRANCHE_BENCH_SMOKE=1`.
+struct Scale {
+    /// Completed counts at which the state is saved and loaded.
+    checkpoints: [u64; 3],
+    /// Saves and loads per checkpoint.
+    runs: usize,
+}
+
+impl Scale {
+    fn from_env() -> Self {
+        if std::env::var("TRANCHE_BENCH_SMOKE").is_ok_and(|v| v == "1") {
+            Self {
+                checkpoints: [1_000, 5_000, 10_000],
+                runs: 1,
+            }
+        } else {
+            Self {
+                checkpoints: [100_000, 500_000, 1_000_000],
+                runs: 5,
+            }
+        }
+    }
+}
 
 fn configs() -> (tranche_active_store::Config, tranche_archive_store::Config) {
     (
@@ -52,10 +75,11 @@ fn median(mut v: Vec<Duration>) -> f64 {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
+    let scale = Scale::from_env();
     let max: u64 = std::env::var("TRANCHE_BENCH_MAX")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1_000_000);
+        .unwrap_or(scale.checkpoints[2]);
     let out = std::env::var_os("TRANCHE_BENCH_OUT").map_or_else(
         || {
             PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -83,7 +107,7 @@ async fn main() {
         "{:>10} {:>10} {:>9} {:>9} {:>9} {:>9}",
         "completed", "bytes", "held ms", "save ms", "load ms", "restore ms"
     );
-    for &checkpoint in CHECKPOINTS.iter().filter(|&&c| c <= max) {
+    for &checkpoint in scale.checkpoints.iter().filter(|&&c| c <= max) {
         // Everything up to the checkpoint completed and archived but the last 500.
         while done < checkpoint {
             let n = (checkpoint - done).min(1000) as usize;
@@ -103,7 +127,7 @@ async fn main() {
         let (mut holds, mut saves, mut loads, mut restores) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut bytes = 0;
-        for _ in 0..RUNS {
+        for _ in 0..scale.runs {
             let report = run.save(&path).unwrap();
             bytes = report.bytes;
             holds.push(report.held);

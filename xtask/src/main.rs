@@ -20,7 +20,8 @@ cargo xtask TASK [ARGS]
 
 Tasks:
   ci                       cargo fmt --check, cargo clippy and cargo doc (warnings are
-                           errors), then `test`, then `soak --ci`
+                           errors), then `test`, every bench once with
+                           TRANCHE_BENCH_SMOKE=1, then `soak --ci`
   test [ARGS...]           make sure a redis-server (and the other servers the tests start)
                            is installed, then cargo nextest run --workspace (every test with
                            a deadline, .config/nextest.toml) and the doctests (ARGS go to
@@ -167,6 +168,14 @@ fn ci() -> Result<()> {
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
     test(&[])?;
+    // Every bench once in its smoke mode (small sizes, figures not judged), so a bench
+    // that no longer builds or runs fails here: built in the test profile, whose
+    // dependencies the test step built, and run by `cargo test` with no argument.
+    let mut benches = cargo();
+    benches.args(["test", "--workspace", "--locked", "--bench", "*"]);
+    benches.env("TRANCHE_BENCH_SMOKE", "1");
+    benches.env("TRANCHE_REDIS_SERVER", redis::ensure_installed()?);
+    step("cargo test --bench * (smoke)", &mut benches)?;
     // The test step built the debug binary the soak runs, so this costs its 2 minutes
     // and little more.
     soak::run(&["--ci".to_owned()])
