@@ -8,17 +8,45 @@ use std::process::Command;
 
 use support::TestRedis;
 
-/// Runs `cargo run --example NAME -- ARGS` and returns its stdout; fails on a non-zero
-/// exit, showing stderr.
+/// Runs example NAME with ARGS and returns its stdout; fails on a non-zero exit,
+/// showing stderr. The binary `cargo test` built beside this test's (in
+/// `target/<profile>/examples/`) runs as it is; only where there is none does `cargo run
+/// --example` build it, which is slow and waits on the build directory's lock.
 fn example(name: &str, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO"))
-        .args(["run", "-q", "-p", "tranche-worker", "--example", name, "--"])
-        .args(args)
-        .output()
-        .unwrap();
+    let built = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("examples")))
+        .and_then(|dir| built_example(&dir, name));
+    let out = match built {
+        Some(path) => Command::new(path).args(args).output().unwrap(),
+        None => Command::new(env!("CARGO"))
+            .args(["run", "-q", "-p", "tranche-worker", "--example", name, "--"])
+            .args(args)
+            .output()
+            .unwrap(),
+    };
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{name} failed: {stderr}");
     String::from_utf8(out.stdout).unwrap()
+}
+
+/// The newest binary of example `name` in `dir`: `name` itself, or `name-HASH` as
+/// `cargo test` leaves it (not its `.d` file).
+fn built_example(dir: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
+    let prefix = format!("{name}-");
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter(|e| {
+            let file = e.file_name().to_string_lossy().into_owned();
+            file == name
+                || (file.starts_with(&prefix)
+                    && !file.contains('.')
+                    && file[prefix.len()..].chars().all(|c| c.is_ascii_hexdigit()))
+        })
+        .filter(|e| e.metadata().is_ok_and(|m| m.is_file()))
+        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
+        .map(|e| e.path())
 }
 
 #[test]

@@ -417,7 +417,7 @@ impl Soak {
         } else {
             // Roughly what the fleet does in the duration on a small machine; more is
             // planned whenever it runs low.
-            (self.opts.duration.as_secs() * 8 * self.opts.workers as u64).max(200)
+            (self.opts.duration.as_secs() * 6 * self.opts.workers as u64).max(200)
         };
         self.plan(partitions)?;
         self.t0 = Instant::now();
@@ -922,6 +922,11 @@ impl Soak {
         report::health_after(&mut self.faults, &samples);
         let health_rules = report::health_rules(&samples);
 
+        // What an operator does once `health` named the damage: check, repair, then
+        // archive what the damage held back. Only then is everything counted.
+        let check_before = self.tranche(&["check", "--json"])?;
+        let repair = self.tranche(&["check", "--repair", "--json"])?;
+        let _ = self.tranche(&["archive"]);
         // The statistics: each partition counted once.
         let stats = self.tranche(&["stats", "--json"])?.1;
         let stats = Json::parse(&stats).unwrap_or(Json::Null);
@@ -931,8 +936,6 @@ impl Soak {
         let counted_ids = stats
             .at(&["completed", "global_stats", "total_processed_data"])
             .and_then(Json::as_u64);
-        let check_before = self.tranche(&["check", "--json"])?;
-        let repair = self.tranche(&["check", "--repair", "--json"])?;
         let check_after = self.tranche(&["check", "--json"])?;
         let mut health_args = vec!["health"];
         health_args.extend(HEALTH);
