@@ -1,0 +1,281 @@
+//! The faults: picking the next one from the seeded menu, injecting it (signals, the
+//! proxy's modes, Redis restarts and failovers, corrupt bytes) and healing it.
+
+use super::*;
+
+impl Soak {
+    /// Picks and injects the next fault; what heals it, if anything.
+    pub(super) fn inject(
+        &mut self,
+        rng: &mut Rng,
+        bag: &mut Vec<String>,
+    ) -> Result<Option<Active>> {
+        // A seeded shuffle of the menu, drawn from until empty: every kind comes once
+        // per round, so a short run still meets each.
+        if bag.is_empty() {
+            *bag = self.opts.faults.clone();
+            for i in (1..bag.len()).rev() {
+                bag.swap(i, rng.below(i + 1));
+            }
+        }
+        let kind = bag.pop().expect("the menu is not empty");
+        let at = self.secs();
+        let live: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| self.slots[i].child.is_some() && !self.slots[i].stopped)
+            .collect();
+        let mut fault = Fault {
+            kind: kind.clone(),
+            at,
+            healed: None,
+            target: String::new(),
+            note: String::new(),
+            persisted: None,
+            recovery_s: None,
+            health_fired_after_s: None,
+            health_masked: false,
+        };
+        let mut undo = Undo::Nothing;
+        match kind.as_str() {
+            "kill" | "stop" => {
+                if live.is_empty() {
+                    return Ok(None);
+                }
+                let i = live[rng.below(live.len())];
+                let name = self
+                    .incarnations
+                    .iter()
+                    .rev()
+                    .find(|x| Some(x.pid) == self.slots[i].pid());
+                fault.target = name.map_or(String::new(), |x| x.name.clone());
+                if kind == "kill" {
+                    self.slots[i].kill(&mut self.incarnations);
+                    self.slots[i].restart_at = Some(Instant::now() + Duration::from_secs(1));
+                } else {
+                    fleet::signal(self.slots[i].pid().unwrap_or(0), "STOP");
+                    self.slots[i].stopped = true;
+                    undo = Undo::Cont(i);
+                }
+            }
+            "panic" => {
+                std::fs::write(fleet::panic_file(&self.dir), b"panic")?;
+                fault.target = format!("w{} (runner)", self.opts.workers);
+            }
+            "redis-kill" => {
+                let ports = self.redis_ports();
+                let n = if self.opts.cluster {
+                    // A master: its replica takes over; the node comes back as a replica.
+                    let masters: Vec<usize> = (0..self.nodes.len())
+                        .filter(|&i| server::role(self.nodes[i].port).as_deref() == Some("master"))
+                        .collect();
+                    if masters.is_empty() {
+                        return Ok(None);
+                    }
+                    masters[rng.below(masters.len())]
+                } else {
+                    0
+                };
+                fault.target = format!("redis :{}", self.nodes[n].port);
+                let _ = ports;
+                self.nodes[n].kill();
+                if self.opts.cluster {
+                    thread::sleep(Duration::from_secs(5));
+                }
+                self.nodes[n].restart()?;
+                fault.healed = Some(self.secs());
+                fault.note = "SIGKILL, restarted from its AOF".into();
+            }
+            "redis-pause" => {
+                self.proxy.as_ref().context("no proxy")?.set(Mode::Refuse);
+                fault.note = "proxy refuses every connection".into();
+                undo = Undo::Proxy;
+            }
+            "proxy" | "proxy-latency" | "proxy-blackhole" | "proxy-reset" => {
+                let proxy = self.proxy.as_ref().context("no proxy")?;
+                let pick = match kind.as_str() {
+                    "proxy-latency" => 0,
+                    "proxy-blackhole" => 1,
+                    "proxy-reset" => 2,
+                    _ => rng.below(3),
+                };
+                match pick {
+                    0 => {
+                        fault.kind = "proxy-latency".into();
+                        proxy.set(Mode::Latency(Duration::from_millis(100)));
+                        fault.note = "100 ms each way (200 ms round trip)".into();
+                        undo = Undo::Proxy;
+                    }
+                    1 => {
+                        fault.kind = "proxy-blackhole".into();
+                        proxy.set(Mode::Blackhole);
+                        undo = Undo::Proxy;
+                    }
+                    _ => {
+                        fault.kind = "proxy-reset".into();
+                        proxy.reset();
+                        fault.healed = Some(self.secs());
+                    }
+                }
+            }
+            "failover" => {
+                let replicas: Vec<u16> = self
+                    .redis_ports()
+                    .into_iter()
+                    .filter(|&p| server::role(p).as_deref() == Some("slave"))
+                    .collect();
+                if replicas.is_empty() {
+                    return Ok(None);
+                }
+                let port = replicas[rng.below(replicas.len())];
+                resp::cmd(port, &["CLUSTER", "FAILOVER"])?;
+                fault.target = format!("replica :{port}");
+                fault.healed = Some(self.secs());
+            }
+            "corrupt-stats" | "corrupt-batch" | "corrupt-active" => {
+                match self.corrupt(&kind, rng) {
+                    Ok((port, key, field, value, note)) => {
+                        fault.target = String::from_utf8_lossy(&key).into_owned();
+                        fault.note = note;
+                        undo = Undo::Check {
+                            port,
+                            key,
+                            field,
+                            value,
+                        };
+                    }
+                    Err(err) => {
+                        fault.note = format!("not injected: {err:#}");
+                        self.faults.push(fault);
+                        return Ok(None);
+                    }
+                }
+            }
+            other => bail!("fault `{other}` is not on this topology's menu"),
+        }
+        eprintln!(
+            "xtask: soak: {at:6.1} s  {} {} {}",
+            fault.kind, fault.target, fault.note
+        );
+        let heal_at = Instant::now() + faults::length(&fault.kind, self.opts.lease);
+        self.faults.push(fault);
+        Ok(Some(Active {
+            index: self.faults.len() - 1,
+            heal_at,
+            undo,
+        }))
+    }
+
+    /// One corrupt byte in a key the kind names: the key, the hash field, the new value.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn corrupt(
+        &self,
+        kind: &str,
+        rng: &mut Rng,
+    ) -> Result<(u16, Vec<u8>, Option<Vec<u8>>, Vec<u8>, String)> {
+        let pattern = match kind {
+            "corrupt-stats" => "*:stats:ranges",
+            "corrupt-batch" => "*:completed:batch:*",
+            _ => "*:active",
+        };
+        let mut keys = self.scan_masters(pattern)?;
+        let mut note = String::new();
+        if keys.is_empty() && kind == "corrupt-batch" {
+            // The simple tier: no batch string yet, so an archived record instead.
+            keys = self.scan_masters("*:completed")?;
+            note = "no batch string yet: an archived record of the simple tier; ".into();
+        }
+        if keys.is_empty() {
+            bail!("no key matches {pattern}");
+        }
+        let (port, key) = keys[rng.below(keys.len())].clone();
+        let key_type = resp::call(port, &[b"TYPE", &key])?.text();
+        if key_type == "string" {
+            let resp::Reply::Bytes(value) = resp::call(port, &[b"GET", &key])? else {
+                bail!("GET of a string key returned no bytes");
+            };
+            if value.is_empty() {
+                bail!("an empty batch string");
+            }
+            let at = rng.below(value.len());
+            let byte = [value[at] ^ 0x5a];
+            resp::call(port, &[b"SETRANGE", &key, at.to_string().as_bytes(), &byte])?;
+            let mut new = value;
+            new[at] = byte[0];
+            note.push_str(&format!("byte {at} flipped"));
+            return Ok((port, key, None, new, note));
+        }
+        let resp::Reply::Array(fields) = resp::call(port, &[b"HKEYS", &key])? else {
+            bail!("HKEYS failed");
+        };
+        if fields.is_empty() {
+            bail!("an empty hash");
+        }
+        let resp::Reply::Bytes(field) = fields[rng.below(fields.len())].clone() else {
+            bail!("HKEYS returned a non-string");
+        };
+        let value = if kind == "corrupt-stats" {
+            note.push_str("value set to the one byte \\x80");
+            vec![0x80]
+        } else {
+            let resp::Reply::Bytes(mut value) = resp::call(port, &[b"HGET", &key, &field])? else {
+                bail!("the field went away");
+            };
+            if value.is_empty() {
+                bail!("an empty value");
+            }
+            let at = rng.below(value.len());
+            value[at] ^= 0x5a;
+            note.push_str(&format!(
+                "byte {at} of field {} flipped",
+                String::from_utf8_lossy(&field)
+            ));
+            value
+        };
+        resp::call(port, &[b"HSET", &key, &field, &value])?;
+        Ok((port, key, Some(field), value, note))
+    }
+
+    /// The keys matching `pattern` on every master, with the master's port.
+    pub(super) fn scan_masters(&self, pattern: &str) -> Result<Vec<(u16, Vec<u8>)>> {
+        let mut found = Vec::new();
+        for port in self.redis_ports() {
+            if self.opts.cluster && server::role(port).as_deref() != Some("master") {
+                continue;
+            }
+            found.extend(resp::scan(port, pattern)?.into_iter().map(|k| (port, k)));
+        }
+        Ok(found)
+    }
+
+    pub(super) fn heal(&mut self, a: &mut Active) {
+        match &a.undo {
+            Undo::Nothing => {}
+            Undo::Cont(i) => {
+                if let Some(pid) = self.slots[*i].pid() {
+                    fleet::signal(pid, "CONT");
+                }
+                self.slots[*i].stopped = false;
+            }
+            Undo::Proxy => {
+                if let Some(p) = &self.proxy {
+                    p.set(Mode::Pass);
+                }
+            }
+            Undo::Check {
+                port,
+                key,
+                field,
+                value,
+            } => {
+                let now = match field {
+                    Some(f) => resp::call(*port, &[b"HGET", key, f]),
+                    None => resp::call(*port, &[b"GET", key]),
+                };
+                self.faults[a.index].persisted =
+                    Some(matches!(now, Ok(resp::Reply::Bytes(b)) if &b == value));
+            }
+        }
+        if self.faults[a.index].healed.is_none() {
+            self.faults[a.index].healed = Some(self.secs());
+        }
+    }
+}

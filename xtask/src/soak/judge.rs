@@ -1,0 +1,386 @@
+//! The oracles: what the ledgers, the statistics, `check` and the `health` samples say
+//! at the end, as one JSON report, beside the timeline.
+
+use super::*;
+
+impl Soak {
+    /// The oracles, the report and the timeline.
+    pub(super) fn judge(
+        &mut self,
+        drained: bool,
+        fleet_end: f64,
+        drain_s: f64,
+        strays: Vec<(u32, String)>,
+    ) -> Result<Json> {
+        let run_end_us = now_us();
+        let (runs, bad_lines) = ledger::read(&self.dir.join("ledger"));
+        let planned_ids: u64 = self.planned.iter().map(|(a, b)| b - a + 1).sum();
+        let planned_partitions = planned_ids / PARTITION;
+        let (lost, gaps) = ledger::lost(&runs, &self.planned);
+        let all_overlaps = ledger::overlaps(&runs, &self.incarnations, run_end_us);
+        // A run whose own worker was SIGSTOPped during it ends after the pause, when
+        // its lease may have gone to another worker: in-process work (the runner's
+        // handler) cannot be fenced there, only reported. The rest fail the oracle.
+        let stops: Vec<(String, u64, u64)> = self
+            .faults
+            .iter()
+            .filter(|f| f.kind == "stop")
+            .map(|f| {
+                let us = |s: f64| self.t0_us + (s * 1e6) as u64;
+                (f.target.clone(), us(f.at), us(f.healed.unwrap_or(f.at)))
+            })
+            .collect();
+        let paused = |r: &ledger::ChunkRun| {
+            stops.iter().any(|(w, a, b)| {
+                *w == r.worker && r.start_us < *b && r.end_us.unwrap_or(u64::MAX) > *a
+            })
+        };
+        let (after_pause, overlaps): (Vec<_>, Vec<_>) = all_overlaps
+            .into_iter()
+            .partition(|o| paused(&o.a) || paused(&o.b));
+        let outlived = ledger::outlived(&runs, &self.incarnations);
+        let seconds = (fleet_end + drain_s).ceil() as usize + 1;
+        let tput = ledger::throughput(&runs, self.t0_us, seconds);
+        report::recovery(&mut self.faults, &tput);
+        let samples = self.health.lock().unwrap().clone();
+        report::health_after(&mut self.faults, &samples);
+        let health_rules = report::health_rules(&samples);
+
+        // What an operator does once `health` named the damage: check, repair, then
+        // archive what the damage held back. Only then is everything counted.
+        let check_before = self.tranche(&["check", "--json"])?;
+        let repair = self.tranche(&["check", "--repair", "--json"])?;
+        let _ = self.tranche(&["archive"]);
+        // The statistics: each partition counted once.
+        let stats = self.tranche(&["stats", "--json"])?.1;
+        let stats = Json::parse(&stats).unwrap_or(Json::Null);
+        let counted = stats
+            .at(&["completed", "global_stats", "total_completed"])
+            .and_then(Json::as_u64);
+        let counted_ids = stats
+            .at(&["completed", "global_stats", "total_processed_data"])
+            .and_then(Json::as_u64);
+        let check_after = self.tranche(&["check", "--json"])?;
+        let mut health_args = vec!["health"];
+        health_args.extend(HEALTH);
+        let health_end = self.tranche(&health_args)?;
+        let final_status = self.status().unwrap_or(Json::Null);
+        // Damage holds its shard's records back until the repair above: what counts is
+        // that everything is archived once the operator has done what health asked.
+        let drained = drained || {
+            let archived = final_status.get("archived").and_then(Json::as_u64);
+            let inbox = final_status.get("inbox").and_then(Json::as_u64);
+            archived == Some(planned_partitions) && inbox == Some(0)
+        };
+
+        let mut oracles: Vec<(String, Json)> = Vec::new();
+        let mut oracle = |name: &str, pass: bool, detail: Json| {
+            oracles.push((
+                name.to_owned(),
+                Json::obj([("pass", Json::from(pass)), ("detail", detail)]),
+            ));
+        };
+        oracle(
+            "every_id_processed",
+            lost == 0,
+            Json::obj([
+                ("ids_planned", Json::from(planned_ids)),
+                ("ids_lost", Json::from(lost)),
+                (
+                    "first_gaps",
+                    Json::Arr(
+                        gaps.iter()
+                            .map(|(a, b)| Json::from(format!("{a}..={b}")))
+                            .collect(),
+                    ),
+                ),
+            ]),
+        );
+        oracle(
+            "everything_archived_after_the_faults",
+            drained,
+            Json::obj([
+                ("drain_deadline_s", Json::from(self.opts.drain.as_secs())),
+                ("drain_s", Json::from(drain_s)),
+                ("final_status", final_status.clone()),
+            ]),
+        );
+        oracle(
+            "no_range_run_twice_at_once",
+            overlaps.is_empty(),
+            Json::obj([
+                ("overlaps", Json::from(overlaps.len() as u64)),
+                (
+                    "examples",
+                    Json::Arr(overlaps.iter().take(5).map(describe).collect()),
+                ),
+                (
+                    "across_a_sigstop_not_counted",
+                    Json::from(after_pause.len() as u64),
+                ),
+                (
+                    "across_a_sigstop_examples",
+                    Json::Arr(after_pause.iter().take(3).map(describe).collect()),
+                ),
+            ]),
+        );
+        oracle(
+            "no_chunk_outlives_its_worker",
+            outlived.is_empty(),
+            Json::obj([
+                ("chunks", Json::from(outlived.len() as u64)),
+                ("examples", Json::Arr(outlived.iter().take(5).map(|(r, dead)| {
+                    Json::from(format!(
+                        "{} chunk pid {} ids {}..={}: {} {:.0} ms after its worker died",
+                        r.worker, r.chunk_pid, r.from, r.to, r.end,
+                        (r.end_us.unwrap_or(r.start_us) as f64 - *dead as f64) / 1000.0
+                    ))
+                }).collect())),
+            ]),
+        );
+        oracle(
+            "each_partition_counted_once",
+            counted == Some(planned_partitions) && counted_ids == Some(planned_ids),
+            Json::obj([
+                ("planned", Json::from(planned_partitions)),
+                ("counted", counted.map_or(Json::Null, Json::from)),
+                ("ids_counted", counted_ids.map_or(Json::Null, Json::from)),
+                (
+                    "double_counted",
+                    Json::from(counted.unwrap_or(0).saturating_sub(planned_partitions)),
+                ),
+            ]),
+        );
+        oracle(
+            "check_clean_after_repair",
+            check_after.0 && clean(&check_after.1),
+            Json::obj([
+                (
+                    "before",
+                    Json::parse(&check_before.1).unwrap_or(Json::from(check_before.1.clone())),
+                ),
+                (
+                    "repair",
+                    Json::parse(&repair.1).unwrap_or(Json::from(repair.1.clone())),
+                ),
+                (
+                    "after",
+                    Json::parse(&check_after.1).unwrap_or(Json::from(check_after.1.clone())),
+                ),
+            ]),
+        );
+        let damage = || {
+            self.faults
+                .iter()
+                .filter(|f| faults::damage(&f.kind) && f.persisted != Some(false))
+        };
+        let name = |f: &Fault| Json::from(format!("{} at {:.1} s", f.kind, f.at));
+        let missed: Vec<Json> = damage()
+            .filter(|f| !f.health_masked && f.health_fired_after_s.is_none())
+            .map(name)
+            .collect();
+        let masked: Vec<Json> = damage().filter(|f| f.health_masked).map(name).collect();
+        oracle(
+            "health_fired_on_damage",
+            missed.is_empty(),
+            Json::obj([
+                ("missed", Json::Arr(missed)),
+                ("masked_by_an_earlier_alert", Json::Arr(masked)),
+            ]),
+        );
+        let end_firing = firing(&health_end.1);
+        oracle(
+            "health_true_at_end",
+            // Clear when everything is archived; firing when something is stuck.
+            match &end_firing {
+                Some(rules) => rules.is_empty() == drained && health_end.0 == drained,
+                None => false,
+            },
+            Json::obj([
+                ("everything_archived", Json::from(drained)),
+                (
+                    "firing",
+                    end_firing.map_or(Json::from(health_end.1.clone()), |v| {
+                        Json::Arr(v.into_iter().map(Json::from).collect())
+                    }),
+                ),
+            ]),
+        );
+        let slow: Vec<Json> = self
+            .faults
+            .iter()
+            .filter(|f| faults::transient(&f.kind) && f.recovery_s.is_none_or(|r| r > 10.0))
+            .map(|f| {
+                Json::from(format!(
+                    "{} at {:.1} s: {}",
+                    f.kind,
+                    f.at,
+                    f.recovery_s.map_or("never".into(), |r| format!("{r:.1} s"))
+                ))
+            })
+            .collect();
+        oracle(
+            "throughput_back_within_10s",
+            slow.is_empty(),
+            Json::obj([("slow", Json::Arr(slow))]),
+        );
+        oracle(
+            "no_stray_processes",
+            strays.is_empty(),
+            Json::Arr(
+                strays
+                    .iter()
+                    .map(|(p, c)| Json::from(format!("{p}: {c}")))
+                    .collect(),
+            ),
+        );
+        let redis_mib = self.max_redis_bytes / (1 << 20);
+        let rss_mib = self.max_rss_kib / 1024;
+        let runner_mib = self.max_runner_rss_kib / 1024;
+        oracle(
+            "memory_bounded",
+            redis_mib <= self.opts.max_redis_mib
+                && rss_mib.max(runner_mib) <= self.opts.max_rss_mib,
+            Json::obj([
+                ("redis_used_memory_max_mib", Json::from(redis_mib)),
+                ("redis_limit_mib", Json::from(self.opts.max_redis_mib)),
+                ("tranche_run_rss_max_mib", Json::from(rss_mib)),
+                ("runner_rss_max_mib", Json::from(runner_mib)),
+                ("worker_limit_mib", Json::from(self.opts.max_rss_mib)),
+            ]),
+        );
+
+        report::svg(
+            &self.dir.join("timeline.svg"),
+            &tput,
+            &self.faults,
+            fleet_end,
+            self.opts.seed,
+        )?;
+        let recoveries: Vec<f64> = self.faults.iter().filter_map(|f| f.recovery_s).collect();
+        Ok(Json::obj([
+            ("seed", Json::from(self.opts.seed)),
+            (
+                "topology",
+                Json::from(if self.opts.cluster {
+                    "cluster 3+3"
+                } else {
+                    "one redis behind the proxy"
+                }),
+            ),
+            ("duration_s", Json::from(self.opts.duration.as_secs())),
+            ("interval_s", Json::from(self.opts.interval.as_secs())),
+            ("drain_s", Json::from(drain_s)),
+            ("workers", Json::from(self.opts.workers as u64 + 1)),
+            ("partitions_planned", Json::from(planned_partitions)),
+            ("chunk_runs", Json::from(runs.len() as u64)),
+            ("bad_ledger_lines", Json::from(bad_lines)),
+            (
+                "throughput_ids_per_s_mean",
+                Json::from(tput.iter().sum::<f64>() / fleet_end.max(1.0)),
+            ),
+            ("faults_by_kind", report::by_kind(&self.faults)),
+            (
+                "recovery_s",
+                Json::obj([
+                    ("p50", report::pct(&recoveries, 0.5)),
+                    ("p99", report::pct(&recoveries, 0.99)),
+                ]),
+            ),
+            (
+                "faults",
+                Json::Arr(self.faults.iter().map(report::fault).collect()),
+            ),
+            ("health_samples", health_rules),
+            (
+                "incarnations",
+                Json::Arr(
+                    self.incarnations
+                        .iter()
+                        .map(|i| {
+                            Json::from(format!(
+                                "{} pid {} from {:.1} s to {}: {}",
+                                i.name,
+                                i.pid,
+                                i.started_us.saturating_sub(self.t0_us) as f64 / 1e6,
+                                i.ended_us.map_or("the end".into(), |e| format!(
+                                    "{:.1} s",
+                                    e.saturating_sub(self.t0_us) as f64 / 1e6
+                                )),
+                                if i.end.is_empty() {
+                                    "ran to the end"
+                                } else {
+                                    &i.end
+                                }
+                            ))
+                        })
+                        .collect(),
+                ),
+            ),
+            (
+                "unexpected_exits",
+                Json::Arr(
+                    self.unexpected_exits
+                        .iter()
+                        .cloned()
+                        .map(Json::from)
+                        .collect(),
+                ),
+            ),
+            ("final_status", final_status),
+            ("oracles", Json::Obj(oracles)),
+        ]))
+    }
+}
+
+fn describe(o: &ledger::Overlap) -> Json {
+    Json::from(format!(
+        "partition {} ids {}..={} by {} (chunk pid {}, {}) and {}..={} by {} (chunk pid {}, {}): {:.0} ms together",
+        o.a.partition,
+        o.a.from,
+        o.a.to,
+        o.a.worker,
+        o.a.chunk_pid,
+        ended(&o.a),
+        o.b.from,
+        o.b.to,
+        o.b.worker,
+        o.b.chunk_pid,
+        ended(&o.b),
+        o.both_ms
+    ))
+}
+
+fn ended(r: &ledger::ChunkRun) -> &'static str {
+    if r.end.is_empty() {
+        "no end line"
+    } else {
+        r.end
+    }
+}
+
+/// The rules firing in a `health --json` reply (None when it is no such reply).
+pub(super) fn firing(out: &str) -> Option<Vec<String>> {
+    let Json::Arr(rules) = Json::parse(out)? else {
+        return None;
+    };
+    Some(
+        rules
+            .iter()
+            .filter(|r| r.get("firing") == Some(&Json::Bool(true)))
+            .filter_map(|r| match r.get("rule") {
+                Some(Json::Str(s)) => Some(s.clone()),
+                _ => None,
+            })
+            .collect(),
+    )
+}
+
+/// Whether a `check --json` reply reports no difference and no dead letter.
+fn clean(out: &str) -> bool {
+    let Some(v) = Json::parse(out) else {
+        return false;
+    };
+    v.get("differences") == Some(&Json::Arr(vec![]))
+        && v.at(&["dead_letters", "found"]).and_then(Json::as_u64) == Some(0)
+}
