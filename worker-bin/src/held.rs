@@ -21,9 +21,10 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
 use tranche_active_store::{ActiveStore, Error as ActiveError, Lease};
 
 use crate::work::{Shared, until};
@@ -35,7 +36,9 @@ pub(crate) struct Hold {
     checkpoint: AtomicU64,
     /// Set once the store refused the lease.
     lost: AtomicBool,
-    /// Wakes the partition when the lease is lost.
+    /// Set by the book's watchdog once the lease went unrenewed too long.
+    fenced: AtomicBool,
+    /// Wakes the partition when the lease is lost or fenced.
     notify: Notify,
     /// The lease's length, which every accepted renewal extends it by.
     lease: Duration,
@@ -50,6 +53,7 @@ impl Hold {
         Self {
             checkpoint: AtomicU64::new(checkpoint),
             lost: AtomicBool::new(false),
+            fenced: AtomicBool::new(false),
             notify: Notify::new(),
             lease,
             valid_until: Mutex::new(sent + lease),
@@ -74,18 +78,25 @@ impl Hold {
 
     /// Whether the lease went unrenewed too long to go on working under it.
     pub(crate) fn is_fenced(&self) -> bool {
-        Instant::now() >= self.fence_at()
+        self.fenced.load(Relaxed) || Instant::now() >= self.fence_at()
     }
 
-    /// Resolves once the lease went unrenewed too long to go on working under it.
+    /// Resolves once the book's watchdog fenced the lease. No timer of its own: one
+    /// watchdog per process watches every lease, so a chunk that waits on this costs
+    /// a waiter in a list, not an entry in the timer wheel.
     pub(crate) async fn fenced(&self) {
         loop {
-            let at = self.fence_at();
-            if Instant::now() >= at {
+            let notified = self.notify.notified();
+            if self.fenced.load(Relaxed) {
                 return;
             }
-            tokio::time::sleep_until(at.into()).await;
+            notified.await;
         }
+    }
+
+    fn mark_fenced(&self) {
+        self.fenced.store(true, Relaxed);
+        self.notify.notify_waiters();
     }
 
     /// Once [fenced](Self::fenced), how long a running chunk may take to stop before
@@ -179,6 +190,25 @@ impl LeaseBook {
         self.held.lock().expect("not poisoned")
     }
 
+    /// Fences every held lease past its fence instant; returns the earliest fence
+    /// instant of those still good, if any.
+    fn fence_overdue(&self) -> Option<Instant> {
+        let now = Instant::now();
+        let mut next: Option<Instant> = None;
+        for (_, hold) in self.lock().values() {
+            if hold.fenced.load(Relaxed) {
+                continue;
+            }
+            let at = hold.fence_at();
+            if now >= at {
+                hold.mark_fenced();
+            } else {
+                next = Some(next.map_or(at, |n| n.min(at)));
+            }
+        }
+        next
+    }
+
     /// Every held lease with its checkpoint now.
     fn beats(&self) -> Vec<(Lease, u64, Arc<Hold>)> {
         self.lock()
@@ -197,7 +227,7 @@ impl LeaseBook {
             .iter()
             .map(|(lease, checkpoint, _)| (lease.clone(), *checkpoint))
             .collect();
-        let at = Instant::now();
+        let at = std::time::Instant::now();
         let outcomes = active.heartbeat_many(&batch).await;
         shared.timed_update(at);
         let outcomes = match outcomes {
@@ -209,7 +239,7 @@ impl LeaseBook {
         };
         for ((lease, _, hold), outcome) in beats.iter().zip(outcomes) {
             match outcome {
-                Ok(()) => hold.renewed(at),
+                Ok(()) => hold.renewed(at.into()),
                 Err(ActiveError::LeaseLost { .. }) => {
                     tracing::warn!(pid = lease.pid, "lease lost (expired and reclaimed?)");
                     self.drop_lease(lease);
@@ -224,6 +254,19 @@ impl LeaseBook {
 /// Heartbeats every lease in `book` every `lease / 3` until `done`, and [`FIRST_BEAT`]
 /// after a partition starts (the store marks a lease running at its first heartbeat).
 pub(crate) async fn heartbeat(
+    book: Arc<LeaseBook>,
+    active: Arc<dyn ActiveStore>,
+    shared: Arc<Shared>,
+    lease: Duration,
+    done: watch::Receiver<bool>,
+) {
+    tokio::join!(
+        beats(book.clone(), active, shared, lease, done.clone()),
+        watchdog(book, lease, done),
+    );
+}
+
+async fn beats(
     book: Arc<LeaseBook>,
     active: Arc<dyn ActiveStore>,
     shared: Arc<Shared>,
@@ -250,6 +293,22 @@ pub(crate) async fn heartbeat(
             }
         }
         book.beat(active.as_ref(), &shared).await;
+    }
+}
+
+/// Fences the leases that went unrenewed too long, however long a heartbeat call hangs
+/// (it runs beside the beats, not after them). It sleeps until the earliest fence
+/// instant, looking at least every twelfth of a lease (a renewal only moves a fence
+/// instant later, and a new lease's is most of a lease away).
+async fn watchdog(book: Arc<LeaseBook>, lease: Duration, mut done: watch::Receiver<bool>) {
+    let step = (lease / 12).max(Duration::from_millis(20));
+    loop {
+        let latest = Instant::now() + step;
+        let next = book.fence_overdue().map_or(latest, |at| at.min(latest));
+        tokio::select! {
+            () = until(&mut done, |d| *d) => return,
+            () = tokio::time::sleep_until(next) => {}
+        }
     }
 }
 
@@ -314,5 +373,47 @@ mod tests {
             let p = store.get(leases[i].pid).await.unwrap().unwrap();
             assert_eq!(p.progress, leases[i].min_id + 700, "checkpoint recorded");
         }
+    }
+
+    /// A lease nobody renews is fenced a quarter of a lease before it could expire, and
+    /// not before; a renewal moves its fence on. Paused time: the watchdog sleeps on
+    /// tokio's clock.
+    #[tokio::test(start_paused = true)]
+    async fn the_watchdog_fences_an_unrenewed_lease_in_time() {
+        let store = MemoryActiveStore::new(Config::default()).unwrap();
+        store
+            .plan(&Plan::Uniform {
+                min: 1,
+                max: 2000,
+                size: 1000,
+            })
+            .await
+            .unwrap();
+        let leases = store.claim("me", 2).await.unwrap();
+        let lease = Duration::from_secs(12);
+        let book = Arc::new(LeaseBook::new(lease));
+        let start = Instant::now();
+        let stale = book.hold(&leases[0], start);
+        let renewed = book.hold(&leases[1], start);
+        let (tx, rx) = watch::channel(false);
+        let dog = tokio::spawn(watchdog(book.clone(), lease, rx));
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        assert!(
+            !stale.is_fenced(),
+            "fenced before three quarters of a lease"
+        );
+        renewed.renewed(Instant::now());
+        tokio::time::timeout(Duration::from_millis(1100), stale.fenced())
+            .await
+            .expect("fenced at nine seconds");
+        assert!(stale.grace_left() <= Duration::from_secs(2));
+        assert!(!renewed.is_fenced(), "the renewed lease runs on");
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        assert!(!renewed.is_fenced(), "its fence moved to 17 s");
+        tokio::time::timeout(Duration::from_secs(4), renewed.fenced())
+            .await
+            .expect("fenced once its renewal ran out too");
+        tx.send(true).unwrap();
+        dog.await.unwrap();
     }
 }

@@ -506,7 +506,7 @@ async fn claim_loop(
                             attempt: lease.attempt,
                         });
                         // Held from now on: renewed by the heartbeats while it waits.
-                        let hold = book.hold(&lease, sent);
+                        let hold = book.hold(&lease, sent.into());
                         queue.push_back((lease, hold));
                     }
                 }

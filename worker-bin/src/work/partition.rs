@@ -331,7 +331,10 @@ impl PartitionCtx {
             attempt: lease.attempt,
         };
         let mut stop = self.stop.clone();
+        // Biased, the gate first: with no limit it is open at once, and nothing else is
+        // polled (no waiter registered) on the path every one-chunk partition takes.
         tokio::select! {
+            biased;
             () = self.gate.chunk_start(c.to - c.from + 1) => {}
             () = until(&mut stop, |s| *s != Stop::Running) => return (Ended::Stopped, checkpoint(index)),
             () = hold.lost() => return (Ended::Lost, checkpoint(index)),
