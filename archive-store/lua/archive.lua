@@ -65,14 +65,14 @@ expect_type(KEYS[3], 'hash')
 expect_type(KEYS[9], 'set')
 for j = 1, m do expect_type(KEYS[9 + j], 'hash') end
 for j = 1, s do expect_type(KEYS[9 + m + j], 'string') end
-local counted = redis.call('HGET', KEYS[3], 'count')
-if counted and not is_count(counted) then
-  error('archive: ' .. KEYS[3] .. ' count `' .. counted .. '` is not a count; nothing was written')
-end
-for j = 1, m do
-  local partial = redis.call('HGET', KEYS[3], 'partial:' .. ARGV[2 + 4 * n + j])
-  if partial and not is_count(partial) then
-    error('archive: ' .. KEYS[3] .. ' partial:' .. ARGV[2 + 4 * n + j] .. ' is not a count; nothing was written')
+-- The count and every open batch's partial count, in one read.
+local count_fields = {'count'}
+for j = 1, m do count_fields[j + 1] = 'partial:' .. ARGV[2 + 4 * n + j] end
+local count_values = redis.call('HMGET', KEYS[3], unpack(count_fields))
+for j = 1, m + 1 do
+  local v = count_values[j]
+  if v and not is_count(v) then
+    error('archive: ' .. KEYS[3] .. ' ' .. count_fields[j] .. ' `' .. v .. '` is not a count; nothing was written')
   end
 end
 
