@@ -128,7 +128,20 @@ local STATUSES = {p = true, c = true, r = true, f = true, d = true}
 local function corrupt(key, pid, detail)
   error({err = 'ERR corrupt record ' .. key .. ' ' .. pid .. ': ' .. detail})
 end
+-- The shape of a sound record in one match: status, attempts, then numeric fields or
+-- empty, the worker, three more, the error text. A record that matches and whose
+-- numbers are short and canonical (the common case) is built from the captures at
+-- once; anything else goes the field-by-field way below, which names what is wrong.
+local RECORD = '^([pcrfd])|(%d+)|(%d*)|(%d*)|(%d*)|(%d*)|(%d*)|([^|]*)|(%d*)|(%d*)|(%d*)|(.*)$'
+local function short(v, max) return #v <= max and (#v <= 1 or string.byte(v) ~= 48) end
 local function checked(key, pid, s)
+  local a, b, c, d, e, f, g, h, i, j, k, l = string.match(s, RECORD)
+  -- Numbers (2, 4-7) up to 15 digits, IDs (3, 9-11) up to 19: below 2^53, and below
+  -- 2^64, so what the slow path accepts.
+  if a and short(b, 15) and short(c, 19) and short(d, 15) and short(e, 15)
+    and short(f, 15) and short(g, 15) and short(i, 19) and short(j, 19) and short(k, 19) then
+    return {a, b, c, d, e, f, g, h, i, j, k, l}
+  end
   local r = decode(s)
   if r == nil then corrupt(key, pid, 'not a record `' .. s .. '`') end
   if not STATUSES[r[1]] then corrupt(key, pid, 'status `' .. r[1] .. '`') end
