@@ -195,8 +195,7 @@ impl PartitionCtx {
     ) -> (Ended, u64) {
         let mut permits = crate::control::Permits::new(self.gate.clone());
         let window = SlidingWindow::new(permits.window(&self.settings), first);
-        // The first failure of a chunk: (broken, reason, policy).
-        let failure: Arc<Mutex<Option<(bool, String, FailPolicy)>>> = Arc::default();
+        let failure = Failure::default();
 
         // A signal, a lost lease or a fenced one closes the window, which stops the
         // issuing below (waking it if it is parked on a full window).
@@ -247,36 +246,7 @@ impl PartitionCtx {
                     let abort = abort(stop, hold);
                     let r = shared.chunk(&job, c, abort).await;
                     drop(permit);
-                    match r {
-                        Ok(()) => {
-                            let _ = window.ack(index);
-                        }
-                        // Stopped by our shutdown: unacked, so the checkpoint stays below it.
-                        Err(ChunkError::Interrupted) => window.close(),
-                        Err(ChunkError::Failed(reason)) => {
-                            failure.lock().expect("not poisoned").get_or_insert((
-                                false,
-                                reason,
-                                FailPolicy::default(),
-                            ));
-                            window.close();
-                        }
-                        Err(ChunkError::Refused(reason, policy)) => {
-                            failure
-                                .lock()
-                                .expect("not poisoned")
-                                .get_or_insert((false, reason, policy));
-                            window.close();
-                        }
-                        Err(ChunkError::Broken(reason)) => {
-                            failure.lock().expect("not poisoned").get_or_insert((
-                                true,
-                                reason,
-                                FailPolicy::default(),
-                            ));
-                            window.close();
-                        }
-                    }
+                    settle(r, index, &window, &failure);
                 });
             }
         };
@@ -300,10 +270,8 @@ impl PartitionCtx {
         if hold.is_lost() || fenced.load(Relaxed) {
             return (Ended::Lost, done);
         }
-        match failure.lock().expect("not poisoned").take() {
-            Some((true, reason, _)) => return (Ended::Broken(reason), done),
-            Some((false, reason, policy)) => return (Ended::Failed(reason, policy), done),
-            None => {}
+        if let Some(ended) = failed(&failure) {
+            return (ended, done);
         }
         if window.progress() >= n_chunks {
             (Ended::Done, done)
@@ -371,4 +339,36 @@ async fn abort(mut stop: watch::Receiver<Stop>, hold: Arc<Hold>) -> Duration {
         () = until(&mut stop, |s| *s == Stop::Abort) => KILL_AFTER,
         () = hold.fenced() => hold.grace_left(),
     }
+}
+
+/// The first failure among a partition's chunks: whether the command is broken, the
+/// reason, and the policy the handler asked for.
+type Failure = Arc<Mutex<Option<(bool, String, FailPolicy)>>>;
+
+/// What a finished chunk does to its partition's window: acked, or closed (nothing
+/// more is issued) with the first failure kept for the outcome.
+fn settle(r: Result<(), ChunkError>, index: u64, window: &SlidingWindow, failure: &Failure) {
+    let first = match r {
+        Ok(()) => {
+            let _ = window.ack(index);
+            return;
+        }
+        // Stopped by our shutdown: unacked, so the checkpoint stays below it.
+        Err(ChunkError::Interrupted) => None,
+        Err(ChunkError::Failed(reason)) => Some((false, reason, FailPolicy::default())),
+        Err(ChunkError::Refused(reason, policy)) => Some((false, reason, policy)),
+        Err(ChunkError::Broken(reason)) => Some((true, reason, FailPolicy::default())),
+    };
+    if let Some(first) = first {
+        failure.lock().expect("not poisoned").get_or_insert(first);
+    }
+    window.close();
+}
+
+/// How a partition ended if one of its chunks failed.
+fn failed(failure: &Failure) -> Option<Ended> {
+    Some(match failure.lock().expect("not poisoned").take()? {
+        (true, reason, _) => Ended::Broken(reason),
+        (false, reason, policy) => Ended::Failed(reason, policy),
+    })
 }

@@ -17,13 +17,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tokio::task::JoinSet;
-use tranche_active_store::{FailPolicy, Lease};
+use tranche_active_store::Lease;
 use tranche_control::ChunkSizer;
 use tranche_window::SlidingWindow;
 
-use super::{Ended, PartitionCtx, abort};
+use super::{Ended, Failure, PartitionCtx, abort, failed, settle};
 use crate::held::Hold;
-use crate::job::{Chunk, ChunkError};
+use crate::job::Chunk;
 use crate::work::{Stop, until};
 
 /// The issued chunks' start IDs by sequence number, and where the next one starts.
@@ -71,7 +71,7 @@ impl PartitionCtx {
         let mut permits = crate::control::Permits::new(self.gate.clone());
         let window = SlidingWindow::new(permits.window(&self.settings), 0);
         let sizer = Arc::new(Mutex::new(sizer));
-        let failure: Arc<Mutex<Option<(bool, String, FailPolicy)>>> = Arc::default();
+        let failure = Failure::default();
         let checkpoint = || {
             spans
                 .lock()
@@ -138,39 +138,13 @@ impl PartitionCtx {
                     let started = Instant::now();
                     let r = shared.chunk(&job, c, abort).await;
                     drop(permit);
-                    match r {
-                        Ok(()) => {
-                            sizer
-                                .lock()
-                                .expect("not poisoned")
-                                .observe(to - from + 1, started.elapsed());
-                            let _ = window.ack(seq);
-                        }
-                        Err(ChunkError::Interrupted) => window.close(),
-                        Err(ChunkError::Failed(reason)) => {
-                            failure.lock().expect("not poisoned").get_or_insert((
-                                false,
-                                reason,
-                                FailPolicy::default(),
-                            ));
-                            window.close();
-                        }
-                        Err(ChunkError::Refused(reason, policy)) => {
-                            failure
-                                .lock()
-                                .expect("not poisoned")
-                                .get_or_insert((false, reason, policy));
-                            window.close();
-                        }
-                        Err(ChunkError::Broken(reason)) => {
-                            failure.lock().expect("not poisoned").get_or_insert((
-                                true,
-                                reason,
-                                FailPolicy::default(),
-                            ));
-                            window.close();
-                        }
+                    if r.is_ok() {
+                        sizer
+                            .lock()
+                            .expect("not poisoned")
+                            .observe(to - from + 1, started.elapsed());
                     }
+                    settle(r, seq, &window, &failure);
                 });
             }
         };
@@ -192,10 +166,8 @@ impl PartitionCtx {
         if hold.is_lost() || fenced.load(Relaxed) {
             return (Ended::Lost, done);
         }
-        match failure.lock().expect("not poisoned").take() {
-            Some((true, reason, _)) => return (Ended::Broken(reason), done),
-            Some((false, reason, policy)) => return (Ended::Failed(reason, policy), done),
-            None => {}
+        if let Some(ended) = failed(&failure) {
+            return (ended, done);
         }
         let s = spans.lock().expect("not poisoned");
         if s.next >= end && window.progress() >= s.issued {
