@@ -1,5 +1,6 @@
 //! Codec benchmark: bytes per partition and single-thread encode/decode records/s of
-//! JSON, text v1, binary v2 and binary v2 + zstd, on 1,000,000 records in three sets
+//! JSON, text v1, binary v2, binary v2 + zstd and binary v2 with ranked workers (flag bit
+//! 2, what archive format 2 seals with), on 1,000,000 records in three sets
 //! sealed in batches of 1000:
 //!
 //! - **S**, seed-shaped: 8 workers each taking the next free partition, durations
@@ -63,7 +64,13 @@ static SCALE: std::sync::LazyLock<Scale> = std::sync::LazyLock::new(|| {
     }
 });
 
-const ENCODINGS: [&str; 4] = ["json", "text_v1", "binary_v2", "binary_v2_zstd"];
+const ENCODINGS: [&str; 5] = [
+    "json",
+    "text_v1",
+    "binary_v2",
+    "binary_v2_zstd",
+    "binary_v2_ranks",
+];
 
 /// One generated set.
 #[derive(Clone, Copy)]
@@ -205,6 +212,8 @@ fn measure_set(batches: &[(u64, Vec<CompletedRecord>)], dict: &WorkerDict) -> Ve
         ),
         binary(v2),
         binary(v2_zstd),
+        // Flag bit 2 (workers as ranks), what archive format 2 seals with.
+        binary(v2.with_ranks()),
     ]
 }
 

@@ -65,7 +65,10 @@ pub mod state;
 mod text_v1;
 mod wire;
 
-pub use binary_v2::{BinaryV2Options, SealedBatch, decode_binary_v2, encode_binary_v2};
+pub use binary_v2::{
+    BinaryV2Options, SealedBatch, decode_binary_v2, encode_binary_v2, restore_binary_v2_header,
+    strip_binary_v2_header,
+};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use dict::{WorkerDict, WorkerEntry};
 pub use error::Error;

@@ -8,7 +8,9 @@
 //! ```
 //!
 //! Flags: bit 0 the payload is zstd-compressed, bit 1 every time and duration is a
-//! whole second and the payload stores seconds. Records are stored in pid order.
+//! whole second and the payload stores seconds, bit 2 the workers column holds ranks
+//! (below). Records are stored in pid order. Bit 2 is written only when
+//! [`BinaryV2Options::with_ranks`] asks for it: decoders before it refuse the flag.
 //!
 //! - **pids**: mode byte. 0: the batch is full, every pid is implied by its position.
 //!   1: a presence bitmap of `batch_size` bits. 2: a column of gaps between offsets.
@@ -18,6 +20,16 @@
 //!   range's end and the span.
 //! - **workers**: the batch's palette of dictionary indices (count, first, gaps), then a
 //!   column of palette positions.
+//!
+//! Flag bit 2 (palettes of at most 16) changes two sections. **ranges**: the model
+//! writes `span`, then `a` as the zigzag difference from the seed plan's
+//! `(first_pid - 1) * (span + 1) + 1`. **workers**: the palette lists the dictionary
+//! indices in the order the workers first appear in the batch (count, then each
+//! index), and the column holds ranks: a worker takes the next partition when it
+//! finishes its last, so the candidates for a record are the next palette entry not
+//! seen yet (while there is one), then the workers seen so far by their last completion
+//! time (ties by position), and a record's rank is its worker's place in that order:
+//! mostly 0.
 //! - **durations**: a column.
 //! - **starts** (`completed_at - duration`): a worker completes partitions in turn, so a
 //!   partition's start is predicted by its worker's previous completion in the batch; the
@@ -34,11 +46,21 @@ use crate::keys::{DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE};
 use crate::wire::{Reader, add_zigzag, get_column, put_column, put_varint, zigzag_diff};
 use crate::{CompletedRecord, Error, WorkerDict};
 
+mod header;
+mod ranks;
+
+pub use header::{restore_binary_v2_header, strip_binary_v2_header};
+use ranks::{Ranker, put_ranked_workers};
+
 const MAGIC: [u8; 4] = *b"TRCB";
 const VERSION: u8 = 2;
 const FLAG_ZSTD: u8 = 1;
 const FLAG_SECONDS: u8 = 2;
-const KNOWN_FLAGS: u8 = FLAG_ZSTD | FLAG_SECONDS;
+const FLAG_RANKS: u8 = 4;
+const KNOWN_FLAGS: u8 = FLAG_ZSTD | FLAG_SECONDS | FLAG_RANKS;
+/// The largest palette whose workers column may hold ranks: ranking costs the decoder
+/// a sort of the palette per record.
+const MAX_RANKED_PALETTE: usize = 16;
 
 const TIME_OVERFLOW: &str = "time beyond u64::MAX milliseconds";
 const UNUSED_PALETTE_ENTRY: &str = "worker palette entry without a record";
@@ -54,6 +76,7 @@ const RANGES_COLUMNS: u8 = 1;
 pub struct BinaryV2Options {
     batch_size: u64,
     zstd_level: Option<i32>,
+    ranks: bool,
 }
 
 impl Default for BinaryV2Options {
@@ -62,6 +85,7 @@ impl Default for BinaryV2Options {
         BinaryV2Options {
             batch_size: DEFAULT_BATCH_SIZE,
             zstd_level: None,
+            ranks: false,
         }
     }
 }
@@ -75,6 +99,7 @@ impl BinaryV2Options {
         Ok(BinaryV2Options {
             batch_size,
             zstd_level: None,
+            ranks: false,
         })
     }
 
@@ -83,6 +108,19 @@ impl BinaryV2Options {
     pub const fn with_zstd(mut self, level: i32) -> Self {
         self.zstd_level = Some(level);
         self
+    }
+
+    /// Also try the workers column as ranks (flag bit 2, see the module docs), keeping
+    /// it only when it is smaller. Decoders before the flag refuse such batches: ask for
+    /// it only where every reader knows it (archive format 2).
+    pub const fn with_ranks(mut self) -> Self {
+        self.ranks = true;
+        self
+    }
+
+    /// Whether ranks are tried.
+    pub const fn ranks(&self) -> bool {
+        self.ranks
     }
 
     /// Pids per batch.
@@ -162,11 +200,36 @@ pub fn encode_binary_v2(
         .all(|r| r.completed_at_ms % 1000 == 0 && r.duration_ms % 1000 == 0);
     let mut raw = Vec::with_capacity(64 + 2 * n);
     put_pids(&mut raw, &offsets, batch_size);
-    put_ranges(&mut raw, &sorted, &offsets);
-    let local = put_workers(&mut raw, &workers);
-    put_times(&mut raw, &sorted, &local, if seconds { 1000 } else { 1 });
+    let unit = if seconds { 1000 } else { 1 };
+    let completed: Vec<u64> = sorted.iter().map(|r| r.completed_at_ms / unit).collect();
+    let mut plain = Vec::new();
+    put_ranges(&mut plain, &sorted, &offsets, None);
+    let plain_workers = put_workers(&mut plain, &workers);
+    let ranked = options
+        .ranks
+        .then(|| {
+            let mut out = Vec::new();
+            put_ranges(&mut out, &sorted, &offsets, Some(first_pid));
+            put_ranked_workers(&mut out, &workers, &completed).map(|local| (out, local))
+        })
+        .flatten()
+        .filter(|(out, _)| out.len() < plain.len());
+    let local = match &ranked {
+        Some((out, local)) => {
+            raw.extend_from_slice(out);
+            local.clone()
+        }
+        None => {
+            raw.extend_from_slice(&plain);
+            plain_workers
+        }
+    };
+    put_times(&mut raw, &sorted, &local, unit);
 
     let mut flags = if seconds { FLAG_SECONDS } else { 0 };
+    if ranked.is_some() {
+        flags |= FLAG_RANKS;
+    }
     let mut raw_len = None;
     let mut payload = raw;
     if let Some(level) = options.zstd_level {
@@ -241,7 +304,23 @@ impl RangeModel {
     }
 }
 
-fn put_ranges(out: &mut Vec<u8>, records: &[&CompletedRecord], offsets: &[u64]) {
+/// The seed plan's first ID of batch pid `first_pid` for ranges of `span + 1` IDs:
+/// what flag bit 2 predicts the range model's `a` by (wrapping, like the model).
+fn predicted_a(first_pid: u64, span: u64) -> u64 {
+    first_pid
+        .wrapping_sub(1)
+        .wrapping_mul(span.wrapping_add(1))
+        .wrapping_add(1)
+}
+
+/// Writes the ranges section; with `predict` (the batch's first pid, flag bit 2) the
+/// model's `a` is written after `span`, as its difference from [`predicted_a`].
+fn put_ranges(
+    out: &mut Vec<u8>,
+    records: &[&CompletedRecord],
+    offsets: &[u64],
+    predict: Option<u64>,
+) {
     let n = records.len();
     let span = |r: &CompletedRecord| r.max_id.wrapping_sub(r.min_id);
     let fits = |m: RangeModel, i: usize| {
@@ -267,8 +346,19 @@ fn put_ranges(out: &mut Vec<u8>, records: &[&CompletedRecord], offsets: &[u64]) 
     let (misses, model) = best.unwrap_or((0, RangeModel { a: 0, span: 0 }));
 
     let mut modelled = vec![RANGES_MODEL];
-    put_varint(&mut modelled, model.a);
-    put_varint(&mut modelled, model.span);
+    match predict {
+        None => {
+            put_varint(&mut modelled, model.a);
+            put_varint(&mut modelled, model.span);
+        }
+        Some(first_pid) => {
+            put_varint(&mut modelled, model.span);
+            put_varint(
+                &mut modelled,
+                zigzag_diff(model.a, predicted_a(first_pid, model.span)),
+            );
+        }
+    }
     put_varint(&mut modelled, misses as u64);
     let mut last = None;
     for i in (0..n).filter(|&i| !fits(model, i)) {
@@ -306,7 +396,8 @@ fn put_ranges(out: &mut Vec<u8>, records: &[&CompletedRecord], offsets: &[u64]) 
     });
 }
 
-/// Writes the palette and the per-record palette positions; returns the positions.
+/// Writes the palette (sorted dictionary indices as gaps) and the per-record palette
+/// positions; returns the positions.
 fn put_workers(out: &mut Vec<u8>, workers: &[u32]) -> Vec<u64> {
     let mut palette = workers.to_vec();
     palette.sort_unstable();
@@ -417,8 +508,17 @@ pub fn decode_binary_v2(bytes: &[u8], dict: &WorkerDict) -> Result<SealedBatch, 
         }
     };
     let unit = if flags & FLAG_SECONDS != 0 { 1000 } else { 1 };
+    let ranked = flags & FLAG_RANKS != 0;
     // count <= batch_size <= 65536.
-    let records = decode_payload(raw, count as usize, batch_size, first_pid, unit, dict)?;
+    let records = decode_payload(
+        raw,
+        count as usize,
+        batch_size,
+        first_pid,
+        unit,
+        ranked,
+        dict,
+    )?;
     Ok(SealedBatch {
         batch_id,
         batch_size,
@@ -432,14 +532,15 @@ fn decode_payload(
     batch_size: u64,
     first_pid: u64,
     unit: u64,
+    ranked: bool,
     dict: &WorkerDict,
 ) -> Result<Vec<CompletedRecord>, Error> {
     let mut r = Reader::new(raw);
     // The last batch of the u64 pid space is cut short at u64::MAX.
     let limit = (u64::MAX - first_pid).saturating_add(1).min(batch_size);
     let offsets = get_pids(&mut r, n, batch_size, limit)?;
-    let ranges = get_ranges(&mut r, n, &offsets)?;
-    let (names, local) = get_workers(&mut r, n, dict)?;
+    let ranges = get_ranges(&mut r, n, &offsets, ranked.then_some(first_pid))?;
+    let (names, local) = get_workers(&mut r, n, dict, ranked)?;
     let mut durations = Vec::new();
     get_column(&mut r, n, &mut durations)?;
     // Every palette entry starts one chain; the rest of the records extend one.
@@ -453,12 +554,19 @@ fn decode_payload(
     }
 
     let mut last_completed: Vec<Option<u64>> = vec![None; names.len()];
+    let mut ranker = Ranker::new(names.len());
     let (mut chained, mut firsts) = (chained.iter(), firsts.iter());
     let mut prev_start = 0u64;
     let mut records = Vec::with_capacity(n);
     for i in 0..n {
         // Positions were checked against the palette, and every column has n values.
-        let w = local[i] as usize;
+        let w = if ranked {
+            ranker
+                .worker_at(local[i] as usize)
+                .ok_or(Error::Corrupt("worker rank"))?
+        } else {
+            local[i] as usize
+        };
         let (predicted, residual) = match last_completed[w] {
             Some(done) => (done, chained.next()),
             None => (prev_start, firsts.next()),
@@ -472,6 +580,7 @@ fn decode_payload(
         let duration = durations[i];
         let completed = start.wrapping_add(duration);
         last_completed[w] = Some(completed);
+        ranker.done(w, completed);
         prev_start = start;
         let (Some(completed_at_ms), Some(duration_ms)) =
             (completed.checked_mul(unit), duration.checked_mul(unit))
@@ -551,12 +660,28 @@ fn get_pids(r: &mut Reader<'_>, n: usize, batch_size: u64, limit: u64) -> Result
 }
 
 /// Reads the ranges section as `(min_id, max_id)` pairs in record order.
-fn get_ranges(r: &mut Reader<'_>, n: usize, offsets: &[u64]) -> Result<Vec<(u64, u64)>, Error> {
+/// With `predict` (flag bit 2: the batch's first pid), the model's `a` follows `span`
+/// as its difference from [`predicted_a`].
+fn get_ranges(
+    r: &mut Reader<'_>,
+    n: usize,
+    offsets: &[u64],
+    predict: Option<u64>,
+) -> Result<Vec<(u64, u64)>, Error> {
     match r.u8()? {
         RANGES_MODEL => {
-            let model = RangeModel {
-                a: r.varint()?,
-                span: r.varint()?,
+            let model = match predict {
+                None => RangeModel {
+                    a: r.varint()?,
+                    span: r.varint()?,
+                },
+                Some(first_pid) => {
+                    let span = r.varint()?;
+                    RangeModel {
+                        a: add_zigzag(predicted_a(first_pid, span), r.varint()?),
+                        span,
+                    }
+                }
             };
             let mut pairs: Vec<(u64, u64)> = offsets
                 .iter()
@@ -603,21 +728,33 @@ fn get_ranges(r: &mut Reader<'_>, n: usize, offsets: &[u64]) -> Result<Vec<(u64,
 }
 
 /// Reads the palette (as worker ids) and the per-record palette positions.
+/// With `ranked` (flag bit 2) the palette is at most 16 distinct indices in order of
+/// first appearance, and the column holds ranks.
 fn get_workers(
     r: &mut Reader<'_>,
     n: usize,
     dict: &WorkerDict,
+    ranked: bool,
 ) -> Result<(Vec<Arc<str>>, Vec<u64>), Error> {
     let palette_len = r.len(n, "worker palette length")?;
-    if (palette_len == 0) != (n == 0) {
+    if (palette_len == 0) != (n == 0) || (ranked && palette_len > MAX_RANKED_PALETTE) {
         return Err(Error::Corrupt("worker palette length"));
     }
     let mut names = Vec::with_capacity(palette_len);
+    let mut indices = Vec::with_capacity(if ranked { palette_len } else { 0 });
     let mut next = 0u64;
     for _ in 0..palette_len {
-        let index = next
-            .checked_add(r.varint()?)
-            .ok_or(Error::Corrupt("worker palette index"))?;
+        let index = if ranked {
+            let index = r.varint()?;
+            if indices.contains(&index) {
+                return Err(Error::Corrupt("worker palette index"));
+            }
+            indices.push(index);
+            index
+        } else {
+            next.checked_add(r.varint()?)
+                .ok_or(Error::Corrupt("worker palette index"))?
+        };
         let entry = u32::try_from(index)
             .ok()
             .and_then(|i| dict.get(i))
