@@ -27,14 +27,16 @@
 //! step as its XADD: the archiver dead-letters a record whose bit is clear, and every
 //! pass here asserts that none was.
 //!
+//! The namespace is raised to the latest archive format (`ArchiveFormat::LATEST`, what
+//! a new namespace gets once planning raises it); `TRANCHE_BENCH_FORMAT=1` measures
+//! format 1, which a namespace keeps until it is raised. `TRANCHE_BENCH_SETS=S` runs
+//! set S alone.
+//!
 //! Set `TRANCHE_BENCH_MAX` to stop earlier (e.g. 1000000). With `TRANCHE_BENCH_SMOKE=1`
 //! the sizes shrink by a hundred (checkpoints 1,000 to 50,000, tier thresholds 1,000
 //! and 5,000): a few seconds, figures not judged, every code path and assert still run.
 //! Output: a table on stdout and JSON at `$TRANCHE_BENCH_OUT` (default
 //! `target/tranche-bench/archive.json`).
-
-#[path = "../../active-store/tests/support/mod.rs"]
-mod support;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -45,11 +47,11 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Map, Value, json};
 use tranche_active_store::RedisConnection;
 use tranche_archive_store::{
-    ArchiveQuery, Archiver, Compaction, Config, Export, Lookup, RedisArchive, Tier,
+    ArchiveFormat, ArchiveQuery, Archiver, Compaction, Config, Export, Lookup, RedisArchive, Tier,
 };
 use tranche_codec::{CompletedRecord, KeySchema, WorkerDict, encode_json, encode_text_v1};
 
-use support::TestRedis;
+use tranche_testkit::TestRedis;
 
 const WORKERS: usize = 8;
 const SEED: u64 = 0x0074_7261_6e63_6865;
@@ -130,6 +132,15 @@ impl Gen {
     }
 }
 
+/// The archive format the bench's namespace is raised to (`TRANCHE_BENCH_FORMAT`).
+fn bench_format() -> ArchiveFormat {
+    std::env::var("TRANCHE_BENCH_FORMAT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .and_then(ArchiveFormat::from_number)
+        .unwrap_or(ArchiveFormat::LATEST)
+}
+
 fn used_memory(server: &TestRedis) -> u64 {
     let info = server.cli(&["INFO", "memory"]);
     info.lines()
@@ -141,7 +152,7 @@ fn used_memory(server: &TestRedis) -> u64 {
 /// `MEMORY USAGE` summed by key kind (the key with digits blanked out).
 fn print_breakdown(server: &TestRedis) {
     let keys: Vec<String> = server.query(redis::cmd("KEYS").arg("*"));
-    let mut kinds: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+    let mut kinds: std::collections::BTreeMap<String, (u64, u64, u64)> = Default::default();
     for k in keys {
         let used: u64 = server.query(
             redis::cmd("MEMORY")
@@ -154,12 +165,40 @@ fn print_breakdown(server: &TestRedis) {
             .chars()
             .map(|c| if c.is_ascii_digit() { '#' } else { c })
             .collect();
+        // A string's own length beside what Redis allocates for it.
+        let len: u64 = if kind.contains(":completed:seg:") || kind.ends_with("archived") {
+            server.query(redis::cmd("STRLEN").arg(&k))
+        } else {
+            0
+        };
         let e = kinds.entry(kind).or_default();
         e.0 += 1;
         e.1 += used;
+        e.2 += len;
     }
-    for (kind, (n, bytes)) in kinds {
-        println!("  {kind:<40} {n:>8} keys {bytes:>12} bytes");
+    for (kind, (n, bytes, len)) in kinds {
+        let strlen = if len > 0 {
+            format!(" (string length {:.0} a key)", len as f64 / n as f64)
+        } else {
+            String::new()
+        };
+        println!("  {kind:<40} {n:>8} keys {bytes:>12} bytes{strlen}");
+    }
+    // Where memory goes beside the keys: dictionaries, clients, scripts.
+    for line in server.cli(&["INFO", "memory"]).lines() {
+        if [
+            "used_memory:",
+            "used_memory_overhead:",
+            "used_memory_dataset:",
+            "used_memory_scripts:",
+            "mem_clients_normal:",
+            "used_memory_startup:",
+        ]
+        .iter()
+        .any(|p| line.starts_with(p))
+        {
+            println!("  {line}");
+        }
     }
     for line in server.cli(&["INFO", "commandstats"]).lines() {
         if line.starts_with("cmdstat_") {
@@ -250,6 +289,7 @@ async fn run_set(millis: bool, max: u64, scale: Scale) -> SetResult {
     };
     let schema = config.schema().unwrap();
     let archive = RedisArchive::new(conn.clone(), config).unwrap();
+    archive.raise_format(bench_format()).await.unwrap();
     let base = used_memory(&server);
     let mut source = Gen::new(millis);
     let mut all_done = 0u64;
@@ -402,8 +442,13 @@ async fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(u64::MAX);
     let scale = Scale::from_env();
+    println!("archive format {}", bench_format().number());
     let s = run_set(false, max, scale).await;
-    let m = run_set(true, max, scale).await;
+    let m = if std::env::var("TRANCHE_BENCH_SETS").is_ok_and(|v| v == "S") {
+        None
+    } else {
+        Some(run_set(true, max, scale).await)
+    };
     // The seed's table: 100K simple ~ 20 MB, 500K compressed ~ 15 MB, 5M summary ~ 30 MB.
     let seed_table = [
         (100_000u64, 200.0),
@@ -420,22 +465,27 @@ async fn main() {
             .iter()
             .find(|(c, _)| c == count)
             .map_or(0.0, |t| t.1);
+        let m_b = m
+            .as_ref()
+            .map_or_else(|| "-".to_owned(), |m| format!("{:.2}", m.bytes[i].1));
         println!(
-            "{count:>10} {s_b:>10.2} {:>10.2} {:>12.2} {table:>14.1}",
-            m.bytes[i].1, s.seed_text[i].1
+            "{count:>10} {s_b:>10.2} {m_b:>10} {:>12.2} {table:>14.1}",
+            s.seed_text[i].1
         );
     }
     for (tier, p99) in &s.get_p99 {
         println!("get p99 {tier:>10}: {p99:.3} ms (seed table: 0.5 / 3 / 5 ms)");
     }
     println!(
-        "archiver: {:.0} records/s (S), {:.0} (M)",
-        s.records_per_s, m.records_per_s
+        "archiver: {:.0} records/s, CPU per record: Redis {:.2} µs, client {:.2} µs (S)",
+        s.records_per_s, s.redis_cpu_us, s.client_cpu_us
     );
-    println!(
-        "archiver CPU per record: Redis {:.2} µs, client {:.2} µs (S); {:.2}, {:.2} (M)",
-        s.redis_cpu_us, s.client_cpu_us, m.redis_cpu_us, m.client_cpu_us
-    );
+    if let Some(m) = &m {
+        println!(
+            "archiver: {:.0} records/s, CPU per record: Redis {:.2} µs, client {:.2} µs (M)",
+            m.records_per_s, m.redis_cpu_us, m.client_cpu_us
+        );
+    }
     let mut get = Map::new();
     get.insert("active".into(), Value::Null);
     for (tier, p99) in &s.get_p99 {
@@ -450,13 +500,14 @@ async fn main() {
         "archiver_records_per_s": s.records_per_s.round(),
         "archiver_redis_cpu_us_per_record": (s.redis_cpu_us * 100.0).round() / 100.0,
         "archiver_client_cpu_us_per_record": (s.client_cpu_us * 100.0).round() / 100.0,
-        "M": {
+        "archive_format": bench_format().number(),
+        "M": m.as_ref().map(|m| json!({
             "bytes_per_partition": by_count(&m.bytes),
             "seed_text_bytes_per_partition": by_count(&m.seed_text),
             "archiver_records_per_s": m.records_per_s.round(),
             "archiver_redis_cpu_us_per_record": (m.redis_cpu_us * 100.0).round() / 100.0,
             "archiver_client_cpu_us_per_record": (m.client_cpu_us * 100.0).round() / 100.0,
-        },
+        })),
     });
     let path = std::env::var_os("TRANCHE_BENCH_OUT")
         .map(PathBuf::from)

@@ -83,6 +83,25 @@ end
 -- found it (an existing bitmap may be longer, with zeros).
 -- (4 values per record: MAX_SCRIPT_RECORDS keeps them under Lua's 8000 for unpack.)
 local ops, no = {}, 0
+-- Past 64 KB the bitmap is grown here, to just under a jemalloc size class (four per
+-- power of two; a string of 64 KB or more has 10 bytes of sds header and NUL), by one
+-- SET of the old bits and zeros: Redis would grow it itself by doubling, and a bitmap
+-- of 5 million pids (625 KB) then holds 1.25 MB. Its zero tail reads as clear bits.
+local top = -1
+for i = 1, n do top = math.max(top, tonumber(ARGV[4 * i - 1])) end
+for _, f in ipairs(fields) do top = math.max(top, f[1] + f[2] - 1) end
+local need = math.floor(top / 8) + 1
+if need >= 65536 then
+  local len = redis.call('STRLEN', KEYS[1])
+  if need > len then
+    local step = 1
+    while step * 2 <= need + 10 do step = step * 2 end
+    step = step / 4
+    local size = math.ceil((need + 10) / step) * step - 10
+    local old = redis.call('GET', KEYS[1]) or ''
+    redis.call('SET', KEYS[1], old .. string.rep('\0', size - #old))
+  end
+end
 for i = 1, n do
   ops[no + 1], ops[no + 2], ops[no + 3], ops[no + 4] = 'SET', 'u1', ARGV[4 * i - 1], 1
   no = no + 4

@@ -27,6 +27,9 @@
 //! joined into one segment string (`…:completed:seg:K`): a Redis key costs about as
 //! much as a sealed batch of 100 records, so the archive keeps one key per thousand
 //! pids, not per hundred; a joined segment expires when its last batch would have.
+//! How batches and segments are encoded follows the namespace's [`ArchiveFormat`]
+//! (`{ns}:meta` `archive_format`), which only [`RedisArchive::raise_format`] raises:
+//! every reader reads every format, so a rolling upgrade raises it last.
 //! The worker
 //! dictionary (`{ns}:dict`) grows by compare-and-set, so every archiver agrees on it.
 //! A batch that fails to decode answers [`Lookup::Undecodable`] and counts in
@@ -80,7 +83,8 @@ pub use dump::{Dump, DumpBatch};
 pub use error::{Error, Result};
 pub use memory::MemoryArchive;
 pub use model::{
-    ArchivePass, Config, DeadLetter, Lookup, RangePage, Redrive, STATS_DAMAGED, Stall, Tier,
+    ARCHIVE_DAMAGED, ArchiveDamage, ArchiveFormat, ArchivePass, Config, DeadLetter, Lookup,
+    RangePage, Redrive, STATS_DAMAGED, Stall, Tier,
 };
 pub use redis_store::RedisArchive;
 #[cfg(feature = "testing")]

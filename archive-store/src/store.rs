@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use crate::Result;
 use crate::dump::Dump;
-use crate::model::{ArchivePass, DeadLetter, Lookup, RangePage, Redrive, Stall};
+use crate::model::{ArchiveDamage, ArchivePass, DeadLetter, Lookup, RangePage, Redrive, Stall};
 use crate::snapshots::{Publisher, Snapshots};
 
 /// Drains the shards' inboxes into the archive.
@@ -56,6 +56,36 @@ pub trait Archiver: Send + Sync {
     ///
     /// [`Repaired::unreadable`]: tranche_stats::Repaired::unreadable
     async fn repair_stats(&self, shard: u32) -> Result<tranche_stats::Repaired>;
+
+    /// Sets one damaged archived value aside, exactly as it was, in its shard's
+    /// quarantine (`{ns:s}:archive:quarantine` on Redis: field the pid, or
+    /// `batch:N` for a sealed batch, `@ms` added if taken), and removes it: its
+    /// records were counted when archived and stay counted (their archived bits and
+    /// completed-index bits still say done), the rest of its batch stays readable, and
+    /// a lookup of them answers [`ARCHIVE_DAMAGED`](crate::ARCHIVE_DAMAGED) from then
+    /// on. Returns how many archived records were lost with it, or `None` when it is
+    /// not repaired here (a segment, which holds other batches whole: it stays, named
+    /// by `check`). A value that changed or went since it was read is left alone
+    /// (`Some(0)`). A backend that never stores undecodable values has nothing to do.
+    async fn repair_damage(&self, damage: &ArchiveDamage) -> Result<Option<u64>> {
+        let _ = damage;
+        Ok(Some(0))
+    }
+
+    /// Verifies the next slice of the archive (a bounded number of batches, going
+    /// round the shards from where the last call stopped) and records what does not
+    /// decode where [`ArchiveQuery::damaged`] reads it, so damage no reader meets
+    /// still shows. [`run`] calls it after each sweep. Returns the damage found.
+    async fn scrub(&self) -> Result<Vec<ArchiveDamage>> {
+        Ok(Vec::new())
+    }
+
+    /// Replaces the record of damage with `found`, what a read of the whole archive
+    /// just met (`tranche check`), so damage repaired or gone since stops showing.
+    async fn note_damage(&self, found: &[ArchiveDamage]) -> Result<()> {
+        let _ = found;
+        Ok(())
+    }
 }
 
 /// Reads the archive.
@@ -90,6 +120,18 @@ pub trait ArchiveQuery: Send + Sync {
     /// (`entries == 0`) while records are left.
     async fn stalled(&self) -> Result<Vec<Stall>> {
         Ok(Vec::new())
+    }
+
+    /// The damaged archived values reads, scrubs and `check` met and no repair has set
+    /// aside yet (one read on Redis, `{ns}:archive:damaged`): what `health` polls.
+    async fn damaged(&self) -> Result<Vec<ArchiveDamage>> {
+        Ok(Vec::new())
+    }
+
+    /// Archived records lost to damage: set aside by
+    /// [`Archiver::repair_damage`] and counted in the statistics still. O(shards).
+    async fn lost_records(&self) -> Result<u64> {
+        Ok(0)
     }
 }
 
@@ -139,6 +181,15 @@ macro_rules! forward {
             async fn repair_stats(&self, shard: u32) -> Result<tranche_stats::Repaired> {
                 (**self).repair_stats(shard).await
             }
+            async fn repair_damage(&self, damage: &ArchiveDamage) -> Result<Option<u64>> {
+                (**self).repair_damage(damage).await
+            }
+            async fn scrub(&self) -> Result<Vec<ArchiveDamage>> {
+                (**self).scrub().await
+            }
+            async fn note_damage(&self, found: &[ArchiveDamage]) -> Result<()> {
+                (**self).note_damage(found).await
+            }
         }
 
         #[async_trait]
@@ -168,6 +219,12 @@ macro_rules! forward {
             async fn stalled(&self) -> Result<Vec<Stall>> {
                 (**self).stalled().await
             }
+            async fn damaged(&self) -> Result<Vec<ArchiveDamage>> {
+                (**self).damaged().await
+            }
+            async fn lost_records(&self) -> Result<u64> {
+                (**self).lost_records().await
+            }
         }
     )*};
 }
@@ -185,6 +242,7 @@ const IDLE_POLL: Duration = Duration::from_millis(50);
 /// 50 ms, so a completion is archived soon and an idle archiver costs one small read
 /// per poll whatever the shard count. A failed pass is logged and retried after a
 /// second (a failed sweep is retried as a sweep); the loop never gives up on its own.
+/// After each sweep it scrubs the next slice of the archive ([`Archiver::scrub`]).
 /// A shard stalled on its own state (see [`ArchivePass::stalled`]) does not fail the
 /// pass: the backend logs it once, woken passes leave it alone and every sweep tries
 /// it again, so it resumes by itself once repaired.
@@ -217,6 +275,14 @@ pub async fn run<A: Archiver + ?Sized>(
             let pass = archiver.archive_once().await;
             if pass.is_ok() {
                 last_sweep = Some(started);
+                match archiver.scrub().await {
+                    Ok(found) => {
+                        for d in &found {
+                            tracing::warn!(damage = %d, "archived value damaged; `tranche check --repair` sets it aside");
+                        }
+                    }
+                    Err(err) => tracing::warn!(%err, "archive scrub failed"),
+                }
             }
             pass
         } else {
@@ -271,6 +337,7 @@ where
             return Ok(RangePage {
                 records,
                 next: Some(pid),
+                damaged: Vec::new(),
             });
         }
         if let Lookup::Archived { record, .. } = lookup(pid).await? {
@@ -284,5 +351,6 @@ where
     Ok(RangePage {
         records,
         next: None,
+        damaged: Vec::new(),
     })
 }

@@ -76,15 +76,36 @@ where
         Ok(joined)
     }
 
-    /// Every record of `batch` still held, and the highest tier they live in.
-    /// `segment` caches the last segment read (with its PTTL): export reads a shard's
-    /// batches in id order, so each segment is read once.
+    /// Every record of `batch` still held, and the highest tier they live in; an error
+    /// names the first stored value of it that does not decode (export: a dump must be
+    /// complete, or not be). `segment` caches the last segment read (with its PTTL):
+    /// export reads a shard's batches in id order, so each segment is read once.
     pub(super) async fn batch_records(
         &self,
         batch: u64,
         segment: &mut Option<(SegmentRef, SegmentRead)>,
     ) -> Result<Option<DumpBatch>> {
-        let keys = &self.keys[self.schema.shard_of_batch(batch) as usize];
+        let (held, damage) = self.batch_read(batch, segment).await?;
+        match damage.into_iter().next() {
+            None => Ok(held),
+            Some(d) => Err(Error::Corrupt {
+                key: d.location(),
+                detail: d.detail,
+            }),
+        }
+    }
+
+    /// Every record of `batch` that decodes, the highest tier they live in, and every
+    /// stored value of the batch that does not (a record of the simple tier or of its
+    /// open hash, its sealed string, or its slot of a segment), each on its own: one
+    /// damaged value never hides the others. `segment` as for [`Self::batch_records`].
+    pub(super) async fn batch_read(
+        &self,
+        batch: u64,
+        segment: &mut Option<(SegmentRef, SegmentRead)>,
+    ) -> Result<(Option<DumpBatch>, Vec<ArchiveDamage>)> {
+        let shard = self.schema.shard_of_batch(batch);
+        let keys = &self.keys[shard as usize];
         let first = batch * self.schema.batch_size();
         let pids: Vec<u64> = (first..first + self.schema.batch_size()).collect();
         let open_key = open_batch_key(&self.schema, batch);
@@ -117,18 +138,35 @@ where
         if let Some(read) = joined {
             *segment = Some((seg, read));
         }
-        let corrupt = |key: &str, e: tranche_codec::Error| Error::Corrupt {
-            key: key.to_owned(),
-            detail: e.to_string(),
+        let mut damage = Vec::new();
+        let mut bad = |key: &str, field: Option<String>, detail: String| {
+            damage.push(ArchiveDamage {
+                shard,
+                key: key.to_owned(),
+                field,
+                batch,
+                detail,
+            })
         };
         let mut tier = Tier::Simple;
         let mut records = Vec::new();
-        for json in simple.into_iter().flatten() {
-            records.push(decode_json(&json).map_err(|e| corrupt(&keys.completed, e))?);
+        for (pid, json) in pids.iter().zip(simple) {
+            let Some(json) = json else { continue };
+            match decode_stored_json(&json) {
+                Ok(r) => records.push(r),
+                Err(e) => bad(&keys.completed, Some(pid.to_string()), e),
+            }
         }
-        for (_, json) in &open {
+        for (field, json) in &open {
             tier = Tier::Compressed;
-            records.push(decode_json(json).map_err(|e| corrupt(&open_key, e))?);
+            match decode_stored_json(json) {
+                Ok(r) => records.push(r),
+                Err(e) => bad(
+                    &open_key,
+                    Some(String::from_utf8_lossy(field).into_owned()),
+                    e,
+                ),
+            }
         }
         if let Some(bytes) = sealed {
             tier = if pttl >= 0 {
@@ -143,45 +181,58 @@ where
                 }
                 other => other,
             };
-            records.extend(decoded.map_err(|e| corrupt(&sealed_key, e))?.records);
+            match decoded {
+                Ok(d) => records.extend(d.records),
+                Err(e) => bad(&sealed_key, None, e.to_string()),
+            }
         } else if let Some((_, (Some(seg_bytes), seg_ttl))) = segment.as_ref() {
-            let blob = segment::slot_of(seg_bytes, slot).map_err(|detail| Error::Corrupt {
-                key: seg_key.clone(),
-                detail,
-            })?;
-            if let Some(blob) = blob {
-                tier = if *seg_ttl >= 0 {
-                    Tier::Summary
-                } else {
-                    Tier::Compressed
-                };
-                let cached = self.dict.read().unwrap_or_else(|p| p.into_inner()).clone();
-                let decoded = match decode_binary_v2(blob, &cached) {
-                    Err(tranche_codec::Error::UnknownWorkerIndex(_)) => {
-                        decode_binary_v2(blob, &*self.load_dict().await?)
+            match segment::slot_of(seg_bytes, slot, batch) {
+                Err(detail) => bad(&seg_key, None, detail),
+                Ok(None) => {}
+                Ok(Some(blob)) => {
+                    tier = if *seg_ttl >= 0 {
+                        Tier::Summary
+                    } else {
+                        Tier::Compressed
+                    };
+                    let cached = self.dict.read().unwrap_or_else(|p| p.into_inner()).clone();
+                    let decoded = match decode_binary_v2(&blob, &cached) {
+                        Err(tranche_codec::Error::UnknownWorkerIndex(_)) => {
+                            decode_binary_v2(&blob, &*self.load_dict().await?)
+                        }
+                        other => other,
+                    };
+                    match decoded {
+                        Ok(d) if d.batch_id != batch => bad(
+                            &seg_key,
+                            None,
+                            format!("slot of batch {batch} holds batch {}", d.batch_id),
+                        ),
+                        Ok(d) => records.extend(d.records),
+                        Err(e) => bad(&seg_key, None, format!("batch {batch}: {e}")),
                     }
-                    other => other,
-                };
-                let decoded = decoded.map_err(|e| corrupt(&seg_key, e))?;
-                if decoded.batch_id != batch {
-                    return Err(Error::Corrupt {
-                        key: seg_key,
-                        detail: format!("slot of batch {batch} holds batch {}", decoded.batch_id),
-                    });
                 }
-                records.extend(decoded.records);
             }
         }
         if records.is_empty() {
-            return Ok(None);
+            return Ok((None, damage));
         }
         records.sort_unstable_by_key(|r| r.pid);
-        Ok(Some(DumpBatch {
-            id: batch,
-            tier,
-            records,
-        }))
+        Ok((
+            Some(DumpBatch {
+                id: batch,
+                tier,
+                records,
+            }),
+            damage,
+        ))
     }
+}
+
+/// A stored seed-JSON record (the simple tier, an open batch), whatever its bytes.
+pub(super) fn decode_stored_json(bytes: &[u8]) -> Result<CompletedRecord, String> {
+    let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
+    decode_json(text).map_err(|e| e.to_string())
 }
 
 #[async_trait]

@@ -44,8 +44,32 @@ where
         }
     }
 
-    pub(super) async fn count_failure(&self, detail: String) -> Result<Lookup> {
-        tracing::warn!(%detail, "archive batch failed to decode");
+    /// Counts a value `get` could not decode in `decode_failures`, records it as damage
+    /// (`key`, `field`), and answers [`Lookup::Undecodable`] saying [`ARCHIVE_DAMAGED`](crate::ARCHIVE_DAMAGED).
+    pub(super) async fn count_failure(
+        &self,
+        pid: u64,
+        key: &str,
+        field: Option<String>,
+        detail: String,
+    ) -> Result<Lookup> {
+        let new = self
+            .record_damage(&[ArchiveDamage {
+                shard: self.schema.shard_of(pid),
+                key: key.to_owned(),
+                field,
+                batch: self.schema.batch_of(pid),
+                detail: detail.clone(),
+            }])
+            .await?;
+        let detail = format!(
+            "{}: {detail}; `tranche check --repair` sets it aside (its statistics stay counted)",
+            crate::ARCHIVE_DAMAGED
+        );
+        if new > 0 {
+            tracing::warn!(%detail, %key, "archived value damaged");
+        }
+        tracing::debug!(%detail, %key, "archived value failed to decode");
         let key = &self.meta_key;
         let _: i64 = retry(&self.conn, |mut c| async move {
             redis::cmd("HINCRBY")
@@ -73,6 +97,7 @@ where
             return Ok(RangePage {
                 records,
                 next: None,
+                damaged: Vec::new(),
             });
         }
         // No batch past the last one any bitmap reaches holds anything.
@@ -82,10 +107,12 @@ where
                 return Ok(RangePage {
                     records,
                     next: None,
+                    damaged: Vec::new(),
                 });
             }
         };
         let mut segments = std::collections::HashMap::new();
+        let mut damaged: Vec<ArchiveDamage> = Vec::new();
         let mut window = self.schema.batch_of(from);
         while window <= last_batch {
             let end = window.saturating_add(WINDOW - 1).min(last_batch);
@@ -93,7 +120,17 @@ where
                 let segment = segments
                     .entry(self.schema.shard_of_batch(batch))
                     .or_insert(None);
-                let Some(held) = self.batch_records(batch, segment).await? else {
+                let (held, damage) = self.batch_read(batch, segment).await?;
+                if !damage.is_empty() {
+                    self.record_damage(&damage).await?;
+                    // A damaged segment is met once per batch of it: named once.
+                    for d in damage {
+                        if !damaged.iter().any(|o| o.key == d.key && o.field == d.field) {
+                            damaged.push(d);
+                        }
+                    }
+                }
+                let Some(held) = held else {
                     continue;
                 };
                 records.extend(
@@ -109,7 +146,11 @@ where
                         (batch < last_batch).then(|| (batch + 1) * self.schema.batch_size())
                     };
                     records.truncate(limit);
-                    return Ok(RangePage { records, next });
+                    return Ok(RangePage {
+                        records,
+                        next,
+                        damaged,
+                    });
                 }
             }
             if end == u64::MAX {
@@ -120,6 +161,7 @@ where
         Ok(RangePage {
             records,
             next: None,
+            damaged,
         })
     }
 
@@ -220,6 +262,7 @@ where
             open_batch_key(&self.schema, batch),
             seg.key(&self.schema),
         );
+        let shard_keys = keys;
         let keys = [
             &keys.index,
             &keys.archived,
@@ -244,48 +287,80 @@ where
                 Lookup::Unknown
             });
         }
+        let field = Some(pid.to_string());
         if let Some(json) = simple {
-            return match decode_json(&json) {
+            return match super::export::decode_stored_json(&json) {
                 Ok(record) => Ok(Lookup::Archived {
                     record,
                     tier: Tier::Simple,
                 }),
                 Err(err) => {
-                    self.count_failure(format!("simple record {pid}: {err}"))
-                        .await
+                    self.count_failure(
+                        pid,
+                        &shard_keys.completed,
+                        field,
+                        format!("simple record {pid}: {err}"),
+                    )
+                    .await
                 }
             };
         }
         if let Some(json) = open {
-            return match decode_json(&json) {
+            return match super::export::decode_stored_json(&json) {
                 Ok(record) => Ok(Lookup::Archived {
                     record,
                     tier: Tier::Compressed,
                 }),
                 Err(err) => {
-                    self.count_failure(format!("open batch record {pid}: {err}"))
-                        .await
+                    self.count_failure(
+                        pid,
+                        &open_key,
+                        field,
+                        format!("open batch record {pid}: {err}"),
+                    )
+                    .await
                 }
             };
         }
-        let (bytes, pttl): (&[u8], i64) = match (&sealed, &segment) {
-            (Some(bytes), _) => (bytes, pttl),
-            (None, Some(seg)) => match segment::slot_of(seg, slot) {
+        let (bytes, pttl): (std::borrow::Cow<'_, [u8]>, i64) = match (&sealed, &segment) {
+            (Some(bytes), _) => (bytes.into(), pttl),
+            (None, Some(seg)) => match segment::slot_of(seg, slot, batch) {
                 Ok(Some(blob)) => (blob, segment_pttl),
                 Ok(None) => {
                     return self
-                        .count_failure(format!("segment of batch {batch} lacks it"))
+                        .count_failure(
+                            pid,
+                            &seg_key,
+                            None,
+                            format!("segment of batch {batch} lacks it"),
+                        )
                         .await;
                 }
                 Err(err) => {
                     return self
-                        .count_failure(format!("segment of batch {batch}: {err}"))
+                        .count_failure(
+                            pid,
+                            &seg_key,
+                            None,
+                            format!("segment of batch {batch}: {err}"),
+                        )
                         .await;
                 }
             },
-            (None, None) => return Ok(Lookup::Expired),
+            (None, None) => {
+                // Gone: expired (summary tier), or set aside as damaged by a repair.
+                return Ok(match self.quarantined(pid).await? {
+                    Some(place) => Lookup::Undecodable {
+                        detail: format!(
+                            "{}: set aside in {place} by a repair (its statistics stay counted)",
+                            crate::ARCHIVE_DAMAGED
+                        ),
+                    },
+                    None => Lookup::Expired,
+                });
+            }
         };
-        match self.decode_sealed(batch, bytes, pid).await {
+        match self.decode_sealed(batch, &bytes, pid).await {
             Ok(Some(record)) => Ok(Lookup::Archived {
                 record,
                 tier: if pttl >= 0 {
@@ -295,10 +370,31 @@ where
                 },
             }),
             Ok(None) => {
-                self.count_failure(format!("batch {batch} lacks pid {pid}"))
-                    .await
+                self.count_failure(
+                    pid,
+                    if sealed.is_some() {
+                        &batch_key
+                    } else {
+                        &seg_key
+                    },
+                    None,
+                    format!("batch {batch} lacks pid {pid}"),
+                )
+                .await
             }
-            Err(detail) => self.count_failure(detail).await,
+            Err(detail) => {
+                self.count_failure(
+                    pid,
+                    if sealed.is_some() {
+                        &batch_key
+                    } else {
+                        &seg_key
+                    },
+                    None,
+                    detail,
+                )
+                .await
+            }
         }
     }
 }
@@ -351,6 +447,14 @@ where
 
     async fn stalled(&self) -> Result<Vec<Stall>> {
         self.read_stalls().await
+    }
+
+    async fn damaged(&self) -> Result<Vec<ArchiveDamage>> {
+        self.read_damage().await
+    }
+
+    async fn lost_records(&self) -> Result<u64> {
+        self.lost_count().await
     }
 
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {

@@ -3,9 +3,11 @@
 
 mod compact;
 mod conn;
+mod damage;
 mod dead;
 mod dict;
 mod export;
+mod format;
 mod lookup;
 mod pass;
 mod seal;
@@ -16,7 +18,7 @@ mod write;
 
 use std::collections::HashSet;
 use std::ops::RangeInclusive;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -38,7 +40,9 @@ use tranche_stats::{Repaired, StatsDelta, StatsStore};
 use write::{Item, chunks_by_batch};
 
 use crate::dump::{Dump, DumpBatch};
-use crate::model::{ArchivePass, Config, Lookup, RangePage, Stall, Tier, stall_reason};
+use crate::model::{
+    ArchiveDamage, ArchivePass, Config, Lookup, RangePage, Stall, Tier, stall_reason,
+};
 use crate::segment::{self, SEGMENT_BATCHES, SegmentRef};
 use crate::store::{ArchiveQuery, Archiver, Compaction, Export, Import};
 use crate::{Error, Result};
@@ -69,6 +73,8 @@ static SEAL: LazyLock<Script> = script!("seal");
 static DICT: LazyLock<Script> = script!("dict");
 static MOVE: LazyLock<Script> = script!("move");
 static JOIN: LazyLock<Script> = script!("join");
+static QUARANTINE: LazyLock<Script> = script!("quarantine");
+static FORMAT: LazyLock<Script> = script!("format");
 
 /// Every script with its name, for tests that check each keeps to one slot (feature
 /// `testing`).
@@ -81,6 +87,8 @@ pub fn scripts() -> Vec<(&'static str, &'static Script)> {
         ("dict", &DICT),
         ("move", &MOVE),
         ("join", &JOIN),
+        ("quarantine", &QUARANTINE),
+        ("format", &FORMAT),
     ]
 }
 
@@ -103,7 +111,7 @@ const MAX_SCRIPT_RECORDS: usize = 1000;
 /// and `archive:open` (set of open batch ids, for compaction), beside the statistics
 /// keys of `tranche-stats` that `archive.lua` updates in the same step.
 /// Namespace keys: `{ns}:dict` (the worker dictionary) and `{ns}:meta`
-/// (`decode_failures`).
+/// (`decode_failures`, and `archive_format`: see [`ArchiveFormat`](crate::ArchiveFormat)).
 ///
 /// A pass reads every shard's inbox at once and sends a shard's archive calls (up to
 /// 1,000 records each, cut at batch boundaries) together, pipelined
@@ -146,6 +154,9 @@ pub struct RedisArchive<C> {
     archived: AtomicU64,
     /// Whether `archived` was ever counted (a woken pass before any sweep counts).
     counted: AtomicBool,
+    /// The namespace's archive format version as last read (`{ns}:meta`
+    /// `archive_format`, read on every sweep), 0 before the first read: what joins write.
+    format: AtomicU8,
     /// Stamps the statistics deltas (`last_updated`) and stalls.
     clock: Arc<dyn Clock>,
     /// `{ns}:archive:stalled`: shard -> `since_ms reason`.
@@ -154,6 +165,11 @@ pub struct RedisArchive<C> {
     /// what the hash holds): woken passes skip them (a sweep retries them), and a
     /// pass that archives one clears its entry.
     stalled: Mutex<HashSet<u32>>,
+    /// `{ns}:archive:damaged`: `key` or `key field` -> `since_ms detail`, the archived
+    /// values reads found damaged and no repair has set aside yet.
+    damaged_key: String,
+    /// Where the next scrub goes on: (shard, first batch id not verified yet).
+    scrub_at: Mutex<(u32, u64)>,
 }
 
 /// What woken passes know of each shard.
@@ -206,9 +222,9 @@ fn open_batch_key(schema: &KeySchema, batch: u64) -> String {
 type GetReply = (
     i64,
     i64,
-    Option<String>,
     Option<Vec<u8>>,
-    Option<String>,
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
     i64,
     Option<Vec<u8>>,
     i64,
@@ -217,10 +233,11 @@ type GetReply = (
 /// A segment as read: its bytes (none once expired) and its PTTL.
 type SegmentRead = (Option<Vec<u8>>, i64);
 
-/// One batch as read for export: simple JSON per pid, open fields, sealed bytes, PTTL.
+/// One batch as read for export: simple JSON per pid, open fields, sealed bytes, PTTL
+/// (bytes, not text: a damaged value must not fail the read of the others).
 type BatchReply = (
-    Vec<Option<String>>,
-    Vec<(u64, String)>,
+    Vec<Option<Vec<u8>>>,
+    Vec<(Vec<u8>, Vec<u8>)>,
     Option<Vec<u8>>,
     i64,
 );
@@ -248,6 +265,8 @@ where
             dirty_key: schema.dirty(),
             stalled_key: format!("{}:archive:stalled", schema.global_tag()),
             stalled: Mutex::default(),
+            damaged_key: format!("{}:archive:damaged", schema.global_tag()),
+            scrub_at: Mutex::new((0, 0)),
             woken: Mutex::new(Woken {
                 owed: vec![false; schema.num_shards() as usize],
                 full: vec![false; schema.num_shards() as usize],
@@ -255,6 +274,7 @@ where
             }),
             archived: AtomicU64::new(0),
             counted: AtomicBool::new(false),
+            format: AtomicU8::new(0),
             clock: Arc::new(SystemClock),
             dict: RwLock::default(),
             conn,

@@ -70,7 +70,11 @@ where
     }
 
     /// Takes over up to `batch` entries of `shard` that another archiver has held
-    /// unacknowledged for `claim_idle` (it died): XAUTOCLAIM, on sweeps only.
+    /// unacknowledged for `claim_idle` (it died): XAUTOCLAIM, on sweeps only. On a
+    /// shard known stalled, whatever their idle time: whoever held them could not
+    /// archive them either (a `run` that ended on the stall leaves them pending under
+    /// its name), and the archived bits count each record once whoever writes it, so
+    /// the first archiver after the repair drains the shard at once.
     pub(super) async fn take_over(
         &self,
         shard: u32,
@@ -79,7 +83,11 @@ where
         let inbox = &self.keys[shard as usize].inbox;
         let consumer = &self.config.consumer;
         let want = self.config.batch;
-        let idle = self.config.claim_idle.as_millis().min(u64::MAX as u128) as u64;
+        let idle = if self.is_stalled(shard) {
+            0
+        } else {
+            self.config.claim_idle.as_millis().min(u64::MAX as u128) as u64
+        };
         let claimed: StreamAutoClaimReply = retry(&self.conn, |mut c| async move {
             redis::cmd("XAUTOCLAIM")
                 .arg(inbox)
@@ -513,8 +521,10 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     async fn archive_once(&self) -> Result<ArchivePass> {
-        // Learn the stalls other archivers recorded, so a success here clears them.
-        self.read_stalls().await?;
+        // Learn the stalls other archivers recorded, so a success here clears them, and
+        // the namespace's format, as an upgrade may have raised it since the last sweep
+        // (both reads at once, on the multiplexed connection).
+        futures_util::future::try_join(self.read_stalls(), self.format()).await?;
         let archived = self.count_archived().await?;
         let tier = self.config.tier_for(archived);
         // Shards are independent (own keys, own slot, on a cluster often their own
@@ -551,5 +561,17 @@ where
 
     async fn repair_stats(&self, shard: u32) -> Result<Repaired> {
         self.repair_shard_stats(shard).await
+    }
+
+    async fn repair_damage(&self, damage: &ArchiveDamage) -> Result<Option<u64>> {
+        self.repair_one(damage).await
+    }
+
+    async fn scrub(&self) -> Result<Vec<ArchiveDamage>> {
+        self.scrub_slice().await
+    }
+
+    async fn note_damage(&self, found: &[ArchiveDamage]) -> Result<()> {
+        self.replace_damage(found).await
     }
 }

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// A hash field and its value, as bytes (a damaged value must not fail the read).
+type RawField = (Vec<u8>, Vec<u8>);
+
 /// What [`RedisArchive::seal`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Sealing {
@@ -37,7 +40,7 @@ where
             }
         }
         let dict = self.ensure_workers(&workers).await?;
-        let options = BinaryV2Options::new(self.schema.batch_size())?;
+        let options = self.batch_options().await?;
         let mut out = Vec::new();
         let mut recs = Vec::new();
         for ((b, range), _) in runs.iter().zip(full).filter(|(_, f)| **f) {
@@ -62,14 +65,13 @@ where
         let sealed_key = self.schema.completed_batch(batch);
         let ttl = self.ttl_ms(tier);
         for _ in 0..10 {
-            let (fields, old): (Vec<(u64, String)>, Option<Vec<u8>>) =
-                retry(&self.conn, |mut c| {
-                    let mut pipe = redis::pipe();
-                    pipe.cmd("HGETALL").arg(&open_key);
-                    pipe.cmd("GET").arg(&sealed_key);
-                    async move { pipe.query_async(&mut c).await }
-                })
-                .await?;
+            let (fields, old): (Vec<RawField>, Option<Vec<u8>>) = retry(&self.conn, |mut c| {
+                let mut pipe = redis::pipe();
+                pipe.cmd("HGETALL").arg(&open_key);
+                pipe.cmd("GET").arg(&sealed_key);
+                async move { pipe.query_async(&mut c).await }
+            })
+            .await?;
             if fields.is_empty() {
                 let id = batch;
                 let _: i64 = retry(&self.conn, |mut c| async move {
@@ -82,12 +84,28 @@ where
                 .await?;
                 return Ok(Sealing::Nothing);
             }
+            // A damaged record keeps the batch open (readable but for it) until
+            // `check --repair` sets it aside: recorded, never the pass's failure.
             let mut records = Vec::with_capacity(fields.len());
+            let mut damage = Vec::new();
             for (pid, json) in &fields {
-                records.push(decode_json(json).map_err(|e| Error::Corrupt {
-                    key: format!("{open_key} {pid}"),
-                    detail: e.to_string(),
-                })?);
+                match super::export::decode_stored_json(json) {
+                    Ok(r) => records.push(r),
+                    Err(detail) => damage.push(ArchiveDamage {
+                        shard,
+                        key: open_key.clone(),
+                        field: Some(String::from_utf8_lossy(pid).into_owned()),
+                        batch,
+                        detail,
+                    }),
+                }
+            }
+            if !damage.is_empty() {
+                for d in &damage {
+                    tracing::warn!(damage = %d, "open batch not sealed: a record of it is damaged");
+                }
+                self.record_damage(&damage).await?;
+                return Ok(Sealing::Nothing);
             }
             let workers: Vec<&str> = records.iter().map(|r| &*r.worker).collect();
             let dict = self.ensure_workers(&workers).await?;
@@ -95,10 +113,21 @@ where
             if !old.is_empty() {
                 // An earlier seal of a partial batch (compaction): merge it in. If it no
                 // longer decodes, sealing would lose it: leave the batch open.
-                let earlier = decode_binary_v2(&old, &dict).map_err(|e| Error::Corrupt {
-                    key: sealed_key.clone(),
-                    detail: e.to_string(),
-                })?;
+                let earlier = match decode_binary_v2(&old, &dict) {
+                    Ok(earlier) => earlier,
+                    Err(e) => {
+                        let d = ArchiveDamage {
+                            shard,
+                            key: sealed_key.clone(),
+                            field: None,
+                            batch,
+                            detail: e.to_string(),
+                        };
+                        tracing::warn!(damage = %d, "open batch not sealed: its earlier seal is damaged");
+                        self.record_damage(&[d]).await?;
+                        return Ok(Sealing::Nothing);
+                    }
+                };
                 let fresh: HashSet<u64> = records.iter().map(|r| r.pid).collect();
                 records.extend(
                     earlier
@@ -107,7 +136,7 @@ where
                         .filter(|r| !fresh.contains(&r.pid)),
                 );
             }
-            let options = BinaryV2Options::new(self.schema.batch_size())?;
+            let options = self.batch_options().await?;
             let bytes = encode_binary_v2(batch, &records, &dict, &options)?;
             let mut inv = SEAL.prepare_invoke();
             inv.key(&open_key)
@@ -155,6 +184,10 @@ where
     pub(super) async fn join(&self, seg: SegmentRef) -> Result<bool> {
         let keys = &self.keys[seg.shard as usize];
         let batches = seg.batches(&self.schema);
+        let layout = match self.write_format().await? {
+            crate::ArchiveFormat::V1 => 1u8,
+            _ => 2,
+        };
         let mut inv = JOIN.prepare_invoke();
         inv.key(&keys.counters)
             .key(seg.key(&self.schema))
@@ -165,6 +198,7 @@ where
         for &b in &batches {
             inv.arg(u8::from(self.planned(b) > 0));
         }
+        inv.arg(layout).arg(self.schema.batch_size());
         let joined: i64 = retry(&self.conn, |mut c| {
             let inv = &inv;
             async move { inv.invoke_async(&mut c).await }

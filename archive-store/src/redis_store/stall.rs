@@ -105,20 +105,17 @@ where
         let mut unreadable = 0u64;
         let mut segment = None;
         for (batch, n) in fill {
-            match self.batch_records(batch, &mut segment).await {
-                Ok(Some(b)) => {
-                    for r in &b.records {
-                        delta.add(r);
-                    }
-                    unreadable += n.saturating_sub(b.records.len() as u64);
-                }
-                Ok(None) => unreadable += n,
-                Err(Error::Corrupt { key, detail }) => {
-                    tracing::warn!(%key, %detail, batch, "batch unreadable; left out of the rebuild");
-                    unreadable += n;
-                }
-                Err(err) => return Err(err),
+            let (held, damage) = self.batch_read(batch, &mut segment).await?;
+            for d in &damage {
+                tracing::warn!(damage = %d, "archived value unreadable; left out of the rebuild");
             }
+            let read = held.map_or(0, |b| {
+                for r in &b.records {
+                    delta.add(r);
+                }
+                b.records.len() as u64
+            });
+            unreadable += n.saturating_sub(read);
         }
         Ok((delta, unreadable))
     }

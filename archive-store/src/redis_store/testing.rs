@@ -23,15 +23,23 @@ where
         let (target, value) = if own {
             (key, bytes)
         } else if let Some(old) = joined {
-            let mut blobs = segment::blobs(&old).map_err(|detail| Error::Corrupt {
+            let mut blobs = segment::stored_blobs(&old).map_err(|detail| Error::Corrupt {
                 key: seg_key.clone(),
                 detail,
             })?;
             if blobs[slot].is_empty() {
                 return Ok(false);
             }
-            blobs[slot] = bytes;
-            (seg_key, segment::build(&blobs))
+            // The segment keeps its layout: in version 2 the bytes go in headless
+            // when they strip, as they are when they do not (garbage stays garbage).
+            if segment::version(&old) == Some(2) {
+                blobs[slot] = tranche_codec::strip_binary_v2_header(&bytes)
+                    .map_or(bytes, |(_, _, headless)| headless);
+                (seg_key, segment::build_v2(self.schema.batch_size(), &blobs))
+            } else {
+                blobs[slot] = bytes;
+                (seg_key, segment::build(&blobs))
+            }
         } else {
             return Ok(false);
         };

@@ -14,8 +14,8 @@ use crossbeam_channel::Sender;
 use redis::AsyncCommands;
 use tranche_active_store::RedisConnection;
 use tranche_archive_store::{
-    ArchivePass, ArchiveQuery, Archiver, Compaction, Config, Dump, Export, Import, Lookup,
-    MemoryArchive, RedisArchive, SEGMENT_BATCHES, SnapshotPolicy, Snapshots, Tier,
+    ARCHIVE_DAMAGED, ArchivePass, ArchiveQuery, Archiver, Compaction, Config, Dump, Export, Import,
+    Lookup, MemoryArchive, RedisArchive, SEGMENT_BATCHES, SnapshotPolicy, Snapshots, Tier,
 };
 use tranche_codec::{CompletedRecord, KeySchema, encode_json};
 use tranche_stats::{MemoryStats, RedisStats, Stats, StatsStore, diff};
@@ -1575,4 +1575,96 @@ async fn redis_poison_records_go_to_the_dead_letter_stream() {
 #[tokio::test]
 async fn cluster_poison_records_go_to_the_dead_letter_stream() {
     poison_records_go_to_the_dead_letter_stream(Kind::Cluster).await;
+}
+
+/// Issue 22: one damaged sealed batch and one damaged record of an open batch. A range
+/// read answers every other record and names both (and records them where `health`
+/// reads); the scrub finds them too. A repair sets each aside as it was in its
+/// shard's `archive:quarantine`, counting the records lost with it; lookups of those
+/// pids then say so, the statistics still count every record once, and nothing is
+/// left damaged. On Redis and on a cluster (every script on one slot).
+async fn damaged_archived_values_are_found_and_set_aside(kind: Kind, shards: u32) {
+    let h = Harness::with(kind, compressed_config(shards, u64::MAX, Duration::ZERO)).await;
+    let Backend::Redis(_, conn) = &h.backend else {
+        unreachable!()
+    };
+    let mut c = conn.clone();
+    let recs = records(1..=250);
+    h.complete(&recs).await;
+    h.drain().await;
+    h.corrupt(1).await;
+    let open = format!("{}:open", h.schema.completed_batch(2));
+    let _: i64 = c.hset(&open, "210", "not json").await.unwrap();
+
+    let page = h.query.range(1..=250, 1000).await.unwrap();
+    assert_eq!(page.records.len(), 250 - 100 - 1);
+    let mut found = page.damaged.clone();
+    found.sort_by_key(|d| d.batch);
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert_eq!(
+        (found[0].batch, found[0].field.as_deref()),
+        (1, None),
+        "{found:?}"
+    );
+    assert_eq!(found[0].key, h.schema.completed_batch(1));
+    assert_eq!(
+        (found[1].key.as_str(), found[1].field.as_deref()),
+        (open.as_str(), Some("210"))
+    );
+    assert_eq!(h.query.damaged().await.unwrap().len(), 2);
+    // The scrub finds the same, with nobody reading.
+    let mut scrubbed = h.archiver.scrub().await.unwrap();
+    scrubbed.sort_by_key(|d| d.batch);
+    assert_eq!(scrubbed, found);
+
+    // The repair sets each aside, once.
+    assert_eq!(
+        h.archiver.repair_damage(&found[0]).await.unwrap(),
+        Some(100)
+    );
+    assert_eq!(h.archiver.repair_damage(&found[1]).await.unwrap(), Some(1));
+    assert_eq!(h.archiver.repair_damage(&found[0]).await.unwrap(), Some(0));
+    let q1: Vec<(String, Vec<u8>)> = c
+        .hgetall(h.schema.shard_key(found[0].shard, "archive:quarantine"))
+        .await
+        .unwrap();
+    assert!(
+        q1.contains(&("batch:1".to_owned(), b"TRB2 not a batch".to_vec())),
+        "{q1:?}"
+    );
+    let q2: Vec<(String, Vec<u8>)> = c
+        .hgetall(h.schema.shard_key(found[1].shard, "archive:quarantine"))
+        .await
+        .unwrap();
+    assert!(
+        q2.contains(&("210".to_owned(), b"not json".to_vec())),
+        "{q2:?}"
+    );
+    for pid in [150, 210] {
+        match h.get(pid).await {
+            Lookup::Undecodable { detail } => assert!(
+                detail.starts_with(ARCHIVE_DAMAGED) && detail.contains("set aside"),
+                "{detail}"
+            ),
+            other => panic!("{pid}: {other:?}"),
+        }
+    }
+    assert_eq!(h.get(211).await, archived(&recs[210], Tier::Compressed));
+    assert_eq!(h.query.damaged().await.unwrap(), Vec::new());
+    assert_eq!(h.query.lost_records().await.unwrap(), 101);
+    let page = h.query.range(1..=250, 1000).await.unwrap();
+    assert_eq!((page.records.len(), page.damaged.len()), (149, 0));
+    assert!(h.archiver.scrub().await.unwrap().is_empty());
+    // Counted once, still.
+    h.assert_stats(&recs).await;
+}
+
+#[tokio::test]
+async fn redis_damaged_archived_values_are_found_and_set_aside() {
+    damaged_archived_values_are_found_and_set_aside(Kind::Redis, 4).await;
+}
+
+#[tokio::test]
+async fn cluster_damaged_archived_values_are_found_and_set_aside() {
+    damaged_archived_values_are_found_and_set_aside(Kind::Cluster, 4).await;
 }

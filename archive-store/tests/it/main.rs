@@ -1,9 +1,10 @@
 //! Integration tests of tranche-archive-store, in one binary so they link once.
 
-#[path = "../../../active-store/tests/support/mod.rs"]
-mod support;
+use tranche_testkit as support;
 
 mod behaviour;
+mod bitmap;
 mod end_to_end;
+mod format;
 mod scripts;
 mod state;
