@@ -4,13 +4,12 @@
 //!
 //! Writes `target/tranche-bench/active.json` (or `$TRANCHE_BENCH_OUT`). With
 //! `TRANCHE_BENCH_STATS=1` it also prints Redis's `INFO commandstats` and CPU after each
-//! lifecycle cell: Redis CPU per partition is the figure to drive down.
+//! lifecycle cell. Every cell reports Redis CPU per partition (the server's user + system
+//! CPU over the cell, from `INFO cpu`, divided by the partitions done): the figure to
+//! drive down, and on a machine shared with the client a better guide than the rate.
 //!
 //! With `TRANCHE_BENCH_SMOKE=1` each cell runs 1 s and `redis-benchmark` sends 10,000
 //! SETs: a few seconds, figures not judged, every path still run, JSON still written.
-
-#[path = "../tests/support/mod.rs"]
-mod support;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -21,7 +20,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use tranche_active_store::{Config, Leases, Plan, Planner, RedisActiveStore, RedisConnection};
 
-use support::TestRedis;
+use tranche_testkit::TestRedis;
 
 /// Partitions per claim, as the issue sets it.
 const CLAIM_BATCH: usize = 10;
@@ -51,15 +50,19 @@ async fn run() {
     let mut lifecycle = Vec::new();
     let mut latency = (0.0, 0.0);
     for workers in [1usize, 8, 32] {
-        let (rate, p50, p99) = lifecycle_cell(&server, workers).await;
+        let cell = lifecycle_cell(&server, workers).await;
         println!(
-            "lifecycle, {workers:>2} workers: {rate:>9.0} partitions/s  ({:.2}x of SET)  complete p50 {p50:.3} ms  p99 {p99:.3} ms",
-            rate / set_per_s
+            "lifecycle, {workers:>2} workers: {:>9.0} partitions/s  ({:.2}x of SET)  complete p50 {:.3} ms  p99 {:.3} ms  Redis CPU {:.1} us/partition",
+            cell.rate,
+            cell.rate / set_per_s,
+            cell.p50_ms,
+            cell.p99_ms,
+            cell.redis_cpu_us
         );
         if workers == 8 {
-            latency = (p50, p99);
+            latency = (cell.p50_ms, cell.p99_ms);
         }
-        lifecycle.push((workers, rate));
+        lifecycle.push((workers, cell));
     }
     let heartbeat_per_s = heartbeat_cell(&server).await;
     println!(
@@ -70,7 +73,8 @@ async fn run() {
     println!("plan of 5e9 IDs (size 1000): {plan_bytes} bytes of Redis memory");
 
     let json = serde_json::json!({
-        "lifecycle_per_s": lifecycle.iter().map(|(w, r)| (w.to_string(), serde_json::json!(r))).collect::<serde_json::Map<_, _>>(),
+        "lifecycle_per_s": lifecycle.iter().map(|(w, c)| (w.to_string(), serde_json::json!(c.rate))).collect::<serde_json::Map<_, _>>(),
+        "redis_cpu_us_per_partition": lifecycle.iter().map(|(w, c)| (w.to_string(), serde_json::json!(c.redis_cpu_us))).collect::<serde_json::Map<_, _>>(),
         "heartbeat_per_s": heartbeat_per_s,
         "complete_p50_ms": latency.0,
         "complete_p99_ms": latency.1,
@@ -134,9 +138,38 @@ async fn fresh_store(server: &TestRedis, namespace: &str) -> RedisActiveStore {
     store
 }
 
+/// What one lifecycle cell measured.
+struct Cell {
+    /// Partitions claimed and completed per second.
+    rate: f64,
+    /// Completion latency, median and 99th percentile, in ms.
+    p50_ms: f64,
+    p99_ms: f64,
+    /// Redis CPU (user + system) per partition over the cell, in µs.
+    redis_cpu_us: f64,
+}
+
+/// The server's CPU so far (user + system), in seconds, from `INFO cpu`.
+async fn redis_cpu(conn: &mut RedisConnection) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            matches!(key, "used_cpu_user" | "used_cpu_sys")
+                .then(|| value.trim().parse::<f64>().ok())?
+        })
+        .sum()
+}
+
 /// `workers` tasks each claim 10 and complete them one by one, for [`cell()`].
-async fn lifecycle_cell(server: &TestRedis, workers: usize) -> (f64, f64, f64) {
+async fn lifecycle_cell(server: &TestRedis, workers: usize) -> Cell {
     let store = Arc::new(fresh_store(server, &format!("life{workers}")).await);
+    let mut conn = RedisConnection::connect(&server.url()).await.unwrap();
+    let cpu_before = redis_cpu(&mut conn).await;
     let done = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -161,9 +194,10 @@ async fn lifecycle_cell(server: &TestRedis, workers: usize) -> (f64, f64, f64) {
     for t in tasks {
         hist.add(t.await.unwrap()).unwrap();
     }
-    let rate = done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+    let partitions = done.load(Ordering::Relaxed) as f64;
+    let rate = partitions / start.elapsed().as_secs_f64();
+    let redis_cpu_us = (redis_cpu(&mut conn).await - cpu_before) * 1e6 / partitions.max(1.0);
     // Leave the server as we found it for the next cell.
-    let mut conn = RedisConnection::connect(&server.url()).await.unwrap();
     if std::env::var_os("TRANCHE_BENCH_STATS").is_some() {
         let info: String = redis::cmd("INFO")
             .arg("commandstats")
@@ -183,11 +217,12 @@ async fn lifecycle_cell(server: &TestRedis, workers: usize) -> (f64, f64, f64) {
             .unwrap();
     }
     let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
-    (
+    Cell {
         rate,
-        hist.value_at_quantile(0.5) as f64 / 1000.0,
-        hist.value_at_quantile(0.99) as f64 / 1000.0,
-    )
+        p50_ms: hist.value_at_quantile(0.5) as f64 / 1000.0,
+        p99_ms: hist.value_at_quantile(0.99) as f64 / 1000.0,
+        redis_cpu_us,
+    }
 }
 
 /// 32 tasks heartbeat 10 leases each, round and round, for [`cell()`].

@@ -16,17 +16,32 @@
 -- before the first write: a script that errors midway keeps what it wrote (Redis has no
 -- rollback).
 if #ARGV ~= 7 then refuse('argument count', #ARGV) end
-local worker, want = worker_id(ARGV[1], 'worker'), pos(ARGV[2], 'n')
-local now, deadline = ARGV[3], ARGV[4]
-num(now, 'now')
-num(deadline, 'deadline')
-local shard, shards, per_batch = num(ARGV[5], 'shard'), pos(ARGV[6], 'num_shards'), pos(ARGV[7], 'per batch')
+local worker, now, deadline = worker_id(ARGV[1], 'worker'), ARGV[3], ARGV[4]
+-- The six numbers in one match (the common case); when it fails, one by one, which
+-- names the bad one.
+if not (#ARGV[2] <= 15 and #now <= 15 and #deadline <= 15 and #ARGV[5] <= 15
+    and #ARGV[6] <= 15 and #ARGV[7] <= 15 and string.find(ARGV[2] .. ' ' .. now .. ' '
+      .. deadline .. ' ' .. ARGV[5] .. ' ' .. ARGV[6] .. ' ' .. ARGV[7],
+      '^%d+ %d+ %d+ %d+ %d+ %d+$')) then
+  num(ARGV[2], 'n')
+  num(now, 'now')
+  num(deadline, 'deadline')
+  num(ARGV[5], 'shard')
+  num(ARGV[6], 'num_shards')
+  num(ARGV[7], 'per batch')
+end
+local want, shard = tonumber(ARGV[2]), tonumber(ARGV[5])
+local shards, per_batch = tonumber(ARGV[6]), tonumber(ARGV[7])
+if want < 1 then refuse('n', ARGV[2]) end
+if shards < 1 then refuse('num_shards', ARGV[6]) end
+if per_batch < 1 then refuse('per batch', ARGV[7]) end
 if shard >= shards then refuse('shard', ARGV[5]) end
 -- The tokens of a call are reserved up front: a huge n would spend the sequence.
 if want > 100000 then refuse('n', ARGV[2]) end
 -- Arrays are filled through explicit counters: `#t` is a search in Lua 5.1.
-local out, records, scores, got = {}, {}, {}, 0
-local no, nr, ns, reclaimed = 0, 0, 0, 0
+-- `out` is the reply: its first value, the reclaimed count, is filled in at the end.
+local out, records, scores, got = {'0'}, {}, {}, 0
+local no, nr, ns, reclaimed = 1, 0, 0, 0
 local token
 
 local function lease(pid, r)
@@ -45,9 +60,16 @@ local function lease(pid, r)
   got = got + 1
 end
 
+-- The counters first (the statuses a claim moves, and the mark): exact ones that count
+-- no pending record say there is no ready work to look for.
+read_counts(KEYS[7], {'p', 'c'}, true)
+
 -- Ready retries and released partitions first: they are older work. A corrupt record
 -- is refused by name, and nothing changes.
-local ready = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, want)
+local ready = {}
+if not counters[6] or counters[1] > 0 then
+  ready = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, want)
+end
 local decoded, ndecoded = {}, 0
 if #ready > 0 then
   local recs = redis.call('HMGET', KEYS[1], unpack(ready))
@@ -64,7 +86,6 @@ end
 -- does not fill the claim.
 local plans = {}
 if ndecoded < want then plans = read_cursors(KEYS[5], read_plans(KEYS[4])) end
-read_counts(KEYS[7])
 
 -- Fresh tokens for this call, reserved up front: every later call on a lease must
 -- present its token (fencing). Unused ones are simply skipped. Tokens never fall below
@@ -105,26 +126,31 @@ end
 -- A fresh record differs from the next only in its token, so it is one concatenation
 -- (status c, attempt 1, token, deadline, created, claimed, updated, worker, and empty
 -- min/max/progress/error: the client derives the range from the plan).
+-- The pids go straight into the reply after the first fresh token's slot; within a
+-- batch the next pid is the next integer, so `align` runs only at batch boundaries.
 local tail = '|' .. deadline .. '|' .. now .. '|' .. now .. '|' .. now .. '|' .. worker .. '||||'
-local fresh, nf, first_fresh = {}, 0, '0'
+local reclaimed_values = no
+out[no + 1] = '0'
 if got < want then
+  local format = string.format
   for _, plan in ipairs(plans) do
     if got >= want then break end
-    local first, last, at = plan[1], plan[2], plan[3]
+    local last, at = plan[2], plan[3]
     if at <= last then
       at = align(at)
       while got < want and at <= last do
-        local pid = int(at)
+        local pid = format('%d', at)
         token = token + 1
-        local t = int(token)
-        if nf == 0 then first_fresh = t end
+        local t = format('%d', token)
+        if no == reclaimed_values then out[no + 1] = t end
         records[nr + 1], records[nr + 2], nr = pid, 'c|1|' .. t .. tail, nr + 2
         scores[ns + 1], scores[ns + 2], ns = deadline, pid, ns + 2
-        fresh[nf + 1], nf = pid, nf + 1
+        out[no + 2], no = pid, no + 1
         got = got + 1
-        at = align(at + 1)
+        at = at + 1
+        if at % per_batch == 0 then at = align(at) end
       end
-      redis.call('HSET', KEYS[5], int(first), int(at))
+      redis.call('HSET', KEYS[5], plan[5], int(at))
     end
   end
 end
@@ -138,8 +164,5 @@ if got > 0 then
   moved('p', nil, reclaimed)
   count(KEYS[7])
 end
-local reply = {int(reclaimed)}
-for i = 1, no do reply[i + 1] = out[i] end
-reply[no + 2] = first_fresh
-for i = 1, nf do reply[no + 2 + i] = fresh[i] end
-return reply
+out[1] = int(reclaimed)
+return out

@@ -1,59 +1,141 @@
 -- complete: finish any number of leases of one shard in one round trip (group commit).
 -- KEYS[1] active hash   KEYS[2] leases zset   KEYS[3] completed-index bitmap
---      KEYS[4] inbox stream   KEYS[5] status counters hash
+--      KEYS[4] inbox stream   KEYS[5] status counters hash   KEYS[6] splits hash
 -- ARGV per completion: pid, token, bit offset in the index, encoded completed record
--- Reply: per completion, OK, DUPLICATE or LOST.
--- Every argument is checked before the first write (the BITFIELD). Every command
+-- Reply: per completion, OK, DUPLICATE, LOST or PART (2: the owner part of a split
+-- partition is done, its pieces are not, so the partition is not completed).
+-- A split partition (split.lua) with pieces outstanding is not finished by its owner:
+-- the owner part is marked done, its lease ends, and the partition stays, running,
+-- until its last piece completes it (piece_complete.lua). With none outstanding, the
+-- completion is the ordinary one, its record the partition's whole span.
+-- Every argument is checked before the first write (the BITFIELD, or the SET that grows
+-- a large index first). Every command
 -- runs once per call, not once per completion: a batch of 30 costs little more than a
 -- batch of one.
+local PART = 2
 entries(0, 4, true)
 local n = #ARGV / 4
 local pids = {}
 for i = 1, n do
-  pids[i] = id(ARGV[4 * i - 3], 'pid')
-  id(ARGV[4 * i - 2], 'token')
-  id(ARGV[4 * i - 1], 'bit offset')
+  local pid, token, bit = ARGV[4 * i - 3], ARGV[4 * i - 2], ARGV[4 * i - 1]
+  -- The common case in one match: three nonzero IDs of at most 19 digits. Anything else
+  -- (a zero, 20 digits, or a bad one) goes through `id` one by one, which names it.
+  if not (#pid < 20 and #token < 20 and #bit < 20
+      and string.find(pid .. ' ' .. token .. ' ' .. bit, '^[1-9]%d* [1-9]%d* [1-9]%d*$')) then
+    id(pid, 'pid')
+    id(token, 'token')
+    id(bit, 'bit offset')
+  end
+  pids[i] = pid
   -- The inbox entry holds one record per line.
   local rec = ARGV[4 * i]
   if rec == '' or string.find(rec, '\n', 1, true) then refuse('completed record', rec) end
 end
 local recs = redis.call('HMGET', KEYS[1], unpack(pids))
-read_counts(KEYS[5])
+-- Split entries, read only when the shard has any; without them (`ents` false) the
+-- tables that serve split partitions are not built either: every table a call makes
+-- costs about as much as a check.
+local ents = false
+if redis.call('HLEN', KEYS[6]) > 0 then
+  ents = {}
+  local raw = redis.call('HMGET', KEYS[6], unpack(pids))
+  for i = 1, n do
+    if raw[i] then ents[i] = split_decode(KEYS[6], pids[i], raw[i]) end
+  end
+end
 
 -- One BITFIELD for the whole batch: held leases set their bit (and read the old one);
 -- the others only read theirs, to tell a duplicate from a lost lease. A record not held
 -- is checked (off the hot path): a corrupt one is refused, not reported lost.
-local ops, held, no = {}, {}, 0
+local ops, held, no, holding = {}, {}, 0, false
+local partrec, finals = ents and {}, ents and {}
+-- The highest bit a held lease sets, looked at only for offsets of six digits or more:
+-- below 524,280 the bitmap is under 64 KB, and Redis grows it as it always did.
+local top = -1
 for i = 1, n do
   local bit = ARGV[4 * i - 1]
   held[i] = holds(recs[i], ARGV[4 * i - 2])
-  if held[i] then
+  local part = held[i] and ents and ents[i] and ents[i][6] ~= '0'
+  if part then
+    -- The owner part of a partition with pieces outstanding: its bit stays clear.
+    partrec[i] = checked(KEYS[1], pids[i], recs[i])
+    ops[no + 1], ops[no + 2], ops[no + 3] = 'GET', 'u1', bit
+    no = no + 3
+  elseif held[i] then
+    if ents and ents[i] then
+      -- Split, every piece done: the record spans the partition, from its first claim.
+      local at = ms_of(string.match(ARGV[4 * i], '"completed_at":([%d.]+)') or '')
+      if not at then refuse('completed record', ARGV[4 * i]) end
+      finals[i] = finished_record(ents[i], at)
+    end
     ops[no + 1], ops[no + 2], ops[no + 3], ops[no + 4] = 'SET', 'u1', bit, 1
     no = no + 4
+    holding = true
+    if #bit >= 6 and tonumber(bit) > top then top = tonumber(bit) end
   else
     if recs[i] then checked(KEYS[1], pids[i], recs[i]) end
     ops[no + 1], ops[no + 2], ops[no + 3] = 'GET', 'u1', bit
     no = no + 3
   end
 end
+-- The counters of the statuses a completion moves (claimed and running), read and
+-- checked only when a lease is held to its end: otherwise no status moves.
+if holding then read_counts(KEYS[5], {'c', 'r'}) end
+-- Past 64 KB the index is grown here, as archive.lua grows the archived bitmap: to just
+-- under a jemalloc size class (four per power of two; a string of 64 KB or more has 10
+-- bytes of sds header and NUL), by one SET of the old bits and zeros, after every check.
+-- Redis would grow it itself by doubling, and an index of 5 million pids (625 KB) would
+-- then hold 1.25 MB. Its zero tail reads as clear bits. An offset past what BITFIELD
+-- takes (512 MB) is left to BITFIELD, which refuses it before it writes.
+local need = math.floor(top / 8) + 1
+if need >= 65536 and need <= 536870912 then
+  local len = redis.call('STRLEN', KEYS[3])
+  if need > len then
+    local step = 1
+    while step * 2 <= need + 10 do step = step * 2 end
+    step = step / 4
+    local size = math.ceil((need + 10) / step) * step - 10
+    local old = redis.call('GET', KEYS[3]) or ''
+    redis.call('SET', KEYS[3], old .. string.rep('\0', size - #old))
+  end
+end
 local bits = redis.call('BITFIELD', KEYS[3], unpack(ops))
 
 local out, done, records, nd = {}, {}, {}, 0
+local parts, np, split_done, ns = ents and {}, 0, ents and {}, 0
+-- Completions by the status they leave (claimed, running), counted once after the loop.
+local from_c, from_r = 0, 0
 for i = 1, n do
-  if bits[i] == 1 then
+  local e = ents and ents[i]
+  if held[i] and e and e[6] ~= '0' and bits[i] ~= 1 then
+    -- Owner part done: the record stays running with no lease (no token to present).
+    local r = partrec[i]
+    r[3], r[4] = '', ''
+    e[7] = '1'
+    unrequest(e)
+    parts[np + 1], parts[np + 2], np = pids[i], encode(r), np + 2
+    split_done[ns + 1], split_done[ns + 2], ns = pids[i], split_encode(e), ns + 2
+    out[i] = PART
+  elseif bits[i] == 1 then
     -- Idempotency: the index bit is set exactly once per pid, so a retried or late
     -- completion changes nothing and reaches the inbox (and the statistics) only once.
     out[i] = DUPLICATE
   elseif held[i] then
     nd = nd + 1
     done[nd], records[nd] = pids[i], ARGV[4 * i]
-    moved(held[i], nil)
+    if e then
+      records[nd] = finals[i]
+      split_done[ns + 1], split_done[ns + 2], ns = pids[i], nil, ns + 2
+    end
+    if held[i] == 'c' then from_c = from_c + 1 else from_r = from_r + 1 end
     out[i] = OK
   else
     out[i] = LOST
   end
 end
 
+if from_c > 0 then moved('c', nil, from_c) end
+if from_r > 0 then moved('r', nil, from_r) end
 if nd > 0 then
   -- Remove from the hot set, mark done (above) and hand the records to the archiver,
   -- in one atomic step: the inbox stream is durable, so nothing is lost between layers.
@@ -62,5 +144,18 @@ if nd > 0 then
   variadic('ZREM', KEYS[2], done)
   redis.call('XADD', KEYS[4], '*', 'r', table.concat(records, '\n'))
   count(KEYS[5])
+end
+if np > 0 then
+  variadic('HSET', KEYS[1], parts)
+  local gone = {}
+  for i = 1, np, 2 do gone[(i + 1) / 2] = parts[i] end
+  variadic('ZREM', KEYS[2], gone)
+end
+for i = 1, ns, 2 do
+  if split_done[i + 1] then
+    redis.call('HSET', KEYS[6], split_done[i], split_done[i + 1])
+  else
+    redis.call('HDEL', KEYS[6], split_done[i])
+  end
 end
 return out

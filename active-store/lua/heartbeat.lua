@@ -1,28 +1,39 @@
 -- heartbeat: renew leases and store their checkpoints, for any number of leases of one
--- shard in one round trip.
+-- shard in one round trip; a lease whose partition was asked to split is cut here, in
+-- its holder's own call (split.lua).
 -- KEYS[1] active hash   KEYS[2] leases zset   KEYS[3] status counters hash
+--      KEYS[4] splits hash   KEYS[5] pieces hash   KEYS[6] piece_pending zset
 -- ARGV[1] now ms   ARGV[2] new deadline ms, then per lease: pid, token, progress
---      (progress empty: keep the stored checkpoint)
--- Reply: per lease, OK or LOST.
+--      (progress empty: keep the stored checkpoint), next (the first ID the holder has
+--      not handed out; empty: the holder does not split, and no cut is made)
+-- Reply: per lease, '1' (renewed), '-1' (lost) or '=' and the lease's new last ID (renewed
+-- and cut: every ID after it is a pending piece now).
 -- A checkpoint never moves backwards: a beat carrying an older one than the record holds
 -- (beats reordered or retried) keeps the newer one, and still renews the lease.
-entries(2, 3, true)
+entries(2, 4, true)
 local now, deadline = ARGV[1], ARGV[2]
 num(now, 'now')
 num(deadline, 'deadline')
-local pids, n = {}, 0
-for i = 3, #ARGV, 3 do
+local pids, n, splitting = {}, 0, false
+for i = 3, #ARGV, 4 do
   n = n + 1
   pids[n] = id(ARGV[i], 'pid')
   id(ARGV[i + 1], 'token')
   opt_id(ARGV[i + 2], 'progress')
+  if opt_id(ARGV[i + 3], 'next') ~= '' then splitting = true end
 end
 local recs = redis.call('HMGET', KEYS[1], unpack(pids))
+-- Split entries are read only when a holder that splits beats on a shard that has any.
+local ents = {}
+if splitting and redis.call('HLEN', KEYS[4]) > 0 then
+  ents = redis.call('HMGET', KEYS[4], unpack(pids))
+end
 -- Every record is decoded and checked before the first write.
 local seen, moving = {}, false
 local out, records, scores, nr = {}, {}, {}, 0
+local entries_out, pieces, pending, ne, np = {}, {}, {}, 0, 0
 for i = 1, n do
-  local pid, token, progress = pids[i], ARGV[3 * i + 1], ARGV[3 * i + 2]
+  local pid, token, progress, next = pids[i], ARGV[4 * i], ARGV[4 * i + 1], ARGV[4 * i + 2]
   -- A pid named twice meets the record as the first mention left it.
   local r = seen[pid] or (recs[i] and checked(KEYS[1], pid, recs[i]))
   if r then seen[pid] = r end
@@ -35,12 +46,26 @@ for i = 1, n do
     r[4] = deadline
     r[7] = now
     r[11] = later(r[11], progress)
+    out[i] = '1'
+    if ents[i] and not seen[pid .. ':split'] then
+      seen[pid .. ':split'] = true
+      local e = split_decode(KEYS[4], pid, ents[i])
+      if e[1] == 'o' and next ~= '' then
+        local cuts = cut(e, 'o', r, r[10] ~= '' and r[10] or e[10], next, now)
+        for _, c in ipairs(cuts) do
+          pieces[np + 1], pieces[np + 2] = pid .. ':' .. c[1], encode(c[2])
+          pending[np + 1], pending[np + 2] = now, pid .. ':' .. c[1]
+          np = np + 2
+          out[i] = '=' .. r[10]
+        end
+        entries_out[ne + 1], entries_out[ne + 2], ne = pid, split_encode(e), ne + 2
+      end
+    end
     records[nr + 1], records[nr + 2] = pid, encode(r)
     scores[nr + 1], scores[nr + 2] = deadline, pid
     nr = nr + 2
-    out[i] = OK
   else
-    out[i] = LOST
+    out[i] = '-1'
   end
 end
 -- The counters are read (and checked) only when a status moves: a beat of running
@@ -50,5 +75,10 @@ if nr > 0 then
   variadic('HSET', KEYS[1], records)
   variadic('ZADD', KEYS[2], scores)
   if moving then count(KEYS[3]) end
+end
+if ne > 0 then variadic('HSET', KEYS[4], entries_out) end
+if np > 0 then
+  variadic('HSET', KEYS[5], pieces)
+  variadic('ZADD', KEYS[6], pending)
 end
 return out

@@ -49,6 +49,7 @@ mod memory;
 mod model;
 mod plans;
 mod redis_store;
+mod split;
 mod state;
 mod store;
 
@@ -66,5 +67,6 @@ pub use redis_store::fuzz_replies;
 #[cfg(feature = "testing")]
 pub use redis_store::scripts;
 pub use redis_store::{KeysMeta, RedisActiveStore, RedisConnection, TlsOptions};
+pub use split::{Beat, Part, PartBeat, Piece, PieceDone, Running, SplitAnswer, Splits};
 pub use state::{ACTIVE_STATE_VERSION, ActiveState, RestoredLeases};
 pub use store::{ActiveQuery, ActiveStore, Leases, Maintenance, Planner, WorkerRegistry};

@@ -97,6 +97,10 @@ pub enum Completion {
     Completed,
     /// It had been completed already; nothing changed.
     Duplicate,
+    /// The owner part of a split partition is done and its lease ended, but pieces of
+    /// it are outstanding: the partition is not completed (the last piece completes it,
+    /// or a failed piece fails it).
+    PartDone,
 }
 
 /// The outcome of a failure report.

@@ -11,6 +11,7 @@ use crate::model::{
     ActiveSnapshot, Completion, CorruptRecord, FailOutcome, FailPolicy, Lease, Plan, PlanEntry,
     PlanOutcome, Repair, StatusCounts, WorkerInfo, WorkerState,
 };
+use crate::split::{Beat, PartBeat, Piece, PieceDone, Running, SplitAnswer, Splits};
 
 /// Plans: the generators of partitions.
 #[async_trait]
@@ -105,11 +106,15 @@ pub trait Leases: Send + Sync {
 #[async_trait]
 pub trait Maintenance: Send + Sync {
     /// Returns every lease whose deadline is at or before `now_ms` to pending, checkpoint
-    /// kept. Scans only the lease index up to `now_ms`. Idempotent. Returns the pids.
+    /// kept, its attempt counted: one that expired on its last attempt fails its
+    /// partition instead. Pieces of split partitions too, their pids not listed. Scans
+    /// only the lease indexes up to `now_ms`. Idempotent. Returns the partitions' pids.
     async fn reap(&self, now_ms: u64) -> Result<Vec<u64>>;
 
-    /// Releases every lease `worker` holds, whatever its deadline (the worker was found
-    /// inactive). Returns the pids.
+    /// Releases every lease `worker` holds, partitions' and pieces', whatever its
+    /// deadline (the worker was found inactive), as [`reap`](Self::reap) does an
+    /// expired one. Returns the pids of the partitions with a part pending again,
+    /// sorted, once each.
     async fn release_worker(&self, worker: &str) -> Result<Vec<u64>>;
 
     /// Puts failed partitions back to pending with a fresh attempt budget: one pid, or
@@ -182,9 +187,15 @@ pub trait ActiveQuery: Send + Sync {
 }
 
 /// The whole active layer: what the router and the worker binary hold.
-pub trait ActiveStore: Planner + Leases + Maintenance + WorkerRegistry + ActiveQuery {}
+pub trait ActiveStore:
+    Planner + Leases + Maintenance + WorkerRegistry + ActiveQuery + Splits
+{
+}
 
-impl<T: Planner + Leases + Maintenance + WorkerRegistry + ActiveQuery + ?Sized> ActiveStore for T {}
+impl<T: Planner + Leases + Maintenance + WorkerRegistry + ActiveQuery + Splits + ?Sized> ActiveStore
+    for T
+{
+}
 
 macro_rules! forward {
     ($($ptr:ty),*) => {$(
@@ -265,6 +276,37 @@ macro_rules! forward {
             async fn counts(&self) -> Result<StatusCounts> { (**self).counts().await }
             async fn corrupt_records(&self) -> Result<Vec<CorruptRecord>> {
                 (**self).corrupt_records().await
+            }
+        }
+
+        #[async_trait]
+        impl<T: Splits + ?Sized> Splits for $ptr {
+            async fn split_candidates(&self) -> Result<Vec<Running>> {
+                (**self).split_candidates().await
+            }
+            async fn request_split(&self, part: &Running, worker: &str, split_min: u64) -> Result<SplitAnswer> {
+                (**self).request_split(part, worker, split_min).await
+            }
+            async fn request_pieces(&self, part: &Running, worker: &str, cuts: &[(u64, u64)]) -> Result<SplitAnswer> {
+                (**self).request_pieces(part, worker, cuts).await
+            }
+            async fn beat_parts(&self, beats: &[PartBeat]) -> Result<Vec<Result<Beat>>> {
+                (**self).beat_parts(beats).await
+            }
+            async fn claim_pieces(&self, worker: &str, n: usize) -> Result<Vec<Lease>> {
+                (**self).claim_pieces(worker, n).await
+            }
+            async fn complete_piece(&self, lease: &Lease) -> Result<PieceDone> {
+                (**self).complete_piece(lease).await
+            }
+            async fn release_piece(&self, lease: &Lease, progress: u64) -> Result<()> {
+                (**self).release_piece(lease, progress).await
+            }
+            async fn fail_piece(&self, lease: &Lease, progress: u64, error: &str, policy: FailPolicy) -> Result<FailOutcome> {
+                (**self).fail_piece(lease, progress, error, policy).await
+            }
+            async fn pieces(&self, pid: u64) -> Result<Vec<Piece>> {
+                (**self).pieces(pid).await
             }
         }
     )*};

@@ -87,15 +87,33 @@ impl Leases for MemoryActiveStore {
                 out.push(Err(lost(lease)));
                 continue;
             }
+            // A split partition (`split`): with pieces outstanding the owner part only
+            // ends its lease, and the partition stays running until its last piece;
+            // with none, its record spans the whole partition.
+            let mut record = lease.completed(now, *duration_ms);
+            if let Some(entry) = shard.splits.entries.get_mut(&lease.pid) {
+                if entry.outstanding > 0 {
+                    entry.owner_done = true;
+                    entry.request = None;
+                    let p = shard.active.get_mut(&lease.pid).expect("checked above");
+                    p.lease_token = None;
+                    let deadline = p.deadline_ms.take();
+                    if let Some(deadline) = deadline {
+                        shard.leases.remove(&(deadline, lease.pid));
+                    }
+                    out.push(Ok(Completion::PartDone));
+                    continue;
+                }
+                record = entry.record(lease.pid, now);
+                shard.splits.entries.remove(&lease.pid);
+            }
             let p = shard.active.remove(&lease.pid).expect("checked above");
             if let Some(deadline) = p.deadline_ms {
                 shard.leases.remove(&(deadline, lease.pid));
             }
             shard.completed.insert(lease.pid);
             // The receiver lives in `self`, so the channel cannot be disconnected.
-            let _ = self.inbox[shard_no]
-                .0
-                .send(lease.completed(now, *duration_ms));
+            let _ = self.inbox[shard_no].0.send(record);
             out.push(Ok(Completion::Completed));
         }
         Ok(out)

@@ -18,6 +18,8 @@ impl Maintenance for MemoryActiveStore {
                     out.push(pid);
                 }
             }
+            // Expired pieces go back to pending too (not listed, as on Redis).
+            shard.expire_pieces(now_ms, self.config.max_attempts, None);
         }
         Ok(out)
     }
@@ -38,7 +40,10 @@ impl Maintenance for MemoryActiveStore {
                     out.push(pid);
                 }
             }
+            out.extend(shard.expire_pieces(now, self.config.max_attempts, Some(worker)));
         }
+        out.sort_unstable();
+        out.dedup();
         Ok(out)
     }
 

@@ -25,6 +25,7 @@ mod maintenance;
 mod planner;
 mod query;
 mod shard;
+mod split;
 
 /// The active layer in memory: the embedded default when no Redis is configured.
 ///
@@ -63,6 +64,8 @@ struct Shard {
     completed: HashSet<u64>,
     /// The last fencing token handed out.
     token: u64,
+    /// Split partitions and their pieces (`split`).
+    splits: split::ShardSplits,
 }
 
 impl MemoryActiveStore {

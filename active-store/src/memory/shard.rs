@@ -7,11 +7,34 @@ impl Shard {
     pub(super) fn state(&self) -> ShardState {
         let mut partitions: Vec<Partition> = self.active.values().cloned().collect();
         partitions.sort_unstable_by_key(|p| p.pid);
+        // Pieces are not saved: a split partition is saved whole, from its lowest
+        // unfinished ID, so a restored store redoes its pieces' finished chunks (at least
+        // once) and never loses an ID to a piece nobody holds. Its owner's lease is kept
+        // (a restore expires it and counts the attempt, as for any lease); a partition
+        // whose owner part is done, leased no more, is saved pending.
+        let mut pending: Vec<(u64, u64)> = self.pending.iter().copied().collect();
+        for p in &mut partitions {
+            let Some(entry) = self.splits.entries.get(&p.pid) else {
+                continue;
+            };
+            let from = self
+                .splits
+                .lowest_unfinished(p.pid, p.progress)
+                .unwrap_or(p.progress);
+            (p.min_id, p.max_id, p.progress) = (entry.min_id, entry.max_id, from);
+            if p.status.is_leased() && p.lease_token.is_none() {
+                p.status = Status::Pending;
+                p.lease_token = None;
+                p.deadline_ms = None;
+                pending.push((p.updated_at_ms, p.pid));
+            }
+        }
+        pending.sort_unstable();
         let mut completed: Vec<u64> = self.completed.iter().copied().collect();
         completed.sort_unstable();
         ShardState {
             partitions,
-            pending: self.pending.iter().copied().collect(),
+            pending,
             cursors: self.cursors.clone(),
             completed: runs(&completed),
             token: self.token,

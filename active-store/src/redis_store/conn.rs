@@ -218,6 +218,19 @@ impl ConnectionLike for RedisConnection {
     }
 }
 
+/// Whether `conn` runs the commands sent on it in the order sent, whatever keys they
+/// touch: a connection to one server (a [`RedisConnection`] that is not a cluster's, a
+/// multiplexed connection, a connection manager). A cluster connection routes each
+/// command to its key's node, so two commands on different slots may run in either
+/// order; any other connection type is not taken for one.
+pub(crate) fn runs_in_order<C: 'static>(conn: &C) -> bool {
+    let conn = conn as &dyn std::any::Any;
+    if let Some(conn) = conn.downcast_ref::<RedisConnection>() {
+        return !conn.is_cluster();
+    }
+    conn.is::<ConnectionManager>() || conn.is::<redis::aio::MultiplexedConnection>()
+}
+
 /// The stores' one retry policy: every script of this store is safe to repeat (a
 /// repeated completion is a duplicate, a repeated heartbeat renews again, and a claim
 /// whose reply was lost leaves leases that expire and are reaped).

@@ -129,13 +129,18 @@ where
     }
 
     /// Completes `done` now: one `complete` script call per shard involved (per
-    /// [`MAX_SCRIPT_BATCH`] completions), every shard's calls sent together, then one
-    /// `SADD` marking the shards whose inbox received records dirty for the archivers.
-    /// The mark goes out after the completions' replies, so it never announces an
-    /// entry that is not in the inbox yet; one lost with a crash in between is found
-    /// by the archivers' periodic sweep.
+    /// [`MAX_SCRIPT_BATCH`] completions), every shard's calls sent together, each with
+    /// its shard's `SADD` to `{ns}:dirty` for the archivers. The mark never announces
+    /// an entry that is not in the inbox yet. On one server (not a cluster) it rides
+    /// behind the script in the same round trip: a server runs one connection's
+    /// commands in the order sent, so it lands after the script's inbox entry (after a
+    /// call that completed nothing too, which costs an archiver a look at nothing). On
+    /// a cluster, where `{ns}:dirty` may live on another node, one `SADD` of the shards
+    /// whose inbox received records follows the replies. A mark lost with a crash in
+    /// between is found by the archivers' periodic sweep.
     async fn complete_now(&self, done: &[(Lease, u64)]) -> Result<Vec<Result<Completion>>> {
         let now = self.now();
+        let in_order = conn::runs_in_order(&self.conn);
         // Group by shard: one script call per shard, whatever the number of completions.
         let groups = self.by_shard(done.iter().map(|(lease, _)| lease.pid));
         let calls = groups.iter().map(|(shard, chunk)| async move {
@@ -149,19 +154,20 @@ where
                 args.push(self.bit(lease.pid).to_string());
                 args.push(tranche_codec::encode_json(&record));
             }
-            let reply: Result<Vec<i64>> = self
-                .invoke(
-                    &COMPLETE,
-                    &[
-                        &keys.active,
-                        &keys.leases,
-                        &keys.index,
-                        &keys.inbox,
-                        &keys.counts,
-                    ],
-                    &args,
-                )
-                .await;
+            let keys = [
+                &keys.active,
+                &keys.leases,
+                &keys.index,
+                &keys.inbox,
+                &keys.counts,
+                &keys.splits,
+            ];
+            let reply: Result<Vec<i64>> = if in_order {
+                self.complete_marked(*shard, &keys, &args).await
+            } else {
+                self.invoke(&COMPLETE, &keys.map(String::as_str), &args)
+                    .await
+            };
             (*shard, chunk, reply)
         });
         let mut out: Vec<Option<Result<Completion>>> = (0..done.len()).map(|_| None).collect();
@@ -178,13 +184,14 @@ where
                     continue;
                 }
             };
-            if reply.contains(&OK) {
+            if !in_order && reply.contains(&OK) {
                 dirty.push(shard);
             }
             for (&i, code) in chunk.iter().zip(reply) {
                 out[i] = Some(match code {
                     OK => Ok(Completion::Completed),
                     DUPLICATE => Ok(Completion::Duplicate),
+                    PART_DONE => Ok(Completion::PartDone),
                     _ => Err(lost(&done[i].0)),
                 });
             }
@@ -204,9 +211,60 @@ where
             .collect()
     }
 
+    /// One `complete` call on `shard` with its `SADD` to `{ns}:dirty` queued behind it,
+    /// in one round trip (for a connection whose commands run in the order sent). A
+    /// failed mark is logged, not returned: the completions went in, and the archivers'
+    /// sweep finds them without it.
+    async fn complete_marked(
+        &self,
+        shard: usize,
+        keys: &[&String; 6],
+        args: &[String],
+    ) -> Result<Vec<i64>> {
+        let replies: Vec<redis::Value> = retry(&self.conn, |mut conn| async move {
+            let mut call = COMPLETE.prepare_invoke();
+            for key in keys {
+                call.key(key.as_str());
+            }
+            for arg in args {
+                call.arg(arg.as_str());
+            }
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors()
+                .invoke_script(&call)
+                .cmd("SADD")
+                .arg(&self.dirty_key)
+                .arg(shard);
+            let replies: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
+            match replies.first() {
+                // A server that does not hold the script yet (restarted, flushed):
+                // load it and send both again.
+                Some(redis::Value::ServerError(err))
+                    if err.kind() == Some(redis::ServerErrorKind::NoScript) =>
+                {
+                    call.load_async(&mut conn).await?;
+                    pipe.query_async(&mut conn).await
+                }
+                _ => Ok(replies),
+            }
+        })
+        .await?;
+        let mut replies = replies.into_iter();
+        let (Some(script), Some(mark)) = (replies.next(), replies.next()) else {
+            return Err(Error::Corrupt {
+                key: self.keys[shard].inbox.clone(),
+                detail: "complete and its dirty mark got fewer than two replies".into(),
+            });
+        };
+        if let redis::Value::ServerError(err) = mark {
+            tracing::warn!(%err, shard, "could not mark a shard dirty; the archivers' sweep will find it");
+        }
+        Ok(redis::from_redis_value(script.extract_error()?).map_err(redis::RedisError::from)?)
+    }
+
     /// The indexes of `pids` grouped by shard, at most [`MAX_SCRIPT_BATCH`] to a group:
     /// one script call each.
-    fn by_shard(&self, pids: impl Iterator<Item = u64>) -> Vec<(usize, Vec<usize>)> {
+    pub(super) fn by_shard(&self, pids: impl Iterator<Item = u64>) -> Vec<(usize, Vec<usize>)> {
         let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); self.keys.len()];
         for (i, pid) in pids.enumerate() {
             by_shard[self.layout.shard_of(pid) as usize].push(i);
@@ -223,7 +281,7 @@ where
     /// Adds `shards` to `{ns}:dirty`. A failure is logged, not returned: the
     /// completions it announces are durable in the inbox, and the archivers' sweep finds
     /// them without the mark.
-    async fn mark_dirty(&self, shards: &[usize]) {
+    pub(super) async fn mark_dirty(&self, shards: &[usize]) {
         let marked: redis::RedisResult<i64> = retry(&self.conn, |mut conn| async move {
             let mut cmd = redis::cmd("SADD");
             cmd.arg(&self.dirty_key).arg(shards);
@@ -296,61 +354,14 @@ where
     }
 
     async fn heartbeat_many(&self, beats: &[(Lease, u64)]) -> Result<Vec<Result<()>>> {
-        let now = self.now();
-        let deadline = self.deadline(now).to_string();
-        let now = now.to_string();
-        let groups = self.by_shard(beats.iter().map(|(lease, _)| lease.pid));
-        let (now, deadline) = (&now, &deadline);
-        let calls = groups.iter().map(|(shard, chunk)| async move {
-            let keys = &self.keys[*shard];
-            let mut args = Vec::with_capacity(2 + chunk.len() * 3);
-            args.push(now.clone());
-            args.push(deadline.clone());
-            for &i in chunk {
-                let (lease, progress) = &beats[i];
-                args.push(lease.pid.to_string());
-                args.push(lease.token.to_string());
-                args.push(progress.to_string());
-            }
-            let reply: Result<Vec<i64>> = self
-                .invoke(
-                    &HEARTBEAT,
-                    &[&keys.active, &keys.leases, &keys.counts],
-                    &args,
-                )
-                .await;
-            (chunk, reply)
-        });
-        let mut out: Vec<Option<Result<()>>> = (0..beats.len()).map(|_| None).collect();
-        for (chunk, reply) in join_all(calls).await {
-            match reply {
-                Ok(codes) => {
-                    for (&i, code) in chunk.iter().zip(codes) {
-                        out[i] = Some(if code == OK {
-                            Ok(())
-                        } else {
-                            Err(lost(&beats[i].0))
-                        });
-                    }
-                }
-                // A failed call fails its own leases only: the other shards' renewed.
-                Err(err) => {
-                    let err = Arc::new(err);
-                    for &i in chunk {
-                        out[i] = Some(Err(Error::Shared(err.clone())));
-                    }
-                }
-            }
-        }
-        out.into_iter()
-            .zip(beats)
-            .map(|(o, (lease, _))| {
-                o.ok_or_else(|| Error::Corrupt {
-                    key: self.keys_of(lease.pid).active.clone(),
-                    detail: "heartbeat script replied for fewer leases than sent".into(),
-                })
-            })
-            .collect()
+        let beats: Vec<(&Lease, u64, Option<u64>)> =
+            beats.iter().map(|(l, p)| (l, *p, None)).collect();
+        Ok(self
+            .beat_owners(&beats)
+            .await?
+            .into_iter()
+            .map(|r| r.map(|_| ()))
+            .collect())
     }
 
     async fn complete(&self, lease: &Lease, duration_ms: u64) -> Result<Completion> {
@@ -398,14 +409,7 @@ where
             self.config.backoff_base.as_millis().to_string(),
             self.config.backoff_max.as_millis().to_string(),
         ];
-        // The policy: empty is the ordinary backoff.
-        args.push(if policy.permanent {
-            "permanent".to_owned()
-        } else if let Some(after) = policy.retry_after {
-            after.as_millis().min(MAX_DELAY_MS).to_string()
-        } else {
-            String::new()
-        });
+        args.push(split::policy_arg(policy));
         let reply: Vec<i64> = self
             .invoke(
                 &FAIL,
@@ -454,7 +458,3 @@ fn lost(lease: &Lease) -> Error {
         token: lease.token,
     }
 }
-
-/// The longest retry delay sent to `fail.lua`, ms (ten years): well within what a Lua
-/// number holds exactly, whatever a caller asks for.
-const MAX_DELAY_MS: u128 = 10 * 365 * 24 * 3600 * 1000;

@@ -27,6 +27,9 @@ where
                 break;
             }
         }
+        // Expired pieces of split partitions go back to pending too (not listed: the
+        // pids returned are partitions').
+        self.expire_pieces(None).await?;
         all.sort_unstable();
         Ok(all)
     }
@@ -39,7 +42,11 @@ where
             worker.to_owned(),
             self.config.max_attempts.to_string(),
         ];
-        self.per_shard_pids(&REAP, &args).await
+        let mut out = self.per_shard_pids(&REAP, &args).await?;
+        out.extend(self.expire_pieces(Some(worker)).await?);
+        out.sort_unstable();
+        out.dedup();
+        Ok(out)
     }
 
     async fn retry_failed(&self, pid: Option<u64>) -> Result<Vec<u64>> {

@@ -10,6 +10,7 @@ mod planner;
 mod query;
 mod record;
 mod registry;
+mod split;
 
 use std::sync::{Arc, LazyLock, OnceLock, RwLock};
 
@@ -48,12 +49,31 @@ macro_rules! script {
     };
 }
 
+/// A script that meets split partitions: `split.lua` comes between the prelude and it.
+macro_rules! split_script {
+    ($name:literal) => {
+        LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!("../../lua/record.lua"),
+                include_str!("../../lua/split.lua"),
+                include_str!(concat!("../../lua/", $name, ".lua"))
+            ))
+        })
+    };
+}
+
 static PLAN: LazyLock<Script> = script!("plan");
 static PLAN_CURSOR: LazyLock<Script> = script!("plan_cursor");
 static PLAN_RANGES: LazyLock<Script> = script!("plan_ranges");
 static CLAIM: LazyLock<Script> = script!("claim");
-static HEARTBEAT: LazyLock<Script> = script!("heartbeat");
-static COMPLETE: LazyLock<Script> = script!("complete");
+static HEARTBEAT: LazyLock<Script> = split_script!("heartbeat");
+static COMPLETE: LazyLock<Script> = split_script!("complete");
+static SPLIT_REQUEST: LazyLock<Script> = split_script!("split_request");
+static PIECE_CLAIM: LazyLock<Script> = split_script!("piece_claim");
+static PIECE_BEAT: LazyLock<Script> = split_script!("piece_beat");
+static PIECE_COMPLETE: LazyLock<Script> = split_script!("piece_complete");
+static PIECE_RELEASE: LazyLock<Script> = split_script!("piece_release");
+static PIECE_FAIL: LazyLock<Script> = split_script!("piece_fail");
 static FAIL: LazyLock<Script> = script!("fail");
 static RELEASE: LazyLock<Script> = script!("release");
 static REAP: LazyLock<Script> = script!("reap");
@@ -81,6 +101,12 @@ pub fn scripts() -> Vec<(&'static str, &'static Script)> {
         ("recount", &RECOUNT),
         ("repair", &REPAIR),
         ("carry", &CARRY),
+        ("split_request", &SPLIT_REQUEST),
+        ("piece_claim", &PIECE_CLAIM),
+        ("piece_beat", &PIECE_BEAT),
+        ("piece_complete", &PIECE_COMPLETE),
+        ("piece_release", &PIECE_RELEASE),
+        ("piece_fail", &PIECE_FAIL),
         ("register", namespace::register_script()),
     ]
 }
@@ -106,6 +132,8 @@ type CountsRead = (Vec<Option<i64>>, u64, Vec<String>, Pairs);
 /// Reply codes of the scripts (`record.lua`).
 const OK: i64 = 1;
 const DUPLICATE: i64 = 0;
+/// complete.lua's reply for the owner part of a split partition with pieces left.
+const PART_DONE: i64 = 2;
 
 /// The active layer on Redis (standalone or cluster).
 ///
@@ -174,6 +202,12 @@ struct ShardKeys {
     index: String,
     inbox: String,
     counts: String,
+    /// Split partitions' entries, their pieces, and the pieces' pending and lease
+    /// indexes (`lua/split.lua`).
+    splits: String,
+    pieces: String,
+    piece_pending: String,
+    piece_leases: String,
 }
 
 impl ShardKeys {
@@ -188,11 +222,15 @@ impl ShardKeys {
             index: schema.completed_index(shard),
             inbox: schema.inbox(shard),
             counts: schema.shard_key(shard, "counts"),
+            splits: schema.shard_key(shard, "splits"),
+            pieces: schema.shard_key(shard, "pieces"),
+            piece_pending: schema.shard_key(shard, "piece_pending"),
+            piece_leases: schema.shard_key(shard, "piece_leases"),
         }
     }
 
     /// Every key, for the one-slot test.
-    fn all(&self) -> [&str; 9] {
+    fn all(&self) -> [&str; 13] {
         [
             &self.active,
             &self.pending,
@@ -203,6 +241,10 @@ impl ShardKeys {
             &self.index,
             &self.inbox,
             &self.counts,
+            &self.splits,
+            &self.pieces,
+            &self.piece_pending,
+            &self.piece_leases,
         ]
     }
 }

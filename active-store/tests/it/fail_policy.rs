@@ -2,7 +2,7 @@
 //! whole number of milliseconds is refused before the script writes anything, proven
 //! by every key it can touch being byte-for-byte the same (DUMP) after the refusal.
 
-mod support;
+use crate::support;
 
 use redis::AsyncCommands;
 use support::TestRedis;

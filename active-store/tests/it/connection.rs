@@ -1,8 +1,7 @@
 //! Connecting: passwords, TLS, a dropped connection, and a server that is not there.
 
-#[path = "support/pki.rs"]
-mod pki;
-mod support;
+use crate::pki;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

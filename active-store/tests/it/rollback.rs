@@ -4,7 +4,7 @@
 //! so a worker still holding a lease from the lost timeline cannot act on the lease its
 //! partition has been given again.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

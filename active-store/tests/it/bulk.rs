@@ -2,7 +2,7 @@
 //! (`tranche-bulk` in `CLIENT LIST`), scanning the replies in place. Whatever happens to
 //! that connection, it answers exactly what the ordinary read through redis-rs answers.
 
-mod support;
+use crate::support;
 
 use redis::aio::ConnectionManager;
 use tranche_active_store::{

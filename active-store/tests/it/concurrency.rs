@@ -2,7 +2,7 @@
 //! Afterwards every pid reached the inbox exactly once, none was lost, and no pid was
 //! ever held by two live leases at once.
 
-mod support;
+use crate::support;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -115,6 +115,7 @@ async fn race(store: Arc<dyn ActiveStore>, clock: Arc<ManualClock>) {
                     match store.complete(&l, 10).await {
                         Ok(Completion::Completed | Completion::Duplicate)
                         | Err(Error::LeaseLost { .. }) => {}
+                        Ok(Completion::PartDone) => panic!("no partition is split here"),
                         Err(e) => panic!("{e}"),
                     }
                 }

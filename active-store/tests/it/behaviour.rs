@@ -4,7 +4,7 @@
 //! cluster of 3 masters with 16 shards, every check in turn in a namespace of its own
 //! on one cluster started for them all.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -674,7 +674,7 @@ async fn pause_is_a_namespace_flag(h: Harness) {
 
 /// Records that all decode: `corrupt_records` finds none, and `repair_corrupt` of a
 /// claimed, a pending and a completed pid changes nothing (the Redis store's repair of
-/// a corrupt record is in `tests/scripts.rs`).
+/// a corrupt record is in `tests/it/scripts.rs`).
 async fn a_sound_active_set_has_nothing_to_repair(h: Harness) {
     use tranche_active_store::Repair;
     let s = &h.store;

@@ -6,7 +6,7 @@
 //! runs every script against a cluster node, which refuses cross-slot `KEYS` with
 //! CROSSSLOT); and that node does refuse them, which the negative control below shows.
 
-mod support;
+use crate::support;
 
 use support::TestRedis;
 
@@ -38,7 +38,7 @@ fn every_script_opens_with_its_keys_and_argv() {
             .take_while(|l| l.starts_with("--"))
             .collect::<Vec<_>>()
             .join("\n");
-        if name == "record.lua" {
+        if name == "record.lua" || name == "split.lua" {
             assert!(head.contains("prelude"), "{name}");
             continue;
         }
@@ -59,7 +59,7 @@ fn every_script_is_loaded_by_the_store() {
         .collect();
     for (name, _) in lua_sources() {
         assert!(
-            name == "record.lua" || loaded.contains(&name),
+            name == "record.lua" || name == "split.lua" || loaded.contains(&name),
             "{name} is not loaded by the store"
         );
     }
@@ -128,6 +128,9 @@ async fn the_lease_index_is_a_skiplist() {
     // Not a lease: a worker's release and the reaper pass it by.
     assert_eq!(store.release_worker("w").await.unwrap().len(), 3);
     assert_eq!(server.cli(&["ZCARD", &key]), "1");
+    // The same member as every earlier version wrote, so an existing index keeps one.
+    let keeper = format!("tranche:skiplist-keeper:{}", "~".repeat(232));
+    assert_eq!(server.cli(&["ZSCORE", &key, &keeper]), "inf");
     drop(leases);
 }
 
@@ -396,6 +399,8 @@ enum Arg {
     Id,
     /// An [`Arg::Id`] or empty (keep, or every one).
     OptId,
+    /// 1 to 64 [`Arg::Id`]s, ','-separated.
+    IdList,
     /// A worker id: no '|' (a record's separator), not empty.
     Worker,
     /// A worker id or empty (any worker).
@@ -414,6 +419,10 @@ enum Arg {
     Shard,
     /// A failure's policy: empty (the backoff), `permanent`, or a delay in ms.
     Policy,
+    /// A piece's field, `pid:start`.
+    PieceKey,
+    /// `piece_fail`'s mode, `fail`, `reap` or `worker`.
+    Mode,
 }
 
 impl Arg {
@@ -425,6 +434,7 @@ impl Arg {
             Arg::Want => &["x", "-1", "", "1.5", "0", "100001", HUGE],
             Arg::Id => &["x", "-1", "", "1.5", "0x1", HUGE],
             Arg::OptId => &["x", "-1", "1.5", "0x1", HUGE],
+            Arg::IdList => &["x", "", ",", "1600,", ",1600", "1600,,1750", "1600,x", HUGE],
             Arg::Worker => &["", "a|b"],
             Arg::OptWorker => &["a|b"],
             Arg::Text => &[],
@@ -434,6 +444,8 @@ impl Arg {
             Arg::Status => &["r", ""],
             Arg::Policy => &["soon", "-5", "1.5", "permanently", HUGE],
             Arg::Shard => &["x", "-1", "", "1"],
+            Arg::PieceKey => &["x", "", "2", "2:", ":5", "a:b", "2:1.5", "2:5:6"],
+            Arg::Mode => &["x", ""],
         }
     }
 }
@@ -447,12 +459,17 @@ enum Corrupt {
     Set(String, &'static str),
     /// `RPUSH key value`.
     Push(String, &'static str),
+    /// `ZADD key score member`.
+    Zadd(String, String, String),
 }
 
 impl Corrupt {
     fn key(&self) -> &str {
         match self {
-            Corrupt::Field(k, ..) | Corrupt::Set(k, _) | Corrupt::Push(k, _) => k,
+            Corrupt::Field(k, ..)
+            | Corrupt::Set(k, _)
+            | Corrupt::Push(k, _)
+            | Corrupt::Zadd(k, ..) => k,
         }
     }
 
@@ -461,6 +478,7 @@ impl Corrupt {
             Corrupt::Field(k, f, v) => server.cli(&["HSET", k, f, v]),
             Corrupt::Set(k, v) => server.cli(&["SET", k, v]),
             Corrupt::Push(k, v) => server.cli(&["RPUSH", k, v]),
+            Corrupt::Zadd(k, score, m) => server.cli(&["ZADD", k, score, m]),
         };
     }
 }
@@ -516,6 +534,12 @@ fn refusal_rows(server: &TestRedis, tokens: &std::collections::HashMap<u64, u64>
         schema.inbox(0),
         schema.shard_key(0, "counts"),
     );
+    let (splits, pieces, piece_pending, piece_leases) = (
+        schema.shard_key(0, "splits"),
+        schema.shard_key(0, "pieces"),
+        schema.shard_key(0, "piece_pending"),
+        schema.shard_key(0, "piece_leases"),
+    );
     // After every time the state's records hold (the store wrote them on the system
     // clock), so the released partition is ready.
     let clock = std::time::SystemTime::now()
@@ -538,6 +562,50 @@ fn refusal_rows(server: &TestRedis, tokens: &std::collections::HashMap<u64, u64>
     };
     let garbage = |pid: u64| Corrupt::Field(active.clone(), pid.to_string(), "garbage".into());
     let counter = |status: &str| Corrupt::Field(counts.clone(), status.into(), "x".into());
+    // Split entries' completed-record prefixes, and a piece of pid 2 (1700..=2000)
+    // pending, or claimed by w2 under token 99.
+    let prefix2 = r#"{"pid":2,"min_id":1001,"max_id":2000,"worker_id":"w""#.to_owned();
+    let prefix3 = r#"{"pid":3,"min_id":2001,"max_id":3000,"worker_id":"w""#.to_owned();
+    let pending_piece = format!("p|0||||{now}|{now}||1700|2000|1700|");
+    let leased_piece = format!("c|1|99|{later}|{now}|{now}|{now}|w2|1700|2000|1700|");
+    // Pid 2 split: a piece 1700..=2000 leased by w2, another 1900..=2000 pending (its
+    // owner part running), for `piece_fail`; `expired_piece` with its lease run out.
+    let piece_fail_keys = vec![
+        pieces.clone(),
+        piece_pending.clone(),
+        piece_leases.clone(),
+        splits.clone(),
+        active.clone(),
+        leases.clone(),
+        pending.clone(),
+        counts.clone(),
+    ];
+    let split_piece = vec![
+        Corrupt::Field(pieces.clone(), "2:1700".into(), leased_piece.clone()),
+        Corrupt::Zadd(piece_leases.clone(), later.clone(), "2:1700".into()),
+        Corrupt::Field(
+            pieces.clone(),
+            "2:1900".into(),
+            format!("p|0||||{now}|{now}||1900|2000|1900|"),
+        ),
+        Corrupt::Zadd(piece_pending.clone(), "0".into(), "2:1900".into()),
+        Corrupt::Field(
+            splits.clone(),
+            "2".into(),
+            format!("|||||2|0|1|1001|2000|{prefix2}"),
+        ),
+    ];
+    let mut expired_piece = split_piece.clone();
+    expired_piece[1] = Corrupt::Zadd(piece_leases.clone(), "1".into(), "2:1700".into());
+    let piece_fail_corrupt = vec![
+        Corrupt::Field(pieces.clone(), "2:1700".into(), "garbage".into()),
+        Corrupt::Field(pieces.clone(), "2:1900".into(), "garbage".into()),
+        Corrupt::Field(splits.clone(), "2".into(), "garbage".into()),
+        garbage(2),
+        record(2, 11, "x"),
+        counter("r"),
+        counter("f"),
+    ];
     vec![
         Row {
             script: "claim",
@@ -573,16 +641,25 @@ fn refusal_rows(server: &TestRedis, tokens: &std::collections::HashMap<u64, u64>
         },
         Row {
             script: "heartbeat",
-            keys: vec![active.clone(), leases.clone(), counts.clone()],
+            keys: vec![
+                active.clone(),
+                leases.clone(),
+                counts.clone(),
+                splits.clone(),
+                pieces.clone(),
+                piece_pending.clone(),
+            ],
             args: vec![
                 a(&now, Num),
                 a(&later, Num),
                 a("1", Id),
                 a(&t(1), Id),
                 a("500", OptId),
+                a("", OptId),
                 a("3", Id),
                 a(&t(3), Id),
                 a("2500", OptId),
+                a("2600", OptId),
             ],
             corrupt: vec![
                 garbage(3),
@@ -601,6 +678,7 @@ fn refusal_rows(server: &TestRedis, tokens: &std::collections::HashMap<u64, u64>
                 index.clone(),
                 inbox.clone(),
                 counts.clone(),
+                splits.clone(),
             ],
             args: vec![
                 a("1", Id),
@@ -613,6 +691,26 @@ fn refusal_rows(server: &TestRedis, tokens: &std::collections::HashMap<u64, u64>
                 a("{\"pid\":3}", Record),
             ],
             corrupt: vec![garbage(3), counter("c")],
+            ..Row::default()
+        },
+        // A running lease completes: the running counter is read and checked.
+        Row {
+            script: "complete",
+            keys: vec![
+                active.clone(),
+                leases.clone(),
+                index.clone(),
+                inbox.clone(),
+                counts.clone(),
+                splits.clone(),
+            ],
+            args: vec![
+                a("2", Id),
+                a(&t(2), Id),
+                a(&bit(2), Id),
+                a("{\"pid\":2}", Record),
+            ],
+            corrupt: vec![counter("r")],
             ..Row::default()
         },
         Row {
@@ -832,6 +930,305 @@ fn refusal_rows(server: &TestRedis, tokens: &std::collections::HashMap<u64, u64>
             )],
             ..Row::default()
         },
+        // Split partitions (`split.lua`): pid 2 runs (1001..=2000, checkpoint 1500).
+        Row {
+            script: "heartbeat",
+            keys: vec![
+                active.clone(),
+                leases.clone(),
+                counts.clone(),
+                splits.clone(),
+                pieces.clone(),
+                piece_pending.clone(),
+            ],
+            args: vec![
+                a(&now, Num),
+                a(&later, Num),
+                a("2", Id),
+                a(&t(2), Id),
+                a("1550", OptId),
+                a("1700", OptId),
+            ],
+            setup: vec![Corrupt::Field(
+                splits.clone(),
+                "2".into(),
+                format!("o|1600|1901|w2|{now}|0|0|1|1001|2000|{prefix2}"),
+            )],
+            corrupt: vec![
+                Corrupt::Field(splits.clone(), "2".into(), "garbage".into()),
+                Corrupt::Field(
+                    splits.clone(),
+                    "2".into(),
+                    format!("o|1600|1901|w2|{now}|x|0|1|1001|2000|{prefix2}"),
+                ),
+                garbage(2),
+            ],
+            ..Row::default()
+        },
+        Row {
+            script: "complete",
+            keys: vec![
+                active.clone(),
+                leases.clone(),
+                index.clone(),
+                inbox.clone(),
+                counts.clone(),
+                splits.clone(),
+            ],
+            args: vec![
+                a("3", Id),
+                a(&t(3), Id),
+                a(&bit(3), Id),
+                a("{\"pid\":3}", Record),
+            ],
+            // A piece outstanding: the owner part ends, the bit stays clear. No status
+            // moves, so the counters are not read (a corrupt one is found by the next
+            // call that moves one).
+            setup: vec![Corrupt::Field(
+                splits.clone(),
+                "3".into(),
+                format!("|||||1|0|1|2001|3000|{prefix3}"),
+            )],
+            corrupt: vec![
+                Corrupt::Field(splits.clone(), "3".into(), "garbage".into()),
+                garbage(3),
+            ],
+            ..Row::default()
+        },
+        Row {
+            script: "complete",
+            keys: vec![
+                active.clone(),
+                leases.clone(),
+                index.clone(),
+                inbox.clone(),
+                counts.clone(),
+                splits.clone(),
+            ],
+            args: vec![
+                a("3", Id),
+                a(&t(3), Id),
+                a(&bit(3), Id),
+                a(
+                    "{\"pid\":3,\"completed_at\":1719234405.5,\"duration\":1}",
+                    Record,
+                ),
+            ],
+            // Every piece done: the record spans the partition.
+            setup: vec![Corrupt::Field(
+                splits.clone(),
+                "3".into(),
+                format!("|||||0|0|1|2001|3000|{prefix3}"),
+            )],
+            corrupt: vec![Corrupt::Field(splits.clone(), "3".into(), "garbage".into())],
+            ..Row::default()
+        },
+        Row {
+            script: "split_request",
+            keys: vec![active.clone(), splits.clone(), pieces.clone()],
+            args: vec![
+                a("2", Id),
+                a("o", OptId),
+                a(&t(2), Id),
+                a("1600,1750", IdList),
+                a("1650,1901", IdList),
+                a("w2", Worker),
+                a(&now, Num),
+                a("30000", Num),
+                a("1001", Id),
+                a("2000", Id),
+                a(&prefix2, Record),
+            ],
+            corrupt: vec![
+                garbage(2),
+                record(2, 11, "x"),
+                Corrupt::Field(splits.clone(), "2".into(), "garbage".into()),
+            ],
+            ..Row::default()
+        },
+        Row {
+            script: "piece_claim",
+            keys: vec![
+                pieces.clone(),
+                piece_pending.clone(),
+                piece_leases.clone(),
+                seq.clone(),
+            ],
+            args: vec![a("w2", Worker), a("2", Want), a(&now, Num), a(&later, Num)],
+            setup: vec![
+                Corrupt::Field(pieces.clone(), "2:1700".into(), pending_piece.clone()),
+                Corrupt::Zadd(piece_pending.clone(), "0".into(), "2:1700".into()),
+            ],
+            corrupt: vec![
+                Corrupt::Field(pieces.clone(), "2:1700".into(), "garbage".into()),
+                Corrupt::Set(seq.clone(), "x"),
+            ],
+            ..Row::default()
+        },
+        Row {
+            script: "piece_beat",
+            keys: vec![
+                pieces.clone(),
+                piece_pending.clone(),
+                piece_leases.clone(),
+                splits.clone(),
+            ],
+            args: vec![
+                a(&now, Num),
+                a(&later, Num),
+                a("2:1700", PieceKey),
+                a("99", Id),
+                a("1750", OptId),
+                a("1850", OptId),
+            ],
+            setup: vec![
+                Corrupt::Field(pieces.clone(), "2:1700".into(), leased_piece.clone()),
+                Corrupt::Zadd(piece_leases.clone(), later.clone(), "2:1700".into()),
+                Corrupt::Field(
+                    splits.clone(),
+                    "2".into(),
+                    format!("1700|1800|1901|w3|{now}|1|0|1|1001|2000|{prefix2}"),
+                ),
+            ],
+            corrupt: vec![
+                Corrupt::Field(pieces.clone(), "2:1700".into(), "garbage".into()),
+                Corrupt::Field(splits.clone(), "2".into(), "garbage".into()),
+            ],
+            ..Row::default()
+        },
+        Row {
+            script: "piece_complete",
+            keys: vec![
+                active.clone(),
+                index.clone(),
+                inbox.clone(),
+                counts.clone(),
+                splits.clone(),
+                pieces.clone(),
+                piece_leases.clone(),
+            ],
+            args: vec![
+                a(&now, Num),
+                a("2:1700", PieceKey),
+                a("99", Id),
+                a(&bit(2), Id),
+            ],
+            // The last piece, its owner part done: the partition completes.
+            setup: vec![
+                Corrupt::Field(pieces.clone(), "2:1700".into(), leased_piece.clone()),
+                Corrupt::Zadd(piece_leases.clone(), later.clone(), "2:1700".into()),
+                Corrupt::Field(
+                    splits.clone(),
+                    "2".into(),
+                    format!("|||||1|1|1|1001|2000|{prefix2}"),
+                ),
+            ],
+            corrupt: vec![
+                Corrupt::Field(pieces.clone(), "2:1700".into(), "garbage".into()),
+                Corrupt::Field(splits.clone(), "2".into(), "garbage".into()),
+                garbage(2),
+                counter("r"),
+            ],
+            ..Row::default()
+        },
+        Row {
+            script: "piece_release",
+            keys: vec![pieces.clone(), piece_pending.clone(), piece_leases.clone()],
+            args: vec![
+                a(&now, Num),
+                a("2:1700", PieceKey),
+                a("99", Id),
+                a("1750", Id),
+            ],
+            setup: vec![
+                Corrupt::Field(pieces.clone(), "2:1700".into(), leased_piece.clone()),
+                Corrupt::Zadd(piece_leases.clone(), later.clone(), "2:1700".into()),
+            ],
+            corrupt: vec![Corrupt::Field(
+                pieces.clone(),
+                "2:1700".into(),
+                "garbage".into(),
+            )],
+            ..Row::default()
+        },
+        // A failed chunk with attempts left: the piece waits out its backoff.
+        Row {
+            script: "piece_fail",
+            keys: piece_fail_keys.clone(),
+            args: vec![
+                a(&now, Num),
+                a("5", Pos),
+                a("fail", Mode),
+                a("2:1700", PieceKey),
+                a("99", Id),
+                a("1750", OptId),
+                a("boom", Text),
+                a("1000", Num),
+                a("60000", Num),
+                a("", Policy),
+            ],
+            setup: split_piece.clone(),
+            corrupt: vec![Corrupt::Field(
+                pieces.clone(),
+                "2:1700".into(),
+                "garbage".into(),
+            )],
+            ..Row::default()
+        },
+        // Its last attempt: the partition fails, whole again. Its record, its entry,
+        // its other pieces and the counters are read and checked first.
+        Row {
+            script: "piece_fail",
+            keys: piece_fail_keys.clone(),
+            args: vec![
+                a(&now, Num),
+                a("1", Pos),
+                a("fail", Mode),
+                a("2:1700", PieceKey),
+                a("99", Id),
+                a("1750", OptId),
+                a("boom", Text),
+                a("1000", Num),
+                a("60000", Num),
+                a("5000", Policy),
+            ],
+            setup: split_piece.clone(),
+            corrupt: piece_fail_corrupt.clone(),
+            ..Row::default()
+        },
+        Row {
+            script: "piece_fail",
+            keys: piece_fail_keys.clone(),
+            args: vec![a(&now, Num), a("5", Pos), a("reap", Mode)],
+            setup: expired_piece.clone(),
+            corrupt: vec![Corrupt::Field(
+                pieces.clone(),
+                "2:1700".into(),
+                "garbage".into(),
+            )],
+            ..Row::default()
+        },
+        Row {
+            script: "piece_fail",
+            keys: piece_fail_keys.clone(),
+            args: vec![a(&now, Num), a("1", Pos), a("reap", Mode)],
+            setup: expired_piece.clone(),
+            corrupt: piece_fail_corrupt.clone(),
+            ..Row::default()
+        },
+        Row {
+            script: "piece_fail",
+            keys: piece_fail_keys.clone(),
+            args: vec![
+                a(&now, Num),
+                a("1", Pos),
+                a("worker", Mode),
+                a("w2", Worker),
+            ],
+            setup: split_piece.clone(),
+            corrupt: piece_fail_corrupt.clone(),
+            ..Row::default()
+        },
     ]
 }
 
@@ -1028,4 +1425,144 @@ async fn every_script_refuses_bad_input_before_writing() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// `complete.lua` checks the common pid, token and bit offset (nonzero, at most 19
+/// digits) in one match and passes anything else to the full check: a zero and a
+/// 20-digit ID up to 2^64 - 1 are still taken (here for leases not held: lost), one
+/// above it, a leading zero or a sign still refused, and nothing is written.
+#[tokio::test]
+async fn complete_takes_every_id_the_full_check_takes() {
+    let server = TestRedis::start();
+    let tokens = refusal_state(&server).await;
+    let schema = tranche_codec::KeySchema::new("elk", 1).unwrap();
+    let keys = vec![
+        schema.active(0),
+        schema.leases(0),
+        schema.completed_index(0),
+        schema.inbox(0),
+        schema.shard_key(0, "counts"),
+        schema.shard_key(0, "splits"),
+    ];
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let args = |pid: &str, token: &str, bit: &str| -> Vec<String> {
+        vec![pid.into(), token.into(), bit.into(), "{}".into()]
+    };
+    let before = server.dump_all();
+    for (pid, token, bit) in [
+        ("0", "1", "0"),
+        ("9", "18446744073709551615", "0"),
+        ("18446744073709551615", "0", "1"),
+        ("3", &*(tokens[&3] + 1).to_string(), "3000"),
+    ] {
+        let reply = call(&mut conn, "complete", &keys, &args(pid, token, bit)).await;
+        assert_eq!(
+            reply,
+            Ok(redis::Value::Array(vec![redis::Value::Int(-1)])),
+            "{pid} {token} {bit}"
+        );
+    }
+    for (pid, token, bit, what) in [
+        ("9", "18446744073709551616", "1", "token"),
+        ("09", "1", "1", "pid"),
+        ("9", "1", "+1", "bit offset"),
+        ("9", "1 ", "1", "token"),
+        ("99999999999999999999", "1", "1", "pid"),
+    ] {
+        let err = call(&mut conn, "complete", &keys, &args(pid, token, bit))
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains(&format!("bad argument: {what}")),
+            "{pid} {token} {bit}: {err}"
+        );
+    }
+    assert!(
+        server.dump_all() == before,
+        "a refused or lost completion wrote"
+    );
+}
+
+/// A claim skips the look for ready work only when exact (marked) counters count no
+/// pending record: with the mark gone, a released partition is still found and
+/// reclaimed first.
+#[tokio::test]
+async fn a_claim_looks_for_ready_work_unless_marked_counters_say_none() {
+    use tranche_active_store::Leases;
+    let server = TestRedis::start();
+    refusal_state(&server).await;
+    let counts = tranche_codec::KeySchema::new("elk", 1)
+        .unwrap()
+        .shard_key(0, "counts");
+    // Pid 5 is pending (released). Unmarked counters that say no partition is pending
+    // are not believed.
+    server.cli(&["HDEL", &counts, "v"]);
+    server.cli(&["HSET", &counts, "p", "0"]);
+    let store = one_shard(&server).await;
+    let leases = store.claim("w2", 1).await.unwrap();
+    assert_eq!(leases.iter().map(|l| l.pid).collect::<Vec<_>>(), [5]);
+    assert_eq!(leases[0].progress, 4000, "reclaimed from its checkpoint");
+}
+
+/// When `complete` returns, the shard of a completed partition is marked in
+/// `{ns}:dirty` for the archivers: on one server the mark rides behind the script in
+/// the same round trip (also when the server has lost the script and it is loaded
+/// again), on a cluster it follows the reply. A refused completion is an error.
+#[tokio::test]
+async fn a_completion_has_marked_its_shard_dirty_when_it_returns() {
+    use tranche_active_store::{
+        Completion, Config, Leases, Plan, Planner, RedisActiveStore, RedisConnection,
+    };
+    let single = TestRedis::start();
+    let cluster = TestRedis::start_cluster();
+    for (server, flush) in [(&single, false), (&single, true), (&cluster, false)] {
+        let conn = RedisConnection::connect(&server.url()).await.unwrap();
+        let namespace = format!("dirt{}", u8::from(flush));
+        let store = RedisActiveStore::new(
+            conn,
+            Config {
+                namespace: namespace.clone(),
+                num_shards: 4,
+                ..Config::default()
+            },
+        )
+        .unwrap();
+        store
+            .plan(&Plan::Uniform {
+                min: 1,
+                max: 9000,
+                size: 1000,
+            })
+            .await
+            .unwrap();
+        let schema = tranche_codec::KeySchema::new(&namespace, 4)
+            .unwrap()
+            .with_layout(store.config().layout);
+        let leases = store.claim("w", 8).await.unwrap();
+        if flush {
+            server.cli(&["SCRIPT", "FLUSH"]);
+        }
+        for lease in &leases {
+            let shard = schema.shard_of(lease.pid).to_string();
+            server.cli(&["SREM", &schema.dirty(), &shard]);
+            assert_eq!(
+                store.complete(lease, 5).await.unwrap(),
+                Completion::Completed
+            );
+            assert_eq!(
+                server.cli(&["SISMEMBER", &schema.dirty(), &shard]),
+                "1",
+                "pid {} on {}",
+                lease.pid,
+                server.url()
+            );
+        }
+        // A corrupt counter refuses the completion, and says so.
+        let more = store.claim("w", 1).await.unwrap();
+        let counts = schema.shard_key(schema.shard_of(more[0].pid), "counts");
+        server.cli(&["HSET", &counts, "c", "x"]);
+        let err = store.complete(&more[0], 5).await.unwrap_err();
+        assert!(err.to_string().contains("counter"), "{err}");
+    }
 }

@@ -1,7 +1,7 @@
 //! Redis memory of the active layer: a plan costs bytes, and the hot set stays flat
 //! however much completes.
 
-mod support;
+use crate::support;
 
 use redis::AsyncCommands;
 use tranche_active_store::{Config, Leases, Plan, Planner, RedisActiveStore, RedisConnection};

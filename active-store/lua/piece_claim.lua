@@ -1,0 +1,50 @@
+-- piece_claim: hand out up to n pending pieces of one shard (split.lua) to a worker.
+-- KEYS[1] pieces hash   KEYS[2] piece_pending zset   KEYS[3] piece_leases zset
+--      KEYS[4] token sequence
+-- ARGV[1] worker   ARGV[2] n   ARGV[3] now ms   ARGV[4] deadline ms
+-- Reply: per piece, (pid, start, token, attempts, last ID, progress).
+-- Tokens come from the shard's sequence, as claim.lua's do (never below the server's
+-- clock in ms times 1024), so a piece's token is never any other lease's.
+if #ARGV ~= 4 then refuse('argument count', #ARGV) end
+local worker, want = worker_id(ARGV[1], 'worker'), pos(ARGV[2], 'n')
+local now, deadline = ARGV[3], ARGV[4]
+num(now, 'now')
+num(deadline, 'deadline')
+if want > 1000 then refuse('n', ARGV[2]) end
+local ready = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, want)
+if #ready == 0 then return {} end
+local recs = redis.call('HMGET', KEYS[1], unpack(ready))
+local take, nt = {}, 0
+for i, key in ipairs(ready) do
+  if recs[i] then
+    local r = checked(KEYS[1], key, recs[i])
+    if r[1] == 'p' then
+      local pid, start = piece_key(key, 'piece')
+      nt = nt + 1
+      take[nt] = {key, r, pid, start}
+    end
+  end
+end
+local now_s = redis.call('TIME')
+local floor = (tonumber(now_s[1]) * 1000 + math.floor(tonumber(now_s[2]) / 1000)) * 1024
+local token = tonumber(redis.call('INCRBY', KEYS[4], nt + 1)) - nt - 1
+if token < floor then
+  redis.call('SET', KEYS[4], int(floor + nt + 1))
+  token = floor
+end
+variadic('ZREM', KEYS[2], ready)
+local out, records, scores = {}, {}, {}
+for i = 1, nt do
+  local key, r, pid, start = take[i][1], take[i][2], take[i][3], take[i][4]
+  token = token + 1
+  r[1], r[2], r[3], r[4], r[6], r[7], r[8] = 'c', int(tonumber(r[2]) + 1), int(token), deadline, now, now, worker
+  records[2 * i - 1], records[2 * i] = key, encode(r)
+  scores[2 * i - 1], scores[2 * i] = deadline, key
+  local o = 6 * (i - 1)
+  out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = pid, start, r[3], r[2], r[10], r[11]
+end
+if nt > 0 then
+  variadic('HSET', KEYS[1], records)
+  variadic('ZADD', KEYS[3], scores)
+end
+return out
