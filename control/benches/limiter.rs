@@ -11,9 +11,6 @@
 //! `TRANCHE_BENCH_SMOKE=1` runs 3 s with 1 and 4 pacers. Writes
 //! `target/tranche-bench/limiter.json` (or `$TRANCHE_BENCH_OUT`).
 
-#[path = "../../active-store/tests/support/mod.rs"]
-mod support;
-
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,7 +18,7 @@ use std::time::{Duration, Instant};
 use tranche_codec::KeySchema;
 use tranche_control::{Limit, Pacer, Rate, RateLimiter, RedisRateLimiter};
 
-use support::TestRedis;
+use tranche_testkit::TestRedis;
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)

@@ -21,9 +21,6 @@
 //! bench writes first under `cargo xtask bench archive`. The archive bench's own `get`
 //! figures (`ArchiveQuery::get`, below the router) move to `archive_get_p99_ms`.
 
-#[path = "../../active-store/tests/support/mod.rs"]
-mod support;
-
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,7 +32,7 @@ use tranche_codec::Status;
 use tranche_router::{PartitionView, Router};
 use tranche_stats::{RedisStats, StatsStore};
 
-use support::TestRedis;
+use tranche_testkit::TestRedis;
 
 /// The sizes of a run: the full one, or with `TRANCHE_BENCH_SMOKE=1` a hundredth of it
 /// (tier thresholds 1,000 and 5,000, 6,000 completed, 100 active, few samples): a few

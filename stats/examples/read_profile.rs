@@ -13,9 +13,6 @@
 //! cargo run --release -p tranche-stats --example read_profile
 //! ```
 
-#[path = "../../active-store/tests/support/mod.rs"]
-mod support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -60,7 +57,7 @@ where
 async fn main() {
     let records = env("TRANCHE_PROFILE_RECORDS", 600_000);
     let samples = env("TRANCHE_PROFILE_SAMPLES", 50);
-    let server = support::TestRedis::start();
+    let server = tranche_testkit::TestRedis::start();
     let client = redis::Client::open(server.url()).expect("redis url");
     let conn = client
         .get_connection_manager()

@@ -1,7 +1,6 @@
 //! Integration tests of tranche-stats, in one binary so they link once.
 
-#[path = "../../../active-store/tests/support/mod.rs"]
-mod support;
+use tranche_testkit as support;
 
 mod behaviour;
 mod check;

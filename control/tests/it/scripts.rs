@@ -1,8 +1,7 @@
 //! The Lua side: every script keeps to one slot, names keys only through KEYS[], and a
 //! refused call writes nothing (DUMP of every key before and after).
 
-#[path = "../../active-store/tests/support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

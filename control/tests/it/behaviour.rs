@@ -1,7 +1,6 @@
 //! The control store's behaviour, one suite run on the memory and the Redis backend.
 
-#[path = "../../active-store/tests/support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

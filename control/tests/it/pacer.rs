@@ -1,8 +1,7 @@
 //! The rate limit as pacers see it: accuracy, the per-window bound, the cost in calls,
 //! live rate changes; in memory on tokio's paused clock and on a real Redis.
 
-#[path = "../../active-store/tests/support/mod.rs"]
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

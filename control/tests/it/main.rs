@@ -1,0 +1,8 @@
+//! Integration tests of tranche-control, in one binary so they link once.
+
+use tranche_testkit as support;
+
+mod behaviour;
+mod pacer;
+mod probes;
+mod scripts;
