@@ -24,8 +24,13 @@
 //! grows or shrinks with the number of masters. The defaults are then small: N = 50,000
 //! and the one cell `4x64x16`.
 //!
+//! The cell `skew` (`skew/mod.rs`) is of another kind: a job of real `--exec` children
+//! whose chunk costs are heavy-tailed, run once each way (`SKEW_WAYS`) side by side,
+//! reporting its wall time against the ideal (total chunk-seconds ÷ chunk slots).
+//!
 //! Knobs: `TRANCHE_BENCH_N` (partitions per cell, default 200,000), `TRANCHE_BENCH_CELLS`
-//! (e.g. `1x64x4,4x64x4`: P x C x S; default the four cells of issue 11),
+//! (e.g. `1x64x4,4x64x4`: P x C x S, or `skew`; default the four cells of issue 11 and
+//! `skew`),
 //! `TRANCHE_BENCH_RUN_ARGS` (more `run` arguments, space-separated, e.g. `--prefetch 64`),
 //! `TRANCHE_BENCH_REPEAT` (runs per cell, default 3: the row shown is the run with the
 //! median partitions/s, beside the slowest and fastest), `TRANCHE_BENCH_OUT` (default
@@ -39,10 +44,8 @@
 //! 20,000-SET ceiling and neither baseline nor cluster (each skipped with a note): a
 //! few seconds, figures not judged, every check still run, JSON still written.
 
-#[path = "../../active-store/tests/support/mod.rs"]
-mod support;
-
 mod common;
+mod skew;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -51,13 +54,15 @@ use std::time::{Duration, Instant};
 
 use common::run_ok;
 use serde_json::{Value, json};
-use support::{TestCluster, TestRedis};
+use tranche_testkit::{TestCluster, TestRedis};
 
 /// The binary under test, built by cargo in the profile of this bench (release under
 /// `cargo bench`).
 const BIN: &str = env!("CARGO_BIN_EXE_tranche");
 const NAMESPACE: &str = "e2e";
-const DEFAULT_CELLS: &str = "1x64x4,4x64x4,4x64x16,4x64x64";
+const DEFAULT_CELLS: &str = "1x64x4,4x64x4,4x64x16,4x64x64,skew";
+/// The ways the `skew` cell runs its job, side by side.
+const SKEW_WAYS: &[skew::Way] = &[("no-split", &["--no-split"]), ("split", &[])];
 /// The cells, and partitions per cell, of a run with the cluster.
 const CLUSTER_CELLS: &str = "4x64x16";
 const CLUSTER_N: u64 = 50_000;
@@ -73,9 +78,13 @@ struct Cell {
     shards: u32,
 }
 
-fn cells(default: &str) -> Vec<Cell> {
+/// The throughput cells of the spec (PxCxS), and whether it names `skew`.
+fn cells(default: &str) -> (Vec<Cell>, bool) {
     let spec = std::env::var("TRANCHE_BENCH_CELLS").unwrap_or_else(|_| default.into());
-    spec.split(',')
+    let skew = spec.split(',').any(|c| c.trim() == "skew");
+    let cells = spec
+        .split(',')
+        .filter(|c| c.trim() != "skew")
         .map(|cell| {
             let parts: Vec<&str> = cell.trim().split('x').collect();
             let [p, c, s] = parts.as_slice() else {
@@ -87,7 +96,8 @@ fn cells(default: &str) -> Vec<Cell> {
                 shards: s.parse().expect("S"),
             }
         })
-        .collect()
+        .collect();
+    (cells, skew)
 }
 
 /// `INFO section` as field -> value.
@@ -514,7 +524,8 @@ fn main() {
     } else {
         DEFAULT_CELLS
     };
-    for cell in cells(default_cells) {
+    let (cells, with_skew) = cells(default_cells);
+    for cell in cells {
         let mut row = measure(&[&redis], &url, "", cell, &set);
         if let Some(cluster) = &cluster {
             let masters = cluster.masters();
@@ -522,6 +533,15 @@ fn main() {
         }
         rows.push(row);
     }
+    // Minutes of sleeping children, not throughput: run once unless asked for more.
+    let skew_row = with_skew.then(|| {
+        let repeat = std::env::var("TRANCHE_BENCH_REPEAT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1usize)
+            .max(1);
+        skew::run(BIN, &redis, &set.dir, SKEW_WAYS, repeat)
+    });
     match ceiling {
         Some(set) => println!("redis-benchmark -t set -c 50 -P 16: {set:.0} SET/s"),
         None => println!("redis-benchmark not found: no SET ceiling"),
@@ -531,6 +551,7 @@ fn main() {
         "set_ceiling_per_s": ceiling,
         "cluster_masters": cluster.as_ref().map(|_| 3),
         "cells": rows,
+        "skew": skew_row,
     });
     if let Some(parent) = out.parent() {
         std::fs::create_dir_all(parent).expect("output dir");

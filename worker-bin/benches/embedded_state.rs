@@ -6,22 +6,13 @@
 //! is completed through the memory active store and archived by the memory archive, as
 //! `tranche run` does without `--redis`; at each checkpoint (100,000, 500,000 and
 //! 1,000,000 completed, with 1000 leases held and 500 records still in the inbox) the
-//! save and the load run five times and the medians are reported. The state module is
-//! `src/state.rs`, compiled here through `#[path]` (a binary crate has no library to import).
+//! save and the load run five times and the medians are reported. The state file is the
+//! library's own (`src/state/`), reached through its hidden `embedded_state` module.
 //!
 //! Set `TRANCHE_BENCH_MAX` to stop earlier. With `TRANCHE_BENCH_SMOKE=1` the job has
 //! 10,000 partitions (checkpoints 1,000, 5,000 and 10,000) and each figure one run: a
 //! few seconds, figures not judged, every path still run, JSON still written. Output: a table on stdout and JSON at
 //! `$TRANCHE_BENCH_OUT` (default `target/tranche-bench/embedded_state.json`).
-
-// Built as a test too (`--all-targets`), where a harness-less target drops the
-// module's `#[test]`s but not their imports.
-#[allow(dead_code, unreachable_pub, unused_imports)]
-#[path = "../src/atomic.rs"]
-mod atomic;
-#[allow(dead_code, unreachable_pub, unused_imports)]
-#[path = "../src/state.rs"]
-mod state;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -30,8 +21,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tranche_active_store::{Lease, Leases, Plan, Planner, RestoredLeases, SystemClock};
 use tranche_archive_store::Archiver;
-
-use state::Embedded;
+use tranche_worker::embedded_state::{Embedded, load};
 
 /// The sizes of a run: full, or a hundredth for `TRANCHE_BENCH_SMOKE=1`.
 struct Scale {
@@ -133,7 +123,7 @@ async fn main() {
             holds.push(report.held);
             saves.push(report.total);
             let start = Instant::now();
-            let loaded = state::load(&path).unwrap().unwrap();
+            let loaded = load(&path).unwrap().unwrap();
             loads.push(start.elapsed());
             let (a, b) = configs();
             let start = Instant::now();

@@ -17,9 +17,6 @@
 //! profile), with 2,000 partitions done before `check` and 2,000 archived, one run per
 //! command: a few seconds, figures not judged, every command and assert still run.
 
-#[path = "../../active-store/tests/support/mod.rs"]
-mod support;
-
 mod common;
 
 use std::path::PathBuf;
@@ -28,7 +25,7 @@ use std::time::Instant;
 
 use common::run_ok;
 use serde_json::json;
-use support::TestRedis;
+use tranche_testkit::TestRedis;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tranche");
 

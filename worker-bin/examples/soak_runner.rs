@@ -5,19 +5,24 @@
 //!
 //! Everything comes from the environment the harness sets:
 //!
-//! - `TRANCHE_REDIS_URL`, `TRANCHE_NAMESPACE`: where the job is;
+//! - `TRANCHE_REDIS_URL`, `TRANCHE_NAMESPACE`: where the job is (without a Redis URL,
+//!   `TRANCHE_STATE` names the embedded state file);
 //! - `SOAK_LEDGER`: the ledger file, lines
 //!   `START|END|PANIC pid from to worker chunk_pid time_us` (the same shape the `--exec`
 //!   workers' script writes; `chunk_pid` is this process, as the chunk runs in it);
 //! - `SOAK_WORKER`: this incarnation's name in the ledger;
 //! - `SOAK_PANIC_FILE`: when this file exists, the next chunk takes it (renames it
 //!   away) and panics;
-//! - `SOAK_LEASE_MS`, `SOAK_CHUNK`, `SOAK_CONCURRENCY`: the runner's settings.
+//! - `SOAK_LEASE_MS`, `SOAK_CHUNK`, `SOAK_PARALLEL`, `SOAK_CONCURRENCY`: the runner's
+//!   settings;
+//! - `SOAK_WORK_MS`: the simulated work per chunk, `MIN-MAX` milliseconds (default
+//!   `10-90`), spread by the chunk's own numbers.
 //!
 //! ```sh
 //! cargo run -p tranche-worker --example soak_runner   # started by `cargo xtask soak`
 //! ```
 
+use std::fs::File;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -26,9 +31,13 @@ use tranche_worker::runner::{Chunk, Handler, HandlerError, Runner};
 
 /// The soak handler: a ledger line before and after a short sleep.
 struct Ledger {
-    file: PathBuf,
+    /// The ledger, opened once for appending.
+    file: File,
     worker: String,
     panic_file: Option<PathBuf>,
+    /// The simulated work per chunk: `min + spread` ms at most.
+    min_ms: u64,
+    spread_ms: u64,
 }
 
 impl Ledger {
@@ -47,11 +56,7 @@ impl Ledger {
         );
         // One write of a line under PIPE_BUF to a file opened O_APPEND: atomic beside
         // the other writers of the same ledger.
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.file)?
-            .write_all(line.as_bytes())
+        (&self.file).write_all(line.as_bytes())
     }
 }
 
@@ -59,8 +64,8 @@ impl Ledger {
 impl Handler for Ledger {
     async fn process(&self, chunk: Chunk) -> Result<(), HandlerError> {
         self.line("START", &chunk)?;
-        // 10..90 ms of simulated work, spread by the chunk's own numbers.
-        let ms = 10 + (chunk.from.wrapping_mul(2_654_435_761) >> 7) % 80;
+        // The simulated work, spread by the chunk's own numbers.
+        let ms = self.min_ms + (chunk.from.wrapping_mul(2_654_435_761) >> 7) % self.spread_ms;
         tokio::time::sleep(Duration::from_millis(ms)).await;
         // Only a partition's first chunk takes the trigger: with more chunks than the
         // window, a first chunk that never finishes holds the partition's checkpoint.
@@ -91,16 +96,35 @@ fn env_u64(name: &str, default: u64) -> Result<u64, Box<dyn std::error::Error>> 
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let ledger = env("SOAK_LEDGER")?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&ledger)
+        .map_err(|e| format!("cannot open the ledger {ledger}: {e}"))?;
+    let work = std::env::var("SOAK_WORK_MS").unwrap_or_else(|_| "10-90".into());
+    let (min_ms, max_ms) = work
+        .split_once('-')
+        .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
+        .filter(|(a, b)| a <= b)
+        .ok_or_else(|| format!("SOAK_WORK_MS={work} is not MIN-MAX milliseconds"))?;
     let handler = Ledger {
-        file: env("SOAK_LEDGER")?.into(),
+        file,
         worker: env("SOAK_WORKER")?,
         panic_file: std::env::var_os("SOAK_PANIC_FILE").map(PathBuf::from),
+        min_ms,
+        spread_ms: max_ms - min_ms + 1,
     };
-    let runner = Runner::redis(env("TRANCHE_REDIS_URL")?)
+    let runner = match std::env::var("TRANCHE_REDIS_URL") {
+        Ok(url) => Runner::redis(url),
+        Err(_) => Runner::embedded(env("TRANCHE_STATE")?),
+    };
+    let runner = runner
         .namespace(env("TRANCHE_NAMESPACE")?)
         .worker_id(handler.worker.clone())
         .lease(Duration::from_millis(env_u64("SOAK_LEASE_MS", 3000)?))
         .chunk(env_u64("SOAK_CHUNK", 250)?)
+        .parallel(env_u64("SOAK_PARALLEL", 1)? as usize)
         .concurrency(env_u64("SOAK_CONCURRENCY", 2)? as usize)
         .grace(Duration::from_secs(2))
         .follow(true);

@@ -21,6 +21,10 @@ pub(crate) use crate::layers::{
     ArchiveStore, DEFAULT_SHARDS, Location, Open, Tuning, archive_config,
 };
 
+/// How long a writer waits for another process's hold on an embedded state file to
+/// end before it gives up: a reader holds it for as long as one command takes.
+pub(crate) const LOCK_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// An open namespace.
 pub(crate) struct Backend {
     pub(crate) active: Arc<dyn ActiveStore>,
@@ -38,6 +42,8 @@ enum Place {
         conn: RedisConnection,
         /// The active store again, typed: for what only Redis has (`recount`).
         active: Arc<RedisActiveStore<RedisConnection>>,
+        /// The archive again, typed: for its format version (`archive-format`).
+        archive: Arc<RedisArchive<RedisConnection>>,
         schema: KeySchema,
         /// The shard count and key layout the namespace was opened with.
         keys: KeysMeta,
@@ -161,7 +167,7 @@ impl Backend {
         let stats = Arc::new(RedisStats::new(conn.clone(), schema.clone()));
         Ok(Self::assemble(
             active.clone(),
-            archive,
+            archive.clone(),
             stats,
             ns,
             shards,
@@ -169,6 +175,7 @@ impl Backend {
             Place::Redis {
                 conn,
                 active,
+                archive,
                 schema,
                 keys,
                 shown,
@@ -330,6 +337,14 @@ impl Backend {
         matches!(self.place, Place::Embedded(_))
     }
 
+    /// The Redis archive, typed (`None` embedded): its format version is Redis's alone.
+    pub(crate) fn redis_archive(&self) -> Option<&RedisArchive<RedisConnection>> {
+        match &self.place {
+            Place::Redis { archive, .. } => Some(archive),
+            Place::Embedded(_) => None,
+        }
+    }
+
     /// Records a new namespace's shard count and key layout (Redis), so later commands
     /// agree on them; fails if the namespace is recorded with others.
     pub(crate) async fn register_namespace(&self) -> Result<()> {
@@ -411,6 +426,28 @@ impl Backend {
             .await
             .ok()?;
         used_memory_of(&info)
+    }
+
+    /// [`Backend::open`] for a process that will write (`run`, `archive`): embedded,
+    /// another process holding the state file's lock for a moment (a `status` or
+    /// `health` that happened to start first) is waited out for up to
+    /// [`LOCK_GRACE`], reopening the file each time, so the state is read under this
+    /// process's own lock. A lock still held after that is a live writer: the error
+    /// [`Backend::ensure_writable`] gives.
+    pub(crate) async fn open_writable(
+        global: &Location,
+        open: Open,
+        tuning: Tuning,
+    ) -> Result<Self> {
+        let start = std::time::Instant::now();
+        loop {
+            let backend = Self::open(global, open, tuning.clone()).await?;
+            if backend.ensure_writable().is_ok() || start.elapsed() >= LOCK_GRACE {
+                return backend.ensure_writable().map(|()| backend);
+            }
+            drop(backend);
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
     }
 
     /// Fails when another live process holds the embedded state file (always fine on

@@ -152,10 +152,16 @@ impl EmbeddedBackend {
         )
     }
 
-    /// Deletes the state file and its lock file (`drop`), while holding the lock.
+    /// Deletes the state file, its previous generation, a damaged file kept aside and
+    /// its lock file (`drop`), while holding the lock.
     pub(crate) fn delete(&self) -> Result<()> {
         self.ensure_writable()?;
-        for path in [self.path.clone(), StateLock::lock_path(&self.path)] {
+        for path in [
+            self.path.clone(),
+            state::previous(&self.path),
+            state::quarantined(&self.path),
+            StateLock::lock_path(&self.path),
+        ] {
             match std::fs::remove_file(&path) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                     bail!("cannot remove {}: {e}", path.display())

@@ -17,6 +17,10 @@
 //! killed outright before the deadline: by the time another worker's reaper can
 //! reclaim the partition, nothing of this process runs it any more. No range is ever
 //! processed by two live leases at once, whatever keeps the heartbeats from Redis.
+//!
+//! Nor whatever freezes this process: a SIGSTOPped worker runs no watchdog, so each
+//! `--exec` chunk's guard gets the same instant from the hold ([`Hold::fence`]) and
+//! stops the chunk itself when no renewal moved it on (`job`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -25,7 +29,7 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
-use tranche_active_store::{ActiveStore, Error as ActiveError, Lease};
+use tranche_active_store::{ActiveStore, Beat, Error as ActiveError, Lease, PartBeat};
 
 use crate::work::{Shared, until};
 
@@ -44,30 +48,144 @@ pub(crate) struct Hold {
     lease: Duration,
     /// Until when the store certainly holds the lease for us: the send instant of the
     /// last accepted renewal (or of the claim) plus the lease. The store's deadline is
-    /// later, since it was set when the call arrived.
-    valid_until: Mutex<Instant>,
+    /// later, since it was set when the call arrived. A watch, so that each running
+    /// chunk's guard hears of every renewal ([`Hold::fence`]).
+    valid_until: watch::Sender<Instant>,
+    /// Whether the lease is a piece's (`tranche_active_store::Splits`).
+    pub(crate) piece: bool,
+    /// How far the partition handed out IDs, and where its range ends now.
+    frontier: Mutex<Frontier>,
+    /// Wakes an issuer held back while a beat that may cut the lease is in flight.
+    thawed: Notify,
+}
+
+/// A lease's frontier, for splitting: the first ID not handed out yet (`None` until the
+/// partition issues through [`Hold::issue`]; such a lease is never cut), the last ID it
+/// may hand out, and whether a beat that may cut it is in flight (nothing is handed out
+/// meanwhile: the beat promised the store nothing at or past `next` is).
+#[derive(Debug)]
+struct Frontier {
+    next: Option<u64>,
+    end: u64,
+    frozen: bool,
+    /// When the first chunk was handed out.
+    armed_at: Option<Instant>,
 }
 
 impl Hold {
-    fn new(checkpoint: u64, lease: Duration, sent: Instant) -> Self {
+    fn new(l: &Lease, piece: bool, lease: Duration, sent: Instant) -> Self {
         Self {
-            checkpoint: AtomicU64::new(checkpoint),
+            checkpoint: AtomicU64::new(l.progress),
             lost: AtomicBool::new(false),
             fenced: AtomicBool::new(false),
             notify: Notify::new(),
             lease,
-            valid_until: Mutex::new(sent + lease),
+            valid_until: watch::Sender::new(sent + lease),
+            piece,
+            frontier: Mutex::new(Frontier {
+                next: None,
+                end: l.max_id,
+                frozen: false,
+                armed_at: None,
+            }),
+            thawed: Notify::new(),
         }
+    }
+
+    fn frontier(&self) -> std::sync::MutexGuard<'_, Frontier> {
+        self.frontier.lock().expect("not poisoned")
+    }
+
+    /// The last ID the lease may hand out now (a cut moves it down).
+    pub(crate) fn end(&self) -> u64 {
+        self.frontier().end
+    }
+
+    /// Hands out the chunk of up to `chunk` IDs from `from` (every ID before `from` was
+    /// handed out or is done): the chunk's last ID, or `None` if `from` is past the
+    /// lease's end. Waits while a beat that may cut the lease is in flight. The first
+    /// call arms the lease for splitting.
+    pub(crate) async fn issue(&self, from: u64, chunk: u64) -> Option<u64> {
+        loop {
+            let thawed = self.thawed.notified();
+            {
+                let mut f = self.frontier();
+                if !f.frozen {
+                    if from > f.end {
+                        return None;
+                    }
+                    let to = from.saturating_add(chunk - 1).min(f.end);
+                    f.next = Some(f.next.unwrap_or(0).max(to.saturating_add(1)));
+                    f.armed_at.get_or_insert_with(Instant::now);
+                    return Some(to);
+                }
+            }
+            thawed.await;
+        }
+    }
+
+    /// Whether the lease has run long enough to be worth cutting soon: armed for at
+    /// least [`STRAGGLING`]. Such leases also beat every [`SPLIT_BEAT`].
+    fn straggling(&self) -> bool {
+        self.frontier()
+            .armed_at
+            .is_some_and(|at| at.elapsed() >= STRAGGLING)
+    }
+
+    /// Before a beat: the first ID not handed out, if the lease is armed, with issuing
+    /// held back until [`thaw`](Self::thaw).
+    fn freeze(&self) -> Option<u64> {
+        let mut f = self.frontier();
+        let next = f.next?;
+        f.frozen = true;
+        Some(next)
+    }
+
+    /// After a beat: the lease ends at `cut` if it was cut; issuing goes on.
+    fn thaw(&self, cut: Option<u64>) {
+        let mut f = self.frontier();
+        if let Some(last) = cut {
+            f.end = f.end.min(last);
+        }
+        f.frozen = false;
+        drop(f);
+        self.thawed.notify_waiters();
     }
 
     /// A renewal sent at `sent` was accepted: the lease holds until `sent + lease`.
     pub(crate) fn renewed(&self, sent: Instant) {
-        let mut until = self.valid_until.lock().expect("not poisoned");
-        *until = (*until).max(sent + self.lease);
+        let until = sent + self.lease;
+        self.valid_until.send_if_modified(|v| {
+            let later = until > *v;
+            if later {
+                *v = until;
+            }
+            later
+        });
     }
 
     fn valid_until(&self) -> Instant {
-        *self.valid_until.lock().expect("not poisoned")
+        *self.valid_until.borrow()
+    }
+
+    /// How long before [`valid_until`](Self::valid_until) a chunk still running is
+    /// killed: a twelfth of a lease, the reaper's margin.
+    fn kill_margin(&self) -> Duration {
+        self.lease / 12
+    }
+
+    /// The lease's fence for a chunk's guard, which must stop the chunk without this
+    /// process (frozen, it fences nothing): SIGTERM a sixth of a lease before
+    /// [`valid_until`](Self::valid_until), after this process's own stop (a quarter
+    /// before), SIGKILL when this process would ([`grace_left`](Self::grace_left)).
+    /// Renewals are told at most once per sixth of a lease.
+    pub(crate) fn fence(&self) -> crate::job::Fence {
+        crate::job::Fence::new(
+            self.valid_until.subscribe(),
+            self.lease / 6,
+            self.kill_margin(),
+            self.lease / 6,
+        )
     }
 
     /// When the partition fences itself if no renewal is accepted before: a quarter of
@@ -102,7 +220,7 @@ impl Hold {
     /// Once [fenced](Self::fenced), how long a running chunk may take to stop before
     /// it is killed: until a twelfth of a lease before the lease could expire.
     pub(crate) fn grace_left(&self) -> Duration {
-        (self.valid_until() - self.lease / 12).saturating_duration_since(Instant::now())
+        (self.valid_until() - self.kill_margin()).saturating_duration_since(Instant::now())
     }
 
     /// Moves the checkpoint forward (never back).
@@ -141,10 +259,16 @@ type Held = HashMap<(u64, u64), (Lease, Arc<Hold>)>;
 pub(crate) struct LeaseBook {
     /// The length of every lease in it.
     lease: Duration,
+    /// Whether its leases may be cut (`--no-split` turns it off): beats then carry
+    /// each lease's frontier, and straggling leases beat every [`SPLIT_BEAT`].
+    split: bool,
     held: Mutex<Held>,
     /// Wakes the heartbeat task when a partition starts, so that it shows as running
     /// within [`FIRST_BEAT`] instead of at the next regular beat.
     starts: Notify,
+    /// Wakes the heartbeat task to beat the straggling leases now: this process asked
+    /// one of its own parts for pieces, which it cuts in that beat.
+    cut_asked: Notify,
 }
 
 /// How soon after a partition starts the heartbeat that marks it running goes out:
@@ -152,19 +276,21 @@ pub(crate) struct LeaseBook {
 pub(crate) const FIRST_BEAT: Duration = Duration::from_secs(1);
 
 impl LeaseBook {
-    /// An empty book of leases of length `lease`.
-    pub(crate) fn new(lease: Duration) -> Self {
+    /// An empty book of leases of length `lease`, which may be cut if `split`.
+    pub(crate) fn new(lease: Duration, split: bool) -> Self {
         Self {
             lease,
+            split,
             held: Mutex::default(),
             starts: Notify::new(),
+            cut_asked: Notify::new(),
         }
     }
 
-    /// Enters `lease`, its checkpoint where the claim left it; the claim was sent at
-    /// `sent`.
-    pub(crate) fn hold(&self, lease: &Lease, sent: Instant) -> Arc<Hold> {
-        let hold = Arc::new(Hold::new(lease.progress, self.lease, sent));
+    /// Enters `lease` (a piece's if `piece`), its checkpoint where the claim left it;
+    /// the claim was sent at `sent`.
+    pub(crate) fn hold(&self, lease: &Lease, piece: bool, sent: Instant) -> Arc<Hold> {
+        let hold = Arc::new(Hold::new(lease, piece, self.lease, sent));
         self.lock()
             .insert((lease.pid, lease.token), (lease.clone(), hold.clone()));
         hold
@@ -173,6 +299,13 @@ impl LeaseBook {
     /// Says that a held lease's partition started running.
     pub(crate) fn started(&self) {
         self.starts.notify_one();
+    }
+
+    /// Says that this process asked one of its own parts for pieces: the straggling
+    /// leases beat at once, and the part is cut in that beat rather than up to a
+    /// [`SPLIT_BEAT`] later.
+    pub(crate) fn cut_asked(&self) {
+        self.cut_asked.notify_one();
     }
 
     /// Takes `lease` out before its outcome is reported: no heartbeat renews it after.
@@ -209,37 +342,61 @@ impl LeaseBook {
         next
     }
 
-    /// Every held lease with its checkpoint now.
-    fn beats(&self) -> Vec<(Lease, u64, Arc<Hold>)> {
+    /// Every held lease with its checkpoint now (only the straggling ones if
+    /// `stragglers`).
+    fn beats(&self, stragglers: bool) -> Vec<(Lease, u64, Arc<Hold>)> {
         self.lock()
             .values()
+            .filter(|(_, hold)| !stragglers || hold.straggling())
             .map(|(lease, hold)| (lease.clone(), hold.checkpoint.load(Relaxed), hold.clone()))
             .collect()
     }
 
     /// Renews every held lease in one call; marks the refused ones lost and forgets them.
-    async fn beat(&self, active: &dyn ActiveStore, shared: &Shared) {
-        let beats = self.beats();
+    /// With splitting, each armed lease sends its frontier and hands nothing out until
+    /// the answer, which may cut it.
+    async fn beat(&self, active: &dyn ActiveStore, shared: &Shared, stragglers: bool) {
+        let beats = self.beats(stragglers);
         if beats.is_empty() {
             return;
         }
-        let batch: Vec<(Lease, u64)> = beats
+        let batch: Vec<PartBeat> = beats
             .iter()
-            .map(|(lease, checkpoint, _)| (lease.clone(), *checkpoint))
+            .map(|(lease, checkpoint, hold)| PartBeat {
+                lease: lease.clone(),
+                piece: hold.piece,
+                progress: *checkpoint,
+                next: if self.split { hold.freeze() } else { None },
+            })
             .collect();
         let at = std::time::Instant::now();
-        let outcomes = active.heartbeat_many(&batch).await;
+        let outcomes = active.beat_parts(&batch).await;
         shared.timed_update(at);
         let outcomes = match outcomes {
             Ok(outcomes) => outcomes,
             Err(err) => {
+                for (_, _, hold) in &beats {
+                    hold.thaw(None);
+                }
                 tracing::warn!(%err, leases = beats.len(), "heartbeat failed; retrying");
                 return;
             }
         };
         for ((lease, _, hold), outcome) in beats.iter().zip(outcomes) {
+            hold.thaw(match &outcome {
+                Ok(Beat::Cut { last }) => {
+                    tracing::info!(
+                        pid = lease.pid,
+                        from = lease.min_id,
+                        last,
+                        "split: the rest of the range went to another worker"
+                    );
+                    Some(*last)
+                }
+                _ => None,
+            });
             match outcome {
-                Ok(()) => hold.renewed(at.into()),
+                Ok(_) => hold.renewed(at.into()),
                 Err(ActiveError::LeaseLost { .. }) => {
                     tracing::warn!(pid = lease.pid, "lease lost (expired and reclaimed?)");
                     self.drop_lease(lease);
@@ -266,6 +423,14 @@ pub(crate) async fn heartbeat(
     );
 }
 
+/// How often a process that splits beats its straggling leases: the latency of a cut.
+/// Its other leases beat as usual (every third of a lease): a job of short partitions
+/// pays nothing for it.
+pub(crate) const SPLIT_BEAT: Duration = Duration::from_millis(250);
+
+/// How long a lease hands out chunks before it straggles ([`SPLIT_BEAT`]).
+const STRAGGLING: Duration = Duration::from_secs(1);
+
 async fn beats(
     book: Arc<LeaseBook>,
     active: Arc<dyn ActiveStore>,
@@ -277,22 +442,47 @@ async fn beats(
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
+    // With splitting on, the straggling leases beat more often in between.
+    let mut fast = tokio::time::interval(SPLIT_BEAT);
+    fast.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    fast.tick().await;
     let first = FIRST_BEAT.min(every);
+    // When the beat that marks the partitions started since the last one as running is
+    // due. The straggling leases go on beating meanwhile: a start must not hold back
+    // their cuts (in a skewed job something starts every moment).
+    let mut start_beat: Option<Instant> = None;
     loop {
+        let started = async {
+            match start_beat {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             () = until(&mut done, |d| *d) => return,
             _ = tick.tick() => {}
-            () = book.starts.notified() => {
-                // Starts gather for a moment; the beat then renews everything, so the
-                // regular one can wait a whole period again.
-                tokio::select! {
-                    () = until(&mut done, |d| *d) => return,
-                    () = tokio::time::sleep(first) => {}
-                }
+            _ = fast.tick(), if book.split && SPLIT_BEAT < every => {
+                book.beat(active.as_ref(), &shared, true).await;
+                continue;
+            }
+            () = book.cut_asked.notified(), if book.split => {
+                book.beat(active.as_ref(), &shared, true).await;
+                fast.reset();
+                continue;
+            }
+            () = book.starts.notified(), if start_beat.is_none() => {
+                // Starts gather for a moment before their beat.
+                start_beat = Some(Instant::now() + first);
+                continue;
+            }
+            () = started => {
+                // The beat renews everything, so the regular one can wait a whole
+                // period again.
                 tick.reset();
             }
         }
-        book.beat(active.as_ref(), &shared).await;
+        start_beat = None;
+        book.beat(active.as_ref(), &shared, false).await;
     }
 }
 
@@ -317,7 +507,7 @@ mod tests {
     use super::*;
     use tranche_active_store::{
         ActiveQuery, Clock, Config, Leases, Maintenance, ManualClock, MemoryActiveStore, Plan,
-        Planner,
+        Planner, Splits,
     };
 
     /// One batch heartbeat where one lease of several was lost: the others are renewed
@@ -339,10 +529,10 @@ mod tests {
             .await
             .unwrap();
         let leases = store.claim("me", 3).await.unwrap();
-        let book = LeaseBook::new(Duration::from_secs(30));
+        let book = LeaseBook::new(Duration::from_secs(30), false);
         let holds: Vec<_> = leases
             .iter()
-            .map(|l| book.hold(l, Instant::now()))
+            .map(|l| book.hold(l, false, Instant::now()))
             .collect();
         // The first and third are renewed (by a heartbeat the book did not see); the
         // second expires and goes to another worker.
@@ -362,7 +552,7 @@ mod tests {
         for i in [0, 2] {
             holds[i].advance(leases[i].min_id + 700);
         }
-        book.beat(store.as_ref(), &Shared::new(None)).await;
+        book.beat(store.as_ref(), &Shared::new(None), false).await;
         assert!(!holds[0].is_lost() && !holds[2].is_lost());
         assert!(holds[1].is_lost());
         tokio::time::timeout(Duration::from_secs(1), holds[1].lost())
@@ -391,10 +581,10 @@ mod tests {
             .unwrap();
         let leases = store.claim("me", 2).await.unwrap();
         let lease = Duration::from_secs(12);
-        let book = Arc::new(LeaseBook::new(lease));
+        let book = Arc::new(LeaseBook::new(lease, false));
         let start = Instant::now();
-        let stale = book.hold(&leases[0], start);
-        let renewed = book.hold(&leases[1], start);
+        let stale = book.hold(&leases[0], false, start);
+        let renewed = book.hold(&leases[1], false, start);
         let (tx, rx) = watch::channel(false);
         let dog = tokio::spawn(watchdog(book.clone(), lease, rx));
         tokio::time::sleep(Duration::from_secs(8)).await;
@@ -415,5 +605,113 @@ mod tests {
             .expect("fenced once its renewal ran out too");
         tx.send(true).unwrap();
         dog.await.unwrap();
+    }
+
+    /// A chunk's fence follows the accepted renewals, a sixth of a lease before the
+    /// lease's certain end, and only ever later: a late answer to an older renewal does
+    /// not move it back.
+    #[tokio::test(start_paused = true)]
+    async fn a_chunks_fence_follows_the_renewals() {
+        let store = MemoryActiveStore::new(Config::default()).unwrap();
+        store
+            .plan(&Plan::Uniform {
+                min: 1,
+                max: 1000,
+                size: 1000,
+            })
+            .await
+            .unwrap();
+        let lease = Duration::from_secs(12);
+        let book = LeaseBook::new(lease, false);
+        let start = Instant::now();
+        let hold = book.hold(&store.claim("me", 1).await.unwrap()[0], false, start);
+        let fence = hold.fence();
+        let s = Duration::from_secs;
+        assert_eq!(fence.stop_at(), start + s(10));
+        hold.renewed(start + s(4));
+        assert_eq!(fence.stop_at(), start + s(14));
+        hold.renewed(start + s(3));
+        assert_eq!(fence.stop_at(), start + s(14), "never moved back");
+        assert!(!hold.is_fenced());
+    }
+
+    /// Two partitions of 1000 in a memory store, claimed by `me`; the first held by a
+    /// splitting book and armed (a chunk of 50 handed out); the heartbeat task running.
+    async fn straggler() -> (
+        Arc<MemoryActiveStore>,
+        Arc<LeaseBook>,
+        Lease,
+        Arc<Hold>,
+        watch::Sender<bool>,
+    ) {
+        let store = Arc::new(MemoryActiveStore::new(Config::default()).unwrap());
+        store
+            .plan(&Plan::Uniform {
+                min: 1,
+                max: 2000,
+                size: 1000,
+            })
+            .await
+            .unwrap();
+        let lease = store.claim("me", 1).await.unwrap().remove(0);
+        let length = Duration::from_secs(30);
+        let book = Arc::new(LeaseBook::new(length, true));
+        let hold = book.hold(&lease, false, Instant::now());
+        assert_eq!(hold.issue(lease.min_id, 50).await, Some(lease.min_id + 49));
+        let (tx, rx) = watch::channel(false);
+        let active: Arc<dyn ActiveStore> = store.clone();
+        tokio::spawn(heartbeat(
+            book.clone(),
+            active,
+            Arc::new(Shared::new(None)),
+            length,
+            rx,
+        ));
+        (store, book, lease, hold, tx)
+    }
+
+    /// A partition starting does not hold the straggling leases' beats back: their
+    /// checkpoints reach the store every [`SPLIT_BEAT`] while the start's own beat
+    /// waits its [`FIRST_BEAT`].
+    #[tokio::test(start_paused = true)]
+    async fn a_start_does_not_hold_back_the_stragglers_beats() {
+        let (store, book, lease, hold, done) = straggler().await;
+        // Straggling from a second on.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        book.started();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        hold.advance(lease.min_id + 50);
+        tokio::time::sleep(SPLIT_BEAT + Duration::from_millis(50)).await;
+        let p = store.get(lease.pid).await.unwrap().unwrap();
+        assert_eq!(p.progress, lease.min_id + 50, "beaten within a split beat");
+        done.send(true).unwrap();
+    }
+
+    /// A part this process asked for pieces is cut at once, not at the next
+    /// [`SPLIT_BEAT`].
+    #[tokio::test(start_paused = true)]
+    async fn a_cut_asked_by_this_process_is_made_at_once() {
+        let (store, book, lease, hold, done) = straggler().await;
+        tokio::time::sleep(Duration::from_millis(1010)).await;
+        hold.advance(lease.min_id + 50);
+        // Running (its first beat was a second in), checkpointed at 1.25 s; the next
+        // split beat is due at 1.5 s.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let part = store.split_candidates().await.unwrap().remove(0);
+        assert_eq!(part.progress, lease.min_id + 50);
+        let asked = store
+            .request_pieces(&part, "me", &[(lease.min_id + 500, lease.min_id + 900)])
+            .await
+            .unwrap();
+        assert_eq!(
+            asked,
+            tranche_active_store::SplitAnswer::Requested {
+                point: lease.min_id + 500
+            }
+        );
+        book.cut_asked();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(hold.end(), lease.min_id + 499, "cut in the beat it woke");
+        done.send(true).unwrap();
     }
 }

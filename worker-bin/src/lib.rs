@@ -85,6 +85,13 @@ mod slot;
 mod state;
 mod work;
 
+/// The embedded run's state file, for `benches/embedded_state.rs` (which times saving,
+/// loading and restoring it); not an API, and no stability is promised.
+#[doc(hidden)]
+pub mod embedded_state {
+    pub use crate::state::{Embedded, EmbeddedState, SaveReport, StateError, load};
+}
+
 /// The state-file loader's fuzz entry (`worker-bin/fuzz`); not an API.
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]

@@ -159,6 +159,9 @@ pub enum Until {
     NothingToClaim,
 }
 
+/// The smallest piece a split cuts off by default, in chunks ([`Runner::split_min`]).
+pub const DEFAULT_SPLIT_MIN: u64 = 4;
+
 /// A worker for one namespace: where it is, and how it runs. Build it with
 /// [`Runner::redis`] or [`Runner::embedded`], then [`plan`](Runner::plan) and
 /// [`run`](Runner::run).
@@ -171,6 +174,8 @@ pub struct Runner {
     worker: Option<String>,
     concurrency: usize,
     prefetch: Option<usize>,
+    split: bool,
+    split_min: u64,
     chunk: u64,
     parallel: usize,
     window: Option<usize>,
@@ -236,6 +241,8 @@ impl Runner {
             worker: None,
             concurrency: 2,
             prefetch: None,
+            split: true,
+            split_min: DEFAULT_SPLIT_MIN,
             chunk: 100,
             parallel: 4,
             window: None,
@@ -289,6 +296,21 @@ impl Runner {
     /// partitions take).
     pub fn prefetch(mut self, n: usize) -> Self {
         self.prefetch = Some(n);
+        self
+    }
+
+    /// Whether idle slots split other workers' running partitions, and this runner's
+    /// may be cut for others (default true): a job's end is then not set by its
+    /// slowest partitions. See `tranche_active_store::Splits`.
+    pub fn split(mut self, on: bool) -> Self {
+        self.split = on;
+        self
+    }
+
+    /// The smallest piece a split cuts off, in chunks (default 4; fewer when a part's
+    /// chunks are slow: two seconds of work at its pace is enough).
+    pub fn split_min(mut self, chunks: u64) -> Self {
+        self.split_min = chunks.max(1);
         self
     }
 
@@ -590,7 +612,17 @@ impl Runner {
             consumer: worker.clone(),
             claim_idle: crate::duration::claim_idle(),
         };
-        let backend = self.open(Open::Existing, tuning).await?;
+        // Another process's short hold on the state file (a `status` that started first)
+        // is waited out, as `tranche run` does.
+        let start = std::time::Instant::now();
+        let backend = loop {
+            let backend = self.open(Open::Existing, tuning.clone()).await?;
+            if backend.ensure_writable().is_ok() || start.elapsed() >= crate::backend::LOCK_GRACE {
+                break backend;
+            }
+            drop(backend);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
         self.writable(&backend)?;
         let settings = Settings {
             job: Work::Handler(HandlerRef(Arc::new(handler))),
@@ -599,6 +631,8 @@ impl Runner {
             window: self.window.unwrap_or(2 * self.parallel),
             concurrency: self.concurrency,
             prefetch: self.prefetch,
+            split: self.split,
+            split_min: self.split_min,
             worker,
             lease: self.lease,
             max_attempts: self.max_attempts,

@@ -156,6 +156,17 @@ pub(crate) enum Command {
     Resume,
     /// The namespace's plans: pids, ids, partition size, count, kind.
     Plans,
+    /// The namespace's archive format: how archivers encode what they seal (Redis only).
+    ///
+    /// Format 1 is what every version reads. Format 2 (about 0.5 bytes less per archived
+    /// partition) is read only by this version and later: raise it once no older binary
+    /// reads the namespace (an older `check --repair` would set format-2 values aside as
+    /// damaged). A format is never lowered; what was archived before stays as it is.
+    ArchiveFormat {
+        /// Raise the format to N (1 or 2); archivers follow within a sweep.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=2))]
+        raise: Option<u8>,
+    },
     /// Every namespace on the Redis (or beside the state file), with its size and state.
     Namespaces,
     /// A dashboard, a JSON API under /api/v1/ and Prometheus metrics on /metrics.
@@ -301,6 +312,13 @@ pub(crate) struct RunArgs {
     /// restarted worker takes its name back).
     #[arg(long, value_name = "ID")]
     pub(crate) worker_id: Option<String>,
+    /// Never split: idle slots do not take over the rest of other workers' running
+    /// partitions, and this worker's partitions are not cut for others.
+    #[arg(long)]
+    pub(crate) no_split: bool,
+    /// The smallest piece a split cuts off, in chunks (fewer if they are slow).
+    #[arg(long, value_name = "CHUNKS", default_value_t = crate::runner::DEFAULT_SPLIT_MIN, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) split_min: u64,
     /// Lease length: a partition whose worker stops heartbeating is reclaimed after it.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub(crate) lease: Duration,

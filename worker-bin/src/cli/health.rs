@@ -4,7 +4,7 @@
 
 use anyhow::{Context, Result};
 use tranche_active_store::StatusCounts;
-use tranche_archive_store::Stall;
+use tranche_archive_store::{ARCHIVE_DAMAGED, ArchiveDamage, Stall};
 use tranche_codec::Status;
 use tranche_stats::{Damage, Stats, StatsDelta, diff};
 
@@ -14,11 +14,13 @@ use crate::cli::render;
 
 use crate::cli::ops::Outcome;
 
-/// The statistics delta of every archived record, one per shard, read page by page
-/// across the plans: memory grows with workers, ranges and days, never with the archive.
-async fn archived_deltas(backend: &Backend) -> Result<Vec<StatsDelta>> {
+/// The statistics delta of every archived record that decodes, one per shard, read
+/// page by page across the plans (memory grows with workers, ranges and days, never
+/// with the archive), and every archived value that does not decode.
+async fn archived_deltas(backend: &Backend) -> Result<(Vec<StatsDelta>, Vec<ArchiveDamage>)> {
     let schema = backend.schema()?;
     let mut deltas = vec![StatsDelta::default(); backend.shards as usize];
+    let mut damaged: Vec<ArchiveDamage> = Vec::new();
     for entry in backend.active.plans().await? {
         let mut from = entry.plan.first_pid();
         let last = entry.plan.last_pid();
@@ -27,33 +29,177 @@ async fn archived_deltas(backend: &Backend) -> Result<Vec<StatsDelta>> {
             for r in &page.records {
                 deltas[schema.shard_of(r.pid) as usize].add(r);
             }
+            for d in page.damaged {
+                if !damaged.iter().any(|o| o.key == d.key && o.field == d.field) {
+                    damaged.push(d);
+                }
+            }
             match page.next {
                 Some(next) => from = next,
                 None => break,
             }
         }
     }
-    Ok(deltas)
+    Ok((deltas, damaged))
 }
 
-/// Recomputes the statistics from the archive; repairs each shard if asked.
+/// The statistics kept against those recomputed from `deltas` (the archived records
+/// that decode). With `lost` records set aside as damaged (still counted, never to be
+/// read again) only the count can be compared: the records that decode plus the lost
+/// ones against the count kept.
+/// Returns the differences and the completed counts, (archived, kept).
+async fn compare_stats(
+    backend: &Backend,
+    deltas: &[StatsDelta],
+    lost: u64,
+) -> Result<(Vec<tranche_stats::Difference>, (u64, u64))> {
+    let mut expected = Stats::from_deltas(deltas);
+    expected.global_stats.total_completed += lost;
+    let found = backend.stats.stats().await?;
+    let counts = (
+        expected.global_stats.total_completed,
+        found.global_stats.total_completed,
+    );
+    let differences = diff(&expected, &found);
+    if lost == 0 {
+        return Ok((differences, counts));
+    }
+    let differences = differences
+        .into_iter()
+        .filter(|d| d.path == "global_stats.total_completed")
+        .collect();
+    Ok((differences, counts))
+}
+
+/// How many times `health --check` reads the archive looking for a moment no archive
+/// pass ran in before it judges from the counts alone.
+const SETTLE_TRIES: usize = 3;
+
+/// `health --check`'s statistics differences, read while archivers may write. An
+/// archive pass moves a shard's records and statistics in one atomic step, so when the
+/// completed count reads the same before and after the archive is read, nothing moved
+/// in between and every difference is real. Archived to the end of each try, it judges
+/// only what no pass in flight explains: a count of archived records outside the
+/// counts read before and after (counted twice, or lost).
+async fn settled_differences(backend: &Backend) -> Result<usize> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let before = backend.stats.summary().await?.global_stats.total_completed;
+        let (deltas, archive_damage) = archived_deltas(backend).await?;
+        if !archive_damage.is_empty() {
+            // Unreadable archived values: `archive_damaged` names them.
+            return Ok(0);
+        }
+        let lost = backend.archive.lost_records().await?;
+        let (differences, (archived, after)) = compare_stats(backend, &deltas, lost).await?;
+        let read = SettleRead {
+            before,
+            archived,
+            after,
+            differences: differences.len(),
+        };
+        if let Some(n) = read.verdict(tries == SETTLE_TRIES) {
+            return Ok(n);
+        }
+    }
+}
+
+/// One try of [`settled_differences`]: the completed count kept before and after the
+/// archive was read, the count archived, and how many paths differed.
+#[derive(Debug, Clone, Copy)]
+struct SettleRead {
+    before: u64,
+    archived: u64,
+    after: u64,
+    differences: usize,
+}
+
+impl SettleRead {
+    /// The differences to report, or None to read again.
+    fn verdict(self, last_try: bool) -> Option<usize> {
+        if self.differences == 0 || self.before == self.after {
+            Some(self.differences)
+        } else if last_try {
+            Some(usize::from(
+                !(self.before..=self.after).contains(&self.archived),
+            ))
+        } else {
+            None
+        }
+    }
+}
+
+/// Recomputes the statistics from the archive; repairs each shard if asked (not when
+/// records were lost to damage: the statistics are all that still counts them).
 async fn check_stats(
     backend: &Backend,
+    deltas: &[StatsDelta],
     repair: bool,
-) -> Result<(Vec<tranche_stats::Difference>, u64)> {
-    let deltas = archived_deltas(backend).await?;
-    let expected = Stats::from_deltas(&deltas);
-    let found = backend.stats.stats().await?;
-    let differences = diff(&expected, &found);
-    let count = deltas.iter().map(StatsDelta::len).sum();
-    if repair && !differences.is_empty() {
+) -> Result<Vec<tranche_stats::Difference>> {
+    let lost = backend.archive.lost_records().await?;
+    let (differences, _) = compare_stats(backend, deltas, lost).await?;
+    if repair && !differences.is_empty() && lost == 0 {
         backend.ensure_writable()?;
         for (shard, delta) in deltas.iter().enumerate() {
             backend.stats.replace(shard as u32, delta).await?;
         }
         backend.save().await?;
     }
-    Ok((differences, count))
+    Ok(differences)
+}
+
+/// The archived values that do not decode, one difference each under
+/// `archive_records.` (shard, key and field, what is wrong); with `repair` each is set
+/// aside in its shard's quarantine ([`Archiver::repair_damage`]
+/// (tranche_archive_store::Archiver::repair_damage)), its records still counted.
+/// Returns the differences and how many values are left damaged.
+async fn check_archive(
+    backend: &Backend,
+    found: &[ArchiveDamage],
+    repair: bool,
+) -> Result<(Vec<tranche_stats::Difference>, usize)> {
+    let mut differences = Vec::with_capacity(found.len());
+    let mut left = Vec::new();
+    for d in found {
+        let expected = if repair {
+            backend.ensure_writable()?;
+            match backend
+                .archive
+                .repair_damage(d)
+                .await
+                .with_context(|| format!("cannot set aside {}", d.location()))?
+            {
+                Some(0) => "nothing to set aside: it changed or went since it was read".to_owned(),
+                Some(lost) => format!(
+                    "set aside in the shard's archive:quarantine; {lost} record(s) lost, still counted in the statistics"
+                ),
+                None => {
+                    left.push(d.clone());
+                    "left in place: a segment holds other batches whole (export what decodes and restore)".to_owned()
+                }
+            }
+        } else {
+            left.push(d.clone());
+            format!(
+                "a readable record (`tranche check --repair` sets it aside; {} stay counted)",
+                match &d.field {
+                    Some(_) => "it stays completed and its statistics",
+                    None => "its records stay completed and their statistics",
+                }
+            )
+        };
+        differences.push(tranche_stats::Difference {
+            path: format!("archive_records.shard{}.{}", d.shard, d.location()),
+            expected: Some(expected),
+            found: Some(format!("{}: {}", ARCHIVE_DAMAGED, d.detail)),
+        });
+    }
+    if repair {
+        backend.archive.note_damage(&left).await?;
+        backend.save().await?;
+    }
+    Ok((differences, left.len()))
 }
 
 /// The active layer's kept status counts against a count of its records, as
@@ -192,13 +338,18 @@ pub(crate) async fn check(backend: &Backend, repair: bool, json: bool) -> Result
     let dead = check_dead_letters(backend, repair).await?;
     let damaged = check_damage(backend, repair).await?;
     let corrupt = check_records(backend, repair).await?;
-    // Damage left in place makes the statistics unreadable: it is the finding, and
-    // the comparison waits for the repair.
-    let (mut differences, records) = if damaged.found.is_empty() || repair {
-        check_stats(backend, repair).await?
-    } else {
-        (Vec::new(), archived_count(backend).await?)
-    };
+    let (mut deltas, archive_damage) = archived_deltas(backend).await?;
+    let (mut differences, archive_left) = check_archive(backend, &archive_damage, repair).await?;
+    if repair && !archive_damage.is_empty() {
+        // What the repair set aside is no longer read: compare what is left.
+        deltas = archived_deltas(backend).await?.0;
+    }
+    let records = deltas.iter().map(StatsDelta::len).sum();
+    // Damage left in place makes the statistics unreadable, or the archive incomplete:
+    // it is the finding, and the comparison waits for the repair.
+    if (damaged.found.is_empty() && archive_damage.is_empty()) || repair {
+        differences.extend(check_stats(backend, &deltas, repair).await?);
+    }
     // Corrupt records left in place stop the count of the records: they are the
     // finding, and the comparison waits for the repair.
     if corrupt.is_empty() || repair {
@@ -210,8 +361,28 @@ pub(crate) async fn check(backend: &Backend, repair: bool, json: bool) -> Result
         "{}",
         render::check(&differences, records, &dead, &damaged, repair, json)
     );
-    if repair || (differences.is_empty() && damaged.found.is_empty()) {
+    if repair {
+        if archive_left > 0 {
+            return Ok(Outcome::Failed(format!(
+                "{archive_left} damaged archived value(s) left in place (a segment); the rest repaired"
+            )));
+        }
         return Ok(Outcome::Success);
+    }
+    if differences.is_empty() && damaged.found.is_empty() {
+        return Ok(Outcome::Success);
+    }
+    if !archive_damage.is_empty() {
+        let mut shards: Vec<String> = archive_damage
+            .iter()
+            .map(|d| format!("shard {}", d.shard))
+            .collect();
+        shards.dedup();
+        return Ok(Outcome::Failed(format!(
+            "{} damaged archived value(s) in {}; `tranche check --repair` sets them aside (their records stay counted)",
+            archive_damage.len(),
+            shards.join(", ")
+        )));
     }
     if unreadable > 0 && damaged.found.is_empty() {
         return Ok(Outcome::Failed(format!(
@@ -234,15 +405,6 @@ pub(crate) async fn check(backend: &Backend, repair: bool, json: bool) -> Result
             n => format!(", and {n} difference(s)"),
         }
     )))
-}
-
-/// How many records the archive holds (what `check` compares the statistics with).
-async fn archived_count(backend: &Backend) -> Result<u64> {
-    Ok(archived_deltas(backend)
-        .await?
-        .iter()
-        .map(StatsDelta::len)
-        .sum())
 }
 
 pub(crate) async fn health(backend: &Backend, args: &HealthArgs, json: bool) -> Result<Outcome> {
@@ -354,6 +516,7 @@ pub(crate) async fn health_rules(
         render::Rule::new("dead_letters", dead_letters as f64, 0.0),
         stalled_rule(&stalls),
         damaged_rule(&stalls, unreadable.as_ref()),
+        archive_damaged_rule(&backend.archive.damaged().await?),
         overdue_rule(
             backend,
             args,
@@ -367,7 +530,7 @@ pub(crate) async fn health_rules(
         // Damage makes the statistics unreadable; each damaged value is a difference.
         let damage = find_damage(backend).await?;
         let differences = if damage.is_empty() {
-            check_stats(backend, false).await?.0.len()
+            settled_differences(backend).await?
         } else {
             damage.len()
         };
@@ -443,6 +606,20 @@ fn damaged_rule(stalls: &[Stall], unreadable: Option<&tranche_stats::Error>) -> 
     })
 }
 
+/// `archive_damaged`: archived values that do not decode, as reads met them (`get`,
+/// `list`, `check`, the archiver's sealing) or the archiver's scrub found them (a
+/// slice of the archive after every sweep); cleared as `tranche check --repair` sets
+/// them aside.
+fn archive_damaged_rule(damaged: &[ArchiveDamage]) -> render::Rule {
+    render::Rule::new("archive_damaged", damaged.len() as f64, 0.0).detail(|| {
+        let named: Vec<String> = damaged.iter().map(ArchiveDamage::location).collect();
+        format!(
+            "{ARCHIVE_DAMAGED}: {}; `tranche check --repair` sets them aside (their records stay counted)",
+            named.join(", ")
+        )
+    })
+}
+
 /// How many times the p99 partition duration a partition may run before it is overdue
 /// (unless `--max-partition-time` is longer).
 const OVERDUE_P99S: f64 = 10.0;
@@ -497,4 +674,38 @@ async fn overdue_rule(
             )
         }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SettleRead;
+
+    fn read(before: u64, archived: u64, after: u64, differences: usize) -> SettleRead {
+        SettleRead {
+            before,
+            archived,
+            after,
+            differences,
+        }
+    }
+
+    #[test]
+    fn a_quiet_read_reports_every_difference() {
+        assert_eq!(read(10, 10, 10, 0).verdict(false), Some(0));
+        assert_eq!(read(11, 10, 11, 3).verdict(false), Some(3));
+    }
+
+    #[test]
+    fn a_read_an_archive_pass_crossed_is_tried_again() {
+        assert_eq!(read(10, 12, 14, 5).verdict(false), None);
+    }
+
+    #[test]
+    fn never_quiet_judges_the_count_alone() {
+        // Archived between the counts read before and after: passes in flight.
+        assert_eq!(read(10, 12, 14, 5).verdict(true), Some(0));
+        // Kept more than ever archived (counted twice), or fewer (lost).
+        assert_eq!(read(10, 8, 14, 5).verdict(true), Some(1));
+        assert_eq!(read(10, 15, 14, 5).verdict(true), Some(1));
+    }
 }

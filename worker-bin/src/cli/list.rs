@@ -61,6 +61,9 @@ pub(crate) struct Page {
 enum Row {
     Active(Partition),
     Archived(CompletedRecord),
+    /// An archived value that does not decode: one record's (its pid) or a whole
+    /// batch's (its first pid).
+    Damaged(u64, tranche_archive_store::ArchiveDamage),
 }
 
 /// Reads one page: partitions in `state` (every active state when `None`), of `worker`
@@ -186,12 +189,31 @@ async fn archived(
         }
         let page = backend.archive.range(from..=last, limit).await?;
         examined += page.records.len();
+        let first = rows.len();
         rows.extend(
             page.records
                 .into_iter()
                 .filter(|r| worker.is_none_or(|w| &*r.worker == w))
                 .map(Row::Archived),
         );
+        // Damaged values answer for their pids (whose worker nobody can read).
+        if worker.is_none() {
+            let size = backend.schema()?.batch_size();
+            for d in page.damaged {
+                let pid = match d.field.as_deref().map(str::parse::<u64>) {
+                    Some(Ok(pid)) => pid,
+                    _ => (d.batch * size).max(from),
+                };
+                if pid >= from
+                    && !rows
+                        .iter()
+                        .any(|r| matches!(r, Row::Damaged(p, _) if *p == pid))
+                {
+                    rows.push(Row::Damaged(pid, d));
+                }
+            }
+            rows[first..].sort_by_key(Row::pid);
+        }
         match page.next {
             Some(next) if next > from => from = next,
             _ => break,
@@ -207,6 +229,7 @@ impl Row {
         match self {
             Row::Active(p) => p.pid,
             Row::Archived(r) => r.pid,
+            Row::Damaged(pid, _) => *pid,
         }
     }
 }
@@ -246,6 +269,14 @@ pub(crate) fn render(page: &Page, json: bool) -> String {
                     r.duration_ms
                 ),
             ),
+            Row::Damaged(pid, d) => (
+                *pid,
+                "-".to_owned(),
+                "damaged",
+                "-".to_owned(),
+                "-".to_owned(),
+                damaged_detail(d),
+            ),
         };
         let _ = writeln!(
             out,
@@ -283,9 +314,31 @@ fn active_detail(p: &Partition) -> String {
     }
 }
 
+/// What a damaged row says: the value, what is wrong, what to do.
+fn damaged_detail(d: &tranche_archive_store::ArchiveDamage) -> String {
+    format!(
+        "{}{}: {} ({}); `tranche check --repair` sets it aside",
+        tranche_archive_store::ARCHIVE_DAMAGED,
+        if d.field.is_some() {
+            String::new()
+        } else {
+            format!(" (all of batch {})", d.batch)
+        },
+        d.detail,
+        d.location()
+    )
+}
+
 /// A row in `get --json`'s one shape.
 fn row_json(row: &Row) -> Value {
     match row {
+        Row::Damaged(pid, d) => {
+            let mut v = view_json(*pid, &PartitionView::Unknown);
+            v["status"] = json!("completed");
+            v["layer"] = json!("archive");
+            v["damaged"] = json!(damaged_detail(d));
+            v
+        }
         Row::Active(p) => view_json(p.pid, &PartitionView::Active(p.clone())),
         Row::Archived(r) => {
             let mut v = view_json(r.pid, &PartitionView::Unknown);

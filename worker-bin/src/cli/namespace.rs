@@ -1,9 +1,11 @@
-//! Commands about whole namespaces: `pause`, `resume`, `plans`, `namespaces`, `drop`.
+//! Commands about whole namespaces: `pause`, `resume`, `archive-format`, `plans`,
+//! `namespaces`, `drop`.
 
 use std::fmt::Write as _;
 
 use anyhow::{Result, bail};
 use serde_json::{Value, json};
+use tranche_archive_store::ArchiveFormat;
 
 use crate::backend::{self, Backend, Connections, Open, Tuning};
 use crate::cli::args::Global;
@@ -30,6 +32,50 @@ pub(crate) async fn set_paused(g: &Global, paused: bool) -> Result<Outcome> {
             }
         ),
         json!({"namespace": backend.namespace, "paused": paused}),
+    );
+    Ok(Outcome::Success)
+}
+
+/// `archive-format [--raise N]`: the namespace's archive format, raised when asked.
+pub(crate) async fn archive_format(g: &Global, raise: Option<u8>) -> Result<Outcome> {
+    let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
+    let Some(archive) = backend.redis_archive() else {
+        bail!(
+            "archive-format needs --redis: an embedded namespace keeps its archive in its state file, which has no segment format"
+        );
+    };
+    let before = archive.format().await?;
+    let asked =
+        raise.map(|n| ArchiveFormat::from_number(u64::from(n)).expect("clap allows 1..=2 only"));
+    let now = match asked {
+        Some(to) if to > before => archive.raise_format(to).await?,
+        _ => before,
+    };
+    let latest = ArchiveFormat::LATEST.number();
+    let text = match asked {
+        Some(to) if to < before => format!(
+            "archive format stays {}: a format is never lowered",
+            now.number()
+        ),
+        Some(_) if now > before => format!(
+            "archive format raised from {} to {}: archivers write it from their next sweep",
+            before.number(),
+            now.number()
+        ),
+        _ => format!(
+            "archive format {} (this version writes up to {latest})",
+            now.number()
+        ),
+    };
+    crate::cli::ops::say(
+        g.json,
+        format_args!("{text}"),
+        json!({
+            "namespace": backend.namespace,
+            "archive_format": now.number(),
+            "was": before.number(),
+            "latest": latest,
+        }),
     );
     Ok(Outcome::Success)
 }

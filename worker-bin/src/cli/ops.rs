@@ -55,11 +55,11 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             .await
         }
         Command::Get { pid } => {
-            let job = crate::query::Job::from_backend(
-                Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
-            );
-            let view = job.get(pid).await?;
-            print!("{}", render::view(pid, &view, json));
+            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
+            let active = backend.active.clone();
+            let view = crate::query::Job::from_backend(backend).get(pid).await?;
+            let pieces = pieces_of(active.as_ref(), &view).await?;
+            print!("{}", render::view(pid, &view, &pieces, json));
             Ok(Outcome::Success)
         }
         Command::Locate { id } => {
@@ -108,6 +108,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
         Command::Pause => crate::cli::namespace::set_paused(g, true).await,
         Command::Resume => crate::cli::namespace::set_paused(g, false).await,
         Command::Plans => crate::cli::namespace::plans(g).await,
+        Command::ArchiveFormat { raise } => crate::cli::namespace::archive_format(g, raise).await,
         Command::Namespaces => crate::cli::namespace::list(g).await,
         Command::Serve(args) => crate::cli::serve::serve(g, args).await,
         Command::Drop { yes, force } => crate::cli::namespace::drop(g, yes, force).await,
@@ -344,6 +345,18 @@ pub(crate) async fn state_of(backend: &Backend, pid: u64) -> &'static str {
     }
 }
 
+/// The pieces a split cut off `view`'s partition while it is active (`get`, and the
+/// dashboard's `/api/v1/get/PID`); none for any other answer.
+pub(crate) async fn pieces_of(
+    active: &dyn tranche_active_store::ActiveStore,
+    view: &tranche_router::PartitionView,
+) -> Result<Vec<tranche_active_store::Piece>, tranche_active_store::Error> {
+    match view {
+        tranche_router::PartitionView::Active(p) => active.pieces(p.pid).await,
+        _ => Ok(Vec::new()),
+    }
+}
+
 /// The store's refusal of a plan as the command says it.
 fn plan_refused(e: tranche_active_store::Error) -> anyhow::Error {
     match e {
@@ -380,8 +393,7 @@ async fn run(g: &crate::cli::args::Global, args: RunArgs) -> Result<Outcome> {
         claim_idle: crate::duration::claim_idle(),
     };
     let stop = signals(args.grace)?;
-    let backend = Backend::open(&g.location(), Open::Existing, tuning).await?;
-    backend.ensure_writable()?;
+    let backend = Backend::open_writable(&g.location(), Open::Existing, tuning).await?;
     let job = match (&args.exec, args.simulate) {
         (Some(cmd), false) => Job::Exec(cmd.clone()),
         (None, true) => {
@@ -406,6 +418,8 @@ async fn run(g: &crate::cli::args::Global, args: RunArgs) -> Result<Outcome> {
         max_attempts: args.max_attempts,
         follow: args.follow,
         until_idle: false,
+        split: !args.no_split,
+        split_min: args.split_min,
         reaper: !args.no_reaper,
         archiver: !args.no_archiver,
         heartbeat: !args.no_heartbeat,
@@ -497,7 +511,40 @@ async fn run(g: &crate::cli::args::Global, args: RunArgs) -> Result<Outcome> {
             report.counts.failed
         )));
     }
+    if !report.stalls.is_empty() {
+        let left = match backend.inbox_len().await {
+            Ok(n) => entries(n),
+            Err(_) => "inbox entries".to_owned(),
+        };
+        return Ok(Outcome::Failed(stalled_outcome(&report.stalls, &left)));
+    }
     Ok(Outcome::Success)
+}
+
+/// The one line a drain that ended on stalled shards says: which, what is left, why
+/// and how to repair.
+fn stalled_outcome(stalls: &[tranche_archive_store::Stall], left: &str) -> String {
+    let shards: Vec<String> = stalls.iter().map(|s| s.shard.to_string()).collect();
+    let why: Vec<String> = stalls
+        .iter()
+        .map(|s| format!("shard {}: {}", s.shard, render::shown(&s.reason)))
+        .collect();
+    let repair = if stalls.iter().all(|s| s.stats_damaged()) {
+        "`tranche check --repair` rebuilds damaged statistics, then `tranche archive` drains them"
+    } else {
+        "`tranche check` names the damage and `tranche check --repair` repairs it, then `tranche archive` drains them"
+    };
+    format!(
+        "archive stalled on shard{} {}: {left} left ({}); {repair}",
+        if shards.len() == 1 { "" } else { "s" },
+        shards.join(", "),
+        why.join("; "),
+    )
+}
+
+/// `n inbox entries`.
+fn entries(n: u64) -> String {
+    format!("{n} inbox entr{}", if n == 1 { "y" } else { "ies" })
 }
 
 /// Prints a command's outcome: `text` for a person, or with `--json` the one object
@@ -532,8 +579,7 @@ async fn archive(g: &crate::cli::args::Global, args: ArchiveArgs) -> Result<Outc
         ..Tuning::default()
     };
     let stop = signals(Duration::from_secs(5))?;
-    let backend = Backend::open(&g.location(), Open::Existing, tuning).await?;
-    backend.ensure_writable()?;
+    let backend = Backend::open_writable(&g.location(), Open::Existing, tuning).await?;
     if follow {
         let mut s = stop.clone();
         let snapshots = Snapshots {
@@ -545,13 +591,12 @@ async fn archive(g: &crate::cli::args::Global, args: ArchiveArgs) -> Result<Outc
         })
         .await;
     }
-    let stalls = drain_or_stall(&backend, &stop).await;
+    let stalls = crate::work::drain_archive(&backend, &stop).await;
     if let Err(err) = backend.stats.publish_snapshot().await {
         tracing::warn!(%err, "statistics snapshot failed");
     }
     backend.save().await?;
     let left = backend.inbox_len().await?;
-    let entries = |n: u64| format!("{n} inbox entr{}", if n == 1 { "y" } else { "ies" });
     if left == 0 || stalls.is_empty() {
         say(
             g.json,
@@ -580,65 +625,9 @@ async fn archive(g: &crate::cli::args::Global, args: ArchiveArgs) -> Result<Outc
         return Ok(Outcome::Interrupted);
     }
     if left > 0 && !stalls.is_empty() {
-        let shards: Vec<String> = stalls.iter().map(|s| s.shard.to_string()).collect();
-        let repair = if stalls.iter().any(|s| s.stats_damaged()) {
-            "; `tranche check --repair` rebuilds damaged statistics"
-        } else {
-            ""
-        };
-        return Ok(Outcome::Failed(format!(
-            "archive stalled on shard{} {}: {} left{repair}",
-            if shards.len() == 1 { "" } else { "s" },
-            shards.join(", "),
-            entries(left)
-        )));
+        return Ok(Outcome::Failed(stalled_outcome(&stalls, &entries(left))));
     }
     Ok(Outcome::Success)
-}
-
-/// `tranche archive`'s drain: passes until the inboxes are empty or nothing more can
-/// be done, which is when a pass archives nothing (`entries == 0`) and leaves entries
-/// on stalled shards (a stalled shard stays stalled until repaired; the other shards
-/// go on while they archive anything, then the drain ends at once rather than waiting
-/// on it). With no stall, entries held by another archiver are waited for until they
-/// can be taken over, as the run's own drain does. Returns the stalled shards.
-async fn drain_or_stall(
-    backend: &Backend,
-    stop: &watch::Receiver<Stop>,
-) -> Vec<tranche_archive_store::Stall> {
-    let patience = backend.archive_config.claim_idle + Duration::from_secs(5);
-    let started = std::time::Instant::now();
-    loop {
-        if *stop.borrow() == Stop::Abort {
-            return Vec::new();
-        }
-        let pass = backend.archive.archive_once().await;
-        let left = backend.inbox_len().await;
-        match (&pass, &left) {
-            (_, Ok(0)) => return Vec::new(),
-            (Ok(pass), Ok(_)) if pass.entries > 0 => continue,
-            (Ok(pass), Ok(_)) if pass.stalled > 0 => match backend.archive.stalled().await {
-                Ok(stalls) if !stalls.is_empty() => return stalls,
-                Ok(_) => {}
-                Err(err) => tracing::warn!(%err, "cannot read the stalled shards"),
-            },
-            _ => {}
-        }
-        if let Err(err) = &pass {
-            tracing::warn!(%err, "archive pass failed");
-        }
-        if let Err(err) = &left {
-            tracing::warn!(%err, "cannot read the inbox length");
-        }
-        if started.elapsed() > patience {
-            tracing::warn!(
-                left = left.ok(),
-                "inbox entries are left (held by other archivers?); `tranche archive` will finish them"
-            );
-            return backend.archive.stalled().await.unwrap_or_default();
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// What `status` shows, read in O(shards).

@@ -6,7 +6,7 @@ use std::fmt::Write;
 use anyhow::Result;
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
-use tranche_active_store::{StatusCounts, WorkerState};
+use tranche_active_store::{Piece, StatusCounts, WorkerState};
 use tranche_archive_store::{DeadLetter, Redrive};
 use tranche_codec::{CompletedRecord, Partition};
 use tranche_router::{Fallback, Located, MergedStats, PartitionView};
@@ -327,7 +327,10 @@ mod tests {
         p.deadline_ms = Some(1_719_234_430_000);
         p.last_error =
             Some("chunk 3 (41301..=41400) failed: exit status 1: connection refused".into());
-        let mut out = view(42, &PartitionView::Active(p), false);
+        let mut out = view(42, &PartitionView::Active(p), &[], false);
+        out.push_str("---\n");
+        let (split, pieces) = split_partition();
+        out.push_str(&view(43, &PartitionView::Active(split), &pieces, false));
         out.push_str("---\n");
         let r = record(7, "worker2", 1_719_234_405, 295_000);
         out.push_str(&view(
@@ -336,6 +339,7 @@ mod tests {
                 record: r.clone(),
                 tier: Tier::Compressed,
             },
+            &[],
             false,
         ));
         out.push_str("---\n");
@@ -345,6 +349,7 @@ mod tests {
                 pid: 8,
                 range: 7001..=8000,
             },
+            &[],
             false,
         ));
         out.push_str("---\n");
@@ -357,10 +362,11 @@ mod tests {
                 cause: Fallback::Expired,
                 summary,
             },
+            &[],
             false,
         ));
         out.push_str("---\n");
-        out.push_str(&view(99_999, &PartitionView::Unknown, false));
+        out.push_str(&view(99_999, &PartitionView::Unknown, &[], false));
         insta::assert_snapshot!(out);
         insta::assert_snapshot!(view(
             7,
@@ -368,8 +374,51 @@ mod tests {
                 record: r,
                 tier: Tier::Simple
             },
+            &[],
             true
         ));
+        let (split, pieces) = split_partition();
+        insta::assert_snapshot!(view(43, &PartitionView::Active(split), &pieces, true));
+    }
+
+    /// Partition 43 (42001..=43000) split twice while it runs: its owner, worker1, holds
+    /// 42001..=42500; worker2 runs 42501..=42750; 42751..=43000 waits for a claim after
+    /// a failed attempt.
+    fn split_partition() -> (Partition, Vec<Piece>) {
+        let mut p = Partition::pending(43, 42_001, 42_500, 1_719_234_400_000);
+        p.status = PartitionStatus::Running;
+        p.worker = Some("worker1".into());
+        p.attempts = 1;
+        p.progress = 42_201;
+        p.deadline_ms = Some(1_719_234_430_000);
+        let piece = |start: u64, max_id: u64, status, worker: &str, attempts, progress| Piece {
+            pid: 43,
+            start,
+            max_id,
+            status,
+            worker: Some(worker.into()),
+            progress,
+            attempts,
+        };
+        let pieces = vec![
+            piece(
+                42_501,
+                42_750,
+                PartitionStatus::Running,
+                "worker2",
+                1,
+                42_601,
+            ),
+            piece(
+                42_751,
+                43_000,
+                PartitionStatus::Pending,
+                "worker-3",
+                1,
+                42_751,
+            ),
+        ];
+        (p, pieces)
     }
 
     /// `get --json` has one shape: every layer's answer carries the same keys.
@@ -503,8 +552,18 @@ mod tests {
         let mut p = Partition::pending(42, 41_001, 42_000, 1_719_234_400_000);
         p.worker = Some(hostile.into());
         p.last_error = Some(format!("failed: {hostile}"));
-        let out = view(42, &PartitionView::Active(p), false);
+        let piece = Piece {
+            pid: 42,
+            start: 41_501,
+            max_id: 42_000,
+            status: PartitionStatus::Running,
+            worker: Some(hostile.into()),
+            progress: 41_501,
+            attempts: 1,
+        };
+        let out = view(42, &PartitionView::Active(p), &[piece], false);
         assert!(!out.contains('\x1b') && !out.contains('\x07'), "{out:?}");
+        assert_eq!(out.matches("w\\u{1b}]0;pwned").count(), 3, "{out}");
         assert!(out.contains("w\\u{1b}]0;pwned\\u{7}"), "{out}");
         let mut info = WorkerInfo {
             id: hostile.into(),
@@ -621,6 +680,7 @@ mod tests {
             interrupted: false,
             broken: None,
             failed_pids: Vec::new(),
+            stalls: Vec::new(),
         };
         insta::assert_snapshot!(run_summary(
             &report,

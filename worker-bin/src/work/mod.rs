@@ -27,6 +27,8 @@ use crate::held::{self, Hold, LeaseBook};
 use crate::job::{Chunk, ChunkError, Job};
 
 mod partition;
+mod recent;
+mod split;
 mod tasks;
 
 use partition::PartitionCtx;
@@ -77,6 +79,11 @@ pub(crate) struct Settings {
     pub(crate) observer: Option<Arc<dyn Observer>>,
     /// Rate limits, probes and active hours of the worker's own (`crate::control`).
     pub(crate) control: crate::control::Options,
+    /// Whether idle slots split other workers' running partitions, and this process's
+    /// own may be cut (`--no-split` turns it off).
+    pub(crate) split: bool,
+    /// The smallest piece a split cuts off, in chunks (`--split-min`).
+    pub(crate) split_min: u64,
 }
 
 /// Something attached to a run from outside the engine: how the command line hangs its
@@ -126,6 +133,9 @@ pub(crate) struct Report {
     pub(crate) broken: Option<String>,
     /// Partitions that ended failed here.
     pub(crate) failed_pids: Vec<u64>,
+    /// The shards whose archive stalled in the final drain, their entries left in the
+    /// inbox until repaired (empty when the drain archived everything or did not run).
+    pub(crate) stalls: Vec<tranche_archive_store::Stall>,
 }
 
 /// [`Shared`]'s counters at one instant.
@@ -157,9 +167,10 @@ pub(crate) struct Shared {
     observer: Option<Arc<dyn Observer>>,
     /// Partition durations, ms.
     durations_ms: Mutex<Histogram<u64>>,
-    /// Latency of this worker's store updates (heartbeat, complete, fail), µs: the
-    /// seed's "worker update latency" alert reads its p99.
-    update_us: Mutex<Histogram<u64>>,
+    /// Latency of this worker's store updates (heartbeat, complete, fail), µs, over
+    /// recent updates only: the seed's "worker update latency" alert reads its p99,
+    /// which an outage must not hold high once updates flow again.
+    update_us: Mutex<recent::RecentLatency>,
     /// Why the command cannot run, once a chunk showed it: the run stops claiming.
     broken: Mutex<Option<String>>,
     /// Partitions that ended failed here, for the run's report.
@@ -179,7 +190,7 @@ impl Shared {
             chunks_in_flight: AtomicU64::new(0),
             observer,
             durations_ms: Mutex::new(hist()),
-            update_us: Mutex::new(hist()),
+            update_us: Mutex::new(recent::RecentLatency::new(Instant::now())),
             broken: Mutex::new(None),
             failed_pids: Mutex::new(Vec::new()),
         }
@@ -246,16 +257,18 @@ impl Shared {
         self.broken.lock().expect("not poisoned").is_some()
     }
 
-    /// Runs one chunk, counted in flight and timed for the observer.
+    /// Runs one chunk, counted in flight and timed for the observer; `fence` is its
+    /// lease's ([`crate::held::Hold::fence`]).
     async fn chunk(
         &self,
         job: &Job,
         c: Chunk,
         abort: impl std::future::Future<Output = Duration>,
+        fence: crate::job::Fence,
     ) -> Result<(), ChunkError> {
         self.chunks_in_flight.fetch_add(1, Relaxed);
         let started = Instant::now();
-        let result = job.run(c, abort).await;
+        let result = job.run(c, abort, Some(fence)).await;
         self.emit(|| Event::ChunkDone {
             pid: c.pid,
             index: c.index,
@@ -277,7 +290,7 @@ impl Shared {
         self.update_us
             .lock()
             .expect("not poisoned")
-            .saturating_record(us);
+            .record(us, Instant::now());
     }
 }
 
@@ -289,7 +302,7 @@ pub(crate) async fn run(
 ) -> Result<Report> {
     let started = Instant::now();
     let shared = Arc::new(Shared::new(settings.observer.clone()));
-    let book = Arc::new(LeaseBook::new(settings.lease));
+    let book = Arc::new(LeaseBook::new(settings.lease, settings.split));
     let (bg_tx, bg_rx) = watch::channel(false);
     let mut background = JoinSet::new();
     background.spawn(held::heartbeat(
@@ -359,8 +372,19 @@ pub(crate) async fn run(
     let _ = bg_tx.send(true);
     while background.join_next().await.is_some() {}
     let interrupted = *stop.borrow() != Stop::Running;
+    let mut stalls = Vec::new();
     if settings.archiver && *stop.borrow() != Stop::Abort {
-        drain_archive(backend, &stop).await;
+        stalls = drain_archive(backend, &stop).await;
+        if !stalls.is_empty() {
+            let shards: Vec<String> = stalls.iter().map(|s| s.shard.to_string()).collect();
+            tracing::warn!(
+                shards = %shards.join(", "),
+                "archive stalled; its entries stay in the inbox until the shard is repaired (`tranche check --repair`)"
+            );
+        }
+        if let Err(err) = backend.stats.publish_snapshot().await {
+            tracing::warn!(%err, "statistics snapshot failed");
+        }
     }
     if settings.heartbeat
         && let Err(err) = backend.active.deregister(&settings.worker).await
@@ -385,6 +409,7 @@ pub(crate) async fn run(
         interrupted,
         broken: shared.broken.lock().expect("not poisoned").take(),
         failed_pids: std::mem::take(&mut *shared.failed_pids.lock().expect("not poisoned")),
+        stalls,
     })
 }
 
@@ -417,6 +442,7 @@ async fn claim_loop(
     });
 
     let mut idle = Duration::from_millis(10);
+    let mut splitter = split::Splitter::default();
     let mut last_save = Instant::now();
     let mut paused = false;
     let mut pause_read: Option<Instant> = None;
@@ -506,7 +532,7 @@ async fn claim_loop(
                             attempt: lease.attempt,
                         });
                         // Held from now on: renewed by the heartbeats while it waits.
-                        let hold = book.hold(&lease, sent.into());
+                        let hold = book.hold(&lease, false, sent.into());
                         queue.push_back((lease, hold));
                     }
                 }
@@ -519,9 +545,32 @@ async fn claim_loop(
                 Err(err) => tracing::warn!(%err, "claim failed; retrying"),
             }
         }
+        // Nothing to claim and a slot free: take a piece of a split partition, or ask
+        // for one (the holder cuts it in its next beat).
+        if claimed == 0
+            && settings.split
+            && queue.is_empty()
+            && tasks.len() < concurrency
+            && !shared.is_broken()
+        {
+            claimed = splitter
+                .step(
+                    backend,
+                    settings,
+                    shared,
+                    book,
+                    &mut queue,
+                    concurrency - tasks.len(),
+                )
+                .await;
+        }
         if claimed > 0 {
             idle = Duration::from_millis(10);
             continue;
+        }
+        // Pieces asked for are cut in their holders' next beat: look for them often.
+        if splitter.awaits_cut() {
+            idle = idle.min(split::AWAIT_TURN);
         }
         if tasks.is_empty() && queue.is_empty() && !settings.follow {
             if settings.until_idle {
@@ -539,7 +588,9 @@ async fn claim_loop(
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
             _ = stop.changed() => {}
             () = tokio::time::sleep(idle), if claim_due || tasks.is_empty() => {
-                idle = (idle * 2).min(Duration::from_secs(1));
+                // With splitting on, idle slots look for pieces and stragglers often.
+                let most = if settings.split { split::IDLE_TURN } else { Duration::from_secs(1) };
+                idle = (idle * 2).min(most);
             }
         }
     }
@@ -564,11 +615,16 @@ async fn release_queued(
     shared: &Shared,
     queue: &mut VecDeque<(Lease, Arc<Hold>)>,
 ) {
-    for (lease, _) in queue.drain(..) {
+    for (lease, hold) in queue.drain(..) {
         book.drop_lease(&lease);
         shared.released.fetch_add(1, Relaxed);
         shared.emit(|| Event::Released { pid: lease.pid });
-        if let Err(err) = backend.active.release(&lease, lease.progress).await {
+        let released = if hold.piece {
+            backend.active.release_piece(&lease, lease.progress).await
+        } else {
+            backend.active.release(&lease, lease.progress).await
+        };
+        if let Err(err) = released {
             tracing::warn!(pid = lease.pid, %err, "could not release a queued partition; its lease will expire");
         }
     }

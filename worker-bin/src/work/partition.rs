@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tranche_active_store::{ActiveStore, Error as ActiveError, FailOutcome, FailPolicy, Lease};
+use tranche_active_store::{
+    ActiveStore, Completion, Error as ActiveError, FailOutcome, FailPolicy, Lease, PieceDone,
+};
 use tranche_window::SlidingWindow;
 
 use crate::event::Event;
@@ -58,8 +60,21 @@ impl PartitionCtx {
         let result = match ended {
             Ended::Done => {
                 let ms = started.elapsed().as_millis() as u64;
-                let r = self.active.complete(&lease, ms).await.map(|_| ());
-                if r.is_ok() {
+                // Counted once, by whoever finishes the partition's last part: an owner
+                // part with pieces left is not (a piece may still fail the partition),
+                // and neither is a piece with other parts left.
+                let r = if hold.piece {
+                    self.active
+                        .complete_piece(&lease)
+                        .await
+                        .map(|done| done == PieceDone::Completed)
+                } else {
+                    self.active
+                        .complete(&lease, ms)
+                        .await
+                        .map(|done| done != Completion::PartDone)
+                };
+                if matches!(r, Ok(true)) {
                     self.shared.completed.fetch_add(1, Relaxed);
                     self.shared.emit(|| Event::PartitionDone {
                         pid,
@@ -72,14 +87,24 @@ impl PartitionCtx {
                         .expect("not poisoned")
                         .saturating_record(ms.max(1));
                 }
-                r
+                r.map(|_| ())
             }
             Ended::Failed(reason, policy) => {
                 self.shared.failed_attempts.fetch_add(1, Relaxed);
-                // Keep the checkpoint, so the retry resumes past the chunks that finished.
-                let r = match self.active.heartbeat(&lease, checkpoint).await {
-                    Ok(()) => self.active.fail_with(&lease, &reason, policy).await,
-                    Err(e) => Err(e),
+                // A piece spends an attempt as its partition would; its last one (or a
+                // permanent failure) fails the partition, which is then whole again.
+                let piece_from = hold.piece.then_some(lease.min_id);
+                let r = if hold.piece {
+                    self.active
+                        .fail_piece(&lease, checkpoint, &reason, policy)
+                        .await
+                } else {
+                    // Keep the checkpoint, so the retry resumes past the chunks that
+                    // finished.
+                    match self.active.heartbeat(&lease, checkpoint).await {
+                        Ok(()) => self.active.fail_with(&lease, &reason, policy).await,
+                        Err(e) => Err(e),
+                    }
                 };
                 if let Ok(outcome) = &r {
                     self.shared.emit(|| Event::AttemptFailed {
@@ -101,6 +126,7 @@ impl PartitionCtx {
                 match &r {
                     Ok(FailOutcome::Retry { ready_at_ms }) => tracing::info!(
                         pid,
+                        piece_from,
                         "attempt {} of {} failed, retrying in {}: {reason}",
                         lease.attempt,
                         self.settings.max_attempts,
@@ -108,11 +134,13 @@ impl PartitionCtx {
                     ),
                     Ok(FailOutcome::Failed) if policy.permanent => tracing::warn!(
                         pid,
+                        piece_from,
                         "partition failed on attempt {} (permanent, not retried): {reason}",
                         lease.attempt
                     ),
                     Ok(FailOutcome::Failed) => tracing::warn!(
                         pid,
+                        piece_from,
                         "partition failed after {} attempt(s): {reason}",
                         lease.attempt
                     ),
@@ -125,12 +153,12 @@ impl PartitionCtx {
                 self.shared.broken(reason);
                 self.shared.released.fetch_add(1, Relaxed);
                 self.shared.emit(|| Event::Released { pid });
-                self.active.release(&lease, checkpoint).await
+                self.release(&lease, &hold, checkpoint).await
             }
             Ended::Stopped => {
                 self.shared.released.fetch_add(1, Relaxed);
                 self.shared.emit(|| Event::Released { pid });
-                self.active.release(&lease, checkpoint).await
+                self.release(&lease, &hold, checkpoint).await
             }
             Ended::Lost => Err(ActiveError::LeaseLost {
                 pid,
@@ -155,6 +183,20 @@ impl PartitionCtx {
         self.shared.in_flight.fetch_sub(1, Relaxed);
     }
 
+    /// Gives the lease back, a partition's or a piece's, with its checkpoint.
+    async fn release(
+        &self,
+        lease: &Lease,
+        hold: &Hold,
+        checkpoint: u64,
+    ) -> Result<(), ActiveError> {
+        if hold.piece {
+            self.active.release_piece(lease, checkpoint).await
+        } else {
+            self.active.release(lease, checkpoint).await
+        }
+    }
+
     /// Runs the partition's chunks from its checkpoint. Returns how it ended and the
     /// checkpoint reached (an ID: every ID below it is done).
     async fn chunks(&self, lease: &Lease, hold: &Arc<Hold>) -> (Ended, u64) {
@@ -166,10 +208,12 @@ impl PartitionCtx {
         let ids = (lease.max_id - lease.min_id) as u128 + 1;
         let n_chunks = ids.div_ceil(chunk as u128) as u64;
         let first = lease.progress.saturating_sub(lease.min_id) / chunk;
-        let (min_id, max_id) = (lease.min_id, lease.max_id);
+        // The range ends where the lease ends now: a split cuts it short (`held`).
+        let min_id = lease.min_id;
+        let end = hold.clone();
         let checkpoint = move |done: u64| {
             let id = min_id as u128 + done as u128 * chunk as u128;
-            id.min(max_id as u128 + 1).min(u64::MAX as u128) as u64
+            id.min(end.end() as u128 + 1).min(u64::MAX as u128) as u64
         };
         if first >= n_chunks {
             return (Ended::Done, checkpoint(n_chunks));
@@ -191,7 +235,7 @@ impl PartitionCtx {
         first: u64,
         n_chunks: u64,
         chunk: u64,
-        checkpoint: impl Fn(u64) -> u64,
+        checkpoint: impl Fn(u64) -> u64 + Clone + Send + 'static,
     ) -> (Ended, u64) {
         let mut permits = crate::control::Permits::new(self.gate.clone());
         let window = SlidingWindow::new(permits.window(&self.settings), first);
@@ -224,7 +268,10 @@ impl PartitionCtx {
                     break;
                 };
                 let from = lease.min_id + index * chunk;
-                let to = from.saturating_add(chunk - 1).min(lease.max_id);
+                // Past the lease's end once a split cut it: nothing more to issue.
+                let Some(to) = hold.issue(from, chunk).await else {
+                    break;
+                };
                 // Throttled or rate-limited: wait here (the closer above still ends it).
                 self.gate.chunk_start(to - from + 1).await;
                 let c = Chunk {
@@ -234,19 +281,24 @@ impl PartitionCtx {
                     to,
                     attempt: lease.attempt,
                 };
-                let (job, window, failure, stop, shared, hold) = (
+                let (job, window, failure, stop, shared, hold, checkpoint) = (
                     self.settings.job.clone(),
                     window.clone(),
                     failure.clone(),
                     self.stop.clone(),
                     self.shared.clone(),
                     hold.clone(),
+                    checkpoint.clone(),
                 );
                 running.spawn(async move {
-                    let abort = abort(stop, hold);
-                    let r = shared.chunk(&job, c, abort).await;
+                    let fence = hold.fence();
+                    let abort = abort(stop, hold.clone());
+                    let r = shared.chunk(&job, c, abort, fence).await;
                     drop(permit);
                     settle(r, index, &window, &failure);
+                    // The checkpoint follows the chunks as they finish, for the beats:
+                    // what a reclaim resumes from, and the remainder a split divides.
+                    hold.advance(checkpoint(window.progress()));
                 });
             }
         };
@@ -273,7 +325,10 @@ impl PartitionCtx {
         if let Some(ended) = failed(&failure) {
             return (ended, done);
         }
-        if window.progress() >= n_chunks {
+        // The chunks up to the lease's end now (fewer than `n_chunks` once cut).
+        let ids = (hold.end() - lease.min_id) as u128 + 1;
+        let n_now = ids.div_ceil(chunk as u128).min(n_chunks as u128) as u64;
+        if window.progress() >= n_now {
             (Ended::Done, done)
         } else {
             (Ended::Stopped, done)
@@ -291,11 +346,14 @@ impl PartitionCtx {
         checkpoint: impl Fn(u64) -> u64,
     ) -> (Ended, u64) {
         let from = lease.min_id + index * chunk;
+        let Some(to) = hold.issue(from, chunk).await else {
+            return (Ended::Done, checkpoint(index));
+        };
         let c = Chunk {
             pid: lease.pid,
             index,
             from,
-            to: from.saturating_add(chunk - 1).min(lease.max_id),
+            to,
             attempt: lease.attempt,
         };
         let mut stop = self.stop.clone();
@@ -314,7 +372,8 @@ impl PartitionCtx {
             fenced.store(hold.is_fenced(), Relaxed);
             grace
         };
-        match self.shared.chunk(&self.settings.job, c, abort).await {
+        let fence = hold.fence();
+        match self.shared.chunk(&self.settings.job, c, abort, fence).await {
             _ if hold.is_lost() || fenced.load(Relaxed) => (Ended::Lost, checkpoint(index)),
             Ok(()) => (Ended::Done, checkpoint(index + 1)),
             Err(ChunkError::Failed(reason)) => (

@@ -64,13 +64,12 @@ pub(super) async fn worker_heartbeat(
     let started = Instant::now();
     let host = hostname();
     loop {
-        let (p50, p99) = {
-            let h = shared.update_us.lock().expect("not poisoned");
-            (
-                h.value_at_quantile(0.5) as f64 / 1000.0,
-                h.value_at_quantile(0.99) as f64 / 1000.0,
-            )
-        };
+        let [p50, p99] = shared
+            .update_us
+            .lock()
+            .expect("not poisoned")
+            .quantiles([0.5, 0.99], Instant::now())
+            .map(|us| us as f64 / 1000.0);
         let completed = shared.completed.load(Relaxed);
         let info = WorkerInfo {
             id: worker.clone(),
@@ -96,39 +95,49 @@ pub(super) async fn worker_heartbeat(
 }
 
 /// Archives what is left in the inboxes before the process ends, so a finished job is
-/// archived when `run` returns. Entries another live archiver holds are its business;
-/// entries of a dead one are taken over once they have been idle long enough.
-pub(crate) async fn drain_archive(backend: &Backend, stop: &watch::Receiver<Stop>) {
+/// archived when `run` returns (and what `tranche archive` drains with): passes until
+/// the inboxes are empty or nothing more can be done, which is when a pass archives
+/// nothing (`entries == 0`) and leaves entries on stalled shards (a stalled shard stays
+/// stalled until repaired; the other shards go on while they archive anything, then the
+/// drain ends at once rather than waiting on it). With no stall, entries another live
+/// archiver holds are its business; entries of a dead one are waited for until they
+/// can be taken over. Returns the stalled shards (empty when none is, or the drain was
+/// aborted). Publishing the last statistics snapshot is the caller's.
+pub(crate) async fn drain_archive(
+    backend: &Backend,
+    stop: &watch::Receiver<Stop>,
+) -> Vec<tranche_archive_store::Stall> {
     let patience = backend.archive_config.claim_idle + Duration::from_secs(5);
     let started = Instant::now();
     loop {
         if *stop.borrow() == Stop::Abort {
-            return;
+            return Vec::new();
         }
         let pass = backend.archive.archive_once().await;
         let left = backend.inbox_len().await;
-        match (pass, left) {
-            (_, Ok(0)) => break,
+        match (&pass, &left) {
+            (_, Ok(0)) => return Vec::new(),
             (Ok(pass), Ok(_)) if pass.entries > 0 => continue,
-            (pass, left) => {
-                if let Err(err) = pass {
-                    tracing::warn!(%err, "archive pass failed");
-                }
-                if let Err(err) = &left {
-                    tracing::warn!(%err, "cannot read the inbox length");
-                }
-                if started.elapsed() > patience {
-                    tracing::warn!(
-                        left = left.ok(),
-                        "inbox entries are left (held by other archivers?); `tranche archive` will finish them"
-                    );
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+            (Ok(pass), Ok(_)) if pass.stalled > 0 => match backend.archive.stalled().await {
+                Ok(stalls) if !stalls.is_empty() => return stalls,
+                Ok(_) => {}
+                Err(err) => tracing::warn!(%err, "cannot read the stalled shards"),
+            },
+            _ => {}
         }
-    }
-    if let Err(err) = backend.stats.publish_snapshot().await {
-        tracing::warn!(%err, "statistics snapshot failed");
+        if let Err(err) = &pass {
+            tracing::warn!(%err, "archive pass failed");
+        }
+        if let Err(err) = &left {
+            tracing::warn!(%err, "cannot read the inbox length");
+        }
+        if started.elapsed() > patience {
+            tracing::warn!(
+                left = left.ok(),
+                "inbox entries are left (held by other archivers?); `tranche archive` will finish them"
+            );
+            return backend.archive.stalled().await.unwrap_or_default();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

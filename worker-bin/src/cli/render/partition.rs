@@ -2,14 +2,21 @@
 
 use super::*;
 
-/// `get PID`.
-pub(crate) fn view(pid: u64, view: &PartitionView, json: bool) -> String {
+/// `get PID`: the partition, and the pieces a split cut off it while it runs (the
+/// active store's, listed for an active partition only; finished pieces are gone).
+/// The JSON carries `pieces` whatever the layer, empty when there are none.
+pub(crate) fn view(pid: u64, view: &PartitionView, pieces: &[Piece], json: bool) -> String {
     if json {
-        return line(view_json(pid, view));
+        let mut v = view_json(pid, view);
+        v["pieces"] = pieces_json(pieces);
+        return line(v);
     }
     let mut out = String::new();
     match view {
-        PartitionView::Active(p) => partition(&mut out, p),
+        PartitionView::Active(p) => {
+            partition(&mut out, p);
+            piece_lines(&mut out, pieces);
+        }
         PartitionView::Archived { record, tier } => {
             let _ = writeln!(out, "partition  {}", record.pid);
             let _ = writeln!(
@@ -36,6 +43,11 @@ pub(crate) fn view(pid: u64, view: &PartitionView, json: bool) -> String {
             let _ = writeln!(out, "partition  {pid}");
             let why = match cause {
                 Fallback::Expired => "its batch expired".to_owned(),
+                Fallback::Undecodable { detail }
+                    if detail.starts_with(tranche_archive_store::ARCHIVE_DAMAGED) =>
+                {
+                    detail.clone()
+                }
                 Fallback::Undecodable { detail } => format!("its batch does not decode: {detail}"),
             };
             let _ = writeln!(out, "status     completed ({why}; range summary below)");
@@ -69,7 +81,7 @@ pub(crate) fn located(l: &Located, json: bool) -> String {
         l.range.start(),
         l.range.end()
     );
-    out.push_str(&view(l.pid, &l.view, false));
+    out.push_str(&view(l.pid, &l.view, &[], false));
     out
 }
 
@@ -169,6 +181,56 @@ pub(super) fn partition(out: &mut String, p: &Partition) {
     if let Some(e) = &p.last_error {
         let _ = writeln!(out, "last error {}", shown(e));
     }
+}
+
+/// A split partition's pieces, one line each: range, status, holder (or the last
+/// one), attempts, progress.
+fn piece_lines(out: &mut String, pieces: &[Piece]) {
+    if pieces.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "pieces     {} split off, each under its own lease",
+        pieces.len()
+    );
+    let ranges: Vec<String> = pieces
+        .iter()
+        .map(|p| format!("{}..={}", p.start, p.max_id))
+        .collect();
+    let workers: Vec<String> = pieces
+        .iter()
+        .map(|p| {
+            p.worker
+                .as_deref()
+                .map_or_else(|| "-".to_owned(), |w| shown(w).into_owned())
+        })
+        .collect();
+    let range_w = ranges.iter().map(String::len).max().unwrap_or(0);
+    let worker_w = workers.iter().map(String::len).max().unwrap_or(0);
+    for ((p, range), worker) in pieces.iter().zip(&ranges).zip(&workers) {
+        let total = p.max_id - p.start + 1;
+        let done = p.progress.saturating_sub(p.start).min(total);
+        let _ = writeln!(
+            out,
+            "  {range:<range_w$}  {:<9} {worker:<worker_w$}  attempt {}  {done} of {total} ids done",
+            p.status.as_str(),
+            p.attempts,
+        );
+    }
+}
+
+/// The pieces of `get --json`: the fields of [`view_json`] a piece has.
+fn pieces_json(pieces: &[Piece]) -> Value {
+    pieces
+        .iter()
+        .map(|p| {
+            json!({
+                "min_id": p.start, "max_id": p.max_id, "status": p.status.as_str(),
+                "worker": p.worker, "attempt": p.attempts, "checkpoint": p.progress,
+            })
+        })
+        .collect()
 }
 
 pub(super) fn record_lines(out: &mut String, r: &CompletedRecord) {

@@ -219,7 +219,8 @@ pub(crate) async fn get_pid(State(app): State<Arc<App>>, Path(pid): Path<String>
         PartitionView::Summarised { .. } => "stats",
     };
     app.query_latency.observe(layer, started);
-    Ok(json_text(render::view(pid, &view, true)))
+    let pieces = crate::cli::ops::pieces_of(backend.active.as_ref(), &view).await?;
+    Ok(json_text(render::view(pid, &view, &pieces, true)))
 }
 
 pub(crate) async fn locate(State(app): State<Arc<App>>, Path(row): Path<String>) -> ApiResult {

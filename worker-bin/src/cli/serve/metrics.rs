@@ -106,10 +106,17 @@ pub(crate) async fn scrape(State(app): State<Arc<App>>) -> Result<Response, ApiE
     let total = crate::cli::progress::total_partitions(backend.active.as_ref()).await?;
     let workers = q.time("active", backend.active.workers()).await?;
     let paused = backend.active.is_paused().await?;
-    let summary = q
-        .time("stats", backend.stats.summary())
-        .await
-        .map_err(anyhow::Error::from)?;
+    // A value of the summary that does not decode is damage to expose (the
+    // statistics-damaged gauge), not a reason to stop serving every other figure: the
+    // figures the summary gives read as zero until `tranche check --repair`.
+    let (summary, unreadable) = match q.time("stats", backend.stats.summary()).await {
+        Ok(summary) => (summary, false),
+        Err(err @ tranche_stats::Error::Corrupt { .. }) => {
+            tracing::warn!(%err, "the statistics summary does not decode; `tranche check --repair` rebuilds it");
+            (Default::default(), true)
+        }
+        Err(err) => return Err(anyhow::Error::from(err).into()),
+    };
     let decode_failures = q
         .time("archive", backend.archive.decode_failures())
         .await
@@ -122,6 +129,11 @@ pub(crate) async fn scrape(State(app): State<Arc<App>>) -> Result<Response, ApiE
     let stalls = backend
         .archive
         .stalled()
+        .await
+        .map_err(anyhow::Error::from)?;
+    let archive_damaged = backend
+        .archive
+        .damaged()
         .await
         .map_err(anyhow::Error::from)?;
     let inbox = q.time("inbox", backend.inbox_len()).await?;
@@ -201,8 +213,14 @@ pub(crate) async fn scrape(State(app): State<Arc<App>>) -> Result<Response, ApiE
     gauge(
         &mut registry,
         "statistics_damaged_shards",
-        "Shards stalled on damaged statistics (`tranche check --repair` rebuilds them)",
-        stalls.iter().filter(|s| s.stats_damaged()).count() as u64,
+        "Shards with damaged statistics, stalled on them or unreadable to this scrape (`tranche check --repair` rebuilds them)",
+        (stalls.iter().filter(|s| s.stats_damaged()).count() as u64).max(u64::from(unreadable)),
+    );
+    gauge(
+        &mut registry,
+        "archive_damaged_values",
+        "Archived values that do not decode, as reads and the archiver's scrub met them (`tranche check --repair` sets them aside)",
+        archive_damaged.len() as u64,
     );
     counter(
         &mut registry,

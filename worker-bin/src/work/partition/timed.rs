@@ -134,9 +134,10 @@ impl PartitionCtx {
                     hold.clone(),
                 );
                 running.spawn(async move {
+                    let fence = hold.fence();
                     let abort = abort(stop, hold);
                     let started = Instant::now();
-                    let r = shared.chunk(&job, c, abort).await;
+                    let r = shared.chunk(&job, c, abort, fence).await;
                     drop(permit);
                     if r.is_ok() {
                         sizer

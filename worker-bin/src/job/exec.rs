@@ -1,0 +1,427 @@
+//! A command's chunk (`--exec`): `sh -c CMD` under the guard (`guard.rs`), in a
+//! process group of its own.
+//!
+//! A Ctrl-C in the terminal reaches tranche alone (which drains), never the chunks, and
+//! when the grace period is over the whole group is stopped (SIGTERM, then SIGKILL),
+//! grandchildren included, so no chunk outlives the lease it ran under. Nor does a chunk
+//! outlive its worker, however the worker dies, or its lease when the worker is frozen:
+//! the guard sees to both from inside the group.
+//!
+//! The child's environment is tranche's minus the variables tranche reads secrets
+//! from ([`SECRETS`]), plus the chunk's variables.
+
+use std::future::Future;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::process::Command;
+
+use tokio::time::Instant;
+
+use super::guard::{GUARD, guard_can_time, secs, tell};
+use super::{Chunk, ChunkError, Fence, KILL_AFTER};
+
+/// The most of a failed command's stderr kept in its failure message.
+const STDERR_TAIL: usize = 1024;
+
+/// Variables tranche reads a secret from, never passed to a chunk: the Redis URL may
+/// carry a password, the admin token is one, and the others name the files that hold
+/// one or a private key.
+const SECRETS: &[&str] = &[
+    "TRANCHE_REDIS_URL",
+    "TRANCHE_REDIS_FILE",
+    "TRANCHE_TLS_CERT",
+    "TRANCHE_TLS_KEY",
+    "TRANCHE_ADMIN_TOKEN",
+    "TRANCHE_ADMIN_TOKEN_FILE",
+];
+
+/// Sends `signal` to process group `pgid`; a group already gone is fine.
+fn signal_group(pgid: u32, signal: nix::sys::signal::Signal) {
+    let pgid = nix::unistd::Pid::from_raw(pgid as i32);
+    if let Err(err) = nix::sys::signal::killpg(pgid, signal)
+        && err != nix::errno::Errno::ESRCH
+    {
+        tracing::warn!(%err, ?signal, %pgid, "could not signal a chunk's process group");
+    }
+}
+
+pub(super) async fn exec(
+    cmd: &str,
+    chunk: Chunk,
+    abort: impl Future<Output = Duration>,
+    fence: Option<Fence>,
+) -> Result<(), ChunkError> {
+    let fence = match fence {
+        // Issued by a worker that thawed past its lease, before its watchdog said so:
+        // the guard would stop it at once, but not before it began.
+        Some(fence) if fence.is_due() => return Err(ChunkError::Interrupted),
+        Some(fence) if guard_can_time().await => Some(fence),
+        _ => None,
+    };
+    let mut command = Command::new("sh");
+    command.arg("-c").arg(GUARD).arg("tranche-chunk").arg(cmd);
+    // The stop instant the guard has: set here, moved on by `tell`.
+    let mut told = None;
+    if let Some(fence) = &fence {
+        let stop_at = fence.stop_at();
+        command
+            .arg(secs(stop_at.saturating_duration_since(Instant::now())))
+            .arg(secs(fence.grace()));
+        told = Some(stop_at);
+    }
+    for key in SECRETS {
+        command.env_remove(key);
+    }
+    let mut child = command
+        .env("TRANCHE_PID", chunk.pid.to_string())
+        .env("TRANCHE_FROM", chunk.from.to_string())
+        .env("TRANCHE_TO", chunk.to.to_string())
+        .env("TRANCHE_ATTEMPT", chunk.attempt.to_string())
+        .env("TRANCHE_CHUNK", chunk.index.to_string())
+        // The lifeline: its write end, created close-on-exec, stays in this process.
+        .stdin(Stdio::piped())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::piped())
+        // A group of its own: the terminal's Ctrl-C is for tranche, not the chunk.
+        .process_group(0)
+        // Should this future be dropped, at least `sh` goes.
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| ChunkError::Failed(format!("cannot start `sh -c {cmd}`: {e}")))?;
+    let pgid = child.id().expect("a child just spawned has a pid");
+    // Written to only by `tell`; held until the command has ended (or this future is
+    // dropped, after an abort): closing it, or this process dying, is what tells the
+    // guard to kill the group.
+    let mut lifeline = child.stdin.take().expect("stdin is piped");
+    let mut stderr = child.stderr.take().expect("stderr is piped");
+    // Keep only the tail: a chatty command must not grow this process's memory.
+    let read_tail = async {
+        let mut tail: Vec<u8> = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match stderr.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    tail.extend_from_slice(&buf[..n]);
+                    if tail.len() > 2 * STDERR_TAIL {
+                        tail.drain(..tail.len() - STDERR_TAIL);
+                    }
+                }
+            }
+        }
+        tail
+    };
+    let wait = async {
+        let status = tokio::select! {
+            status = child.wait() => status,
+            never = tell(&mut lifeline, fence, &mut told) => match never {},
+        };
+        drop(lifeline);
+        (status, told)
+    };
+    let finished = async { tokio::join!(wait, read_tail) };
+    tokio::pin!(finished);
+    let ((status, told), tail) = tokio::select! {
+        done = &mut finished => done,
+        grace = abort => {
+            // The whole group, grandchildren too: SIGTERM, SIGKILL if it lingers. A
+            // process that left the group could still hold stderr open, so the wait
+            // for the pipe is bounded as well.
+            signal_group(pgid, nix::sys::signal::Signal::SIGTERM);
+            if tokio::time::timeout(grace, &mut finished).await.is_err() {
+                signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
+                let _ = tokio::time::timeout(KILL_AFTER, &mut finished).await;
+            }
+            return Err(ChunkError::Interrupted);
+        }
+    };
+    let status = status.map_err(|e| ChunkError::Failed(format!("waiting for `{cmd}`: {e}")))?;
+    if status.success() {
+        return Ok(());
+    }
+    // Ended past the instant its guard was to stop it: the guard did (or would have), the
+    // lease having gone unrenewed. Not the chunk's failure: no attempt is spent on it.
+    if told.is_some_and(|t| Instant::now() >= t) {
+        tracing::warn!(
+            pid = chunk.pid,
+            from = chunk.from,
+            %status,
+            "lease not renewed in time; the chunk's guard stopped it"
+        );
+        return Err(ChunkError::Interrupted);
+    }
+    let tail = String::from_utf8_lossy(&tail[tail.len().saturating_sub(STDERR_TAIL)..]);
+    let tail = tail.trim();
+    let how = match status.code() {
+        Some(code @ (126 | 127)) => {
+            let what = if code == 127 {
+                "not found"
+            } else {
+                "not executable"
+            };
+            return Err(ChunkError::Broken(if tail.is_empty() {
+                format!("`{cmd}` cannot run: exit status {code} (command {what})")
+            } else {
+                format!("`{cmd}` cannot run: exit status {code} (command {what}): {tail}")
+            }));
+        }
+        Some(code) => format!("exit status {code}"),
+        None => "killed by a signal".to_owned(),
+    };
+    Err(ChunkError::Failed(if tail.is_empty() {
+        format!(
+            "chunk {} ({}..={}) failed: {how}",
+            chunk.index, chunk.from, chunk.to
+        )
+    } else {
+        format!(
+            "chunk {} ({}..={}) failed: {how}: {tail}",
+            chunk.index, chunk.from, chunk.to
+        )
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::super::test_support::{chunk, fence};
+    use super::super::{ChunkError, Job, KILL_AFTER};
+    use super::STDERR_TAIL;
+
+    #[tokio::test]
+    async fn exec_sees_the_chunk_in_its_environment() {
+        let job = Job::Exec(
+            r#"test "$TRANCHE_PID/$TRANCHE_FROM/$TRANCHE_TO/$TRANCHE_ATTEMPT/$TRANCHE_CHUNK" = 7/6201/6300/3/2"#
+                .into(),
+        );
+        assert_eq!(job.run(chunk(), std::future::pending(), None).await, Ok(()));
+    }
+
+    #[tokio::test]
+    async fn a_failure_carries_the_tail_of_stderr() {
+        let job = Job::Exec("echo first >&2; echo 'the real reason' >&2; exit 3".into());
+        let Err(ChunkError::Failed(err)) = job.run(chunk(), std::future::pending(), None).await
+        else {
+            panic!("a failure")
+        };
+        assert!(
+            err.starts_with("chunk 2 (6201..=6300) failed: exit status 3"),
+            "{err}"
+        );
+        assert!(err.ends_with("first\nthe real reason"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_long_stderr_is_cut_to_its_tail() {
+        let job =
+            Job::Exec("head -c 100000 /dev/zero | tr '\\0' x >&2; echo END >&2; exit 1".into());
+        let Err(ChunkError::Failed(err)) = job.run(chunk(), std::future::pending(), None).await
+        else {
+            panic!("a failure")
+        };
+        assert!(err.len() < STDERR_TAIL + 100, "{}", err.len());
+        assert!(err.ends_with("END"));
+    }
+
+    /// The process groups of the processes alive now (field 5 of /proc/PID/stat; a
+    /// zombie, state Z, is dead and only waits to be reaped).
+    fn groups() -> Vec<u32> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("stat")).ok())
+            .filter_map(|stat| {
+                let mut rest = stat[stat.rfind(')')? + 2..].split_whitespace();
+                let state = rest.next()?;
+                (state != "Z").then(|| rest.nth(1)?.parse().ok())?
+            })
+            .collect()
+    }
+
+    /// Waits until process group `pgid` has no live process, failing with `what` if
+    /// it still has one `within` from now.
+    async fn gone_within(pgid: u32, within: Duration, what: &str) {
+        let deadline = std::time::Instant::now() + within;
+        while groups().contains(&pgid) {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn an_aborted_chunk_takes_its_whole_group_along() {
+        let dir = std::env::temp_dir().join(format!("tranche-job-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pid_file = dir.join("sh.pid");
+        // sh stays (the `true` after sleep), so sleep is a grandchild of this process.
+        let job = Job::Exec(format!("echo $$ > {}; sleep 30; true", pid_file.display()));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let run = tokio::spawn(async move {
+            job.run(
+                chunk(),
+                async {
+                    let _ = rx.await;
+                    KILL_AFTER
+                },
+                None,
+            )
+            .await
+        });
+        let pgid: u32 = loop {
+            if let Some(pid) = std::fs::read_to_string(&pid_file)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+            {
+                break pid;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert!(
+            groups().contains(&pgid),
+            "the chunk runs in a group of its own"
+        );
+        assert_ne!(pgid, std::process::id());
+        let started = std::time::Instant::now();
+        tx.send(()).unwrap();
+        assert_eq!(run.await.unwrap(), Err(ChunkError::Interrupted));
+        assert!(
+            started.elapsed() < KILL_AFTER * 2,
+            "{:?}",
+            started.elapsed()
+        );
+        // SIGKILL is delivered when the killed process is next scheduled: on a loaded
+        // machine that can take a moment after `run` returns. Gone within 1 s.
+        gone_within(
+            pgid,
+            Duration::from_secs(1),
+            "sleep, a grandchild, is gone with its group",
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn the_guard_keeps_the_commands_own_exit() {
+        let hour = Duration::from_secs(3600);
+        let (_renewals, far) = fence(hour, hour / 6, hour / 12, hour / 6);
+        // With no fence, and with one far off (the guard's timer armed).
+        for fence in [None, Some(far)] {
+            let run = |cmd: &str| {
+                let (job, fence) = (Job::Exec(cmd.into()), fence.clone());
+                async move { job.run(chunk(), std::future::pending(), fence).await }
+            };
+            assert!(matches!(
+                run("no-such-command-here").await,
+                Err(ChunkError::Broken(e)) if e.contains("exit status 127 (command not found)")
+            ));
+            assert!(matches!(run("exit 126").await, Err(ChunkError::Broken(_))));
+            assert!(matches!(
+                run("kill -KILL $$").await,
+                Err(ChunkError::Failed(e)) if e.ends_with("killed by a signal")
+            ));
+            assert!(
+                matches!(
+                    run("read line; exit 4").await,
+                    Err(ChunkError::Failed(e)) if e.ends_with("exit status 4"),
+                ),
+                "stdin is /dev/null, never the lifeline"
+            );
+        }
+    }
+
+    /// The worker is as good as frozen: nothing in it stops the chunk, and no renewal
+    /// comes. The guard stops the chunk (SIGTERM, which the command traps) at the
+    /// fence's stop instant, then its whole group, and the chunk is interrupted, not
+    /// failed. Its `sleep` would run 30 s: the deadline only bounds a broken guard.
+    #[tokio::test]
+    async fn the_guard_stops_a_chunk_whose_lease_goes_unrenewed() {
+        let dir = std::env::temp_dir().join(format!("tranche-job-fence-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (pid_file, termed) = (dir.join("sh.pid"), dir.join("termed"));
+        let _ = std::fs::remove_file(&termed);
+        let job = Job::Exec(format!(
+            "echo $$ > {}; trap 'echo TERM > {}; exit 143' TERM; sleep 30 & wait $!",
+            pid_file.display(),
+            termed.display()
+        ));
+        let ms = Duration::from_millis;
+        let (_renewals, fence) = fence(ms(1500), ms(1000), ms(500), ms(100));
+        let r = tokio::time::timeout(
+            Duration::from_secs(20),
+            job.run(chunk(), std::future::pending(), Some(fence)),
+        )
+        .await
+        .expect("the guard stopped the chunk");
+        assert_eq!(r, Err(ChunkError::Interrupted));
+        assert_eq!(std::fs::read_to_string(&termed).unwrap(), "TERM\n");
+        let pgid: u32 = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // `sleep 30` and the guard's own processes go with the group.
+        gone_within(pgid, Duration::from_secs(5), "the group outlived its fence").await;
+    }
+
+    /// A command that ignores SIGTERM is killed a grace period later, by the guard
+    /// alone.
+    #[tokio::test]
+    async fn the_guard_kills_a_chunk_that_ignores_its_sigterm() {
+        let job = Job::Exec("trap '' TERM; sleep 30".into());
+        let ms = Duration::from_millis;
+        let (_renewals, fence) = fence(ms(1000), ms(600), ms(300), ms(100));
+        let r = tokio::time::timeout(
+            Duration::from_secs(20),
+            job.run(chunk(), std::future::pending(), Some(fence)),
+        )
+        .await
+        .expect("the guard killed the chunk");
+        assert_eq!(r, Err(ChunkError::Interrupted));
+    }
+
+    /// Renewals keep a chunk going well past the fence it started with: each one
+    /// reaches its guard and re-arms its timer.
+    #[tokio::test]
+    async fn renewals_keep_a_long_chunk_alive() {
+        // Left alone, stopped 2.5 s in; each renewal puts that 2.5 s ahead again, which
+        // leaves a loaded machine seconds, not milliseconds, to fork the guard's timer.
+        let job = Job::Exec("sleep 5".into());
+        let ms = Duration::from_millis;
+        let (renewals, fence) = fence(ms(4000), ms(1500), ms(750), ms(100));
+        let renew = async {
+            loop {
+                tokio::time::sleep(ms(100)).await;
+                renewals.send_replace(Instant::now() + ms(4000));
+            }
+        };
+        let r = tokio::select! {
+            r = job.run(chunk(), std::future::pending(), Some(fence)) => r,
+            never = renew => never,
+        };
+        assert_eq!(r, Ok(()));
+    }
+
+    #[tokio::test]
+    async fn a_dropped_chunk_takes_its_whole_group_along() {
+        let dir = std::env::temp_dir().join(format!("tranche-job-drop-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pid_file = dir.join("sh.pid");
+        let job = Job::Exec(format!("echo $$ > {}; sleep 30; true", pid_file.display()));
+        let run = tokio::spawn(async move { job.run(chunk(), std::future::pending(), None).await });
+        let pgid: u32 = loop {
+            if let Some(pid) = std::fs::read_to_string(&pid_file)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+            {
+                break pid;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        // As when the worker dies: the lifeline's write end closes, nothing signals.
+        run.abort();
+        gone_within(pgid, Duration::from_secs(5), "the group outlived its chunk").await;
+    }
+}

@@ -1,0 +1,231 @@
+//! The guard: the shell every `--exec` chunk starts in ([`GUARD`]), and the [`Fence`]
+//! that tells it of the lease's renewals.
+//!
+//! A chunk must not outlive its worker, however the worker dies (SIGKILL, the OOM
+//! killer): the chunk's stdin is a pipe whose write end only the worker holds, and the
+//! guard watches it from inside the chunk's group. The kernel closes that end when the
+//! worker dies, the watcher reads end-of-file and kills the whole group. No `pre_exec`
+//! (the crate forbids unsafe code), and grandchildren are covered, which
+//! `PR_SET_PDEATHSIG` would not do.
+//!
+//! Nor does it outlive its lease when the worker is alive but frozen (SIGSTOP, a
+//! machine suspended under it): a frozen worker closes no pipe and sends no signal, and
+//! its chunks run on in their own group while the lease expires. So the guard also
+//! fences the chunk on the lease: it starts with how long the lease certainly holds,
+//! the worker writes one line on the same pipe per accepted renewal (at most one per
+//! sixth of a lease), and when none came in time the guard stops the group itself,
+//! SIGTERM, then SIGKILL, on the instants `held` would use, before the store's deadline
+//! could pass. Its timer is a background `sleep`: two forks per chunk and per line,
+//! nothing in between. It needs a `sleep` that takes fractions of a second (GNU,
+//! BusyBox and the BSDs' do; POSIX asks only for whole seconds); where the worker finds
+//! none, it says so once and its chunks are guarded against its death only. An
+//! in-process handler needs no such guard, being frozen with its worker; it is not
+//! polled again once its lease went unrenewed too long, so it does not finish its work
+//! after a thaw either.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::process::{ChildStdin, Command};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// The shell every chunk starts in (`sh -c GUARD tranche-chunk CMD [STOP GRACE]`), its
+/// stdin the worker's lifeline pipe. It moves the pipe to fd 3 (stdin becomes
+/// /dev/null), starts the watcher, a background subshell of the same process group, then
+/// `exec`s the command itself, so the chunk's pid, group, exit status and terminating
+/// signal stay the command's own (126 and 127 included). The watcher starts before the
+/// command: a worker that dies at any moment after the spawn leaves a pipe at
+/// end-of-file, which the watcher finds whenever it reads.
+///
+/// The watcher blocks reading fd 3 and, at end-of-file, kills the group (`kill -KILL
+/// 0`). When the chunk ends, the worker closes its end too, and the watcher takes what
+/// the command left running in its group along: the chunk is over, so is everything it
+/// started. With `STOP` (seconds, fractions allowed) it also arms a timer, and re-arms
+/// it with each line it reads (the seconds from then): a subshell that sleeps that long,
+/// then sends SIGTERM to the group, sleeps `GRACE` and sends SIGKILL. Re-arming cancels
+/// the timer before (SIGUSR1: it kills its `sleep` and exits). The watcher and its
+/// timers ignore SIGTERM, so that a SIGTERM to the group (a drain's, a fence's, the
+/// timer's own) stops the command but leaves the group's guards to finish the job.
+pub(super) const GUARD: &str = r#"exec 3<&0 </dev/null
+{
+  trap '' TERM
+  t=
+  arm() {
+    [ -z "$t" ] || kill -USR1 "$t"
+    ( trap 'kill -KILL "$p"; exit' USR1
+      sleep "$1" & p=$!
+      wait "$p" && kill -TERM 0 && sleep "$2" && kill -KILL 0 ) 3<&- &
+    t=$!
+  }
+  [ -z "$2" ] || arm "$2" "$3"
+  while read -r s <&3; do arm "$s" "$3"; done
+  kill -KILL 0
+} >/dev/null 2>&1 &
+exec sh -c "$1" sh 3<&-"#;
+
+/// Where a chunk's lease stands, for its guard: until when the store certainly holds
+/// it (`held`'s instant, moved by every accepted renewal) and, before that, when the
+/// chunk is stopped and when it is killed if no renewal moved them on.
+#[derive(Debug, Clone)]
+pub(crate) struct Fence {
+    /// The lease's last certain instant, updated by each accepted renewal.
+    valid_until: watch::Receiver<Instant>,
+    /// How long before `valid_until` the chunk is stopped: a command's group gets
+    /// SIGTERM, a handler is no longer polled.
+    stop_before: Duration,
+    /// How long before `valid_until` a command's group gets SIGKILL.
+    kill_before: Duration,
+    /// A renewal that moves the stop instant by less than this since the last one told
+    /// is not told: stragglers renew every 250 ms, and each line costs the guard two
+    /// forks. The guard's instant lags by less than this, earlier, never later.
+    step: Duration,
+}
+
+impl Fence {
+    /// A fence on `valid_until`: stop `stop_before` it, kill `kill_before` it (less
+    /// than `stop_before`), telling the guard of renewals at least `step` apart.
+    pub(crate) fn new(
+        valid_until: watch::Receiver<Instant>,
+        stop_before: Duration,
+        kill_before: Duration,
+        step: Duration,
+    ) -> Self {
+        debug_assert!(kill_before <= stop_before);
+        Self {
+            valid_until,
+            stop_before,
+            kill_before,
+            step,
+        }
+    }
+
+    /// When the chunk is stopped unless a renewal comes first.
+    pub(crate) fn stop_at(&self) -> Instant {
+        *self.valid_until.borrow() - self.stop_before
+    }
+
+    /// Whether the chunk must be stopped now.
+    pub(super) fn is_due(&self) -> bool {
+        Instant::now() >= self.stop_at()
+    }
+
+    /// Between SIGTERM and SIGKILL.
+    pub(super) fn grace(&self) -> Duration {
+        self.stop_before - self.kill_before
+    }
+}
+
+/// A duration as `sleep` takes it: seconds with three decimals, rounded down (the guard
+/// fires early rather than late).
+pub(super) fn secs(d: Duration) -> String {
+    format!("{}.{:03}", d.as_secs(), d.subsec_millis())
+}
+
+/// Whether this system's `sleep` takes fractions of a second, which the guard's timer
+/// needs. Asked once per process; when it does not, chunks are guarded against their
+/// worker's death only, and the worker says so once.
+pub(super) async fn guard_can_time() -> bool {
+    static CAN: tokio::sync::OnceCell<bool> = tokio::sync::OnceCell::const_new();
+    *CAN.get_or_init(|| async {
+        let can = Command::new("sh")
+            .args(["-c", "sleep 0.001"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .await
+            .is_ok_and(|s| s.success());
+        if !can {
+            tracing::warn!(
+                "`sleep 0.001` fails here: chunks are killed when this worker dies, but not \
+                 when it is frozen past its lease (SIGSTOP); install a `sleep` that takes \
+                 fractions of a second (coreutils, BusyBox)"
+            );
+        }
+        can
+    })
+    .await
+}
+
+/// Tells the guard of each renewal that moves its stop instant on by a step: one line,
+/// the seconds from now. `told` is the stop instant the guard has. Never returns: with
+/// no fence, the fence's sender gone or the guard gone, nothing is told any more.
+pub(super) async fn tell(
+    lifeline: &mut ChildStdin,
+    fence: Option<Fence>,
+    told: &mut Option<Instant>,
+) -> std::convert::Infallible {
+    if let Some(mut fence) = fence {
+        while fence.valid_until.changed().await.is_ok() {
+            let stop_at = fence.stop_at();
+            if told.is_some_and(|t| stop_at < t + fence.step) {
+                continue;
+            }
+            let line = format!(
+                "{}\n",
+                secs(stop_at.saturating_duration_since(Instant::now()))
+            );
+            if lifeline.write_all(line.as_bytes()).await.is_err() {
+                break;
+            }
+            *told = Some(stop_at);
+        }
+    }
+    std::future::pending().await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::Stdio;
+    use std::time::Duration;
+
+    use tokio::process::Command;
+    use tokio::sync::watch;
+    use tokio::time::Instant;
+
+    use super::*;
+
+    /// Renewals closer together than the step are not told: the guard re-arms (two
+    /// forks) at most once per step, and is told the seconds from now.
+    #[tokio::test]
+    async fn renewals_are_told_once_per_step() {
+        let mut cat = Command::new("cat")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut pipe = cat.stdin.take().unwrap();
+        let start = Instant::now() + Duration::from_secs(10);
+        let (renewals, rx) = watch::channel(start);
+        let ms = Duration::from_millis;
+        let fence = Fence::new(rx, ms(2000), ms(1000), ms(350));
+        let mut told = Some(start - ms(2000));
+        let renew = async {
+            // Ten renewals 100 ms apart in lease time, 20 ms apart here.
+            for k in 1..=10 {
+                renewals.send_replace(start + ms(100 * k));
+                tokio::time::sleep(ms(20)).await;
+            }
+        };
+        tokio::select! {
+            () = renew => {}
+            never = tell(&mut pipe, Some(fence), &mut told) => match never {},
+        }
+        drop(pipe);
+        let out = cat.wait_with_output().await.unwrap();
+        let lines: Vec<f64> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| l.parse().unwrap())
+            .collect();
+        // The 4th (400 ms past the start: a step) and the 8th (400 ms past the 4th).
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert_eq!(told, Some(start + ms(800) - ms(2000)));
+        // Seconds from when each was told: a little under 8.4 s, then 8.8 s.
+        assert!(lines[0] > 8.0 && lines[0] <= 8.4, "{lines:?}");
+        assert!(lines[1] > 8.4 && lines[1] <= 8.8, "{lines:?}");
+    }
+}
