@@ -1,0 +1,40 @@
+//! Integration tests of tranche-worker, in one binary so they link once. The modules
+//! that drive the `tranche` binary (and its helpers in `common`) need the binary, which
+//! only the `cli` feature builds; `examples` and `runner` use the library alone.
+
+use tranche_testkit as support;
+#[cfg(feature = "cli")]
+use tranche_testkit::pki;
+
+#[cfg(feature = "cli")]
+mod common;
+
+#[cfg(feature = "cli")]
+mod browser;
+#[cfg(feature = "cli")]
+mod cli;
+#[cfg(feature = "cli")]
+mod cluster;
+#[cfg(feature = "cli")]
+mod control;
+#[cfg(feature = "cli")]
+mod embedded;
+mod examples;
+#[cfg(feature = "cli")]
+mod fence;
+#[cfg(feature = "cli")]
+mod fleet;
+#[cfg(feature = "cli")]
+mod json;
+#[cfg(feature = "cli")]
+mod operate;
+#[cfg(feature = "cli")]
+mod postgres;
+#[cfg(feature = "cli")]
+mod repair;
+mod runner;
+#[cfg(feature = "cli")]
+mod serve;
+#[cfg(feature = "cli")]
+mod signals;
+mod split;

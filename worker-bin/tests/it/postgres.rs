@@ -1,0 +1,491 @@
+//! The PostgreSQL backfill example, for real: a private PostgreSQL server (initdb and
+//! pg_ctl on a free port, as the Redis tests start their own redis-server) and the
+//! example's handler run by `tranche_worker::runner` on a private Redis. A table of
+//! 25,000 rows is stopped halfway and run again; a table of 1,000,000 rows is
+//! backfilled by three runner processes, one of them SIGKILLed mid-run: every row is
+//! backfilled as intended, none is missed, and `tranche check` finds nothing amiss.
+
+use crate::support;
+
+#[path = "../../examples/pg_backfill.rs"]
+#[allow(dead_code)]
+mod example;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use example::Backfill;
+use support::TestRedis;
+use tranche_worker::runner::Runner;
+
+/// A private PostgreSQL cluster, stopped and removed on drop.
+struct TestPostgres {
+    dir: PathBuf,
+    bin: PathBuf,
+    port: u16,
+}
+
+impl TestPostgres {
+    fn start() -> Self {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()
+            .and_then(|d| {
+                d.flatten()
+                    .map(|e| e.path().join("bin"))
+                    .find(|p| p.join("initdb").exists())
+            })
+            .expect("PostgreSQL's initdb not found: apt-get install postgresql");
+        // One directory per server: the tests of this binary run side by side.
+        static SERVERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = SERVERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("tranche-pg-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        // initdb refuses to run as root: run the server as `postgres` then.
+        let root = nix_is_root();
+        if root {
+            let ok = Command::new("chown")
+                .args(["-R", "postgres"])
+                .arg(&dir)
+                .status()
+                .unwrap();
+            assert!(ok.success());
+        }
+        let data = dir.join("data");
+        run_as(
+            root,
+            &bin.join("initdb"),
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+            ],
+        );
+        // Durability is of no use to a test's throwaway cluster: without fsync the
+        // million-row UPDATEs cost what the CPU does.
+        let opts = format!(
+            "-p {port} -c listen_addresses=127.0.0.1 -k {} -c fsync=off \
+             -c synchronous_commit=off -c full_page_writes=off",
+            dir.display()
+        );
+        run_as(
+            root,
+            &bin.join("pg_ctl"),
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-o",
+                &opts,
+                "-l",
+                dir.join("log").to_str().unwrap(),
+                "-w",
+                "start",
+            ],
+        );
+        Self { dir, bin, port }
+    }
+
+    fn url(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres",
+            self.port
+        )
+    }
+}
+
+impl Drop for TestPostgres {
+    fn drop(&mut self) {
+        let data = self.dir.join("data");
+        let _ = Command::new(if nix_is_root() { "runuser" } else { "env" })
+            .args(if nix_is_root() {
+                vec!["-u", "postgres", "--"]
+            } else {
+                vec![]
+            })
+            .arg(self.bin.join("pg_ctl"))
+            .args(["-D", data.to_str().unwrap(), "-m", "immediate", "stop"])
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn nix_is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout.starts_with(b"0\n"))
+        .unwrap_or(false)
+}
+
+fn run_as(root: bool, program: &Path, args: &[&str]) {
+    let out = if root {
+        Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(program)
+            .args(args)
+            .output()
+    } else {
+        Command::new(program).args(args).output()
+    }
+    .unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display()));
+    assert!(
+        out.status.success(),
+        "{} failed: {}{}",
+        program.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_backfill_runs_to_the_end_through_a_restart() {
+    let pg = TestPostgres::start();
+    let (db, connection) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    db.batch_execute(
+        "CREATE TABLE users (id bigint PRIMARY KEY, email text NOT NULL, email_lower text);
+         INSERT INTO users (id, email) SELECT i, 'User' || i || '@Example.COM' FROM generate_series(1, 25000) i;",
+    )
+    .await
+    .unwrap();
+
+    let redis = TestRedis::start();
+    let backfill = Backfill::connect(&pg.url()).await.unwrap();
+    let (min, max) = backfill.id_range().await.unwrap().unwrap();
+    let runner = Runner::redis(redis.url())
+        .namespace("backfill")
+        .concurrency(2)
+        .chunk(500)
+        .grace(Duration::from_secs(5));
+    runner
+        .plan(tranche_worker::Plan::ids(min..=max).partition_size(1000))
+        .await
+        .unwrap();
+    // Stopped early, then started again, as an operator would.
+    let first = runner
+        .run_with_shutdown(backfill, tokio::time::sleep(Duration::from_millis(200)))
+        .await
+        .unwrap();
+    let second = runner
+        .run(Backfill::connect(&pg.url()).await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        (second.namespace.outstanding, second.namespace.failed),
+        (0, 0),
+        "{second:?}"
+    );
+    assert_eq!(
+        first.this_runner.completed + second.this_runner.completed,
+        25,
+        "{first:?} {second:?}"
+    );
+
+    let row = db
+        .query_one(
+            "SELECT count(*) FILTER (WHERE email_lower = lower(email)), count(*) FROM users",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (done, all): (i64, i64) = (row.get(0), row.get(1));
+    assert_eq!((done, all), (25_000, 25_000));
+}
+
+/// The runner processes' settings: partitions of 10,000 IDs (100 of them), chunks of
+/// 2,000 rows, leases of 2 s so that the killed runner's partitions come back quickly.
+const ROWS: u64 = 1_000_000;
+const PARTITION: u64 = 10_000;
+const LEASE: Duration = Duration::from_secs(2);
+/// Set in a runner process: the test binary runs this test again as one of the runners.
+const ROLE: &str = "TRANCHE_PG_RUNNER";
+
+/// Three runners (processes of their own, this test binary run again with [`ROLE`] set)
+/// backfill a million rows; one is SIGKILLed mid-run, holding leases. The others reap
+/// its leases and finish: every row is backfilled, by the same UPDATE, and `tranche
+/// check` is clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_runners_backfill_a_million_rows_through_a_sigkill() {
+    if let Ok(worker) = std::env::var(ROLE) {
+        return runner_process(&worker).await;
+    }
+    let started = Instant::now();
+    let pg = TestPostgres::start();
+    let (db, connection) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    db.batch_execute(&format!(
+        "CREATE TABLE users (id bigint PRIMARY KEY, email text NOT NULL, email_lower text);
+         INSERT INTO users (id, email)
+           SELECT i, 'User' || i || '@Example.COM' FROM generate_series(1, {ROWS}) i;"
+    ))
+    .await
+    .unwrap();
+    let redis = TestRedis::start();
+    Runner::redis(redis.url())
+        .namespace("backfill")
+        .plan(tranche_worker::Plan::ids(1..=ROWS).partition_size(PARTITION))
+        .await
+        .unwrap();
+
+    let logs = pg.dir.join("runners");
+    std::fs::create_dir_all(&logs).unwrap();
+    let mut runners: Vec<Child> = (0..3)
+        .map(|n| spawn_runner(&format!("runner-{n}"), &pg.url(), &redis.url(), &logs))
+        .collect();
+    // Kill the first runner once the job is well under way.
+    let updated = || async {
+        let row = db
+            .query_one("SELECT count(email_lower) FROM users", &[])
+            .await
+            .unwrap();
+        row.get::<_, i64>(0) as u64
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut at_kill = updated().await;
+    while at_kill < ROWS / 5 {
+        assert!(Instant::now() < deadline, "no progress: {at_kill} rows");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        at_kill = updated().await;
+    }
+    runners[0].kill().unwrap(); // SIGKILL: no drain, no release, its leases left held.
+    runners[0].wait().unwrap();
+    assert!(at_kill < ROWS, "the job was over before the kill");
+
+    let mut survivors = 0;
+    for (n, runner) in runners.iter_mut().enumerate().skip(1) {
+        let status = wait_with_deadline(runner, deadline).await;
+        let said = std::fs::read_to_string(logs.join(format!("runner-{n}"))).unwrap();
+        assert!(status.success(), "runner-{n}: {said}");
+        assert!(
+            said.contains("outstanding=0 failed=0"),
+            "runner-{n}: {said}"
+        );
+        survivors += said
+            .split("completed=")
+            .nth(1)
+            .and_then(|s| s.split(' ').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("runner-{n}: {said}"));
+    }
+    eprintln!("killed at {at_kill} rows; the other two completed {survivors} partitions");
+
+    // Every row holds exactly what the UPDATE writes, and nothing else changed.
+    let row = db
+        .query_one(
+            "SELECT count(*),
+                    count(*) FILTER (WHERE email_lower = lower(email)),
+                    count(*) FILTER (WHERE email = 'User' || id || '@Example.COM'),
+                    min(id), max(id)
+             FROM users",
+            &[],
+        )
+        .await
+        .unwrap();
+    let got: (i64, i64, i64, i64, i64) =
+        (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    let rows = ROWS as i64;
+    assert_eq!(got, (rows, rows, rows, 1, rows));
+
+    let check = Command::new(env!("CARGO_BIN_EXE_tranche"))
+        .args(["--redis", &redis.url(), "--namespace", "backfill", "check"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        check.status.success() && said.contains("consistent"),
+        "{said}{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let status = Command::new(env!("CARGO_BIN_EXE_tranche"))
+        .args([
+            "--redis",
+            &redis.url(),
+            "--namespace",
+            "backfill",
+            "status",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(
+        (&status["finished"], &status["failed"]),
+        (&serde_json::json!(ROWS / PARTITION), &serde_json::json!(0)),
+        "{status}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// Starts this test binary again as runner `worker`, its output in `logs/<worker>`.
+fn spawn_runner(worker: &str, pg: &str, redis: &str, logs: &Path) -> Child {
+    let out = std::fs::File::create(logs.join(worker)).unwrap();
+    Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "postgres::three_runners_backfill_a_million_rows_through_a_sigkill",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ROLE, worker)
+        .env("TRANCHE_PG_URL", pg)
+        .env("TRANCHE_PG_REDIS", redis)
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap()
+}
+
+/// One runner process: the example's handler, run until nothing is outstanding.
+async fn runner_process(worker: &str) {
+    let pg = std::env::var("TRANCHE_PG_URL").unwrap();
+    let redis = std::env::var("TRANCHE_PG_REDIS").unwrap();
+    let report = Runner::redis(redis)
+        .namespace("backfill")
+        .worker_id(worker)
+        .concurrency(2)
+        .chunk(2_000)
+        .lease(LEASE)
+        .run(Backfill::connect(&pg).await.unwrap())
+        .await
+        .unwrap();
+    println!(
+        "{worker}: completed={} outstanding={} failed={}",
+        report.this_runner.completed, report.namespace.outstanding, report.namespace.failed
+    );
+}
+
+/// Waits for `child` until `deadline` (killing it then, and failing).
+async fn wait_with_deadline(child: &mut Child, deadline: Instant) -> std::process::ExitStatus {
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("a runner did not finish within the deadline");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The example's backfill under `keep_below`: each chunk's UPDATE also logs its IDs in
+/// `chunk_log` on the server, and the probe asks the server how many IDs it was given
+/// in the last second. The runner's AIMD brings the rate down from its 6000 IDs/s
+/// ceiling and holds the server's figure under 3000.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_below_holds_a_server_figure_under_its_target() {
+    use std::sync::Arc;
+    use tranche_worker::runner::{Chunk, Handler, HandlerError, ProbeOutcome};
+
+    struct Logged {
+        backfill: Backfill,
+        db: Arc<tokio_postgres::Client>,
+    }
+
+    #[async_trait::async_trait]
+    impl Handler for Logged {
+        async fn process(&self, chunk: Chunk) -> Result<(), HandlerError> {
+            self.backfill.process(chunk).await?;
+            self.db
+                .execute(
+                    "INSERT INTO chunk_log (at, ids) VALUES (clock_timestamp(), $1)",
+                    &[&((chunk.to - chunk.from + 1) as i64)],
+                )
+                .await?;
+            Ok(())
+        }
+    }
+
+    async fn client(url: &str) -> Arc<tokio_postgres::Client> {
+        let (db, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        Arc::new(db)
+    }
+
+    /// IDs the server was given over the last `secs` seconds, per second.
+    async fn figure(db: &tokio_postgres::Client, secs: f64) -> f64 {
+        let row = db
+            .query_one(
+                "SELECT coalesce(sum(ids), 0)::float8 FROM chunk_log \
+                 WHERE at > clock_timestamp() - make_interval(secs => $1)",
+                &[&secs],
+            )
+            .await
+            .unwrap();
+        row.get::<_, f64>(0) / secs
+    }
+
+    let pg = TestPostgres::start();
+    let db = client(&pg.url()).await;
+    db.batch_execute(
+        "CREATE TABLE users (id bigint PRIMARY KEY, email text NOT NULL, email_lower text);
+         INSERT INTO users (id, email) SELECT i, 'User' || i || '@Example.COM' FROM generate_series(1, 200000) i;
+         CREATE TABLE chunk_log (at timestamptz NOT NULL, ids bigint NOT NULL);",
+    )
+    .await
+    .unwrap();
+    let redis = TestRedis::start();
+    let probe_db = client(&pg.url()).await;
+    let runner = Runner::redis(redis.url())
+        .namespace("backfill-aimd")
+        .concurrency(4)
+        .chunk(100)
+        .max_rate(6000.0)
+        .keep_below(3000.0)
+        .throttle_probe(move || {
+            let db = probe_db.clone();
+            async move { ProbeOutcome::Value(figure(&db, 1.0).await) }
+        });
+    runner
+        .plan(tranche_worker::Plan::ids(1..=200_000).partition_size(1000))
+        .await
+        .unwrap();
+    let handler = Logged {
+        backfill: Backfill::connect(&pg.url()).await.unwrap(),
+        db: client(&pg.url()).await,
+    };
+    let run = tokio::spawn(async move {
+        runner
+            .run_with_shutdown(handler, tokio::time::sleep(Duration::from_secs(18)))
+            .await
+    });
+    // Three cuts (6000 → 4200 → 2940) take about 7 s; then sample the figure.
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    let mut samples = Vec::new();
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        samples.push(figure(&db, 1.0).await);
+    }
+    let report = run.await.unwrap().unwrap();
+    assert!(report.interrupted, "{report:?}");
+    let mean = samples.iter().sum::<f64>() / samples.len() as f64;
+    eprintln!("IDs/s the server saw each second: {samples:.0?} (mean {mean:.0})");
+    assert!(
+        (1500.0..=3300.0).contains(&mean),
+        "the server's figure was {mean:.0} IDs/s on average for a target of 3000: {samples:.0?}"
+    );
+    assert!(
+        samples.iter().all(|&s| s < 4500.0),
+        "no second far above the target: {samples:.0?}"
+    );
+}
