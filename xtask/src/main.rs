@@ -37,13 +37,15 @@ Tasks:
                            start a private Redis (or a 3-master cluster, with a replica
                            each) on free ports in the
                            foreground, print its URL, stop it on Ctrl-C
-  soak [--ci] [--seed N] [--duration SECS] [--interval SECS] [--partitions N]
-       [--workers N] [--faults F,F,...|all] [--cluster] [--release] [--lease MS]
+  soak [--ci] [--fast] [--embedded] [--seed N] [--duration SECS] [--interval SECS]
+       [--partitions N] [--workers N] [--runners N] [--runner-concurrency N]
+       [--faults F,F,...|all] [--cluster] [--release] [--lease MS] [--drain SECS]
                            a fault-injecting soak: real workers on a private Redis (or
-                           a 3+3 cluster), a seeded fault every N s (kill, stop, panic,
-                           redis-kill, redis-pause, proxy, failover, corrupt-stats,
-                           corrupt-batch, corrupt-active), then oracles; writes
-                           target/soak/report.json and timeline.svg, fails on any oracle
+                           a 3+3 cluster, or one embedded process), a seeded fault every
+                           N s (kill, stop, panic, redis-kill, redis-pause, proxy,
+                           failover, corrupt-stats, corrupt-batch, corrupt-active,
+                           corrupt-state), then oracles; writes target/soak/report.json
+                           and timeline.svg, fails on any oracle
   help                     this text
 ";
 

@@ -22,7 +22,10 @@ pub(crate) const MENU: &[&str] = &[
 
 /// The faults of `--ci`: those today's code is expected to survive. (`proxy` picks one
 /// of the three network faults at random; `--faults all` is the whole menu.)
-pub(crate) const CI: &str = "kill,stop,panic,redis-kill,redis-pause,proxy-latency,proxy-reset,proxy-blackhole,corrupt-stats";
+pub(crate) const CI: &str = "kill,stop,panic,redis-kill,redis-pause,proxy-latency,proxy-reset,proxy-blackhole,corrupt-stats,corrupt-active";
+
+/// The faults of `--embedded` unless `--faults` says otherwise: all that apply there.
+pub(crate) const EMBEDDED: &str = "kill,stop,panic,corrupt-state";
 
 /// Whether the throughput must come back within 10 s once the fault is healed.
 pub(crate) fn transient(kind: &str) -> bool {
@@ -32,8 +35,10 @@ pub(crate) fn transient(kind: &str) -> bool {
 /// Whether it damages something `health` must notice within a minute. A handler's
 /// panic is not damage: it fails one attempt, which is retried like any failure (the
 /// ledger oracles check that its IDs are processed all the same).
+/// A damaged state file is not either: the restart that reads it falls back to the
+/// previous generation, and the soak checks that it said so and lost nothing.
 pub(crate) fn damage(kind: &str) -> bool {
-    kind.starts_with("corrupt-")
+    kind.starts_with("corrupt-") && kind != "corrupt-state"
 }
 
 /// How long a fault lasts before the soak heals it.
@@ -79,7 +84,8 @@ pub(crate) struct Fault {
     pub(crate) healed: Option<f64>,
     pub(crate) target: String,
     pub(crate) note: String,
-    /// For corruption: whether the corrupt value was still there when checked.
+    /// For corruption: whether the corrupt value was still there when checked
+    /// (`Some(false)` too when it could not be written at all).
     pub(crate) persisted: Option<bool>,
     /// Set by the oracles.
     pub(crate) recovery_s: Option<f64>,

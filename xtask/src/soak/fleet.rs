@@ -24,18 +24,25 @@ pub(crate) fn signal(pid: u32, sig: &str) {
 }
 
 /// The chunk command of the `--exec` workers: a START and an END line around a short
-/// sleep, appended to the worker's ledger (one `printf` of a line under PIPE_BUF to an
+/// wait, appended to the worker's ledger (one `printf` of a line under PIPE_BUF to an
 /// O_APPEND file is atomic). `$$` is the chunk's own process, to tell its lines apart.
+/// The wait is a `read -t` on a FIFO nobody writes (`SOAK_NEVER`): a timer in bash
+/// itself, no `sleep` forked, so a chunk costs one shell and nothing more.
 pub(crate) const LEDGER_SH: &str = r#"#!/bin/bash
 # START|END|KILL partition from to worker chunk_pid time_us
 line() { printf '%s %s %s %s %s %s %s\n' "$1" "$TRANCHE_PID" "$TRANCHE_FROM" "$TRANCHE_TO" "$SOAK_WORKER" "$$" "${EPOCHREALTIME/./}" >> "$SOAK_LEDGER"; }
 # Killed by its worker (lease lost, drain): say when, so the interval ends there.
 trap 'line KILL; exit 143' TERM
 line START
-if (( RANDOM % 400 == 0 )); then d=8; else d=0.0$(( RANDOM % 9 + 1 )); fi
-sleep "$d"
+# 10-90 ms of work, or 8 s once in 2000 chunks (a chunk in flight when a fault hits;
+# rare enough that the few slots such chunks hold do not swing the fleet's rate).
+if (( RANDOM % 2000 == 0 )); then d=8; else d=0.0$(( RANDOM % 9 + 1 )); fi
+read -r -t "$d" _ <> "$SOAK_NEVER"
 line END
 "#;
+
+/// The workers' default `RUST_LOG`: warnings, and the split lines the report counts.
+const SPLIT_LOGS: &str = "warn,tranche_worker::work::split=info,tranche_worker::held=info";
 
 /// What runs in a slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +58,7 @@ pub(crate) enum Kind {
 pub(crate) struct Incarnation {
     /// `w3.1`: slot 3, second start. The ledgers name it.
     pub(crate) name: String,
+    pub(crate) kind: Kind,
     pub(crate) pid: u32,
     pub(crate) started_us: u64,
     /// When the soak saw it gone (after its kill or exit was reaped).
@@ -64,12 +72,35 @@ pub(crate) struct Setup {
     pub(crate) tranche: PathBuf,
     pub(crate) runner: PathBuf,
     pub(crate) dir: PathBuf,
-    pub(crate) redis_url: String,
+    /// The Redis the workers use; `None` on the embedded state file `state`.
+    pub(crate) redis_url: Option<String>,
+    pub(crate) state: PathBuf,
     pub(crate) namespace: String,
     pub(crate) run_id: String,
     pub(crate) lease_ms: u64,
-    pub(crate) chunk: u64,
     pub(crate) compressed_at: u64,
+    /// The exec workers' `--chunk`, `--parallel` and `--concurrency`.
+    pub(crate) exec_chunk: u64,
+    pub(crate) exec_parallel: u64,
+    pub(crate) exec_concurrency: u64,
+    /// The runners' chunk, chunks of a partition at once, partitions at once, and
+    /// simulated work per chunk (ms, `min-max`).
+    pub(crate) runner_chunk: u64,
+    pub(crate) runner_parallel: u64,
+    pub(crate) runner_concurrency: u64,
+    pub(crate) runner_work_ms: &'static str,
+}
+
+impl Setup {
+    /// The FIFO the ledger script waits on.
+    pub(crate) fn never(&self) -> PathBuf {
+        self.dir.join("never.fifo")
+    }
+
+    /// Where the workers' store is, in the environment of a `tranche` command.
+    pub(crate) fn locate(&self, cmd: &mut Command) {
+        super::locate(cmd, self.redis_url.as_deref(), &self.state);
+    }
 }
 
 /// A worker slot: at most one live process at a time.
@@ -81,6 +112,8 @@ pub(crate) struct Slot {
     pub(crate) stopped: bool,
     /// When a dead slot is started again.
     pub(crate) restart_at: Option<Instant>,
+    /// What it is started as then, if not as before.
+    pub(crate) next_kind: Option<Kind>,
     generation: u32,
 }
 
@@ -92,6 +125,7 @@ impl Slot {
             child: None,
             stopped: false,
             restart_at: None,
+            next_kind: None,
             generation: 0,
         }
     }
@@ -106,6 +140,9 @@ impl Slot {
 
     /// Starts a new incarnation.
     pub(crate) fn start(&mut self, setup: &Setup, log: &mut Vec<Incarnation>) -> Result<()> {
+        if let Some(kind) = self.next_kind.take() {
+            self.kind = kind;
+        }
         let name = format!("w{}.{}", self.index, self.generation);
         self.generation += 1;
         let out = std::fs::File::create(setup.dir.join("logs").join(format!("{name}.log")))?;
@@ -117,30 +154,38 @@ impl Slot {
                     .arg("--exec")
                     .arg(format!("bash {}", setup.dir.join("ledger.sh").display()))
                     .args(["--lease", &format!("{}ms", setup.lease_ms)])
-                    .args(["--chunk", &setup.chunk.to_string()])
-                    .args(["--parallel", "4", "--concurrency", "2", "--grace", "2s"])
+                    .args(["--chunk", &setup.exec_chunk.to_string()])
+                    .args(["--parallel", &setup.exec_parallel.to_string()])
+                    .args(["--concurrency", &setup.exec_concurrency.to_string()])
+                    .args(["--grace", "2s"])
                     .args(["--compressed-at", &setup.compressed_at.to_string()])
                     .args(["--worker-id", &format!("w{}", self.index)])
-                    .arg("--follow");
+                    .arg("--follow")
+                    .env("SOAK_NEVER", setup.never());
                 cmd
             }
             Kind::Runner => {
                 let mut cmd = Command::new(&setup.runner);
                 cmd.env("SOAK_PANIC_FILE", panic_file(&setup.dir))
                     .env("SOAK_LEASE_MS", setup.lease_ms.to_string())
-                    // Smaller chunks than the exec workers': more chunks per partition
-                    // than its sliding window holds, so a chunk that never ends (its
-                    // handler panicked) can hold the rest of the partition back.
-                    .env("SOAK_CHUNK", (setup.chunk / 5).max(1).to_string());
+                    .env("SOAK_CHUNK", setup.runner_chunk.to_string())
+                    .env("SOAK_PARALLEL", setup.runner_parallel.to_string())
+                    .env("SOAK_CONCURRENCY", setup.runner_concurrency.to_string())
+                    .env("SOAK_WORK_MS", setup.runner_work_ms);
                 cmd
             }
         };
-        cmd.env("TRANCHE_REDIS_URL", &setup.redis_url)
-            .env("TRANCHE_NAMESPACE", &setup.namespace)
+        setup.locate(&mut cmd);
+        cmd.env("TRANCHE_NAMESPACE", &setup.namespace)
             .env("SOAK_LEDGER", self.ledger(setup))
             .env("SOAK_WORKER", &name)
             .env("SOAK_RUN", &setup.run_id)
-            .env("RUST_LOG", "warn")
+            // Quiet unless asked (`SOAK_RUST_LOG=tranche=debug` to see a fault from
+            // inside), but for splits: the report counts pieces and cuts from the logs.
+            .env(
+                "RUST_LOG",
+                std::env::var("SOAK_RUST_LOG").unwrap_or_else(|_| SPLIT_LOGS.to_owned()),
+            )
             // A panic's backtrace would load the debug info: 170 MiB of RSS that is
             // the symbolizer's, not the worker's.
             .env("RUST_BACKTRACE", "0")
@@ -152,6 +197,7 @@ impl Slot {
             .with_context(|| format!("could not start worker {name}"))?;
         log.push(Incarnation {
             name,
+            kind: self.kind,
             pid: child.id(),
             started_us: now_us(),
             ended_us: None,

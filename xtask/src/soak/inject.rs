@@ -3,6 +3,18 @@
 
 use super::*;
 
+/// XORs one byte (index `ARGV[2]` modulo the length) of hash field `ARGV[1]` with
+/// 0x5a if the field exists and is not empty; replies `{index, new value}` or nil.
+const FLIP_ONE_BYTE: &str = r"
+local v = redis.call('HGET', KEYS[1], ARGV[1])
+if not v or #v == 0 then return false end
+local i = tonumber(ARGV[2]) % #v
+local b = string.char(bit.bxor(string.byte(v, i + 1), 0x5a))
+v = string.sub(v, 1, i) .. b .. string.sub(v, i + 2)
+redis.call('HSET', KEYS[1], ARGV[1], v)
+return {i, v}
+";
+
 impl Soak {
     /// Picks and injects the next fault; what heals it, if anything.
     pub(super) fn inject(
@@ -50,15 +62,78 @@ impl Soak {
                 if kind == "kill" {
                     self.slots[i].kill(&mut self.incarnations);
                     self.slots[i].restart_at = Some(Instant::now() + Duration::from_secs(1));
+                    if self.opts.embedded {
+                        // The embedded process comes back as `tranche run --exec`.
+                        self.slots[i].next_kind = Some(Kind::Exec);
+                    }
                 } else {
                     fleet::signal(self.slots[i].pid().unwrap_or(0), "STOP");
                     self.slots[i].stopped = true;
                     undo = Undo::Cont(i);
                 }
             }
+            "panic" if self.opts.embedded => {
+                // The one process holds the state file: for a handler to panic, it
+                // becomes the library runner (a drained stop, then a start), until the
+                // next kill brings `tranche run --exec` back.
+                let slot = &mut self.slots[0];
+                if slot.kind == Kind::Exec || slot.child.is_none() {
+                    if slot.stopped {
+                        return Ok(None);
+                    }
+                    slot.terminate(Duration::from_secs(10), &mut self.incarnations);
+                    slot.next_kind = Some(Kind::Runner);
+                    slot.start(&self.setup, &mut self.incarnations)?;
+                    fault.note = "the process restarted as the library runner; ".into();
+                }
+                std::fs::write(fleet::panic_file(&self.dir), b"panic")?;
+                fault.target = self
+                    .incarnations
+                    .last()
+                    .map_or(String::new(), |x| format!("{} (runner)", x.name));
+                fault
+                    .note
+                    .push_str("its next partition's first chunk panics");
+            }
             "panic" => {
                 std::fs::write(fleet::panic_file(&self.dir), b"panic")?;
-                fault.target = format!("w{} (runner)", self.opts.workers);
+                fault.target = "the first runner to take it".into();
+            }
+            "corrupt-state" => {
+                // Stopped first, so that no save lands between the flip and the kill:
+                // the next start must read the damaged file.
+                let slot = &mut self.slots[0];
+                let pid = slot.pid().filter(|_| !slot.stopped);
+                if let Some(pid) = pid {
+                    fleet::signal(pid, "STOP");
+                }
+                let path = &self.setup.state;
+                let mut bytes = std::fs::read(path)
+                    .with_context(|| format!("could not read {}", path.display()))?;
+                // Any byte but the format version's (8..12): a file of another version
+                // is refused, never fallen back from (it may be a newer tranche's).
+                let mut at = rng.below(bytes.len().saturating_sub(4).max(1));
+                if at >= 8 {
+                    at += 4.min(bytes.len() - at - 1);
+                }
+                bytes[at] ^= 0x5a;
+                // The next start is `tranche run`, whose log says what it found.
+                slot.next_kind = Some(Kind::Exec);
+                std::fs::write(path, &bytes)
+                    .with_context(|| format!("could not write {}", path.display()))?;
+                fault.target = path
+                    .file_name()
+                    .map_or(String::new(), |n| n.to_string_lossy().into_owned());
+                fault.note = format!("byte {at} of {} flipped", bytes.len());
+                if pid.is_some() {
+                    let name = self.incarnations.last().map(|x| x.name.clone());
+                    slot.kill(&mut self.incarnations);
+                    slot.restart_at = Some(Instant::now() + Duration::from_secs(1));
+                    fault.note.push_str(&format!(
+                        ", {} SIGKILLed before its next save",
+                        name.unwrap_or_default()
+                    ));
+                }
             }
             "redis-kill" => {
                 let ports = self.redis_ports();
@@ -143,7 +218,10 @@ impl Soak {
                         };
                     }
                     Err(err) => {
+                        // Nothing corrupt was left behind, so there is nothing for
+                        // `health` to find: the damage oracle leaves this one out.
                         fault.note = format!("not injected: {err:#}");
+                        fault.persisted = Some(false);
                         self.faults.push(fault);
                         return Ok(None);
                     }
@@ -206,32 +284,50 @@ impl Soak {
         let resp::Reply::Array(fields) = resp::call(port, &[b"HKEYS", &key])? else {
             bail!("HKEYS failed");
         };
+        let fields: Vec<Vec<u8>> = fields
+            .into_iter()
+            .filter_map(|f| match f {
+                resp::Reply::Bytes(b) => Some(b),
+                _ => None,
+            })
+            .collect();
         if fields.is_empty() {
             bail!("an empty hash");
         }
-        let resp::Reply::Bytes(field) = fields[rng.below(fields.len())].clone() else {
-            bail!("HKEYS returned a non-string");
-        };
-        let value = if kind == "corrupt-stats" {
+        if kind == "corrupt-stats" {
+            let field = fields[rng.below(fields.len())].clone();
             note.push_str("value set to the one byte \\x80");
-            vec![0x80]
-        } else {
-            let resp::Reply::Bytes(mut value) = resp::call(port, &[b"HGET", &key, &field])? else {
-                bail!("the field went away");
-            };
-            if value.is_empty() {
-                bail!("an empty value");
+            let value = vec![0x80];
+            resp::call(port, &[b"HSET", &key, &field, &value])?;
+            return Ok((port, key, Some(field), value, note));
+        }
+        // Live records come and go: flip the byte in one script, so a field that went
+        // away between HKEYS and now is not written back as a record of its own.
+        for _ in 0..5 {
+            let field = fields[rng.below(fields.len())].clone();
+            let at = rng.next().to_string();
+            let reply = resp::call(
+                port,
+                &[
+                    b"EVAL",
+                    FLIP_ONE_BYTE.as_bytes(),
+                    b"1",
+                    &key,
+                    &field,
+                    at.as_bytes(),
+                ],
+            )?;
+            if let resp::Reply::Array(r) = reply
+                && let [resp::Reply::Int(at), resp::Reply::Bytes(value)] = &r[..]
+            {
+                note.push_str(&format!(
+                    "byte {at} of field {} flipped",
+                    String::from_utf8_lossy(&field)
+                ));
+                return Ok((port, key, Some(field), value.clone(), note));
             }
-            let at = rng.below(value.len());
-            value[at] ^= 0x5a;
-            note.push_str(&format!(
-                "byte {at} of field {} flipped",
-                String::from_utf8_lossy(&field)
-            ));
-            value
-        };
-        resp::call(port, &[b"HSET", &key, &field, &value])?;
-        Ok((port, key, Some(field), value, note))
+        }
+        bail!("the fields went away")
     }
 
     /// The keys matching `pattern` on every master, with the master's port.

@@ -13,34 +13,37 @@ impl Soak {
         strays: Vec<(u32, String)>,
     ) -> Result<Json> {
         let run_end_us = now_us();
-        let (runs, bad_lines) = ledger::read(&self.dir.join("ledger"));
+        let ledgers = ledger::read(&self.dir.join("ledger"));
+        let (runs, bad_lines) = (&ledgers.runs, ledgers.bad);
         let planned_ids: u64 = self.planned.iter().map(|(a, b)| b - a + 1).sum();
         let planned_partitions = planned_ids / PARTITION;
-        let (lost, gaps) = ledger::lost(&runs, &self.planned);
-        let all_overlaps = ledger::overlaps(&runs, &self.incarnations, run_end_us);
-        // A run whose own worker was SIGSTOPped during it ends after the pause, when
-        // its lease may have gone to another worker: in-process work (the runner's
-        // handler) cannot be fenced there, only reported. The rest fail the oracle.
-        let stops: Vec<(String, u64, u64)> = self
+        let (lost, gaps) = ledger::lost(runs, &self.planned);
+        // Across a SIGSTOP too: a frozen worker's `--exec` chunks, which run on in
+        // their own process groups, are stopped by their guards before its lease can
+        // expire. A runner's handlers run nothing while it is frozen and are not polled
+        // again after a thaw past their lease: the ledger reads those runs as ended at
+        // the freeze (unless they wrote an END after it).
+        let lease_s = self.opts.lease.as_secs_f64();
+        let frozen: Vec<(String, u64, u64)> = self
             .faults
             .iter()
-            .filter(|f| f.kind == "stop")
+            .filter(|f| f.kind == "stop" && f.healed.is_some_and(|h| h - f.at >= lease_s))
+            .filter(|f| {
+                self.incarnations
+                    .iter()
+                    .any(|i| i.name == f.target && i.kind == Kind::Runner)
+            })
             .map(|f| {
                 let us = |s: f64| self.t0_us + (s * 1e6) as u64;
                 (f.target.clone(), us(f.at), us(f.healed.unwrap_or(f.at)))
             })
             .collect();
-        let paused = |r: &ledger::ChunkRun| {
-            stops.iter().any(|(w, a, b)| {
-                *w == r.worker && r.start_us < *b && r.end_us.unwrap_or(u64::MAX) > *a
-            })
-        };
-        let (after_pause, overlaps): (Vec<_>, Vec<_>) = all_overlaps
-            .into_iter()
-            .partition(|o| paused(&o.a) || paused(&o.b));
-        let outlived = ledger::outlived(&runs, &self.incarnations);
+        let overlaps = ledger::overlaps(&ledgers, &self.incarnations, &frozen, run_end_us);
+        let ended_at_a_freeze = ledger::ended_at_a_freeze(&ledgers, &frozen);
+        let outlived = ledger::outlived(&ledgers, &self.incarnations);
+        let (pieces, cuts) = self.splits_logged();
         let seconds = (fleet_end + drain_s).ceil() as usize + 1;
-        let tput = ledger::throughput(&runs, self.t0_us, seconds);
+        let tput = ledger::throughput(runs, self.t0_us, seconds);
         report::recovery(&mut self.faults, &tput);
         let samples = self.health.lock().unwrap().clone();
         report::health_after(&mut self.faults, &samples);
@@ -105,6 +108,18 @@ impl Soak {
                 ("final_status", final_status.clone()),
             ]),
         );
+        if self.opts.profile == Profile::Splits {
+            // The profile is there to put faults on split partitions: a run that never
+            // split tested nothing of the kind.
+            oracle(
+                "partitions_were_split",
+                pieces > 0 && cuts > 0,
+                Json::obj([
+                    ("pieces_claimed", Json::from(pieces)),
+                    ("cuts_taken_by_holders", Json::from(cuts)),
+                ]),
+            );
+        }
         oracle(
             "no_range_run_twice_at_once",
             overlaps.is_empty(),
@@ -112,15 +127,17 @@ impl Soak {
                 ("overlaps", Json::from(overlaps.len() as u64)),
                 (
                     "examples",
-                    Json::Arr(overlaps.iter().take(5).map(describe).collect()),
+                    Json::Arr(
+                        overlaps
+                            .iter()
+                            .take(5)
+                            .map(|o| describe(&ledgers, o))
+                            .collect(),
+                    ),
                 ),
                 (
-                    "across_a_sigstop_not_counted",
-                    Json::from(after_pause.len() as u64),
-                ),
-                (
-                    "across_a_sigstop_examples",
-                    Json::Arr(after_pause.iter().take(3).map(describe).collect()),
+                    "runner_runs_ended_at_a_freeze",
+                    Json::from(ended_at_a_freeze),
                 ),
             ]),
         );
@@ -132,7 +149,7 @@ impl Soak {
                 ("examples", Json::Arr(outlived.iter().take(5).map(|(r, dead)| {
                     Json::from(format!(
                         "{} chunk pid {} ids {}..={}: {} {:.0} ms after its worker died",
-                        r.worker, r.chunk_pid, r.from, r.to, r.end,
+                        ledgers.worker(r), r.chunk_pid, r.from, r.to, r.end.name(),
                         (r.end_us.unwrap_or(r.start_us) as f64 - *dead as f64) / 1000.0
                     ))
                 }).collect())),
@@ -250,6 +267,11 @@ impl Soak {
             ]),
         );
 
+        if self.opts.embedded {
+            let (pass, detail) = self.state_damage_survived();
+            oracle("state_damage_detected_and_survived", pass, detail);
+        }
+
         report::svg(
             &self.dir.join("timeline.svg"),
             &tput,
@@ -257,12 +279,17 @@ impl Soak {
             fleet_end,
             self.opts.seed,
         )?;
+        // While the fleet ran with faults: the drain's work is not in it.
+        let during = (fleet_end as usize).min(tput.len());
+        let ids_per_s = tput[..during].iter().sum::<f64>() / (during.max(1) as f64);
         let recoveries: Vec<f64> = self.faults.iter().filter_map(|f| f.recovery_s).collect();
         Ok(Json::obj([
             ("seed", Json::from(self.opts.seed)),
             (
                 "topology",
-                Json::from(if self.opts.cluster {
+                Json::from(if self.opts.embedded {
+                    "embedded: one process and its state file"
+                } else if self.opts.cluster {
                     "cluster 3+3"
                 } else {
                     "one redis behind the proxy"
@@ -271,14 +298,28 @@ impl Soak {
             ("duration_s", Json::from(self.opts.duration.as_secs())),
             ("interval_s", Json::from(self.opts.interval.as_secs())),
             ("drain_s", Json::from(drain_s)),
-            ("workers", Json::from(self.opts.workers as u64 + 1)),
-            ("partitions_planned", Json::from(planned_partitions)),
-            ("chunk_runs", Json::from(runs.len() as u64)),
-            ("bad_ledger_lines", Json::from(bad_lines)),
+            ("exec_workers", Json::from(self.opts.workers as u64)),
+            ("runners", Json::from(self.opts.runners as u64)),
             (
-                "throughput_ids_per_s_mean",
-                Json::from(tput.iter().sum::<f64>() / fleet_end.max(1.0)),
+                "runner_concurrency",
+                Json::from(self.opts.runner_concurrency as u64),
             ),
+            ("profile", Json::from(self.opts.profile.name())),
+            ("partitions_planned", Json::from(planned_partitions)),
+            (
+                "splits",
+                Json::obj([
+                    ("pieces_claimed", Json::from(pieces)),
+                    ("cuts_taken_by_holders", Json::from(cuts)),
+                ]),
+            ),
+            ("chunk_runs", Json::from(runs.len() as u64)),
+            (
+                "partitions_per_s_mean",
+                Json::from(ids_per_s / PARTITION as f64),
+            ),
+            ("bad_ledger_lines", Json::from(bad_lines)),
+            ("throughput_ids_per_s_mean", Json::from(ids_per_s)),
             ("faults_by_kind", report::by_kind(&self.faults)),
             (
                 "recovery_s",
@@ -299,8 +340,12 @@ impl Soak {
                         .iter()
                         .map(|i| {
                             Json::from(format!(
-                                "{} pid {} from {:.1} s to {}: {}",
+                                "{} ({}) pid {} from {:.1} s to {}: {}",
                                 i.name,
+                                match i.kind {
+                                    Kind::Exec => "tranche run --exec",
+                                    Kind::Runner => "runner",
+                                },
                                 i.pid,
                                 i.started_us.saturating_sub(self.t0_us) as f64 / 1e6,
                                 i.ended_us.map_or("the end".into(), |e| format!(
@@ -333,30 +378,22 @@ impl Soak {
     }
 }
 
-fn describe(o: &ledger::Overlap) -> Json {
+fn describe(ledgers: &ledger::Ledgers, o: &ledger::Overlap) -> Json {
     Json::from(format!(
         "partition {} ids {}..={} by {} (chunk pid {}, {}) and {}..={} by {} (chunk pid {}, {}): {:.0} ms together",
         o.a.partition,
         o.a.from,
         o.a.to,
-        o.a.worker,
+        ledgers.worker(&o.a),
         o.a.chunk_pid,
-        ended(&o.a),
+        o.a.end.name(),
         o.b.from,
         o.b.to,
-        o.b.worker,
+        ledgers.worker(&o.b),
         o.b.chunk_pid,
-        ended(&o.b),
+        o.b.end.name(),
         o.both_ms
     ))
-}
-
-fn ended(r: &ledger::ChunkRun) -> &'static str {
-    if r.end.is_empty() {
-        "no end line"
-    } else {
-        r.end
-    }
 }
 
 /// The rules firing in a `health --json` reply (None when it is no such reply).
@@ -377,10 +414,72 @@ pub(super) fn firing(out: &str) -> Option<Vec<String>> {
 }
 
 /// Whether a `check --json` reply reports no difference and no dead letter.
+impl Soak {
+    /// Pieces of split partitions the exec workers claimed, and cuts their beats took
+    /// (a holder giving up the rest of its range), from their logs (the workers log
+    /// both at `info` for `tranche_worker::work::split` and `tranche_worker::held`).
+    fn splits_logged(&self) -> (u64, u64) {
+        let (mut pieces, mut cuts) = (0, 0);
+        let Ok(dir) = std::fs::read_dir(self.dir.join("logs")) else {
+            return (0, 0);
+        };
+        for entry in dir.flatten() {
+            let log = std::fs::read_to_string(entry.path()).unwrap_or_default();
+            pieces += log.matches("claimed a piece of a split partition").count() as u64;
+            cuts += log
+                .matches("the rest of the range went to another worker")
+                .count() as u64;
+        }
+        (pieces, cuts)
+    }
+}
+
 fn clean(out: &str) -> bool {
     let Some(v) = Json::parse(out) else {
         return false;
     };
     v.get("differences") == Some(&Json::Arr(vec![]))
         && v.at(&["dead_letters", "found"]).and_then(Json::as_u64) == Some(0)
+}
+
+impl Soak {
+    /// Per `corrupt-state` fault: the next start of the process said, in one line
+    /// naming the file, that the file is corrupt and that it resumed from the previous
+    /// generation (the ledger oracles then show that nothing was lost and nothing
+    /// counted twice). A start that refused to run would show as an unexpected exit.
+    fn state_damage_survived(&self) -> (bool, Json) {
+        let mut missed = Vec::new();
+        let mut seen = Vec::new();
+        for f in self.faults.iter().filter(|f| f.kind == "corrupt-state") {
+            let at_us = self.t0_us + (f.at * 1e6) as u64;
+            let next = self.incarnations.iter().find(|i| i.started_us > at_us);
+            let said = next.and_then(|i| {
+                let log =
+                    std::fs::read_to_string(self.dir.join("logs").join(format!("{}.log", i.name)))
+                        .unwrap_or_default();
+                log.lines()
+                    .find(|l| l.contains("is corrupt") && l.contains("previous generation"))
+                    .map(|l| format!("{}: {}", i.name, l.trim()))
+            });
+            match said {
+                Some(line) => seen.push(Json::from(line)),
+                None => missed.push(Json::from(format!(
+                    "corrupt-state at {:.1} s ({}): {}",
+                    f.at,
+                    f.note,
+                    next.map_or("no start after it".to_owned(), |i| format!(
+                        "{} said nothing of it",
+                        i.name
+                    ))
+                ))),
+            }
+        }
+        (
+            missed.is_empty(),
+            Json::obj([
+                ("missed", Json::Arr(missed)),
+                ("fell_back", Json::Arr(seen)),
+            ]),
+        )
+    }
 }

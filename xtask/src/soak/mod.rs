@@ -2,8 +2,8 @@
 //!
 //! A fleet of real `tranche run --exec` workers and one library runner (the
 //! `soak_runner` example) works through a plan on a private Redis (behind the soak's own
-//! TCP proxy) or a local 3+3 cluster, while a seeded schedule injects one fault every
-//! `--interval` seconds. Every chunk appends START and END lines to its worker's ledger;
+//! TCP proxy) or a local 3+3 cluster, or (`--embedded`) one process on an embedded
+//! state file, while a seeded schedule injects one fault every `--interval` seconds. Every chunk appends START and END lines to its worker's ledger;
 //! at the end the oracles read the ledgers, the statistics, `check` and the `health`
 //! samples, print one JSON report and write `target/soak/report.json` and
 //! `target/soak/timeline.svg`. Any failed oracle makes the task fail.
@@ -32,7 +32,7 @@ use faults::{Fault, Rng};
 use fleet::{Incarnation, Kind, Setup, Slot, now_us};
 use json::Json;
 use judge::firing;
-use options::Options;
+use options::{Options, Profile};
 use proxy::{Mode, Proxy};
 use server::Node;
 
@@ -52,17 +52,30 @@ const HEALTH: [&str; 7] = [
     "2000",
 ];
 
+/// Partitions waiting to be claimed, from `status --json`: never issued or pending.
+fn waiting(status: &Json) -> u64 {
+    ["unissued", "pending"]
+        .iter()
+        .filter_map(|k| status.get(k)?.as_u64())
+        .sum()
+}
+
 /// `cargo xtask soak [ARGS]`.
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let mut opts = Options::parse(args)?;
     let started = Instant::now();
-    let server = crate::redis::ensure_installed()?;
+    let server = if opts.embedded {
+        PathBuf::new()
+    } else {
+        crate::redis::ensure_installed()?
+    };
     let (tranche, runner) = build(opts.release)?;
     let build_s = started.elapsed().as_secs_f64();
     // Faults the chosen topology cannot have are left out, and said so.
     let mut skipped = Vec::new();
     opts.faults.retain(|f| {
         let ok = match f.as_str() {
+            _ if opts.embedded => ["kill", "stop", "panic", "corrupt-state"].contains(&f.as_str()),
             "failover" => opts.cluster,
             "redis-pause" | "proxy" | "proxy-latency" | "proxy-blackhole" | "proxy-reset" => {
                 !opts.cluster
@@ -87,14 +100,31 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         std::fs::create_dir_all(dir.join(sub))?;
     }
     std::fs::write(dir.join("ledger.sh"), fleet::LEDGER_SH)?;
+    // What the ledger script waits on: a FIFO nobody ever writes.
+    crate::step("mkfifo", Command::new("mkfifo").arg(dir.join("never.fifo")))?;
     eprintln!(
-        "xtask: soak seed {} for {} s, a fault every {} s from {} ({} workers + 1 runner{})",
+        "xtask: soak seed {} for {} s, a fault every {} s from {} ({}{})",
         opts.seed,
         opts.duration.as_secs(),
         opts.interval.as_secs(),
         opts.faults.join(","),
-        opts.workers,
-        if opts.cluster { ", cluster" } else { "" }
+        if opts.embedded {
+            "one embedded process, by turns `tranche run --exec` and the runner".to_owned()
+        } else {
+            format!(
+                "{} exec workers + {} runners of {}",
+                opts.workers, opts.runners, opts.runner_concurrency
+            )
+        },
+        match (opts.cluster, opts.profile) {
+            (true, Profile::Classic) => ", cluster".to_owned(),
+            (false, Profile::Classic) => String::new(),
+            (cluster, p) => format!(
+                "{}, {} profile",
+                if cluster { ", cluster" } else { "" },
+                p.name()
+            ),
+        }
     );
     let mut soak = Soak::start(&opts, &server, &dir, tranche, runner)?;
     let outcome = soak.go();
@@ -159,6 +189,19 @@ fn build(release: bool) -> Result<(PathBuf, PathBuf)> {
     ))
 }
 
+/// Where a `tranche` command finds the job: a Redis URL, or else the state file.
+fn locate(cmd: &mut Command, url: Option<&str>, state: &Path) {
+    match url {
+        Some(url) => cmd
+            .env("TRANCHE_REDIS_URL", url)
+            .env_remove("TRANCHE_STATE"),
+        None => cmd
+            .env_remove("TRANCHE_REDIS_URL")
+            .env_remove("TRANCHE_REDIS_FILE")
+            .env("TRANCHE_STATE", state),
+    };
+}
+
 /// One `health` sample: seconds since start, and the rules firing (None: no answer).
 type Sample = (f64, Option<Vec<String>>);
 
@@ -168,8 +211,9 @@ struct Soak {
     tranche: PathBuf,
     nodes: Vec<Node>,
     proxy: Option<Proxy>,
-    /// The URL the soak's own commands use (straight to Redis, not through the proxy).
-    direct: String,
+    /// The URL the soak's own commands use (straight to Redis, not through the proxy);
+    /// `None` embedded.
+    direct: Option<String>,
     setup: Setup,
     slots: Vec<Slot>,
     incarnations: Vec<Incarnation>,
@@ -214,16 +258,18 @@ impl Soak {
         runner: PathBuf,
     ) -> Result<Soak> {
         let base = dir.join("redis");
-        let (nodes, proxy, url, direct) = if opts.cluster {
+        let (nodes, proxy, url, direct) = if opts.embedded {
+            (Vec::new(), None, None, None)
+        } else if opts.cluster {
             let nodes = server::start_cluster(server, &base)?;
             let url = format!("redis://127.0.0.1:{}", nodes[0].port);
-            (nodes, None, url.clone(), url)
+            (nodes, None, Some(url.clone()), Some(url))
         } else {
             let node = Node::start(server, &base, server::free_port()?, &[])?;
             let proxy = Proxy::start(node.port)?;
             let url = format!("redis://127.0.0.1:{}", proxy.port);
             let direct = format!("redis://127.0.0.1:{}", node.port);
-            (vec![node], Some(proxy), url, direct)
+            (vec![node], Some(proxy), Some(url), Some(direct))
         };
         let run_id = format!("{}-{}", std::process::id(), now_us());
         let setup = Setup {
@@ -231,16 +277,55 @@ impl Soak {
             runner,
             dir: dir.to_owned(),
             redis_url: url,
+            state: dir.join("embedded").join(format!("{NAMESPACE}.state")),
             namespace: NAMESPACE.into(),
             run_id,
             lease_ms: opts.lease.as_millis() as u64,
-            chunk: PARTITION / 4,
             compressed_at: 200,
+            // The fast profile: a chunk is a whole partition (one shell per partition),
+            // twelve partitions at once; the runners' chunks are half of one, both at
+            // once, with 1-20 ms of work each, many partitions at once. The splits
+            // profile: forty chunks one at a time, so a partition lasts seconds and is
+            // worth splitting. Otherwise four chunks of a quarter, two partitions at
+            // once; the runners' chunks smaller than the exec workers' (more chunks per
+            // partition than a window holds).
+            exec_chunk: match opts.profile {
+                Profile::Classic => PARTITION / 4,
+                Profile::Fast => PARTITION,
+                Profile::Splits => PARTITION / 40,
+            },
+            exec_parallel: match opts.profile {
+                Profile::Classic => 4,
+                Profile::Fast | Profile::Splits => 1,
+            },
+            exec_concurrency: match opts.profile {
+                Profile::Classic | Profile::Splits => 2,
+                Profile::Fast => 12,
+            },
+            runner_chunk: match opts.profile {
+                Profile::Classic => PARTITION / 20,
+                Profile::Fast => PARTITION / 2,
+                Profile::Splits => PARTITION / 40,
+            },
+            runner_parallel: match opts.profile {
+                Profile::Classic | Profile::Splits => 1,
+                Profile::Fast => 2,
+            },
+            runner_concurrency: opts.runner_concurrency as u64,
+            runner_work_ms: match opts.profile {
+                Profile::Fast => "1-20",
+                Profile::Classic | Profile::Splits => "10-90",
+            },
         };
+        if opts.embedded {
+            std::fs::create_dir_all(dir.join("embedded"))?;
+        }
         let mut slots: Vec<Slot> = (0..opts.workers)
             .map(|i| Slot::new(i, Kind::Exec))
             .collect();
-        slots.push(Slot::new(opts.workers, Kind::Runner));
+        for r in 0..opts.runners {
+            slots.push(Slot::new(opts.workers + r, Kind::Runner));
+        }
         Ok(Soak {
             opts: opts.clone(),
             dir: dir.to_owned(),
@@ -265,11 +350,17 @@ impl Soak {
         })
     }
 
+    /// Where the soak's own commands find the job: the direct URL, or the state file.
+    fn locate(&self, cmd: &mut Command) {
+        locate(cmd, self.direct.as_deref(), &self.setup.state);
+    }
+
     /// A `tranche` command on the direct URL, its stdout (and whether it exited 0).
     fn tranche(&self, args: &[&str]) -> Result<(bool, String)> {
-        let out = Command::new(&self.tranche)
+        let mut cmd = Command::new(&self.tranche);
+        self.locate(&mut cmd);
+        let out = cmd
             .args(args)
-            .env("TRANCHE_REDIS_URL", &self.direct)
             .env("TRANCHE_NAMESPACE", NAMESPACE)
             .env("RUST_LOG", "error")
             .output()
@@ -303,6 +394,13 @@ impl Soak {
         Ok(())
     }
 
+    /// The splits profile's plans: half as many partitions as the fleet has slots.
+    fn splits_batch(&self) -> u64 {
+        let slots = self.opts.workers as u64 * self.setup.exec_concurrency
+            + self.opts.runners as u64 * self.setup.runner_concurrency;
+        (slots / 2).max(1)
+    }
+
     fn status(&self) -> Option<Json> {
         let (_, out) = self.tranche(&["status", "--json"]).ok()?;
         Json::parse(&out)
@@ -322,12 +420,21 @@ impl Soak {
 
     /// The whole run: plan, fleet, faults, drain, then the oracles' report.
     fn go(&mut self) -> Result<Json> {
+        let secs = self.opts.duration.as_secs();
         let partitions = if self.opts.partitions > 0 {
             self.opts.partitions
+        } else if self.opts.embedded {
+            // What one process does in the duration; nothing can be planned later
+            // (the run holds the state file), so not more.
+            (secs * 6).max(200)
+        } else if self.opts.profile == Profile::Fast {
+            secs * options::FAST_RATE
+        } else if self.opts.profile == Profile::Splits {
+            self.splits_batch()
         } else {
             // Roughly what the fleet does in the duration on a small machine; more is
             // planned whenever it runs low.
-            (self.opts.duration.as_secs() * 6 * self.opts.workers as u64).max(200)
+            (secs * 6 * self.opts.workers as u64).max(200)
         };
         self.plan(partitions)?;
         self.t0 = Instant::now();
@@ -339,13 +446,15 @@ impl Soak {
         let mut rng = Rng::new(self.opts.seed);
         let mut bag = Vec::new();
         // The first seconds are a start-up burst, no baseline for a recovery: the first
-        // fault comes after 20 s at the earliest.
-        let mut next_fault = self.t0 + self.opts.interval.max(Duration::from_secs(20));
+        // fault comes 10 s after the warm-up at the earliest.
+        let first = Duration::from_secs(report::WARM_UP_S as u64 + 10);
+        let mut next_fault = self.t0 + self.opts.interval.max(first);
         // No fault so late that its recovery could not be seen before the end.
         let last_fault = self.t0 + self.opts.duration.saturating_sub(Duration::from_secs(12));
         let end = self.t0 + self.opts.duration;
         let mut active: Vec<Active> = Vec::new();
         let mut next_topup = Instant::now() + Duration::from_secs(5);
+        let mut last_finished = (0u64, Instant::now());
         let mut next_sample = Instant::now();
         while Instant::now() < end {
             self.tend()?;
@@ -369,15 +478,27 @@ impl Soak {
                     Err(err) => eprintln!("xtask: soak: a fault could not be injected: {err:#}"),
                 }
             }
-            if now >= next_topup {
+            // Embedded, the run holds the state file: nothing can be planned beside it.
+            if now >= next_topup && !self.opts.embedded && self.opts.profile == Profile::Splits {
+                // A few partitions at a time, and only once none is waiting: half the
+                // slots take them, the other half split them.
+                next_topup = now + Duration::from_secs(1);
+                if self.status().is_some_and(|s| waiting(&s) == 0) {
+                    self.plan(self.splits_batch())?;
+                }
+            } else if now >= next_topup && !self.opts.embedded {
                 next_topup = now + Duration::from_secs(5);
                 if let Some(s) = self.status() {
-                    let left = ["unissued", "pending"]
-                        .iter()
-                        .filter_map(|k| s.get(k)?.as_u64())
-                        .sum::<u64>();
-                    if left < 50 * self.slots.len() as u64 {
-                        self.plan(partitions / 4 + 100)?;
+                    let left = waiting(&s);
+                    // The fleet's rate since the last look: less than 10 s of work
+                    // left is topped up with at least 20 s of it (the looks are 5 s
+                    // apart; more would only lengthen the drain).
+                    let finished = s.get("finished").and_then(Json::as_u64).unwrap_or(0);
+                    let rate = finished.saturating_sub(last_finished.0) as f64
+                        / last_finished.1.elapsed().as_secs_f64().max(1.0);
+                    last_finished = (finished, Instant::now());
+                    if left < (50 * self.slots.len() as u64).max((10.0 * rate) as u64) {
+                        self.plan((partitions / 20).max(100).max((20.0 * rate) as u64))?;
                     }
                 }
             }
@@ -452,19 +573,27 @@ impl Soak {
         }
     }
 
-    /// Polls `health --json` every 2 s on its own thread.
+    /// Polls `health --json` every 2 s on its own thread, every fifth time with
+    /// `--check` (which reads every active record and compares the statistics with the
+    /// archive: what finds a corrupt active record, at a cost not paid every 2 s).
     fn start_monitor(&mut self) {
         let tranche = self.tranche.clone();
         let direct = self.direct.clone();
+        let state = self.setup.state.clone();
         let samples = Arc::clone(&self.health);
         let stop = Arc::clone(&self.stop_monitor);
         let t0 = self.t0;
         self.monitor = Some(thread::spawn(move || {
+            let mut polls = 0u64;
             while !*stop.lock().unwrap() {
-                let out = Command::new(&tranche)
-                    .arg("health")
-                    .args(HEALTH)
-                    .env("TRANCHE_REDIS_URL", &direct)
+                let mut cmd = Command::new(&tranche);
+                locate(&mut cmd, direct.as_deref(), &state);
+                cmd.arg("health").args(HEALTH);
+                if polls % 5 == 4 {
+                    cmd.arg("--check");
+                }
+                polls += 1;
+                let out = cmd
                     .env("TRANCHE_NAMESPACE", NAMESPACE)
                     .env("RUST_LOG", "error")
                     .output();
@@ -480,7 +609,10 @@ impl Soak {
         }));
     }
 
-    /// Waits until every planned partition is archived (or the drain deadline).
+    /// Waits until every planned partition is archived (or the drain deadline). When
+    /// the archive stops moving for 15 s after injected damage, does what `health`
+    /// asks an operator to: `check --repair`, then `archive` (the damage holds its
+    /// partitions back until then; the end-of-run checks repeat it).
     fn drain(&mut self) -> Result<bool> {
         let total: u64 = self
             .planned
@@ -488,6 +620,8 @@ impl Soak {
             .map(|(a, b)| (b - a + 1) / PARTITION)
             .sum();
         let deadline = Instant::now() + self.opts.drain;
+        let damaged = self.faults.iter().any(|f| faults::damage(&f.kind));
+        let mut last = (u64::MAX, Instant::now());
         loop {
             self.tend()?;
             if let Some(s) = self.status() {
@@ -495,6 +629,17 @@ impl Soak {
                 let inbox = s.get("inbox").and_then(Json::as_u64).unwrap_or(1);
                 if archived >= total && inbox == 0 {
                     return Ok(true);
+                }
+                if archived != last.0 {
+                    last = (archived, Instant::now());
+                } else if damaged && last.1.elapsed() >= Duration::from_secs(15) {
+                    eprintln!(
+                        "xtask: soak: {archived} of {total} archived, none for 15 s: \
+                         check --repair, as an operator would"
+                    );
+                    let _ = self.tranche(&["check", "--repair", "--json"]);
+                    let _ = self.tranche(&["archive"]);
+                    last.1 = Instant::now();
                 }
             }
             if Instant::now() > deadline {

@@ -22,11 +22,51 @@ pub(crate) struct Options {
     pub(super) drain: Duration,
     pub(super) max_redis_mib: u64,
     pub(super) max_rss_mib: u64,
+    /// Library runner processes (the `soak_runner` example) beside the exec workers.
+    pub(super) runners: usize,
+    /// Partitions each runner works on at once.
+    pub(super) runner_concurrency: usize,
+    /// What the fleet's work looks like.
+    pub(super) profile: Profile,
+    /// One `tranche run` on an embedded state file instead of Redis.
+    pub(super) embedded: bool,
 }
 
-const USAGE: &str = "usage: cargo xtask soak [--ci] [--seed N] [--duration SECS] [--interval SECS] \
-[--partitions N] [--workers N] [--faults kill,stop,...] [--cluster] [--release] \
-[--lease MS] [--drain SECS]";
+/// What the fleet's work looks like.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Profile {
+    /// Four chunks of a quarter partition, 10-90 ms each, two partitions per worker; a
+    /// plan sized to the duration, topped up when it runs low.
+    Classic,
+    /// `--fast`: chunks of a whole partition for the exec workers, short chunks for the
+    /// runners; what a million partitions in 30 minutes takes.
+    Fast,
+    /// `--splits`: partitions of forty chunks, planned a few at a time, so that idle
+    /// slots split running partitions all the time and faults land on pieces: a
+    /// worker killed or frozen mid-split, a piece's lease expiring, half a split
+    /// partition reclaimed.
+    Splits,
+}
+
+impl Profile {
+    /// Its name in the report.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Profile::Classic => "classic",
+            Profile::Fast => "fast",
+            Profile::Splits => "splits",
+        }
+    }
+}
+
+/// Partitions a second that make a million in 30 minutes: with `--fast` the default
+/// plan is this times the duration, and more is planned when the fleet runs low.
+pub(super) const FAST_RATE: u64 = 560;
+
+const USAGE: &str = "usage: cargo xtask soak [--ci] [--fast | --splits] [--embedded] [--seed N] \
+[--duration SECS] [--interval SECS] [--partitions N] [--workers N] [--runners N] \
+[--runner-concurrency N] [--faults kill,stop,...] [--cluster] [--release] [--lease MS] \
+[--drain SECS]";
 
 impl Options {
     pub(super) fn parse(args: &[String]) -> Result<Options> {
@@ -43,7 +83,15 @@ impl Options {
             drain: Duration::from_secs(90),
             max_redis_mib: 256,
             max_rss_mib: 256,
+            runners: 1,
+            runner_concurrency: 2,
+            profile: Profile::Classic,
+            embedded: false,
         };
+        let mut drain_given = false;
+        let mut runners_given = false;
+        let mut concurrency_given = false;
+        let mut faults_given = false;
         let mut it = args.iter();
         while let Some(flag) = it.next() {
             let mut value = || {
@@ -67,8 +115,31 @@ impl Options {
                 "--partitions" => o.partitions = number(value()?)?,
                 "--workers" => o.workers = number(value()?)?.clamp(1, 64) as usize,
                 "--lease" => o.lease = Duration::from_millis(number(value()?)?.max(500)),
-                "--drain" => o.drain = Duration::from_secs(number(value()?)?),
+                "--drain" => {
+                    o.drain = Duration::from_secs(number(value()?)?);
+                    drain_given = true;
+                }
+                "--runners" => {
+                    o.runners = number(value()?)?.min(16) as usize;
+                    runners_given = true;
+                }
+                "--runner-concurrency" => {
+                    o.runner_concurrency = number(value()?)?.clamp(1, 256) as usize;
+                    concurrency_given = true;
+                }
+                "--fast" | "--splits" => {
+                    let p = if flag == "--fast" {
+                        Profile::Fast
+                    } else {
+                        Profile::Splits
+                    };
+                    if o.profile != Profile::Classic && o.profile != p {
+                        bail!("--fast and --splits exclude each other: one profile a run");
+                    }
+                    o.profile = p;
+                }
                 "--faults" => {
+                    faults_given = true;
                     let v = value()?;
                     o.faults = if v == "all" {
                         // `proxy` stands for its three kinds.
@@ -91,13 +162,54 @@ impl Options {
                 }
                 "--cluster" => o.cluster = true,
                 "--release" => o.release = true,
-                "--embedded" => bail!(
-                    "--embedded (and the corrupt-state fault) is not built yet: the soak \
-                     runs on Redis only"
-                ),
+                "--embedded" => o.embedded = true,
                 _ => bail!("unknown option `{flag}`; {USAGE}"),
             }
         }
+        if o.embedded && o.cluster {
+            bail!("--embedded and --cluster exclude each other: embedded means no Redis");
+        }
+        if o.embedded {
+            // One process holds the state file: one slot, which alternates between
+            // `tranche run --exec` and the library runner at each restart.
+            o.workers = 1;
+            o.runners = 0;
+            if !faults_given {
+                o.faults = faults::EMBEDDED.split(',').map(str::to_owned).collect();
+            }
+            if !drain_given {
+                o.drain = Duration::from_secs(180);
+            }
+        } else if o.profile == Profile::Fast {
+            if !runners_given {
+                o.runners = 3;
+            }
+            if !concurrency_given {
+                o.runner_concurrency = 32;
+            }
+            if !drain_given {
+                o.drain = Duration::from_secs(300);
+            }
+        }
         Ok(o)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Options> {
+        Options::parse(&args.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn one_profile_a_run() {
+        assert_eq!(parse(&[]).unwrap().profile, Profile::Classic);
+        assert_eq!(parse(&["--splits"]).unwrap().profile, Profile::Splits);
+        let fast = parse(&["--fast"]).unwrap();
+        assert_eq!((fast.profile, fast.runners), (Profile::Fast, 3));
+        let err = parse(&["--fast", "--splits"]).unwrap_err().to_string();
+        assert!(err.contains("exclude each other"), "{err}");
     }
 }

@@ -8,10 +8,16 @@ use anyhow::Result;
 use super::faults::{self, Fault};
 use super::json::Json;
 
+/// The first seconds of a run, never part of a baseline: every slot starts on a short
+/// chunk, so the fleet runs well above its steady rate until the rare long chunks have
+/// taken their share of the slots (in the classic profile about 35 % of slot time, in
+/// 25 s or so). A fault measured against that burst "never recovers".
+pub(crate) const WARM_UP_S: usize = 25;
+
 /// Per fault: seconds from its heal until a 3-second mean of the throughput is back to
-/// 80 % of the median second of the 30 before it (None: never, or no work before it to
-/// compare). The median, not the mean: the catch-up burst after an earlier fault or a
-/// dip of a busy machine would move a mean.
+/// 80 % of the median second of the 30 before it, the warm-up left out (None: never, or
+/// no work before it to compare). The median, not the mean: the catch-up burst after an
+/// earlier fault or a dip of a busy machine would move a mean.
 pub(crate) fn recovery(faults: &mut [Fault], tput: &[f64]) {
     let mean = |a: usize, b: usize| -> f64 {
         let b = b.min(tput.len());
@@ -22,7 +28,8 @@ pub(crate) fn recovery(faults: &mut [Fault], tput: &[f64]) {
     };
     for f in faults.iter_mut() {
         let at = (f.at as usize).min(tput.len());
-        let mut before = tput[at.saturating_sub(30)..at].to_vec();
+        let from = at.saturating_sub(30).max(WARM_UP_S.min(at));
+        let mut before = tput[from..at].to_vec();
         if before.is_empty() {
             continue;
         }
@@ -266,5 +273,16 @@ mod tests {
         recovery(&mut faults, &tput);
         // The first 3 s mean at or above 80: 47..50 is (50 + 100 + 100) / 3.
         assert_eq!(faults[0].recovery_s, Some(2.0));
+    }
+
+    #[test]
+    fn the_warm_up_burst_is_no_baseline() {
+        // 300/s for the first 25 s, then 100/s; a fault at 35 s that takes nothing away
+        // has recovered at once, measured against the 10 s after the warm-up only.
+        let mut tput = vec![100.0; 80];
+        tput[..WARM_UP_S].fill(300.0);
+        let mut faults = [fault(35.0, 35.0)];
+        recovery(&mut faults, &tput);
+        assert_eq!(faults[0].recovery_s, Some(0.0));
     }
 }
