@@ -37,9 +37,10 @@ Tasks:
                            start a private Redis (or a 3-master cluster, with a replica
                            each) on free ports in the
                            foreground, print its URL, stop it on Ctrl-C
-  soak [--ci] [--fast] [--embedded] [--seed N] [--duration SECS] [--interval SECS]
-       [--partitions N] [--workers N] [--runners N] [--runner-concurrency N]
-       [--faults F,F,...|all] [--cluster] [--release] [--lease MS] [--drain SECS]
+  soak [--ci] [--fast|--splits] [--embedded] [--seed N] [--duration SECS]
+       [--interval SECS] [--partitions N] [--workers N] [--runners N]
+       [--runner-concurrency N] [--faults F,F,...|all] [--cluster]
+       [--release|--prebuilt] [--lease MS] [--drain SECS]
                            a fault-injecting soak: real workers on a private Redis (or
                            a 3+3 cluster, or one embedded process), a seeded fault every
                            N s (kill, stop, panic, redis-kill, redis-pause, proxy,
@@ -178,9 +179,9 @@ fn ci() -> Result<()> {
     benches.env("TRANCHE_BENCH_SMOKE", "1");
     benches.env("TRANCHE_REDIS_SERVER", redis::ensure_installed()?);
     step("cargo test --bench * (smoke)", &mut benches)?;
-    // The test step built the debug binary the soak runs, so this costs its 2 minutes
-    // and little more.
-    soak::run(&["--ci".to_owned()])
+    // The test step built the debug binary and the runner example the soak runs, so
+    // this costs its 2 minutes and little more.
+    soak::run(&["--ci".to_owned(), "--prebuilt".to_owned()])
 }
 
 /// `cargo xtask test`: the whole test suite against real Redis servers the tests start

@@ -69,7 +69,11 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     } else {
         crate::redis::ensure_installed()?
     };
-    let (tranche, runner) = build(opts.release)?;
+    let (tranche, runner) = if opts.prebuilt {
+        prebuilt()?
+    } else {
+        build(opts.release)?
+    };
     let build_s = started.elapsed().as_secs_f64();
     // Faults the chosen topology cannot have are left out, and said so.
     let mut skipped = Vec::new();
@@ -163,6 +167,35 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// The debug binary and runner example a test build left in the target directory
+/// (`cargo test` builds examples too), without building them again: the soak's own
+/// build of the one package resolves features apart from the workspace's test build
+/// and would compile most of the tree a second time.
+fn prebuilt() -> Result<(PathBuf, PathBuf)> {
+    let (tranche, runner) = paths(false);
+    for exe in [&tranche, &runner] {
+        if !exe.is_file() {
+            bail!(
+                "--prebuilt: {} is missing; build it first or leave --prebuilt out",
+                exe.display()
+            );
+        }
+    }
+    Ok((tranche, runner))
+}
+
+/// Where the binary and the runner example are built (debug unless `release`).
+fn paths(release: bool) -> (PathBuf, PathBuf) {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::workspace_root().join("target"));
+    let profile = target.join(if release { "release" } else { "debug" });
+    (
+        profile.join("tranche"),
+        profile.join("examples/soak_runner"),
+    )
+}
+
 /// Builds the binary and the runner example (debug unless `release`); their paths.
 fn build(release: bool) -> Result<(PathBuf, PathBuf)> {
     let mut cmd = crate::cargo();
@@ -179,14 +212,7 @@ fn build(release: bool) -> Result<(PathBuf, PathBuf)> {
         cmd.arg("--release");
     }
     crate::step("cargo build (tranche and soak_runner)", &mut cmd)?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| crate::workspace_root().join("target"));
-    let profile = target.join(if release { "release" } else { "debug" });
-    Ok((
-        profile.join("tranche"),
-        profile.join("examples/soak_runner"),
-    ))
+    Ok(paths(release))
 }
 
 /// Where a `tranche` command finds the job: a Redis URL, or else the state file.

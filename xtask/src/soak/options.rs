@@ -18,6 +18,9 @@ pub(crate) struct Options {
     pub(super) faults: Vec<String>,
     pub(super) cluster: bool,
     pub(super) release: bool,
+    /// `--prebuilt`: run the debug binaries already in the target directory instead of
+    /// building them (`cargo xtask ci`: its test step has just built both).
+    pub(super) prebuilt: bool,
     pub(super) lease: Duration,
     pub(super) drain: Duration,
     pub(super) max_redis_mib: u64,
@@ -65,8 +68,8 @@ pub(super) const FAST_RATE: u64 = 560;
 
 const USAGE: &str = "usage: cargo xtask soak [--ci] [--fast | --splits] [--embedded] [--seed N] \
 [--duration SECS] [--interval SECS] [--partitions N] [--workers N] [--runners N] \
-[--runner-concurrency N] [--faults kill,stop,...] [--cluster] [--release] [--lease MS] \
-[--drain SECS]";
+[--runner-concurrency N] [--faults kill,stop,...] [--cluster] [--release | --prebuilt] \
+[--lease MS] [--drain SECS]";
 
 impl Options {
     pub(super) fn parse(args: &[String]) -> Result<Options> {
@@ -79,6 +82,7 @@ impl Options {
             faults: vec!["kill".into(), "stop".into()],
             cluster: false,
             release: false,
+            prebuilt: false,
             lease: Duration::from_secs(3),
             drain: Duration::from_secs(90),
             max_redis_mib: 256,
@@ -162,12 +166,16 @@ impl Options {
                 }
                 "--cluster" => o.cluster = true,
                 "--release" => o.release = true,
+                "--prebuilt" => o.prebuilt = true,
                 "--embedded" => o.embedded = true,
                 _ => bail!("unknown option `{flag}`; {USAGE}"),
             }
         }
         if o.embedded && o.cluster {
             bail!("--embedded and --cluster exclude each other: embedded means no Redis");
+        }
+        if o.release && o.prebuilt {
+            bail!("--release and --prebuilt exclude each other: --prebuilt runs the debug build");
         }
         if o.embedded {
             // One process holds the state file: one slot, which alternates between
@@ -210,6 +218,14 @@ mod tests {
         let fast = parse(&["--fast"]).unwrap();
         assert_eq!((fast.profile, fast.runners), (Profile::Fast, 3));
         let err = parse(&["--fast", "--splits"]).unwrap_err().to_string();
+        assert!(err.contains("exclude each other"), "{err}");
+    }
+
+    #[test]
+    fn prebuilt_runs_the_debug_build_only() {
+        assert!(parse(&["--ci", "--prebuilt"]).unwrap().prebuilt);
+        assert!(!parse(&["--ci"]).unwrap().prebuilt);
+        let err = parse(&["--release", "--prebuilt"]).unwrap_err().to_string();
         assert!(err.contains("exclude each other"), "{err}");
     }
 }
