@@ -674,7 +674,7 @@ async fn pause_is_a_namespace_flag(h: Harness) {
 
 /// Records that all decode: `corrupt_records` finds none, and `repair_corrupt` of a
 /// claimed, a pending and a completed pid changes nothing (the Redis store's repair of
-/// a corrupt record is in `tests/it/scripts.rs`).
+/// a corrupt record is in `tests/it/scripts/mod.rs`).
 async fn a_sound_active_set_has_nothing_to_repair(h: Harness) {
     use tranche_active_store::Repair;
     let s = &h.store;
