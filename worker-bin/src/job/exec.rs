@@ -11,6 +11,7 @@
 //! from ([`SECRETS`]), plus the chunk's variables.
 
 use std::future::Future;
+use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -96,6 +97,9 @@ pub(super) async fn exec(
     // guard to kill the group.
     let mut lifeline = child.stdin.take().expect("stdin is piped");
     let mut stderr = child.stderr.take().expect("stderr is piped");
+    // Said when stderr reaches end-of-file: every process of the chunk that held it is
+    // gone.
+    let (tail_done, mut tail_done_rx) = tokio::sync::oneshot::channel::<()>();
     // Keep only the tail: a chatty command must not grow this process's memory.
     let read_tail = async {
         let mut tail: Vec<u8> = Vec::new();
@@ -111,6 +115,7 @@ pub(super) async fn exec(
                 }
             }
         }
+        let _ = tail_done.send(());
         tail
     };
     let wait = async {
@@ -118,6 +123,16 @@ pub(super) async fn exec(
             status = child.wait() => status,
             never = tell(&mut lifeline, fence, &mut told) => match never {},
         };
+        // Killed by a signal, as a stop is (the guard's SIGTERM, or a drain's): a lone
+        // command under `sh -c` is a child of `sh` (dash does not exec it), which
+        // dies of the SIGTERM at once while the command may still be running its own
+        // handler. Closing the lifeline now would have the guard SIGKILL it a few ms
+        // after its SIGTERM; the group keeps it until its stderr closes (every process
+        // of it gone), `KILL_AFTER` at most. The guard's timer and the abort's grace
+        // still bound the group as before.
+        if matches!(&status, Ok(s) if s.signal().is_some()) {
+            let _ = tokio::time::timeout(KILL_AFTER, &mut tail_done_rx).await;
+        }
         drop(lifeline);
         (status, told)
     };
@@ -364,6 +379,38 @@ mod tests {
             .unwrap();
         // `sleep 30` and the guard's own processes go with the group.
         gone_within(pgid, Duration::from_secs(5), "the group outlived its fence").await;
+    }
+
+    /// A lone command (`sh -c` keeps itself as its parent) that traps SIGTERM runs its
+    /// trap, 200 ms of cleaning up, when the guard stops it: `sh` dies of the SIGTERM at
+    /// once, and the lifeline stays until the command is gone, so the guard does not
+    /// SIGKILL it before the stop-to-kill gap (300 ms here) is over.
+    #[tokio::test]
+    async fn a_lone_command_runs_its_trap_when_stopped() {
+        let dir = std::env::temp_dir().join(format!("tranche-job-lone-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let termed = dir.join("termed");
+        for round in 0..5 {
+            let _ = std::fs::remove_file(&termed);
+            let job = Job::Exec(format!(
+                "bash -c 'trap \"sleep 0.2; echo TERM > {}; exit 143\" TERM; sleep 30 & wait $!'",
+                termed.display()
+            ));
+            let ms = Duration::from_millis;
+            let (_renewals, fence) = fence(ms(1000), ms(600), ms(300), ms(100));
+            let r = tokio::time::timeout(
+                Duration::from_secs(20),
+                job.run(chunk(), std::future::pending(), Some(fence)),
+            )
+            .await
+            .expect("the guard stopped the chunk");
+            assert_eq!(r, Err(ChunkError::Interrupted));
+            assert_eq!(
+                std::fs::read_to_string(&termed).ok().as_deref(),
+                Some("TERM\n"),
+                "round {round}: the command was killed before its trap ran"
+            );
+        }
     }
 
     /// A command that ignores SIGTERM is killed a grace period later, by the guard
