@@ -28,9 +28,9 @@
 //! pass here asserts that none was.
 //!
 //! The namespace is raised to the latest archive format (`ArchiveFormat::LATEST`, what
-//! a new namespace gets once planning raises it); `TRANCHE_BENCH_FORMAT=1` measures
-//! format 1, which a namespace keeps until it is raised. `TRANCHE_BENCH_SETS=S` runs
-//! set S alone.
+//! a new namespace gets once planning raises it); `TRANCHE_BENCH_FORMAT=N` measures
+//! format N instead (1, which a namespace keeps until it is raised, or 2).
+//! `TRANCHE_BENCH_SETS=S` runs set S alone.
 //!
 //! Set `TRANCHE_BENCH_MAX` to stop earlier (e.g. 1000000). With `TRANCHE_BENCH_SMOKE=1`
 //! the sizes shrink by a hundred (checkpoints 1,000 to 50,000, tier thresholds 1,000
