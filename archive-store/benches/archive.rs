@@ -25,12 +25,13 @@
 //! Every record fed has its completed-index bit set (`{ns:s}:completed:index`, at the
 //! schema's `bit_offset`), as the active store's completion script sets it in the same
 //! step as its XADD: the archiver dead-letters a record whose bit is clear, and every
-//! pass here asserts that none was.
+//! pass here asserts that none was. Past 64 KB the index is grown as that script grows
+//! it, to just under a jemalloc size class (`GROW_INDEX_LUA`), not by Redis's doubling.
 //!
 //! The namespace is raised to the latest archive format (`ArchiveFormat::LATEST`, what
-//! a new namespace gets once planning raises it); `TRANCHE_BENCH_FORMAT=1` measures
-//! format 1, which a namespace keeps until it is raised. `TRANCHE_BENCH_SETS=S` runs
-//! set S alone.
+//! a new namespace gets once planning raises it); `TRANCHE_BENCH_FORMAT=N` measures
+//! format N instead (1, which a namespace keeps until it is raised, or 2).
+//! `TRANCHE_BENCH_SETS=S` runs set S alone.
 //!
 //! Set `TRANCHE_BENCH_MAX` to stop earlier (e.g. 1000000). With `TRANCHE_BENCH_SMOKE=1`
 //! the sizes shrink by a hundred (checkpoints 1,000 to 50,000, tier thresholds 1,000
@@ -131,6 +132,30 @@ impl Gen {
         }
     }
 }
+
+/// How the completion script (`active-store/lua/complete.lua`, the block "Past 64 KB
+/// the index is grown here") grows a large completed index before its `BITFIELD`: to
+/// just under a jemalloc size class (four per power of two; a string of 64 KB or more
+/// has 10 bytes of sds header and NUL), by one SET of the old bits and zeros, when the
+/// bytes the highest bit set needs are 64 KB or more and more than the string holds.
+/// Left to `BITFIELD`, Redis would grow it by doubling. The same arithmetic, copied:
+/// keep it in step with complete.lua. `KEYS[1]` the index, `ARGV[1]` the highest bit
+/// offset the batch sets.
+const GROW_INDEX_LUA: &str = r"
+local top = tonumber(ARGV[1])
+local need = math.floor(top / 8) + 1
+if need >= 65536 and need <= 536870912 then
+  local len = redis.call('STRLEN', KEYS[1])
+  if need > len then
+    local step = 1
+    while step * 2 <= need + 10 do step = step * 2 end
+    step = step / 4
+    local size = math.ceil((need + 10) / step) * step - 10
+    local old = redis.call('GET', KEYS[1]) or ''
+    redis.call('SET', KEYS[1], old .. string.rep('\0', size - #old))
+  end
+end
+";
 
 /// The archive format the bench's namespace is raised to (`TRANCHE_BENCH_FORMAT`).
 fn bench_format() -> ArchiveFormat {
@@ -290,6 +315,7 @@ async fn run_set(millis: bool, max: u64, scale: Scale) -> SetResult {
     let schema = config.schema().unwrap();
     let archive = RedisArchive::new(conn.clone(), config).unwrap();
     archive.raise_format(bench_format()).await.unwrap();
+    let grow_index: String = server.query(redis::cmd("SCRIPT").arg("LOAD").arg(GROW_INDEX_LUA));
     let base = used_memory(&server);
     let mut source = Gen::new(millis);
     let mut all_done = 0u64;
@@ -308,9 +334,23 @@ async fn run_set(millis: bool, max: u64, scale: Scale) -> SetResult {
                 .collect();
             for chunk in recs.chunks(100) {
                 let lines: Vec<String> = chunk.iter().map(encode_json).collect();
-                // What the completion script does in the same step as its XADD: set
+                // What the completion script does in the same step as its XADD: grow a
+                // large index to just under a size class (`GROW_INDEX_LUA`), then set
                 // each pid's completed-index bit, without which the archiver
                 // dead-letters the record as never completed.
+                let top = chunk
+                    .iter()
+                    .map(|r| schema.bit_offset(r.pid))
+                    .max()
+                    .unwrap_or(0);
+                if top / 8 + 1 >= 65_536 {
+                    pipe.cmd("EVALSHA")
+                        .arg(&grow_index)
+                        .arg(1)
+                        .arg(schema.completed_index(0))
+                        .arg(top)
+                        .ignore();
+                }
                 let index = pipe.cmd("BITFIELD").arg(schema.completed_index(0));
                 for r in chunk {
                     index
@@ -365,6 +405,14 @@ async fn run_set(millis: bool, max: u64, scale: Scale) -> SetResult {
         }
         let used = used_memory(&server).saturating_sub(base);
         bytes.push((checkpoint, used as f64 / checkpoint as f64));
+        let index: u64 = server.query(
+            redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(schema.completed_index(0))
+                .arg("SAMPLES")
+                .arg(0),
+        );
+        println!("{checkpoint}: completed index MEMORY USAGE {index} bytes");
     }
     if all_done >= 2 * scale.summary_at {
         gets.push((

@@ -11,7 +11,9 @@
 --      then the time to live of sealed batches in ms (0: none), then per sealed batch
 --      its records' first bit offset and their count (a sealed batch holds every
 --      planned pid of its batch, so its bits are contiguous: no per-record arguments)
--- ARGV[a + 3s + 2 ..] the statistics delta of exactly these records (apply_stats' args)
+-- ARGV[a + 3s + 2 ..] the statistics delta of exactly these records (apply_stats' args),
+--      then optionally the statistics' ranges layout: 1 (compact bodies, read by every
+--      version), or 2 (packed bodies, the namespace's archive format 3 allowing it)
 -- Records are numbered 1.. in this order: the n one by one, then each sealed batch's
 -- in bit order.
 -- Reply: {1, written, size of batch 1, size of batch 2, ...} when every record was fresh
@@ -55,7 +57,16 @@ end
 if not tonumber(ttl) then
   return redis.error_reply('ERR archive: time to live `' .. tostring(ttl) .. '`')
 end
-local stats_writes = stats_plan(4, a + 3 * s + 2)
+local delta_at = a + 3 * s + 2
+if not is_count(ARGV[delta_at]) then
+  return redis.error_reply('ERR archive: statistics delta of `' .. tostring(ARGV[delta_at]) .. '` arguments')
+end
+local layout_at = delta_at + tonumber(ARGV[delta_at]) + 1
+local layout = ARGV[layout_at]
+if #ARGV > layout_at or (layout ~= nil and layout ~= '1' and layout ~= '2') then
+  return redis.error_reply('ERR archive: statistics ranges layout `' .. tostring(layout) .. '`')
+end
+local stats_writes = stats_plan(4, delta_at, nil, layout == '2')
 -- The keys this call writes must be of their type, and the counters it adds to or
 -- reads back integers: a command failing after the first write would leave it half
 -- done.

@@ -141,7 +141,7 @@ impl Tier {
 ///
 /// Every reader decodes every format; a writer writes the highest format it knows up to
 /// the namespace's, so the version is raised only when asked (a new namespace, or an
-/// explicit upgrade once no binary older than [`ArchiveFormat::V2`] reads the
+/// explicit upgrade once no binary older than the format raised to reads the
 /// namespace), never lowered by a writer, and what was written before stays as it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 #[non_exhaustive]
@@ -158,17 +158,25 @@ pub enum ArchiveFormat {
     /// work. Binaries before this format read neither. Exports stay in format 1's
     /// encoding (a dump re-encodes its batches).
     V2,
+    /// Format 2, and the statistics' per-range values that an archive write touches are
+    /// written as packed bodies (`tranche-stats`' `apply_delta.lua`, flag 16: each
+    /// range's per-worker counts and durations bit-packed, a whole range's bounds and
+    /// its IDs per partition left out), so that a block of 64 ranges fits a smaller
+    /// allocation. Binaries before this format read the ranges as damaged. Untouched
+    /// ranges keep their bytes; repairs write the compact form every version reads.
+    V3,
 }
 
 impl ArchiveFormat {
     /// The highest format this version writes.
-    pub const LATEST: ArchiveFormat = ArchiveFormat::V2;
+    pub const LATEST: ArchiveFormat = ArchiveFormat::V3;
 
-    /// Its number in `{ns}:meta` (1, 2).
+    /// Its number in `{ns}:meta` (1, 2, 3).
     pub const fn number(self) -> u8 {
         match self {
             ArchiveFormat::V1 => 1,
             ArchiveFormat::V2 => 2,
+            ArchiveFormat::V3 => 3,
         }
     }
 
@@ -179,7 +187,8 @@ impl ArchiveFormat {
         match n {
             0 => None,
             1 => Some(ArchiveFormat::V1),
-            _ => Some(ArchiveFormat::V2),
+            2 => Some(ArchiveFormat::V2),
+            _ => Some(ArchiveFormat::V3),
         }
     }
 }

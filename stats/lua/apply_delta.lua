@@ -9,7 +9,9 @@
 -- and checked) and stats_compute (the writes). A script with writes of its own plans
 -- first, before its first write, and issues the statistics' writes with its own.
 --
--- apply_stats(k, a) applies one shard's statistics delta:
+-- apply_stats(k, a, packed) applies one shard's statistics delta (packed: write the
+-- ranges it touches as packed bodies, below; readers before archive format 3 refuse
+-- them):
 --   KEYS[k]     {ns:s}:stats:global    KEYS[k + 1] {ns:s}:stats:workers
 --   KEYS[k + 2] {ns:s}:stats:ranges    KEYS[k + 3] {ns:s}:stats:hourly
 --   KEYS[k + 4] {ns:s}:stats:hist      (the order of stats_keys; all of one shard)
@@ -51,6 +53,14 @@
 --   time offset and duration a whole second). With flag 4 every worker's ids equal
 --   count * U, and U is written once instead. The range's count and summed duration are
 --   the sums over its workers. zz is the zigzag code (x >= 0: 2x, x < 0: -2x - 1).
+--   A packed body (flag 16, written only when the caller asks: archive format 3) is a
+--   compact body whose workers' counts and durations are two bit-packed columns: after
+--   the workers, varint(cbase) varint(cw) varint(dbase) varint(dw), then per worker by
+--   ascending index (count - cbase) in cw bits and (dur / k - dbase) in dw bits, least
+--   significant bit first, the last byte padded with zero bits; then, without flag 4,
+--   varint(ids) per worker. Two more flags only go with 16: 32, the range is whole
+--   (min_rel 1 and max_rel 100000, both left out), and 64 (with 4), U is left out as
+--   (max_rel - min_rel + 1) / count, which it equals exactly.
 --   A wide body (flags 1), when some number is 10^15 or more: decimal strings
 --   `varint(len) digits` of min_rel max_rel first last nw, then per worker
 --   idx count dur ids.
@@ -170,6 +180,56 @@ local function stats_chars(bytes)
   return table.concat(parts)
 end
 
+-- The number of bits of x (0 for 0), x below 2^53.
+local function stats_width(x)
+  local w = 0
+  while x >= 1 do
+    x = (x - x % 2) / 2
+    w = w + 1
+  end
+  return w
+end
+
+-- Appends x (below 2^w) in w bits to bit writer b = {bytes, cur, used}, least
+-- significant bit first; stats_flushbits pads the last byte.
+local function stats_putbits(b, x, w)
+  while w > 0 do
+    local take = math.min(w, 8 - b.used)
+    local scale = 2 ^ take
+    local chunk = x % scale
+    b.cur = b.cur + chunk * 2 ^ b.used
+    x = (x - chunk) / scale
+    w = w - take
+    b.used = b.used + take
+    if b.used == 8 then
+      b.bytes[#b.bytes + 1] = b.cur
+      b.cur, b.used = 0, 0
+    end
+  end
+end
+
+local function stats_flushbits(b)
+  if b.used > 0 then b.bytes[#b.bytes + 1] = b.cur end
+  b.cur, b.used = 0, 0
+end
+
+-- Reads w bits from bit reader b = {s, p, off} (stats_putbits' order).
+local function stats_getbits(b, w)
+  local x, scale = 0, 1
+  while w > 0 do
+    local byte = string.byte(b.s, b.p)
+    if not byte then error('stats: a packed statistics value is corrupt') end
+    local take = math.min(w, 8 - b.off)
+    local part = math.floor(byte / 2 ^ b.off) % 2 ^ take
+    x = x + part * scale
+    scale = scale * 2 ^ take
+    w = w - take
+    b.off = b.off + take
+    if b.off == 8 then b.p, b.off = b.p + 1, 0 end
+  end
+  return x
+end
+
 -- A range body (string s, bytes p..e) as {mn, mx, f, l, w = {[idx] = {c, d, i}}}.
 local function stats_decode_range(s, p, base)
   local flags = string.byte(s, p)
@@ -195,16 +255,25 @@ local function stats_decode_range(s, p, base)
   local k = 1
   if flags % 4 >= 2 then k = 1000 end
   local unit = flags % 8 >= 4
+  local packed, whole, implied = flags % 32 >= 16, flags % 64 >= 32, flags % 128 >= 64
+  if flags >= 128 or flags % 2 == 1 or (not packed and (whole or implied))
+      or (implied and not unit) then
+    error('stats: a packed statistics value is corrupt')
+  end
   local v
-  r.mn, p = stats_get(s, p)
-  v, p = stats_get(s, p)
-  r.mx = 100000 + stats_unzz(v)
+  if whole then
+    r.mn, r.mx = 1, 100000
+  else
+    r.mn, p = stats_get(s, p)
+    v, p = stats_get(s, p)
+    r.mx = 100000 + stats_unzz(v)
+  end
   v, p = stats_get(s, p)
   r.f = base + stats_unzz(v) * k
   v, p = stats_get(s, p)
   r.l = r.f + v * k
   local u
-  if unit then u, p = stats_get(s, p) end
+  if unit and not implied then u, p = stats_get(s, p) end
   local idxs = {}
   if flags % 16 >= 8 then
     local len
@@ -222,6 +291,35 @@ local function stats_decode_range(s, p, base)
     nw, p = stats_get(s, p)
     for j = 1, nw do idxs[j], p = stats_get(s, p) end
   end
+  if packed then
+    local cbase, cw, dbase, dw
+    cbase, p = stats_get(s, p)
+    cw, p = stats_get(s, p)
+    dbase, p = stats_get(s, p)
+    dw, p = stats_get(s, p)
+    if cw > 53 or dw > 53 then error('stats: a packed statistics value is corrupt') end
+    local bits = {s = s, p = p, off = 0}
+    local total = 0
+    for _, idx in ipairs(idxs) do
+      local c = cbase + stats_getbits(bits, cw)
+      local d = dbase + stats_getbits(bits, dw)
+      r.w[idx] = {c, d * k}
+      total = total + c
+    end
+    p = bits.p
+    if bits.off > 0 then p = p + 1 end
+    if implied then
+      if total == 0 or (r.mx - r.mn + 1) % total ~= 0 then
+        error('stats: a packed statistics value is corrupt')
+      end
+      u = (r.mx - r.mn + 1) / total
+    end
+    for _, idx in ipairs(idxs) do
+      local e = r.w[idx]
+      if unit then e[3] = e[1] * u else e[3], p = stats_get(s, p) end
+    end
+    return r
+  end
   for _, idx in ipairs(idxs) do
     local c, d, i
     c, p = stats_get(s, p)
@@ -232,8 +330,9 @@ local function stats_decode_range(s, p, base)
   return r
 end
 
--- The body of range r, compact when every number it writes is below 10^15.
-local function stats_encode_range(r, base)
+-- The body of range r, compact when every number it writes is below 10^15, and packed
+-- (flag 16) too when asked.
+local function stats_encode_range(r, base, packed)
   local idxs = {}
   for idx in pairs(r.w) do idxs[#idxs + 1] = idx end
   table.sort(idxs, stats_lt)
@@ -271,6 +370,16 @@ local function stats_encode_range(r, base)
   local flags = 0
   if k == 1000 then flags = flags + 2 end
   if u then flags = flags + 4 end
+  local whole, implied = false, false
+  if packed then
+    flags = flags + 16
+    whole = r.mn == 1 and r.mx == 100000
+    if whole then flags = flags + 32 end
+    local total = 0
+    for _, idx in ipairs(idxs) do total = total + r.w[idx][1] end
+    implied = u ~= nil and u * total == r.mx - r.mn + 1
+    if implied then flags = flags + 64 end
+  end
   local top = idxs[#idxs]
   local maplen = (top - top % 8) / 8 + 1
   local listlen = 1
@@ -278,14 +387,17 @@ local function stats_encode_range(r, base)
     listlen = listlen + 1
     if idx >= 128 then listlen = listlen + 2 end
   end
-  if maplen + 1 <= listlen then flags = flags + 8 end
+  local bitmap = maplen + 1 <= listlen
+  if bitmap then flags = flags + 8 end
   bytes[1] = flags
-  stats_put(bytes, r.mn)
-  stats_put(bytes, stats_zz(r.mx - 100000))
+  if not whole then
+    stats_put(bytes, r.mn)
+    stats_put(bytes, stats_zz(r.mx - 100000))
+  end
   stats_put(bytes, stats_zz(off / k))
   stats_put(bytes, span / k)
-  if u then stats_put(bytes, u) end
-  if flags >= 8 then
+  if u and not implied then stats_put(bytes, u) end
+  if bitmap then
     stats_put(bytes, maplen)
     local map = {}
     for byte = 1, maplen do map[byte] = 0 end
@@ -297,6 +409,31 @@ local function stats_encode_range(r, base)
   else
     stats_put(bytes, #idxs)
     for _, idx in ipairs(idxs) do stats_put(bytes, idx) end
+  end
+  if packed then
+    local cmin, cmax, dmin, dmax
+    for _, idx in ipairs(idxs) do
+      local c, d = r.w[idx][1], r.w[idx][2] / k
+      if not cmin or c < cmin then cmin = c end
+      if not cmax or c > cmax then cmax = c end
+      if not dmin or d < dmin then dmin = d end
+      if not dmax or d > dmax then dmax = d end
+    end
+    local cw, dw = stats_width(cmax - cmin), stats_width(dmax - dmin)
+    stats_put(bytes, cmin)
+    stats_put(bytes, cw)
+    stats_put(bytes, dmin)
+    stats_put(bytes, dw)
+    local bits = {bytes = bytes, cur = 0, used = 0}
+    for _, idx in ipairs(idxs) do
+      stats_putbits(bits, r.w[idx][1] - cmin, cw)
+      stats_putbits(bits, r.w[idx][2] / k - dmin, dw)
+    end
+    stats_flushbits(bits)
+    if not u then
+      for _, idx in ipairs(idxs) do stats_put(bytes, r.w[idx][3]) end
+    end
+    return stats_chars(bytes)
   end
   for _, idx in ipairs(idxs) do
     local e = r.w[idx]
@@ -503,7 +640,7 @@ end
 
 -- Computes the writes that add delta d to the stored values s (what stats_check read):
 -- a list of {command, key, args...}, in the order they are issued. Reads no key.
-local function stats_compute(k, d, s)
+local function stats_compute(k, d, s, packed)
   local writes = {}
   local function later(cmd, key, ...) writes[#writes + 1] = {cmd, key, ...} end
 
@@ -578,7 +715,7 @@ local function stats_compute(k, d, s)
           r.w[idx] = {c, dd, wi}
         end
       end
-      local body = stats_encode_range(r, base)
+      local body = stats_encode_range(r, base, packed)
       local head = {slot}
       stats_put(head, #body)
       new[slot] = stats_chars(head) .. body
@@ -635,11 +772,13 @@ end
 -- writes when a later step fails, so malformed arguments, a corrupt packed value or a
 -- counter that is not an integer fail the call here, before anything is written.
 -- Returns the writes (for stats_write) and the index of the first ARGV after the delta.
-local function stats_plan(k, a, mask)
+-- With packed, the ranges the delta touches are written as packed bodies (archive
+-- format 3); untouched ones keep their bytes, whichever layout they have.
+local function stats_plan(k, a, mask, packed)
   local d, after = stats_decode(a)
   if d == nil then return {}, after end
   local s = stats_check(k, mask, d)
-  return stats_compute(k, d, s), after
+  return stats_compute(k, d, s, packed == true), after
 end
 
 -- Issues the writes of a `stats_plan`.
@@ -650,8 +789,8 @@ local function stats_write(writes)
   end
 end
 
-local function apply_stats(k, a)
-  local writes, after = stats_plan(k, a)
+local function apply_stats(k, a, packed)
+  local writes, after = stats_plan(k, a, nil, packed)
   stats_write(writes)
   return after
 end

@@ -126,15 +126,22 @@ fn read_range(rd: &mut Reader<'_>, base: u64) -> Result<Packed> {
             workers,
         });
     }
-    if flags & !0b1110 != 0 {
+    let (packed, whole, implied) = (flags & 16 != 0, flags & 32 != 0, flags & 64 != 0);
+    if flags & !0b111_1110 != 0 || (!packed && (whole || implied)) || (implied && flags & 4 == 0) {
         return Err(rd.bad("unknown range flags"));
     }
     let k: i128 = if flags & 2 != 0 { 1000 } else { 1 };
-    let min_rel = i128::from(rd.varint()?);
-    let max_rel = i128::from(RANGE_SIZE) + rd.zigzag()?;
+    let (min_rel, max_rel) = if whole {
+        (1, i128::from(RANGE_SIZE))
+    } else {
+        (
+            i128::from(rd.varint()?),
+            i128::from(RANGE_SIZE) + rd.zigzag()?,
+        )
+    };
     let first = i128::from(base) + rd.zigzag()? * k;
     let last = first + i128::from(rd.varint()?) * k;
-    let unit = if flags & 4 != 0 {
+    let unit = if flags & 4 != 0 && !implied {
         Some(u128::from(rd.varint()?))
     } else {
         None
@@ -155,6 +162,20 @@ fn read_range(rd: &mut Reader<'_>, base: u64) -> Result<Packed> {
             idxs.push(rd.varint()?);
         }
     }
+    if packed {
+        let workers = read_packed_workers(rd, &idxs, k as u128, flags & 4 != 0, unit, |total| {
+            // Flag 64: U is the range's ID span over its count, exactly.
+            let span = u128::try_from(max_rel - min_rel + 1).ok()?;
+            (total > 0 && span % total == 0).then(|| span / total)
+        })?;
+        return Ok(Packed {
+            min_rel,
+            max_rel,
+            first,
+            last,
+            workers,
+        });
+    }
     let mut workers = Vec::with_capacity(idxs.len());
     for idx in idxs {
         let count = rd.varint()?;
@@ -172,6 +193,78 @@ fn read_range(rd: &mut Reader<'_>, base: u64) -> Result<Packed> {
         last,
         workers,
     })
+}
+
+/// A packed body's workers (flag 16): the bit-packed count and duration columns, then
+/// the IDs column unless every worker's IDs are its count times the unit (`unit`, or
+/// `implied` from the counts' total when flag 64 left it out).
+fn read_packed_workers(
+    rd: &mut Reader<'_>,
+    idxs: &[u64],
+    k: u128,
+    by_unit: bool,
+    unit: Option<u128>,
+    implied: impl Fn(u128) -> Option<u128>,
+) -> Result<Vec<(u64, u128, u128, u128)>> {
+    let cbase = rd.varint()?;
+    let cw = rd.varint()?;
+    let dbase = rd.varint()?;
+    let dw = rd.varint()?;
+    if cw > 53 || dw > 53 {
+        return Err(rd.bad("bit width"));
+    }
+    let (cw, dw) = (cw as u32, dw as u32);
+    let mut bits = Bits { at: 0 };
+    let mut cols = Vec::with_capacity(idxs.len());
+    for _ in idxs {
+        let count = u128::from(cbase) + u128::from(bits.take(rd, cw)?);
+        let dur = (u128::from(dbase) + u128::from(bits.take(rd, dw)?)) * k;
+        cols.push((count, dur));
+    }
+    // The columns end on a byte boundary.
+    rd.at += bits.at.div_ceil(8);
+    if rd.at > rd.bytes.len() {
+        return Err(rd.bad("truncated"));
+    }
+    let unit = match (by_unit, unit) {
+        (false, _) => None,
+        (true, Some(u)) => Some(u),
+        (true, None) => {
+            let total = cols.iter().map(|&(c, _)| c).sum();
+            Some(implied(total).ok_or_else(|| rd.bad("no unit"))?)
+        }
+    };
+    let mut workers = Vec::with_capacity(idxs.len());
+    for (&idx, (count, dur)) in idxs.iter().zip(cols) {
+        let ids = match unit {
+            Some(u) => count * u,
+            None => u128::from(rd.varint()?),
+        };
+        workers.push((idx, count, dur, ids));
+    }
+    Ok(workers)
+}
+
+/// A reader of bits after `Reader`'s position, least significant first: `at` counts
+/// the bits taken so far.
+struct Bits {
+    at: usize,
+}
+
+impl Bits {
+    fn take(&mut self, rd: &Reader<'_>, w: u32) -> Result<u64> {
+        let mut x = 0u64;
+        for i in 0..w {
+            let bit = rd.at * 8 + self.at;
+            let byte = rd
+                .bytes
+                .get(bit / 8)
+                .ok_or_else(|| rd.bad("truncated bits"))?;
+            x |= u64::from((byte >> (bit % 8)) & 1) << i;
+            self.at += 1;
+        }
+        Ok(x)
+    }
 }
 
 fn to_u64(v: i128, rd: &Reader<'_>, what: &str) -> Result<u64> {
@@ -295,6 +388,34 @@ mod tests {
         bad[1] = 64;
         assert!(read_block("k", 0, &bad, &palette, &mut BTreeMap::new()).is_err());
         assert!(read_block("k", 0, &good, &HashMap::new(), &mut BTreeMap::new()).is_err());
+        // A packed body (flags 4 unit, 8 bitmap, 16 packed, 32 whole, 64 implied unit):
+        // first zz(5), span 0, workers 0 and 1, counts 1 and 3 (base 1, 2 bits),
+        // durations 7 and 9 (base 7, 2 bits), bits 0,0 | 0,0 | 2 | 2 = 0xa0.
+        let palette: HashMap<u64, Arc<str>> = [(0, Arc::from("w")), (1, Arc::from("v"))]
+            .into_iter()
+            .collect();
+        let packed = [0, 0, 10, 124, 10, 0, 1, 3, 1, 2, 7, 2, 0xa0];
+        let mut out = BTreeMap::new();
+        read_block("k", 0, &packed, &palette, &mut out).unwrap();
+        let r = &out[&0];
+        assert_eq!(
+            (r.count, r.dur, r.min, r.max, r.first, r.last),
+            (4, 16, 1, 100_000, 5, 5)
+        );
+        assert_eq!(r.workers[&Arc::from("w")].ids, 25_000);
+        assert_eq!(r.workers[&Arc::from("v")].dur, 9);
+        assert_eq!(r.workers[&Arc::from("v")].ids, 75_000);
+        for cut in 3..packed.len() {
+            let mut bad = packed[..cut].to_vec();
+            bad[2] = (cut - 3) as u8;
+            assert!(read_block("k", 0, &bad, &palette, &mut BTreeMap::new()).is_err());
+        }
+        // Whole or implied without packed, implied without unit: refused.
+        for flags in [124 - 16, 124 - 4, 128 + 124] {
+            let mut bad = packed;
+            bad[3] = flags;
+            assert!(read_block("k", 0, &bad, &palette, &mut BTreeMap::new()).is_err());
+        }
         assert!(read_day("k", &[0; 25]).is_ok());
         assert!(read_day("k", &[0; 24]).is_err());
         assert!(read_day("k", &[2; 25]).is_err());

@@ -239,8 +239,29 @@ where
     /// [`APPLY_DELTA_LUA`] inside its own script, so that statistics and archive change
     /// together.
     #[cfg(any(test, feature = "testing"))]
-    pub(crate) async fn apply(&self, shard: u32, delta: &StatsDelta, now_ms: u64) -> Result<()> {
-        self.run_delta(&APPLY, shard, delta, now_ms).await
+    ///
+    /// With `packed`, the ranges it touches are written as packed bodies (what the
+    /// archive writes under its format 3).
+    pub(crate) async fn apply(
+        &self,
+        shard: u32,
+        delta: &StatsDelta,
+        now_ms: u64,
+        packed: bool,
+    ) -> Result<()> {
+        let keys = self.shard_keys(shard)?;
+        let mut call = APPLY.prepare_invoke();
+        for k in keys {
+            call.key(k.as_str());
+        }
+        for a in delta_args(delta, now_ms) {
+            call.arg(a);
+        }
+        if packed {
+            call.arg(2);
+        }
+        let _: i64 = call.invoke_async(&mut self.conn.clone()).await?;
+        Ok(())
     }
 
     /// The configuration of the latest snapshot (`{ns}:stats:config`), if any.

@@ -23,5 +23,19 @@ pub async fn apply_alone<C>(
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    stats.apply(shard, delta, now_ms).await
+    stats.apply(shard, delta, now_ms, false).await
+}
+
+/// [`apply_alone`], writing the ranges the delta touches as packed bodies (flag 16 of
+/// `apply_delta.lua`'s layout), as the archive does under its format 3.
+pub async fn apply_alone_packed<C>(
+    stats: &RedisStats<C>,
+    shard: u32,
+    delta: &StatsDelta,
+    now_ms: u64,
+) -> Result<()>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    stats.apply(shard, delta, now_ms, true).await
 }

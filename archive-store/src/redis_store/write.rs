@@ -145,6 +145,10 @@ where
             for a in delta_args(&delta, self.clock.now_ms()) {
                 inv.arg(a);
             }
+            // The statistics' ranges layout: packed bodies from format 3 on.
+            if self.write_format().await? >= crate::ArchiveFormat::V3 {
+                inv.arg(2);
+            }
             // The batches this call seals whole may complete their segments: their joins
             // are queued right behind the call on the same connection (one slot, so one
             // node), which runs them after it, in the same round trip. A join re-checks

@@ -314,3 +314,108 @@ async fn format_2_segments_keep_the_summary_expiry() {
     assert_eq!(a.expire_batch(5).await.unwrap().len(), 1);
     assert_eq!(a.get(500).await.unwrap(), Lookup::Expired);
 }
+
+/// The block value's range bodies (`apply_delta.lua`'s layout: `varint(base)`, then per
+/// range `slot`, `varint(len)`, body) by slot.
+fn range_bodies(block: &[u8]) -> std::collections::BTreeMap<u8, Vec<u8>> {
+    let varint = |at: &mut usize| {
+        let (mut v, mut shift) = (0usize, 0);
+        loop {
+            let b = block[*at];
+            *at += 1;
+            v |= usize::from(b & 0x7f) << shift;
+            shift += 7;
+            if b < 0x80 {
+                return v;
+            }
+        }
+    };
+    let mut at = 0;
+    varint(&mut at);
+    let mut out = std::collections::BTreeMap::new();
+    while at < block.len() {
+        let slot = block[at];
+        at += 1;
+        let len = varint(&mut at);
+        out.insert(slot, block[at..at + len].to_vec());
+        at += len;
+    }
+    out
+}
+
+/// Format 3 packs the statistics' ranges an archive write touches (flag 16), leaves
+/// those written before as they were, and every reader reads both: the statistics
+/// equal their records', `get` and export answer, the statistics' check finds no
+/// damage, and a rebuild from the records (what `check --repair` writes) reads the same.
+#[tokio::test]
+async fn format_3_packs_the_ranges_it_touches_and_both_read() {
+    use tranche_stats::{RedisStats, Stats, StatsDelta, StatsStore, diff};
+    let server = TestRedis::start();
+    let conn = RedisConnection::connect(&server.url()).await.unwrap();
+    let a = RedisArchive::new(conn.clone(), config("a")).unwrap();
+    let schema = config("a").schema().unwrap();
+    let stats = RedisStats::new(conn.clone(), schema.clone());
+    let ranges_key = schema.stats(0, "ranges");
+    let block = |conn: &RedisConnection| {
+        let mut c = conn.clone();
+        let key = ranges_key.clone();
+        async move {
+            let v: Vec<u8> = c.hget(&key, "0").await.unwrap();
+            range_bodies(&v)
+        }
+    };
+
+    // Format 2: ranges 0..=19 whole, range 20 started (pids 2001..=2050).
+    a.raise_format(ArchiveFormat::V2).await.unwrap();
+    complete(&conn, &schema, 1..=2050).await;
+    drain(&a).await;
+    let before = block(&conn).await;
+    assert!(before.values().all(|b| b[0] & 16 == 0), "{before:?}");
+
+    assert_eq!(
+        a.raise_format(ArchiveFormat::V3).await.unwrap(),
+        ArchiveFormat::V3
+    );
+    complete(&conn, &schema, 2051..=8100).await;
+    drain(&a).await;
+    let after = block(&conn).await;
+    // Untouched ranges keep their bytes; range 20, touched again, and the new ones are
+    // packed, and smaller.
+    for slot in 0..20 {
+        assert_eq!(after[&slot], before[&slot], "slot {slot}");
+    }
+    for slot in 20..64 {
+        assert!(after[&slot][0] & 16 != 0, "slot {slot}: {:?}", after[&slot]);
+    }
+    assert!(after[&21].len() < before[&19].len(), "{after:?}");
+
+    let records: Vec<CompletedRecord> = (1..=8100).map(record).collect();
+    let want = Stats::from_records(&records);
+    let got = stats.stats().await.unwrap();
+    assert!(diff(&want, &got).is_empty(), "{:#?}", diff(&want, &got));
+    assert!(stats.damage(0).await.unwrap().is_empty());
+    for pid in [1, 2000, 2001, 2050, 2051, 8100] {
+        assert_eq!(
+            a.get(pid).await.unwrap(),
+            Lookup::Archived {
+                record: record(pid),
+                tier: Tier::Compressed
+            },
+            "pid {pid}"
+        );
+    }
+    assert_eq!(a.export(T0).await.unwrap().entries(), 8100);
+
+    // A rebuild writes compact bodies, which read the same.
+    stats
+        .replace(0, &StatsDelta::from_records(&records))
+        .await
+        .unwrap();
+    assert!(block(&conn).await.values().all(|b| b[0] & 16 == 0));
+    let rebuilt = stats.stats().await.unwrap();
+    assert!(
+        diff(&want, &rebuilt).is_empty(),
+        "{:#?}",
+        diff(&want, &rebuilt)
+    );
+}

@@ -76,7 +76,7 @@ async fn archive_refuses_malformed_arguments_before_writing() {
         "{t:0}:stats:hist",
         "{t:0}:archive:open",
     ];
-    let call = |second_target: &str, ttl: &str| {
+    let call = |second_target: &str, ttl: &str, layout: &[&str]| {
         let mut call = script.prepare_invoke();
         for key in keys {
             call.key(key);
@@ -88,23 +88,29 @@ async fn archive_refuses_malformed_arguments_before_writing() {
             .arg("0")
             .arg("0")
             .arg(ttl)
-            .arg("0");
+            .arg("0")
+            .arg(layout);
         call
     };
     let before = server.dump_all();
-    for (target, ttl, says) in [
-        ("1", "0", "target"),
-        ("x", "0", "target"),
-        ("0", "x", "time to live"),
+    for (target, ttl, layout, says) in [
+        ("1", "0", &[][..], "target"),
+        ("x", "0", &[], "target"),
+        ("0", "x", &[], "time to live"),
+        ("0", "0", &["3"], "ranges layout"),
+        ("0", "0", &["2", "2"], "ranges layout"),
     ] {
-        let err = call(target, ttl)
+        let err = call(target, ttl, layout)
             .invoke_async::<redis::Value>(&mut conn)
             .await
             .unwrap_err();
         assert!(err.to_string().contains(says), "{target} {ttl}: {err}");
         assert_eq!(server.dump_all(), before, "a refused archive call wrote");
     }
-    let written: Vec<i64> = call("0", "0").invoke_async(&mut conn).await.unwrap();
+    let written: Vec<i64> = call("0", "0", &["2"])
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
     assert_eq!(written, vec![1, 2]);
     assert_ne!(server.dump_all(), before);
 }

@@ -58,6 +58,11 @@ struct Harness {
     server: Option<TestRedis>,
     /// The private 3-master cluster, kept running while the harness lives.
     _masters: Option<TestCluster>,
+    /// How Redis deltas write the ranges they touch: 0 compact bodies, 1 packed bodies
+    /// (archive format 3), 2 each layout in turn, delta by delta (a shard holding both).
+    packed: u8,
+    /// Deltas applied so far, for `packed` 2.
+    applied: std::sync::atomic::AtomicUsize,
 }
 
 impl Harness {
@@ -74,6 +79,8 @@ impl Harness {
                     label,
                     server: None,
                     _masters: None,
+                    packed: 0,
+                    applied: Default::default(),
                 }
             }
             Kind::Redis => {
@@ -88,6 +95,8 @@ impl Harness {
                     label,
                     server: Some(server),
                     _masters: None,
+                    packed: 0,
+                    applied: Default::default(),
                 }
             }
             Kind::Masters => {
@@ -102,6 +111,8 @@ impl Harness {
                     label,
                     server: None,
                     _masters: Some(masters),
+                    packed: 0,
+                    applied: Default::default(),
                 }
             }
             Kind::Cluster => {
@@ -116,20 +127,34 @@ impl Harness {
                     label,
                     server: Some(server),
                     _masters: None,
+                    packed: 0,
+                    applied: Default::default(),
                 }
             }
         }
     }
 
+    /// The harness with its Redis deltas writing packed ranges (`packed` 1), or each
+    /// layout in turn (2).
+    fn packing(mut self, packed: u8) -> Self {
+        self.packed = packed;
+        self.label = format!("{} packed {packed}", self.label);
+        self
+    }
+
     async fn apply(&self, shard: u32, delta: &StatsDelta) {
+        use std::sync::atomic::Ordering;
+        use tranche_stats::testing::{apply_alone, apply_alone_packed};
+        let n = self.applied.fetch_add(1, Ordering::Relaxed);
+        let packed = self.packed == 1 || (self.packed == 2 && n % 2 == 1);
         match &self.applier {
             Applier::Memory(m) => m.apply(shard, delta).unwrap(),
-            Applier::Single(s) => tranche_stats::testing::apply_alone(s, shard, delta, NOW)
-                .await
-                .unwrap(),
-            Applier::Cluster(s) => tranche_stats::testing::apply_alone(s, shard, delta, NOW)
-                .await
-                .unwrap(),
+            Applier::Single(s) if packed => apply_alone_packed(s, shard, delta, NOW).await.unwrap(),
+            Applier::Single(s) => apply_alone(s, shard, delta, NOW).await.unwrap(),
+            Applier::Cluster(s) if packed => {
+                apply_alone_packed(s, shard, delta, NOW).await.unwrap()
+            }
+            Applier::Cluster(s) => apply_alone(s, shard, delta, NOW).await.unwrap(),
         }
     }
 
@@ -652,10 +677,17 @@ fn awkward_workload(seed: u64) -> Vec<CompletedRecord> {
 
 #[tokio::test]
 async fn packed_ranges_and_days_read_back_exactly_in_any_order() {
+    // The Redis backends once more with packed ranges, and with both layouts in turn.
+    let packings = BACKENDS.iter().map(|&b| (b, 0)).chain([
+        ((Kind::Redis, 1), 1),
+        ((Kind::Redis, 4), 2),
+        ((Kind::Cluster, 4), 1),
+    ]);
+    let packings: Vec<_> = packings.collect();
     for seed in [1, 2] {
         let records = awkward_workload(seed);
-        for (kind, shards) in BACKENDS {
-            let h = Harness::new(kind, shards).await;
+        for &((kind, shards), packed) in &packings {
+            let h = Harness::new(kind, shards).await.packing(packed);
             // Out of order, in uneven batches, so that blocks are rewritten many times
             // and ranges change form (seconds <-> ms, unit <-> explicit, compact <-> wide).
             let mut rest: &[CompletedRecord] = &records;

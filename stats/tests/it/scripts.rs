@@ -364,6 +364,20 @@ async fn a_counter_near_int64_is_refused_before_any_write() {
 
 #[tokio::test]
 async fn a_range_of_a_hundred_partitions_costs_under_half_a_byte_per_partition() {
+    let compact = ranges_bytes_per_partition(false).await;
+    assert!(compact < 0.5, "ranges: {compact:.3} bytes per partition");
+    // Packed bodies (archive format 3) land each block of 64 ranges in a smaller
+    // allocation.
+    let packed = ranges_bytes_per_partition(true).await;
+    assert!(
+        packed < 0.35 && packed < compact,
+        "packed ranges: {packed:.3} bytes per partition, compact {compact:.3}"
+    );
+}
+
+/// Feeds the benchmark's set S through the standalone apply and returns the ranges
+/// hash's bytes per partition (after checking that the statistics read back exactly).
+async fn ranges_bytes_per_partition(packed: bool) -> f64 {
     let server = TestRedis::start();
     let client = redis::Client::open(server.url()).unwrap();
     let conn = client.get_connection_manager().await.unwrap();
@@ -384,18 +398,21 @@ async fn a_range_of_a_hundred_partitions_costs_under_half_a_byte_per_partition()
         })
         .collect();
     for chunk in records.chunks(1000) {
-        tranche_stats::testing::apply_alone(&store, 0, &StatsDelta::from_records(chunk), T0)
-            .await
-            .unwrap();
+        let delta = StatsDelta::from_records(chunk);
+        if packed {
+            tranche_stats::testing::apply_alone_packed(&store, 0, &delta, T0).await
+        } else {
+            tranche_stats::testing::apply_alone(&store, 0, &delta, T0).await
+        }
+        .unwrap();
     }
     let got = store.stats().await.unwrap();
     assert!(tranche_stats::diff(&Stats::from_records(&records), &got).is_empty());
     let keys = stats_keys(&schema, 0);
     let per_partition = |key: &str| server.bytes_of(&[key]) as f64 / n as f64;
-    let ranges = per_partition(&keys[2]);
     let hourly = per_partition(&keys[3]);
-    assert!(ranges < 0.5, "ranges: {ranges:.3} bytes per partition");
     assert!(hourly < 0.05, "hourly: {hourly:.4} bytes per partition");
+    per_partition(&keys[2])
 }
 
 /// Redis does not undo a script's writes when a later step fails, so a delta that
@@ -564,7 +581,20 @@ fn rows(schema: &KeySchema, server: &TestRedis) -> Vec<Row> {
             script: "apply",
             keys: keys.clone(),
             good: delta.clone(),
-            bad_args: bad_deltas.clone(),
+            bad_args: {
+                // The ranges layout after the delta: 1 or 2, and nothing after it.
+                let mut bad = bad_deltas.clone();
+                for (what, tail) in [
+                    ("layout 3", &["3"][..]),
+                    ("layout x", &["x"]),
+                    ("after the layout", &["2", "2"]),
+                ] {
+                    let mut args = delta.clone();
+                    args.extend(tail.iter().map(|t| t.to_string()));
+                    bad.push((what, args));
+                }
+                bad
+            },
             corrupt: reads.clone(),
         },
         Row {

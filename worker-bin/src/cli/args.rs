@@ -158,13 +158,14 @@ pub(crate) enum Command {
     Plans,
     /// The namespace's archive format: how archivers encode what they seal (Redis only).
     ///
-    /// Format 1 is what every version reads. Format 2 (about 0.5 bytes less per archived
-    /// partition) is read only by this version and later: raise it once no older binary
-    /// reads the namespace (an older `check --repair` would set format-2 values aside as
-    /// damaged). A format is never lowered; what was archived before stays as it is.
+    /// Format 1 is what every version reads. Format 2 (smaller segments) and format 3
+    /// (format 2 with packed statistics ranges) are read only by the versions that write
+    /// them and later: raise it once no older binary reads the namespace (an older
+    /// `check --repair` would set values of a later format aside as damaged). A format is
+    /// never lowered; what was archived before stays as it is.
     ArchiveFormat {
-        /// Raise the format to N (1 or 2); archivers follow within a sweep.
-        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=2))]
+        /// Raise the format to N (1, 2 or 3); archivers follow within a sweep.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=3))]
         raise: Option<u8>,
     },
     /// Every namespace on the Redis (or beside the state file), with its size and state.

@@ -46,7 +46,7 @@ pub(crate) async fn archive_format(g: &Global, raise: Option<u8>) -> Result<Outc
     };
     let before = archive.format().await?;
     let asked =
-        raise.map(|n| ArchiveFormat::from_number(u64::from(n)).expect("clap allows 1..=2 only"));
+        raise.map(|n| ArchiveFormat::from_number(u64::from(n)).expect("clap allows 1..=3 only"));
     let now = match asked {
         Some(to) if to > before => archive.raise_format(to).await?,
         _ => before,

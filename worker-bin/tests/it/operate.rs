@@ -583,6 +583,26 @@ fn a_filtered_archive_listing_is_paged_by_what_it_reads() {
 /// namespaces have no segment format and say so in one line.
 #[test]
 fn archive_format_2_is_raised_only_when_asked_and_reads_back() {
+    archive_format_is_raised_only_when_asked_and_reads_back(2);
+}
+
+/// The same at format 3: the statistics' ranges are packed bodies (flag 16), which
+/// `check --repair` reads and compares with the records, finding nothing.
+#[test]
+fn archive_format_3_is_raised_only_when_asked_and_reads_back() {
+    archive_format_is_raised_only_when_asked_and_reads_back(3);
+}
+
+/// The flags byte of the first range body of a statistics ranges block value
+/// (`varint(base)`, then `slot`, `varint(len)`, body; `apply_delta.lua`'s layout).
+fn first_range_flags(block: &[u8]) -> u8 {
+    let mut at = block.iter().position(|&b| b < 0x80).unwrap() + 1;
+    at += 1; // slot
+    at += block[at..].iter().position(|&b| b < 0x80).unwrap() + 1;
+    block[at]
+}
+
+fn archive_format_is_raised_only_when_asked_and_reads_back(to: u8) {
     let redis = TestRedis::start();
     let url = redis.url();
     let dir = scratch("archive-format");
@@ -609,14 +629,14 @@ fn archive_format_2_is_raised_only_when_asked_and_reads_back() {
         json(&dir, &args(&r(&v)))
     };
     assert_eq!(format(&[])["archive_format"], 1);
-    let raised = format(&["--raise", "2"]);
+    let raised = format(&["--raise", &to.to_string()]);
     assert_eq!(
         (&raised["was"], &raised["archive_format"]),
-        (&1.into(), &2.into())
+        (&1.into(), &to.into())
     );
     assert_eq!(
         format(&["--raise", "1"])["archive_format"],
-        2,
+        to,
         "never lowered"
     );
     ok(tranche(
@@ -651,6 +671,19 @@ fn archive_format_2_is_raised_only_when_asked_and_reads_back() {
             .unwrap();
         assert_eq!(head, [2], "{key} is not in segment layout 2");
     }
+    // Format 3 packs the statistics' ranges (flag 16); format 2 does not.
+    let ranges: Vec<String> = redis::cmd("KEYS")
+        .arg("*:stats:ranges")
+        .query(&mut conn)
+        .unwrap();
+    assert!(!ranges.is_empty(), "no statistics ranges");
+    for key in &ranges {
+        let blocks: Vec<Vec<u8>> = redis::cmd("HVALS").arg(key).query(&mut conn).unwrap();
+        for block in blocks {
+            let packed = first_range_flags(&block) & 16 != 0;
+            assert_eq!(packed, to >= 3, "{key}: {block:?}");
+        }
+    }
     let got = json(&dir, &args(&r(&["get", "1234", "--json"])));
     assert_eq!(got["status"], "completed", "{got}");
     assert_eq!(
@@ -662,7 +695,7 @@ fn archive_format_2_is_raised_only_when_asked_and_reads_back() {
     assert_eq!(repair["damaged"], serde_json::json!([]), "{repair}");
     assert_eq!(repair["records"], 3000, "{repair}");
 
-    let file = dir.join("f2.dump");
+    let file = dir.join(format!("f{to}.dump"));
     let file = file.to_str().unwrap();
     ok(tranche(&dir, &args(&r(&["export", "-o", file]))));
     ok(tranche(
@@ -677,6 +710,10 @@ fn archive_format_2_is_raised_only_when_asked_and_reads_back() {
 
     let embedded = scratch("archive-format-embedded");
     ok(tranche(&embedded, &["plan", "--min", "1", "--max", "100"]));
-    let line = fails(&embedded, &["archive-format", "--raise", "2"], 2);
+    let line = fails(
+        &embedded,
+        &["archive-format", "--raise", &to.to_string()],
+        2,
+    );
     assert!(line.contains("needs --redis"), "{line}");
 }
