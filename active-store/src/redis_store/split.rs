@@ -53,6 +53,11 @@ where
         pieces: bool,
         beats: &[(&Lease, u64, Option<u64>)],
     ) -> Result<Vec<Result<Beat>>> {
+        if !pieces {
+            // heartbeat.lua renews records: the pids still held in runs get theirs.
+            let pids: Vec<u64> = beats.iter().map(|(lease, ..)| lease.pid).collect();
+            self.carve_pids(&pids).await?;
+        }
         let now = self.now();
         let deadline = self.deadline(now).to_string();
         let now = now.to_string();
@@ -265,6 +270,11 @@ where
                 .collect::<Vec<_>>()
                 .join(",")
         };
+        // A split partition's record is its own: out of its run (if the owner part is
+        // still held in one) before the request.
+        if part.part == Part::Owner {
+            self.carve_pids(&[part.pid]).await?;
+        }
         let keys = self.keys_of(part.pid);
         // The completed record up to its completion time, which the last part adds.
         let record = tranche_codec::CompletedRecord {

@@ -49,6 +49,8 @@ enum Arg {
     PieceKey,
     /// `piece_fail`'s mode, `fail`, `reap` or `worker`.
     Mode,
+    /// What `carve` carves: `pids`, `worker`, `expired` or `all`.
+    Which,
 }
 
 impl Arg {
@@ -72,6 +74,7 @@ impl Arg {
             Arg::Shard => &["x", "-1", "", "1"],
             Arg::PieceKey => &["x", "", "2", "2:", ":5", "a:b", "2:1.5", "2:5:6"],
             Arg::Mode => &["x", ""],
+            Arg::Which => &["x", "", "pid"],
         }
     }
 }
@@ -127,7 +130,8 @@ struct Row {
 
 /// The state every row starts from (namespace `elk`, one shard, pids 1..=10 of 1000
 /// IDs): pids 1, 3, 4 claimed, 2 running, 5 pending (released), 6 failed, 7..=10 not
-/// issued yet. Returns the store's tokens by pid.
+/// issued yet, every one with a record of its own (the claim's run carved out). Returns
+/// the store's tokens by pid.
 pub(super) async fn refusal_state(server: &TestRedis) -> std::collections::HashMap<u64, u64> {
     use tranche_active_store::{Carried, Leases};
     let store = one_shard(server).await;
@@ -142,6 +146,13 @@ pub(super) async fn refusal_state(server: &TestRedis) -> std::collections::HashM
         worker: "w".into(),
     };
     assert_eq!(store.carry(&[carried]).await.unwrap(), 1);
+    let schema = tranche_codec::KeySchema::new("elk", 1).unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys = [schema.runs(0), schema.active(0), schema.leases(0)];
+    call(&mut conn, "carve", &keys, &["all".to_owned()])
+        .await
+        .unwrap();
     leases.iter().map(|l| (l.pid, l.token)).collect()
 }
 
