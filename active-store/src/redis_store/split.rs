@@ -53,11 +53,6 @@ where
         pieces: bool,
         beats: &[(&Lease, u64, Option<u64>)],
     ) -> Result<Vec<Result<Beat>>> {
-        if !pieces {
-            // heartbeat.lua renews records: the pids still held in runs get theirs.
-            let pids: Vec<u64> = beats.iter().map(|(lease, ..)| lease.pid).collect();
-            self.carve_pids(&pids).await?;
-        }
         let now = self.now();
         let deadline = self.deadline(now).to_string();
         let now = now.to_string();
@@ -101,6 +96,7 @@ where
                         &keys.splits,
                         &keys.pieces,
                         &keys.piece_pending,
+                        &keys.runs,
                     ],
                     &args,
                 )

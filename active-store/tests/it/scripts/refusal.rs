@@ -136,6 +136,14 @@ pub(super) async fn refusal_state(server: &TestRedis) -> std::collections::HashM
     use tranche_active_store::{Carried, Leases};
     let store = one_shard(server).await;
     let leases = store.claim("w", 6).await.unwrap();
+    // Carved at once, so the calls below meet records as they did before runs.
+    let schema = tranche_codec::KeySchema::new("elk", 1).unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys = [schema.runs(0), schema.active(0), schema.leases(0)];
+    call(&mut conn, "carve", &keys, &["all".to_owned()])
+        .await
+        .unwrap();
     store.heartbeat(&leases[1], 1500).await.unwrap();
     store.release(&leases[4], 4000).await.unwrap();
     store.release(&leases[5], 5000).await.unwrap();
@@ -146,14 +154,20 @@ pub(super) async fn refusal_state(server: &TestRedis) -> std::collections::HashM
         worker: "w".into(),
     };
     assert_eq!(store.carry(&[carried]).await.unwrap(), 1);
-    let schema = tranche_codec::KeySchema::new("elk", 1).unwrap();
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let keys = [schema.runs(0), schema.active(0), schema.leases(0)];
-    call(&mut conn, "carve", &keys, &["all".to_owned()])
-        .await
-        .unwrap();
     leases.iter().map(|l| (l.pid, l.token)).collect()
+}
+
+/// Every key's type and contents, by key, in an order that does not depend on
+/// encodings.
+pub(super) fn contents(server: &TestRedis) -> Vec<(String, (String, Vec<String>))> {
+    let mut keys: Vec<String> = server.query(redis::cmd("KEYS").arg("*"));
+    keys.sort();
+    keys.into_iter()
+        .map(|k| {
+            let v = logical(server, &k);
+            (k, v)
+        })
+        .collect()
 }
 
 /// A key's type and contents, in an order that does not depend on its encoding.
@@ -170,6 +184,21 @@ fn logical(server: &TestRedis, key: &str) -> (String, Vec<String>) {
                 .arg(-1)
                 .arg("WITHSCORES"),
         ),
+        // Its length and last entry's ID: an XADD changes both.
+        "stream" => {
+            let last: Vec<(String, Vec<(String, String)>)> = server.query(
+                redis::cmd("XREVRANGE")
+                    .arg(key)
+                    .arg("+")
+                    .arg("-")
+                    .arg("COUNT")
+                    .arg(1),
+            );
+            vec![
+                server.cli(&["XLEN", key]),
+                last.first().map(|(id, _)| id.clone()).unwrap_or_default(),
+            ]
+        }
         _ => vec![],
     };
     if kind == "hash" {

@@ -150,6 +150,7 @@ pub(super) fn refusal_rows(
                 splits.clone(),
                 pieces.clone(),
                 piece_pending.clone(),
+                runs.clone(),
             ],
             args: vec![
                 a(&now, Num),
@@ -444,6 +445,7 @@ pub(super) fn refusal_rows(
                 splits.clone(),
                 pieces.clone(),
                 piece_pending.clone(),
+                runs.clone(),
             ],
             args: vec![
                 a(&now, Num),
@@ -757,6 +759,34 @@ pub(super) fn refusal_rows(
             corrupt: vec![
                 Corrupt::Field(runs.clone(), "99".into(), "7|8|1|1|c|w".into()),
                 Corrupt::Field(runs.clone(), "99".into(), format!("7|8|{later}|x|cc|w")),
+                counter("c"),
+            ],
+            ..Row::default()
+        },
+        // A beat of a pid held in a run: the run is read and checked, the pid leaves it.
+        Row {
+            script: "heartbeat",
+            keys: vec![
+                active.clone(),
+                leases.clone(),
+                counts.clone(),
+                splits.clone(),
+                pieces.clone(),
+                piece_pending.clone(),
+                runs.clone(),
+            ],
+            args: vec![
+                a(&now, Num),
+                a(&later, Num),
+                a("8", Id),
+                a("99", Id),
+                a("7050", OptId),
+                a("", OptId),
+            ],
+            setup: run.clone(),
+            corrupt: vec![
+                Corrupt::Field(runs.clone(), "99".into(), "7|8|1|1|c|w".into()),
+                Corrupt::Field(runs.clone(), "99".into(), format!("7|8|{later}|{now}|cx|w")),
                 counter("c"),
             ],
             ..Row::default()
