@@ -1,12 +1,12 @@
 -- carve: move pids out of their runs (runs.lua) into records of their own, each the
--- record its run stood for, with its own lease entry at the run's deadline. Every script
--- but claim and complete acts only on records: the client carves the pids it is about
--- to name (or a whole worker's, or the expired runs) before it calls one. Carving
--- changes how a pid is held, never what is held: its status, token, deadline and worker
--- stay, so it may run at any time, any number of times.
+-- record its run stood for, with its own lease entry at the run's deadline. Every
+-- script but claim, complete and heartbeat acts only on records: the client carves the
+-- pids it is about to name (or a whole worker's, or the expired runs) before it calls
+-- one. Carving changes how a pid is held, never what is held: its status, token,
+-- deadline and worker stay, so it may run at any time, any number of times.
 -- KEYS[1] runs hash   KEYS[2] active hash   KEYS[3] leases zset
--- ARGV[1] which: 'pids' (then ARGV[2] how many, and that many pids), 'worker' (ARGV[2]: every pid of that
---      worker's runs), 'expired' (ARGV[2] now ms: every pid of a run whose lease index
+-- ARGV[1] which: 'pids' (then ARGV[2] how many, and that many pids), 'worker'
+--      (ARGV[2]: every pid of that worker's runs), 'expired' (ARGV[2] now ms: every pid of a run whose lease index
 --      entry is due at or before it, as reap.lua reads it), or 'all'
 -- Reply: the number of pids carved.
 -- A run that does not decode is left as it is (`check` lists it); a pid that already has

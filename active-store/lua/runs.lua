@@ -1,5 +1,5 @@
 -- Runs prelude, prepended (after record.lua) to the scripts that meet interval leases:
--- claim, complete and carve. Not a script itself.
+-- claim, complete, heartbeat and carve. Not a script itself.
 --
 -- A claim hands out the fresh pids of a uniform plan's cursor in runs of consecutive
 -- pids, each run one lease: one field of the shard's `runs` hash, named by the run's
@@ -10,9 +10,10 @@
 --   once it left (completed, or carved out)   6 worker
 -- A pid the run holds stands for the record a fresh claim writes, `c|1|token|deadline|
 -- claimed|claimed|claimed|worker||||` (record.lua), and reads as it everywhere. Only
--- claim, complete and carve know runs: every other script acts on a pid only after
--- carve.lua moved it out of its run into that record of its own, with its own lease
--- entry at the run's deadline (the client carves before it calls them). A pid leaves
+-- claim, complete, heartbeat and carve know runs: a beat moves its pid out of its run,
+-- found by the beat's token, into that record of its own with its own lease entry;
+-- every other script acts on a pid only after carve.lua made that move (the client
+-- carves before it calls them). A pid leaves
 -- its run once, and never returns: a run only shrinks, and goes when its mask holds no
 -- 'c' (its field and its lease entry together).
 
