@@ -6,8 +6,9 @@
 -- deadline and worker stay, so it may run at any time, any number of times.
 -- KEYS[1] runs hash   KEYS[2] active hash   KEYS[3] leases zset
 -- ARGV[1] which: 'pids' (then ARGV[2] how many, and that many pids), 'worker'
---      (ARGV[2]: every pid of that worker's runs), 'expired' (ARGV[2] now ms: every pid of a run whose lease index
---      entry is due at or before it, as reap.lua reads it), or 'all'
+--      (ARGV[2]: every pid of that worker's runs), 'expired' (ARGV[2] now ms: every
+--      pid of a run whose lease index entry is due at or before it, as reap.lua reads
+--      it), or 'all'
 -- Reply: the number of pids carved.
 -- A run that does not decode is left as it is (`check` lists it); a pid that already has
 -- a record keeps it (it left its run for good). Every argument and every run used is
