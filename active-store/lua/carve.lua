@@ -8,7 +8,10 @@
 -- ARGV[1] which: 'pids' (then ARGV[2] how many, and that many pids), 'worker'
 --      (ARGV[2]: every pid of that worker's runs), 'expired' (ARGV[2] now ms: every
 --      pid of a run whose lease index entry is due at or before it, as reap.lua reads
---      it), or 'all'
+--      it), 'all', or 'broken' (ARGV[2] a token: the run of that token, if it does not
+--      decode, becomes a record per pid its first and last fields still name, each the
+--      text 'broken run' and the raw value, which decodes as no record: repair.lua then
+--      sets each aside and rebuilds it; the run and its lease entry go)
 -- Reply: the number of pids carved.
 -- A run that does not decode is left as it is (`check` lists it); a pid that already has
 -- a record keeps it (it left its run for good). Every argument and every run used is
@@ -32,6 +35,33 @@ elseif which == 'expired' then
   end
 elseif which == 'all' then
   if #ARGV ~= 1 then refuse('argument count', #ARGV) end
+elseif which == 'broken' then
+  if #ARGV ~= 2 then refuse('argument count', #ARGV) end
+  local t = id(ARGV[2], 'token')
+  local raw = redis.call('HGET', KEYS[1], t)
+  if not raw or pcall(run_decode, KEYS[1], t, raw) then return 0 end
+  local first, last = string.match(raw, '^(%d+)|(%d+)|')
+  local names, n = {}, 0
+  if first and #first <= 15 and #last <= 15 and tonumber(last) >= tonumber(first)
+      and tonumber(last) - tonumber(first) < MAX_RUN then
+    for pid = tonumber(first), tonumber(last) do
+      n = n + 1
+      names[n] = string.format('%d', pid)
+    end
+  end
+  local broken, nb = {}, 0
+  if n > 0 then
+    local have = redis.call('HMGET', KEYS[2], unpack(names))
+    for i = 1, n do
+      if not have[i] then
+        broken[nb + 1], broken[nb + 2], nb = names[i], 'broken run ' .. t .. ': ' .. raw, nb + 2
+      end
+    end
+  end
+  if nb > 0 then variadic('HSET', KEYS[2], broken) end
+  redis.call('HDEL', KEYS[1], t)
+  redis.call('ZREM', KEYS[3], 'r' .. t)
+  return nb / 2
 else
   refuse('which', which)
 end

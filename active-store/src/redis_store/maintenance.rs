@@ -131,9 +131,22 @@ where
     async fn repair_corrupt(&self, pid: u64) -> Result<Repair> {
         let (min, max) = self.range_of(pid).await?;
         // repair.lua derives the shard's counters from its records: every pid of it
-        // needs one.
-        self.carve(self.layout.shard_of(pid) as usize, &["all".to_owned()])
-            .await?;
+        // needs one. A pid of a run that does not decode gets a record that does not
+        // either (the run broken up), which repair.lua then sets aside and rebuilds.
+        let shard = self.layout.shard_of(pid) as usize;
+        self.carve(shard, &["all".to_owned()]).await?;
+        let runs: Pairs = retry(&self.conn, |mut conn| async move {
+            conn.hgetall(&self.keys[shard].runs).await
+        })
+        .await?;
+        for (token, run) in &runs {
+            if record::parse_run(token.as_bytes(), run.as_bytes()).is_none()
+                && record::run_span(run).is_some_and(|(first, last)| (first..=last).contains(&pid))
+            {
+                self.carve(shard, &["broken".to_owned(), token.clone()])
+                    .await?;
+            }
+        }
         let keys = self.keys_of(pid);
         let quarantine = format!("{}:quarantine", keys.active);
         let args = [

@@ -469,20 +469,17 @@ where
                     .await
             })
             .await?;
-            // A run that does not parse, listed under its first pid (0 if even that is
-            // unreadable).
+            // A run that does not parse, listed under each pid its first fields still
+            // name (under pid 0 if not even those read).
             for (token, run) in &runs {
                 if record::parse_run(token.as_bytes(), run.as_bytes()).is_none() {
-                    found.push(CorruptRecord {
+                    let (first, last) = record::run_span(run).unwrap_or((0, 0));
+                    found.extend((first..=last).map(|pid| CorruptRecord {
                         shard,
-                        pid: run
-                            .split('|')
-                            .next()
-                            .and_then(|first| first.parse().ok())
-                            .unwrap_or(0),
+                        pid,
                         key: format!("{} {token}", keys.runs),
                         raw: run.as_bytes().to_vec(),
-                    });
+                    }));
                 }
             }
             let entries = record::hash_entries(&reply).ok_or_else(|| Error::Corrupt {

@@ -148,6 +148,17 @@ pub(super) fn parse_run(token: &[u8], value: &[u8]) -> Option<Run> {
     })
 }
 
+/// The first and last pid a `runs` value still names in its first two fields, whether or
+/// not the rest of it parses (at most 128 pids, as `lua/runs.lua` makes them): the pids
+/// of a corrupt run, for `check` to list and `repair` to rebuild.
+pub(super) fn run_span(value: &str) -> Option<(u64, u64)> {
+    let mut f = value.splitn(3, '|');
+    let first: u64 = f.next()?.parse().ok()?;
+    let last: u64 = f.next()?.parse().ok()?;
+    f.next()?;
+    (last >= first && last - first < 128).then_some((first, last))
+}
+
 /// A decimal u64 of ASCII digits only (no sign, no space), as the scripts write them.
 pub(super) fn parse_u64(s: &[u8]) -> Option<u64> {
     if s.is_empty() || s.len() > 20 {

@@ -195,3 +195,46 @@ async fn a_released_worker_gives_back_its_runs() {
         Err(tranche_active_store::Error::Leased(_))
     ));
 }
+
+#[tokio::test]
+async fn a_corrupt_run_is_listed_by_its_pids_and_repaired() {
+    let server = TestRedis::start();
+    let (store, mut conn) = store(&server).await;
+    let leases = store.claim("w", 3).await.unwrap();
+    let token = leases[0].token.to_string();
+    // One byte of the mask flipped: the run no longer decodes.
+    let run: String = conn.hget(RUNS, &token).await.unwrap();
+    let _: () = conn
+        .hset(RUNS, &token, run.replace("|ccc|", "|cxc|"))
+        .await
+        .unwrap();
+    let corrupt = store.corrupt_records().await.unwrap();
+    assert_eq!(
+        corrupt.iter().map(|c| c.pid).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    assert!(
+        corrupt[0].key.ends_with(&format!(":runs {token}")),
+        "{corrupt:?}"
+    );
+    // Its holder's completion is refused, not taken as done.
+    assert!(store.complete(&leases[0], 5).await.is_err());
+    for c in &corrupt {
+        assert_eq!(
+            store.repair_corrupt(c.pid).await.unwrap(),
+            tranche_active_store::Repair::Rebuilt
+        );
+    }
+    assert!(store.corrupt_records().await.unwrap().is_empty());
+    let runs: u64 = conn.hlen(RUNS).await.unwrap();
+    assert_eq!(runs, 0);
+    assert!(lease_entries(&mut conn).await.is_empty());
+    let counts = store.counts().await.unwrap();
+    assert_eq!((counts.claimed, counts.pending), (0, 3));
+    for pid in 1..=3 {
+        assert_eq!(
+            store.get(pid).await.unwrap().unwrap().status,
+            Status::Pending
+        );
+    }
+}

@@ -817,6 +817,13 @@ pub(super) fn refusal_rows(
         Row {
             script: "carve",
             keys: carve_keys.clone(),
+            args: vec![a("broken", Which), a("98", Id)],
+            setup: vec![bad_run.clone()],
+            ..Row::default()
+        },
+        Row {
+            script: "carve",
+            keys: carve_keys.clone(),
             args: vec![a("all", Which)],
             setup: run.clone(),
             skipped: vec![bad_run],
