@@ -157,10 +157,13 @@ for i = 1, n do
     out[i] = PART
   elseif in_run[i] then
     -- Out of its run whatever its bit says (a set bit: completed before, a restore).
+    -- (A pid named twice in one call leaves, and is counted, once.)
     local u = runs[tokens[i]]
-    run_leave(u, in_run[i])
-    touched[tokens[i]], left = u, true
-    from_c = from_c + 1
+    if string.byte(u[5], in_run[i]) == 99 then
+      run_leave(u, in_run[i])
+      touched[tokens[i]], left = u, true
+      from_c = from_c + 1
+    end
     if bits[i] == 1 then
       out[i] = DUPLICATE
     else

@@ -238,3 +238,20 @@ async fn a_corrupt_run_is_listed_by_its_pids_and_repaired() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_pid_completed_twice_in_one_call_leaves_its_run_once() {
+    let server = TestRedis::start();
+    let (store, _conn) = store(&server).await;
+    let leases = store.claim("w", 3).await.unwrap();
+    let twice = [(leases[1].clone(), 5), (leases[1].clone(), 5)];
+    let outcomes: Vec<_> = store
+        .complete_many(&twice)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(outcomes, vec![Completion::Completed, Completion::Duplicate]);
+    assert_eq!(store.counts().await.unwrap().claimed, 2);
+}
