@@ -2,14 +2,15 @@
 -- KEYS[1] active hash   KEYS[2] pending zset (score: ready time ms)   KEYS[3] leases zset
 --      (score: deadline ms)   KEYS[4] plans list ("first|last" pid ranges of uniform
 --      plans)   KEYS[5] cursor hash (plan first pid -> next pid to consider)
---      KEYS[6] token sequence   KEYS[7] status counters hash
+--      KEYS[6] token sequence   KEYS[7] status counters hash   KEYS[8] runs hash
 -- ARGV[1] worker   ARGV[2] n   ARGV[3] now ms   ARGV[4] deadline ms   ARGV[5] shard
 --      ARGV[6] num_shards   ARGV[7] partitions per batch
 -- Reply: r, the number of reclaimed leases; then (pid, token, attempts, min, max,
---      progress) per reclaimed lease; then the first fresh token (0 when none is fresh);
---      then the fresh pids, whose tokens follow on from it one by one, with attempt 1,
---      the range the client derives from the plan, and no checkpoint. A fresh lease is
---      one value, not six: the reply is most of what a claim costs the client to read.
+--      progress) per reclaimed lease; then (token, first pid, count) per run of fresh
+--      pids: the run's pids are first .. first + count - 1, each held under the run's
+--      one token, with attempt 1, the range the client derives from the plan, and no
+--      checkpoint. A run is one value in the reply, one field in the runs hash and one
+--      entry in the lease index, however many pids it holds (runs.lua).
 -- Writes are gathered and issued once per key (one HSET, one ZADD): a Redis command
 -- called from Lua costs about as much as the work it does.
 -- Every argument, and every record, plan entry, cursor and counter read, is checked
@@ -101,7 +102,9 @@ if token < floor then
   redis.call('SET', KEYS[6], int(floor + want))
   token = floor
 end
-start_counting(KEYS[7], function() return redis.call('HLEN', KEYS[1]) == 0 end)
+start_counting(KEYS[7], function()
+  return redis.call('HLEN', KEYS[1]) == 0 and redis.call('HLEN', KEYS[8]) == 0
+end)
 
 if #ready > 0 then
   variadic('ZREM', KEYS[2], ready)
@@ -123,40 +126,47 @@ local function align(x)
 end
 
 -- Then fresh pids from each uniform plan's cursor: nothing is materialised before this.
--- A fresh record differs from the next only in its token, so it is one concatenation
--- (status c, attempt 1, token, deadline, created, claimed, updated, worker, and empty
--- min/max/progress/error: the client derives the range from the plan).
--- The pids go straight into the reply after the first fresh token's slot; within a
--- batch the next pid is the next integer, so `align` runs only at batch boundaries.
-local tail = '|' .. deadline .. '|' .. now .. '|' .. now .. '|' .. now .. '|' .. worker .. '||||'
-local reclaimed_values = no
-out[no + 1] = '0'
+-- Consecutive pids go out as one run (runs.lua): a run ends where the cursor jumps to
+-- the shard's next batch, at a plan's end, or at MAX_RUN pids. Within a batch the next
+-- pid is the next integer, so `align` runs only at batch boundaries.
+local runs, nu = {}, 0
+local format = string.format
+local run_first, run_len = 0, 0
+local function close_run()
+  if run_len == 0 then return end
+  token = token + 1
+  local t, first = format('%d', token), format('%d', run_first)
+  runs[nu + 1] = t
+  runs[nu + 2] = first .. '|' .. format('%d', run_first + run_len - 1) .. '|' .. deadline
+    .. '|' .. now .. '|' .. string.sub(FULL_MASK, 1, run_len) .. '|' .. worker
+  nu = nu + 2
+  scores[ns + 1], scores[ns + 2], ns = deadline, 'r' .. t, ns + 2
+  out[no + 1], out[no + 2], out[no + 3], no = t, first, format('%d', run_len), no + 3
+  run_len = 0
+end
 if got < want then
-  local format = string.format
   for _, plan in ipairs(plans) do
     if got >= want then break end
     local last, at = plan[2], plan[3]
     if at <= last then
       at = align(at)
       while got < want and at <= last do
-        local pid = format('%d', at)
-        token = token + 1
-        local t = format('%d', token)
-        if no == reclaimed_values then out[no + 1] = t end
-        records[nr + 1], records[nr + 2], nr = pid, 'c|1|' .. t .. tail, nr + 2
-        scores[ns + 1], scores[ns + 2], ns = deadline, pid, ns + 2
-        out[no + 2], no = pid, no + 1
+        if run_len > 0 and (at ~= run_first + run_len or run_len == MAX_RUN) then close_run() end
+        if run_len == 0 then run_first = at end
+        run_len = run_len + 1
         got = got + 1
         at = at + 1
         if at % per_batch == 0 then at = align(at) end
       end
+      close_run()
       redis.call('HSET', KEYS[5], plan[5], int(at))
     end
   end
 end
 
 if got > 0 then
-  variadic('HSET', KEYS[1], records)
+  if nr > 0 then variadic('HSET', KEYS[1], records) end
+  if nu > 0 then variadic('HSET', KEYS[8], runs) end
   scores[ns + 1], scores[ns + 2], ns = '+inf', SKIPLIST_KEEPER, ns + 2
   variadic('ZADD', KEYS[3], scores)
   -- Reclaimed partitions move from pending; fresh ones were not counted before.

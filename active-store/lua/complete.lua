@@ -1,6 +1,7 @@
 -- complete: finish any number of leases of one shard in one round trip (group commit).
 -- KEYS[1] active hash   KEYS[2] leases zset   KEYS[3] completed-index bitmap
 --      KEYS[4] inbox stream   KEYS[5] status counters hash   KEYS[6] splits hash
+--      KEYS[7] runs hash
 -- ARGV per completion: pid, token, bit offset in the index, encoded completed record
 -- Reply: per completion, OK, DUPLICATE, LOST or PART (2: the owner part of a split
 -- partition is done, its pieces are not, so the partition is not completed).
@@ -8,6 +9,9 @@
 -- the owner part is marked done, its lease ends, and the partition stays, running,
 -- until its last piece completes it (piece_complete.lua). With none outstanding, the
 -- completion is the ordinary one, its record the partition's whole span.
+-- A pid its run still holds (runs.lua) is completed in the run: it leaves the run's mask,
+-- and the run's field and lease entry go with its last pid; its record was never
+-- written, so nothing else is removed. Any other pid is completed in its own record.
 -- Every argument is checked before the first write (the BITFIELD, or the SET that grows
 -- a large index first). Every command
 -- runs once per call, not once per completion: a batch of 30 costs little more than a
@@ -15,7 +19,7 @@
 local PART = 2
 entries(0, 4, true)
 local n = #ARGV / 4
-local pids = {}
+local pids, tokens = {}, {}
 for i = 1, n do
   local pid, token, bit = ARGV[4 * i - 3], ARGV[4 * i - 2], ARGV[4 * i - 1]
   -- The common case in one match: three nonzero IDs of at most 19 digits. Anything else
@@ -26,12 +30,39 @@ for i = 1, n do
     id(token, 'token')
     id(bit, 'bit offset')
   end
-  pids[i] = pid
+  pids[i], tokens[i] = pid, token
   -- The inbox entry holds one record per line.
   local rec = ARGV[4 * i]
   if rec == '' or string.find(rec, '\n', 1, true) then refuse('completed record', rec) end
 end
-local recs = redis.call('HMGET', KEYS[1], unpack(pids))
+-- Runs first: a completion's token names its run, if the pid is in one. Each run is
+-- read and decoded once; the pids no run holds are read from the active hash.
+local runs_raw = redis.call('HMGET', KEYS[7], unpack(tokens))
+local runs, in_run = {}, {}
+local rest, nrest = {}, 0
+for i = 1, n do
+  local raw, t = runs_raw[i], tokens[i]
+  local u = raw and (runs[t] or run_decode(KEYS[7], t, raw))
+  if u then runs[t] = u end
+  local k = u and run_holds(u, tonumber(pids[i]))
+  if k then
+    in_run[i] = k
+  else
+    nrest = nrest + 1
+    rest[nrest] = pids[i]
+  end
+end
+local recs = {}
+if nrest > 0 then
+  local got = redis.call('HMGET', KEYS[1], unpack(rest))
+  local j = 0
+  for i = 1, n do
+    if not in_run[i] then
+      j = j + 1
+      recs[i] = got[j]
+    end
+  end
+end
 -- Split entries, read only when the shard has any; without them (`ents` false) the
 -- tables that serve split partitions are not built either: every table a call makes
 -- costs about as much as a check.
@@ -54,7 +85,13 @@ local partrec, finals = ents and {}, ents and {}
 local top = -1
 for i = 1, n do
   local bit = ARGV[4 * i - 1]
-  held[i] = holds(recs[i], ARGV[4 * i - 2])
+  -- A pid its run holds is claimed, never split (a split carves it out first).
+  if in_run[i] then
+    held[i] = 'c'
+    if ents then ents[i] = nil end
+  else
+    held[i] = holds(recs[i], ARGV[4 * i - 2])
+  end
   local part = held[i] and ents and ents[i] and ents[i][6] ~= '0'
   if part then
     -- The owner part of a partition with pieces outstanding: its bit stays clear.
@@ -101,7 +138,9 @@ if need >= 65536 and need <= 536870912 then
 end
 local bits = redis.call('BITFIELD', KEYS[3], unpack(ops))
 
-local out, done, records, nd = {}, {}, {}, 0
+local out, done, records, nd, nrec = {}, {}, {}, 0, 0
+-- The runs that lost pids in this call, by token.
+local touched, left = {}, false
 local parts, np, split_done, ns = ents and {}, 0, ents and {}, 0
 -- Completions by the status they leave (claimed, running), counted once after the loop.
 local from_c, from_r = 0, 0
@@ -116,15 +155,31 @@ for i = 1, n do
     parts[np + 1], parts[np + 2], np = pids[i], encode(r), np + 2
     split_done[ns + 1], split_done[ns + 2], ns = pids[i], split_encode(e), ns + 2
     out[i] = PART
+  elseif in_run[i] then
+    -- Out of its run whatever its bit says (a set bit: completed before, a restore).
+    -- (A pid named twice in one call leaves, and is counted, once.)
+    local u = runs[tokens[i]]
+    if string.byte(u[5], in_run[i]) == 99 then
+      run_leave(u, in_run[i])
+      touched[tokens[i]], left = u, true
+      from_c = from_c + 1
+    end
+    if bits[i] == 1 then
+      out[i] = DUPLICATE
+    else
+      nrec = nrec + 1
+      records[nrec] = ARGV[4 * i]
+      out[i] = OK
+    end
   elseif bits[i] == 1 then
     -- Idempotency: the index bit is set exactly once per pid, so a retried or late
     -- completion changes nothing and reaches the inbox (and the statistics) only once.
     out[i] = DUPLICATE
   elseif held[i] then
-    nd = nd + 1
-    done[nd], records[nd] = pids[i], ARGV[4 * i]
+    nd, nrec = nd + 1, nrec + 1
+    done[nd], records[nrec] = pids[i], ARGV[4 * i]
     if e then
-      records[nd] = finals[i]
+      records[nrec] = finals[i]
       split_done[ns + 1], split_done[ns + 2], ns = pids[i], nil, ns + 2
     end
     if held[i] == 'c' then from_c = from_c + 1 else from_r = from_r + 1 end
@@ -136,15 +191,18 @@ end
 
 if from_c > 0 then moved('c', nil, from_c) end
 if from_r > 0 then moved('r', nil, from_r) end
-if nd > 0 then
+if nrec > 0 then
   -- Remove from the hot set, mark done (above) and hand the records to the archiver,
   -- in one atomic step: the inbox stream is durable, so nothing is lost between layers.
   -- One stream entry carries the whole batch, one record per line.
-  variadic('HDEL', KEYS[1], done)
-  variadic('ZREM', KEYS[2], done)
+  if nd > 0 then
+    variadic('HDEL', KEYS[1], done)
+    variadic('ZREM', KEYS[2], done)
+  end
   redis.call('XADD', KEYS[4], '*', 'r', table.concat(records, '\n'))
-  count(KEYS[5])
 end
+if from_c > 0 or from_r > 0 then count(KEYS[5]) end
+if left then variadic('ZREM', KEYS[2], runs_store(KEYS[7], touched)) end
 if np > 0 then
   variadic('HSET', KEYS[1], parts)
   local gone = {}

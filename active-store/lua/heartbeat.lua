@@ -3,6 +3,7 @@
 -- its holder's own call (split.lua).
 -- KEYS[1] active hash   KEYS[2] leases zset   KEYS[3] status counters hash
 --      KEYS[4] splits hash   KEYS[5] pieces hash   KEYS[6] piece_pending zset
+--      KEYS[7] runs hash
 -- ARGV[1] now ms   ARGV[2] new deadline ms, then per lease: pid, token, progress
 --      (progress empty: keep the stored checkpoint), next (the first ID the holder has
 --      not handed out; empty: the holder does not split, and no cut is made)
@@ -10,6 +11,9 @@
 -- and cut: every ID after it is a pending piece now).
 -- A checkpoint never moves backwards: a beat carrying an older one than the record holds
 -- (beats reordered or retried) keeps the newer one, and still renews the lease.
+-- A pid its run still holds (runs.lua) leaves the run here: the beat renews the record
+-- the run stood for, written as the pid's own with its own lease entry (carve.lua's
+-- move, found by the beat's token instead of a read of every run).
 entries(2, 4, true)
 local now, deadline = ARGV[1], ARGV[2]
 num(now, 'now')
@@ -23,6 +27,32 @@ for i = 3, #ARGV, 4 do
   if opt_id(ARGV[i + 3], 'next') ~= '' then splitting = true end
 end
 local recs = redis.call('HMGET', KEYS[1], unpack(pids))
+-- The pids without a record, looked for in the runs their tokens name.
+local wanted, tokens, nw = {}, {}, 0
+for i = 1, n do
+  if not recs[i] then
+    nw = nw + 1
+    wanted[nw], tokens[nw] = i, ARGV[4 * i]
+  end
+end
+local runs, touched, left = {}, {}, false
+if nw > 0 then
+  local raw = redis.call('HMGET', KEYS[7], unpack(tokens))
+  for j = 1, nw do
+    local t = tokens[j]
+    local u = raw[j] and (runs[t] or run_decode(KEYS[7], t, raw[j]))
+    if u then
+      runs[t] = u
+      local i = wanted[j]
+      local k = run_holds(u, tonumber(pids[i]))
+      if k then
+        recs[i] = run_record(u, t)
+        run_leave(u, k)
+        touched[t], left = u, true
+      end
+    end
+  end
+end
 -- Split entries are read only when a holder that splits beats on a shard that has any.
 local ents = {}
 if splitting and redis.call('HLEN', KEYS[4]) > 0 then
@@ -81,4 +111,5 @@ if np > 0 then
   variadic('HSET', KEYS[5], pieces)
   variadic('ZADD', KEYS[6], pending)
 end
+if left then variadic('ZREM', KEYS[2], runs_store(KEYS[7], touched)) end
 return out

@@ -27,8 +27,10 @@ end
 read_counts(KEYS[4])
 local stale, ns, changes, nc = {}, 0, {}, 0
 for _, pid in ipairs(pids) do
-  if pid ~= SKIPLIST_KEEPER then
-    -- (Not a lease, see record.lua; only the whole-index read of a worker meets it.)
+  -- Neither the keeper (not a lease, see record.lua; only the whole-index read of a
+  -- worker meets it) nor a run's entry ('r' .. token, runs.lua): the client carves a
+  -- run's pids out before it reaps, and a run that expired since is reaped next time.
+  if pid ~= SKIPLIST_KEEPER and string.byte(pid, 1) ~= 114 then
     local s = redis.call('HGET', KEYS[1], pid)
     if not s then
       -- A lease entry without a record is stale: dropped.

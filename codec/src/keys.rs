@@ -202,6 +202,11 @@ impl KeySchema {
         self.shard_key(shard, "pending")
     }
 
+    /// `{ns:s}:runs`: runs of fresh partitions claimed as one lease each, by token.
+    pub fn runs(&self, shard: u32) -> String {
+        self.shard_key(shard, "runs")
+    }
+
     /// `{ns:s}:leases`: lease deadlines, scored by deadline.
     pub fn leases(&self, shard: u32) -> String {
         self.shard_key(shard, "leases")
@@ -422,6 +427,7 @@ mod tests {
         assert_eq!(k.active(3), "{elk:3~6}:active");
         assert_eq!(k.pending(3), "{elk:3~6}:pending");
         assert_eq!(k.leases(3), "{elk:3~6}:leases");
+        assert_eq!(k.runs(3), "{elk:3~6}:runs");
         assert_eq!(k.inbox(3), "{elk:3~6}:inbox");
         assert_eq!(k.completed(3), "{elk:3~6}:completed");
         assert_eq!(k.completed_index(3), "{elk:3~6}:completed:index");

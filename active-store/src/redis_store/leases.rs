@@ -57,8 +57,8 @@ where
         while in_flight.join_next().await.is_some() {}
     }
 
-    /// Turns a claim reply (`claim.lua`: the reclaimed leases in full, then the first
-    /// fresh token and the fresh pids) into leases.
+    /// Turns a claim reply (`claim.lua`: the reclaimed leases in full, then each run of
+    /// fresh pids as its token, first pid and count) into leases.
     async fn leases_from(
         &self,
         worker: &str,
@@ -73,11 +73,9 @@ where
         let reclaimed = parse_u64(count, "claim reply count")? as usize;
         let full = reclaimed
             .checked_mul(6)
-            .filter(|&n| n < rest.len())
-            .ok_or_else(|| malformed("fewer values than its count says"))?;
+            .filter(|&n| n <= rest.len() && (rest.len() - n) % 3 == 0)
+            .ok_or_else(|| malformed("not the values its count says"))?;
         let (full, fresh) = rest.split_at(full);
-        let (first_token, fresh) = fresh.split_first().expect("checked above");
-        let first_token = parse_u64(first_token, "claim reply first token")?;
         let mut out = Vec::with_capacity(reclaimed + fresh.len());
         for f in full.chunks_exact(6) {
             let pid = parse_u64(&f[0], "claim reply pid")?;
@@ -109,21 +107,29 @@ where
                 deadline_ms: deadline,
             });
         }
-        // Fresh leases: tokens one by one from the first, attempt 1, the plan's range,
+        // Fresh leases: each run's pids under its token, attempt 1, the plan's range,
         // no checkpoint.
-        for (token, pid) in (first_token..).zip(fresh) {
-            let pid = parse_u64(pid, "claim reply pid")?;
-            let (min_id, max_id) = self.range_of(pid).await?;
-            out.push(Lease {
-                pid,
-                token,
-                worker: worker.to_owned(),
-                min_id,
-                max_id,
-                attempt: 1,
-                progress: min_id,
-                deadline_ms: deadline,
-            });
+        for run in fresh.chunks_exact(3) {
+            let token = parse_u64(&run[0], "claim reply token")?;
+            let first = parse_u64(&run[1], "claim reply pid")?;
+            let count = parse_u64(&run[2], "claim reply count")?;
+            let last = first
+                .checked_add(count.saturating_sub(1))
+                .filter(|_| count > 0)
+                .ok_or_else(|| malformed("a run of no pid, or past the last one"))?;
+            for pid in first..=last {
+                let (min_id, max_id) = self.range_of(pid).await?;
+                out.push(Lease {
+                    pid,
+                    token,
+                    worker: worker.to_owned(),
+                    min_id,
+                    max_id,
+                    attempt: 1,
+                    progress: min_id,
+                    deadline_ms: deadline,
+                });
+            }
         }
         Ok(out)
     }
@@ -161,6 +167,7 @@ where
                 &keys.inbox,
                 &keys.counts,
                 &keys.splits,
+                &keys.runs,
             ];
             let reply: Result<Vec<i64>> = if in_order {
                 self.complete_marked(*shard, &keys, &args).await
@@ -218,7 +225,7 @@ where
     async fn complete_marked(
         &self,
         shard: usize,
-        keys: &[&String; 6],
+        keys: &[&String; 7],
         args: &[String],
     ) -> Result<Vec<i64>> {
         let replies: Vec<redis::Value> = retry(&self.conn, |mut conn| async move {
@@ -335,6 +342,7 @@ where
                         &keys.cursor,
                         &keys.seq,
                         &keys.counts,
+                        &keys.runs,
                     ],
                     &args,
                 )
@@ -399,6 +407,7 @@ where
         error: &str,
         policy: FailPolicy,
     ) -> Result<FailOutcome> {
+        self.carve_pids(&[lease.pid]).await?;
         let keys = self.keys_of(lease.pid);
         let mut args = vec![
             lease.pid.to_string(),
@@ -427,6 +436,7 @@ where
     }
 
     async fn release(&self, lease: &Lease, progress: u64) -> Result<()> {
+        self.carve_pids(&[lease.pid]).await?;
         let keys = self.keys_of(lease.pid);
         let args = [
             self.now().to_string(),

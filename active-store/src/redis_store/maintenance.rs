@@ -20,7 +20,8 @@ where
         ];
         let mut all = Vec::new();
         loop {
-            let batch = self.per_shard_pids(&REAP, &args).await?;
+            let carve = ["expired".to_owned(), now_ms.to_string()];
+            let batch = self.per_shard_pids(&REAP, &carve, &args).await?;
             let done = batch.len() < REAP_BATCH;
             all.extend(batch);
             if done {
@@ -42,7 +43,8 @@ where
             worker.to_owned(),
             self.config.max_attempts.to_string(),
         ];
-        let mut out = self.per_shard_pids(&REAP, &args).await?;
+        let carve = ["worker".to_owned(), worker.to_owned()];
+        let mut out = self.per_shard_pids(&REAP, &carve, &args).await?;
         out.extend(self.expire_pieces(Some(worker)).await?);
         out.sort_unstable();
         out.dedup();
@@ -77,6 +79,8 @@ where
     }
 
     async fn discard(&self, pid: u64) -> Result<bool> {
+        // A pid held in a run is leased: carved, discard.lua sees it so.
+        self.carve_pids(&[pid]).await?;
         let keys = self.keys_of(pid);
         let code: i64 = self
             .invoke(
@@ -126,6 +130,23 @@ where
 
     async fn repair_corrupt(&self, pid: u64) -> Result<Repair> {
         let (min, max) = self.range_of(pid).await?;
+        // repair.lua derives the shard's counters from its records: every pid of it
+        // needs one. A pid of a run that does not decode gets a record that does not
+        // either (the run broken up), which repair.lua then sets aside and rebuilds.
+        let shard = self.layout.shard_of(pid) as usize;
+        self.carve(shard, &["all".to_owned()]).await?;
+        let runs: Pairs = retry(&self.conn, |mut conn| async move {
+            conn.hgetall(&self.keys[shard].runs).await
+        })
+        .await?;
+        for (token, run) in &runs {
+            if record::parse_run(token.as_bytes(), run.as_bytes()).is_none()
+                && record::run_span(run).is_some_and(|(first, last)| (first..=last).contains(&pid))
+            {
+                self.carve(shard, &["broken".to_owned(), token.clone()])
+                    .await?;
+            }
+        }
         let keys = self.keys_of(pid);
         let quarantine = format!("{}:quarantine", keys.active);
         let args = [

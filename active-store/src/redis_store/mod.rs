@@ -62,12 +62,37 @@ macro_rules! split_script {
     };
 }
 
+/// A script that meets runs, the interval leases of fresh claims: `runs.lua` comes
+/// between the prelude(s) and it.
+macro_rules! runs_script {
+    ($name:literal) => {
+        LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!("../../lua/record.lua"),
+                include_str!("../../lua/runs.lua"),
+                include_str!(concat!("../../lua/", $name, ".lua"))
+            ))
+        })
+    };
+    ($name:literal, split) => {
+        LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!("../../lua/record.lua"),
+                include_str!("../../lua/split.lua"),
+                include_str!("../../lua/runs.lua"),
+                include_str!(concat!("../../lua/", $name, ".lua"))
+            ))
+        })
+    };
+}
+
 static PLAN: LazyLock<Script> = script!("plan");
 static PLAN_CURSOR: LazyLock<Script> = script!("plan_cursor");
 static PLAN_RANGES: LazyLock<Script> = script!("plan_ranges");
-static CLAIM: LazyLock<Script> = script!("claim");
-static HEARTBEAT: LazyLock<Script> = split_script!("heartbeat");
-static COMPLETE: LazyLock<Script> = split_script!("complete");
+static CLAIM: LazyLock<Script> = runs_script!("claim");
+static CARVE: LazyLock<Script> = runs_script!("carve");
+static HEARTBEAT: LazyLock<Script> = runs_script!("heartbeat", split);
+static COMPLETE: LazyLock<Script> = runs_script!("complete", split);
 static SPLIT_REQUEST: LazyLock<Script> = split_script!("split_request");
 static PIECE_CLAIM: LazyLock<Script> = split_script!("piece_claim");
 static PIECE_BEAT: LazyLock<Script> = split_script!("piece_beat");
@@ -91,6 +116,7 @@ pub fn scripts() -> Vec<(&'static str, &'static Script)> {
         ("plan_cursor", &PLAN_CURSOR),
         ("plan_ranges", &PLAN_RANGES),
         ("claim", &CLAIM),
+        ("carve", &CARVE),
         ("heartbeat", &HEARTBEAT),
         ("complete", &COMPLETE),
         ("fail", &FAIL),
@@ -119,9 +145,11 @@ const MAX_SCRIPT_BATCH: usize = 1000;
 type Pairs = Vec<(String, String)>;
 
 /// One shard as `all_active` read it: the active hash's (pid, record) pairs, borrowed
-/// from the reply, and the shard's plan list and cursors.
+/// from the reply, its runs, and the shard's plan list and cursors.
 struct ShardRead<'a> {
     entries: Vec<(&'a [u8], &'a [u8])>,
+    /// The runs hash's (token, run) pairs.
+    runs: Pairs,
     plans: Vec<String>,
     cursor: Pairs,
 }
@@ -138,7 +166,8 @@ const PART_DONE: i64 = 2;
 /// The active layer on Redis (standalone or cluster).
 ///
 /// Keys per shard `s` of namespace `ns` all carry the tag `{ns:s}`: `active` (hash pid ->
-/// record), `pending` and `leases` (sorted sets by ready time and deadline), `plans` and
+/// record), `runs` (hash token -> a run of fresh pids claimed as one lease, see
+/// `lua/runs.lua`), `pending` and `leases` (sorted sets by ready time and deadline), `plans` and
 /// `cursor` (the uniform plans this shard issues from, and how far), `seq` (fencing
 /// tokens), `completed:index` (bitmap), `inbox` (stream of completed records: each
 /// entry's field `r` holds one or more records as JSON lines, one line per completion of
@@ -194,6 +223,8 @@ const MAX_IN_FLIGHT: usize = 1;
 #[derive(Debug, Clone)]
 struct ShardKeys {
     active: String,
+    /// Runs of fresh pids held as one lease each (`lua/runs.lua`).
+    runs: String,
     pending: String,
     leases: String,
     plans: String,
@@ -214,6 +245,7 @@ impl ShardKeys {
     fn new(schema: &KeySchema, shard: u32) -> Self {
         Self {
             active: schema.active(shard),
+            runs: schema.runs(shard),
             pending: schema.pending(shard),
             leases: schema.leases(shard),
             plans: schema.shard_key(shard, "plans"),
@@ -230,9 +262,10 @@ impl ShardKeys {
     }
 
     /// Every key, for the one-slot test.
-    fn all(&self) -> [&str; 13] {
+    fn all(&self) -> [&str; 14] {
         [
             &self.active,
+            &self.runs,
             &self.pending,
             &self.leases,
             &self.plans,
@@ -374,6 +407,32 @@ where
         .await?)
     }
 
+    /// Moves pids of `shard` out of their runs into records of their own
+    /// (`lua/carve.lua`, whose arguments `what` are): every script but claim and
+    /// complete acts on records only, so a call that names a pid, a worker or expired
+    /// leases carves them first. Carving changes how a pid is held, not what is held.
+    async fn carve(&self, shard: usize, what: &[String]) -> Result<()> {
+        let keys = &self.keys[shard];
+        let _: i64 = self
+            .invoke(&CARVE, &[&keys.runs, &keys.active, &keys.leases], what)
+            .await?;
+        Ok(())
+    }
+
+    /// [`carve`](Self::carve)s `pids` out of their runs: one call per shard involved,
+    /// all sent together.
+    async fn carve_pids(&self, pids: &[u64]) -> Result<()> {
+        let groups = self.by_shard(pids.iter().copied());
+        let calls = groups.iter().map(|(shard, chunk)| {
+            let mut what = Vec::with_capacity(chunk.len() + 2);
+            what.push("pids".to_owned());
+            what.push(chunk.len().to_string());
+            what.extend(chunk.iter().map(|&i| pids[i].to_string()));
+            async move { self.carve(*shard, &what).await }
+        });
+        join_all(calls).await.into_iter().collect()
+    }
+
     /// The range of `pid`, reading the registry again if the cache does not know it.
     async fn range_of(&self, pid: u64) -> Result<(u64, u64)> {
         if let Some(range) = read(&self.registry).range_of(pid) {
@@ -410,18 +469,29 @@ where
         }
     }
 
-    /// Runs `script` (reap or release_worker) on every shard, all shards' calls sent
-    /// together, and returns the pids it put back to pending, sorted. Their shards are
+    /// Runs `script` (reap or release_worker) on every shard after carving with `carve`
+    /// there (`lua/carve.lua`'s arguments), all shards' calls sent together, and returns the pids it put back to pending, sorted. Their shards are
     /// woken for this process's claims.
-    async fn per_shard_pids(&self, script: &Script, args: &[String]) -> Result<Vec<u64>> {
-        let calls = self.keys.iter().map(|keys| async move {
-            self.invoke::<Vec<String>>(
-                script,
-                &[&keys.active, &keys.leases, &keys.pending, &keys.counts],
-                args,
-            )
-            .await
-        });
+    async fn per_shard_pids(
+        &self,
+        script: &Script,
+        carve: &[String],
+        args: &[String],
+    ) -> Result<Vec<u64>> {
+        let calls = self
+            .keys
+            .iter()
+            .enumerate()
+            .map(|(shard, keys)| async move {
+                // The runs' pids it may meet get records of their own first.
+                self.carve(shard, carve).await?;
+                self.invoke::<Vec<String>>(
+                    script,
+                    &[&keys.active, &keys.leases, &keys.pending, &keys.counts],
+                    args,
+                )
+                .await
+            });
         let mut out = Vec::new();
         for reply in join_all(calls).await {
             for pid in reply? {

@@ -9,14 +9,15 @@ impl<C> RedisActiveStore<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// One shard's records, plan list and cursors, read in one transaction so that a
-    /// claim cannot slip between the reads and leave its pids in neither the records
-    /// nor the unissued runs.
+    /// One shard's records, runs, plan list and cursors, read in one transaction so
+    /// that a claim cannot slip between the reads and leave its pids in neither the
+    /// records nor the unissued ranges.
     fn shard_read(&self, shard: u32) -> redis::Pipeline {
         let keys = &self.keys[shard as usize];
         let mut pipe = redis::pipe();
         pipe.atomic()
             .hgetall(&keys.active)
+            .hgetall(&keys.runs)
             .lrange(&keys.plans, 0, -1)
             .hgetall(&keys.cursor);
         pipe
@@ -24,7 +25,7 @@ where
 
     /// [`shard_read`](Self::shard_read) through redis-rs. The records stay one raw
     /// reply, parsed in place.
-    async fn read_shard(&self, shard: u32) -> Result<(redis::Value, Vec<String>, Pairs)> {
+    async fn read_shard(&self, shard: u32) -> Result<(redis::Value, Pairs, Vec<String>, Pairs)> {
         let pipe = &self.shard_read(shard);
         Ok(retry(&self.conn, |mut conn| async move {
             pipe.query_async(&mut conn).await
@@ -56,30 +57,36 @@ where
             _ => None,
         };
         let frames = replies.frames();
-        if frames.len() != self.keys.len() * 5 {
+        // MULTI, four QUEUED, EXEC per shard.
+        if frames.len() != self.keys.len() * 6 {
             return None;
         }
         frames
-            .chunks_exact(5)
+            .chunks_exact(6)
             .map(|shard| {
-                let Frame::Array(exec) = &shard[4] else {
+                let Frame::Array(exec) = &shard[5] else {
                     return None;
                 };
                 let [
                     Frame::Array(active),
+                    Frame::Array(runs),
                     Frame::Array(plans),
                     Frame::Array(cursor),
                 ] = exec.as_slice()
                 else {
                     return None;
                 };
-                if active.len() % 2 != 0 || cursor.len() % 2 != 0 {
+                if active.len() % 2 != 0 || runs.len() % 2 != 0 || cursor.len() % 2 != 0 {
                     return None;
                 }
                 Some(ShardRead {
                     entries: active
                         .chunks_exact(2)
                         .map(|kv| Some((bytes(&kv[0])?, bytes(&kv[1])?)))
+                        .collect::<Option<_>>()?,
+                    runs: runs
+                        .chunks_exact(2)
+                        .map(|kv| Some((text(&kv[0])?, text(&kv[1])?)))
                         .collect::<Option<_>>()?,
                     plans: plans.iter().map(text).collect::<Option<_>>()?,
                     cursor: cursor
@@ -135,6 +142,8 @@ where
                 "no plan has partition {pid}"
             )));
         }
+        // Out of its run first: the record written below replaces the pid's own.
+        self.carve_pids(&[pid]).await?;
         let keys = self.keys_of(pid);
         let offset = self.layout.schema().bit_offset(pid);
         let completed: u8 = retry(&self.conn, |mut conn| async move {
@@ -213,6 +222,8 @@ where
     async fn recount_shards(&self, shards: &[u32]) -> Result<()> {
         let calls = shards.iter().map(|&s| async move {
             let keys = &self.keys[s as usize];
+            // recount.lua counts records: every pid held in a run gets one first.
+            self.carve(s as usize, &["all".to_owned()]).await?;
             self.invoke::<Vec<i64>>(&RECOUNT, &[&keys.active, &keys.counts], &[])
                 .await
         });
@@ -247,7 +258,20 @@ where
         Ok(Some(out))
     }
 
-    /// The unissued runs of `shard` from its plans list and cursors.
+    /// The runs of `shard` from its runs hash's (token, run) pairs; an error naming the
+    /// first that does not parse.
+    fn runs_of(&self, shard: u32, runs: &Pairs) -> Result<Vec<record::Run>> {
+        runs.iter()
+            .map(|(token, run)| {
+                record::parse_run(token.as_bytes(), run.as_bytes()).ok_or_else(|| Error::Corrupt {
+                    key: format!("{} {token}", self.keys[shard as usize].runs),
+                    detail: format!("unreadable run {run:?}"),
+                })
+            })
+            .collect()
+    }
+
+    /// The unissued ranges of `shard` from its plans list and cursors.
     fn unissued(&self, shard: u32, plans: &[String], cursor: &Pairs) -> Result<Vec<Unissued>> {
         Ok(self
             .cursors(shard, plans, cursor)?
@@ -305,17 +329,28 @@ where
         // one transaction (the keys share a slot): a claim running between the HGET and
         // the cursor read would otherwise move the pid out of both, and an issued pid
         // would read as completed.
-        let (rec, plans, cursor): (Option<String>, Vec<String>, Pairs) =
+        let (rec, runs, plans, cursor): (Option<String>, Pairs, Vec<String>, Pairs) =
             retry(&self.conn, |mut conn| async move {
                 redis::pipe()
                     .atomic()
                     .hget(&keys.active, pid)
+                    .hgetall(&keys.runs)
                     .lrange(&keys.plans, 0, -1)
                     .hgetall(&keys.cursor)
                     .query_async(&mut conn)
                     .await
             })
             .await?;
+        // A pid held in a run reads as the record the run stands for.
+        let rec = match rec {
+            Some(rec) => Some(rec),
+            None => self
+                .runs_of(shard, &runs)?
+                .iter()
+                .find(|run| run.holds(pid))
+                .and_then(|run| run.records().find(|(p, _)| *p == pid))
+                .map(|(_, rec)| rec),
+        };
         if let Some(rec) = rec {
             let mut p = record::parse(pid, &rec, |pid| read(&self.registry).range_of(pid));
             if p.is_none() {
@@ -351,7 +386,7 @@ where
             None => None,
         };
         // The ordinary read's replies, which its shard reads borrow from.
-        let values: Vec<(redis::Value, Vec<String>, Pairs)>;
+        let values: Vec<(redis::Value, Pairs, Vec<String>, Pairs)>;
         let reads = match bulk.as_ref().and_then(|r| self.shard_reads(r)) {
             Some(reads) => reads,
             None => {
@@ -362,7 +397,7 @@ where
                 values
                     .iter()
                     .zip(self.keys.iter())
-                    .map(|((active, plans, cursor), keys)| {
+                    .map(|((active, runs, plans, cursor), keys)| {
                         let entries =
                             record::hash_entries(active).ok_or_else(|| Error::Corrupt {
                                 key: keys.active.clone(),
@@ -370,6 +405,7 @@ where
                             })?;
                         Ok(ShardRead {
                             entries,
+                            runs: runs.clone(),
                             plans: plans.clone(),
                             cursor: cursor.clone(),
                         })
@@ -378,7 +414,18 @@ where
             }
         };
         let mut snapshot = ActiveSnapshot::default();
-        let mut records = Vec::new();
+        // The records the runs' pids stand for, made before any is borrowed.
+        let mut held = Vec::new();
+        for (shard, read) in (0..).zip(&reads) {
+            for run in self.runs_of(shard, &read.runs)? {
+                held.extend(run.records().map(|(pid, rec)| (pid, shard, rec)));
+            }
+        }
+        let mut records = Vec::with_capacity(held.len());
+        records.extend(
+            held.iter()
+                .map(|(pid, shard, rec)| (*pid, *shard, rec.as_bytes())),
+        );
         for (shard, read) in (0..).zip(&reads) {
             let key = &self.keys[shard as usize].active;
             records.reserve(read.entries.len());
@@ -414,13 +461,27 @@ where
         // a record is corrupt when it does not parse whatever its plan's range.
         let mut found = Vec::new();
         for (shard, keys) in (0..).zip(self.keys.iter()) {
-            let reply: redis::Value = retry(&self.conn, |mut conn| async move {
-                redis::cmd("HGETALL")
-                    .arg(&keys.active)
+            let (reply, runs): (redis::Value, Pairs) = retry(&self.conn, |mut conn| async move {
+                redis::pipe()
+                    .hgetall(&keys.active)
+                    .hgetall(&keys.runs)
                     .query_async(&mut conn)
                     .await
             })
             .await?;
+            // A run that does not parse, listed under each pid its first fields still
+            // name (under pid 0 if not even those read).
+            for (token, run) in &runs {
+                if record::parse_run(token.as_bytes(), run.as_bytes()).is_none() {
+                    let (first, last) = record::run_span(run).unwrap_or((0, 0));
+                    found.extend((first..=last).map(|pid| CorruptRecord {
+                        shard,
+                        pid,
+                        key: format!("{} {token}", keys.runs),
+                        raw: run.as_bytes().to_vec(),
+                    }));
+                }
+            }
             let entries = record::hash_entries(&reply).ok_or_else(|| Error::Corrupt {
                 key: keys.active.clone(),
                 detail: "the reply to HGETALL is not a hash".into(),

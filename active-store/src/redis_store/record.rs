@@ -77,6 +77,88 @@ pub(super) fn parse_bytes(
     })
 }
 
+/// A run of fresh pids claimed as one lease, as `lua/runs.lua` stores it in a shard's
+/// `runs` hash: field the token, value `first|last|deadline|claimed|mask|worker`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Run {
+    pub(super) token: u64,
+    pub(super) first: u64,
+    pub(super) last: u64,
+    deadline: u64,
+    claimed: u64,
+    /// One byte per pid of `first..=last`: `c` while the run holds it, `.` once it left.
+    mask: Vec<u8>,
+    worker: String,
+}
+
+impl Run {
+    /// The pids the run still holds, each with the record it stands for (a fresh
+    /// claim's, `lua/runs.lua`), in pid order.
+    pub(super) fn records(&self) -> impl Iterator<Item = (u64, String)> + '_ {
+        (self.first..=self.last)
+            .zip(&self.mask)
+            .filter(|&(_, &held)| held == b'c')
+            .map(|(pid, _)| {
+                let (token, deadline, at, worker) =
+                    (self.token, self.deadline, self.claimed, &self.worker);
+                (
+                    pid,
+                    format!("c|1|{token}|{deadline}|{at}|{at}|{at}|{worker}||||"),
+                )
+            })
+    }
+
+    /// Whether the run still holds `pid`.
+    pub(super) fn holds(&self, pid: u64) -> bool {
+        pid.checked_sub(self.first)
+            .and_then(|k| self.mask.get(k as usize))
+            == Some(&b'c')
+    }
+}
+
+/// Parses a `runs` hash entry; `None` if it is not a run this version wrote (checked as
+/// `run_decode` in `lua/runs.lua` checks it).
+pub(super) fn parse_run(token: &[u8], value: &[u8]) -> Option<Run> {
+    let short = |f: &[u8]| {
+        (f.len() <= 15 && (f.len() <= 1 || f[0] != b'0'))
+            .then(|| parse_u64(f))
+            .flatten()
+    };
+    let mut f = value.splitn(6, |&b| b == b'|');
+    let (first, last) = (short(f.next()?)?, short(f.next()?)?);
+    let (deadline, claimed) = (short(f.next()?)?, short(f.next()?)?);
+    let mask = f.next()?;
+    let worker = std::str::from_utf8(f.next()?).ok()?;
+    let len = last.checked_sub(first)?.checked_add(1)?;
+    if mask.len() as u64 != len
+        || !mask.iter().all(|&b| b == b'c' || b == b'.')
+        || worker.is_empty()
+        || worker.contains('|')
+    {
+        return None;
+    }
+    Some(Run {
+        token: parse_u64(token).filter(|&t| t > 0)?,
+        first,
+        last,
+        deadline,
+        claimed,
+        mask: mask.to_vec(),
+        worker: worker.to_owned(),
+    })
+}
+
+/// The first and last pid a `runs` value still names in its first two fields, whether or
+/// not the rest of it parses (at most 128 pids, as `lua/runs.lua` makes them): the pids
+/// of a corrupt run, for `check` to list and `repair` to rebuild.
+pub(super) fn run_span(value: &str) -> Option<(u64, u64)> {
+    let mut f = value.splitn(3, '|');
+    let first: u64 = f.next()?.parse().ok()?;
+    let last: u64 = f.next()?.parse().ok()?;
+    f.next()?;
+    (last >= first && last - first < 128).then_some((first, last))
+}
+
 /// A decimal u64 of ASCII digits only (no sign, no space), as the scripts write them.
 pub(super) fn parse_u64(s: &[u8]) -> Option<u64> {
     if s.is_empty() || s.len() > 20 {

@@ -96,6 +96,7 @@ where
                         &keys.splits,
                         &keys.pieces,
                         &keys.piece_pending,
+                        &keys.runs,
                     ],
                     &args,
                 )
@@ -265,6 +266,11 @@ where
                 .collect::<Vec<_>>()
                 .join(",")
         };
+        // A split partition's record is its own: out of its run (if the owner part is
+        // still held in one) before the request.
+        if part.part == Part::Owner {
+            self.carve_pids(&[part.pid]).await?;
+        }
         let keys = self.keys_of(part.pid);
         // The completed record up to its completion time, which the last part adds.
         let record = tranche_codec::CompletedRecord {

@@ -60,6 +60,7 @@ async fn a_large_completed_index_is_grown_to_a_size_class() {
         schema.inbox(0),
         schema.shard_key(0, "counts"),
         schema.shard_key(0, "splits"),
+        schema.runs(0),
     ];
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let leases = store.claim("w", 6).await.unwrap();

@@ -11,6 +11,7 @@ mod connection;
 mod fail_policy;
 mod memory;
 mod rollback;
+mod runs;
 mod scripts;
 mod split;
 mod state;

@@ -18,17 +18,24 @@ use support::TestRedis;
 
 const SHARDS: u32 = 2;
 
-/// The tokens of `leases`, by shard.
+/// The tokens of `leases`, by shard. A token is one lease's within its shard: the pids of
+/// a run of fresh partitions share theirs (one claim, consecutive pids), no two leases
+/// do.
 fn tokens(schema: &KeySchema, leases: &[Lease]) -> BTreeMap<u32, BTreeSet<u64>> {
     let mut out: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
+    let mut last_of: BTreeMap<(u32, u64), u64> = BTreeMap::new();
     for l in leases {
-        assert!(
-            out.entry(schema.shard_of(l.pid))
-                .or_default()
-                .insert(l.token),
-            "token {} issued twice in one timeline",
-            l.token
-        );
+        if let Some(last) = last_of.insert((schema.shard_of(l.pid), l.token), l.pid) {
+            assert_eq!(
+                l.pid,
+                last + 1,
+                "token {} issued twice in one timeline",
+                l.token
+            );
+        }
+        out.entry(schema.shard_of(l.pid))
+            .or_default()
+            .insert(l.token);
     }
     out
 }

@@ -9,6 +9,7 @@ fn shard_keys(k: &KeySchema, shard: u32) -> Vec<String> {
         k.active(shard),
         k.pending(shard),
         k.leases(shard),
+        k.runs(shard),
         k.inbox(shard),
         k.completed(shard),
         k.completed_index(shard),

@@ -29,7 +29,7 @@ use support::TestRedis;
 /// What [`Counting`] saw since the last [`Counting::take`].
 #[derive(Debug, Default)]
 struct Log {
-    /// Each request: its commands joined by `+` (`EVALSHA`, `HGET+LRANGE+HGETALL`).
+    /// Each request: its commands joined by `+` (`EVALSHA`, `HGET+HGETALL+LRANGE+HGETALL`).
     requests: Vec<String>,
     /// The deepest round trip of the requests answered so far: a request sent now
     /// travels in the round trip after it.
@@ -227,7 +227,7 @@ async fn get_is_one_round_trip_in_every_tier() {
             // The active layer's read goes out first, the archive's behind it.
             assert_eq!(
                 requests,
-                ["HGET+LRANGE+HGETALL", "EVALSHA_RO"],
+                ["HGET+HGETALL+LRANGE+HGETALL", "EVALSHA_RO"],
                 "{namespace} pid {pid}"
             );
         }

@@ -49,6 +49,8 @@ enum Arg {
     PieceKey,
     /// `piece_fail`'s mode, `fail`, `reap` or `worker`.
     Mode,
+    /// What `carve` carves: `pids`, `worker`, `expired` or `all`.
+    Which,
 }
 
 impl Arg {
@@ -72,6 +74,7 @@ impl Arg {
             Arg::Shard => &["x", "-1", "", "1"],
             Arg::PieceKey => &["x", "", "2", "2:", ":5", "a:b", "2:1.5", "2:5:6"],
             Arg::Mode => &["x", ""],
+            Arg::Which => &["x", "", "pid"],
         }
     }
 }
@@ -127,11 +130,20 @@ struct Row {
 
 /// The state every row starts from (namespace `elk`, one shard, pids 1..=10 of 1000
 /// IDs): pids 1, 3, 4 claimed, 2 running, 5 pending (released), 6 failed, 7..=10 not
-/// issued yet. Returns the store's tokens by pid.
+/// issued yet, every one with a record of its own (the claim's run carved out). Returns
+/// the store's tokens by pid.
 pub(super) async fn refusal_state(server: &TestRedis) -> std::collections::HashMap<u64, u64> {
     use tranche_active_store::{Carried, Leases};
     let store = one_shard(server).await;
     let leases = store.claim("w", 6).await.unwrap();
+    // Carved at once, so the calls below meet records as they did before runs.
+    let schema = tranche_codec::KeySchema::new("elk", 1).unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys = [schema.runs(0), schema.active(0), schema.leases(0)];
+    call(&mut conn, "carve", &keys, &["all".to_owned()])
+        .await
+        .unwrap();
     store.heartbeat(&leases[1], 1500).await.unwrap();
     store.release(&leases[4], 4000).await.unwrap();
     store.release(&leases[5], 5000).await.unwrap();
@@ -143,6 +155,19 @@ pub(super) async fn refusal_state(server: &TestRedis) -> std::collections::HashM
     };
     assert_eq!(store.carry(&[carried]).await.unwrap(), 1);
     leases.iter().map(|l| (l.pid, l.token)).collect()
+}
+
+/// Every key's type and contents, by key, in an order that does not depend on
+/// encodings.
+pub(super) fn contents(server: &TestRedis) -> Vec<(String, (String, Vec<String>))> {
+    let mut keys: Vec<String> = server.query(redis::cmd("KEYS").arg("*"));
+    keys.sort();
+    keys.into_iter()
+        .map(|k| {
+            let v = logical(server, &k);
+            (k, v)
+        })
+        .collect()
 }
 
 /// A key's type and contents, in an order that does not depend on its encoding.
@@ -159,6 +184,21 @@ fn logical(server: &TestRedis, key: &str) -> (String, Vec<String>) {
                 .arg(-1)
                 .arg("WITHSCORES"),
         ),
+        // Its length and last entry's ID: an XADD changes both.
+        "stream" => {
+            let last: Vec<(String, Vec<(String, String)>)> = server.query(
+                redis::cmd("XREVRANGE")
+                    .arg(key)
+                    .arg("+")
+                    .arg("-")
+                    .arg("COUNT")
+                    .arg(1),
+            );
+            vec![
+                server.cli(&["XLEN", key]),
+                last.first().map(|(id, _)| id.clone()).unwrap_or_default(),
+            ]
+        }
         _ => vec![],
     };
     if kind == "hash" {

@@ -20,6 +20,7 @@ pub(super) fn refusal_rows(
         schema.shard_key(0, "cursor"),
         schema.shard_key(0, "seq"),
     );
+    let runs = schema.runs(0);
     let (index, inbox, counts) = (
         schema.completed_index(0),
         schema.inbox(0),
@@ -88,6 +89,15 @@ pub(super) fn refusal_rows(
     ];
     let mut expired_piece = split_piece.clone();
     expired_piece[1] = Corrupt::Zadd(piece_leases.clone(), "1".into(), "2:1700".into());
+    // Pids 7 and 8 held in a run under token 99 (not issued by the cursor, which no
+    // script here reads with a run), its lease entry beside it; another run, 98, whose
+    // value does not decode.
+    let run = vec![
+        Corrupt::Field(runs.clone(), "99".into(), format!("7|8|{later}|{now}|cc|w")),
+        Corrupt::Zadd(leases.clone(), later.clone(), "r99".into()),
+    ];
+    let bad_run = Corrupt::Field(runs.clone(), "98".into(), "7|8|1|1|c|w".into());
+    let carve_keys = vec![runs.clone(), active.clone(), leases.clone()];
     let piece_fail_corrupt = vec![
         Corrupt::Field(pieces.clone(), "2:1700".into(), "garbage".into()),
         Corrupt::Field(pieces.clone(), "2:1900".into(), "garbage".into()),
@@ -108,6 +118,7 @@ pub(super) fn refusal_rows(
                 cursor.clone(),
                 seq.clone(),
                 counts.clone(),
+                runs.clone(),
             ],
             args: vec![
                 a("w2", Worker),
@@ -139,6 +150,7 @@ pub(super) fn refusal_rows(
                 splits.clone(),
                 pieces.clone(),
                 piece_pending.clone(),
+                runs.clone(),
             ],
             args: vec![
                 a(&now, Num),
@@ -170,6 +182,7 @@ pub(super) fn refusal_rows(
                 inbox.clone(),
                 counts.clone(),
                 splits.clone(),
+                runs.clone(),
             ],
             args: vec![
                 a("1", Id),
@@ -194,6 +207,7 @@ pub(super) fn refusal_rows(
                 inbox.clone(),
                 counts.clone(),
                 splits.clone(),
+                runs.clone(),
             ],
             args: vec![
                 a("2", Id),
@@ -431,6 +445,7 @@ pub(super) fn refusal_rows(
                 splits.clone(),
                 pieces.clone(),
                 piece_pending.clone(),
+                runs.clone(),
             ],
             args: vec![
                 a(&now, Num),
@@ -465,6 +480,7 @@ pub(super) fn refusal_rows(
                 inbox.clone(),
                 counts.clone(),
                 splits.clone(),
+                runs.clone(),
             ],
             args: vec![
                 a("3", Id),
@@ -495,6 +511,7 @@ pub(super) fn refusal_rows(
                 inbox.clone(),
                 counts.clone(),
                 splits.clone(),
+                runs.clone(),
             ],
             args: vec![
                 a("3", Id),
@@ -718,6 +735,98 @@ pub(super) fn refusal_rows(
             ],
             setup: split_piece.clone(),
             corrupt: piece_fail_corrupt.clone(),
+            ..Row::default()
+        },
+        // A pid held in a run completes in it: the run is read and checked.
+        Row {
+            script: "complete",
+            keys: vec![
+                active.clone(),
+                leases.clone(),
+                index.clone(),
+                inbox.clone(),
+                counts.clone(),
+                splits.clone(),
+                runs.clone(),
+            ],
+            args: vec![
+                a("7", Id),
+                a("99", Id),
+                a(&bit(7), Id),
+                a("{\"pid\":7}", Record),
+            ],
+            setup: run.clone(),
+            corrupt: vec![
+                Corrupt::Field(runs.clone(), "99".into(), "7|8|1|1|c|w".into()),
+                Corrupt::Field(runs.clone(), "99".into(), format!("7|8|{later}|x|cc|w")),
+                counter("c"),
+            ],
+            ..Row::default()
+        },
+        // A beat of a pid held in a run: the run is read and checked, the pid leaves it.
+        Row {
+            script: "heartbeat",
+            keys: vec![
+                active.clone(),
+                leases.clone(),
+                counts.clone(),
+                splits.clone(),
+                pieces.clone(),
+                piece_pending.clone(),
+                runs.clone(),
+            ],
+            args: vec![
+                a(&now, Num),
+                a(&later, Num),
+                a("8", Id),
+                a("99", Id),
+                a("7050", OptId),
+                a("", OptId),
+            ],
+            setup: run.clone(),
+            corrupt: vec![
+                Corrupt::Field(runs.clone(), "99".into(), "7|8|1|1|c|w".into()),
+                Corrupt::Field(runs.clone(), "99".into(), format!("7|8|{later}|{now}|cx|w")),
+                counter("c"),
+            ],
+            ..Row::default()
+        },
+        Row {
+            script: "carve",
+            keys: carve_keys.clone(),
+            args: vec![a("pids", Which), a("1", Pos), a("7", Id)],
+            setup: run.clone(),
+            skipped: vec![bad_run.clone()],
+            ..Row::default()
+        },
+        Row {
+            script: "carve",
+            keys: carve_keys.clone(),
+            args: vec![a("worker", Which), a("w", Worker)],
+            setup: run.clone(),
+            skipped: vec![bad_run.clone()],
+            ..Row::default()
+        },
+        Row {
+            script: "carve",
+            keys: carve_keys.clone(),
+            args: vec![a("expired", Which), a(&far, Num)],
+            setup: run.clone(),
+            ..Row::default()
+        },
+        Row {
+            script: "carve",
+            keys: carve_keys.clone(),
+            args: vec![a("broken", Which), a("98", Id)],
+            setup: vec![bad_run.clone()],
+            ..Row::default()
+        },
+        Row {
+            script: "carve",
+            keys: carve_keys.clone(),
+            args: vec![a("all", Which)],
+            setup: run.clone(),
+            skipped: vec![bad_run],
             ..Row::default()
         },
     ]

@@ -1,0 +1,123 @@
+-- carve: move pids out of their runs (runs.lua) into records of their own, each the
+-- record its run stood for, with its own lease entry at the run's deadline. Every
+-- script but claim, complete and heartbeat acts only on records: the client carves the
+-- pids it is about to name (or a whole worker's, or the expired runs) before it calls
+-- one. Carving changes how a pid is held, never what is held: its status, token,
+-- deadline and worker stay, so it may run at any time, any number of times.
+-- KEYS[1] runs hash   KEYS[2] active hash   KEYS[3] leases zset
+-- ARGV[1] which: 'pids' (then ARGV[2] how many, and that many pids), 'worker'
+--      (ARGV[2]: every pid of that worker's runs), 'expired' (ARGV[2] now ms: every
+--      pid of a run whose lease index entry is due at or before it, as reap.lua reads
+--      it), 'all', or 'broken' (ARGV[2] a token: the run of that token, if it does not
+--      decode, becomes a record per pid its first and last fields still name, each the
+--      text 'broken run' and the raw value, which decodes as no record: repair.lua then
+--      sets each aside and rebuilds it; the run and its lease entry go)
+-- Reply: the number of pids carved.
+-- A run that does not decode is left as it is (`check` lists it); a pid that already has
+-- a record keeps it (it left its run for good). Every argument and every run used is
+-- checked before the first write.
+if #ARGV < 1 then refuse('argument count', #ARGV) end
+local which = ARGV[1]
+local want, worker, tokens = nil, nil, nil
+if which == 'pids' then
+  if #ARGV < 3 or pos(ARGV[2], 'count') ~= #ARGV - 2 then refuse('argument count', #ARGV) end
+  want = {}
+  for i = 3, #ARGV do want[tonumber(id(ARGV[i], 'pid'))] = true end
+elseif which == 'worker' then
+  if #ARGV ~= 2 then refuse('argument count', #ARGV) end
+  worker = worker_id(ARGV[2], 'worker')
+elseif which == 'expired' then
+  if #ARGV ~= 2 then refuse('argument count', #ARGV) end
+  num(ARGV[2], 'now')
+  tokens = {}
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[2])) do
+    if string.byte(m, 1) == 114 then tokens[#tokens + 1] = string.sub(m, 2) end
+  end
+elseif which == 'all' then
+  if #ARGV ~= 1 then refuse('argument count', #ARGV) end
+elseif which == 'broken' then
+  if #ARGV ~= 2 then refuse('argument count', #ARGV) end
+  local t = id(ARGV[2], 'token')
+  local raw = redis.call('HGET', KEYS[1], t)
+  if not raw or pcall(run_decode, KEYS[1], t, raw) then return 0 end
+  local first, last = string.match(raw, '^(%d+)|(%d+)|')
+  local names, n = {}, 0
+  if first and #first <= 15 and #last <= 15 and tonumber(last) >= tonumber(first)
+      and tonumber(last) - tonumber(first) < MAX_RUN then
+    for pid = tonumber(first), tonumber(last) do
+      n = n + 1
+      names[n] = string.format('%d', pid)
+    end
+  end
+  local broken, nb = {}, 0
+  if n > 0 then
+    local have = redis.call('HMGET', KEYS[2], unpack(names))
+    for i = 1, n do
+      if not have[i] then
+        broken[nb + 1], broken[nb + 2], nb = names[i], 'broken run ' .. t .. ': ' .. raw, nb + 2
+      end
+    end
+  end
+  if nb > 0 then variadic('HSET', KEYS[2], broken) end
+  redis.call('HDEL', KEYS[1], t)
+  redis.call('ZREM', KEYS[3], 'r' .. t)
+  return nb / 2
+else
+  refuse('which', which)
+end
+
+-- The runs to look at, as (token, value) pairs.
+local pairs_ = {}
+if tokens then
+  if #tokens > 0 then
+    local raw = redis.call('HMGET', KEYS[1], unpack(tokens))
+    for i, t in ipairs(tokens) do
+      if raw[i] then
+        pairs_[#pairs_ + 1] = t
+        pairs_[#pairs_ + 1] = raw[i]
+      end
+    end
+  end
+else
+  pairs_ = redis.call('HGETALL', KEYS[1])
+end
+
+-- What to carve, decided before any write: (pid, record, deadline) per pid.
+local touched, carved, nc, any = {}, {}, 0, false
+for i = 1, #pairs_, 2 do
+  local t = pairs_[i]
+  local ok, u = pcall(run_decode, KEYS[1], t, pairs_[i + 1])
+  if ok and (not worker or u[6] == worker) then
+    local mask = u[5]
+    for k = 1, #mask do
+      if string.byte(mask, k) == 99 then
+        local pid = u[7] + k - 1
+        if not want or want[pid] then
+          run_leave(u, k)
+          touched[t], any = u, true
+          nc = nc + 1
+          carved[nc] = {string.format('%d', pid), run_record(u, t), u[3]}
+        end
+      end
+    end
+  end
+end
+if not any then return 0 end
+
+-- A pid with a record of its own already keeps it.
+local names = {}
+for i = 1, nc do names[i] = carved[i][1] end
+local have = redis.call('HMGET', KEYS[2], unpack(names))
+local records, scores, nr, ns = {}, {}, 0, 0
+for i = 1, nc do
+  if not have[i] then
+    records[nr + 1], records[nr + 2], nr = carved[i][1], carved[i][2], nr + 2
+    scores[ns + 1], scores[ns + 2], ns = carved[i][3], carved[i][1], ns + 2
+  end
+end
+if nr > 0 then
+  variadic('HSET', KEYS[2], records)
+  variadic('ZADD', KEYS[3], scores)
+end
+variadic('ZREM', KEYS[3], runs_store(KEYS[1], touched))
+return nc

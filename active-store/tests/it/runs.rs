@@ -1,0 +1,257 @@
+//! Interval leases on Redis (`lua/runs.lua`): what a run costs in keys, and that a pid
+//! a run holds behaves as a fresh claim's record everywhere. The behaviour suite runs
+//! every trait call over runs already; these look at the keys underneath.
+
+use crate::support;
+
+use redis::AsyncCommands;
+use support::TestRedis;
+use tranche_active_store::{
+    ActiveQuery, Completion, Config, Leases, Maintenance, Plan, Planner, RedisActiveStore,
+    RedisConnection,
+};
+use tranche_codec::Status;
+
+const RUNS: &str = "{rn:0}:runs";
+const ACTIVE: &str = "{rn:0}:active";
+const LEASES: &str = "{rn:0}:leases";
+
+async fn store(server: &TestRedis) -> (RedisActiveStore, redis::aio::MultiplexedConnection) {
+    let conn = RedisConnection::connect(&server.url()).await.unwrap();
+    let config = Config {
+        namespace: "rn".into(),
+        num_shards: 1,
+        ..Config::default()
+    };
+    let store = RedisActiveStore::new(conn, config).unwrap();
+    store
+        .plan(&Plan::Uniform {
+            min: 1,
+            max: 100_000,
+            size: 100,
+        })
+        .await
+        .unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
+    (
+        store,
+        client.get_multiplexed_async_connection().await.unwrap(),
+    )
+}
+
+/// The lease index's members but the skiplist keeper.
+async fn lease_entries(conn: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
+    let all: Vec<String> = conn.zrange(LEASES, 0, -1).await.unwrap();
+    all.into_iter()
+        .filter(|m| !m.starts_with("tranche:"))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_claim_is_one_run_and_its_completions_empty_it() {
+    let server = TestRedis::start();
+    let (store, mut conn) = store(&server).await;
+    let leases = store.claim("w", 10).await.unwrap();
+    assert_eq!(
+        leases.iter().map(|l| l.pid).collect::<Vec<_>>(),
+        (1..=10).collect::<Vec<_>>()
+    );
+    assert!(
+        leases
+            .iter()
+            .all(|l| l.token == leases[0].token && l.attempt == 1)
+    );
+    // One field, one lease entry, no record.
+    let runs: Vec<(String, String)> = conn.hgetall(RUNS).await.unwrap();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0].0, leases[0].token.to_string());
+    assert!(runs[0].1.starts_with("1|10|"), "{runs:?}");
+    assert_eq!(
+        lease_entries(&mut conn).await,
+        vec![format!("r{}", leases[0].token)]
+    );
+    let records: u64 = conn.hlen(ACTIVE).await.unwrap();
+    assert_eq!(records, 0);
+    assert_eq!(store.counts().await.unwrap().claimed, 10);
+    // A pid the run holds reads as claimed, with the run's token and worker.
+    let p = store.get(4).await.unwrap().unwrap();
+    assert_eq!((p.status, p.attempts), (Status::Claimed, 1));
+    assert_eq!(p.lease_token, Some(leases[0].token));
+    assert_eq!(store.all_active().await.unwrap().partitions.len(), 10);
+
+    // Half complete: the run keeps the rest.
+    let done: Vec<_> = leases[..5].iter().map(|l| (l.clone(), 5)).collect();
+    for outcome in store.complete_many(&done).await.unwrap() {
+        assert_eq!(outcome.unwrap(), Completion::Completed);
+    }
+    let run: String = conn.hget(RUNS, leases[0].token.to_string()).await.unwrap();
+    assert!(run.contains("|.....ccccc|"), "{run}");
+    // Again: duplicates, and the run is as it was.
+    for outcome in store.complete_many(&done).await.unwrap() {
+        assert_eq!(outcome.unwrap(), Completion::Duplicate);
+    }
+    // The rest: the run and its lease entry go.
+    let rest: Vec<_> = leases[5..].iter().map(|l| (l.clone(), 5)).collect();
+    for outcome in store.complete_many(&rest).await.unwrap() {
+        assert_eq!(outcome.unwrap(), Completion::Completed);
+    }
+    let runs: u64 = conn.hlen(RUNS).await.unwrap();
+    assert_eq!(runs, 0);
+    assert!(lease_entries(&mut conn).await.is_empty());
+    assert_eq!(store.counts().await.unwrap().claimed, 0);
+    assert!(store.get(4).await.unwrap().is_none(), "completed");
+}
+
+#[tokio::test]
+async fn a_heartbeat_carves_its_pid_out_of_the_run() {
+    let server = TestRedis::start();
+    let (store, mut conn) = store(&server).await;
+    let leases = store.claim("w", 4).await.unwrap();
+    let token = leases[0].token.to_string();
+    store
+        .heartbeat(&leases[1], leases[1].min_id + 50)
+        .await
+        .unwrap();
+    // Pid 2 has its own record and lease entry; the run holds 1, 3 and 4.
+    let run: String = conn.hget(RUNS, &token).await.unwrap();
+    assert!(run.contains("|c.cc|"), "{run}");
+    let mut entries = lease_entries(&mut conn).await;
+    entries.sort();
+    assert_eq!(entries, vec!["2".to_owned(), format!("r{token}")]);
+    let p = store.get(2).await.unwrap().unwrap();
+    assert_eq!(p.status, Status::Running);
+    assert_eq!(p.progress, leases[1].min_id + 50);
+    // A stale token is refused for a carved pid and for one still in the run.
+    let mut stale = leases[2].clone();
+    stale.token += 1;
+    assert!(store.heartbeat(&stale, stale.min_id).await.is_err());
+    assert!(matches!(
+        store.complete(&stale, 5).await,
+        Err(tranche_active_store::Error::LeaseLost { .. })
+    ));
+    // Release one, fail one, complete the others: the run goes, nothing is left held.
+    store
+        .release(&leases[0], leases[0].min_id + 10)
+        .await
+        .unwrap();
+    store.fail(&leases[2], "boom").await.unwrap();
+    for l in [&leases[1], &leases[3]] {
+        assert_eq!(store.complete(l, 5).await.unwrap(), Completion::Completed);
+    }
+    let runs: u64 = conn.hlen(RUNS).await.unwrap();
+    assert_eq!(runs, 0);
+    let counts = store.counts().await.unwrap();
+    assert_eq!((counts.claimed, counts.running, counts.pending), (0, 0, 2));
+    let released = store.get(1).await.unwrap().unwrap();
+    assert_eq!(released.progress, leases[0].min_id + 10);
+}
+
+#[tokio::test]
+async fn an_expired_run_is_reaped_pid_by_pid() {
+    let server = TestRedis::start();
+    let (store, mut conn) = store(&server).await;
+    let leases = store.claim("w", 6).await.unwrap();
+    // One pid checkpointed before the worker died.
+    store
+        .heartbeat(&leases[3], leases[3].min_id + 7)
+        .await
+        .unwrap();
+    let after = leases.iter().map(|l| l.deadline_ms).max().unwrap() + 60_000;
+    let reaped = store.reap(after).await.unwrap();
+    assert_eq!(reaped, (1..=6).collect::<Vec<_>>());
+    let runs: u64 = conn.hlen(RUNS).await.unwrap();
+    assert_eq!(runs, 0);
+    assert!(lease_entries(&mut conn).await.is_empty());
+    // Each is pending from its own checkpoint: the fresh ones from their first ID.
+    for l in &leases {
+        let p = store.get(l.pid).await.unwrap().unwrap();
+        let want = if l.pid == 4 { l.min_id + 7 } else { l.min_id };
+        assert_eq!(
+            (p.status, p.progress, p.attempts),
+            (Status::Pending, want, 1)
+        );
+    }
+    // The old holder is fenced off, whether its pid was carved or still in the run.
+    assert!(store.complete(&leases[0], 5).await.is_err());
+    assert!(store.complete(&leases[3], 5).await.is_err());
+}
+
+#[tokio::test]
+async fn a_released_worker_gives_back_its_runs() {
+    let server = TestRedis::start();
+    let (store, _conn) = store(&server).await;
+    let mine = store.claim("w", 3).await.unwrap();
+    let theirs = store.claim("v", 2).await.unwrap();
+    assert_eq!(store.release_worker("w").await.unwrap(), vec![1, 2, 3]);
+    assert_eq!(store.counts().await.unwrap().claimed, 2);
+    for l in &theirs {
+        assert_eq!(store.complete(l, 5).await.unwrap(), Completion::Completed);
+    }
+    assert!(store.complete(&mine[0], 5).await.is_err());
+    // A discard of a pid still held in a run is refused as leased.
+    let held = store.claim("u", 1).await.unwrap().remove(0);
+    assert!(matches!(
+        store.discard(held.pid).await,
+        Err(tranche_active_store::Error::Leased(_))
+    ));
+}
+
+#[tokio::test]
+async fn a_corrupt_run_is_listed_by_its_pids_and_repaired() {
+    let server = TestRedis::start();
+    let (store, mut conn) = store(&server).await;
+    let leases = store.claim("w", 3).await.unwrap();
+    let token = leases[0].token.to_string();
+    // One byte of the mask flipped: the run no longer decodes.
+    let run: String = conn.hget(RUNS, &token).await.unwrap();
+    let _: () = conn
+        .hset(RUNS, &token, run.replace("|ccc|", "|cxc|"))
+        .await
+        .unwrap();
+    let corrupt = store.corrupt_records().await.unwrap();
+    assert_eq!(
+        corrupt.iter().map(|c| c.pid).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    assert!(
+        corrupt[0].key.ends_with(&format!(":runs {token}")),
+        "{corrupt:?}"
+    );
+    // Its holder's completion is refused, not taken as done.
+    assert!(store.complete(&leases[0], 5).await.is_err());
+    for c in &corrupt {
+        assert_eq!(
+            store.repair_corrupt(c.pid).await.unwrap(),
+            tranche_active_store::Repair::Rebuilt
+        );
+    }
+    assert!(store.corrupt_records().await.unwrap().is_empty());
+    let runs: u64 = conn.hlen(RUNS).await.unwrap();
+    assert_eq!(runs, 0);
+    assert!(lease_entries(&mut conn).await.is_empty());
+    let counts = store.counts().await.unwrap();
+    assert_eq!((counts.claimed, counts.pending), (0, 3));
+    for pid in 1..=3 {
+        assert_eq!(
+            store.get(pid).await.unwrap().unwrap().status,
+            Status::Pending
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_pid_completed_twice_in_one_call_leaves_its_run_once() {
+    let server = TestRedis::start();
+    let (store, _conn) = store(&server).await;
+    let leases = store.claim("w", 3).await.unwrap();
+    let twice = [(leases[1].clone(), 5), (leases[1].clone(), 5)];
+    let outcomes: Vec<_> = store
+        .complete_many(&twice)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(outcomes, vec![Completion::Completed, Completion::Duplicate]);
+    assert_eq!(store.counts().await.unwrap().claimed, 2);
+}
