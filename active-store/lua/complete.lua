@@ -2,8 +2,12 @@
 -- KEYS[1] active hash   KEYS[2] leases zset   KEYS[3] completed-index bitmap
 --      KEYS[4] inbox stream   KEYS[5] status counters hash   KEYS[6] splits hash
 --      KEYS[7] runs hash
--- ARGV per completion: pid, token, bit offset in the index, encoded completed record
--- Reply: per completion, OK, DUPLICATE, LOST or PART (2: the owner part of a split
+-- ARGV per entry: pid, token, bit offset in the index, then its completed record; or,
+--      for a run of consecutive pids under one token (a group), the first pid, the
+--      token, the first pid's bit offset and the group's records in pid order joined by
+--      '\n': an entry of k lines stands for pids pid .. pid + k - 1 at bit offsets bit ..
+--      bit + k - 1 (k at most MAX_RUN). The reply has one code per pid, in that order.
+-- Reply: per pid, OK, DUPLICATE, LOST or PART (2: the owner part of a split
 -- partition is done, its pieces are not, so the partition is not completed).
 -- A split partition (split.lua) with pieces outstanding is not finished by its owner:
 -- the owner part is marked done, its lease ends, and the partition stays, running,
@@ -12,16 +16,26 @@
 -- A pid its run still holds (runs.lua) is completed in the run: it leaves the run's mask,
 -- and the run's field and lease entry go with its last pid; its record was never
 -- written, so nothing else is removed. Any other pid is completed in its own record.
+-- A group whose pids its run still holds, every one (the pipeline's common case), is
+-- completed in bulk: one slice of the run's mask, a BITFIELD SET of up to 32 bits at a
+-- time, and its records passed to the inbox as sent, none split or copied; any other
+-- group is taken apart into single completions.
 -- Every argument is checked before the first write (the BITFIELD, or the SET that grows
 -- a large index first). Every command
 -- runs once per call, not once per completion: a batch of 30 costs little more than a
 -- batch of one.
 local PART = 2
 entries(0, 4, true)
-local n = #ARGV / 4
-local pids, tokens = {}, {}
-for i = 1, n do
-  local pid, token, bit = ARGV[4 * i - 3], ARGV[4 * i - 2], ARGV[4 * i - 1]
+local m = #ARGV / 4
+local format = string.format
+-- Single completions (i = 1..n): pid, token, bit (strings), record, reply slot.
+local pids, tokens, sbits, srecs, slot = {}, {}, {}, {}, {}
+local n = 0
+-- Groups (g = 1..ng): first pid and first bit (numbers), count, reply slot of the first.
+local gfirst, gtoken, gbit, gcount, grecs, gslot = {}, {}, {}, {}, {}, {}
+local ng, nslots = 0, 0
+for e = 1, m do
+  local pid, token, bit, rec = ARGV[4 * e - 3], ARGV[4 * e - 2], ARGV[4 * e - 1], ARGV[4 * e]
   -- The common case in one match: three nonzero IDs of at most 19 digits. Anything else
   -- (a zero, 20 digits, or a bad one) goes through `id` one by one, which names it.
   if not (#pid < 20 and #token < 20 and #bit < 20
@@ -30,20 +44,76 @@ for i = 1, n do
     id(token, 'token')
     id(bit, 'bit offset')
   end
-  pids[i], tokens[i] = pid, token
+  if rec == '' then refuse('completed record', rec) end
   -- The inbox entry holds one record per line.
-  local rec = ARGV[4 * i]
-  if rec == '' or string.find(rec, '\n', 1, true) then refuse('completed record', rec) end
+  if not string.find(rec, '\n', 1, true) then
+    n, nslots = n + 1, nslots + 1
+    pids[n], tokens[n], sbits[n], srecs[n], slot[n] = pid, token, bit, rec, nslots
+  else
+    -- Its lines counted by plain finds (a pattern would step through every byte in
+    -- Lua): none empty, at most MAX_RUN.
+    local k, from = 1, 1
+    while true do
+      local to = string.find(rec, '\n', from, true)
+      if to == from or to == #rec or k > MAX_RUN then refuse('completed records', rec) end
+      if not to then break end
+      k, from = k + 1, to + 1
+    end
+    local first, b = tonumber(pid), tonumber(bit)
+    -- pids and bit offsets stay exact (below 2^53) to the group's end.
+    if first + k > 9007199254740992 or b + k > 9007199254740992 then
+      refuse('pid', pid)
+    end
+    ng = ng + 1
+    gfirst[ng], gtoken[ng], gbit[ng], gcount[ng], grecs[ng], gslot[ng] =
+      first, token, b, k, rec, nslots + 1
+    nslots = nslots + k
+  end
 end
 -- Runs first: a completion's token names its run, if the pid is in one. Each run is
 -- read and decoded once; the pids no run holds are read from the active hash.
-local runs_raw = redis.call('HMGET', KEYS[7], unpack(tokens))
-local runs, in_run = {}, {}
+local want, nwant, seen = {}, 0, {}
+for i = 1, n do
+  if not seen[tokens[i]] then nwant, seen[tokens[i]] = nwant + 1, true; want[nwant] = tokens[i] end
+end
+for g = 1, ng do
+  if not seen[gtoken[g]] then nwant, seen[gtoken[g]] = nwant + 1, true; want[nwant] = gtoken[g] end
+end
+local runs_raw = redis.call('HMGET', KEYS[7], unpack(want))
+local runs = {}
+for j = 1, nwant do
+  if runs_raw[j] then runs[want[j]] = run_decode(KEYS[7], want[j], runs_raw[j]) end
+end
+-- The runs that lose pids in this call, by token.
+local touched, left = {}, false
+-- Groups held whole leave their run here (in the decoded run; written after the
+-- checks); the rest become single completions.
+local bulk, nb = {}, 0
+for g = 1, ng do
+  local u, k = runs[gtoken[g]], gcount[g]
+  local at = u and gfirst[g] - u[7] + 1
+  if at and at >= 1 and at + k - 1 <= #u[5]
+      and string.sub(u[5], at, at + k - 1) == string.sub(FULL_MASK, 1, k) then
+    u[5] = string.sub(u[5], 1, at - 1) .. string.sub(EMPTY_MASK, 1, k) .. string.sub(u[5], at + k)
+    touched[gtoken[g]], left = u, true
+    nb = nb + 1
+    bulk[nb] = g
+  else
+    local rec, from = grecs[g], 1
+    for j = 0, k - 1 do
+      local to = string.find(rec, '\n', from, true)
+      n = n + 1
+      pids[n], tokens[n] = format('%d', gfirst[g] + j), gtoken[g]
+      sbits[n], srecs[n] = format('%d', gbit[g] + j), string.sub(rec, from, (to or 0) - 1)
+      slot[n] = gslot[g] + j
+      from = (to or 0) + 1
+    end
+  end
+end
+local in_run = {}
 local rest, nrest = {}, 0
 for i = 1, n do
-  local raw, t = runs_raw[i], tokens[i]
-  local u = raw and (runs[t] or run_decode(KEYS[7], t, raw))
-  if u then runs[t] = u end
+  local u = runs[tokens[i]]
   local k = u and run_holds(u, tonumber(pids[i]))
   if k then
     in_run[i] = k
@@ -67,7 +137,7 @@ end
 -- tables that serve split partitions are not built either: every table a call makes
 -- costs about as much as a check.
 local ents = false
-if redis.call('HLEN', KEYS[6]) > 0 then
+if n > 0 and redis.call('HLEN', KEYS[6]) > 0 then
   ents = {}
   local raw = redis.call('HMGET', KEYS[6], unpack(pids))
   for i = 1, n do
@@ -84,13 +154,13 @@ local partrec, finals = ents and {}, ents and {}
 -- below 524,280 the bitmap is under 64 KB, and Redis grows it as it always did.
 local top = -1
 for i = 1, n do
-  local bit = ARGV[4 * i - 1]
+  local bit = sbits[i]
   -- A pid its run holds is claimed, never split (a split carves it out first).
   if in_run[i] then
     held[i] = 'c'
     if ents then ents[i] = nil end
   else
-    held[i] = holds(recs[i], ARGV[4 * i - 2])
+    held[i] = holds(recs[i], tokens[i])
   end
   local part = held[i] and ents and ents[i] and ents[i][6] ~= '0'
   if part then
@@ -101,8 +171,8 @@ for i = 1, n do
   elseif held[i] then
     if ents and ents[i] then
       -- Split, every piece done: the record spans the partition, from its first claim.
-      local at = ms_of(string.match(ARGV[4 * i], '"completed_at":([%d.]+)') or '')
-      if not at then refuse('completed record', ARGV[4 * i]) end
+      local at = ms_of(string.match(srecs[i], '"completed_at":([%d.]+)') or '')
+      if not at then refuse('completed record', srecs[i]) end
       finals[i] = finished_record(ents[i], at)
     end
     ops[no + 1], ops[no + 2], ops[no + 3], ops[no + 4] = 'SET', 'u1', bit, 1
@@ -114,6 +184,21 @@ for i = 1, n do
     ops[no + 1], ops[no + 2], ops[no + 3] = 'GET', 'u1', bit
     no = no + 3
   end
+end
+-- Then the groups held whole: their bits set up to 32 at a time (exact as Lua numbers),
+-- each field's old value read back (set bits: completed before).
+local fields = {}
+for b = 1, nb do
+  local g = bulk[b]
+  local off, k = gbit[g], gcount[g]
+  while k > 0 do
+    local w = math.min(32, k)
+    ops[no + 1], ops[no + 2], ops[no + 3], ops[no + 4] = 'SET', 'u' .. w, format('%d', off), 2 ^ w - 1
+    no = no + 4
+    k, off = k - w, off + w
+  end
+  holding = true
+  if off - 1 > top then top = off - 1 end
 end
 -- The counters of the statuses a completion moves (claimed and running), read and
 -- checked only when a lease is held to its end: otherwise no status moves.
@@ -139,11 +224,47 @@ end
 local bits = redis.call('BITFIELD', KEYS[3], unpack(ops))
 
 local out, done, records, nd, nrec = {}, {}, {}, 0, 0
--- The runs that lost pids in this call, by token.
-local touched, left = {}, false
 local parts, np, split_done, ns = ents and {}, 0, ents and {}, 0
 -- Completions by the status they leave (claimed, running), counted once after the loop.
 local from_c, from_r = 0, 0
+-- Groups held whole: out of their run above, whatever their bits say; their records
+-- go to the inbox as sent when every bit was clear, else line by line.
+local at = n
+for b = 1, nb do
+  local g = bulk[b]
+  local k, first, rec = gcount[g], gslot[g], grecs[g]
+  local clear, j = true, 0
+  while j < k do
+    at = at + 1
+    if bits[at] ~= 0 then clear = false end
+    j = j + math.min(32, k - j)
+  end
+  if clear then
+    nrec = nrec + 1
+    records[nrec] = rec
+    for j = 0, k - 1 do out[first + j] = OK end
+  else
+    -- Some completed before (a retry, a restore): bit j of a field of w bits is its
+    -- (w - j)th lowest.
+    local from, f, w, v, base = 1, at - math.ceil(k / 32), 0, 0, 0
+    for j = 0, k - 1 do
+      if j == base + w then
+        f, base, w = f + 1, j, math.min(32, k - j)
+        v = bits[f]
+      end
+      local to = string.find(rec, '\n', from, true)
+      if math.floor(v / 2 ^ (w - 1 - (j - base))) % 2 == 1 then
+        out[first + j] = DUPLICATE
+      else
+        nrec = nrec + 1
+        records[nrec] = string.sub(rec, from, (to or 0) - 1)
+        out[first + j] = OK
+      end
+      from = (to or 0) + 1
+    end
+  end
+  from_c = from_c + k
+end
 for i = 1, n do
   local e = ents and ents[i]
   if held[i] and e and e[6] ~= '0' and bits[i] ~= 1 then
@@ -154,7 +275,7 @@ for i = 1, n do
     unrequest(e)
     parts[np + 1], parts[np + 2], np = pids[i], encode(r), np + 2
     split_done[ns + 1], split_done[ns + 2], ns = pids[i], split_encode(e), ns + 2
-    out[i] = PART
+    out[slot[i]] = PART
   elseif in_run[i] then
     -- Out of its run whatever its bit says (a set bit: completed before, a restore).
     -- (A pid named twice in one call leaves, and is counted, once.)
@@ -165,27 +286,27 @@ for i = 1, n do
       from_c = from_c + 1
     end
     if bits[i] == 1 then
-      out[i] = DUPLICATE
+      out[slot[i]] = DUPLICATE
     else
       nrec = nrec + 1
-      records[nrec] = ARGV[4 * i]
-      out[i] = OK
+      records[nrec] = srecs[i]
+      out[slot[i]] = OK
     end
   elseif bits[i] == 1 then
     -- Idempotency: the index bit is set exactly once per pid, so a retried or late
     -- completion changes nothing and reaches the inbox (and the statistics) only once.
-    out[i] = DUPLICATE
+    out[slot[i]] = DUPLICATE
   elseif held[i] then
     nd, nrec = nd + 1, nrec + 1
-    done[nd], records[nrec] = pids[i], ARGV[4 * i]
+    done[nd], records[nrec] = pids[i], srecs[i]
     if e then
       records[nrec] = finals[i]
       split_done[ns + 1], split_done[ns + 2], ns = pids[i], nil, ns + 2
     end
     if held[i] == 'c' then from_c = from_c + 1 else from_r = from_r + 1 end
-    out[i] = OK
+    out[slot[i]] = OK
   else
-    out[i] = LOST
+    out[slot[i]] = LOST
   end
 end
 

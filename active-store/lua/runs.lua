@@ -21,6 +21,8 @@
 -- constant of the compiled script; string.rep appends byte by byte).
 local MAX_RUN = 128
 local FULL_MASK = 'cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc'
+-- What a mask slice becomes once its pids left (complete.lua's groups).
+local EMPTY_MASK = '................................................................................................................................'
 
 -- A run value decoded and checked: {first, last, deadline, claimed, mask, worker, the
 -- first pid as a number}. An error naming the key and token when it is not one.

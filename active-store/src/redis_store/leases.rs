@@ -151,15 +151,7 @@ where
         let groups = self.by_shard(done.iter().map(|(lease, _)| lease.pid));
         let calls = groups.iter().map(|(shard, chunk)| async move {
             let keys = &self.keys[*shard];
-            let mut args = Vec::with_capacity(chunk.len() * 4);
-            for &i in chunk {
-                let (lease, duration_ms) = &done[i];
-                let record = lease.completed(now, *duration_ms);
-                args.push(lease.pid.to_string());
-                args.push(lease.token.to_string());
-                args.push(self.bit(lease.pid).to_string());
-                args.push(tranche_codec::encode_json(&record));
-            }
+            let (chunk, args) = self.completion_args(done, chunk, now);
             let keys = [
                 &keys.active,
                 &keys.leases,
@@ -185,7 +177,7 @@ where
                 Ok(reply) => reply,
                 Err(err) => {
                     let err = Arc::new(err);
-                    for &i in chunk {
+                    for &i in &chunk {
                         out[i] = Some(Err(Error::Shared(err.clone())));
                     }
                     continue;
@@ -216,6 +208,55 @@ where
                 })
             })
             .collect()
+    }
+
+    /// The `complete` arguments for the completions `chunk` (indices into `done`) of one
+    /// shard, and the order of the replies: the pids of one run that complete together
+    /// go as one group entry (`complete.lua`: consecutive pids under one token at
+    /// consecutive bit offsets, their records joined by newlines, up to the longest run),
+    /// which the script completes in bulk; every other pid as an entry of its own.
+    fn completion_args(
+        &self,
+        done: &[(Lease, u64)],
+        chunk: &[usize],
+        now: u64,
+    ) -> (Vec<usize>, Vec<String>) {
+        let mut order = chunk.to_vec();
+        order.sort_by_key(|&i| (done[i].0.token, done[i].0.pid));
+        let mut args = Vec::with_capacity(order.len() * 4);
+        let mut at = 0;
+        while at < order.len() {
+            let first = &done[order[at]].0;
+            let bit = self.bit(first.pid);
+            let mut end = at + 1;
+            while end < order.len() && end - at < MAX_RUN {
+                let next = &done[order[end]].0;
+                let step = (end - at) as u64;
+                if next.token != first.token
+                    || next.pid != first.pid + step
+                    || self.bit(next.pid) != bit + step
+                {
+                    break;
+                }
+                end += 1;
+            }
+            let mut records = String::new();
+            for &i in &order[at..end] {
+                let (lease, duration_ms) = &done[i];
+                if !records.is_empty() {
+                    records.push('\n');
+                }
+                records.push_str(&tranche_codec::encode_json(
+                    &lease.completed(now, *duration_ms),
+                ));
+            }
+            args.push(first.pid.to_string());
+            args.push(first.token.to_string());
+            args.push(bit.to_string());
+            args.push(records);
+            at = end;
+        }
+        (order, args)
     }
 
     /// One `complete` call on `shard` with its `SADD` to `{ns}:dirty` queued behind it,

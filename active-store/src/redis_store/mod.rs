@@ -141,6 +141,10 @@ pub fn scripts() -> Vec<(&'static str, &'static Script)> {
 /// one call should not hold Redis for long.
 const MAX_SCRIPT_BATCH: usize = 1000;
 
+/// The most pids one interval lease holds (`MAX_RUN` of `lua/runs.lua`), and so one
+/// group entry of a `complete` call.
+const MAX_RUN: usize = 128;
+
 /// Field/value pairs of a hash, as read.
 type Pairs = Vec<(String, String)>;
 

@@ -2,6 +2,7 @@
 
 use tranche_codec::{Partition, Status};
 
+use super::MAX_RUN;
 use crate::model::PlanEntry;
 
 /// Parses an `active` hash value into a partition. `range_of` supplies the IDs of pids
@@ -156,7 +157,7 @@ pub(super) fn run_span(value: &str) -> Option<(u64, u64)> {
     let first: u64 = f.next()?.parse().ok()?;
     let last: u64 = f.next()?.parse().ok()?;
     f.next()?;
-    (last >= first && last - first < 128).then_some((first, last))
+    (last >= first && last - first < MAX_RUN as u64).then_some((first, last))
 }
 
 /// A decimal u64 of ASCII digits only (no sign, no space), as the scripts write them.

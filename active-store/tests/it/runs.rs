@@ -255,3 +255,110 @@ async fn a_pid_completed_twice_in_one_call_leaves_its_run_once() {
     assert_eq!(outcomes, vec![Completion::Completed, Completion::Duplicate]);
     assert_eq!(store.counts().await.unwrap().claimed, 2);
 }
+
+/// The pids of each inbox entry's records, entry by entry.
+async fn inbox_pids(conn: &mut redis::aio::MultiplexedConnection) -> Vec<Vec<u64>> {
+    let reply: redis::streams::StreamRangeReply = conn.xrange_all("{rn:0}:inbox").await.unwrap();
+    reply
+        .ids
+        .iter()
+        .map(|entry| {
+            let body: String = entry.get("r").unwrap();
+            body.split('\n')
+                .map(|line| {
+                    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+                    v["pid"].as_u64().unwrap()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_run_completed_together_is_one_group_and_one_inbox_entry() {
+    let server = TestRedis::start();
+    let (store, mut conn) = store(&server).await;
+    let leases = store.claim("w", 40).await.unwrap();
+    // Pid 35's bit set while its run holds it (a restored archive): the group sets its
+    // bits 32 at a time and must read this one back from the second field.
+    let _: i64 = conn
+        .setbit("{rn:0}:completed:index", 35, true)
+        .await
+        .unwrap();
+    let done: Vec<_> = leases.iter().map(|l| (l.clone(), 5)).collect();
+    let outcomes = store.complete_many(&done).await.unwrap();
+    for (l, outcome) in leases.iter().zip(outcomes) {
+        let want = if l.pid == 35 {
+            Completion::Duplicate
+        } else {
+            Completion::Completed
+        };
+        assert_eq!(outcome.unwrap(), want, "pid {}", l.pid);
+    }
+    // One entry of the fresh ones' records, in pid order; the run and its lease went.
+    let want: Vec<u64> = (1..=40).filter(|&p| p != 35).collect();
+    assert_eq!(inbox_pids(&mut conn).await, vec![want]);
+    let runs: u64 = conn.hlen(RUNS).await.unwrap();
+    assert_eq!(runs, 0);
+    assert!(lease_entries(&mut conn).await.is_empty());
+    assert_eq!(store.counts().await.unwrap().claimed, 0);
+    let set: u64 = conn.bitcount("{rn:0}:completed:index").await.unwrap();
+    assert_eq!(set, 40);
+}
+
+#[tokio::test]
+async fn a_group_its_run_no_longer_holds_whole_completes_pid_by_pid() {
+    let server = TestRedis::start();
+    let (store, mut conn) = store(&server).await;
+    let leases = store.claim("w", 10).await.unwrap();
+    assert_eq!(
+        store.complete(&leases[2], 5).await.unwrap(),
+        Completion::Completed
+    );
+    // All ten again, and pid 11 under the run's token, which it never held: one group
+    // the script takes apart.
+    let mut past = leases[9].clone();
+    past.pid = 11;
+    let mut done: Vec<_> = leases.iter().map(|l| (l.clone(), 5)).collect();
+    done.push((past, 5));
+    let outcomes = store.complete_many(&done).await.unwrap();
+    for ((l, _), outcome) in done.iter().zip(outcomes) {
+        match l.pid {
+            3 => assert_eq!(outcome.unwrap(), Completion::Duplicate),
+            11 => assert!(matches!(
+                outcome,
+                Err(tranche_active_store::Error::LeaseLost { .. })
+            )),
+            _ => assert_eq!(outcome.unwrap(), Completion::Completed, "pid {}", l.pid),
+        }
+    }
+    let want: Vec<u64> = (1..=10).filter(|&p| p != 3).collect();
+    assert_eq!(inbox_pids(&mut conn).await, vec![vec![3], want]);
+    let runs: u64 = conn.hlen(RUNS).await.unwrap();
+    assert_eq!(runs, 0);
+    assert!(lease_entries(&mut conn).await.is_empty());
+    assert_eq!(store.counts().await.unwrap().claimed, 0);
+    // Pid 11 is as it was: fresh, pending in the plan.
+    let fresh = store.get(11).await.unwrap().unwrap();
+    assert_eq!((fresh.status, fresh.attempts), (Status::Pending, 0));
+    // A stale token for a whole run: every pid lost, nothing written.
+    let leases = store.claim("w", 5).await.unwrap();
+    let stale: Vec<_> = leases
+        .iter()
+        .map(|l| {
+            let mut l = l.clone();
+            l.token += 1;
+            (l, 5)
+        })
+        .collect();
+    for outcome in store.complete_many(&stale).await.unwrap() {
+        assert!(matches!(
+            outcome,
+            Err(tranche_active_store::Error::LeaseLost { .. })
+        ));
+    }
+    let run: String = conn.hget(RUNS, leases[0].token.to_string()).await.unwrap();
+    assert!(run.contains("|ccccc|"), "{run}");
+    assert_eq!(inbox_pids(&mut conn).await.len(), 2);
+    assert_eq!(store.counts().await.unwrap().claimed, 5);
+}

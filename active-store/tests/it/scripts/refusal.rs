@@ -2,6 +2,8 @@
 //! script (rows.rs), each argument replaced in turn by every bad value of its kind and
 //! each key it reads corrupted, with DUMP of every key compared before and after.
 
+use std::sync::LazyLock;
+
 use crate::support;
 
 use support::TestRedis;
@@ -37,7 +39,8 @@ enum Arg {
     Kind,
     /// A shard's plan range, `first|last`.
     Range,
-    /// An encoded completed record: one JSON line.
+    /// Encoded completed records: one JSON line, or a group's lines (at most 128, none
+    /// empty, joined by newlines).
     Record,
     /// A carried status, `p` or `f`.
     Status,
@@ -52,6 +55,19 @@ enum Arg {
     /// What `carve` carves: `pids`, `worker`, `expired` or `all`.
     Which,
 }
+
+/// Records `complete` refuses: none, an empty line first, last or between, and a group
+/// of 129 lines (a run holds at most 128 pids).
+static BAD_RECORDS: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
+    let long: &'static str = vec!["{\"a\":1}"; 129].join("\n").leak();
+    vec![
+        "",
+        "\n{\"b\":2}",
+        "{\"a\":1}\n",
+        "{\"a\":1}\n\n{\"b\":2}",
+        long,
+    ]
+});
 
 impl Arg {
     fn bad(self) -> &'static [&'static str] {
@@ -68,7 +84,7 @@ impl Arg {
             Arg::Text => &[],
             Arg::Kind => &["x", ""],
             Arg::Range => &["x", "", "5|", "|5", "20|11", "a|b", "1|2|3"],
-            Arg::Record => &["", "{\"a\":1}\n{\"b\":2}"],
+            Arg::Record => &BAD_RECORDS,
             Arg::Status => &["r", ""],
             Arg::Policy => &["soon", "-5", "1.5", "permanently", HUGE],
             Arg::Shard => &["x", "-1", "", "1"],
