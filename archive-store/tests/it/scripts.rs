@@ -76,7 +76,7 @@ async fn archive_refuses_malformed_arguments_before_writing() {
         "{t:0}:stats:hist",
         "{t:0}:archive:open",
     ];
-    let call = |second_target: &str, ttl: &str, layout: &[&str]| {
+    let call = |second_bit: &str, second_target: &str, ttl: &str, layout: &[&str]| {
         let mut call = script.prepare_invoke();
         for key in keys {
             call.key(key);
@@ -84,7 +84,7 @@ async fn archive_refuses_malformed_arguments_before_writing() {
         // Two records one by one, no open or sealed batch, an empty statistics delta.
         call.arg("2")
             .arg(&["1", "1", "a", "0"][..])
-            .arg(&["2", "2", "b", second_target][..])
+            .arg(&["2", second_bit, "b", second_target][..])
             .arg("0")
             .arg("0")
             .arg(ttl)
@@ -93,26 +93,103 @@ async fn archive_refuses_malformed_arguments_before_writing() {
         call
     };
     let before = server.dump_all();
-    for (target, ttl, layout, says) in [
-        ("1", "0", &[][..], "target"),
-        ("x", "0", &[], "target"),
-        ("0", "x", &[], "time to live"),
-        ("0", "0", &["3"], "ranges layout"),
-        ("0", "0", &["2", "2"], "ranges layout"),
+    for (bit, target, ttl, layout, says) in [
+        ("2", "1", "0", &[][..], "target"),
+        ("2", "x", "0", &[], "target"),
+        ("2", "0", "x", &[], "time to live"),
+        ("2", "0", "0", &["3"], "ranges layout"),
+        ("2", "0", "0", &["2", "2"], "ranges layout"),
+        ("x", "0", "0", &[], "bit offset"),
+        ("-1", "0", "0", &[], "bit offset"),
+        ("1.5", "0", "0", &[], "bit offset"),
+        ("0x2", "0", "0", &[], "bit offset"),
+        ("02", "0", "0", &[], "bit offset"),
+        ("4294967296", "0", "0", &[], "bit offset"),
     ] {
-        let err = call(target, ttl, layout)
+        let err = call(bit, target, ttl, layout)
             .invoke_async::<redis::Value>(&mut conn)
             .await
             .unwrap_err();
         assert!(err.to_string().contains(says), "{target} {ttl}: {err}");
         assert_eq!(server.dump_all(), before, "a refused archive call wrote");
     }
-    let written: Vec<i64> = call("0", "0", &["2"])
+    let written: Vec<i64> = call("2", "0", "0", &["2"])
         .invoke_async(&mut conn)
         .await
         .unwrap();
     assert_eq!(written, vec![1, 2]);
     assert_ne!(server.dump_all(), before);
+}
+
+/// The one-by-one records' bits are set in fields of consecutive offsets: a record
+/// archived before, or one bit twice in a call, is still named alone, and the refused
+/// call puts back every bit it changed.
+#[tokio::test]
+async fn archive_names_each_duplicate_inside_a_run_of_bits() {
+    let server = support::TestRedis::start();
+    let script = tranche_archive_store::scripts()
+        .into_iter()
+        .find(|(name, _)| *name == "archive")
+        .expect("the archive script")
+        .1;
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let call = |bits: &[&str]| {
+        let mut call = script.prepare_invoke();
+        for key in archive_keys() {
+            call.key(key);
+        }
+        call.arg(bits.len().to_string());
+        for bit in bits {
+            call.arg(&[*bit, *bit, "x", "0"][..]);
+        }
+        call.arg("0").arg("0").arg("0").arg("0");
+        call
+    };
+    // Bit 37 archived before: its record is the 35th of a call over 3..=42, in the
+    // second field of that run.
+    let _: i64 = redis::cmd("SETBIT")
+        .arg("{t:0}:archived")
+        .arg(37)
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // What a refused call must leave: bit 37 alone (the bitmap may grow, with zeros),
+    // and no other key.
+    let unchanged = |server: &support::TestRedis| {
+        let all = server.dump_all();
+        assert_eq!(all.len(), 1, "a refused archive call wrote: {all:?}");
+        assert_eq!(server.cli(&["BITCOUNT", "{t:0}:archived"]).trim(), "1");
+        assert_eq!(server.cli(&["BITPOS", "{t:0}:archived", "1"]).trim(), "37");
+    };
+    let run: Vec<String> = (3..=42).map(|b: u32| b.to_string()).collect();
+    let run: Vec<&str> = run.iter().map(String::as_str).collect();
+    let reply: Vec<i64> = call(&run).invoke_async(&mut conn).await.unwrap();
+    assert_eq!(reply, vec![0, 35]);
+    unchanged(&server);
+    // One bit twice in a call: the second is the duplicate.
+    let reply: Vec<i64> = call(&["5", "6", "6", "7"])
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(reply, vec![0, 3]);
+    unchanged(&server);
+    // Without them, all are written.
+    let reply: Vec<i64> = call(&["5", "6", "7", "9"])
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(reply, vec![1, 4]);
+    let set: i64 = redis::cmd("BITCOUNT")
+        .arg("{t:0}:archived")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(set, 5);
 }
 
 /// One script's row of the DUMP harness: a good call on the state [`setup`] leaves,
