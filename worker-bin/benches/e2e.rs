@@ -27,10 +27,13 @@
 //! The cell `skew` (`skew/mod.rs`) is of another kind: a job of real `--exec` children
 //! whose chunk costs are heavy-tailed, run once each way (`SKEW_WAYS`) side by side,
 //! reporting its wall time against the ideal (total chunk-seconds ÷ chunk slots).
+//! The cell `bullmq` (`bullmq/mod.rs`) runs N of BullMQ's no-op jobs on the same server,
+//! one Worker at the concurrency of the first one-process cell (64 without one), and
+//! reports that cell's partitions/s over BullMQ's jobs/s.
 //!
 //! Knobs: `TRANCHE_BENCH_N` (partitions per cell, default 200,000), `TRANCHE_BENCH_CELLS`
-//! (e.g. `1x64x4,4x64x4`: P x C x S, or `skew`; default the four cells of issue 11 and
-//! `skew`),
+//! (e.g. `1x64x4,4x64x4`: P x C x S, `skew` or `bullmq`; default the four cells of issue
+//! 11, `bullmq` and `skew`),
 //! `TRANCHE_BENCH_RUN_ARGS` (more `run` arguments, space-separated, e.g. `--prefetch 64`),
 //! `TRANCHE_BENCH_REPEAT` (runs per cell, default 3: the row shown is the run with the
 //! median partitions/s, beside the slowest and fastest), `TRANCHE_BENCH_OUT` (default
@@ -44,6 +47,7 @@
 //! 20,000-SET ceiling and neither baseline nor cluster (each skipped with a note): a
 //! few seconds, figures not judged, every check still run, JSON still written.
 
+mod bullmq;
 mod common;
 mod skew;
 
@@ -60,7 +64,7 @@ use tranche_testkit::{TestCluster, TestRedis};
 /// `cargo bench`).
 const BIN: &str = env!("CARGO_BIN_EXE_tranche");
 const NAMESPACE: &str = "e2e";
-const DEFAULT_CELLS: &str = "1x64x4,4x64x4,4x64x16,4x64x64,skew";
+const DEFAULT_CELLS: &str = "1x64x4,4x64x4,4x64x16,4x64x64,bullmq,skew";
 /// The ways the `skew` cell runs its job, side by side.
 const SKEW_WAYS: &[skew::Way] = &[("no-split", &["--no-split"]), ("split", &[])];
 /// The cells, and partitions per cell, of a run with the cluster.
@@ -79,12 +83,14 @@ struct Cell {
 }
 
 /// The throughput cells of the spec (PxCxS), and whether it names `skew`.
-fn cells(default: &str) -> (Vec<Cell>, bool) {
+/// The throughput cells asked for, and whether `skew` and `bullmq` are.
+fn cells(default: &str) -> (Vec<Cell>, bool, bool) {
     let spec = std::env::var("TRANCHE_BENCH_CELLS").unwrap_or_else(|_| default.into());
-    let skew = spec.split(',').any(|c| c.trim() == "skew");
+    let named = |name: &str| spec.split(',').any(|c| c.trim() == name);
+    let (skew, bullmq) = (named("skew"), named("bullmq"));
     let cells = spec
         .split(',')
-        .filter(|c| c.trim() != "skew")
+        .filter(|c| !matches!(c.trim(), "skew" | "bullmq"))
         .map(|cell| {
             let parts: Vec<&str> = cell.trim().split('x').collect();
             let [p, c, s] = parts.as_slice() else {
@@ -97,7 +103,7 @@ fn cells(default: &str) -> (Vec<Cell>, bool) {
             }
         })
         .collect();
-    (cells, skew)
+    (cells, skew, bullmq)
 }
 
 /// `INFO section` as field -> value.
@@ -524,7 +530,14 @@ fn main() {
     } else {
         DEFAULT_CELLS
     };
-    let (cells, with_skew) = cells(default_cells);
+    let (cells, with_skew, mut with_bullmq) = cells(default_cells);
+    if smoke && with_bullmq {
+        println!("smoke: bullmq cell skipped, no npm install");
+        with_bullmq = false;
+    }
+    // The one-process cell BullMQ is set beside: the first, if any.
+    let single = cells.iter().position(|c| c.processes == 1);
+    let bullmq_concurrency = single.map_or(64, |i| cells[i].concurrency);
     for cell in cells {
         let mut row = measure(&[&redis], &url, "", cell, &set);
         if let Some(cluster) = &cluster {
@@ -533,6 +546,18 @@ fn main() {
         }
         rows.push(row);
     }
+    let bullmq_row = with_bullmq
+        .then(|| bullmq::run(&redis, n, bullmq_concurrency, repeat, redis_cpu))
+        .flatten()
+        .map(|mut row| {
+            if let Some(i) = single {
+                let ratio = rows[i]["partitions_per_s"].as_f64().unwrap()
+                    / row["jobs_per_s"].as_f64().unwrap();
+                println!("    one tranche process / BullMQ, same concurrency: {ratio:.2}");
+                row["one_process_ratio"] = json!(ratio);
+            }
+            row
+        });
     // Minutes of sleeping children, not throughput: run once unless asked for more.
     let skew_row = with_skew.then(|| {
         let repeat = std::env::var("TRANCHE_BENCH_REPEAT")
@@ -552,6 +577,7 @@ fn main() {
         "cluster_masters": cluster.as_ref().map(|_| 3),
         "cells": rows,
         "skew": skew_row,
+        "bullmq": bullmq_row,
     });
     if let Some(parent) = out.parent() {
         std::fs::create_dir_all(parent).expect("output dir");
