@@ -155,6 +155,9 @@ impl Harness {
 
     /// Completes `records` as the active store does: index bit, then one inbox entry per
     /// shard holding that shard's records as JSON lines, then the shard's dirty mark.
+    /// A shard's bits and its entry are one pipeline (one slot, so one node, run in the
+    /// order sent): a completion of thousands of records costs a round trip per shard,
+    /// not per record.
     async fn complete(&self, records: &[CompletedRecord]) {
         match &self.backend {
             Backend::Memory(txs, ..) => {
@@ -174,21 +177,19 @@ impl Harness {
                 }
                 let mut conn = conn.clone();
                 for (shard, recs) in by_shard {
+                    let mut pipe = redis::pipe();
                     for r in &recs {
-                        let _: i64 = conn
-                            .setbit(
-                                self.schema.completed_index(shard),
-                                self.schema.bit_offset(r.pid) as usize,
-                                true,
-                            )
-                            .await
-                            .unwrap();
+                        pipe.setbit(
+                            self.schema.completed_index(shard),
+                            self.schema.bit_offset(r.pid) as usize,
+                            true,
+                        )
+                        .ignore();
                     }
                     let lines: Vec<String> = recs.iter().map(|r| encode_json(r)).collect();
-                    let _: String = conn
-                        .xadd(self.schema.inbox(shard), "*", &[("r", lines.join("\n"))])
-                        .await
-                        .unwrap();
+                    pipe.xadd(self.schema.inbox(shard), "*", &[("r", lines.join("\n"))])
+                        .ignore();
+                    let () = pipe.query_async(&mut conn).await.unwrap();
                     let _: i64 = conn.sadd(self.schema.dirty(), shard).await.unwrap();
                 }
             }
@@ -265,6 +266,18 @@ impl Harness {
         self.query.get(pid).await.unwrap()
     }
 
+    /// [`get`](Self::get) of every pid of `pids`, answers in their order, with up to 64
+    /// calls in flight: reading back thousands of pids one round trip at a time is most
+    /// of what a check on a cluster would cost.
+    async fn get_all(&self, pids: impl IntoIterator<Item = u64>) -> Vec<Lookup> {
+        use futures_util::StreamExt;
+        futures_util::stream::iter(pids)
+            .map(|pid| self.get(pid))
+            .buffered(64)
+            .collect()
+            .await
+    }
+
     /// Expires the summary batches holding `pids` now (PEXPIRE 0 on Redis), after
     /// checking each had at most `ttl` and more than `ttl` minus a minute left (PTTL):
     /// no test waits on a TTL.
@@ -331,6 +344,11 @@ fn record(pid: u64) -> CompletedRecord {
 
 fn records(pids: impl IntoIterator<Item = u64>) -> Vec<CompletedRecord> {
     pids.into_iter().map(record).collect()
+}
+
+/// The pids of `records`, in order.
+fn pids(records: &[CompletedRecord]) -> impl Iterator<Item = u64> + '_ {
+    records.iter().map(|r| r.pid)
 }
 
 fn archived(r: &CompletedRecord, tier: Tier) -> Lookup {
@@ -420,12 +438,12 @@ async fn damaged_statistics_stall_one_shard_until_repaired(kind: Kind, shards: u
     let pass = h.drain().await;
     assert_eq!(pass.archived, 25, "the healthy shard drained: {pass:?}");
     assert!(pass.stalled > 0, "{pass:?}");
-    for r in &more1 {
-        assert!(matches!(h.get(r.pid).await, Lookup::Archived { .. }));
+    for found in h.get_all(pids(&more1)).await {
+        assert!(matches!(found, Lookup::Archived { .. }));
     }
     // Nothing of shard 0's records is lost: completed, not archived, still waiting.
-    for r in &more0 {
-        assert_eq!(h.get(r.pid).await, Lookup::Archiving, "pid {}", r.pid);
+    for (r, found) in more0.iter().zip(h.get_all(pids(&more0)).await) {
+        assert_eq!(found, Lookup::Archiving, "pid {}", r.pid);
     }
     let stalled = h.query.stalled().await.unwrap();
     assert_eq!(stalled.len(), 1, "{stalled:?}");
@@ -476,13 +494,8 @@ async fn full_segments_are_joined_and_read(kind: Kind, shards: u32) {
     }
     h.complete(&shuffled[..50]).await;
     assert_eq!(h.drain().await.archived, 0);
-    for r in &recs {
-        assert_eq!(
-            h.get(r.pid).await,
-            archived(r, Tier::Compressed),
-            "pid {}",
-            r.pid
-        );
+    for (r, found) in recs.iter().zip(h.get_all(pids(&recs)).await) {
+        assert_eq!(found, archived(r, Tier::Compressed), "pid {}", r.pid);
     }
     h.assert_stats(&recs).await;
     // Joined: one key per segment, no batch keys; the last batch stays on its own.
@@ -540,13 +553,8 @@ async fn compaction_joins_segments_from_the_simple_tier(kind: Kind, shards: u32)
     // Compaction moves them into batches, seals them and joins the full segments.
     h.compaction.compact().await.unwrap();
     assert_joined(&h, shards).await;
-    for r in &recs {
-        assert_eq!(
-            h.get(r.pid).await,
-            archived(r, Tier::Compressed),
-            "pid {}",
-            r.pid
-        );
+    for (r, found) in recs.iter().zip(h.get_all(pids(&recs)).await) {
+        assert_eq!(found, archived(r, Tier::Compressed), "pid {}", r.pid);
     }
     assert_eq!(h.compaction.compact().await.unwrap(), 0);
     h.assert_stats(&recs).await;
@@ -581,13 +589,8 @@ async fn simple_tier_round_trip(kind: Kind, shards: u32) {
     let pass = h.drain().await;
     assert_eq!(pass.archived, 250);
     assert_eq!(pass.duplicates, 0);
-    for r in &recs {
-        assert_eq!(
-            h.get(r.pid).await,
-            archived(r, Tier::Simple),
-            "pid {}",
-            r.pid
-        );
+    for (r, found) in recs.iter().zip(h.get_all(pids(&recs)).await) {
+        assert_eq!(found, archived(r, Tier::Simple), "pid {}", r.pid);
     }
     // Nothing left to do.
     assert_eq!(h.drain().await, ArchivePass::default());
@@ -605,8 +608,8 @@ async fn duplicates_are_stored_once(kind: Kind, shards: u32) {
     let second = h.drain().await;
     assert_eq!(first.archived + second.archived, 120);
     assert_eq!(first.duplicates + second.duplicates, 50);
-    for r in &recs {
-        assert_eq!(h.get(r.pid).await, archived(r, Tier::Simple));
+    for (r, found) in recs.iter().zip(h.get_all(pids(&recs)).await) {
+        assert_eq!(found, archived(r, Tier::Simple));
     }
     h.assert_stats(&recs).await;
 }
@@ -641,9 +644,10 @@ async fn tier_transitions(kind: Kind, shards: u32) {
         h.drain().await;
         tiers.push(h.config.tier_for((tiers.len() as u64) * 50));
     }
-    for (i, r) in recs.iter().enumerate() {
+    let found = h.get_all(pids(&recs)).await;
+    for (i, (r, found)) in recs.iter().zip(found).enumerate() {
         let want = tiers[i / 50];
-        match h.get(r.pid).await {
+        match found {
             Lookup::Archived { record, tier } => {
                 assert_eq!(&record, r, "pid {}", r.pid);
                 // Batches are sealed with the tier of the pass that fills them, so the
@@ -727,8 +731,8 @@ async fn summary_batches_expire(kind: Kind, shards: u32) {
     let recs = records(1..=199);
     h.complete(&recs).await;
     h.drain().await;
-    for r in &recs {
-        assert_eq!(h.get(r.pid).await, archived(r, Tier::Summary));
+    for (r, found) in recs.iter().zip(h.get_all(pids(&recs)).await) {
+        assert_eq!(found, archived(r, Tier::Summary));
     }
     h.expire(&[1, 150], ttl).await;
     assert_eq!(h.get(1).await, Lookup::Expired);
@@ -766,13 +770,8 @@ async fn compaction_seals_partial_batches(kind: Kind, shards: u32) {
     h.complete(&rest).await;
     h.drain().await;
     assert_eq!(h.compaction.compact().await.unwrap(), 1); // batch 2, half full
-    for r in &recs {
-        assert_eq!(
-            h.get(r.pid).await,
-            archived(r, Tier::Compressed),
-            "pid {}",
-            r.pid
-        );
+    for (r, found) in recs.iter().zip(h.get_all(pids(&recs)).await) {
+        assert_eq!(found, archived(r, Tier::Compressed), "pid {}", r.pid);
     }
     h.assert_stats(&recs).await;
 }
@@ -817,8 +816,8 @@ async fn export_import_round_trip(kind: Kind, shards: u32) {
     .await;
     assert_eq!(other.import.import(&dump).await.unwrap(), 450);
     assert!(other.import.import(&dump).await.is_err());
-    for r in &recs {
-        match other.get(r.pid).await {
+    for (r, found) in recs.iter().zip(other.get_all(pids(&recs)).await) {
+        match found {
             Lookup::Archived { record, tier } => {
                 assert_eq!(&record, r);
                 // A batch goes back whole to the highest tier it held: batch 1 held
@@ -894,13 +893,8 @@ async fn compaction_moves_older_records_to_the_current_tier(kind: Kind, shards: 
     }
     assert_eq!(h.get(5).await, archived(&recs[4], Tier::Simple));
     h.compaction.compact().await.unwrap();
-    for r in &recs {
-        assert_eq!(
-            h.get(r.pid).await,
-            archived(r, Tier::Summary),
-            "pid {}",
-            r.pid
-        );
+    for (r, found) in recs.iter().zip(h.get_all(pids(&recs)).await) {
+        assert_eq!(found, archived(r, Tier::Summary), "pid {}", r.pid);
     }
     assert_eq!(h.compaction.compact().await.unwrap(), 0);
     h.assert_stats(&recs).await;
@@ -963,8 +957,8 @@ async fn a_random_workload_matches_a_model(kind: Kind, shards: u32) {
     }
     tokio::time::sleep(Duration::from_millis(3)).await;
     drain(&*archiver).await;
-    for pid in 1..=700 {
-        match (h.get(pid).await, model.get(&pid)) {
+    for (pid, found) in (1..=700).zip(h.get_all(1..=700).await) {
+        match (found, model.get(&pid)) {
             (Lookup::Archived { record, .. }, Some(want)) => assert_eq!(&record, want),
             (Lookup::Unknown, None) => {}
             (found, want) => panic!("pid {pid}: {found:?}, model {want:?}"),
@@ -1028,13 +1022,8 @@ async fn duplicates_in_a_complete_batch_are_found(kind: Kind, shards: u32) {
         (pass.archived, pass.duplicates),
         (recs.len() - early.len(), early.len())
     );
-    for r in &recs {
-        assert_eq!(
-            h.get(r.pid).await,
-            archived(r, Tier::Compressed),
-            "pid {}",
-            r.pid
-        );
+    for (r, found) in recs.iter().zip(h.get_all(pids(&recs)).await) {
+        assert_eq!(found, archived(r, Tier::Compressed), "pid {}", r.pid);
     }
     h.assert_stats(&recs).await;
 }
@@ -1070,8 +1059,8 @@ async fn a_dead_archivers_entries_are_taken_over() {
         let pass = drain(&*taker).await;
         assert!(pass.claimed >= 1, "{pass:?}");
         assert_eq!((pass.archived, pass.duplicates), (200, 100), "{pass:?}");
-        for r in &recs {
-            assert_eq!(h.get(r.pid).await, archived(r, Tier::Simple));
+        for (r, found) in recs.iter().zip(h.get_all(pids(&recs)).await) {
+            assert_eq!(found, archived(r, Tier::Simple));
         }
         h.assert_stats(&recs).await;
         // Nothing pending anywhere.
