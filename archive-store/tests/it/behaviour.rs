@@ -35,10 +35,6 @@ enum Kind {
 
 /// The URL of the 3-master cluster the `Kind::Masters` checks share.
 static MASTERS: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
-/// Harnesses made on that cluster since it was last flushed: the first gets the
-/// config's namespace, as on a private server, later ones (a check's second archive)
-/// one of their own.
-static NAMESPACES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 enum Backend {
     Memory(
@@ -61,6 +57,9 @@ struct Harness {
     export: Arc<dyn Export>,
     import: Arc<dyn Import>,
     backend: Backend,
+    kind: Kind,
+    /// Harnesses made [`beside`](Self::beside) this one so far.
+    siblings: std::sync::atomic::AtomicU32,
 }
 
 impl Harness {
@@ -76,13 +75,7 @@ impl Harness {
         .await
     }
 
-    async fn with(kind: Kind, mut config: Config) -> Self {
-        if kind == Kind::Masters {
-            let n = NAMESPACES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if n > 0 {
-                config.namespace = format!("{}{n}", config.namespace);
-            }
-        }
+    async fn with(kind: Kind, config: Config) -> Self {
         let schema = config.schema().unwrap();
         match kind {
             Kind::Memory => {
@@ -104,6 +97,8 @@ impl Harness {
                     import: archive.clone(),
                     backend: Backend::Memory(txs, archive, stats_handle),
                     config,
+                    kind,
+                    siblings: Default::default(),
                 }
             }
             Kind::Redis | Kind::Cluster | Kind::Masters => {
@@ -122,19 +117,41 @@ impl Harness {
                 };
                 let conn = RedisConnection::connect(&url).await.unwrap();
                 assert_eq!(conn.is_cluster(), kind != Kind::Redis);
-                let archive = Arc::new(RedisArchive::new(conn.clone(), config.clone()).unwrap());
-                Self {
-                    stats: Arc::new(RedisStats::new(conn.clone(), schema.clone())),
-                    schema,
-                    archiver: archive.clone(),
-                    query: archive.clone(),
-                    compaction: archive.clone(),
-                    export: archive.clone(),
-                    import: archive,
-                    backend: Backend::Redis(server, conn),
-                    config,
-                }
+                Self::on(kind, server, conn, config)
             }
+        }
+    }
+
+    /// A harness on `conn` (and `server`, when it owns one) with `config`.
+    fn on(kind: Kind, server: Option<TestRedis>, conn: RedisConnection, config: Config) -> Self {
+        let schema = config.schema().unwrap();
+        let archive = Arc::new(RedisArchive::new(conn.clone(), config.clone()).unwrap());
+        Self {
+            stats: Arc::new(RedisStats::new(conn.clone(), schema.clone())),
+            schema,
+            archiver: archive.clone(),
+            query: archive.clone(),
+            compaction: archive.clone(),
+            export: archive.clone(),
+            import: archive,
+            backend: Backend::Redis(server, conn),
+            config,
+            kind,
+            siblings: Default::default(),
+        }
+    }
+
+    /// A check's second archive, with `config` but a namespace of its own: on the same
+    /// server or cluster as this one (a private server of its own would cost a cluster
+    /// check another two seconds before it may write), or in memory a new one.
+    async fn beside(&self, mut config: Config) -> Self {
+        let n = 1 + self
+            .siblings
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        config.namespace = format!("{}{n}", config.namespace);
+        match &self.backend {
+            Backend::Memory(..) => Self::with(Kind::Memory, config).await,
+            Backend::Redis(_, conn) => Self::on(self.kind, None, conn.clone(), config),
         }
     }
 
@@ -373,7 +390,6 @@ macro_rules! suite {
                 for master in cluster.masters() {
                     master.cli(&["FLUSHALL"]);
                 }
-                NAMESPACES.store(0, std::sync::atomic::Ordering::Relaxed);
                 $check(Kind::Masters, 16).await;
             )*
         }
@@ -502,14 +518,18 @@ async fn full_segments_are_joined_and_read(kind: Kind, shards: u32) {
     assert_joined(&h, shards).await;
     // In order, each batch arrives whole and is sealed before its archive call, whose
     // joins ride behind it: joined as well, without any compaction.
-    let in_order = Harness::with(kind, compressed_config(shards, u64::MAX, Duration::ZERO)).await;
+    let in_order = h
+        .beside(compressed_config(shards, u64::MAX, Duration::ZERO))
+        .await;
     in_order.complete(&recs).await;
     in_order.drain().await;
     assert_joined(&in_order, shards).await;
     // The dump holds every record, and comes back whole elsewhere.
     let dump = h.export.export(T0).await.unwrap();
     assert_eq!(dump.entries(), recs.len() as u64);
-    let other = Harness::with(kind, compressed_config(shards, u64::MAX, Duration::ZERO)).await;
+    let other = h
+        .beside(compressed_config(shards, u64::MAX, Duration::ZERO))
+        .await;
     assert_eq!(other.import.import(&dump).await.unwrap(), recs.len() as u64);
     let again = other.export.export(T0).await.unwrap();
     assert_eq!(again.to_json_lines(), dump.to_json_lines());
@@ -806,14 +826,12 @@ async fn export_import_round_trip(kind: Kind, shards: u32) {
     assert_eq!(lines.lines().next().unwrap(), encode_json(&recs[0]));
 
     // Into an empty namespace with another shard count, then not again.
-    let other = Harness::with(
-        kind,
-        Config {
+    let other = h
+        .beside(Config {
             num_shards: if shards == 1 { 4 } else { 1 },
             ..config
-        },
-    )
-    .await;
+        })
+        .await;
     assert_eq!(other.import.import(&dump).await.unwrap(), 450);
     assert!(other.import.import(&dump).await.is_err());
     for (r, found) in recs.iter().zip(other.get_all(pids(&recs)).await) {
