@@ -1,8 +1,8 @@
 //! One behaviour suite for the archive, run against every backend: memory, a private
 //! standalone Redis, and a private one-node Redis Cluster (where a script touching keys
 //! of two slots fails with CROSSSLOT), each at 1 and 4 shards; and once more on a
-//! cluster of 3 masters with 16 shards, every check in turn on one cluster started for
-//! them all and flushed between them.
+//! cluster of 3 masters with 16 shards, in three groups of checks, each group a test
+//! running its checks in turn on one cluster started for them and flushed between them.
 
 use crate::support;
 
@@ -29,12 +29,9 @@ enum Kind {
     Memory,
     Redis,
     Cluster,
-    /// The 3-master cluster in [`MASTERS`].
-    Masters,
+    /// The 3-master cluster with a node on this port, which a group of checks shares.
+    Masters(u16),
 }
-
-/// The URL of the 3-master cluster the `Kind::Masters` checks share.
-static MASTERS: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
 
 enum Backend {
     Memory(
@@ -101,9 +98,9 @@ impl Harness {
                     siblings: Default::default(),
                 }
             }
-            Kind::Redis | Kind::Cluster | Kind::Masters => {
+            Kind::Redis | Kind::Cluster | Kind::Masters(_) => {
                 let (server, url) = match kind {
-                    Kind::Masters => (None, MASTERS.lock().unwrap().clone().expect("cluster")),
+                    Kind::Masters(port) => (None, format!("redis://127.0.0.1:{port}")),
                     Kind::Cluster => {
                         let server = TestRedis::start_cluster();
                         let url = server.url();
@@ -375,52 +372,65 @@ fn archived(r: &CompletedRecord, tier: Tier) -> Lookup {
     }
 }
 
+/// Generates one `#[tokio::test]` per backend and shard count for each check, and one
+/// per group on a cluster of 3 masters with 16 shards: a cluster costs a test 2 s before
+/// it takes writes, so its checks share one, and the groups, of about equal length, let
+/// nextest run them side by side.
 macro_rules! suite {
-    ($($check:ident),* $(,)?) => {
-        mod memory_1 { $( #[tokio::test(flavor = "current_thread")] async fn $check() { super::$check(super::Kind::Memory, 1).await } )* }
-        mod memory_4 { $( #[tokio::test(flavor = "current_thread")] async fn $check() { super::$check(super::Kind::Memory, 4).await } )* }
-        mod redis_1 { $( #[tokio::test] async fn $check() { super::$check(super::Kind::Redis, 1).await } )* }
-        mod redis_4 { $( #[tokio::test] async fn $check() { super::$check(super::Kind::Redis, 4).await } )* }
-        mod cluster_4 { $( #[tokio::test] async fn $check() { super::$check(super::Kind::Cluster, 4).await } )* }
-        #[tokio::test]
-        async fn every_check_on_three_masters_with_16_shards() {
-            let cluster = TestCluster::start_with(3, 0);
-            *MASTERS.lock().unwrap() = Some(cluster.url());
+    ($($group:ident: [$($check:ident),* $(,)?]),* $(,)?) => {
+        mod memory_1 { $($( #[tokio::test(flavor = "current_thread")] async fn $check() { super::$check(super::Kind::Memory, 1).await } )*)* }
+        mod memory_4 { $($( #[tokio::test(flavor = "current_thread")] async fn $check() { super::$check(super::Kind::Memory, 4).await } )*)* }
+        mod redis_1 { $($( #[tokio::test] async fn $check() { super::$check(super::Kind::Redis, 1).await } )*)* }
+        mod redis_4 { $($( #[tokio::test] async fn $check() { super::$check(super::Kind::Redis, 4).await } )*)* }
+        mod cluster_4 { $($( #[tokio::test] async fn $check() { super::$check(super::Kind::Cluster, 4).await } )*)* }
+        mod three_masters_16 {
             $(
-                for master in cluster.masters() {
-                    master.cli(&["FLUSHALL"]);
+                #[tokio::test]
+                async fn $group() {
+                    let cluster = super::TestCluster::start_with(3, 0);
+                    let kind = super::Kind::Masters(cluster.nodes[0].port());
+                    $(
+                        for master in cluster.masters() {
+                            master.cli(&["FLUSHALL"]);
+                        }
+                        super::$check(kind, 16).await;
+                    )*
                 }
-                $check(Kind::Masters, 16).await;
             )*
         }
     };
 }
 
 suite!(
-    simple_tier_round_trip,
-    duplicates_are_stored_once,
-    unknown_and_archiving,
-    tier_transitions,
-    range_pages,
-    range_pages_through_sparse_batches,
-    summary_batches_expire,
-    a_corrupted_batch_is_reported_and_counted,
-    compaction_seals_partial_batches,
-    export_import_round_trip,
-    a_small_export_snapshot,
-    compaction_moves_older_records_to_the_current_tier,
-    a_random_workload_matches_a_model,
-    records_in_the_wrong_inbox_are_dropped,
-    open_batches_answer_compressed_until_sealed,
-    duplicates_in_a_complete_batch_are_found,
-    full_segments_are_joined_and_read,
-    joined_segments_expire_together,
-    compaction_joins_segments_from_the_simple_tier,
-    run_publishes_a_snapshot_every_n_archive_batches,
-    run_publishes_after_the_interval_only_when_something_was_archived,
-    a_woken_pass_archives_what_completions_marked,
-    run_archives_what_arrives_while_it_idles,
-    damaged_statistics_stall_one_shard_until_repaired,
+    // Every batch of a segment of every shard, read back pid by pid.
+    segments: [full_segments_are_joined_and_read],
+    tiers_and_compaction: [
+        compaction_joins_segments_from_the_simple_tier,
+        joined_segments_expire_together,
+        tier_transitions,
+        summary_batches_expire,
+        a_corrupted_batch_is_reported_and_counted,
+        compaction_seals_partial_batches,
+        compaction_moves_older_records_to_the_current_tier,
+        open_batches_answer_compressed_until_sealed,
+        duplicates_in_a_complete_batch_are_found,
+    ],
+    archiving_reading_and_the_run_loop: [
+        simple_tier_round_trip,
+        duplicates_are_stored_once,
+        unknown_and_archiving,
+        range_pages,
+        range_pages_through_sparse_batches,
+        export_import_round_trip,
+        a_small_export_snapshot,
+        a_random_workload_matches_a_model,
+        records_in_the_wrong_inbox_are_dropped,
+        run_publishes_a_snapshot_every_n_archive_batches,
+        run_publishes_after_the_interval_only_when_something_was_archived,
+        a_woken_pass_archives_what_completions_marked,
+        run_archives_what_arrives_while_it_idles,
+        damaged_statistics_stall_one_shard_until_repaired,
+    ],
 );
 
 /// Issue 22: one corrupt byte in a shard's statistics. Archiving that shard is refused,
