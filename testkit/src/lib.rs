@@ -32,11 +32,17 @@ impl TestRedis {
         let server = Self::spawn(&["--cluster-enabled", "yes"]);
         let out = server.cli(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
         assert!(out.contains("OK"), "CLUSTER ADDSLOTSRANGE: {out}");
+        // A new master stays in cluster_state:fail for its first 2 s. Polled on one
+        // connection: a connection per poll would leave a hundred sockets in TIME_WAIT,
+        // which every server start then reads through (`listens_on`).
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut conn = client.get_connection().unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !server
-            .cli(&["CLUSTER", "INFO"])
-            .contains("cluster_state:ok")
-        {
+        loop {
+            let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut conn).unwrap();
+            if info.contains("cluster_state:ok") {
+                break;
+            }
             assert!(Instant::now() < deadline, "cluster did not become ok");
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -229,15 +235,22 @@ impl TestRedis {
     }
 
     /// Every key with its DUMP (or nil), sorted: compare two to show nothing changed.
+    /// One connection, the DUMPs in one pipeline: the refusal tests take thousands.
     pub fn dump_all(&self) -> Vec<(String, Option<Vec<u8>>)> {
-        let mut keys: Vec<String> = self.query(redis::cmd("KEYS").arg("*"));
+        let client = redis::Client::open(self.url()).unwrap();
+        let mut conn = client.get_connection().unwrap();
+        let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
         keys.sort();
-        keys.into_iter()
-            .map(|k| {
-                let d: Option<Vec<u8>> = self.query(redis::cmd("DUMP").arg(&k));
-                (k, d)
-            })
-            .collect()
+        let mut pipe = redis::pipe();
+        for k in &keys {
+            pipe.cmd("DUMP").arg(k);
+        }
+        let dumps: Vec<Option<Vec<u8>>> = if keys.is_empty() {
+            Vec::new()
+        } else {
+            pipe.query(&mut conn).unwrap()
+        };
+        keys.into_iter().zip(dumps).collect()
     }
 
     /// The server's clock (`TIME`) in ms.
