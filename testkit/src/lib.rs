@@ -32,11 +32,17 @@ impl TestRedis {
         let server = Self::spawn(&["--cluster-enabled", "yes"]);
         let out = server.cli(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
         assert!(out.contains("OK"), "CLUSTER ADDSLOTSRANGE: {out}");
+        // A new master stays in cluster_state:fail for its first 2 s. Polled on one
+        // connection: a connection per poll would leave a hundred sockets in TIME_WAIT,
+        // which every server start then reads through (`listens_on`).
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut conn = client.get_connection().unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !server
-            .cli(&["CLUSTER", "INFO"])
-            .contains("cluster_state:ok")
-        {
+        loop {
+            let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut conn).unwrap();
+            if info.contains("cluster_state:ok") {
+                break;
+            }
             assert!(Instant::now() < deadline, "cluster did not become ok");
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -229,15 +235,22 @@ impl TestRedis {
     }
 
     /// Every key with its DUMP (or nil), sorted: compare two to show nothing changed.
+    /// One connection, the DUMPs in one pipeline: the refusal tests take thousands.
     pub fn dump_all(&self) -> Vec<(String, Option<Vec<u8>>)> {
-        let mut keys: Vec<String> = self.query(redis::cmd("KEYS").arg("*"));
+        let client = redis::Client::open(self.url()).unwrap();
+        let mut conn = client.get_connection().unwrap();
+        let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
         keys.sort();
-        keys.into_iter()
-            .map(|k| {
-                let d: Option<Vec<u8>> = self.query(redis::cmd("DUMP").arg(&k));
-                (k, d)
-            })
-            .collect()
+        let mut pipe = redis::pipe();
+        for k in &keys {
+            pipe.cmd("DUMP").arg(k);
+        }
+        let dumps: Vec<Option<Vec<u8>>> = if keys.is_empty() {
+            Vec::new()
+        } else {
+            pipe.query(&mut conn).unwrap()
+        };
+        keys.into_iter().zip(dumps).collect()
     }
 
     /// The server's clock (`TIME`) in ms.
@@ -342,21 +355,30 @@ impl Drop for TestRedis {
 
 /// Whether process `pid` holds the socket listening on 127.0.0.1:`port` (Linux: the
 /// listener's inode in /proc/net/tcp among the process's file descriptors).
+///
+/// The table lists every TCP socket of the machine, the thousands in TIME_WAIT that a
+/// test run's short connections leave among them, so it is searched for the text of a
+/// listener's line rather than split into columns, which in a debug build cost every
+/// server start a tenth of a second of CPU.
 fn listens_on(pid: u32, port: u16) -> bool {
     let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
         return false;
     };
-    let wanted = format!(":{port:04X}");
+    // `sl: local rem st tx:rx tr:when retrnsmt uid timeout inode ...`: a listener's local
+    // address ends in the port, its remote address is zero and its state 0A (LISTEN);
+    // from the port on, its inode is the ninth column.
+    let wanted = format!(":{port:04X} 00000000:0000 0A ");
     let inodes: Vec<String> = table
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let cols: Vec<&str> = line.split_whitespace().collect();
-            // local_address, state 0A (LISTEN), inode.
-            (cols.len() > 9 && cols[1].ends_with(&wanted) && cols[3] == "0A")
-                .then(|| format!("socket:[{}]", cols[9]))
+        .match_indices(&wanted)
+        .filter_map(|(at, _)| {
+            let line = table[at..].split('\n').next()?;
+            let inode = line.split_whitespace().nth(8)?;
+            Some(format!("socket:[{inode}]"))
         })
         .collect();
+    if inodes.is_empty() {
+        return false;
+    }
     let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
         return false;
     };

@@ -1,8 +1,8 @@
 //! One behaviour suite for the archive, run against every backend: memory, a private
 //! standalone Redis, and a private one-node Redis Cluster (where a script touching keys
 //! of two slots fails with CROSSSLOT), each at 1 and 4 shards; and once more on a
-//! cluster of 3 masters with 16 shards, every check in turn on one cluster started for
-//! them all and flushed between them.
+//! cluster of 3 masters with 16 shards, in three groups of checks, each group a test
+//! running its checks in turn on one cluster started for them and flushed between them.
 
 use crate::support;
 
@@ -29,16 +29,9 @@ enum Kind {
     Memory,
     Redis,
     Cluster,
-    /// The 3-master cluster in [`MASTERS`].
-    Masters,
+    /// The 3-master cluster with a node on this port, which a group of checks shares.
+    Masters(u16),
 }
-
-/// The URL of the 3-master cluster the `Kind::Masters` checks share.
-static MASTERS: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
-/// Harnesses made on that cluster since it was last flushed: the first gets the
-/// config's namespace, as on a private server, later ones (a check's second archive)
-/// one of their own.
-static NAMESPACES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 enum Backend {
     Memory(
@@ -61,6 +54,9 @@ struct Harness {
     export: Arc<dyn Export>,
     import: Arc<dyn Import>,
     backend: Backend,
+    kind: Kind,
+    /// Harnesses made [`beside`](Self::beside) this one so far.
+    siblings: std::sync::atomic::AtomicU32,
 }
 
 impl Harness {
@@ -76,13 +72,7 @@ impl Harness {
         .await
     }
 
-    async fn with(kind: Kind, mut config: Config) -> Self {
-        if kind == Kind::Masters {
-            let n = NAMESPACES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if n > 0 {
-                config.namespace = format!("{}{n}", config.namespace);
-            }
-        }
+    async fn with(kind: Kind, config: Config) -> Self {
         let schema = config.schema().unwrap();
         match kind {
             Kind::Memory => {
@@ -104,11 +94,13 @@ impl Harness {
                     import: archive.clone(),
                     backend: Backend::Memory(txs, archive, stats_handle),
                     config,
+                    kind,
+                    siblings: Default::default(),
                 }
             }
-            Kind::Redis | Kind::Cluster | Kind::Masters => {
+            Kind::Redis | Kind::Cluster | Kind::Masters(_) => {
                 let (server, url) = match kind {
-                    Kind::Masters => (None, MASTERS.lock().unwrap().clone().expect("cluster")),
+                    Kind::Masters(port) => (None, format!("redis://127.0.0.1:{port}")),
                     Kind::Cluster => {
                         let server = TestRedis::start_cluster();
                         let url = server.url();
@@ -122,19 +114,41 @@ impl Harness {
                 };
                 let conn = RedisConnection::connect(&url).await.unwrap();
                 assert_eq!(conn.is_cluster(), kind != Kind::Redis);
-                let archive = Arc::new(RedisArchive::new(conn.clone(), config.clone()).unwrap());
-                Self {
-                    stats: Arc::new(RedisStats::new(conn.clone(), schema.clone())),
-                    schema,
-                    archiver: archive.clone(),
-                    query: archive.clone(),
-                    compaction: archive.clone(),
-                    export: archive.clone(),
-                    import: archive,
-                    backend: Backend::Redis(server, conn),
-                    config,
-                }
+                Self::on(kind, server, conn, config)
             }
+        }
+    }
+
+    /// A harness on `conn` (and `server`, when it owns one) with `config`.
+    fn on(kind: Kind, server: Option<TestRedis>, conn: RedisConnection, config: Config) -> Self {
+        let schema = config.schema().unwrap();
+        let archive = Arc::new(RedisArchive::new(conn.clone(), config.clone()).unwrap());
+        Self {
+            stats: Arc::new(RedisStats::new(conn.clone(), schema.clone())),
+            schema,
+            archiver: archive.clone(),
+            query: archive.clone(),
+            compaction: archive.clone(),
+            export: archive.clone(),
+            import: archive,
+            backend: Backend::Redis(server, conn),
+            config,
+            kind,
+            siblings: Default::default(),
+        }
+    }
+
+    /// A check's second archive, with `config` but a namespace of its own: on the same
+    /// server or cluster as this one (a private server of its own would cost a cluster
+    /// check another two seconds before it may write), or in memory a new one.
+    async fn beside(&self, mut config: Config) -> Self {
+        let n = 1 + self
+            .siblings
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        config.namespace = format!("{}{n}", config.namespace);
+        match &self.backend {
+            Backend::Memory(..) => Self::with(Kind::Memory, config).await,
+            Backend::Redis(_, conn) => Self::on(self.kind, None, conn.clone(), config),
         }
     }
 
@@ -155,6 +169,9 @@ impl Harness {
 
     /// Completes `records` as the active store does: index bit, then one inbox entry per
     /// shard holding that shard's records as JSON lines, then the shard's dirty mark.
+    /// A shard's bits and its entry are one pipeline (one slot, so one node, run in the
+    /// order sent): a completion of thousands of records costs a round trip per shard,
+    /// not per record.
     async fn complete(&self, records: &[CompletedRecord]) {
         match &self.backend {
             Backend::Memory(txs, ..) => {
@@ -174,21 +191,19 @@ impl Harness {
                 }
                 let mut conn = conn.clone();
                 for (shard, recs) in by_shard {
+                    let mut pipe = redis::pipe();
                     for r in &recs {
-                        let _: i64 = conn
-                            .setbit(
-                                self.schema.completed_index(shard),
-                                self.schema.bit_offset(r.pid) as usize,
-                                true,
-                            )
-                            .await
-                            .unwrap();
+                        pipe.setbit(
+                            self.schema.completed_index(shard),
+                            self.schema.bit_offset(r.pid) as usize,
+                            true,
+                        )
+                        .ignore();
                     }
                     let lines: Vec<String> = recs.iter().map(|r| encode_json(r)).collect();
-                    let _: String = conn
-                        .xadd(self.schema.inbox(shard), "*", &[("r", lines.join("\n"))])
-                        .await
-                        .unwrap();
+                    pipe.xadd(self.schema.inbox(shard), "*", &[("r", lines.join("\n"))])
+                        .ignore();
+                    let () = pipe.query_async(&mut conn).await.unwrap();
                     let _: i64 = conn.sadd(self.schema.dirty(), shard).await.unwrap();
                 }
             }
@@ -265,6 +280,18 @@ impl Harness {
         self.query.get(pid).await.unwrap()
     }
 
+    /// [`get`](Self::get) of every pid of `pids`, answers in their order, with up to 64
+    /// calls in flight: reading back thousands of pids one round trip at a time is most
+    /// of what a check on a cluster would cost.
+    async fn get_all(&self, pids: impl IntoIterator<Item = u64>) -> Vec<Lookup> {
+        use futures_util::StreamExt;
+        futures_util::stream::iter(pids)
+            .map(|pid| self.get(pid))
+            .buffered(64)
+            .collect()
+            .await
+    }
+
     /// Expires the summary batches holding `pids` now (PEXPIRE 0 on Redis), after
     /// checking each had at most `ttl` and more than `ttl` minus a minute left (PTTL):
     /// no test waits on a TTL.
@@ -333,6 +360,11 @@ fn records(pids: impl IntoIterator<Item = u64>) -> Vec<CompletedRecord> {
     pids.into_iter().map(record).collect()
 }
 
+/// The pids of `records`, in order.
+fn pids(records: &[CompletedRecord]) -> impl Iterator<Item = u64> + '_ {
+    records.iter().map(|r| r.pid)
+}
+
 fn archived(r: &CompletedRecord, tier: Tier) -> Lookup {
     Lookup::Archived {
         record: r.clone(),
@@ -340,53 +372,65 @@ fn archived(r: &CompletedRecord, tier: Tier) -> Lookup {
     }
 }
 
+/// Generates one `#[tokio::test]` per backend and shard count for each check, and one
+/// per group on a cluster of 3 masters with 16 shards: a cluster costs a test 2 s before
+/// it takes writes, so its checks share one, and the groups, of about equal length, let
+/// nextest run them side by side.
 macro_rules! suite {
-    ($($check:ident),* $(,)?) => {
-        mod memory_1 { $( #[tokio::test(flavor = "current_thread")] async fn $check() { super::$check(super::Kind::Memory, 1).await } )* }
-        mod memory_4 { $( #[tokio::test(flavor = "current_thread")] async fn $check() { super::$check(super::Kind::Memory, 4).await } )* }
-        mod redis_1 { $( #[tokio::test] async fn $check() { super::$check(super::Kind::Redis, 1).await } )* }
-        mod redis_4 { $( #[tokio::test] async fn $check() { super::$check(super::Kind::Redis, 4).await } )* }
-        mod cluster_4 { $( #[tokio::test] async fn $check() { super::$check(super::Kind::Cluster, 4).await } )* }
-        #[tokio::test]
-        async fn every_check_on_three_masters_with_16_shards() {
-            let cluster = TestCluster::start_with(3, 0);
-            *MASTERS.lock().unwrap() = Some(cluster.url());
+    ($($group:ident: [$($check:ident),* $(,)?]),* $(,)?) => {
+        mod memory_1 { $($( #[tokio::test(flavor = "current_thread")] async fn $check() { super::$check(super::Kind::Memory, 1).await } )*)* }
+        mod memory_4 { $($( #[tokio::test(flavor = "current_thread")] async fn $check() { super::$check(super::Kind::Memory, 4).await } )*)* }
+        mod redis_1 { $($( #[tokio::test] async fn $check() { super::$check(super::Kind::Redis, 1).await } )*)* }
+        mod redis_4 { $($( #[tokio::test] async fn $check() { super::$check(super::Kind::Redis, 4).await } )*)* }
+        mod cluster_4 { $($( #[tokio::test] async fn $check() { super::$check(super::Kind::Cluster, 4).await } )*)* }
+        mod three_masters_16 {
             $(
-                for master in cluster.masters() {
-                    master.cli(&["FLUSHALL"]);
+                #[tokio::test]
+                async fn $group() {
+                    let cluster = super::TestCluster::start_with(3, 0);
+                    let kind = super::Kind::Masters(cluster.nodes[0].port());
+                    $(
+                        for master in cluster.masters() {
+                            master.cli(&["FLUSHALL"]);
+                        }
+                        super::$check(kind, 16).await;
+                    )*
                 }
-                NAMESPACES.store(0, std::sync::atomic::Ordering::Relaxed);
-                $check(Kind::Masters, 16).await;
             )*
         }
     };
 }
 
 suite!(
-    simple_tier_round_trip,
-    duplicates_are_stored_once,
-    unknown_and_archiving,
-    tier_transitions,
-    range_pages,
-    range_pages_through_sparse_batches,
-    summary_batches_expire,
-    a_corrupted_batch_is_reported_and_counted,
-    compaction_seals_partial_batches,
-    export_import_round_trip,
-    a_small_export_snapshot,
-    compaction_moves_older_records_to_the_current_tier,
-    a_random_workload_matches_a_model,
-    records_in_the_wrong_inbox_are_dropped,
-    open_batches_answer_compressed_until_sealed,
-    duplicates_in_a_complete_batch_are_found,
-    full_segments_are_joined_and_read,
-    joined_segments_expire_together,
-    compaction_joins_segments_from_the_simple_tier,
-    run_publishes_a_snapshot_every_n_archive_batches,
-    run_publishes_after_the_interval_only_when_something_was_archived,
-    a_woken_pass_archives_what_completions_marked,
-    run_archives_what_arrives_while_it_idles,
-    damaged_statistics_stall_one_shard_until_repaired,
+    // Every batch of a segment of every shard, read back pid by pid.
+    segments: [full_segments_are_joined_and_read],
+    tiers_and_compaction: [
+        compaction_joins_segments_from_the_simple_tier,
+        joined_segments_expire_together,
+        tier_transitions,
+        summary_batches_expire,
+        a_corrupted_batch_is_reported_and_counted,
+        compaction_seals_partial_batches,
+        compaction_moves_older_records_to_the_current_tier,
+        open_batches_answer_compressed_until_sealed,
+        duplicates_in_a_complete_batch_are_found,
+    ],
+    archiving_reading_and_the_run_loop: [
+        simple_tier_round_trip,
+        duplicates_are_stored_once,
+        unknown_and_archiving,
+        range_pages,
+        range_pages_through_sparse_batches,
+        export_import_round_trip,
+        a_small_export_snapshot,
+        a_random_workload_matches_a_model,
+        records_in_the_wrong_inbox_are_dropped,
+        run_publishes_a_snapshot_every_n_archive_batches,
+        run_publishes_after_the_interval_only_when_something_was_archived,
+        a_woken_pass_archives_what_completions_marked,
+        run_archives_what_arrives_while_it_idles,
+        damaged_statistics_stall_one_shard_until_repaired,
+    ],
 );
 
 /// Issue 22: one corrupt byte in a shard's statistics. Archiving that shard is refused,
@@ -420,12 +464,12 @@ async fn damaged_statistics_stall_one_shard_until_repaired(kind: Kind, shards: u
     let pass = h.drain().await;
     assert_eq!(pass.archived, 25, "the healthy shard drained: {pass:?}");
     assert!(pass.stalled > 0, "{pass:?}");
-    for r in &more1 {
-        assert!(matches!(h.get(r.pid).await, Lookup::Archived { .. }));
+    for found in h.get_all(pids(&more1)).await {
+        assert!(matches!(found, Lookup::Archived { .. }));
     }
     // Nothing of shard 0's records is lost: completed, not archived, still waiting.
-    for r in &more0 {
-        assert_eq!(h.get(r.pid).await, Lookup::Archiving, "pid {}", r.pid);
+    for (r, found) in more0.iter().zip(h.get_all(pids(&more0)).await) {
+        assert_eq!(found, Lookup::Archiving, "pid {}", r.pid);
     }
     let stalled = h.query.stalled().await.unwrap();
     assert_eq!(stalled.len(), 1, "{stalled:?}");
@@ -476,27 +520,26 @@ async fn full_segments_are_joined_and_read(kind: Kind, shards: u32) {
     }
     h.complete(&shuffled[..50]).await;
     assert_eq!(h.drain().await.archived, 0);
-    for r in &recs {
-        assert_eq!(
-            h.get(r.pid).await,
-            archived(r, Tier::Compressed),
-            "pid {}",
-            r.pid
-        );
+    for (r, found) in recs.iter().zip(h.get_all(pids(&recs)).await) {
+        assert_eq!(found, archived(r, Tier::Compressed), "pid {}", r.pid);
     }
     h.assert_stats(&recs).await;
     // Joined: one key per segment, no batch keys; the last batch stays on its own.
     assert_joined(&h, shards).await;
     // In order, each batch arrives whole and is sealed before its archive call, whose
     // joins ride behind it: joined as well, without any compaction.
-    let in_order = Harness::with(kind, compressed_config(shards, u64::MAX, Duration::ZERO)).await;
+    let in_order = h
+        .beside(compressed_config(shards, u64::MAX, Duration::ZERO))
+        .await;
     in_order.complete(&recs).await;
     in_order.drain().await;
     assert_joined(&in_order, shards).await;
     // The dump holds every record, and comes back whole elsewhere.
     let dump = h.export.export(T0).await.unwrap();
     assert_eq!(dump.entries(), recs.len() as u64);
-    let other = Harness::with(kind, compressed_config(shards, u64::MAX, Duration::ZERO)).await;
+    let other = h
+        .beside(compressed_config(shards, u64::MAX, Duration::ZERO))
+        .await;
     assert_eq!(other.import.import(&dump).await.unwrap(), recs.len() as u64);
     let again = other.export.export(T0).await.unwrap();
     assert_eq!(again.to_json_lines(), dump.to_json_lines());
@@ -540,13 +583,8 @@ async fn compaction_joins_segments_from_the_simple_tier(kind: Kind, shards: u32)
     // Compaction moves them into batches, seals them and joins the full segments.
     h.compaction.compact().await.unwrap();
     assert_joined(&h, shards).await;
-    for r in &recs {
-        assert_eq!(
-            h.get(r.pid).await,
-            archived(r, Tier::Compressed),
-            "pid {}",
-            r.pid
-        );
+    for (r, found) in recs.iter().zip(h.get_all(pids(&recs)).await) {
+        assert_eq!(found, archived(r, Tier::Compressed), "pid {}", r.pid);
     }
     assert_eq!(h.compaction.compact().await.unwrap(), 0);
     h.assert_stats(&recs).await;
@@ -581,13 +619,8 @@ async fn simple_tier_round_trip(kind: Kind, shards: u32) {
     let pass = h.drain().await;
     assert_eq!(pass.archived, 250);
     assert_eq!(pass.duplicates, 0);
-    for r in &recs {
-        assert_eq!(
-            h.get(r.pid).await,
-            archived(r, Tier::Simple),
-            "pid {}",
-            r.pid
-        );
+    for (r, found) in recs.iter().zip(h.get_all(pids(&recs)).await) {
+        assert_eq!(found, archived(r, Tier::Simple), "pid {}", r.pid);
     }
     // Nothing left to do.
     assert_eq!(h.drain().await, ArchivePass::default());
@@ -605,8 +638,8 @@ async fn duplicates_are_stored_once(kind: Kind, shards: u32) {
     let second = h.drain().await;
     assert_eq!(first.archived + second.archived, 120);
     assert_eq!(first.duplicates + second.duplicates, 50);
-    for r in &recs {
-        assert_eq!(h.get(r.pid).await, archived(r, Tier::Simple));
+    for (r, found) in recs.iter().zip(h.get_all(pids(&recs)).await) {
+        assert_eq!(found, archived(r, Tier::Simple));
     }
     h.assert_stats(&recs).await;
 }
@@ -641,9 +674,10 @@ async fn tier_transitions(kind: Kind, shards: u32) {
         h.drain().await;
         tiers.push(h.config.tier_for((tiers.len() as u64) * 50));
     }
-    for (i, r) in recs.iter().enumerate() {
+    let found = h.get_all(pids(&recs)).await;
+    for (i, (r, found)) in recs.iter().zip(found).enumerate() {
         let want = tiers[i / 50];
-        match h.get(r.pid).await {
+        match found {
             Lookup::Archived { record, tier } => {
                 assert_eq!(&record, r, "pid {}", r.pid);
                 // Batches are sealed with the tier of the pass that fills them, so the
@@ -727,8 +761,8 @@ async fn summary_batches_expire(kind: Kind, shards: u32) {
     let recs = records(1..=199);
     h.complete(&recs).await;
     h.drain().await;
-    for r in &recs {
-        assert_eq!(h.get(r.pid).await, archived(r, Tier::Summary));
+    for (r, found) in recs.iter().zip(h.get_all(pids(&recs)).await) {
+        assert_eq!(found, archived(r, Tier::Summary));
     }
     h.expire(&[1, 150], ttl).await;
     assert_eq!(h.get(1).await, Lookup::Expired);
@@ -766,13 +800,8 @@ async fn compaction_seals_partial_batches(kind: Kind, shards: u32) {
     h.complete(&rest).await;
     h.drain().await;
     assert_eq!(h.compaction.compact().await.unwrap(), 1); // batch 2, half full
-    for r in &recs {
-        assert_eq!(
-            h.get(r.pid).await,
-            archived(r, Tier::Compressed),
-            "pid {}",
-            r.pid
-        );
+    for (r, found) in recs.iter().zip(h.get_all(pids(&recs)).await) {
+        assert_eq!(found, archived(r, Tier::Compressed), "pid {}", r.pid);
     }
     h.assert_stats(&recs).await;
 }
@@ -807,18 +836,16 @@ async fn export_import_round_trip(kind: Kind, shards: u32) {
     assert_eq!(lines.lines().next().unwrap(), encode_json(&recs[0]));
 
     // Into an empty namespace with another shard count, then not again.
-    let other = Harness::with(
-        kind,
-        Config {
+    let other = h
+        .beside(Config {
             num_shards: if shards == 1 { 4 } else { 1 },
             ..config
-        },
-    )
-    .await;
+        })
+        .await;
     assert_eq!(other.import.import(&dump).await.unwrap(), 450);
     assert!(other.import.import(&dump).await.is_err());
-    for r in &recs {
-        match other.get(r.pid).await {
+    for (r, found) in recs.iter().zip(other.get_all(pids(&recs)).await) {
+        match found {
             Lookup::Archived { record, tier } => {
                 assert_eq!(&record, r);
                 // A batch goes back whole to the highest tier it held: batch 1 held
@@ -894,13 +921,8 @@ async fn compaction_moves_older_records_to_the_current_tier(kind: Kind, shards: 
     }
     assert_eq!(h.get(5).await, archived(&recs[4], Tier::Simple));
     h.compaction.compact().await.unwrap();
-    for r in &recs {
-        assert_eq!(
-            h.get(r.pid).await,
-            archived(r, Tier::Summary),
-            "pid {}",
-            r.pid
-        );
+    for (r, found) in recs.iter().zip(h.get_all(pids(&recs)).await) {
+        assert_eq!(found, archived(r, Tier::Summary), "pid {}", r.pid);
     }
     assert_eq!(h.compaction.compact().await.unwrap(), 0);
     h.assert_stats(&recs).await;
@@ -963,8 +985,8 @@ async fn a_random_workload_matches_a_model(kind: Kind, shards: u32) {
     }
     tokio::time::sleep(Duration::from_millis(3)).await;
     drain(&*archiver).await;
-    for pid in 1..=700 {
-        match (h.get(pid).await, model.get(&pid)) {
+    for (pid, found) in (1..=700).zip(h.get_all(1..=700).await) {
+        match (found, model.get(&pid)) {
             (Lookup::Archived { record, .. }, Some(want)) => assert_eq!(&record, want),
             (Lookup::Unknown, None) => {}
             (found, want) => panic!("pid {pid}: {found:?}, model {want:?}"),
@@ -1028,13 +1050,8 @@ async fn duplicates_in_a_complete_batch_are_found(kind: Kind, shards: u32) {
         (pass.archived, pass.duplicates),
         (recs.len() - early.len(), early.len())
     );
-    for r in &recs {
-        assert_eq!(
-            h.get(r.pid).await,
-            archived(r, Tier::Compressed),
-            "pid {}",
-            r.pid
-        );
+    for (r, found) in recs.iter().zip(h.get_all(pids(&recs)).await) {
+        assert_eq!(found, archived(r, Tier::Compressed), "pid {}", r.pid);
     }
     h.assert_stats(&recs).await;
 }
@@ -1070,8 +1087,8 @@ async fn a_dead_archivers_entries_are_taken_over() {
         let pass = drain(&*taker).await;
         assert!(pass.claimed >= 1, "{pass:?}");
         assert_eq!((pass.archived, pass.duplicates), (200, 100), "{pass:?}");
-        for r in &recs {
-            assert_eq!(h.get(r.pid).await, archived(r, Tier::Simple));
+        for (r, found) in recs.iter().zip(h.get_all(pids(&recs)).await) {
+            assert_eq!(found, archived(r, Tier::Simple));
         }
         h.assert_stats(&recs).await;
         // Nothing pending anywhere.
