@@ -649,7 +649,10 @@ fn auto_prefetch(concurrency: usize, mean_ms: Option<f64>) -> usize {
 fn start(tasks: &mut JoinSet<()>, ctx: &Arc<PartitionCtx>, lease: Lease, hold: Arc<Hold>) {
     ctx.book.started();
     let span = tracing::debug_span!("partition", pid = lease.pid, attempt = lease.attempt);
-    let task = ctx.clone().process(lease, hold);
+    // Boxed: the future is some kilobytes, and tokio moves an unboxed one several times
+    // on its way into the task and keeps its whole size in the task's stage (written
+    // again when it finishes); a pointer moves for free.
+    let task = Box::pin(ctx.clone().process(lease, hold));
     if span.is_disabled() {
         tasks.spawn(task);
     } else {
