@@ -63,7 +63,7 @@ impl TestRedis {
     pub fn start_with_unix_socket(path: &std::path::Path) -> Self {
         let socket = path.to_owned();
         let path = path.to_str().unwrap().to_owned();
-        let server = Self::spawn_with(move |_| {
+        let server = Self::spawn_with(false, move |_| {
             vec![
                 "--unixsocket".into(),
                 path.clone(),
@@ -114,7 +114,7 @@ impl TestRedis {
             ]),
             None => tls.extend(["--tls-auth-clients".to_owned(), "no".to_owned()]),
         }
-        Self::spawn_with(move |port| {
+        Self::spawn_with(false, move |port| {
             let mut args = vec![
                 "--port".to_owned(),
                 "0".to_owned(),
@@ -132,16 +132,23 @@ impl TestRedis {
     }
 
     fn spawn(extra: &[&str]) -> Self {
+        let cluster = extra.windows(2).any(|w| w == ["--cluster-enabled", "yes"]);
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        Self::spawn_with(move |_| extra.clone())
+        Self::spawn_with(cluster, move |_| extra.clone())
     }
 
-    fn spawn_with(extra: impl Fn(u16) -> Vec<String>) -> Self {
+    /// Starts a server on a free port, `cluster` saying whether it is a cluster node,
+    /// which also listens on its cluster bus port, `port + CLUSTER_BUS_OFFSET`.
+    fn spawn_with(cluster: bool, extra: impl Fn(u16) -> Vec<String>) -> Self {
         let binary = std::env::var_os("TRANCHE_REDIS_SERVER")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("redis-server"));
         for _ in 0..10 {
-            let port = free_port();
+            let port = if cluster {
+                free_cluster_port()
+            } else {
+                free_port()
+            };
             let dir =
                 std::env::temp_dir().join(format!("tranche-redis-{}-{port}", std::process::id()));
             std::fs::create_dir_all(&dir).unwrap();
@@ -162,15 +169,20 @@ impl TestRedis {
                     )
                 });
             let mut server = Self { child, port, dir };
-            if server.wait_ready() {
+            let bus = cluster.then(|| port + CLUSTER_BUS_OFFSET);
+            if server.wait_ready(bus) {
                 return server;
             }
-            // The port was taken between probing and binding: try another.
+            // The port or the bus port was taken between probing and binding: try
+            // another.
         }
         panic!("could not start a private redis-server after 10 attempts");
     }
 
-    fn wait_ready(&mut self) -> bool {
+    /// Whether the server came up listening on its port and, for a cluster node, on
+    /// its cluster `bus` port too.
+    fn wait_ready(&mut self, bus: Option<u16>) -> bool {
+        let ports: Vec<u16> = std::iter::once(self.port).chain(bus).collect();
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
@@ -178,9 +190,11 @@ impl TestRedis {
             }
             // The port answering is not enough: between probing a free port and binding
             // it, a server another test started may have taken it, and this one is
-            // about to exit. Ready means the listening socket is this child's.
+            // about to exit. Ready means the listening socket is this child's. A cluster
+            // node listens on its port before it binds the bus port, and exits if that
+            // bind fails, so it is ready only once it holds both.
             if TcpStream::connect((Ipv4Addr::LOCALHOST, self.port)).is_ok()
-                && listens_on(self.child.id(), self.port)
+                && listens_on(self.child.id(), &ports)
             {
                 return true;
             }
@@ -353,47 +367,84 @@ impl Drop for TestRedis {
     }
 }
 
-/// Whether process `pid` holds the socket listening on 127.0.0.1:`port` (Linux: the
-/// listener's inode in /proc/net/tcp among the process's file descriptors).
+/// Whether process `pid` holds a socket listening on 127.0.0.1 on each of `ports`
+/// (Linux: the listener's inode in /proc/net/tcp among the process's file descriptors).
 ///
 /// The table lists every TCP socket of the machine, the thousands in TIME_WAIT that a
-/// test run's short connections leave among them, so it is searched for the text of a
-/// listener's line rather than split into columns, which in a debug build cost every
-/// server start a tenth of a second of CPU.
-fn listens_on(pid: u32, port: u16) -> bool {
+/// test run's short connections leave among them, so it is read once and searched for
+/// the text of a listener's line rather than split into columns, which in a debug build
+/// cost every server start a tenth of a second of CPU.
+fn listens_on(pid: u32, ports: &[u16]) -> bool {
     let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
         return false;
     };
     // `sl: local rem st tx:rx tr:when retrnsmt uid timeout inode ...`: a listener's local
     // address ends in the port, its remote address is zero and its state 0A (LISTEN);
     // from the port on, its inode is the ninth column.
-    let wanted = format!(":{port:04X} 00000000:0000 0A ");
-    let inodes: Vec<String> = table
-        .match_indices(&wanted)
-        .filter_map(|(at, _)| {
-            let line = table[at..].split('\n').next()?;
-            let inode = line.split_whitespace().nth(8)?;
-            Some(format!("socket:[{inode}]"))
-        })
-        .collect();
-    if inodes.is_empty() {
+    let inodes_of = |port: u16| -> Vec<String> {
+        let wanted = format!(":{port:04X} 00000000:0000 0A ");
+        table
+            .match_indices(&wanted)
+            .filter_map(|(at, _)| {
+                let line = table[at..].split('\n').next()?;
+                let inode = line.split_whitespace().nth(8)?;
+                Some(format!("socket:[{inode}]"))
+            })
+            .collect()
+    };
+    let wanted: Vec<Vec<String>> = ports.iter().map(|&port| inodes_of(port)).collect();
+    if wanted.iter().any(Vec::is_empty) {
         return false;
     }
     let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
         return false;
     };
-    fds.flatten().any(|fd| {
-        std::fs::read_link(fd.path())
-            .is_ok_and(|target| inodes.iter().any(|i| target.as_os_str() == i.as_str()))
+    let held: Vec<PathBuf> = fds
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .collect();
+    wanted.iter().all(|inodes| {
+        inodes
+            .iter()
+            .any(|i| held.iter().any(|target| target.as_os_str() == i.as_str()))
     })
 }
 
+/// How far above its client port a cluster node listens for the cluster bus (Redis's
+/// `CLUSTER_PORT_INCR`, used when no `cluster-port` is set).
+const CLUSTER_BUS_OFFSET: u16 = 10000;
+
+/// A port the OS hands out as free. Ephemeral, so test processes running side by side
+/// do not pick the same one; the probe is closed at once, and a server that loses the
+/// port to another in between is retried by `spawn_with`.
 fn free_port() -> u16 {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .unwrap()
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// A free port for a cluster node: one whose bus port, `port + CLUSTER_BUS_OFFSET`, is
+/// below 65536 and free too.
+///
+/// The OS hands out ephemeral ports up to 60999 on Linux, and a node given one above
+/// 55535 has no bus port: redis-server exits and the cluster never forms. Holding the
+/// first probe while binding the second keeps another process from taking either in
+/// between; both are closed together just before the server binds them, so the window
+/// another process has to take one is no wider than `free_port`'s.
+fn free_cluster_port() -> u16 {
+    for _ in 0..100 {
+        let probe = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let port = probe.local_addr().unwrap().port();
+        let Some(bus) = port.checked_add(CLUSTER_BUS_OFFSET) else {
+            continue;
+        };
+        if let Ok(_bus_probe) = TcpListener::bind((Ipv4Addr::LOCALHOST, bus)) {
+            return port;
+        }
+    }
+    panic!("no free port with a free cluster bus port after 100 tries");
 }
 
 /// A Redis Cluster of `masters` masters with one replica each, on free ports, every
@@ -508,5 +559,38 @@ impl TestRedis {
             .status()
             .expect("kill");
         assert!(ok.success(), "kill -{signal} failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Linux hands out ephemeral ports from 32768 to 60999, a fifth of them above 55535:
+    /// of 200 picks some land there, so a choice that forgot the bus port fails here.
+    #[test]
+    fn a_cluster_port_leaves_room_for_its_bus_port() {
+        for _ in 0..200 {
+            let port = free_cluster_port();
+            assert!(
+                port.checked_add(CLUSTER_BUS_OFFSET).is_some(),
+                "port {port} has no bus port"
+            );
+        }
+    }
+
+    #[test]
+    fn listens_on_wants_every_port_held_by_the_process() {
+        let me = std::process::id();
+        let first = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let second = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let ports = [
+            first.local_addr().unwrap().port(),
+            second.local_addr().unwrap().port(),
+        ];
+        assert!(listens_on(me, &ports));
+        drop(second);
+        assert!(listens_on(me, &ports[..1]));
+        assert!(!listens_on(me, &ports));
     }
 }
