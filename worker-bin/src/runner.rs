@@ -286,7 +286,8 @@ impl Runner {
         self
     }
 
-    /// Partitions processed at once (default 2).
+    /// Partitions processed at once (default 2). A slot frees when a partition's chunks
+    /// end; its outcome goes to the store while the next one starts.
     pub fn concurrency(mut self, n: usize) -> Self {
         self.concurrency = n.max(1);
         self

@@ -301,7 +301,8 @@ pub(crate) struct RunArgs {
     /// Sliding window per partition, in chunks (default: twice --parallel).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub(crate) window: Option<u32>,
-    /// Partitions processed at once by this process.
+    /// Partitions processed at once by this process (a partition whose chunks are done
+    /// reports its outcome without holding a slot).
     #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub(crate) concurrency: u32,
     /// Partitions claimed ahead beyond --concurrency, so a finished one is replaced

@@ -9,7 +9,7 @@
 //! at most one window of chunks above it, so `--exec` commands must be idempotent.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -163,6 +163,12 @@ pub(crate) struct Shared {
     claimed: AtomicU64,
     /// Chunks running now.
     chunks_in_flight: AtomicU64,
+    /// Partitions whose chunks still run ([`Working`]): what `--concurrency` bounds. A
+    /// partition whose chunks are done and whose outcome is on its way to the store
+    /// holds no slot.
+    working: AtomicUsize,
+    /// Told each time a partition's chunks end (a slot frees before its task does).
+    slot_freed: tokio::sync::Notify,
     /// Told of every chunk's duration, if anything watches the run.
     observer: Option<Arc<dyn Observer>>,
     /// Partition durations, ms.
@@ -188,6 +194,8 @@ impl Shared {
             in_flight: AtomicU64::new(0),
             claimed: AtomicU64::new(0),
             chunks_in_flight: AtomicU64::new(0),
+            working: AtomicUsize::new(0),
+            slot_freed: tokio::sync::Notify::new(),
             observer,
             durations_ms: Mutex::new(hist()),
             update_us: Mutex::new(recent::RecentLatency::new(Instant::now())),
@@ -498,13 +506,19 @@ async fn claim_loop(
             backend.save().await?;
             last_save = Instant::now();
         }
-        // Finished partitions free their slots (a JoinSet counts them until joined).
+        // A partition's slot frees when its chunks end ([`Working`]); its task ends once
+        // the store has its outcome. Those in that last round trip are bounded too, at
+        // `concurrency` more tasks.
         while tasks.try_join_next().is_some() {}
-        while tasks.len() < concurrency
+        let has_room = |tasks: &JoinSet<()>| {
+            shared.working.load(Relaxed) < concurrency && tasks.len() < 2 * concurrency
+        };
+        while has_room(&tasks)
             && let Some((lease, hold)) = queue.pop_front()
         {
             start(&mut tasks, &ctx, lease, hold);
         }
+        let working = shared.working.load(Relaxed);
         let prefetch = settings
             .prefetch
             .unwrap_or_else(|| auto_prefetch(concurrency, shared.mean_ms()));
@@ -512,8 +526,8 @@ async fn claim_loop(
         // Claim once a quarter of the target is free: big batches, and a queue that
         // never runs dry while the claim is in flight.
         let refill_at = (target / 4).max(1);
-        let want = target.saturating_sub(tasks.len() + queue.len());
-        let starving = queue.is_empty() && tasks.len() < concurrency;
+        let want = target.saturating_sub(working + queue.len());
+        let starving = queue.is_empty() && has_room(&tasks);
         let mut claimed = 0;
         if want > 0 && (want >= refill_at || starving) {
             let want = gate.claim(want).await;
@@ -550,7 +564,7 @@ async fn claim_loop(
         if claimed == 0
             && settings.split
             && queue.is_empty()
-            && tasks.len() < concurrency
+            && has_room(&tasks)
             && !shared.is_broken()
         {
             claimed = splitter
@@ -560,7 +574,7 @@ async fn claim_loop(
                     shared,
                     book,
                     &mut queue,
-                    concurrency - tasks.len(),
+                    concurrency - working,
                 )
                 .await;
         }
@@ -586,6 +600,7 @@ async fn claim_loop(
         let claim_due = want > 0 && (want >= refill_at || starving);
         tokio::select! {
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            () = shared.slot_freed.notified() => {}
             _ = stop.changed() => {}
             () = tokio::time::sleep(idle), if claim_due || tasks.is_empty() => {
                 // With splitting on, idle slots look for pieces and stragglers often.
@@ -652,11 +667,35 @@ fn start(tasks: &mut JoinSet<()>, ctx: &Arc<PartitionCtx>, lease: Lease, hold: A
     // Boxed: the future is some kilobytes, and tokio moves an unboxed one several times
     // on its way into the task and keeps its whole size in the task's stage (written
     // again when it finishes); a pointer moves for free.
-    let task = Box::pin(ctx.clone().process(lease, hold));
+    let working = Working::new(&ctx.shared);
+    let task = Box::pin(ctx.clone().process(lease, hold, working));
     if span.is_disabled() {
         tasks.spawn(task);
     } else {
         tasks.spawn(task.instrument(span));
+    }
+}
+
+/// A partition's hold on one of the run's `--concurrency` slots, from its start until its
+/// chunks end (dropped then, or with its task if that is dropped first). The slot frees
+/// while the partition's outcome is still on its way to the store, so the next
+/// partition starts during that round trip instead of after it: what the slots bound is
+/// the work the job's handler does at once, and a partition waiting on a group commit
+/// does none.
+pub(super) struct Working(Arc<Shared>);
+
+impl Working {
+    fn new(shared: &Arc<Shared>) -> Self {
+        shared.working.fetch_add(1, Relaxed);
+        Self(shared.clone())
+    }
+}
+
+impl Drop for Working {
+    fn drop(&mut self) {
+        self.0.working.fetch_sub(1, Relaxed);
+        // A permit if the claim loop is not waiting now: it looks again at once.
+        self.0.slot_freed.notify_one();
     }
 }
 

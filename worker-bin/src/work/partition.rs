@@ -16,7 +16,7 @@ use crate::event::Event;
 use crate::held::{Hold, LeaseBook};
 use crate::job::{Chunk, ChunkError, KILL_AFTER};
 
-use super::{Settings, Shared, Stop, until};
+use super::{Settings, Shared, Stop, Working, until};
 use crate::now_ms;
 
 mod timed;
@@ -43,7 +43,7 @@ enum Ended {
 }
 
 impl PartitionCtx {
-    pub(super) async fn process(self: Arc<Self>, lease: Lease, hold: Arc<Hold>) {
+    pub(super) async fn process(self: Arc<Self>, lease: Lease, hold: Arc<Hold>, slot: Working) {
         self.shared.in_flight.fetch_add(1, Relaxed);
         let pid = lease.pid;
         let started = Instant::now();
@@ -54,8 +54,10 @@ impl PartitionCtx {
         } else {
             self.chunks(&lease, &hold).await
         };
-        // Out of the book before the outcome: no heartbeat renews a finished lease.
+        // Out of the book before the outcome: no heartbeat renews a finished lease. Its
+        // slot is free from here: the next partition starts while this one reports.
         self.book.drop_lease(&lease);
+        drop(slot);
         let update = Instant::now();
         let result = match ended {
             Ended::Done => {

@@ -3,7 +3,7 @@
 
 use crate::support;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -91,6 +91,57 @@ async fn a_handler_runs_every_chunk_on_redis() {
             .worker_id("lib-1"),
     )
     .await;
+}
+
+/// Tracks the partitions whose chunks are running, and the most of them at once.
+#[derive(Clone, Default)]
+struct Peak {
+    /// Running chunks per pid, and the most pids with a running chunk so far.
+    at_work: Arc<Mutex<(HashMap<u64, usize>, usize)>>,
+}
+
+#[async_trait::async_trait]
+impl Handler for Peak {
+    async fn process(&self, chunk: Chunk) -> Result<(), HandlerError> {
+        {
+            let mut at_work = self.at_work.lock().unwrap();
+            *at_work.0.entry(chunk.pid).or_default() += 1;
+            at_work.1 = at_work.1.max(at_work.0.len());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let mut at_work = self.at_work.lock().unwrap();
+        let left = at_work.0.get_mut(&chunk.pid).unwrap();
+        *left -= 1;
+        if *left == 0 {
+            at_work.0.remove(&chunk.pid);
+        }
+        Ok(())
+    }
+}
+
+// A partition's slot frees when its chunks end, before its completion reaches Redis:
+// the partitions at work never exceed the concurrency, and reach it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_bounds_the_partitions_at_work() {
+    let redis = TestRedis::start();
+    let runner = Runner::redis(redis.url())
+        .namespace("peak")
+        .concurrency(3)
+        .chunk(500)
+        .parallel(2)
+        .worker_id("peak-1");
+    runner
+        .plan(tranche_worker::Plan::ids(1..=40_000).partition_size(1000))
+        .await
+        .unwrap();
+    let handler = Peak::default();
+    let report = runner.run(handler.clone()).await.unwrap();
+    assert_eq!(report.this_runner.completed, 40, "{report:?}");
+    let peak = handler.at_work.lock().unwrap().1;
+    assert_eq!(
+        peak, 3,
+        "partitions at work at once with a concurrency of 3"
+    );
 }
 
 // A current-thread runtime, as a library user may have: saving the embedded state
