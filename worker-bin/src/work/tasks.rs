@@ -109,6 +109,10 @@ pub(crate) async fn drain_archive(
 ) -> Vec<tranche_archive_store::Stall> {
     let patience = backend.archive_config.claim_idle + Duration::from_secs(5);
     let started = Instant::now();
+    // Entries other archivers are still writing keep the inboxes from emptying for a
+    // few milliseconds at the end of a job: looked at again soon at first, then less
+    // often (a dead archiver's entries take `claim_idle`).
+    let mut wait = DRAIN_POLL_FIRST;
     loop {
         if *stop.borrow() == Stop::Abort {
             return Vec::new();
@@ -138,6 +142,11 @@ pub(crate) async fn drain_archive(
             );
             return backend.archive.stalled().await.unwrap_or_default();
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(DRAIN_POLL_MOST);
     }
 }
+
+/// The final drain's first wait for entries other archivers hold, and its longest.
+const DRAIN_POLL_FIRST: Duration = Duration::from_millis(5);
+const DRAIN_POLL_MOST: Duration = Duration::from_millis(200);
