@@ -67,10 +67,27 @@ end
 -- live, and the statistics delta, whose writes `stats_plan` computes without issuing
 -- them (a delta that could overflow a counter is refused here, so a refused batch
 -- finds nothing written).
+-- The targets are checked as each record's pid and payload are listed for its tier (a
+-- list is no write): the simple hash's pairs, and each open batch hash's by its KEYS
+-- index. Lists are filled through counters (`#t` is a search in Lua 5.1), and the common
+-- target, `0`, is known without converting it.
+local simple, nsimple, open = {}, 0, {}
 for i = 1, n do
-  local target = tonumber(ARGV[4 * i + 1])
+  local t = ARGV[4 * i + 1]
+  local target = t == '0' and 0 or tonumber(t)
   if not target or target < 0 or target > m or target % 1 ~= 0 then
-    return redis.error_reply('ERR archive: record ' .. i .. ' has target `' .. tostring(ARGV[4 * i + 1]) .. '`')
+    return redis.error_reply('ERR archive: record ' .. i .. ' has target `' .. tostring(t) .. '`')
+  end
+  if target == 0 then
+    simple[nsimple + 1], simple[nsimple + 2], nsimple = ARGV[4 * i - 2], ARGV[4 * i], nsimple + 2
+  else
+    local list = open[9 + target]
+    if not list then
+      list = {}
+      open[9 + target] = list
+    end
+    list[#list + 1] = ARGV[4 * i - 2]
+    list[#list + 1] = ARGV[4 * i]
   end
 end
 if not tonumber(ttl) then
@@ -172,22 +189,7 @@ end
 -- All fresh: the statistics count exactly what the rest of this call writes, in the
 -- same atomic step. Then the tiers and the count.
 stats_write(stats_writes)
-local simple, open = {}, {}
-for i = 1, n do
-  local base = 4 * (i - 1) + 2
-  local target = tonumber(ARGV[base + 3])
-  if target == 0 then
-    simple[#simple + 1] = ARGV[base]
-    simple[#simple + 1] = ARGV[base + 2]
-  else
-    local k = 9 + target
-    open[k] = open[k] or {}
-    local f = open[k]
-    f[#f + 1] = ARGV[base]
-    f[#f + 1] = ARGV[base + 2]
-  end
-end
-if #simple > 0 then variadic('HSET', KEYS[2], simple) end
+if nsimple > 0 then variadic('HSET', KEYS[2], simple) end
 for k, list in pairs(open) do variadic('HSET', KEYS[k], list) end
 redis.call('HINCRBY', KEYS[3], 'count', n + total)
 if m > 0 then redis.call('SADD', KEYS[9], unpack(ARGV, 3 + 4 * n, 2 + 4 * n + m)) end
