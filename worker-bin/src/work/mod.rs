@@ -510,10 +510,16 @@ async fn claim_loop(
         // the store has its outcome. Those in that last round trip are bounded too, at
         // `concurrency` more tasks.
         while tasks.try_join_next().is_some() {}
-        let has_room = |tasks: &JoinSet<()>| {
-            shared.working.load(Relaxed) < concurrency && tasks.len() < 2 * concurrency
+        // (Read afresh each time: on a multi-thread runtime slots free meanwhile, and a
+        // gate that lowered the concurrency leaves more working than it allows.)
+        let free_slots = |tasks: &JoinSet<()>| {
+            if tasks.len() < 2 * concurrency {
+                concurrency.saturating_sub(shared.working.load(Relaxed))
+            } else {
+                0
+            }
         };
-        while has_room(&tasks)
+        while free_slots(&tasks) > 0
             && let Some((lease, hold)) = queue.pop_front()
         {
             start(&mut tasks, &ctx, lease, hold);
@@ -527,7 +533,7 @@ async fn claim_loop(
         // never runs dry while the claim is in flight.
         let refill_at = (target / 4).max(1);
         let want = target.saturating_sub(working + queue.len());
-        let starving = queue.is_empty() && has_room(&tasks);
+        let starving = queue.is_empty() && free_slots(&tasks) > 0;
         let mut claimed = 0;
         if want > 0 && (want >= refill_at || starving) {
             let want = gate.claim(want).await;
@@ -561,21 +567,10 @@ async fn claim_loop(
         }
         // Nothing to claim and a slot free: take a piece of a split partition, or ask
         // for one (the holder cuts it in its next beat).
-        if claimed == 0
-            && settings.split
-            && queue.is_empty()
-            && has_room(&tasks)
-            && !shared.is_broken()
-        {
+        let free = free_slots(&tasks);
+        if claimed == 0 && settings.split && queue.is_empty() && free > 0 && !shared.is_broken() {
             claimed = splitter
-                .step(
-                    backend,
-                    settings,
-                    shared,
-                    book,
-                    &mut queue,
-                    concurrency - working,
-                )
+                .step(backend, settings, shared, book, &mut queue, free)
                 .await;
         }
         if claimed > 0 {
