@@ -82,7 +82,6 @@ struct Cell {
     shards: u32,
 }
 
-/// The throughput cells of the spec (PxCxS), and whether it names `skew`.
 /// The throughput cells asked for, and whether `skew` and `bullmq` are.
 fn cells(default: &str) -> (Vec<Cell>, bool, bool) {
     let spec = std::env::var("TRANCHE_BENCH_CELLS").unwrap_or_else(|_| default.into());

@@ -3,9 +3,9 @@
 //! "one process >= 4x BullMQ").
 //!
 //! BullMQ (`VERSION`, with the Redis client it loads, `IOREDIS`) is installed from npm
-//! once into `target/tranche-bench/bullmq` (kept between runs) by `npm install`; `bench.js` beside this file enqueues the jobs,
-//! then one Worker runs them with no-op processing. A machine without `node` and `npm`
-//! gets a note and no row.
+//! once into `target/tranche-bench/bullmq` (kept between runs); `bench.js` beside this
+//! file enqueues the jobs, then one Worker runs them with no-op processing. A machine
+//! without `node` and `npm` gets a note and no row.
 
 use std::path::Path;
 use std::process::Command;

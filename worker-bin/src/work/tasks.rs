@@ -147,6 +147,7 @@ pub(crate) async fn drain_archive(
     }
 }
 
-/// The final drain's first wait for entries other archivers hold, and its longest.
+/// The final drain's first wait for entries other archivers hold.
 const DRAIN_POLL_FIRST: Duration = Duration::from_millis(5);
+/// Its longest wait: the waits double up to here.
 const DRAIN_POLL_MOST: Duration = Duration::from_millis(200);
