@@ -6,7 +6,9 @@
 //! (20 per partition). Every chunk of partition `p` is a real child that sleeps
 //! `cost[p]`: a seeded Pareto draw (shape [`ALPHA`], seed [`SEED`]) scaled so the median
 //! partition's chunk takes [`MEDIAN_S`] and capped at 50 times it; a few partitions are
-//! 20-50 times the median (checked). The child appends the IDs it processed to a log.
+//! 20-50 times the median (checked). The child (a bash script whose builtins read the
+//! clock and the cost, so that it forks only its `sleep`) appends the IDs it processed
+//! and its start and end to a log.
 //!
 //! `TRANCHE_BENCH_SKEW_WAYS` (e.g. `split`) runs only the ways named, comma-separated;
 //! `TRANCHE_BENCH_SKEW_ARGS` (e.g. `--split-min 1`) adds `run` arguments to every way;
@@ -17,11 +19,11 @@
 //! job's wall time (start of the runs to the last one's exit, every partition counted
 //! by the statistics), the ideal (total chunk-seconds slept ÷ 16 slots), their ratio,
 //! and from the children's log whether every ID was processed and how many more than
-//! once. Spawning a child costs a few ms of each 50 ms chunk, so even a perfect
-//! balance sits a little above the ideal: the log's chunk times also give the
-//! chunk-seconds the children really took (their `sleep`, `sed` and `date` on a busy
-//! machine), and the wall time over those ÷ 16 slots (`ratio_to_busy`), the balance
-//! with the children's own cost taken out (not the time spent starting them).
+//! once. Spawning a child (its guard, its shell, its `sleep`) costs a few ms of each
+//! 50 ms chunk, so even a perfect balance sits a little above the ideal: the log's
+//! chunk times also give the chunk-seconds the children really took (their `sleep` on a
+//! busy machine), and the wall time over those ÷ 16 slots (`ratio_to_busy`), the
+//! balance with the children's own cost taken out (not the time spent starting them).
 
 use std::path::Path;
 use std::process::Stdio;
@@ -177,12 +179,15 @@ fn once(
     let url = redis.url();
     let log = dir.join(format!("ids-{tag}"));
     let script = dir.join(format!("chunk-{tag}.sh"));
+    // Bash's builtins read the clock and the cost: the child spawns only its
+    // `sleep`, so the chunk-seconds it adds to the job's are a few ms a chunk.
     std::fs::write(
         &script,
         format!(
-            "#!/bin/sh\nt0=$(date +%s%N)\nsleep \"$(sed -n \"${{TRANCHE_PID}}p\" '{}')\"\n\
-             printf '%s %s %s %s %s\\n' \"$TRANCHE_PID\" \"$TRANCHE_FROM\" \"$TRANCHE_TO\" \
-             \"$t0\" \"$(date +%s%N)\" >> '{}'\n",
+            "#!/bin/bash\nt0=$EPOCHREALTIME\nmapfile -t cost < '{}'\n\
+             sleep \"${{cost[TRANCHE_PID - 1]}}\"\nt1=$EPOCHREALTIME\n\
+             printf '%s %s %s %s000 %s000\\n' \"$TRANCHE_PID\" \"$TRANCHE_FROM\" \"$TRANCHE_TO\" \
+             \"${{t0/./}}\" \"${{t1/./}}\" >> '{}'\n",
             cost_file.display(),
             log.display()
         ),
@@ -204,7 +209,7 @@ fn once(
             &SHARDS.to_string(),
         ],
     ));
-    let exec = format!("sh {}", script.display());
+    let exec = format!("bash {}", script.display());
     let (chunk, concurrency) = (CHUNK.to_string(), CONCURRENCY.to_string());
     let started = Instant::now();
     let mut runs: Vec<_> = (0..PROCESSES)
@@ -269,7 +274,7 @@ fn once(
 }
 
 /// From the children's log: IDs never processed, IDs processed more than once, and
-/// the seconds the chunks took (each from its first `date` to its last).
+/// the seconds the chunks took (each from its start to its end, as the child read them).
 fn coverage(log: &Path) -> (u64, u64, f64) {
     let mut seen = vec![0u32; (PARTITIONS * SIZE + 1) as usize];
     let mut busy_ns = 0u64;
