@@ -429,7 +429,7 @@ pub(crate) async fn heartbeat(
 pub(crate) const SPLIT_BEAT: Duration = Duration::from_millis(250);
 
 /// How long a lease hands out chunks before it straggles ([`SPLIT_BEAT`]).
-const STRAGGLING: Duration = Duration::from_secs(1);
+const STRAGGLING: Duration = Duration::from_millis(250);
 
 async fn beats(
     book: Arc<LeaseBook>,
