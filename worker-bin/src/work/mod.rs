@@ -293,6 +293,12 @@ impl Shared {
         (!h.is_empty()).then(|| h.mean())
     }
 
+    /// The median partition duration so far (`None` before the first).
+    fn median(&self) -> Option<Duration> {
+        let h = self.durations_ms.lock().expect("not poisoned");
+        (!h.is_empty()).then(|| Duration::from_millis(h.value_at_quantile(0.5)))
+    }
+
     pub(crate) fn timed_update(&self, started: Instant) {
         let us = started.elapsed().as_micros().clamp(1, 3_600_000_000) as u64;
         self.update_us
@@ -519,6 +525,22 @@ async fn claim_loop(
                 0
             }
         };
+        // Long partitions: a free slot takes a straggler's piece, or has stragglers
+        // cut, before it starts a queued partition or claims a fresh one (the
+        // heaviest work first; pieces go first in the queue).
+        if settings.split
+            && !shared.is_broken()
+            && free_slots(&tasks) > 0
+            && let Some(mode) = splitter.early(|| shared.median())
+        {
+            let free = free_slots(&tasks);
+            let pieces = splitter
+                .step(backend, settings, shared, book, &mut queue, free, mode)
+                .await;
+            if pieces > 0 {
+                continue;
+            }
+        }
         while free_slots(&tasks) > 0
             && let Some((lease, hold)) = queue.pop_front()
         {
@@ -570,7 +592,15 @@ async fn claim_loop(
         let free = free_slots(&tasks);
         if claimed == 0 && settings.split && queue.is_empty() && free > 0 && !shared.is_broken() {
             claimed = splitter
-                .step(backend, settings, shared, book, &mut queue, free)
+                .step(
+                    backend,
+                    settings,
+                    shared,
+                    book,
+                    &mut queue,
+                    free,
+                    split::Mode::Idle,
+                )
                 .await;
         }
         if claimed > 0 {

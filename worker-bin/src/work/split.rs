@@ -1,10 +1,17 @@
-//! The idle side of splitting (`tranche_active_store::Splits`): a process with free
+//! The asking side of splitting (`tranche_active_store::Splits`): a process with free
 //! slots and nothing to claim takes pending pieces of split partitions, or shares its
 //! free slots among the running parts with the most IDs left (its own process's
 //! included) and asks each holder for that many pieces at once. The holder cuts them
 //! all in its next beat (`held`), at most [`SPLIT_BEAT`](crate::held::SPLIT_BEAT)
 //! later (at once when the holder is this process), and the asker looks for the
 //! pieces every [`AWAIT_TURN`] until then, asking nothing more meanwhile.
+//!
+//! With long partitions ([`EARLY_MEDIAN`]) a free slot also looks before it claims a
+//! fresh partition ([`Mode::Early`]): a straggler whose expected rest runs well past
+//! the job's expected end (the work left, running and waiting, over every slot) is cut
+//! then, into pieces of that size, and pending pieces go before fresh partitions. The
+//! heaviest work starts first and the light partitions fill the end, rather than the
+//! stragglers' last chunks, which cannot be divided, running on after everything else.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -26,6 +33,10 @@ const ASK_EVERY: Duration = IDLE_TURN;
 /// round trip, a late tick).
 const CUT_SLACK: Duration = Duration::from_millis(100);
 
+/// The most pieces one early look asks for, over every part (a request carries 64 at
+/// most).
+const MAX_PIECES: usize = 64;
+
 /// Candidates tried beyond one per free slot before giving up until the next turn
 /// (other idle processes may have asked for the first ones).
 const TRIES: usize = 3;
@@ -39,10 +50,44 @@ pub(super) const IDLE_TURN: std::time::Duration = std::time::Duration::from_mill
 /// claim a few of these rather than an idle turn.
 pub(super) const AWAIT_TURN: Duration = Duration::from_millis(25);
 
+/// The median partition duration from which free slots look for stragglers before
+/// they claim ([`Mode::Early`]): each look reads every running part, once per
+/// [`ASK_EVERY`] at most, which partitions this long amortise (a process finishes at
+/// most a few per look). Jobs of shorter partitions cut stragglers once nothing is left
+/// to claim.
+pub(super) const EARLY_MEDIAN: Duration = Duration::from_millis(500);
+
+/// An early cut is made only in a part whose rest is this many fair shares or more
+/// (its holder would end well after everything else): a part just over the job's
+/// expected end is left for the tail, when the fair share is known better.
+const EARLY_SLACK: f64 = 1.5;
+
+/// An early cut's pieces, as a fraction of the fair share: smaller than the share, so
+/// that the straggler's work spreads over more slots and ends before the light
+/// partitions that fill the end (which the tail can cut finely), rather than with them.
+const EARLY_PIECE: f64 = 0.5;
+
+/// Why a free slot looks at the running parts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Mode {
+    /// Nothing is left to claim: every free slot takes a piece of whatever runs longest.
+    Idle,
+    /// Partitions wait to be claimed, whose expected work (their count times the
+    /// median partition, [`Ahead`]) counts in the job's expected end: only the parts
+    /// running well past it are cut ([`EARLY_SLACK`]).
+    Early {
+        /// The median duration of a partition this process finished, ms.
+        median_ms: f64,
+    },
+}
+
 /// When this process last asked for a split, and until when the cut is due.
 #[derive(Debug, Default)]
 pub(super) struct Splitter {
     asked: Option<Instant>,
+    /// When free slots last looked for pieces and stragglers before claiming
+    /// ([`Mode::Early`]).
+    looked: Option<Instant>,
     /// A holder asked for pieces cuts them in its next beat, within
     /// [`SPLIT_BEAT`](crate::held::SPLIT_BEAT) of the ask: until then (and a little
     /// after, for the beat's round trip) the pieces are looked for every
@@ -57,8 +102,32 @@ impl Splitter {
         self.cut_due.is_some_and(|at| Instant::now() < at)
     }
 
-    /// One turn: queues up to `free` pending pieces, or asks for a split. Returns how
-    /// many pieces were queued.
+    /// Whether free slots should look for pieces and stragglers before claiming
+    /// ([`Mode::Early`]), and with what median: the last look was an [`ASK_EVERY`] ago
+    /// (an [`AWAIT_TURN`] while pieces asked for are due), and partitions take
+    /// [`EARLY_MEDIAN`] or more (`median`, this process's, read only then: a short
+    /// median counts as a look).
+    pub(super) fn early(&mut self, median: impl FnOnce() -> Option<Duration>) -> Option<Mode> {
+        let every = if self.awaits_cut() {
+            AWAIT_TURN
+        } else {
+            ASK_EVERY
+        };
+        if self.looked.is_some_and(|at| at.elapsed() < every) {
+            return None;
+        }
+        let Some(median) = median().filter(|m| *m >= EARLY_MEDIAN) else {
+            self.looked = Some(Instant::now());
+            return None;
+        };
+        Some(Mode::Early {
+            median_ms: median.as_secs_f64() * 1000.0,
+        })
+    }
+
+    /// One turn: queues up to `free` pending pieces (first in the queue), or asks for a
+    /// split. Returns how many pieces were queued.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn step(
         &mut self,
         backend: &Backend,
@@ -67,8 +136,12 @@ impl Splitter {
         book: &Arc<LeaseBook>,
         queue: &mut VecDeque<(Lease, Arc<Hold>)>,
         free: usize,
+        mode: Mode,
     ) -> usize {
         let sent = Instant::now();
+        if matches!(mode, Mode::Early { .. }) {
+            self.looked = Some(sent);
+        }
         match backend.active.claim_pieces(&settings.worker, free).await {
             Ok(pieces) if !pieces.is_empty() => {
                 let n = pieces.len();
@@ -85,7 +158,7 @@ impl Splitter {
                         attempt: lease.attempt,
                     });
                     let hold = book.hold(&lease, true, sent.into());
-                    queue.push_back((lease, hold));
+                    queue.push_front((lease, hold));
                 }
                 return n;
             }
@@ -117,12 +190,29 @@ impl Splitter {
                 .chunk
                 .saturating_mul(settings.parallel.max(1) as u64),
         };
-        let asks = plan(&parts, free, split_min, grain, crate::now_ms());
+        let ahead = match mode {
+            Mode::Idle => None,
+            Mode::Early { median_ms } => match backend.active.counts().await {
+                Ok(c) => Some(Ahead {
+                    waiting_ms: (c.unissued + c.pending) as f64 * median_ms,
+                    median_ms,
+                }),
+                Err(err) => {
+                    tracing::warn!(%err, "reading the namespace's counts failed");
+                    return 0;
+                }
+            },
+        };
+        let asks = plan(&parts, free, split_min, grain, crate::now_ms(), ahead);
         // A part another process asked for already (for as many pieces or more) is
-        // passed by.
+        // passed by. An early look asks for every piece its plan has.
+        let (want, most) = match mode {
+            Mode::Idle => (free, free + TRIES),
+            Mode::Early { .. } => (usize::MAX, asks.len()),
+        };
         let (mut asked, mut tried) = (0, 0);
         for (part, cuts) in &asks {
-            if asked >= free || tried >= free + TRIES {
+            if asked >= want || tried >= most {
                 break;
             }
             tried += 1;
@@ -184,6 +274,15 @@ fn pace(part: &Running, window: u64, now_ms: u64) -> Option<f64> {
     Some(elapsed as f64 / (done as f64 + window as f64 / 2.0))
 }
 
+/// The work still waiting to be claimed, for an early look ([`Mode::Early`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Ahead {
+    /// The partitions not yet claimed, at the median partition's duration each, ms.
+    pub(super) waiting_ms: f64,
+    /// The median partition's duration, ms: the expected rest of a part not yet timed.
+    pub(super) median_ms: f64,
+}
+
 /// Which running parts to ask for pieces, and the cuts, for `free` idle slots at
 /// `now_ms`. Each part's expected rest is its IDs left at its holder's pace so far
 /// ([`pace`]; a piece not checkpointed yet goes at its partition's other parts' pace). The slots
@@ -195,12 +294,19 @@ fn pace(part: &Running, window: u64, now_ms: u64) -> Option<f64> {
 /// whole chunks when they take [`MIN_PIECE_MS`] at the part's pace. Without any
 /// pace known (nothing checkpointed yet) the parts are weighed by IDs left and cut in
 /// equal shares. The longest part first.
+///
+/// With work `ahead` (an early look, before claiming) the fair share counts it too,
+/// and the parts not timed yet at the median; only timed parts with a rest of
+/// [`EARLY_SLACK`] fair shares or more are cut, into pieces of [`EARLY_PIECE`] of the
+/// share while the holder keeps one such piece at least, however many slots are free
+/// (up to [`MAX_PIECES`]).
 fn plan(
     parts: &[Running],
     free: usize,
     split_min: u64,
     grain: Grain,
     now_ms: u64,
+    ahead: Option<Ahead>,
 ) -> Vec<(Running, Vec<(u64, u64)>)> {
     let chunk = grain.chunk.max(1);
     let pace: Vec<Option<f64>> = parts
@@ -221,6 +327,9 @@ fn plan(
         .map(|(p, r)| r.or_else(|| of_pid(p.pid)))
         .collect();
     let timed = pace.iter().any(Option::is_some);
+    if ahead.is_some() && !timed {
+        return Vec::new();
+    }
     // Per part: expected rest (ms, or IDs untimed) and the smallest piece (IDs).
     let (rest, least): (Vec<f64>, Vec<u64>) = parts
         .iter()
@@ -235,11 +344,36 @@ fn plan(
             (false, _) => (p.remaining() as f64, split_min),
         })
         .unzip();
-    let fair = rest.iter().sum::<f64>() / (parts.len() + free).max(1) as f64;
+    let (waiting, untimed) = match ahead {
+        Some(a) => {
+            let untimed = pace.iter().filter(|r| r.is_none()).count() as f64;
+            (a.waiting_ms, untimed * a.median_ms)
+        }
+        None => (0.0, 0.0),
+    };
+    let fair = (rest.iter().sum::<f64>() + untimed + waiting) / (parts.len() + free).max(1) as f64;
+    // Early, a part running on well past the end is cut into pieces of a fraction of
+    // the fair share (IDs, whole chunks at its pace), its holder keeping one such
+    // piece at least.
+    let early_size = |i: usize| {
+        let ms = pace[i]?;
+        let ids = (fair * EARLY_PIECE / ms) as u64;
+        Some((ids - ids % chunk).max(least[i]))
+    };
+    let worth = |i: usize, ways: u64| {
+        ahead.is_none()
+            || (rest[i] > EARLY_SLACK * fair
+                && early_size(i)
+                    .is_some_and(|size| parts[i].remaining() >= (ways + 2).saturating_mul(size)))
+    };
+    // Early, every piece worth cutting is asked for at once, free slots or not: the
+    // pieces wait first in line, and the next slots to free take them.
+    let pieces = if ahead.is_some() { MAX_PIECES } else { free };
     let mut ways = vec![0u64; parts.len()];
-    for _ in 0..free {
+    for _ in 0..pieces {
         let best = (0..parts.len())
             .filter(|&i| rest[i] > 0.0 && parts[i].remaining() / least[i] > ways[i] + 1)
+            .filter(|&i| worth(i, ways[i]))
             .max_by(|&a, &b| {
                 let share = |i: usize| rest[i] / (ways[i] + 1) as f64;
                 share(a).total_cmp(&share(b)).then(b.cmp(&a))
@@ -252,7 +386,10 @@ fn plan(
         .map(|i| {
             let cuts = match pace[i] {
                 Some(ms) if timed => {
-                    let size = (fair / ms) as u64;
+                    let size = match ahead {
+                        Some(_) => early_size(i).unwrap_or(least[i]),
+                        None => (fair / ms) as u64,
+                    };
                     parts[i].cuts_of(size, ways[i], least[i], chunk)
                 }
                 _ => parts[i].cuts(least[i], ways[i], chunk),
@@ -302,7 +439,7 @@ mod tests {
         let slow = part(1, 201, now - 10_000);
         let fast = [part(2, 1401, now - 400), part(3, 2801, now - 1400)];
         let parts = vec![fast[0].clone(), slow.clone(), fast[1].clone()];
-        let asks = plan(&parts, 3, 200, GRAIN, now);
+        let asks = plan(&parts, 3, 200, GRAIN, now, None);
         assert_eq!(asks.len(), 1, "{asks:?}");
         let (p, cuts) = &asks[0];
         assert_eq!(p.pid, 1);
@@ -336,12 +473,59 @@ mod tests {
         // 850 IDs done and half a chunk more in 26.25 s: 30 ms an ID.
         let slow = part(1, 851, now - 26_250);
         let fast = part(2, 1951, now - 1_000);
-        let asks = plan(&[fast.clone(), slow.clone()], 2, 200, GRAIN, now);
+        let asks = plan(&[fast.clone(), slow.clone()], 2, 200, GRAIN, now, None);
         assert_eq!(asks.len(), 1, "{asks:?}");
         assert_eq!(asks[0].0.pid, 1);
         assert_eq!(asks[0].1, vec![(901, 901), (951, 951)]);
-        let one = plan(&[fast, slow], 1, 200, GRAIN, now);
+        let one = plan(&[fast, slow], 1, 200, GRAIN, now, None);
         assert_eq!(one[0].1, vec![(951, 951)], "one slot: the last chunk");
+    }
+
+    /// Early (partitions still waiting): the slow part's rest (800 IDs at 44.4 ms, 35.6
+    /// s) is well past the fair share (its rest, the fast ones' and 10 s waiting, over 3
+    /// parts and a free slot: 11.6 s), so it is cut into pieces of half a share in whole
+    /// chunks (5.8 s, 130 IDs: 100), as many as leave its holder one such piece, more
+    /// than the one free slot; the fast parts are not cut.
+    #[test]
+    fn early_a_straggler_is_cut_into_half_shares() {
+        let now = 100_000;
+        let slow = part(1, 201, now - 10_000);
+        let fast = [part(2, 1401, now - 400), part(3, 2801, now - 1400)];
+        let parts = vec![fast[0].clone(), slow.clone(), fast[1].clone()];
+        let ahead = Ahead {
+            waiting_ms: 10_000.0,
+            median_ms: 1_000.0,
+        };
+        let asks = plan(&parts, 1, 200, GRAIN, now, Some(ahead));
+        assert_eq!(asks.len(), 1, "{asks:?}");
+        assert_eq!(asks[0].0.pid, 1);
+        let points: Vec<u64> = asks[0].1.iter().map(|c| c.0).collect();
+        assert_eq!(points, vec![301, 401, 501, 601, 701, 801, 901]);
+        assert_eq!(asks[0].1[6], (901, 951), "the last piece's limit");
+        // Idle, the one free slot gets one piece, a whole fair share.
+        let idle = plan(&parts, 1, 200, GRAIN, now, None);
+        assert_eq!(idle[0].1.len(), 1, "{idle:?}");
+    }
+
+    /// Early with much work still waiting, the slow part ends before the job would
+    /// (the fair share counts the waiting partitions): nothing is cut. Nor is anything
+    /// when no part has a pace yet.
+    #[test]
+    fn early_nothing_is_cut_while_the_rest_fits() {
+        let now = 100_000;
+        let parts = vec![part(1, 201, now - 10_000), part(2, 1401, now - 400)];
+        let ahead = Ahead {
+            waiting_ms: 1_000.0 * 1_000.0,
+            median_ms: 1_000.0,
+        };
+        assert!(plan(&parts, 2, 200, GRAIN, now, Some(ahead)).is_empty());
+        let mut untimed = part(1, 1, 0);
+        untimed.claimed_ms = None;
+        let ahead = Ahead {
+            waiting_ms: 0.0,
+            median_ms: 1_000.0,
+        };
+        assert!(plan(&[untimed], 2, 200, GRAIN, now, Some(ahead)).is_empty());
     }
 
     /// Nothing checkpointed yet: weighed by IDs left, equal shares of `split_min`.
@@ -349,7 +533,7 @@ mod tests {
     fn without_a_pace_parts_are_cut_in_equal_shares() {
         let mut a = part(1, 1, 0);
         a.claimed_ms = None;
-        let asks = plan(&[a], 1, 200, GRAIN, 1_000);
+        let asks = plan(&[a], 1, 200, GRAIN, 1_000, None);
         assert_eq!(asks[0].1, vec![(501, 801)]);
     }
 }

@@ -134,6 +134,82 @@ async fn no_split_runs_the_straggler_whole() {
     assert!(!was_split(&seen));
 }
 
+/// Long partitions (10 chunks of 55 ms) and a straggler (10 of 600 ms), four slots:
+/// the straggler is cut while partitions still wait to be claimed, and its pieces run
+/// before the last of them starts (heaviest work first), not once nothing is left.
+async fn a_straggler_is_cut_while_partitions_wait(r: Runner) {
+    r.plan(tranche_worker::Plan::ids(1..=MAX).partition_size(100))
+        .await
+        .unwrap();
+    let handler = Started::default();
+    let report = r.run(handler.clone()).await.unwrap();
+    assert_eq!(
+        (report.namespace.outstanding, report.namespace.failed),
+        (0, 0),
+        "{report:?}"
+    );
+    let seen = handler.seen.lock().unwrap().clone();
+    let chunks: Vec<Chunk> = seen.iter().map(|(c, _)| *c).collect();
+    assert!(
+        times(&chunks).values().all(|n| *n == 1),
+        "IDs not processed exactly once"
+    );
+    // A piece's chunks are numbered from its own first ID.
+    let first_piece = seen
+        .iter()
+        .filter(|(c, _)| c.pid == 1 && c.from != 1 + c.index * 10)
+        .map(|(_, at)| *at)
+        .min()
+        .expect("partition 1 was cut");
+    let last_start = (2..=16)
+        .filter_map(|pid| {
+            seen.iter()
+                .filter(|(c, _)| c.pid == pid)
+                .map(|(_, at)| *at)
+                .min()
+        })
+        .max()
+        .expect("the light partitions ran");
+    assert!(
+        first_piece < last_start,
+        "partition 1 was cut only after the last partition started ({:?} after)",
+        first_piece - last_start
+    );
+}
+
+/// Records each chunk with when it started: partition 1's chunks sleep 600 ms, the
+/// others' 55 ms.
+#[derive(Clone, Default)]
+struct Started {
+    seen: Arc<Mutex<Vec<(Chunk, std::time::Instant)>>>,
+}
+
+#[async_trait::async_trait]
+impl Handler for Started {
+    async fn process(&self, chunk: Chunk) -> Result<(), HandlerError> {
+        let at = std::time::Instant::now();
+        let pause = if chunk.pid == 1 { 600 } else { 55 };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        self.seen.lock().unwrap().push((chunk, at));
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_straggler_is_cut_while_partitions_wait_on_redis() {
+    let redis = TestRedis::start();
+    a_straggler_is_cut_while_partitions_wait(runner(Runner::redis(redis.url()), "w1")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_straggler_is_cut_while_partitions_wait_embedded() {
+    let dir = std::env::temp_dir().join(format!("tranche-early-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let r = runner(Runner::embedded(dir.join("s.state")), "w1");
+    a_straggler_is_cut_while_partitions_wait(r).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Two processes on Redis: the owner of the straggler is killed (its run dropped, no
 /// release) once its partition was split and a piece of it ran. Its lease expires, the other reclaims the
 /// owner part from its checkpoint, and the job ends with every ID processed (at least
@@ -199,7 +275,8 @@ async fn an_owner_killed_mid_split_leaves_nothing_undone() {
     );
 }
 
-/// Partition 1's chunks are slow (40 of 100 ms: a lease straggles after a second) and
+/// Partition 1's chunks are slow (40 of 100 ms: a lease straggles after a quarter of a
+/// second) and
 /// fail wherever they run in a piece (a chunk of a
 /// piece is numbered from the piece's first ID, so its `from` is not the owner's for
 /// its index); the rest succeed. `permanent`: each failure says no retry can help.
