@@ -6,12 +6,13 @@
 //! later (at once when the holder is this process), and the asker looks for the
 //! pieces every [`AWAIT_TURN`] until then, asking nothing more meanwhile.
 //!
-//! With long partitions ([`EARLY_MEDIAN`]) a free slot also looks before it claims a
-//! fresh partition ([`Mode::Early`]): a straggler whose expected rest runs well past
+//! With long partitions ([`EARLY_MEDIAN`]) a free slot also looks before it starts or
+//! claims a partition ([`Mode::Early`]): a straggler whose expected rest runs well past
 //! the job's expected end (the work left, running and waiting, over every slot) is cut
-//! then, into pieces of that size, and pending pieces go before fresh partitions. The
-//! heaviest work starts first and the light partitions fill the end, rather than the
-//! stragglers' last chunks, which cannot be divided, running on after everything else.
+//! then, into pieces of half that share, and pending pieces go before queued and fresh
+//! partitions. The heaviest work starts first and the light partitions fill the end,
+//! rather than the stragglers' last chunks, which cannot be divided, running on after
+//! everything else.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -53,9 +54,9 @@ pub(super) const AWAIT_TURN: Duration = Duration::from_millis(25);
 /// The median partition duration from which free slots look for stragglers before
 /// they claim ([`Mode::Early`]): each look reads every running part, once per
 /// [`ASK_EVERY`] at most, which partitions this long amortise (a process finishes at
-/// most a few per look). Jobs of shorter partitions cut stragglers once nothing is left
-/// to claim.
-pub(super) const EARLY_MEDIAN: Duration = Duration::from_millis(500);
+/// most two a second per slot). Jobs of shorter partitions cut stragglers once nothing
+/// is left to claim.
+const EARLY_MEDIAN: Duration = Duration::from_millis(500);
 
 /// An early cut is made only in a part whose rest is this many fair shares or more
 /// (its holder would end well after everything else): a part just over the job's
@@ -276,11 +277,11 @@ fn pace(part: &Running, window: u64, now_ms: u64) -> Option<f64> {
 
 /// The work still waiting to be claimed, for an early look ([`Mode::Early`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct Ahead {
+struct Ahead {
     /// The partitions not yet claimed, at the median partition's duration each, ms.
-    pub(super) waiting_ms: f64,
+    waiting_ms: f64,
     /// The median partition's duration, ms: the expected rest of a part not yet timed.
-    pub(super) median_ms: f64,
+    median_ms: f64,
 }
 
 /// Which running parts to ask for pieces, and the cuts, for `free` idle slots at
