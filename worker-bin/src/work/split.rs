@@ -89,6 +89,8 @@ pub(super) struct Splitter {
     /// When free slots last looked for pieces and stragglers before claiming
     /// ([`Mode::Early`]).
     looked: Option<Instant>,
+    /// When an early look last asked the store for pending pieces.
+    took: Option<Instant>,
     /// A holder asked for pieces cuts them in its next beat, within
     /// [`SPLIT_BEAT`](crate::held::SPLIT_BEAT) of the ask: until then (and a little
     /// after, for the beat's round trip) the pieces are looked for every
@@ -140,10 +142,18 @@ impl Splitter {
         mode: Mode,
     ) -> usize {
         let sent = Instant::now();
-        if matches!(mode, Mode::Early { .. }) {
-            self.looked = Some(sent);
-        }
-        match backend.active.claim_pieces(&settings.worker, free).await {
+        // Pieces looked for less than an await turn ago (an early look earlier in the
+        // same loop turn) are not looked for again.
+        let recent = self.took.is_some_and(|at| at.elapsed() < AWAIT_TURN);
+        let pieces = match mode {
+            Mode::Idle if recent => Ok(Vec::new()),
+            Mode::Idle => backend.active.claim_pieces(&settings.worker, free).await,
+            Mode::Early { .. } => {
+                (self.looked, self.took) = (Some(sent), Some(sent));
+                backend.active.claim_pieces(&settings.worker, free).await
+            }
+        };
+        match pieces {
             Ok(pieces) if !pieces.is_empty() => {
                 let n = pieces.len();
                 shared.claimed.fetch_add(n as u64, Relaxed);
