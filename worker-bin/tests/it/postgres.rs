@@ -214,14 +214,15 @@ const ROLE: &str = "TRANCHE_PG_RUNNER";
 
 /// Three runners (processes of their own, this test binary run again with [`ROLE`] set)
 /// backfill a million rows; one is SIGKILLed mid-run, holding leases. The others reap
-/// its leases and finish: every row is backfilled, by the same UPDATE, and `tranche
-/// check` is clean.
+/// its leases and finish, within a minute of their start: every row is backfilled, by
+/// the same UPDATE, and `tranche check` is clean. The minute counts from the runners'
+/// start: setting up the server and inserting the rows is not the job, and under a
+/// loaded test run it alone has taken half of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_runners_backfill_a_million_rows_through_a_sigkill() {
     if let Ok(worker) = std::env::var(ROLE) {
         return runner_process(&worker).await;
     }
-    let started = Instant::now();
     let pg = TestPostgres::start();
     let (db, connection) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls)
         .await
@@ -243,6 +244,8 @@ async fn three_runners_backfill_a_million_rows_through_a_sigkill() {
 
     let logs = pg.dir.join("runners");
     std::fs::create_dir_all(&logs).unwrap();
+    // The job's minute: the survivors must be done by then (`wait_with_deadline`).
+    let deadline = Instant::now() + Duration::from_secs(60);
     let mut runners: Vec<Child> = (0..3)
         .map(|n| spawn_runner(&format!("runner-{n}"), &pg.url(), &redis.url(), &logs))
         .collect();
@@ -254,7 +257,6 @@ async fn three_runners_backfill_a_million_rows_through_a_sigkill() {
             .unwrap();
         row.get::<_, i64>(0) as u64
     };
-    let deadline = Instant::now() + Duration::from_secs(60);
     let mut at_kill = updated().await;
     while at_kill < ROWS / 5 {
         assert!(Instant::now() < deadline, "no progress: {at_kill} rows");
@@ -326,11 +328,6 @@ async fn three_runners_backfill_a_million_rows_through_a_sigkill() {
         (&status["finished"], &status["failed"]),
         (&serde_json::json!(ROWS / PARTITION), &serde_json::json!(0)),
         "{status}"
-    );
-    assert!(
-        started.elapsed() < Duration::from_secs(60),
-        "{:?}",
-        started.elapsed()
     );
 }
 
