@@ -233,9 +233,8 @@ fn start_cluster(
     let nodes_wanted = if replicas { 6 } else { 3 };
     let mut ports = Vec::new();
     while ports.len() < nodes_wanted {
-        let port = free_port()?;
-        // The cluster bus listens on port + 10000.
-        if port < 55535 && !ports.contains(&port) && port_is_free(port + 10000) {
+        let port = free_cluster_port()?;
+        if !ports.contains(&port) {
             ports.push(port);
         }
     }
@@ -298,14 +297,21 @@ fn stop(children: &mut [Child]) {
     }
 }
 
-fn free_port() -> Result<u16> {
+/// A TCP port free on localhost now.
+pub(crate) fn free_port() -> Result<u16> {
     let listener =
         TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("could not find a free TCP port")?;
     Ok(listener.local_addr()?.port())
 }
 
-fn port_is_free(port: u16) -> bool {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
+/// A free port whose cluster-bus port (+10000) is free too, for a cluster node.
+pub(crate) fn free_cluster_port() -> Result<u16> {
+    loop {
+        let port = free_port()?;
+        if port < 55535 && TcpListener::bind((Ipv4Addr::LOCALHOST, port + 10000)).is_ok() {
+            return Ok(port);
+        }
+    }
 }
 
 fn wait_for_ping(port: u16) -> Result<()> {

@@ -291,7 +291,7 @@ impl Soak {
             let url = format!("redis://127.0.0.1:{}", nodes[0].port);
             (nodes, None, Some(url.clone()), Some(url))
         } else {
-            let node = Node::start(server, &base, server::free_port()?, &[])?;
+            let node = Node::start(server, &base, crate::redis::free_port()?, &[])?;
             let proxy = Proxy::start(node.port)?;
             let url = format!("redis://127.0.0.1:{}", proxy.port);
             let direct = format!("redis://127.0.0.1:{}", node.port);

@@ -97,22 +97,11 @@ fn wait_for_ping(port: u16) -> Result<()> {
     }
 }
 
-/// A free port whose cluster-bus port (+10000) is free too.
-pub(crate) fn free_port() -> Result<u16> {
-    loop {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").context("no free TCP port")?;
-        let port = l.local_addr()?.port();
-        if port < 55535 && std::net::TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
-            return Ok(port);
-        }
-    }
-}
-
 /// Three masters and a replica each (`cluster-node-timeout` 2 s), ready for writes.
 pub(crate) fn start_cluster(server: &Path, base: &Path) -> Result<Vec<Node>> {
     let mut ports: Vec<u16> = Vec::new();
     while ports.len() < 6 {
-        let p = free_port()?;
+        let p = crate::redis::free_cluster_port()?;
         if !ports.contains(&p) {
             ports.push(p);
         }
