@@ -1,5 +1,6 @@
 //! A command's chunk (`--exec`): `sh -c CMD` under the guard (`guard.rs`), in a
-//! process group of its own.
+//! process group of its own; a plain command (`./reindex.sh --fast`) `exec`ed by the
+//! guard itself, without the `sh -c`.
 //!
 //! A Ctrl-C in the terminal reaches tranche alone (which drains), never the chunks, and
 //! when the grace period is over the whole group is stopped (SIGTERM, then SIGKILL),
@@ -20,7 +21,7 @@ use tokio::process::Command;
 
 use tokio::time::Instant;
 
-use super::guard::{GUARD, guard_can_time, secs, tell};
+use super::guard::{GUARD, GUARD_DIRECT, guard_can_time, plain_words, secs, tell};
 use super::{Chunk, ChunkError, Fence, KILL_AFTER};
 
 /// The most of a failed command's stderr kept in its failure message.
@@ -61,8 +62,10 @@ pub(super) async fn exec(
         Some(fence) if guard_can_time().await => Some(fence),
         _ => None,
     };
+    let words = plain_words(cmd);
     let mut command = Command::new("sh");
-    command.arg("-c").arg(GUARD).arg("tranche-chunk").arg(cmd);
+    let guard = if words.is_some() { GUARD_DIRECT } else { GUARD };
+    command.arg("-c").arg(guard).arg("tranche-chunk").arg(cmd);
     // The stop instant the guard has: set here, moved on by `tell`.
     let mut told = None;
     if let Some(fence) = &fence {
@@ -71,6 +74,13 @@ pub(super) async fn exec(
             .arg(secs(stop_at.saturating_duration_since(Instant::now())))
             .arg(secs(fence.grace()));
         told = Some(stop_at);
+    }
+    if let Some(words) = words {
+        // `STOP GRACE` are always there for the direct guard, empty without a fence.
+        if told.is_none() {
+            command.args(["", ""]);
+        }
+        command.args(words);
     }
     for key in SECRETS {
         command.env_remove(key);
@@ -344,6 +354,61 @@ mod tests {
                 ),
                 "stdin is /dev/null, never the lifeline"
             );
+        }
+    }
+
+    /// A plain command is `exec`ed by its guard: the chunk's process is the command
+    /// itself (its parent is this process, not a `sh -c`), and it ends as the command
+    /// does, 126 for a file it cannot execute and 127 for none, with a fence and
+    /// without.
+    #[tokio::test]
+    async fn a_plain_command_is_the_chunk_itself() {
+        let dir = std::env::temp_dir().join(format!("tranche-job-plain-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (script, parent) = (dir.join("parent.sh"), dir.join("parent"));
+        std::fs::write(
+            &script,
+            format!("echo $PPID > {}\nexit \"$1\"\n", parent.display()),
+        )
+        .unwrap();
+        let cmd = |args: &str| format!("sh {} {args}", script.display());
+        assert!(
+            super::plain_words(&cmd("0")).is_some(),
+            "a temporary directory with shell syntax in its path: {}",
+            dir.display()
+        );
+        let hour = Duration::from_secs(3600);
+        let (_renewals, far) = fence(hour, hour / 6, hour / 12, hour / 6);
+        for fence in [None, Some(far)] {
+            let run = |cmd: String| {
+                let (job, fence) = (Job::Exec(cmd), fence.clone());
+                async move { job.run(chunk(), std::future::pending(), fence).await }
+            };
+            let _ = std::fs::remove_file(&parent);
+            assert_eq!(run(cmd("0")).await, Ok(()));
+            let ppid: u32 = std::fs::read_to_string(&parent)
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            assert_eq!(
+                ppid,
+                std::process::id(),
+                "the command's parent is the worker"
+            );
+            assert!(matches!(
+                run(cmd("5")).await,
+                Err(ChunkError::Failed(e)) if e.ends_with("exit status 5")
+            ));
+            // No execute bit (root included), and no file.
+            assert!(matches!(
+                run(script.display().to_string()).await,
+                Err(ChunkError::Broken(e)) if e.contains("exit status 126")
+            ));
+            assert!(matches!(
+                run(dir.join("none").display().to_string()).await,
+                Err(ChunkError::Broken(e)) if e.contains("exit status 127")
+            ));
         }
     }
 

@@ -31,24 +31,11 @@ use tokio::process::{ChildStdin, Command};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-/// The shell every chunk starts in (`sh -c GUARD tranche-chunk CMD [STOP GRACE]`), its
-/// stdin the worker's lifeline pipe. It moves the pipe to fd 3 (stdin becomes
-/// /dev/null), starts the watcher, a background subshell of the same process group, then
-/// `exec`s the command itself, so the chunk's pid, group, exit status and terminating
-/// signal stay the command's own (126 and 127 included). The watcher starts before the
-/// command: a worker that dies at any moment after the spawn leaves a pipe at
-/// end-of-file, which the watcher finds whenever it reads.
-///
-/// The watcher blocks reading fd 3 and, at end-of-file, kills the group (`kill -KILL
-/// 0`). When the chunk ends, the worker closes its end too, and the watcher takes what
-/// the command left running in its group along: the chunk is over, so is everything it
-/// started. With `STOP` (seconds, fractions allowed) it also arms a timer, and re-arms
-/// it with each line it reads (the seconds from then): a subshell that sleeps that long,
-/// then sends SIGTERM to the group, sleeps `GRACE` and sends SIGKILL. Re-arming cancels
-/// the timer before (SIGUSR1: it kills its `sleep` and exits). The watcher and its
-/// timers ignore SIGTERM, so that a SIGTERM to the group (a drain's, a fence's, the
-/// timer's own) stops the command but leaves the group's guards to finish the job.
-pub(super) const GUARD: &str = r#"exec 3<&0 </dev/null
+/// The part of the guards that starts the watcher (see [`GUARD`]); `$2` and `$3` are
+/// `STOP` and `GRACE`, empty without a fence.
+macro_rules! watcher {
+    () => {
+        r#"exec 3<&0 </dev/null
 {
   trap '' TERM
   t=
@@ -63,7 +50,73 @@ pub(super) const GUARD: &str = r#"exec 3<&0 </dev/null
   while read -r s <&3; do arm "$s" "$3"; done
   kill -KILL 0
 } >/dev/null 2>&1 &
-exec sh -c "$1" sh 3<&-"#;
+"#
+    };
+}
+
+/// The shell every chunk starts in (`sh -c GUARD tranche-chunk CMD [STOP GRACE]`), its
+/// stdin the worker's lifeline pipe. It moves the pipe to fd 3 (stdin becomes
+/// /dev/null), starts the watcher, a background subshell of the same process group, then
+/// `exec`s `sh -c CMD`, so the chunk's pid, group, exit status and terminating signal are
+/// its shell's, which ends as the command does (126 and 127 included). The watcher starts
+/// before the command: a worker that dies at any moment after the spawn leaves a pipe at
+/// end-of-file, which the watcher finds whenever it reads.
+///
+/// The watcher blocks reading fd 3 and, at end-of-file, kills the group (`kill -KILL
+/// 0`). When the chunk ends, the worker closes its end too, and the watcher takes what
+/// the command left running in its group along: the chunk is over, so is everything it
+/// started. With `STOP` (seconds, fractions allowed) it also arms a timer, and re-arms
+/// it with each line it reads (the seconds from then): a subshell that sleeps that long,
+/// then sends SIGTERM to the group, sleeps `GRACE` and sends SIGKILL. Re-arming cancels
+/// the timer before (SIGUSR1: it kills its `sleep` and exits). The watcher and its
+/// timers ignore SIGTERM, so that a SIGTERM to the group (a drain's, a fence's, the
+/// timer's own) stops the command but leaves the group's guards to finish the job.
+pub(super) const GUARD: &str = concat!(watcher!(), r#"exec sh -c "$1" sh 3<&-"#);
+
+/// The guard of a plain command ([`plain_words`]): `sh -c GUARD_DIRECT tranche-chunk CMD
+/// STOP GRACE WORD...` (`STOP` and `GRACE` empty without a fence). The same watcher,
+/// then the command's words `exec`ed as they are, with no `sh -c` in between: the shell
+/// would only have split them and forked the command, one process more a chunk. The
+/// chunk's pid is the command's own, and `exec` ends in 127 or 126 where `sh -c` would.
+pub(super) const GUARD_DIRECT: &str = concat!(watcher!(), "shift 3\nexec \"$@\" 3<&-");
+
+/// Names a shell may take as its own rather than as a program on `PATH`: the reserved
+/// words and the builtins of dash, bash, ksh and BusyBox's ash. A command starting with
+/// one keeps its `sh -c` (`exit 3` exits the shell, `echo` is the shell's echo).
+#[rustfmt::skip]
+const SHELL_WORDS: &[&str] = &[
+    ".", ":", "[", "[[", "alias", "autoload", "bg", "bind", "break", "builtin", "caller",
+    "case", "cd", "chdir", "command", "compgen", "complete", "compopt", "continue",
+    "coproc", "declare", "dirs", "disown", "do", "done", "echo", "elif", "else", "enable",
+    "esac", "eval", "exec", "exit", "export", "false", "fc", "fg", "fi", "for", "function",
+    "functions", "getopts", "hash", "help", "history", "if", "in", "integer", "jobs",
+    "kill", "let", "local", "logout", "mapfile", "nameref", "popd", "print", "printf",
+    "pushd", "pwd", "read", "readarray", "readonly", "return", "select", "set", "shift",
+    "shopt", "source", "suspend", "test", "then", "time", "times", "trap", "true", "type",
+    "typeset", "ulimit", "umask", "unalias", "unset", "until", "wait", "whence", "while",
+];
+
+/// The words of `cmd` when the shell would do nothing with it but split it on blanks
+/// and run the program its first word names: only letters, digits, blanks and
+/// `_@%+=:,./-` (no quote, escape, expansion, redirection, glob, separator or comment),
+/// and a first word that is neither an assignment, an option-like word nor one of
+/// [`SHELL_WORDS`]. Such a command (`./reindex.sh`, `bash backfill.sh --fast`) runs
+/// under [`GUARD_DIRECT`]; anything else under [`GUARD`].
+pub(super) fn plain_words(cmd: &str) -> Option<Vec<&str>> {
+    let allowed =
+        |c: char| c.is_ascii_alphanumeric() || c == ' ' || c == '\t' || "_@%+=:,./-".contains(c);
+    if !cmd.chars().all(allowed) {
+        return None;
+    }
+    let words: Vec<&str> = cmd.split([' ', '\t']).filter(|w| !w.is_empty()).collect();
+    let first = *words.first()?;
+    let starts_well = first
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric() || "_./".contains(c));
+    (starts_well && !first.contains('=') && first != ".." && !SHELL_WORDS.contains(&first))
+        .then_some(words)
+}
 
 /// Where a chunk's lease stands, for its guard: until when the store certainly holds
 /// it (`held`'s instant, moved by every accepted renewal) and, before that, when the
@@ -227,5 +280,56 @@ mod tests {
         // Seconds from when each was told: a little under 8.4 s, then 8.8 s.
         assert!(lines[0] > 8.0 && lines[0] <= 8.4, "{lines:?}");
         assert!(lines[1] > 8.4 && lines[1] <= 8.8, "{lines:?}");
+    }
+
+    /// A plain command's words; anything the shell would do more with is not plain.
+    #[test]
+    fn plain_words_are_a_program_and_its_arguments() {
+        assert_eq!(plain_words("./reindex.sh"), Some(vec!["./reindex.sh"]));
+        assert_eq!(
+            plain_words("  bash  /opt/x/backfill.sh\t--rate=20 -v a,b:c@d%e+f "),
+            Some(vec![
+                "bash",
+                "/opt/x/backfill.sh",
+                "--rate=20",
+                "-v",
+                "a,b:c@d%e+f"
+            ])
+        );
+        assert_eq!(
+            plain_words("env FOO=1 psql"),
+            Some(vec!["env", "FOO=1", "psql"])
+        );
+        for shell in [
+            "",
+            "   ",
+            "echo $TRANCHE_FROM",
+            "a; b",
+            "a && b",
+            "a | b",
+            "a > out",
+            "a\nb",
+            "'quoted'",
+            "\"quoted\"",
+            "a\\ b",
+            "ls *.sh",
+            "ls ~",
+            "a # comment",
+            "(a)",
+            "{ a; }",
+            "a &",
+            "FOO=1 cmd",
+            "-x",
+            "exit 3",
+            "echo hi",
+            "cd /tmp",
+            "true",
+            "time ./x",
+            "while",
+            ". ./lib.sh",
+            "..",
+        ] {
+            assert_eq!(plain_words(shell), None, "{shell:?}");
+        }
     }
 }

@@ -59,7 +59,8 @@ pub struct Chunk {
 /// How chunks are processed.
 #[derive(Debug, Clone)]
 pub(crate) enum Job {
-    /// `sh -c CMD` per chunk; exit 0 is success.
+    /// `sh -c CMD` per chunk (a plain command's words `exec`ed directly); exit 0 is
+    /// success.
     Exec(String),
     /// Sleep uniformly in `latency` ms, fail with probability `fail`.
     Simulate { latency: (u64, u64), fail: f64 },

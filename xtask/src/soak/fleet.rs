@@ -152,16 +152,13 @@ impl Slot {
                 let mut cmd = Command::new(&setup.tranche);
                 cmd.arg("run")
                     .arg("--exec")
-                    // `exec`: dash keeps itself between the chunk's guard and a lone
-                    // command, and dies of the guard's SIGTERM at once; the worker then
-                    // closes the lifeline and the guard SIGKILLs the group, which can
-                    // come before bash runs its trap. The ledger had a run with no end
-                    // line, which the overlap oracle stretched to its worker's death.
-                    // With bash the chunk's own process, its KILL line comes first.
-                    .arg(format!(
-                        "exec bash {}",
-                        setup.dir.join("ledger.sh").display()
-                    ))
+                    // A plain command, which the chunk's guard `exec`s itself: bash is
+                    // the chunk's own process and gets the guard's SIGTERM first. Under
+                    // a `sh -c`, dash would die of it at once, the worker then close
+                    // the lifeline and the guard SIGKILL the group, which can come
+                    // before bash runs its trap: the ledger had a run with no end line,
+                    // which the overlap oracle stretched to its worker's death.
+                    .arg(format!("bash {}", setup.dir.join("ledger.sh").display()))
                     .args(["--lease", &format!("{}ms", setup.lease_ms)])
                     .args(["--chunk", &setup.exec_chunk.to_string()])
                     .args(["--parallel", &setup.exec_parallel.to_string()])
