@@ -358,9 +358,9 @@ mod tests {
     }
 
     /// A plain command is `exec`ed by its guard: the chunk's process is the command
-    /// itself (its parent is this process, not a `sh -c`), and it ends as the command
-    /// does, 126 for a file it cannot execute and 127 for none, with a fence and
-    /// without.
+    /// itself (its parent is this process, not a `sh -c`), with the chunk in its
+    /// environment, and it ends as the command does, 126 for a file it cannot execute
+    /// and 127 for none, with a fence and without.
     #[tokio::test]
     async fn a_plain_command_is_the_chunk_itself() {
         let dir = std::env::temp_dir().join(format!("tranche-job-plain-{}", std::process::id()));
@@ -368,7 +368,10 @@ mod tests {
         let (script, parent) = (dir.join("parent.sh"), dir.join("parent"));
         std::fs::write(
             &script,
-            format!("echo $PPID > {}\nexit \"$1\"\n", parent.display()),
+            format!(
+                "echo $PPID $TRANCHE_PID/$TRANCHE_FROM/$TRANCHE_TO/$TRANCHE_ATTEMPT/$TRANCHE_CHUNK > {}\nexit \"$1\"\n",
+                parent.display()
+            ),
         )
         .unwrap();
         let cmd = |args: &str| format!("sh {} {args}", script.display());
@@ -386,15 +389,11 @@ mod tests {
             };
             let _ = std::fs::remove_file(&parent);
             assert_eq!(run(cmd("0")).await, Ok(()));
-            let ppid: u32 = std::fs::read_to_string(&parent)
-                .unwrap()
-                .trim()
-                .parse()
-                .unwrap();
+            let said = std::fs::read_to_string(&parent).unwrap();
             assert_eq!(
-                ppid,
-                std::process::id(),
-                "the command's parent is the worker"
+                said,
+                format!("{} 7/6201/6300/3/2\n", std::process::id()),
+                "the command's parent is the worker, and it sees the chunk"
             );
             assert!(matches!(
                 run(cmd("5")).await,
