@@ -231,13 +231,7 @@ fn start_cluster(
     replicas: bool,
 ) -> Result<()> {
     let nodes_wanted = if replicas { 6 } else { 3 };
-    let mut ports = Vec::new();
-    while ports.len() < nodes_wanted {
-        let port = free_cluster_port()?;
-        if !ports.contains(&port) {
-            ports.push(port);
-        }
-    }
+    let ports = free_cluster_ports(nodes_wanted)?;
     for &port in &ports {
         let conf = format!("nodes-{port}.conf");
         children.push(start_one(
@@ -304,14 +298,20 @@ pub(crate) fn free_port() -> Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-/// A free port whose cluster-bus port (+10000) is free too, for a cluster node.
-pub(crate) fn free_cluster_port() -> Result<u16> {
-    loop {
+/// `n` distinct free ports whose cluster-bus ports (+10000) are free too, for a
+/// cluster's nodes.
+pub(crate) fn free_cluster_ports(n: usize) -> Result<Vec<u16>> {
+    let mut ports = Vec::new();
+    while ports.len() < n {
         let port = free_port()?;
-        if port < 55535 && TcpListener::bind((Ipv4Addr::LOCALHOST, port + 10000)).is_ok() {
-            return Ok(port);
+        if port < 55535
+            && !ports.contains(&port)
+            && TcpListener::bind((Ipv4Addr::LOCALHOST, port + 10000)).is_ok()
+        {
+            ports.push(port);
         }
     }
+    Ok(ports)
 }
 
 fn wait_for_ping(port: u16) -> Result<()> {

@@ -99,13 +99,7 @@ fn wait_for_ping(port: u16) -> Result<()> {
 
 /// Three masters and a replica each (`cluster-node-timeout` 2 s), ready for writes.
 pub(crate) fn start_cluster(server: &Path, base: &Path) -> Result<Vec<Node>> {
-    let mut ports: Vec<u16> = Vec::new();
-    while ports.len() < 6 {
-        let p = crate::redis::free_cluster_port()?;
-        if !ports.contains(&p) {
-            ports.push(p);
-        }
-    }
+    let ports = crate::redis::free_cluster_ports(6)?;
     let mut nodes = Vec::new();
     for &port in &ports {
         let conf = format!("nodes-{port}.conf");
