@@ -39,8 +39,10 @@ pub struct Config {
     /// How long sealed batches of the summary tier live.
     pub summary_ttl: Duration,
     /// How long an inbox entry must sit unacknowledged with another archiver before
-    /// this one takes it over (XAUTOCLAIM): longer than any sane pass, so a live
-    /// archiver never loses its entries to a colleague.
+    /// this one's sweeps take it over (XAUTOCLAIM): longer than any sane pass, so a
+    /// live archiver does not lose its entries to a colleague while a job runs. The
+    /// drain at a job's end takes over sooner
+    /// ([`Archiver::archive_taking_over`](crate::Archiver::archive_taking_over)).
     pub claim_idle: Duration,
     /// The lowest pid any plan issues (the seed numbers from 1): a batch counts as full,
     /// and is sealed, once it holds every pid of its range from here on.

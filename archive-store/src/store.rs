@@ -21,6 +21,19 @@ pub trait Archiver: Send + Sync {
     /// the entries. Never waits for entries that are not there.
     async fn archive_once(&self) -> Result<ArchivePass>;
 
+    /// [`archive_once`](Self::archive_once), taking over the entries another archiver
+    /// has held unacknowledged for `idle` rather than for
+    /// [`Config::claim_idle`](crate::Config::claim_idle): for the drain at the end of a
+    /// job, when every live archiver is finishing its passes too, so that one killed
+    /// while it held entries keeps the others waiting seconds, not `claim_idle`. Taking
+    /// over a slow live archiver's entries costs no correctness: the archived bits count
+    /// each record once whoever writes it, and the holder's acknowledgement still
+    /// clears the entry. A backend without consumers keeps this default.
+    async fn archive_taking_over(&self, idle: Duration) -> Result<ArchivePass> {
+        let _ = idle;
+        self.archive_once().await
+    }
+
     /// A pass over the shards with news only: those completing clients marked dirty
     /// since (on Redis, `{ns}:dirty`), each read at most once per
     /// [`Config::gather`](crate::Config::gather) unless its last read came back full.
@@ -168,6 +181,9 @@ macro_rules! forward {
         impl<T: Archiver + ?Sized> Archiver for $ty {
             async fn archive_once(&self) -> Result<ArchivePass> {
                 (**self).archive_once().await
+            }
+            async fn archive_taking_over(&self, idle: Duration) -> Result<ArchivePass> {
+                (**self).archive_taking_over(idle).await
             }
             async fn archive_woken(&self) -> Result<ArchivePass> {
                 (**self).archive_woken().await

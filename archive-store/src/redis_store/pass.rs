@@ -70,14 +70,15 @@ where
     }
 
     /// Takes over up to `batch` entries of `shard` that another archiver has held
-    /// unacknowledged for `claim_idle` (it died): XAUTOCLAIM, on sweeps only. On a
-    /// shard known stalled, whatever their idle time: whoever held them could not
-    /// archive them either (a `run` that ended on the stall leaves them pending under
-    /// its name), and the archived bits count each record once whoever writes it, so
-    /// the first archiver after the repair drains the shard at once.
+    /// unacknowledged for `idle` (it died): XAUTOCLAIM, on sweeps only. On a shard
+    /// known stalled, whatever their idle time: whoever held them could not archive
+    /// them either (a `run` that ended on the stall leaves them pending under its
+    /// name), and the archived bits count each record once whoever writes it, so the
+    /// first archiver after the repair drains the shard at once.
     pub(super) async fn take_over(
         &self,
         shard: u32,
+        idle: Duration,
         pass: &mut ArchivePass,
     ) -> Result<Vec<StreamId>> {
         let inbox = &self.keys[shard as usize].inbox;
@@ -86,7 +87,7 @@ where
         let idle = if self.is_stalled(shard) {
             0
         } else {
-            self.config.claim_idle.as_millis().min(u64::MAX as u128) as u64
+            idle.as_millis().min(u64::MAX as u128) as u64
         };
         let claimed: StreamAutoClaimReply = retry(&self.conn, |mut c| async move {
             redis::cmd("XAUTOCLAIM")
@@ -169,12 +170,13 @@ where
         }
     }
 
-    /// Archives `shards` at once, their calls pipelined; `takeover` on sweeps.
+    /// Archives `shards` at once, their calls pipelined. `takeover` (on sweeps) is how
+    /// long another archiver's entries must have sat unacknowledged to be taken over.
     pub(super) async fn archive_shards(
         &self,
         shards: &[u32],
         tier: Tier,
-        takeover: bool,
+        takeover: Option<Duration>,
     ) -> Result<ArchivePass> {
         let at = Instant::now();
         let results = futures_util::future::join_all(
@@ -223,12 +225,12 @@ where
     }
 
     /// Reads up to `batch` entries of `shard`: with `takeover`, a dead archiver's
-    /// (idle long enough) first; then, on the first visit, this consumer's own pending
+    /// (idle that long) first; then, on the first visit, this consumer's own pending
     /// ones; then new ones.
     pub(super) async fn read(
         &self,
         shard: u32,
-        takeover: bool,
+        takeover: Option<Duration>,
         pass: &mut ArchivePass,
     ) -> Result<Vec<StreamId>> {
         let first = self.ensure_group(shard).await?;
@@ -236,8 +238,8 @@ where
         let consumer = &self.config.consumer;
         let mut want = self.config.batch;
         let mut out = Vec::new();
-        if takeover {
-            out = self.take_over(shard, pass).await?;
+        if let Some(idle) = takeover {
+            out = self.take_over(shard, idle, pass).await?;
             want -= out.len().min(want);
         }
         for from in [first.then_some("0"), Some(">")].into_iter().flatten() {
@@ -326,7 +328,7 @@ where
         &self,
         shard: u32,
         tier: Tier,
-        takeover: bool,
+        takeover: Option<Duration>,
     ) -> std::result::Result<ArchivePass, (Error, usize)> {
         let mut pass = ArchivePass::default();
         let raw = self
@@ -521,6 +523,10 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     async fn archive_once(&self) -> Result<ArchivePass> {
+        self.archive_taking_over(self.config.claim_idle).await
+    }
+
+    async fn archive_taking_over(&self, idle: Duration) -> Result<ArchivePass> {
         // Learn the stalls other archivers recorded, so a success here clears them, and
         // the namespace's format, as an upgrade may have raised it since the last sweep
         // (both reads at once, on the multiplexed connection).
@@ -530,7 +536,7 @@ where
         // Shards are independent (own keys, own slot, on a cluster often their own
         // node): all of them are archived at once, their calls pipelined.
         let shards: Vec<u32> = self.schema.shards().collect();
-        self.archive_shards(&shards, tier, true).await
+        self.archive_shards(&shards, tier, Some(idle)).await
     }
 
     async fn archive_woken(&self) -> Result<ArchivePass> {
@@ -544,7 +550,7 @@ where
         } else {
             self.count_archived().await?
         };
-        self.archive_shards(&shards, self.config.tier_for(archived), false)
+        self.archive_shards(&shards, self.config.tier_for(archived), None)
             .await
     }
 

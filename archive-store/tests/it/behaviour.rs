@@ -1100,6 +1100,50 @@ async fn a_dead_archivers_entries_are_taken_over() {
 }
 
 #[tokio::test]
+async fn a_final_drain_takes_over_after_its_own_idle_time() {
+    for shards in [1, 4] {
+        let h = Harness::new(Kind::Redis, shards).await;
+        let Backend::Redis(_, conn) = &h.backend else {
+            unreachable!()
+        };
+        let mut c = conn.clone();
+        let recs = records(1..=200);
+        h.complete(&recs).await;
+        read_as(&h, "dead").await;
+        // An archiver whose sweeps wait an hour for a dead colleague's entries...
+        let patient = h.another("patient", Duration::from_secs(3600)).unwrap();
+        assert_eq!(drain(&*patient).await, ArchivePass::default());
+        assert_eq!(
+            patient
+                .archive_taking_over(Duration::from_secs(3600))
+                .await
+                .unwrap(),
+            ArchivePass::default()
+        );
+        // ...takes them over at the end of a job once they sat the drain's idle time.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let mut total = ArchivePass::default();
+        loop {
+            let pass = patient
+                .archive_taking_over(Duration::from_millis(10))
+                .await
+                .unwrap();
+            total.add(pass);
+            if pass.entries == 0 {
+                break;
+            }
+        }
+        assert!(total.claimed >= 1, "{total:?}");
+        assert_eq!((total.archived, total.duplicates), (200, 0), "{total:?}");
+        h.assert_stats(&recs).await;
+        for shard in h.schema.shards() {
+            let len: usize = c.xlen(h.schema.inbox(shard)).await.unwrap();
+            assert_eq!(len, 0, "shard {shard}");
+        }
+    }
+}
+
+#[tokio::test]
 async fn a_batch_the_statistics_refuse_writes_nothing() {
     let h = Harness::new(Kind::Redis, 1).await;
     let Backend::Redis(_, conn) = &h.backend else {

@@ -100,24 +100,26 @@ pub(super) async fn worker_heartbeat(
 /// nothing (`entries == 0`) and leaves entries on stalled shards (a stalled shard stays
 /// stalled until repaired; the other shards go on while they archive anything, then the
 /// drain ends at once rather than waiting on it). With no stall, entries another live
-/// archiver holds are its business; entries of a dead one are waited for until they
-/// can be taken over. Returns the stalled shards (empty when none is, or the drain was
-/// aborted). Publishing the last statistics snapshot is the caller's.
+/// archiver holds are its business for [`DRAIN_CLAIM_IDLE`] (it is finishing its own
+/// passes); held longer, they are a dead one's and are taken over. Returns the stalled
+/// shards (empty when none is, or the drain was aborted). Publishing the last
+/// statistics snapshot is the caller's.
 pub(crate) async fn drain_archive(
     backend: &Backend,
     stop: &watch::Receiver<Stop>,
 ) -> Vec<tranche_archive_store::Stall> {
-    let patience = backend.archive_config.claim_idle + Duration::from_secs(5);
+    let idle = backend.archive_config.claim_idle.min(DRAIN_CLAIM_IDLE);
+    let patience = idle + Duration::from_secs(5);
     let started = Instant::now();
     // Entries other archivers are still writing keep the inboxes from emptying for a
     // few milliseconds at the end of a job: looked at again soon at first, then less
-    // often (a dead archiver's entries take `claim_idle`).
+    // often (a dead archiver's entries take `idle`).
     let mut wait = DRAIN_POLL_FIRST;
     loop {
         if *stop.borrow() == Stop::Abort {
             return Vec::new();
         }
-        let pass = backend.archive.archive_once().await;
+        let pass = backend.archive.archive_taking_over(idle).await;
         let left = backend.inbox_len().await;
         match (&pass, &left) {
             (_, Ok(0)) => return Vec::new(),
@@ -147,6 +149,13 @@ pub(crate) async fn drain_archive(
     }
 }
 
+/// How long the final drain lets another archiver hold inbox entries unacknowledged
+/// before it takes them over (the archive's own `claim_idle`, 60 s by default, if that
+/// is shorter). At the end of a job every live archiver is finishing passes of
+/// milliseconds, so entries held this long belong to a process that died mid-pass, and
+/// a fleet that lost one finishes seconds after its job rather than a minute. Taking
+/// over a live but slow archiver's entries only archives them twice, counted once.
+const DRAIN_CLAIM_IDLE: Duration = Duration::from_secs(5);
 /// The final drain's first wait for entries other archivers hold.
 const DRAIN_POLL_FIRST: Duration = Duration::from_millis(5);
 /// Its longest wait: the waits double up to here.

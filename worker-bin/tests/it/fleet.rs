@@ -395,3 +395,87 @@ fn import_restores_plans_and_leaves_only_unarchived_work() {
     assert_eq!(b["archived"], 200, "{b}");
     assert!(ok(with("b", &["check"])).contains("consistent"));
 }
+
+/// An archiver killed mid-pass leaves the inbox entries it had read pending under its
+/// name; a sweep takes them over only after `claim_idle` (here an hour). The drain that
+/// ends `tranche archive` and `run` takes them over after a few seconds instead: the
+/// job is done, every live archiver is finishing too, and the fleet does not wait the
+/// dead one's hour. (Before, this `archive` waited `claim_idle` and 5 s, then gave up.)
+#[test]
+fn a_drain_takes_over_a_killed_archivers_entries_without_waiting_claim_idle() {
+    let redis = TestRedis::start();
+    let dir = scratch("drain-takeover");
+    let url = redis.url();
+    let cmd = |args: &[&str]| {
+        let mut c = tranche(
+            &dir,
+            &[
+                &["--redis", &url, "--namespace", "dt", "--shards", "2"][..],
+                args,
+            ]
+            .concat(),
+        );
+        c.env("TRANCHE_ARCHIVE_CLAIM_IDLE", "1h");
+        c
+    };
+    ok(cmd(&[
+        "plan", "--min", "1", "--max", "40000", "--size", "1000",
+    ]));
+    ok(cmd(&[
+        "run",
+        "--simulate",
+        "--sim-latency",
+        "0..1",
+        "--no-archiver",
+    ]));
+    // The killed archiver: it read every entry (so they are pending under its name) and
+    // never acknowledged one.
+    let schema = tranche_codec::KeySchema::new("dt", 2).unwrap();
+    let mut held = 0;
+    for shard in schema.shards() {
+        let inbox = schema.inbox(shard);
+        let _: redis::Value = redis.query(
+            redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(&inbox)
+                .arg("archivers")
+                .arg("0")
+                .arg("MKSTREAM"),
+        );
+        let _: redis::Value = redis.query(
+            redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg("archivers")
+                .arg("killed")
+                .arg("STREAMS")
+                .arg(&inbox)
+                .arg(">"),
+        );
+        let pending: (u64, redis::Value, redis::Value, redis::Value) =
+            redis.query(redis::cmd("XPENDING").arg(&inbox).arg("archivers"));
+        held += pending.0;
+    }
+    assert!(held > 0);
+
+    let mut archive = cmd(&["archive", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A hang guard, far below the hour the old drain waited.
+    let status = wait(&mut archive, Duration::from_secs(120));
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(archive.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+    assert!(status.success(), "{status:?} {stdout}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["inbox_left"], 0, "{v}");
+    for shard in schema.shards() {
+        let len: u64 = redis.query(redis::cmd("XLEN").arg(schema.inbox(shard)));
+        assert_eq!(len, 0, "shard {shard}");
+    }
+    let out = ok(cmd(&["check"]));
+    assert!(out.contains("consistent"), "{out}");
+    let status = ok(cmd(&["status", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(v["archived"], 40, "{v}");
+}
