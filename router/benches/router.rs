@@ -92,11 +92,11 @@ static SCALE: std::sync::LazyLock<Scale> = std::sync::LazyLock::new(|| {
 
 /// The seed's table (000): GetPartition active 0.5 ms, completed 3 ms, GetAllPartitions
 /// (active) 5 ms, statistics 50 ms; and this project's targets (p99).
-/// "floor: raw HGETALL" is the active hash's HGETALL sent and read whole on a plain
-/// socket, no client parsing: what Redis and the transfer alone cost for what
-/// `all_active` returns, timed beside it. `stats_with_ranges()` has no target of its own (the seed's 50 ms is for its whole
-/// statistics read); "of which summary" is `StatsStore::summary` alone, the statistics
-/// layer's part of `stats()`.
+/// "floor: raw HGETALL" is the active and runs hashes' HGETALL sent and read whole on a
+/// plain socket, no client parsing: what Redis and the transfer alone cost for what
+/// `all_active` returns, timed beside it. `stats_with_ranges()` has no target of its own
+/// (the seed's 50 ms is for its whole statistics read); "of which summary" is
+/// `StatsStore::summary` alone, the statistics layer's part of `stats()`.
 const SEED_MS: [(&str, f64, f64); 9] = [
     ("get active", 0.5, 1.0),
     ("get simple", 3.0, 1.0),
@@ -158,7 +158,8 @@ async fn run() {
     let schema = archive_config.schema().unwrap();
     let active = Arc::new(RedisActiveStore::new(conn.clone(), active_config).unwrap());
     let archive = Arc::new(RedisArchive::new(conn.clone(), archive_config).unwrap());
-    let active_key = schema.active(0);
+    // What `all_active` reads of the shard: its records and its runs (claimed fresh pids).
+    let active_keys = [schema.active(0), schema.shard_key(0, "runs")];
     let stats = Arc::new(RedisStats::new(conn.clone(), schema));
 
     let total = completed + SCALE.active + 1000;
@@ -274,7 +275,7 @@ async fn run() {
     rows.push(("all_active (10K)", percentiles(times)));
     rows.push((
         "  floor: raw HGETALL",
-        raw_hgetall(server.port(), &active_key),
+        raw_hgetall(server.port(), &active_keys),
     ));
 
     let mut times = Vec::with_capacity(SCALE.stats_samples);
@@ -330,13 +331,17 @@ async fn run() {
     write_json(&rows, completed);
 }
 
-/// p50/p99 of `HGETALL key` written to a plain socket and read until the whole reply
-/// is in: the server's and the transfer's share of reading every active record.
-fn raw_hgetall(port: u16, key: &str) -> (f64, f64) {
+/// p50/p99 of `HGETALL` of each of `keys`, pipelined, written to a plain socket and
+/// read until the whole reply is in: the server's and the transfer's share of reading
+/// every active record and run.
+fn raw_hgetall(port: u16, keys: &[String]) -> (f64, f64) {
     use std::io::{Read, Write};
     let mut socket = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     socket.set_nodelay(true).unwrap();
-    let command = format!("*2\r\n$7\r\nHGETALL\r\n${}\r\n{key}\r\n", key.len());
+    let command: String = keys
+        .iter()
+        .map(|key| format!("*2\r\n$7\r\nHGETALL\r\n${}\r\n{key}\r\n", key.len()))
+        .collect();
     let mut buf = vec![0u8; 8 << 20];
     // The reply's size, from one untimed read: wait for the first bytes, then read
     // until the socket has stayed quiet for a moment.

@@ -5,6 +5,14 @@
 
 use super::*;
 
+/// Where `all_active` found an active pid: a record of shard `.0`'s active hash (its
+/// bytes, as the reply holds them), or a run that holds it.
+#[derive(Clone, Copy)]
+enum Held<'a> {
+    Record(u32, &'a [u8]),
+    Run(&'a record::Run),
+}
+
 impl<C> RedisActiveStore<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -233,15 +241,25 @@ where
         Ok(())
     }
 
-    /// The partitions of `records` (pid, shard, record bytes), in their order; `None` if
-    /// a record belongs to a plan `registry` does not know yet.
+    /// The partitions of `records` (each pid with where it is held), in their order;
+    /// `None` if one belongs to a plan `registry` does not know yet.
     fn partitions(
         &self,
-        records: &[(u64, u32, &[u8])],
+        records: &[(u64, Held<'_>)],
         registry: &Registry,
     ) -> Result<Option<Vec<Partition>>> {
         let mut out = Vec::with_capacity(records.len());
-        for &(pid, shard, rec) in records {
+        for &(pid, held) in records {
+            let (shard, rec) = match held {
+                Held::Record(shard, rec) => (shard, rec),
+                Held::Run(run) => match registry.range_of(pid) {
+                    Some(range) => {
+                        out.push(run.partition(pid, range));
+                        continue;
+                    }
+                    None => return Ok(None),
+                },
+            };
             match record::parse_bytes(pid, rec, |pid| registry.range_of(pid)) {
                 Some(p) => out.push(p),
                 None if record::parse_bytes(pid, rec, |_| Some((0, 0))).is_some() => {
@@ -348,8 +366,7 @@ where
                 .runs_of(shard, &runs)?
                 .iter()
                 .find(|run| run.holds(pid))
-                .and_then(|run| run.records().find(|(p, _)| *p == pid))
-                .map(|(_, rec)| rec),
+                .map(record::Run::record),
         };
         if let Some(rec) = rec {
             let mut p = record::parse(pid, &rec, |pid| read(&self.registry).range_of(pid));
@@ -414,18 +431,16 @@ where
             }
         };
         let mut snapshot = ActiveSnapshot::default();
-        // The records the runs' pids stand for, made before any is borrowed.
-        let mut held = Vec::new();
-        for (shard, read) in (0..).zip(&reads) {
-            for run in self.runs_of(shard, &read.runs)? {
-                held.extend(run.records().map(|(pid, rec)| (pid, shard, rec)));
-            }
+        // Every active pid, from its record or from the run that holds it (parsed
+        // before any is borrowed).
+        let runs = (0..)
+            .zip(&reads)
+            .map(|(shard, read)| self.runs_of(shard, &read.runs))
+            .collect::<Result<Vec<_>>>()?;
+        let mut records = Vec::new();
+        for run in runs.iter().flatten() {
+            records.extend(run.pids().map(|pid| (pid, Held::Run(run))));
         }
-        let mut records = Vec::with_capacity(held.len());
-        records.extend(
-            held.iter()
-                .map(|(pid, shard, rec)| (*pid, *shard, rec.as_bytes())),
-        );
         for (shard, read) in (0..).zip(&reads) {
             let key = &self.keys[shard as usize].active;
             records.reserve(read.entries.len());
@@ -434,7 +449,7 @@ where
                     key: key.clone(),
                     detail: format!("field {:?} is not a pid", String::from_utf8_lossy(pid)),
                 })?;
-                records.push((pid, shard, rec));
+                records.push((pid, Held::Record(shard, rec)));
             }
             snapshot
                 .unissued

@@ -93,20 +93,41 @@ pub(super) struct Run {
 }
 
 impl Run {
-    /// The pids the run still holds, each with the record it stands for (a fresh
-    /// claim's, `lua/runs.lua`), in pid order.
-    pub(super) fn records(&self) -> impl Iterator<Item = (u64, String)> + '_ {
+    /// The pids the run still holds, in order.
+    pub(super) fn pids(&self) -> impl Iterator<Item = u64> + '_ {
         (self.first..=self.last)
             .zip(&self.mask)
             .filter(|&(_, &held)| held == b'c')
-            .map(|(pid, _)| {
-                let (token, deadline, at, worker) =
-                    (self.token, self.deadline, self.claimed, &self.worker);
-                (
-                    pid,
-                    format!("c|1|{token}|{deadline}|{at}|{at}|{at}|{worker}||||"),
-                )
-            })
+            .map(|(pid, _)| pid)
+    }
+
+    /// The record a pid the run holds stands for: a fresh claim's (`lua/runs.lua`).
+    pub(super) fn record(&self) -> String {
+        let (token, deadline, at, worker) = (self.token, self.deadline, self.claimed, &self.worker);
+        format!("c|1|{token}|{deadline}|{at}|{at}|{at}|{worker}||||")
+    }
+
+    /// The partition `pid`, which the run holds, with its IDs `range` (from its uniform
+    /// plan): what [`parse`] makes of [`Run::record`], built without the string (an
+    /// `all_active` of 10,000 claimed partitions makes 10,000 of them).
+    pub(super) fn partition(&self, pid: u64, (min_id, max_id): (u64, u64)) -> Partition {
+        Partition {
+            pid,
+            min_id,
+            max_id,
+            status: Status::Claimed,
+            worker: Some(self.worker.clone()),
+            attempts: 1,
+            progress: min_id,
+            lease_token: Some(self.token),
+            deadline_ms: Some(self.deadline),
+            created_at_ms: self.claimed,
+            claimed_at_ms: Some(self.claimed),
+            updated_at_ms: self.claimed,
+            completed_at_ms: None,
+            duration_ms: None,
+            last_error: None,
+        }
     }
 
     /// Whether the run still holds `pid`.
@@ -251,6 +272,19 @@ mod tests {
         );
         assert_eq!(p.lease_token, Some(17));
         assert_eq!(p.worker.as_deref(), Some("worker1"));
+    }
+
+    #[test]
+    fn a_runs_partition_is_its_record_parsed() {
+        let run = parse_run(b"4242", b"10|13|90000|1000|c.cc|worker-7").unwrap();
+        assert_eq!(run.pids().collect::<Vec<_>>(), [10, 12, 13]);
+        assert!(run.holds(12) && !run.holds(11) && !run.holds(9) && !run.holds(14));
+        for pid in run.pids() {
+            let range = (pid * 1000 - 999, pid * 1000);
+            let parsed = parse(pid, &run.record(), |_| Some(range)).unwrap();
+            assert_eq!(run.partition(pid, range), parsed, "pid {pid}");
+        }
+        assert_eq!(run.record(), "c|1|4242|90000|1000|1000|1000|worker-7||||");
     }
 
     #[test]
