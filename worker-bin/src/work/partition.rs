@@ -43,6 +43,24 @@ enum Ended {
 }
 
 impl PartitionCtx {
+    /// Closes `window` once the run stops, the lease of `pid` is lost or its fence
+    /// passes (said, and noted in `fenced`), which stops the partition's issuing (waking
+    /// it if it is parked on a full window); then stays pending, to be selected on
+    /// while the chunks in flight finish.
+    async fn closer(&self, pid: u64, hold: &Hold, window: &SlidingWindow, fenced: &AtomicBool) {
+        let mut stop = self.stop.clone();
+        tokio::select! {
+            () = until(&mut stop, |s| *s != Stop::Running) => {}
+            () = hold.lost() => {}
+            () = hold.fenced() => {
+                fenced.store(true, Relaxed);
+                tracing::warn!(pid, "lease not renewed in time; stopping its partition");
+            }
+        }
+        window.close();
+        std::future::pending::<()>().await;
+    }
+
     pub(super) async fn process(self: Arc<Self>, lease: Lease, hold: Arc<Hold>, slot: Working) {
         self.shared.in_flight.fetch_add(1, Relaxed);
         let pid = lease.pid;
@@ -246,19 +264,7 @@ impl PartitionCtx {
         // A signal, a lost lease or a fenced one closes the window, which stops the
         // issuing below (waking it if it is parked on a full window).
         let fenced = AtomicBool::new(false);
-        let closer = async {
-            let mut stop = self.stop.clone();
-            tokio::select! {
-                () = until(&mut stop, |s| *s != Stop::Running) => {}
-                () = hold.lost() => {}
-                () = hold.fenced() => {
-                    fenced.store(true, Relaxed);
-                    tracing::warn!(pid = lease.pid, "lease not renewed in time; stopping its partition");
-                }
-            }
-            window.close();
-            std::future::pending::<()>().await;
-        };
+        let closer = self.closer(lease.pid, hold, &window, &fenced);
         let mut running = JoinSet::new();
         let issue = async {
             for _ in first..n_chunks {

@@ -24,7 +24,6 @@ use tranche_window::SlidingWindow;
 use super::{Ended, Failure, PartitionCtx, abort, failed, settle};
 use crate::held::Hold;
 use crate::job::Chunk;
-use crate::work::{Stop, until};
 
 /// The issued chunks' start IDs by sequence number, and where the next one starts.
 #[derive(Debug)]
@@ -80,19 +79,7 @@ impl PartitionCtx {
         };
 
         let fenced = AtomicBool::new(false);
-        let closer = async {
-            let mut stop = self.stop.clone();
-            tokio::select! {
-                () = until(&mut stop, |s| *s != Stop::Running) => {}
-                () = hold.lost() => {}
-                () = hold.fenced() => {
-                    fenced.store(true, Relaxed);
-                    tracing::warn!(pid = lease.pid, "lease not renewed in time; stopping its partition");
-                }
-            }
-            window.close();
-            std::future::pending::<()>().await;
-        };
+        let closer = self.closer(lease.pid, hold, &window, &fenced);
         let mut running = JoinSet::new();
         let issue = async {
             loop {
