@@ -8,8 +8,11 @@
 //! - `TRANCHE_REDIS_URL`, `TRANCHE_NAMESPACE`: where the job is (without a Redis URL,
 //!   `TRANCHE_STATE` names the embedded state file);
 //! - `SOAK_LEDGER`: the ledger file, lines
-//!   `START|END|PANIC pid from to worker chunk_pid time_us` (the same shape the `--exec`
-//!   workers' script writes; `chunk_pid` is this process, as the chunk runs in it);
+//!   `START|END|PANIC|KILL pid from to worker chunk_pid time_us` (the same shape the
+//!   `--exec` workers' script writes; `chunk_pid` is this process, as the chunk runs in
+//!   it). KILL is written when the runner drops a chunk's future before it ended (its
+//!   lease lost, its fence due, a drain's grace over): the chunk does nothing after it;
+//!   without the line, the ledger would show it running to the end of the soak;
 //! - `SOAK_WORKER`: this incarnation's name in the ledger;
 //! - `SOAK_PANIC_FILE`: when this file exists, the next chunk takes it (renames it
 //!   away) and panics;
@@ -60,10 +63,31 @@ impl Ledger {
     }
 }
 
+/// Writes the KILL line of a chunk whose future is dropped before it wrote its END or
+/// PANIC (`ended` set).
+struct Unfinished<'a> {
+    ledger: &'a Ledger,
+    chunk: &'a Chunk,
+    ended: bool,
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            let _ = self.ledger.line("KILL", self.chunk);
+        }
+    }
+}
+
 #[async_trait::async_trait]
 impl Handler for Ledger {
     async fn process(&self, chunk: Chunk) -> Result<(), HandlerError> {
         self.line("START", &chunk)?;
+        let mut unfinished = Unfinished {
+            ledger: self,
+            chunk: &chunk,
+            ended: false,
+        };
         // The simulated work, spread by the chunk's own numbers.
         let ms = self.min_ms + (chunk.from.wrapping_mul(2_654_435_761) >> 7) % self.spread_ms;
         tokio::time::sleep(Duration::from_millis(ms)).await;
@@ -72,10 +96,12 @@ impl Handler for Ledger {
         if let (Some(trigger), 0) = (&self.panic_file, chunk.index) {
             let taken = trigger.with_extension("taken");
             if std::fs::rename(trigger, &taken).is_ok() {
+                unfinished.ended = true;
                 self.line("PANIC", &chunk)?;
                 panic!("soak: the injected handler panic (chunk {})", chunk.from);
             }
         }
+        unfinished.ended = true;
         self.line("END", &chunk)?;
         Ok(())
     }

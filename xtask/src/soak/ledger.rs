@@ -221,11 +221,12 @@ pub(crate) struct Overlap {
 /// `run_end_us`), or until its incarnation was frozen if it is one of `frozen`: the
 /// incarnations whose work runs in their own process (a runner's handler), with the
 /// intervals (µs) they were SIGSTOPped for longer than a lease. Such work does nothing
-/// while its process is stopped and is not polled again after the thaw (`job/mod.rs`), so
-/// a run of it with no end line ended when the stop began; one that went on after the
-/// thaw would have written its END. Runs sorted by their first ID, each is compared
-/// with those that start inside its range only: O(n log n) plus the re-runs of each
-/// range.
+/// while its process is stopped and is not polled again after the thaw (`job/mod.rs`):
+/// the runner drops it, writing its KILL line then, so a run of it that was open at
+/// the stop and ended in a KILL (or in no line) ended when the stop began; one that
+/// went on after the thaw would have written its END. Runs sorted by their first ID,
+/// each is compared with those that start inside its range only: O(n log n) plus the
+/// re-runs of each range.
 pub(crate) fn overlaps(
     ledgers: &Ledgers,
     incarnations: &[Incarnation],
@@ -235,10 +236,11 @@ pub(crate) fn overlaps(
     let runs = &ledgers.runs;
     let deaths = ledgers.deaths(incarnations);
     let freezes = Freezes::new(ledgers, frozen);
-    let end_of = |r: &ChunkRun| {
-        r.end_us
-            .or_else(|| freezes.end(r))
-            .unwrap_or_else(|| deaths[r.worker as usize].unwrap_or(run_end_us))
+    let end_of = |r: &ChunkRun| match (r.end_us, freezes.stopped(r)) {
+        (Some(t), Some(frozen)) => t.min(frozen),
+        (Some(t), None) => t,
+        (None, Some(frozen)) => frozen,
+        (None, None) => deaths[r.worker as usize].unwrap_or(run_end_us),
     };
     let mut order: Vec<u32> = (0..runs.len() as u32).collect();
     order.sort_unstable_by_key(|&i| (runs[i as usize].from, runs[i as usize].start_us));
@@ -283,24 +285,29 @@ impl Freezes {
         Freezes(by)
     }
 
-    /// Where an open run ends at a freeze: the first one it was open at (its START
-    /// written before the process actually stopped, maybe just after the stop was
-    /// decided).
-    fn end(&self, r: &ChunkRun) -> Option<u64> {
+    /// Where a run that never finished (no end line, or a KILL) stopped at a freeze:
+    /// the first one it was open at (its START written before the process actually
+    /// stopped, maybe just after the stop was decided). A finished run (END, PANIC) ran
+    /// at its end, so it was not stopped.
+    fn stopped(&self, r: &ChunkRun) -> Option<u64> {
+        if !matches!(r.end, Ending::Open | Ending::Kill) {
+            return None;
+        }
         self.0[r.worker as usize]
             .iter()
             .find(|(_, to)| r.start_us < *to)
             .map(|&(from, _)| from.max(r.start_us))
+            .filter(|&from| r.end_us.is_none_or(|t| t > from))
     }
 }
 
-/// How many runs with no end line [`overlaps`] reads as ended at a freeze of theirs.
+/// How many runs that never finished [`overlaps`] reads as ended at a freeze of theirs.
 pub(crate) fn ended_at_a_freeze(ledgers: &Ledgers, frozen: &[(String, u64, u64)]) -> u64 {
     let freezes = Freezes::new(ledgers, frozen);
     ledgers
         .runs
         .iter()
-        .filter(|r| r.end_us.is_none() && freezes.end(r).is_some())
+        .filter(|r| freezes.stopped(r).is_some())
         .count() as u64
 }
 
@@ -444,6 +451,40 @@ mod tests {
             run(1, 1, 10, 900, Some(950)),
         ]);
         assert_eq!(overlaps(&later, &incs, &frozen, 999).len(), 1);
+        // The runner writes a KILL when it drops the chunk at the first poll after the
+        // thaw: the chunk still stopped at the freeze. Dropped before the freeze, it
+        // stopped at its KILL.
+        let kill = |start, end| ChunkRun {
+            end: Ending::Kill,
+            ..run(0, 1, 10, start, Some(end))
+        };
+        let thawed = ledgers(vec![kill(90, 801), run(1, 1, 10, 400, Some(500))]);
+        assert_eq!(overlaps(&thawed, &incs, &frozen, 999).len(), 0);
+        assert_eq!(ended_at_a_freeze(&thawed, &frozen), 1);
+        assert_eq!(overlaps(&thawed, &incs, &[], 999).len(), 1);
+        let before = ledgers(vec![kill(10, 60), run(1, 1, 10, 50, Some(70))]);
+        assert_eq!(overlaps(&before, &incs, &frozen, 999).len(), 1);
+        assert_eq!(ended_at_a_freeze(&before, &frozen), 0);
+    }
+
+    /// A runner's chunk dropped when its lease was lost (no freeze) ends at its KILL
+    /// line: a later run of its range by another incarnation is no overlap.
+    #[test]
+    fn a_dropped_chunk_ends_at_its_kill_line() {
+        let incs = [inc("a", None), inc("b", None)];
+        let dropped = ledgers(vec![
+            ChunkRun {
+                end: Ending::Kill,
+                ..run(0, 1, 10, 100, Some(150))
+            },
+            run(1, 1, 10, 5_000, Some(5_100)),
+        ]);
+        assert_eq!(overlaps(&dropped, &incs, &[], 9_999).len(), 0);
+        let open = ledgers(vec![
+            run(0, 1, 10, 100, None),
+            run(1, 1, 10, 5_000, Some(5_100)),
+        ]);
+        assert_eq!(overlaps(&open, &incs, &[], 9_999).len(), 1);
     }
 
     /// Overlaps are found whatever the order of the runs, a wide run against the
