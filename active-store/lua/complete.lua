@@ -7,8 +7,9 @@
 --      token, the first pid's bit offset and the group's records in pid order joined by
 --      '\n': an entry of k lines stands for pids pid .. pid + k - 1 at bit offsets bit ..
 --      bit + k - 1 (k at most MAX_RUN). The reply has one code per pid, in that order.
--- Reply: per pid, OK, DUPLICATE, LOST or PART (2: the owner part of a split
--- partition is done, its pieces are not, so the partition is not completed).
+-- Reply: per pid, OK, DUPLICATE, LOST, PART (2: the owner part of a split partition is
+-- done, its pieces are not, so the partition is not completed) or CORRUPT (-2: its
+-- record, not held, does not decode; left as it is, the other pids go on).
 -- A split partition (split.lua) with pieces outstanding is not finished by its owner:
 -- the owner part is marked done, its lease ends, and the partition stays, running,
 -- until its last piece completes it (piece_complete.lua). With none outstanding, the
@@ -24,7 +25,7 @@
 -- a large index first). Every command
 -- runs once per call, not once per completion: a batch of 30 costs little more than a
 -- batch of one.
-local PART = 2
+local PART, CORRUPT = 2, -2
 entries(0, 4, true)
 local m = #ARGV / 4
 local format = string.format
@@ -147,8 +148,8 @@ end
 
 -- One BITFIELD for the whole batch: held leases set their bit (and read the old one);
 -- the others only read theirs, to tell a duplicate from a lost lease. A record not held
--- is checked (off the hot path): a corrupt one is refused, not reported lost.
-local ops, held, no, holding = {}, {}, 0, false
+-- is checked (off the hot path): a corrupt one is reported CORRUPT, not lost.
+local ops, held, no, holding, bad = {}, {}, 0, false, {}
 local partrec, finals = ents and {}, ents and {}
 -- The highest bit a held lease sets, looked at only for offsets of six digits or more:
 -- below 524,280 the bitmap is under 64 KB, and Redis grows it as it always did.
@@ -164,8 +165,11 @@ for i = 1, n do
   end
   local part = held[i] and ents and ents[i] and ents[i][6] ~= '0'
   if part then
+    partrec[i], bad[i] = checked_or(KEYS[1], pids[i], recs[i])
+    if bad[i] then held[i], part = nil, false end
+  end
+  if part then
     -- The owner part of a partition with pieces outstanding: its bit stays clear.
-    partrec[i] = checked(KEYS[1], pids[i], recs[i])
     ops[no + 1], ops[no + 2], ops[no + 3] = 'GET', 'u1', bit
     no = no + 3
   elseif held[i] then
@@ -180,7 +184,10 @@ for i = 1, n do
     holding = true
     if #bit >= 6 and tonumber(bit) > top then top = tonumber(bit) end
   else
-    if recs[i] then checked(KEYS[1], pids[i], recs[i]) end
+    if recs[i] and not bad[i] then
+      local _
+      _, bad[i] = checked_or(KEYS[1], pids[i], recs[i])
+    end
     ops[no + 1], ops[no + 2], ops[no + 3] = 'GET', 'u1', bit
     no = no + 3
   end
@@ -305,6 +312,8 @@ for i = 1, n do
     end
     if held[i] == 'c' then from_c = from_c + 1 else from_r = from_r + 1 end
     out[slot[i]] = OK
+  elseif bad[i] then
+    out[slot[i]] = CORRUPT
   else
     out[slot[i]] = LOST
   end

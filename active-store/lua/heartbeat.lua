@@ -7,8 +7,9 @@
 -- ARGV[1] now ms   ARGV[2] new deadline ms, then per lease: pid, token, progress
 --      (progress empty: keep the stored checkpoint), next (the first ID the holder has
 --      not handed out; empty: the holder does not split, and no cut is made)
--- Reply: per lease, '1' (renewed), '-1' (lost) or '=' and the lease's new last ID (renewed
--- and cut: every ID after it is a pending piece now).
+-- Reply: per lease, '1' (renewed), '-1' (lost), '=' and the lease's new last ID (renewed
+-- and cut: every ID after it is a pending piece now), or '!' and the error naming its
+-- record, which does not decode (left as it is; the other leases are renewed).
 -- A checkpoint never moves backwards: a beat carrying an older one than the record holds
 -- (beats reordered or retried) keeps the newer one, and still renews the lease.
 -- A pid its run still holds (runs.lua) leaves the run here: the beat renews the record
@@ -65,7 +66,8 @@ local entries_out, pieces, pending, ne, np = {}, {}, {}, 0, 0
 for i = 1, n do
   local pid, token, progress, next = pids[i], ARGV[4 * i], ARGV[4 * i + 1], ARGV[4 * i + 2]
   -- A pid named twice meets the record as the first mention left it.
-  local r = seen[pid] or (recs[i] and checked(KEYS[1], pid, recs[i]))
+  local r, bad = seen[pid], nil
+  if not r and recs[i] then r, bad = checked_or(KEYS[1], pid, recs[i]) end
   if r then seen[pid] = r end
   if leased(r, token) then
     if r[1] == 'c' then
@@ -94,6 +96,8 @@ for i = 1, n do
     records[nr + 1], records[nr + 2] = pid, encode(r)
     scores[nr + 1], scores[nr + 2] = deadline, pid
     nr = nr + 2
+  elseif bad then
+    out[i] = '!' .. bad
   else
     out[i] = '-1'
   end

@@ -4,8 +4,9 @@
 --      KEYS[4] splits hash
 -- ARGV[1] now ms   ARGV[2] new deadline ms, then per piece: `pid:start`, token, progress
 --      (empty: keep), next (the first ID the holder has not handed out; empty: no cut)
--- Reply: per piece, '1' (renewed), '-1' (lost) or '=' and its new last ID (renewed and
--- cut).
+-- Reply: per piece, '1' (renewed), '-1' (lost), '=' and its new last ID (renewed and
+-- cut), or '!' and the error naming its record, which does not decode (left as it is;
+-- the other pieces are renewed).
 entries(2, 4, true)
 local now, deadline = ARGV[1], ARGV[2]
 num(now, 'now')
@@ -28,7 +29,8 @@ local out, records, nr = {}, {}, 0
 local entries_out, pending, ne, np = {}, {}, 0, 0
 for i = 1, n do
   local key, pid, token, progress, next = keys[i], pids[i], ARGV[4 * i], ARGV[4 * i + 1], ARGV[4 * i + 2]
-  local r = seen[key] or (recs[i] and checked(KEYS[1], key, recs[i]))
+  local r, bad = seen[key], nil
+  if not r and recs[i] then r, bad = checked_or(KEYS[1], key, recs[i]) end
   if r then seen[key] = r end
   if leased(r, token) then
     r[1], r[4], r[7] = 'r', deadline, now
@@ -48,6 +50,8 @@ for i = 1, n do
       end
     end
     records[nr + 1], records[nr + 2], nr = key, encode(r), nr + 2
+  elseif bad then
+    out[i] = '!' .. bad
   else
     out[i] = '-1'
   end

@@ -164,6 +164,17 @@ local function checked(key, pid, s)
   return r
 end
 
+-- `checked` as an outcome rather than an error: the record, or nil and the error's
+-- message. The scripts that act on many leases of a shard at once (heartbeat,
+-- piece_beat, complete) answer a record that does not decode in its own reply slot and
+-- go on with the others, writing nothing of it: one damaged record costs its own
+-- partition, not every lease of its shard that shares the call.
+local function checked_or(key, pid, s)
+  local good, got = pcall(checked, key, pid, s)
+  if good then return got end
+  return nil, type(got) == 'table' and got.err or tostring(got)
+end
+
 -- The higher of two checkpoints (either may be empty: none recorded). A checkpoint
 -- never moves backwards: a heartbeat or release carrying an older one after a newer
 -- one (reordered, or retried) keeps the newer.

@@ -191,6 +191,12 @@ where
                     OK => Ok(Completion::Completed),
                     DUPLICATE => Ok(Completion::Duplicate),
                     PART_DONE => Ok(Completion::PartDone),
+                    CORRUPT => Err(Error::Corrupt {
+                        key: format!("{} {}", self.keys[shard].active, done[i].0.pid),
+                        detail:
+                            "the record does not decode (`tranche check --repair` sets it aside)"
+                                .into(),
+                    }),
                     _ => Err(lost(&done[i].0)),
                 });
             }

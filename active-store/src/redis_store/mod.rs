@@ -166,6 +166,8 @@ const OK: i64 = 1;
 const DUPLICATE: i64 = 0;
 /// complete.lua's reply for the owner part of a split partition with pieces left.
 const PART_DONE: i64 = 2;
+/// complete.lua's reply for a pid whose record, not held, does not decode.
+const CORRUPT: i64 = -2;
 
 /// The active layer on Redis (standalone or cluster).
 ///

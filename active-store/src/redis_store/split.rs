@@ -12,6 +12,21 @@ fn beat_code(code: &str, lease: &Lease) -> Result<Beat> {
     match code {
         "1" => Ok(Beat::Renewed),
         "-1" => Err(lost(lease)),
+        // The lease's record does not decode: `ERR corrupt record KEY PID: DETAIL`.
+        corrupt if corrupt.starts_with('!') => {
+            let message = &corrupt[1..];
+            let named = message.strip_prefix("ERR corrupt record ");
+            Err(match named.and_then(|m| m.split_once(": ")) {
+                Some((key, detail)) => Error::Corrupt {
+                    key: key.to_owned(),
+                    detail: detail.to_owned(),
+                },
+                None => Error::Corrupt {
+                    key: "beat reply".into(),
+                    detail: message.to_owned(),
+                },
+            })
+        }
         cut => match cut.strip_prefix('=').and_then(|v| v.parse().ok()) {
             Some(last) => Ok(Beat::Cut { last }),
             None => Err(Error::Corrupt {

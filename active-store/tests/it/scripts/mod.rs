@@ -125,6 +125,53 @@ async fn a_claim_that_meets_a_corrupt_record_writes_nothing() {
     assert_eq!(server.dump_all(), before, "the refused claim wrote");
 }
 
+/// One record that does not decode costs its own lease only: a batched heartbeat and a
+/// group commit that meet it answer that lease with the corruption, named by key and
+/// pid, leave the record as it is, and renew or complete the other leases of the call.
+/// (Refusing the call would leave every lease of the shard in it unrenewed, or every
+/// completion unreported and its partition to run again.)
+#[tokio::test]
+async fn a_corrupt_record_costs_its_own_lease_only() {
+    use tranche_active_store::{ActiveQuery, Completion, Error, Leases};
+    let server = TestRedis::start();
+    let store = one_shard(&server).await;
+    let leases = store.claim("w", 3).await.unwrap();
+    // A beat moves each pid out of its run into a record of its own.
+    for lease in &leases {
+        store.heartbeat(lease, lease.min_id).await.unwrap();
+    }
+    let active = tranche_codec::KeySchema::new("elk", 1).unwrap().active(0);
+    server.cli(&["HSET", &active, "2", "garbage"]);
+    let named = |err: &Error| {
+        let text = err.to_string();
+        assert!(
+            matches!(err, Error::Corrupt { .. }) && text.contains(&format!("{active} 2")),
+            "{text}"
+        );
+    };
+
+    let beats: Vec<(_, u64)> = leases.iter().map(|l| (l.clone(), l.min_id + 100)).collect();
+    let beaten = store.heartbeat_many(&beats).await.unwrap();
+    assert!(beaten[0].is_ok() && beaten[2].is_ok(), "{beaten:?}");
+    named(beaten[1].as_ref().unwrap_err());
+    for pid in [1, 3] {
+        let p = store.get(pid).await.unwrap().unwrap();
+        assert_eq!(p.progress, p.min_id + 100, "pid {pid} renewed");
+    }
+
+    let done: Vec<(_, u64)> = leases.iter().map(|l| (l.clone(), 10)).collect();
+    let completed = store.complete_many(&done).await.unwrap();
+    assert!(
+        matches!(completed[0], Ok(Completion::Completed))
+            && matches!(completed[2], Ok(Completion::Completed)),
+        "{completed:?}"
+    );
+    named(completed[1].as_ref().unwrap_err());
+    assert_eq!(store.get(1).await.unwrap(), None);
+    assert_eq!(store.get(3).await.unwrap(), None);
+    assert_eq!(server.cli(&["HGET", &active, "2"]), "garbage");
+}
+
 /// The lease index stays a skiplist however few leases it holds: a listpack inserts in
 /// O(entries), which made ZADD the largest single cost of a claim.
 #[tokio::test]
