@@ -89,7 +89,9 @@ where
                 args.push(progress.to_string());
                 args.push(next.map(|n| n.to_string()).unwrap_or_default());
             }
-            let reply: Result<Vec<String>> = if pieces {
+            // Bytes, not strings: a `!` reply quotes a corrupt record, which may not be
+            // UTF-8, and must not fail the shard's other leases with it.
+            let reply: Result<Vec<Vec<u8>>> = if pieces {
                 self.invoke(
                     script,
                     &[
@@ -124,7 +126,7 @@ where
             match reply {
                 Ok(codes) => {
                     for (&i, code) in chunk.iter().zip(codes) {
-                        out[i] = Some(beat_code(&code, beats[i].0));
+                        out[i] = Some(beat_code(&String::from_utf8_lossy(&code), beats[i].0));
                     }
                 }
                 // A failed call fails its own leases only: the other shards' renewed.
