@@ -186,6 +186,10 @@ pub struct ActiveSnapshot {
     pub partitions: Vec<tranche_codec::Partition>,
     /// The planned pid runs not yet issued, per shard.
     pub unissued: Vec<Unissued>,
+    /// The pids whose active record does not decode, left out of `partitions`
+    /// ([`ActiveQuery::corrupt_records`](crate::ActiveQuery::corrupt_records) reads them
+    /// whole; `tranche check --repair` sets them aside). Always empty in memory.
+    pub corrupt: Vec<u64>,
 }
 
 /// A worker's own report, sent with every worker heartbeat.

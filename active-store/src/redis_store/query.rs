@@ -5,11 +5,11 @@
 
 use super::*;
 
-/// Where `all_active` found an active pid: a record of shard `.0`'s active hash (its
+/// Where `all_active` found an active pid: a record of its shard's active hash (its
 /// bytes, as the reply holds them), or a run that holds it.
 #[derive(Clone, Copy)]
 enum Held<'a> {
-    Record(u32, &'a [u8]),
+    Record(&'a [u8]),
     Run(&'a record::Run),
 }
 
@@ -241,39 +241,33 @@ where
         Ok(())
     }
 
-    /// The partitions of `records` (each pid with where it is held), in their order;
-    /// `None` if one belongs to a plan `registry` does not know yet.
+    /// The partitions of `records` (each pid with where it is held), in their order, and
+    /// the pids whose record does not decode (left out); `None` if one belongs to a plan
+    /// `registry` does not know yet.
     fn partitions(
         &self,
         records: &[(u64, Held<'_>)],
         registry: &Registry,
-    ) -> Result<Option<Vec<Partition>>> {
+    ) -> Option<(Vec<Partition>, Vec<u64>)> {
         let mut out = Vec::with_capacity(records.len());
+        let mut corrupt = Vec::new();
         for &(pid, held) in records {
-            let (shard, rec) = match held {
-                Held::Record(shard, rec) => (shard, rec),
-                Held::Run(run) => match registry.range_of(pid) {
-                    Some(range) => {
-                        out.push(run.partition(pid, range));
-                        continue;
-                    }
-                    None => return Ok(None),
-                },
+            let rec = match held {
+                Held::Record(rec) => rec,
+                Held::Run(run) => {
+                    out.push(run.partition(pid, registry.range_of(pid)?));
+                    continue;
+                }
             };
             match record::parse_bytes(pid, rec, |pid| registry.range_of(pid)) {
                 Some(p) => out.push(p),
                 None if record::parse_bytes(pid, rec, |_| Some((0, 0))).is_some() => {
-                    return Ok(None);
+                    return None;
                 }
-                None => {
-                    return Err(Error::Corrupt {
-                        key: format!("{} {pid}", self.keys[shard as usize].active),
-                        detail: format!("unreadable record {:?}", String::from_utf8_lossy(rec)),
-                    });
-                }
+                None => corrupt.push(pid),
             }
         }
-        Ok(Some(out))
+        Some((out, corrupt))
     }
 
     /// The runs of `shard` from its runs hash's (token, run) pairs; an error naming the
@@ -449,25 +443,36 @@ where
                     key: key.clone(),
                     detail: format!("field {:?} is not a pid", String::from_utf8_lossy(pid)),
                 })?;
-                records.push((pid, Held::Record(shard, rec)));
+                records.push((pid, Held::Record(rec)));
             }
             snapshot
                 .unissued
                 .extend(self.unissued(shard, &read.plans, &read.cursor)?);
         }
         records.sort_unstable_by_key(|&(pid, ..)| pid);
-        let cached = self.partitions(&records, &read(&self.registry))?;
-        snapshot.partitions = match cached {
-            Some(partitions) => partitions,
+        let cached = self.partitions(&records, &read(&self.registry));
+        let (partitions, corrupt) = match cached {
+            Some(read) => read,
             None => {
                 let registry = self.refresh_registry().await?;
-                self.partitions(&records, &registry)?
+                self.partitions(&records, &registry)
                     .ok_or_else(|| Error::Corrupt {
                         key: self.registry_key.clone(),
                         detail: "an active record is in no plan".into(),
                     })?
             }
         };
+        // One record that does not decode must not blind every reader of the active
+        // set (the splitter, `list`, the dashboard): it is left out, said once per read.
+        if let Some(&first) = corrupt.first() {
+            tracing::warn!(
+                records = corrupt.len(),
+                first,
+                "active records that do not decode are left out; `tranche check --repair` sets them aside"
+            );
+        }
+        snapshot.partitions = partitions;
+        snapshot.corrupt = corrupt;
         Ok(snapshot)
     }
 

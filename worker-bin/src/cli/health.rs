@@ -642,8 +642,9 @@ async fn overdue_rule(
         .max(OVERDUE_P99S * p99_s);
     let mut held: Vec<(u64, f64)> = Vec::new();
     if running > 0 {
-        // A corrupt record stops the read: no partition is held as far as this rule
-        // can tell (`health --check` fires `active_records_corrupt` on it).
+        // A corrupt run stops the read (a corrupt record is only left out): no
+        // partition is held as far as this rule can tell (`health --check` fires
+        // `active_records_corrupt` on it).
         let partitions = match backend.active.all_active().await {
             Ok(snapshot) => snapshot.partitions,
             Err(err @ tranche_active_store::Error::Corrupt { .. }) => {

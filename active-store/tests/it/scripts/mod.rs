@@ -125,9 +125,10 @@ async fn a_claim_that_meets_a_corrupt_record_writes_nothing() {
     assert_eq!(server.dump_all(), before, "the refused claim wrote");
 }
 
-/// One record that does not decode costs its own lease only: a batched heartbeat and a
-/// group commit that meet it answer that lease with the corruption, named by key and
-/// pid, leave the record as it is, and renew or complete the other leases of the call.
+/// One record that does not decode costs its own lease only: `all_active` leaves it out
+/// and lists its pid, and a batched heartbeat and a group commit that meet it answer
+/// that lease with the corruption, named by key and pid, leave the record as it is, and
+/// renew or complete the other leases of the call.
 /// (Refusing the call would leave every lease of the shard in it unrenewed, or every
 /// completion unreported and its partition to run again.)
 #[tokio::test]
@@ -151,6 +152,11 @@ async fn a_corrupt_record_costs_its_own_lease_only() {
             "{text}"
         );
     };
+
+    // A read of the whole active set leaves it out and names it.
+    let snapshot = store.all_active().await.unwrap();
+    let pids: Vec<u64> = snapshot.partitions.iter().map(|p| p.pid).collect();
+    assert_eq!((pids, snapshot.corrupt), (vec![1, 3], vec![2]));
 
     let beats: Vec<(_, u64)> = leases.iter().map(|l| (l.clone(), l.min_id + 100)).collect();
     let beaten = store.heartbeat_many(&beats).await.unwrap();
