@@ -143,7 +143,8 @@ end
 -- once; anything else goes the field-by-field way below, which names what is wrong.
 local RECORD = '^([pcrfd])|(%d+)|(%d*)|(%d*)|(%d*)|(%d*)|(%d*)|([^|]*)|(%d*)|(%d*)|(%d*)|(.*)$'
 local function short(v, max) return #v <= max and (#v <= 1 or string.byte(v) ~= 48) end
-local function checked(key, pid, s)
+-- The common case: the record built from the captures, or nil for the slow way.
+local function matched(s)
   local a, b, c, d, e, f, g, h, i, j, k, l = string.match(s, RECORD)
   -- Numbers (2, 4-7) up to 15 digits, IDs (3, 9-11) up to 19: below 2^53, and below
   -- 2^64, so what the slow path accepts.
@@ -151,7 +152,12 @@ local function checked(key, pid, s)
     and short(f, 15) and short(g, 15) and short(i, 19) and short(j, 19) and short(k, 19) then
     return {a, b, c, d, e, f, g, h, i, j, k, l}
   end
-  local r = decode(s)
+  return nil
+end
+local function checked(key, pid, s)
+  local r = matched(s)
+  if r then return r end
+  r = decode(s)
   if r == nil then corrupt(key, pid, 'not a record `' .. s .. '`') end
   if #r[1] ~= 1 or not string.find('pcrfd', r[1], 1, true) then corrupt(key, pid, 'status `' .. r[1] .. '`') end
   if not is_num(r[2]) then corrupt(key, pid, 'attempts `' .. r[2] .. '`') end
@@ -170,6 +176,9 @@ end
 -- go on with the others, writing nothing of it: one damaged record costs its own
 -- partition, not every lease of its shard that shares the call.
 local function checked_or(key, pid, s)
+  -- A sound record (the common case) costs no pcall.
+  local r = matched(s)
+  if r then return r end
   local good, got = pcall(checked, key, pid, s)
   if good then return got end
   return nil, type(got) == 'table' and got.err or tostring(got)
