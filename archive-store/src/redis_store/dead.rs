@@ -64,21 +64,10 @@ where
     }
 
     /// The bits of `pids` in the bitmap `key` (their offsets all within a bitmap), in
-    /// one BITFIELD_RO.
+    /// one round trip.
     async fn bits(&self, key: &str, pids: &[u64]) -> Result<Vec<bool>> {
-        if pids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let bits: Vec<u8> = retry(&self.conn, |mut c| {
-            let mut cmd = redis::cmd("BITFIELD_RO");
-            cmd.arg(key);
-            for &pid in pids {
-                cmd.arg("GET").arg("u1").arg(self.schema.bit_offset(pid));
-            }
-            async move { cmd.query_async(&mut c).await }
-        })
-        .await?;
-        Ok(bits.into_iter().map(|b| b == 1).collect())
+        let offsets: Vec<u64> = pids.iter().map(|&p| self.schema.bit_offset(p)).collect();
+        bits::read_bits(&self.conn, key, &offsets).await
     }
 
     /// Re-drives `shard`'s dead letters into `out`.

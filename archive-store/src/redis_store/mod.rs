@@ -1,6 +1,7 @@
 //! The Redis backend: every archive batch and every `get` is one Lua script on one
 //! shard's hash slot.
 
+mod bits;
 mod compact;
 mod conn;
 mod damage;

@@ -14,9 +14,6 @@ fn refused(err: &redis::RedisError) -> bool {
         || err.is_cluster_error())
 }
 
-/// Whether the archive script refused one record for the record itself (its own
-/// counters past the statistics' guard, or arguments it cannot take), so that it can
-/// never be archived; anything else it refuses is the shard's state.
 /// Whether a shard's failure may pass by itself (a connection dropped, a timeout):
 /// the pass fails and is retried. Anything else is the shard's own state, and stalls
 /// it until repaired.
@@ -24,6 +21,9 @@ fn transient(err: &Error) -> bool {
     matches!(err, Error::Redis(e) if !refused(e))
 }
 
+/// Whether the archive script refused one record for the record itself (its own
+/// counters past the statistics' guard, or arguments it cannot take), so that it can
+/// never be archived; anything else it refuses is the shard's state.
 fn poison(err: &redis::RedisError) -> bool {
     let text = err.to_string();
     text.contains("a delta counter reached") || text.contains("malformed delta argument")
@@ -277,7 +277,8 @@ where
 
     /// Takes out of `items` every record whose completed-index bit is clear (or whose
     /// bit offset is past a Redis bitmap, which the write would refuse anyway) and
-    /// returns those as dead letters with the reason. One BITFIELD read for the pass.
+    /// returns those as dead letters with the reason. One read of the bitmap's bytes
+    /// around them for the pass.
     async fn unconfirmed<'a>(
         &self,
         shard: u32,
@@ -293,22 +294,15 @@ where
             return Ok(dead);
         }
         let key = &self.keys[shard as usize].index;
-        let bits: Vec<u8> = retry(&self.conn, |mut c| {
-            let mut cmd = redis::cmd("BITFIELD_RO");
-            cmd.arg(key);
-            for o in &in_range {
-                cmd.arg("GET").arg("u1").arg(o);
-            }
-            async move { cmd.query_async(&mut c).await }
-        })
-        .await?;
-        let mut bits = bits.into_iter();
+        let mut bits = bits::read_bits(&self.conn, key, &in_range)
+            .await?
+            .into_iter();
         let mut kept = Vec::with_capacity(items.len());
         for item in items.drain(..) {
             if self.schema.bit_offset(item.record.pid) > MAX_BIT_OFFSET {
                 // Left to the write path, which sets it aside with its own reason.
                 kept.push(item);
-            } else if bits.next() == Some(1) {
+            } else if bits.next() == Some(true) {
                 kept.push(item);
             } else {
                 dead.push((
