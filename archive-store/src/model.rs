@@ -95,6 +95,14 @@ impl Config {
         end.saturating_sub(start.max(self.first_pid))
     }
 
+    /// How many records the archive holds when new records next change tier, once
+    /// `archived` are in it; `None` past the last threshold.
+    pub fn next_tier_at(&self, archived: u64) -> Option<u64> {
+        [self.compressed_at, self.summary_at]
+            .into_iter()
+            .find(|&at| archived < at)
+    }
+
     /// The tier new records go to once `archived` records are in the archive.
     pub fn tier_for(&self, archived: u64) -> Tier {
         if archived >= self.summary_at {

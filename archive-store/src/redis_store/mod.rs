@@ -149,12 +149,15 @@ pub struct RedisArchive<C> {
     /// Which shards woken passes still owe a read, and when each was last read.
     woken: Mutex<Woken>,
     /// Records archived as last counted, plus what this archiver wrote since: picks
-    /// the tier of a woken pass without a read per shard. Sweeps count again. The
-    /// count only grows, so the tier it gives lags at most what other archivers wrote
-    /// since the last sweep.
+    /// the tier of a woken pass without a read per shard. Sweeps count again, and so
+    /// do woken passes when [`recount_due`](Self::recount_due) says the tier may have
+    /// changed under other archivers' writes. The count only grows.
     archived: AtomicU64,
-    /// Whether `archived` was ever counted (a woken pass before any sweep counts).
-    counted: AtomicBool,
+    /// What this archiver wrote since `archived` was last counted.
+    written_since: AtomicU64,
+    /// When `archived` was last counted; `None` before the first count (a woken pass
+    /// before any sweep counts).
+    counted_at: Mutex<Option<Instant>>,
     /// The namespace's archive format version as last read (`{ns}:meta`
     /// `archive_format`, read on every sweep), 0 before the first read: what joins write.
     format: AtomicU8,
@@ -274,7 +277,8 @@ where
                 last_read: vec![None; schema.num_shards() as usize],
             }),
             archived: AtomicU64::new(0),
-            counted: AtomicBool::new(false),
+            written_since: AtomicU64::new(0),
+            counted_at: Mutex::new(None),
             format: AtomicU8::new(0),
             clock: Arc::new(SystemClock),
             dict: RwLock::default(),

@@ -4,6 +4,10 @@
 
 use super::*;
 
+/// How long a woken pass goes by the count it keeps before it counts again, while a
+/// tier threshold is ahead.
+const RECOUNT_EVERY: Duration = Duration::from_secs(1);
+
 /// Whether Redis refused a call for what it carried (a script's error), rather than
 /// the call failing to get through: only then is trying the records one by one of use.
 fn refused(err: &redis::RedisError) -> bool {
@@ -63,10 +67,30 @@ where
     /// Counts the archived records again (one read per shard) and keeps the count for
     /// woken passes.
     pub(super) async fn count_archived(&self) -> Result<u64> {
+        let started = Instant::now();
         let archived = self.archived_count().await?;
         self.archived.fetch_max(archived, Ordering::Relaxed);
-        self.counted.store(true, Ordering::Relaxed);
+        self.written_since.store(0, Ordering::Relaxed);
+        *self.counted_at.lock().expect("count lock") = Some(started);
         Ok(self.archived.load(Ordering::Relaxed))
+    }
+
+    /// Whether a woken pass counts again before it picks its tier: never counted yet;
+    /// or a tier threshold is ahead and either a second has passed since the count or
+    /// this archiver alone wrote a sixteenth of the way to it since. Archivers of a
+    /// fleet share the work, so each one's writes stand for the fleet's: the tier then
+    /// changes within a few percent of its threshold, at a cost of one read per shard
+    /// every sixteenth of the distance, and none past the last threshold.
+    pub(super) fn recount_due(&self, now: Instant) -> bool {
+        let Some(at) = *self.counted_at.lock().expect("count lock") else {
+            return true;
+        };
+        let archived = self.archived.load(Ordering::Relaxed);
+        let Some(next) = self.config.next_tier_at(archived) else {
+            return false;
+        };
+        let since = self.written_since.load(Ordering::Relaxed);
+        now.duration_since(at) >= RECOUNT_EVERY || (since > 0 && since >= (next - archived) / 16)
     }
 
     /// Takes over up to `batch` entries of `shard` that another archiver has held
@@ -216,6 +240,8 @@ where
             }
         }
         self.archived
+            .fetch_add(pass.archived as u64, Ordering::Relaxed);
+        self.written_since
             .fetch_add(pass.archived as u64, Ordering::Relaxed);
         self.note_stalls(&stalls, &resumed).await?;
         match failed {
@@ -539,10 +565,10 @@ where
         if shards.is_empty() {
             return Ok(ArchivePass::default());
         }
-        let archived = if self.counted.load(Ordering::Relaxed) {
-            self.archived.load(Ordering::Relaxed)
-        } else {
+        let archived = if self.recount_due(Instant::now()) {
             self.count_archived().await?
+        } else {
+            self.archived.load(Ordering::Relaxed)
         };
         self.archive_shards(&shards, self.config.tier_for(archived), None)
             .await

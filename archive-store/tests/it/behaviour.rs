@@ -1363,6 +1363,51 @@ async fn run_publishes_after_the_interval_only_when_something_was_archived(
     task.await.unwrap();
 }
 
+/// A woken pass picks its tier from the namespace's count, which other archivers move:
+/// an archiver that wrote a sixteenth of the way to the next threshold since it last
+/// counted counts again, so records past the threshold go to the compressed tier even
+/// when another archiver wrote most of the way there. (It kept the count of its last
+/// sweep plus its own writes, and in a fleet of four sharing the work went on writing
+/// the simple tier to about four times the threshold.)
+#[tokio::test]
+async fn a_woken_pass_counts_again_as_other_archivers_write() {
+    let config = Config {
+        consumer: "a".into(),
+        gather: Duration::ZERO,
+        compressed_at: 160,
+        ..Config::default()
+    };
+    let h = Harness::with(Kind::Redis, config).await;
+    let b = h.another("b", Duration::from_secs(60)).unwrap();
+    let woken = |a: &Arc<dyn Archiver>| {
+        let a = a.clone();
+        async move { a.archive_woken().await.unwrap().archived }
+    };
+    let query = h.query.clone();
+    let tier = |pid| {
+        let query = query.clone();
+        async move {
+            match query.get(pid).await.unwrap() {
+                Lookup::Archived { tier, .. } => tier,
+                other => panic!("pid {pid}: {other:?}"),
+            }
+        }
+    };
+    // b counts (nothing yet) and writes 20 itself.
+    h.complete(&records(1..=20)).await;
+    assert_eq!(woken(&b).await, 20);
+    // The other archiver writes 200 more: the namespace is past the threshold.
+    h.complete(&records(21..=220)).await;
+    assert_eq!(woken(&h.archiver).await, 200);
+    // b has written 20 since its count, more than a sixteenth of the 140 it believes
+    // are left: it counts again, and writes the next records compressed.
+    h.complete(&records(221..=230)).await;
+    assert_eq!(woken(&b).await, 10);
+    assert_eq!(tier(20).await, Tier::Simple);
+    assert_eq!(tier(220).await, Tier::Simple);
+    assert_eq!(tier(225).await, Tier::Compressed);
+}
+
 /// Woken passes alone (no sweep) archive everything completions marked, exactly once.
 async fn a_woken_pass_archives_what_completions_marked(kind: Kind, shards: u32) {
     let h = Harness::with(
