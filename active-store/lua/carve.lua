@@ -39,7 +39,7 @@ elseif which == 'broken' then
   if #ARGV ~= 2 then refuse('argument count', #ARGV) end
   local t = id(ARGV[2], 'token')
   local raw = redis.call('HGET', KEYS[1], t)
-  if not raw or pcall(run_decode, KEYS[1], t, raw) then return 0 end
+  if not raw or run_decode_or(KEYS[1], t, raw) then return 0 end
   local first, last = string.match(raw, '^(%d+)|(%d+)|')
   local names, n = {}, 0
   if first and #first <= 15 and #last <= 15 and tonumber(last) >= tonumber(first)
@@ -86,8 +86,8 @@ end
 local touched, carved, nc, any = {}, {}, 0, false
 for i = 1, #pairs_, 2 do
   local t = pairs_[i]
-  local ok, u = pcall(run_decode, KEYS[1], t, pairs_[i + 1])
-  if ok and (not worker or u[6] == worker) then
+  local u = run_decode_or(KEYS[1], t, pairs_[i + 1])
+  if u and (not worker or u[6] == worker) then
     local mask = u[5]
     for k = 1, #mask do
       if string.byte(mask, k) == 99 then

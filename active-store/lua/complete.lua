@@ -8,8 +8,10 @@
 --      '\n': an entry of k lines stands for pids pid .. pid + k - 1 at bit offsets bit ..
 --      bit + k - 1 (k at most MAX_RUN). The reply has one code per pid, in that order.
 -- Reply: per pid, OK, DUPLICATE, LOST, PART (2: the owner part of a split partition is
--- done, its pieces are not, so the partition is not completed) or CORRUPT (-2: its
--- record, not held, does not decode; left as it is, the other pids go on).
+-- done, its pieces are not, so the partition is not completed), CORRUPT (-2: its
+-- record, not held, does not decode; left as it is, the other pids go on) or
+-- CORRUPT_RUN (-3: it has no record of its own, and the run its token names does not
+-- decode; the run is left as it is, no bit of it set, and the other pids go on).
 -- A split partition (split.lua) with pieces outstanding is not finished by its owner:
 -- the owner part is marked done, its lease ends, and the partition stays, running,
 -- until its last piece completes it (piece_complete.lua). With none outstanding, the
@@ -25,7 +27,7 @@
 -- a large index first). Every command
 -- runs once per call, not once per completion: a batch of 30 costs little more than a
 -- batch of one.
-local PART, CORRUPT = 2, -2
+local PART, CORRUPT, CORRUPT_RUN = 2, -2, -3
 entries(0, 4, true)
 local m = #ARGV / 4
 local format = string.format
@@ -72,7 +74,12 @@ for e = 1, m do
   end
 end
 -- Runs first: a completion's token names its run, if the pid is in one. Each run is
--- read and decoded once; the pids no run holds are read from the active hash.
+-- read and decoded once; the pids no run holds are read from the active hash. A run
+-- that does not decode (`broken`) holds none as far as this call can tell: its pids are
+-- read from the active hash too, a group of them taken apart, and the run is never
+-- written (only a decoded run is `touched`). A pid with a record of its own left its
+-- run for good and is completed by its record; one without answers CORRUPT_RUN (or
+-- DUPLICATE when its bit is set, as a corrupt record does: it completed before).
 local want, nwant, seen = {}, 0, {}
 for i = 1, n do
   if not seen[tokens[i]] then nwant, seen[tokens[i]] = nwant + 1, true; want[nwant] = tokens[i] end
@@ -81,9 +88,12 @@ for g = 1, ng do
   if not seen[gtoken[g]] then nwant, seen[gtoken[g]] = nwant + 1, true; want[nwant] = gtoken[g] end
 end
 local runs_raw = redis.call('HMGET', KEYS[7], unpack(want))
-local runs = {}
+local runs, broken = {}, {}
 for j = 1, nwant do
-  if runs_raw[j] then runs[want[j]] = run_decode(KEYS[7], want[j], runs_raw[j]) end
+  if runs_raw[j] then
+    local u = run_decode_or(KEYS[7], want[j], runs_raw[j])
+    if u then runs[want[j]] = u else broken[want[j]] = true end
+  end
 end
 -- The runs that lose pids in this call, by token.
 local touched, left = {}, false
@@ -314,6 +324,8 @@ for i = 1, n do
     out[slot[i]] = OK
   elseif bad[i] then
     out[slot[i]] = CORRUPT
+  elseif not recs[i] and broken[tokens[i]] then
+    out[slot[i]] = CORRUPT_RUN
   else
     out[slot[i]] = LOST
   end

@@ -9,7 +9,8 @@
 --      not handed out; empty: the holder does not split, and no cut is made)
 -- Reply: per lease, '1' (renewed), '-1' (lost), '=' and the lease's new last ID (renewed
 -- and cut: every ID after it is a pending piece now), or '!' and the error naming its
--- record, which does not decode (left as it is; the other leases are renewed).
+-- record, which does not decode, or its run, when it has no record of its own and the
+-- run its token names does not decode (left as it is; the other leases are renewed).
 -- A checkpoint never moves backwards: a beat carrying an older one than the record holds
 -- (beats reordered or retried) keeps the newer one, and still renews the lease.
 -- A pid its run still holds (runs.lua) leaves the run here: the beat renews the record
@@ -36,13 +37,20 @@ for i = 1, n do
     wanted[nw], tokens[nw] = i, ARGV[4 * i]
   end
 end
-local runs, touched, left = {}, {}, false
+-- A run that does not decode is never written over: the pids that name it answer its
+-- error (`broken`, by token; `runbad`, by lease) and the run is not `touched`.
+local runs, broken, runbad, touched, left = {}, {}, {}, {}, false
 if nw > 0 then
   local raw = redis.call('HMGET', KEYS[7], unpack(tokens))
   for j = 1, nw do
     local t = tokens[j]
-    local u = raw[j] and (runs[t] or run_decode(KEYS[7], t, raw[j]))
-    if u then
+    local u = runs[t]
+    if raw[j] and not u and not broken[t] then
+      u, broken[t] = run_decode_or(KEYS[7], t, raw[j])
+    end
+    if broken[t] then
+      runbad[wanted[j]] = broken[t]
+    elseif u then
       runs[t] = u
       local i = wanted[j]
       local k = run_holds(u, tonumber(pids[i]))
@@ -67,7 +75,11 @@ for i = 1, n do
   local pid, token, progress, next = pids[i], ARGV[4 * i], ARGV[4 * i + 1], ARGV[4 * i + 2]
   -- A pid named twice meets the record as the first mention left it.
   local r, bad = seen[pid], nil
-  if not r and recs[i] then r, bad = checked_or(KEYS[1], pid, recs[i]) end
+  if not r and recs[i] then
+    r, bad = checked_or(KEYS[1], pid, recs[i])
+  elseif not r then
+    bad = runbad[i]
+  end
   if r then seen[pid] = r end
   if leased(r, token) then
     if r[1] == 'c' then

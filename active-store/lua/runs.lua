@@ -25,19 +25,25 @@ local FULL_MASK = 'ccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc
 local EMPTY_MASK = '................................................................................................................................'
 
 -- A run value decoded and checked: {first, last, deadline, claimed, mask, worker, the
--- first pid as a number}. An error naming the key and token when it is not one.
+-- first pid as a number}; or nil and an error naming the key and token when it is not
+-- one (`checked_or`'s outcome for records, record.lua, without its pcall). complete and
+-- heartbeat answer the pids of a run that does not decode in their own reply slots and
+-- go on with the rest of the call, writing nothing of it: one damaged run costs its own
+-- leases, not every lease of its shard that shares the call; carve passes it by (but
+-- for its 'broken' mode, which breaks it up).
 local RUN = '^(%d+)|(%d+)|(%d+)|(%d+)|([c.]+)|([^|]+)$'
-local function run_decode(key, token, s)
+local function run_decode_or(key, token, s)
   local first, last, deadline, claimed, mask, worker = string.match(s, RUN)
+  local why
   if not (first and short(first, 15) and short(last, 15) and short(deadline, 15)
       and short(claimed, 15)) then
-    corrupt(key, token, 'not a run `' .. s .. '`')
+    why = 'not a run `'
+  elseif tonumber(last) - tonumber(first) + 1 ~= #mask then
+    why = 'run mask of the wrong length `'
+  else
+    return {first, last, deadline, claimed, mask, worker, tonumber(first)}
   end
-  local f = tonumber(first)
-  if tonumber(last) - f + 1 ~= #mask then
-    corrupt(key, token, 'run mask of the wrong length `' .. s .. '`')
-  end
-  return {first, last, deadline, claimed, mask, worker, f}
+  return nil, 'ERR corrupt run ' .. key .. ' ' .. token .. ': ' .. why .. s .. '`'
 end
 
 local function run_encode(u)

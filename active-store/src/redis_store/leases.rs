@@ -197,6 +197,11 @@ where
                             "the record does not decode (`tranche check --repair` sets it aside)"
                                 .into(),
                     }),
+                    CORRUPT_RUN => Err(corrupt_run(
+                        format!("{} {}", self.keys[shard].runs, done[i].0.token),
+                        done[i].0.pid,
+                        None,
+                    )),
                     _ => Err(lost(&done[i].0)),
                 });
             }

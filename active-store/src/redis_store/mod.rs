@@ -168,6 +168,21 @@ const DUPLICATE: i64 = 0;
 const PART_DONE: i64 = 2;
 /// complete.lua's reply for a pid whose record, not held, does not decode.
 const CORRUPT: i64 = -2;
+/// complete.lua's reply for a pid without a record whose token names a run that does
+/// not decode.
+const CORRUPT_RUN: i64 = -3;
+
+/// A lease of `pid` answered by its script for the run that holds it, which does not
+/// decode (complete.lua's [`CORRUPT_RUN`], heartbeat.lua's `!ERR corrupt run`): named
+/// by the runs key and token (the key [`ActiveQuery::corrupt_records`] gives a run),
+/// with what the script found wrong when it says. The script wrote nothing of it.
+fn corrupt_run(key: String, pid: u64, found: Option<&str>) -> Error {
+    let found = found.map(|f| format!(": {f}")).unwrap_or_default();
+    Error::Corrupt {
+        key,
+        detail: format!("the run holding pid {pid} does not decode{found}; it is left as it is"),
+    }
+}
 
 /// The active layer on Redis (standalone or cluster).
 ///

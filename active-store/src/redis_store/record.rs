@@ -139,7 +139,7 @@ impl Run {
 }
 
 /// Parses a `runs` hash entry; `None` if it is not a run this version wrote (checked as
-/// `run_decode` in `lua/runs.lua` checks it).
+/// `run_decode_or` in `lua/runs.lua` checks it).
 pub(super) fn parse_run(token: &[u8], value: &[u8]) -> Option<Run> {
     let short = |f: &[u8]| {
         (f.len() <= 15 && (f.len() <= 1 || f[0] != b'0'))

@@ -12,9 +12,16 @@ fn beat_code(code: &str, lease: &Lease) -> Result<Beat> {
     match code {
         "1" => Ok(Beat::Renewed),
         "-1" => Err(lost(lease)),
-        // The lease's record does not decode: `ERR corrupt record KEY PID: DETAIL`.
+        // The lease's record does not decode, `ERR corrupt record KEY PID: DETAIL`, or
+        // the run holding it, `ERR corrupt run KEY TOKEN: DETAIL`.
         corrupt if corrupt.starts_with('!') => {
             let message = &corrupt[1..];
+            if let Some((key, detail)) = message
+                .strip_prefix("ERR corrupt run ")
+                .and_then(|m| m.split_once(": "))
+            {
+                return Err(corrupt_run(key.to_owned(), lease.pid, Some(detail)));
+            }
             let named = message.strip_prefix("ERR corrupt record ");
             Err(match named.and_then(|m| m.split_once(": ")) {
                 Some((key, detail)) => Error::Corrupt {

@@ -734,7 +734,8 @@ pub(super) fn refusal_rows(
             corrupt: piece_fail_corrupt.clone(),
             ..Row::default()
         },
-        // A pid held in a run completes in it: the run is read and checked.
+        // A pid held in a run completes in it: the run is read and checked; one that
+        // does not decode costs its own pids (CORRUPT_RUN), not the call.
         Row {
             script: "complete",
             keys: vec![
@@ -753,14 +754,14 @@ pub(super) fn refusal_rows(
                 a("{\"pid\":7}", Record),
             ],
             setup: run.clone(),
-            corrupt: vec![
+            corrupt: vec![counter("c")],
+            skipped: vec![
                 Corrupt::Field(runs.clone(), "99".into(), "7|8|1|1|c|w".into()),
                 Corrupt::Field(runs.clone(), "99".into(), format!("7|8|{later}|x|cc|w")),
-                counter("c"),
             ],
-            ..Row::default()
         },
-        // A beat of a pid held in a run: the run is read and checked, the pid leaves it.
+        // A beat of a pid held in a run: the run is read and checked, the pid leaves it;
+        // one that does not decode costs its own pids (`!`), not the call.
         Row {
             script: "heartbeat",
             keys: vec![
@@ -781,12 +782,11 @@ pub(super) fn refusal_rows(
                 a("", OptId),
             ],
             setup: run.clone(),
-            corrupt: vec![
+            corrupt: vec![counter("c")],
+            skipped: vec![
                 Corrupt::Field(runs.clone(), "99".into(), "7|8|1|1|c|w".into()),
                 Corrupt::Field(runs.clone(), "99".into(), format!("7|8|{later}|{now}|cx|w")),
-                counter("c"),
             ],
-            ..Row::default()
         },
         Row {
             script: "carve",
