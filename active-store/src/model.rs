@@ -186,9 +186,12 @@ pub struct ActiveSnapshot {
     pub partitions: Vec<tranche_codec::Partition>,
     /// The planned pid runs not yet issued, per shard.
     pub unissued: Vec<Unissued>,
-    /// The pids whose active record does not decode, left out of `partitions`
+    /// The pids left out of `partitions` because what holds them does not decode,
+    /// sorted, each once: those whose active record does not
     /// ([`ActiveQuery::corrupt_records`](crate::ActiveQuery::corrupt_records) reads them
-    /// whole; `tranche check --repair` sets them aside). Always empty in memory.
+    /// whole; `tranche check --repair` sets them aside), and those a run that does not
+    /// decode still names by its first and last pid (at most 128) and nothing else
+    /// holds (a pid with a record of its own left its run). Always empty in memory.
     pub corrupt: Vec<u64>,
 }
 

@@ -141,7 +141,8 @@ where
         .await?;
         for (token, run) in &runs {
             if record::parse_run(token.as_bytes(), run.as_bytes()).is_none()
-                && record::run_span(run).is_some_and(|(first, last)| (first..=last).contains(&pid))
+                && record::run_span(run.as_bytes())
+                    .is_some_and(|(first, last)| (first..=last).contains(&pid))
             {
                 self.carve(shard, &["broken".to_owned(), token.clone()])
                     .await?;

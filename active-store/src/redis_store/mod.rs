@@ -148,12 +148,13 @@ const MAX_RUN: usize = 128;
 /// Field/value pairs of a hash, as read.
 type Pairs = Vec<(String, String)>;
 
-/// One shard as `all_active` read it: the active hash's (pid, record) pairs, borrowed
-/// from the reply, its runs, and the shard's plan list and cursors.
+/// One shard as `all_active` read it: the active hash's (pid, record) pairs and its
+/// runs, borrowed from the reply, and the shard's plan list and cursors.
 struct ShardRead<'a> {
     entries: Vec<(&'a [u8], &'a [u8])>,
-    /// The runs hash's (token, run) pairs.
-    runs: Pairs,
+    /// The runs hash's (token, run) pairs, as bytes: a corrupt run need not be UTF-8,
+    /// and must not fail the read.
+    runs: Vec<(&'a [u8], &'a [u8])>,
     plans: Vec<String>,
     cursor: Pairs,
 }

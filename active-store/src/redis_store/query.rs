@@ -13,6 +13,25 @@ enum Held<'a> {
     Run(&'a record::Run),
 }
 
+/// A runs hash that does not parse whole: each run that does not, by token, with the
+/// first and last pid its first fields still name (`record::run_span`), if they do.
+type Broken<'a> = Vec<(&'a [u8], Option<(u64, u64)>)>;
+
+/// The runs of a shard's runs hash (token, run) pairs that parse, and the rest. A run
+/// that does not parse is left out rather than failing the read, as a corrupt record
+/// is: one damaged value must not blind every reader of the shard.
+fn runs_of<'a>(runs: &[(&'a [u8], &'a [u8])]) -> (Vec<record::Run>, Broken<'a>) {
+    let mut sound = Vec::with_capacity(runs.len());
+    let mut broken = Vec::new();
+    for &(token, run) in runs {
+        match record::parse_run(token, run) {
+            Some(run) => sound.push(run),
+            None => broken.push((token, record::run_span(run))),
+        }
+    }
+    (sound, broken)
+}
+
 impl<C> RedisActiveStore<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -31,9 +50,12 @@ where
         pipe
     }
 
-    /// [`shard_read`](Self::shard_read) through redis-rs. The records stay one raw
-    /// reply, parsed in place.
-    async fn read_shard(&self, shard: u32) -> Result<(redis::Value, Pairs, Vec<String>, Pairs)> {
+    /// [`shard_read`](Self::shard_read) through redis-rs. The records and runs stay raw
+    /// replies, parsed in place.
+    async fn read_shard(
+        &self,
+        shard: u32,
+    ) -> Result<(redis::Value, redis::Value, Vec<String>, Pairs)> {
         let pipe = &self.shard_read(shard);
         Ok(retry(&self.conn, |mut conn| async move {
             pipe.query_async(&mut conn).await
@@ -94,7 +116,7 @@ where
                         .collect::<Option<_>>()?,
                     runs: runs
                         .chunks_exact(2)
-                        .map(|kv| Some((text(&kv[0])?, text(&kv[1])?)))
+                        .map(|kv| Some((bytes(&kv[0])?, bytes(&kv[1])?)))
                         .collect::<Option<_>>()?,
                     plans: plans.iter().map(text).collect::<Option<_>>()?,
                     cursor: cursor
@@ -270,19 +292,6 @@ where
         Some((out, corrupt))
     }
 
-    /// The runs of `shard` from its runs hash's (token, run) pairs; an error naming the
-    /// first that does not parse.
-    fn runs_of(&self, shard: u32, runs: &Pairs) -> Result<Vec<record::Run>> {
-        runs.iter()
-            .map(|(token, run)| {
-                record::parse_run(token.as_bytes(), run.as_bytes()).ok_or_else(|| Error::Corrupt {
-                    key: format!("{} {token}", self.keys[shard as usize].runs),
-                    detail: format!("unreadable run {run:?}"),
-                })
-            })
-            .collect()
-    }
-
     /// The unissued ranges of `shard` from its plans list and cursors.
     fn unissued(&self, shard: u32, plans: &[String], cursor: &Pairs) -> Result<Vec<Unissued>> {
         Ok(self
@@ -341,7 +350,7 @@ where
         // one transaction (the keys share a slot): a claim running between the HGET and
         // the cursor read would otherwise move the pid out of both, and an issued pid
         // would read as completed.
-        let (rec, runs, plans, cursor): (Option<String>, Pairs, Vec<String>, Pairs) =
+        let (rec, runs, plans, cursor): (Option<String>, redis::Value, Vec<String>, Pairs) =
             retry(&self.conn, |mut conn| async move {
                 redis::pipe()
                     .atomic()
@@ -353,14 +362,33 @@ where
                     .await
             })
             .await?;
-        // A pid held in a run reads as the record the run stands for.
+        // A pid held in a run reads as the record the run stands for. A run that does
+        // not decode is passed by, unless it names the pid: then what holds the pid
+        // cannot be told, and that is the answer.
         let rec = match rec {
             Some(rec) => Some(rec),
-            None => self
-                .runs_of(shard, &runs)?
-                .iter()
-                .find(|run| run.holds(pid))
-                .map(record::Run::record),
+            None => {
+                let runs = record::hash_entries(&runs).ok_or_else(|| Error::Corrupt {
+                    key: keys.runs.clone(),
+                    detail: "the reply to HGETALL is not a hash".into(),
+                })?;
+                let (sound, broken) = runs_of(&runs);
+                let names = |span: &Option<(u64, u64)>| {
+                    span.is_some_and(|(first, last)| (first..=last).contains(&pid))
+                };
+                if let Some(run) = sound.iter().find(|run| run.holds(pid)) {
+                    Some(run.record())
+                } else if let Some((token, _)) = broken.iter().find(|(_, span)| names(span)) {
+                    return Err(Error::Corrupt {
+                        key: format!("{} {}", keys.runs, String::from_utf8_lossy(token)),
+                        detail: format!(
+                            "the run naming pid {pid} does not decode: what holds it is unknown"
+                        ),
+                    });
+                } else {
+                    None
+                }
+            }
         };
         if let Some(rec) = rec {
             let mut p = record::parse(pid, &rec, |pid| read(&self.registry).range_of(pid));
@@ -397,7 +425,7 @@ where
             None => None,
         };
         // The ordinary read's replies, which its shard reads borrow from.
-        let values: Vec<(redis::Value, Pairs, Vec<String>, Pairs)>;
+        let values: Vec<(redis::Value, redis::Value, Vec<String>, Pairs)>;
         let reads = match bulk.as_ref().and_then(|r| self.shard_reads(r)) {
             Some(reads) => reads,
             None => {
@@ -409,14 +437,15 @@ where
                     .iter()
                     .zip(self.keys.iter())
                     .map(|((active, runs, plans, cursor), keys)| {
-                        let entries =
-                            record::hash_entries(active).ok_or_else(|| Error::Corrupt {
-                                key: keys.active.clone(),
+                        let hash = |reply, key: &String| {
+                            record::hash_entries(reply).ok_or_else(|| Error::Corrupt {
+                                key: key.clone(),
                                 detail: "the reply to HGETALL is not a hash".into(),
-                            })?;
+                            })
+                        };
                         Ok(ShardRead {
-                            entries,
-                            runs: runs.clone(),
+                            entries: hash(active, &keys.active)?,
+                            runs: hash(runs, &keys.runs)?,
                             plans: plans.clone(),
                             cursor: cursor.clone(),
                         })
@@ -426,11 +455,17 @@ where
         };
         let mut snapshot = ActiveSnapshot::default();
         // Every active pid, from its record or from the run that holds it (parsed
-        // before any is borrowed).
-        let runs = (0..)
+        // before any is borrowed). A run that does not parse is left out, as a corrupt
+        // record is below; the pids it still names are listed with them.
+        let mut broken: Vec<(u32, &[u8], Option<(u64, u64)>)> = Vec::new();
+        let runs: Vec<Vec<record::Run>> = (0..)
             .zip(&reads)
-            .map(|(shard, read)| self.runs_of(shard, &read.runs))
-            .collect::<Result<Vec<_>>>()?;
+            .map(|(shard, read)| {
+                let (sound, bad) = runs_of(&read.runs);
+                broken.extend(bad.into_iter().map(|(token, span)| (shard, token, span)));
+                sound
+            })
+            .collect();
         let mut records = Vec::new();
         for run in runs.iter().flatten() {
             records.extend(run.pids().map(|pid| (pid, Held::Run(run))));
@@ -471,6 +506,30 @@ where
                 "active records that do not decode are left out; `tranche check --repair` sets them aside"
             );
         }
+        // Nor must one run: its pids are listed as corrupt, those its first and last
+        // fields still name and nothing else holds (a pid with a record left its run).
+        let mut corrupt = corrupt;
+        if let Some(&(shard, token, _)) = broken.first() {
+            tracing::warn!(
+                runs = broken.len(),
+                first = %format_args!(
+                    "{} {}",
+                    self.keys[shard as usize].runs,
+                    String::from_utf8_lossy(token)
+                ),
+                "active runs that do not decode are left out; the pids they name are listed as corrupt"
+            );
+            let held = |pid: u64| records.binary_search_by_key(&pid, |&(p, _)| p).is_ok();
+            corrupt.extend(
+                broken
+                    .iter()
+                    .filter_map(|&(.., span)| span)
+                    .flat_map(|(first, last)| first..=last)
+                    .filter(|&pid| !held(pid)),
+            );
+            corrupt.sort_unstable();
+            corrupt.dedup();
+        }
         snapshot.partitions = partitions;
         snapshot.corrupt = corrupt;
         Ok(snapshot)
@@ -493,7 +552,7 @@ where
             // name (under pid 0 if not even those read).
             for (token, run) in &runs {
                 if record::parse_run(token.as_bytes(), run.as_bytes()).is_none() {
-                    let (first, last) = record::run_span(run).unwrap_or((0, 0));
+                    let (first, last) = record::run_span(run.as_bytes()).unwrap_or((0, 0));
                     found.extend((first..=last).map(|pid| CorruptRecord {
                         shard,
                         pid,

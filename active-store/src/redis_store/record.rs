@@ -173,10 +173,10 @@ pub(super) fn parse_run(token: &[u8], value: &[u8]) -> Option<Run> {
 /// The first and last pid a `runs` value still names in its first two fields, whether or
 /// not the rest of it parses (at most 128 pids, as `lua/runs.lua` makes them): the pids
 /// of a corrupt run, for `check` to list and `repair` to rebuild.
-pub(super) fn run_span(value: &str) -> Option<(u64, u64)> {
-    let mut f = value.splitn(3, '|');
-    let first: u64 = f.next()?.parse().ok()?;
-    let last: u64 = f.next()?.parse().ok()?;
+pub(super) fn run_span(value: &[u8]) -> Option<(u64, u64)> {
+    let mut f = value.splitn(3, |&b| b == b'|');
+    let first = parse_u64(f.next()?)?;
+    let last = parse_u64(f.next()?)?;
     f.next()?;
     (last >= first && last - first < MAX_RUN as u64).then_some((first, last))
 }

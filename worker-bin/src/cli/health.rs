@@ -642,9 +642,9 @@ async fn overdue_rule(
         .max(OVERDUE_P99S * p99_s);
     let mut held: Vec<(u64, f64)> = Vec::new();
     if running > 0 {
-        // A corrupt run stops the read (a corrupt record is only left out): no
-        // partition is held as far as this rule can tell (`health --check` fires
-        // `active_records_corrupt` on it).
+        // Damage the read cannot pass by (a plan entry or cursor that does not read; a
+        // corrupt record or run is only left out) stops it: no partition is held as far
+        // as this rule can tell.
         let partitions = match backend.active.all_active().await {
             Ok(snapshot) => snapshot.partitions,
             Err(err @ tranche_active_store::Error::Corrupt { .. }) => {
