@@ -181,6 +181,102 @@ async fn a_corrupt_record_costs_its_own_lease_only() {
     assert_eq!(left, garbage);
 }
 
+/// One run that does not decode costs its own leases only, as a corrupt record does:
+/// `all_active` leaves it out and lists the pids it still names, and a batched heartbeat
+/// and a group commit answer the leases it holds with the corruption, named by runs key
+/// and token, renew or complete every other lease of the call (another run's, and a
+/// pid that left the broken run for a record of its own before the damage), and never
+/// write the run.
+#[tokio::test]
+async fn a_corrupt_run_costs_its_own_leases_only() {
+    use tranche_active_store::{ActiveQuery, Completion, Error, Leases};
+    let server = TestRedis::start();
+    let store = one_shard(&server).await;
+    // Two claims, two runs on the one shard: pids 1..=3, and 4..=6.
+    let good = store.claim("w", 3).await.unwrap();
+    let bad = store.claim("v", 3).await.unwrap();
+    let pids = |leases: &[tranche_active_store::Lease]| -> Vec<u64> {
+        leases.iter().map(|l| l.pid).collect()
+    };
+    assert_eq!((pids(&good), pids(&bad)), (vec![1, 2, 3], vec![4, 5, 6]));
+    let token = bad[0].token;
+    assert!(bad.iter().all(|l| l.token == token) && good[0].token != token);
+    // Pid 4 leaves its run for a record of its own before the damage.
+    store.heartbeat(&bad[0], bad[0].min_id).await.unwrap();
+    let schema = tranche_codec::KeySchema::new("elk", 1).unwrap();
+    let runs = schema.runs(0);
+    // Its first and last fields still read; the rest is not even UTF-8.
+    let garbage = b"4|6|\xff\xfe|garbage".to_vec();
+    let _: () = server.query(redis::cmd("HSET").arg(&runs).arg(token).arg(&garbage));
+    let named = |err: &Error| {
+        let text = err.to_string();
+        assert!(
+            matches!(err, Error::Corrupt { .. }) && text.contains(&format!("{runs} {token}")),
+            "{text}"
+        );
+    };
+    let leases: Vec<_> = good.iter().chain(&bad).cloned().collect();
+
+    // A read of the whole active set leaves the run out and names the pids it holds,
+    // read the ordinary way or on a bulk connection.
+    let snapshot = store.all_active().await.unwrap();
+    let active: Vec<u64> = snapshot.partitions.iter().map(|p| p.pid).collect();
+    assert_eq!((active, &snapshot.corrupt), (vec![1, 2, 3, 4], &vec![5, 6]));
+    let conn = tranche_active_store::RedisConnection::connect(&server.url())
+        .await
+        .unwrap();
+    let config = tranche_active_store::Config {
+        namespace: "elk".into(),
+        num_shards: 1,
+        ..tranche_active_store::Config::default()
+    };
+    let bulk = tranche_active_store::RedisActiveStore::new(conn, config).unwrap();
+    assert_eq!(bulk.all_active().await.unwrap(), snapshot);
+    named(&store.get(5).await.unwrap_err());
+
+    let beats: Vec<(_, u64)> = leases.iter().map(|l| (l.clone(), l.min_id + 100)).collect();
+    let beaten = store.heartbeat_many(&beats).await.unwrap();
+    assert!(beaten[..4].iter().all(Result::is_ok), "{beaten:?}");
+    named(beaten[4].as_ref().unwrap_err());
+    named(beaten[5].as_ref().unwrap_err());
+    for pid in 1..=4 {
+        let p = store.get(pid).await.unwrap().unwrap();
+        assert_eq!(p.progress, p.min_id + 100, "pid {pid} renewed");
+    }
+
+    let done: Vec<(_, u64)> = leases.iter().map(|l| (l.clone(), 10)).collect();
+    let completed = store.complete_many(&done).await.unwrap();
+    assert!(
+        completed[..4]
+            .iter()
+            .all(|c| matches!(c, Ok(Completion::Completed))),
+        "{completed:?}"
+    );
+    named(completed[4].as_ref().unwrap_err());
+    named(completed[5].as_ref().unwrap_err());
+    for pid in 1..=3 {
+        assert_eq!(store.get(pid).await.unwrap(), None, "pid {pid} completed");
+    }
+    // Pid 4 completed too, by its record: `get` cannot tell it from a pid the run holds
+    // (the run still names it), its completed bit can. The run's pids are not completed,
+    // still counted claimed, and the run is as it was.
+    let index = schema.completed_index(0);
+    let bits: Vec<u8> = (1..=6)
+        .map(|pid| server.query(redis::cmd("GETBIT").arg(&index).arg(schema.bit_offset(pid))))
+        .collect();
+    assert_eq!(bits, [1, 1, 1, 1, 0, 0]);
+    let counts = store.counts().await.unwrap();
+    assert_eq!((counts.claimed, counts.running), (2, 0));
+    let left: Vec<u8> = server.query(redis::cmd("HGET").arg(&runs).arg(token));
+    assert_eq!(left, garbage);
+    let entry: Option<f64> = server.query(
+        redis::cmd("ZSCORE")
+            .arg(schema.leases(0))
+            .arg(format!("r{token}")),
+    );
+    assert!(entry.is_some(), "the run's lease entry went");
+}
+
 /// The lease index stays a skiplist however few leases it holds: a listpack inserts in
 /// O(entries), which made ZADD the largest single cost of a claim.
 #[tokio::test]
