@@ -11,7 +11,9 @@
 --      it), 'all', or 'broken' (ARGV[2] a token: the run of that token, if it does not
 --      decode, becomes a record per pid its first and last fields still name, each the
 --      text 'broken run' and the raw value, which decodes as no record: repair.lua then
---      sets each aside and rebuilds it; the run and its lease entry go)
+--      sets each aside and rebuilds it; the run and its lease entry go. One whose first
+--      and last fields do not read is left as it is: what it holds is unknown, and
+--      dropping it would lose its pids)
 -- Reply: the number of pids carved.
 -- A run that does not decode is left as it is (`check` lists it); a pid that already has
 -- a record keeps it (it left its run for good). Every argument and every run used is
@@ -49,13 +51,12 @@ elseif which == 'broken' then
       names[n] = string.format('%d', pid)
     end
   end
+  if n == 0 then return 0 end
   local broken, nb = {}, 0
-  if n > 0 then
-    local have = redis.call('HMGET', KEYS[2], unpack(names))
-    for i = 1, n do
-      if not have[i] then
-        broken[nb + 1], broken[nb + 2], nb = names[i], 'broken run ' .. t .. ': ' .. raw, nb + 2
-      end
+  local have = redis.call('HMGET', KEYS[2], unpack(names))
+  for i = 1, n do
+    if not have[i] then
+      broken[nb + 1], broken[nb + 2], nb = names[i], 'broken run ' .. t .. ': ' .. raw, nb + 2
     end
   end
   if nb > 0 then variadic('HSET', KEYS[2], broken) end

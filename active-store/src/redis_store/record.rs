@@ -171,12 +171,14 @@ pub(super) fn parse_run(token: &[u8], value: &[u8]) -> Option<Run> {
 }
 
 /// The first and last pid a `runs` value still names in its first two fields, whether or
-/// not the rest of it parses (at most 128 pids, as `lua/runs.lua` makes them): the pids
-/// of a corrupt run, for `check` to list and `repair` to rebuild.
+/// not the rest of it parses (at most 128 pids, as `lua/runs.lua` makes them, each of at
+/// most 15 digits, as `carve.lua`'s 'broken' mode reads them): the pids of a corrupt run,
+/// for `check` to list and `repair` to rebuild.
 pub(super) fn run_span(value: &[u8]) -> Option<(u64, u64)> {
     let mut f = value.splitn(3, |&b| b == b'|');
-    let first = parse_u64(f.next()?)?;
-    let last = parse_u64(f.next()?)?;
+    let pid = |f: &[u8]| (f.len() <= 15).then(|| parse_u64(f)).flatten();
+    let first = pid(f.next()?)?;
+    let last = pid(f.next()?)?;
     f.next()?;
     (last >= first && last - first < MAX_RUN as u64).then_some((first, last))
 }
@@ -285,6 +287,24 @@ mod tests {
             assert_eq!(run.partition(pid, range), parsed, "pid {pid}");
         }
         assert_eq!(run.record(), "c|1|4242|90000|1000|1000|1000|worker-7||||");
+    }
+
+    #[test]
+    fn a_broken_runs_span_reads_as_carve_reads_it() {
+        assert_eq!(run_span(b"4|6|\xff|x"), Some((4, 6)));
+        assert_eq!(run_span(b"007|9|"), Some((7, 9)));
+        // carve.lua's 'broken' mode reads no pid of more than 15 digits, nor a span of
+        // more than 128 pids, nor one backwards: nor does `check`.
+        for bad in [
+            &b"garbage"[..],
+            b"4|6",
+            b"6|4|",
+            b"1|129|",
+            b"0000000000000001|2|",
+            b"\xff|2|",
+        ] {
+            assert_eq!(run_span(bad), None, "{bad:?}");
+        }
     }
 
     #[test]
