@@ -135,17 +135,15 @@ where
         // either (the run broken up), which repair.lua then sets aside and rebuilds.
         let shard = self.layout.shard_of(pid) as usize;
         self.carve(shard, &["all".to_owned()]).await?;
-        let runs: Pairs = retry(&self.conn, |mut conn| async move {
+        // The runs as bytes: a broken one need not be UTF-8.
+        let runs: redis::Value = retry(&self.conn, |mut conn| async move {
             conn.hgetall(&self.keys[shard].runs).await
         })
         .await?;
-        for (token, run) in &runs {
-            if record::parse_run(token.as_bytes(), run.as_bytes()).is_none()
-                && record::run_span(run.as_bytes())
-                    .is_some_and(|(first, last)| (first..=last).contains(&pid))
-            {
-                self.carve(shard, &["broken".to_owned(), token.clone()])
-                    .await?;
+        for run in record::runs_of(&query::hash_of(&runs, &self.keys[shard].runs)?).1 {
+            if run.names(pid) {
+                let token = String::from_utf8_lossy(run.token).into_owned();
+                self.carve(shard, &["broken".to_owned(), token]).await?;
             }
         }
         let keys = self.keys_of(pid);

@@ -13,23 +13,12 @@ enum Held<'a> {
     Run(&'a record::Run),
 }
 
-/// A runs hash that does not parse whole: each run that does not, by token, with the
-/// first and last pid its first fields still name (`record::run_span`), if they do.
-type Broken<'a> = Vec<(&'a [u8], Option<(u64, u64)>)>;
-
-/// The runs of a shard's runs hash (token, run) pairs that parse, and the rest. A run
-/// that does not parse is left out rather than failing the read, as a corrupt record
-/// is: one damaged value must not blind every reader of the shard.
-fn runs_of<'a>(runs: &[(&'a [u8], &'a [u8])]) -> (Vec<record::Run>, Broken<'a>) {
-    let mut sound = Vec::with_capacity(runs.len());
-    let mut broken = Vec::new();
-    for &(token, run) in runs {
-        match record::parse_run(token, run) {
-            Some(run) => sound.push(run),
-            None => broken.push((token, record::run_span(run))),
-        }
-    }
-    (sound, broken)
+/// The (field, value) pairs of a reply to HGETALL of `key`, borrowed from it.
+pub(super) fn hash_of<'a>(reply: &'a redis::Value, key: &str) -> Result<Vec<(&'a [u8], &'a [u8])>> {
+    record::hash_entries(reply).ok_or_else(|| Error::Corrupt {
+        key: key.to_owned(),
+        detail: "the reply to HGETALL is not a hash".into(),
+    })
 }
 
 impl<C> RedisActiveStore<C>
@@ -350,7 +339,8 @@ where
         // one transaction (the keys share a slot): a claim running between the HGET and
         // the cursor read would otherwise move the pid out of both, and an issued pid
         // would read as completed.
-        let (rec, runs, plans, cursor): (Option<String>, redis::Value, Vec<String>, Pairs) =
+        // The record and the runs as bytes: a corrupt one need not be UTF-8.
+        let (rec, runs, plans, cursor): (Option<Vec<u8>>, redis::Value, Vec<String>, Pairs) =
             retry(&self.conn, |mut conn| async move {
                 redis::pipe()
                     .atomic()
@@ -368,19 +358,12 @@ where
         let rec = match rec {
             Some(rec) => Some(rec),
             None => {
-                let runs = record::hash_entries(&runs).ok_or_else(|| Error::Corrupt {
-                    key: keys.runs.clone(),
-                    detail: "the reply to HGETALL is not a hash".into(),
-                })?;
-                let (sound, broken) = runs_of(&runs);
-                let names = |span: &Option<(u64, u64)>| {
-                    span.is_some_and(|(first, last)| (first..=last).contains(&pid))
-                };
+                let (sound, broken) = record::runs_of(&hash_of(&runs, &keys.runs)?);
                 if let Some(run) = sound.iter().find(|run| run.holds(pid)) {
-                    Some(run.record())
-                } else if let Some((token, _)) = broken.iter().find(|(_, span)| names(span)) {
+                    Some(run.record().into_bytes())
+                } else if let Some(run) = broken.iter().find(|run| run.names(pid)) {
                     return Err(Error::Corrupt {
-                        key: format!("{} {}", keys.runs, String::from_utf8_lossy(token)),
+                        key: format!("{} {}", keys.runs, String::from_utf8_lossy(run.token)),
                         detail: format!(
                             "the run naming pid {pid} does not decode: what holds it is unknown"
                         ),
@@ -391,14 +374,14 @@ where
             }
         };
         if let Some(rec) = rec {
-            let mut p = record::parse(pid, &rec, |pid| read(&self.registry).range_of(pid));
+            let mut p = record::parse_bytes(pid, &rec, |pid| read(&self.registry).range_of(pid));
             if p.is_none() {
                 let registry = self.refresh_registry().await?;
-                p = record::parse(pid, &rec, |pid| registry.range_of(pid));
+                p = record::parse_bytes(pid, &rec, |pid| registry.range_of(pid));
             }
             return p.map(Some).ok_or_else(|| Error::Corrupt {
                 key: format!("{} {pid}", keys.active),
-                detail: format!("unreadable record {rec:?}"),
+                detail: format!("unreadable record {:?}", String::from_utf8_lossy(&rec)),
             });
         }
         let unissued = self
@@ -437,15 +420,9 @@ where
                     .iter()
                     .zip(self.keys.iter())
                     .map(|((active, runs, plans, cursor), keys)| {
-                        let hash = |reply, key: &String| {
-                            record::hash_entries(reply).ok_or_else(|| Error::Corrupt {
-                                key: key.clone(),
-                                detail: "the reply to HGETALL is not a hash".into(),
-                            })
-                        };
                         Ok(ShardRead {
-                            entries: hash(active, &keys.active)?,
-                            runs: hash(runs, &keys.runs)?,
+                            entries: hash_of(active, &keys.active)?,
+                            runs: hash_of(runs, &keys.runs)?,
                             plans: plans.clone(),
                             cursor: cursor.clone(),
                         })
@@ -457,12 +434,12 @@ where
         // Every active pid, from its record or from the run that holds it (parsed
         // before any is borrowed). A run that does not parse is left out, as a corrupt
         // record is below; the pids it still names are listed with them.
-        let mut broken: Vec<(u32, &[u8], Option<(u64, u64)>)> = Vec::new();
+        let mut broken: Vec<(u32, record::BrokenRun<'_>)> = Vec::new();
         let runs: Vec<Vec<record::Run>> = (0..)
             .zip(&reads)
             .map(|(shard, read)| {
-                let (sound, bad) = runs_of(&read.runs);
-                broken.extend(bad.into_iter().map(|(token, span)| (shard, token, span)));
+                let (sound, bad) = record::runs_of(&read.runs);
+                broken.extend(bad.into_iter().map(|run| (shard, run)));
                 sound
             })
             .collect();
@@ -509,13 +486,13 @@ where
         // Nor must one run: its pids are listed as corrupt, those its first and last
         // fields still name and nothing else holds (a pid with a record left its run).
         let mut corrupt = corrupt;
-        if let Some(&(shard, token, _)) = broken.first() {
+        if let Some(&(shard, first)) = broken.first() {
             tracing::warn!(
                 runs = broken.len(),
                 first = %format_args!(
                     "{} {}",
                     self.keys[shard as usize].runs,
-                    String::from_utf8_lossy(token)
+                    String::from_utf8_lossy(first.token)
                 ),
                 "active runs that do not decode are left out; the pids they name are listed as corrupt"
             );
@@ -523,7 +500,7 @@ where
             corrupt.extend(
                 broken
                     .iter()
-                    .filter_map(|&(.., span)| span)
+                    .filter_map(|(_, run)| run.span)
                     .flat_map(|(first, last)| first..=last)
                     .filter(|&pid| !held(pid)),
             );
@@ -536,36 +513,33 @@ where
     }
 
     async fn corrupt_records(&self) -> Result<Vec<CorruptRecord>> {
-        // Each shard's records whole (HGETALL, as `all_active` reads them), parsed here:
-        // a record is corrupt when it does not parse whatever its plan's range.
+        // Each shard's records and runs whole, as bytes (HGETALL, as `all_active` reads
+        // them), parsed here: a record is corrupt when it does not parse whatever its
+        // plan's range; a run when it does not parse as one.
         let mut found = Vec::new();
         for (shard, keys) in (0..).zip(self.keys.iter()) {
-            let (reply, runs): (redis::Value, Pairs) = retry(&self.conn, |mut conn| async move {
-                redis::pipe()
-                    .hgetall(&keys.active)
-                    .hgetall(&keys.runs)
-                    .query_async(&mut conn)
-                    .await
-            })
-            .await?;
-            // A run that does not parse, listed under each pid its first fields still
-            // name (under pid 0 if not even those read).
-            for (token, run) in &runs {
-                if record::parse_run(token.as_bytes(), run.as_bytes()).is_none() {
-                    let (first, last) = record::run_span(run.as_bytes()).unwrap_or((0, 0));
-                    found.extend((first..=last).map(|pid| CorruptRecord {
-                        shard,
-                        pid,
-                        key: format!("{} {token}", keys.runs),
-                        raw: run.as_bytes().to_vec(),
-                    }));
-                }
+            let (active, runs): (redis::Value, redis::Value) =
+                retry(&self.conn, |mut conn| async move {
+                    redis::pipe()
+                        .hgetall(&keys.active)
+                        .hgetall(&keys.runs)
+                        .query_async(&mut conn)
+                        .await
+                })
+                .await?;
+            // A run that does not parse, listed under each pid its first and last fields
+            // still name (under pid 0 if not even those read).
+            for run in record::runs_of(&hash_of(&runs, &keys.runs)?).1 {
+                let key = format!("{} {}", keys.runs, String::from_utf8_lossy(run.token));
+                let (first, last) = run.span.unwrap_or((0, 0));
+                found.extend((first..=last).map(|pid| CorruptRecord {
+                    shard,
+                    pid,
+                    key: key.clone(),
+                    raw: run.value.to_vec(),
+                }));
             }
-            let entries = record::hash_entries(&reply).ok_or_else(|| Error::Corrupt {
-                key: keys.active.clone(),
-                detail: "the reply to HGETALL is not a hash".into(),
-            })?;
-            for (pid, rec) in entries {
+            for (pid, rec) in hash_of(&active, &keys.active)? {
                 let Some(pid) = record::parse_u64(pid) else {
                     continue;
                 };

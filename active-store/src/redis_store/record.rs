@@ -183,6 +183,45 @@ pub(super) fn run_span(value: &[u8]) -> Option<(u64, u64)> {
     (last >= first && last - first < MAX_RUN as u64).then_some((first, last))
 }
 
+/// A `runs` hash entry that does not parse as a run, borrowed from the reply.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct BrokenRun<'a> {
+    /// Its field.
+    pub(super) token: &'a [u8],
+    /// Its value as stored, UTF-8 or not.
+    pub(super) value: &'a [u8],
+    /// The pids its first and last fields still name ([`run_span`]); `None` when they do
+    /// not read, and what the run holds is unknown.
+    pub(super) span: Option<(u64, u64)>,
+}
+
+impl BrokenRun<'_> {
+    /// Whether its first and last fields name `pid`.
+    pub(super) fn names(&self, pid: u64) -> bool {
+        self.span
+            .is_some_and(|(first, last)| (first..=last).contains(&pid))
+    }
+}
+
+/// A shard's runs hash, as (token, value) pairs of bytes, split into the runs that parse
+/// and the rest. A run that does not parse is set apart rather than failing the read, as
+/// a corrupt record is: one damaged value must not blind every reader of the shard.
+pub(super) fn runs_of<'a>(runs: &[(&'a [u8], &'a [u8])]) -> (Vec<Run>, Vec<BrokenRun<'a>>) {
+    let mut sound = Vec::with_capacity(runs.len());
+    let mut broken = Vec::new();
+    for &(token, value) in runs {
+        match parse_run(token, value) {
+            Some(run) => sound.push(run),
+            None => broken.push(BrokenRun {
+                token,
+                value,
+                span: run_span(value),
+            }),
+        }
+    }
+    (sound, broken)
+}
+
 /// A decimal u64 of ASCII digits only (no sign, no space), as the scripts write them.
 pub(super) fn parse_u64(s: &[u8]) -> Option<u64> {
     if s.is_empty() || s.len() > 20 {

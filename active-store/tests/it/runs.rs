@@ -239,6 +239,77 @@ async fn a_corrupt_run_is_listed_by_its_pids_and_repaired() {
     }
 }
 
+/// A run that does not decode and is not even UTF-8, its first and last fields still
+/// read: listed by its pids with its raw bytes, and repaired as a UTF-8 one is (each pid
+/// pending again, its broken-up record set aside as bytes); another run of the shard is
+/// untouched.
+#[tokio::test]
+async fn a_non_utf8_corrupt_run_is_listed_by_its_pids_and_repaired() {
+    let server = TestRedis::start();
+    let (store, mut conn) = store(&server).await;
+    let broken = store.claim("w", 3).await.unwrap();
+    let sound = store.claim("v", 2).await.unwrap();
+    let token = broken[0].token.to_string();
+    let raw = b"1|3|\xff\xfe|garbage".to_vec();
+    let _: () = conn.hset(RUNS, &token, &raw).await.unwrap();
+    let mut kept = Vec::new();
+    for l in &sound {
+        kept.push(store.get(l.pid).await.unwrap().unwrap());
+    }
+    let corrupt = store.corrupt_records().await.unwrap();
+    assert_eq!(
+        corrupt.iter().map(|c| c.pid).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    assert!(
+        corrupt
+            .iter()
+            .all(|c| c.key == format!("{RUNS} {token}") && c.raw == raw),
+        "{corrupt:?}"
+    );
+    assert_eq!(
+        store.repair_corrupt(1).await.unwrap(),
+        tranche_active_store::Repair::Rebuilt
+    );
+    // Pid 2 holds the broken-up record now, not UTF-8 either: `get` names the corruption.
+    assert!(matches!(
+        store.get(2).await,
+        Err(tranche_active_store::Error::Corrupt { .. })
+    ));
+    for pid in [2, 3] {
+        assert_eq!(
+            store.repair_corrupt(pid).await.unwrap(),
+            tranche_active_store::Repair::Rebuilt
+        );
+    }
+    assert!(store.corrupt_records().await.unwrap().is_empty());
+    let quarantined: Vec<(String, Vec<u8>)> =
+        conn.hgetall(format!("{ACTIVE}:quarantine")).await.unwrap();
+    assert_eq!(quarantined.len(), 3, "{quarantined:?}");
+    let mut record = format!("broken run {token}: ").into_bytes();
+    record.extend_from_slice(&raw);
+    assert!(
+        quarantined.iter().all(|(_, r)| *r == record),
+        "{quarantined:?}"
+    );
+    for pid in 1..=3 {
+        assert_eq!(
+            store.get(pid).await.unwrap().unwrap().status,
+            Status::Pending
+        );
+    }
+    // The other run's pids are as they were (carved out into records of their own,
+    // which changes how they are held, not what), and their holder completes them.
+    for (l, was) in sound.iter().zip(&kept) {
+        assert_eq!(store.get(l.pid).await.unwrap().as_ref(), Some(was));
+    }
+    let counts = store.counts().await.unwrap();
+    assert_eq!((counts.claimed, counts.pending), (2, 3));
+    for l in &sound {
+        assert_eq!(store.complete(l, 5).await.unwrap(), Completion::Completed);
+    }
+}
+
 #[tokio::test]
 async fn a_pid_completed_twice_in_one_call_leaves_its_run_once() {
     let server = TestRedis::start();
