@@ -306,14 +306,20 @@ pub struct Carried {
 }
 
 /// An active record that does not decode, found by
-/// [`ActiveQuery::corrupt_records`](crate::ActiveQuery::corrupt_records).
+/// [`ActiveQuery::corrupt_records`](crate::ActiveQuery::corrupt_records): a record of
+/// the active hash, or a run of the runs hash (on Redis) listed once per pid it names.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CorruptRecord {
     /// The shard holding it.
     pub shard: u32,
-    /// Its partition.
-    pub pid: u64,
-    /// The hash holding it.
+    /// Its partition. `None` for a run whose first and last fields do not read: the
+    /// pids it holds are unknown, so nothing can rebuild them
+    /// ([`Maintenance::repair_corrupt`](crate::Maintenance::repair_corrupt) takes a
+    /// pid), and the run is left as it is: its holder's calls on them answer the
+    /// corruption, and no reaper frees them.
+    pub pid: Option<u64>,
+    /// The hash holding it, and for a run its token after a space.
     pub key: String,
     /// Its value as stored.
     pub raw: Vec<u8>,

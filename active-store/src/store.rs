@@ -136,8 +136,11 @@ pub trait Maintenance: Send + Sync {
     /// Sets aside `pid`'s active record if it does not decode (`check --repair`): the
     /// raw value goes to the shard's quarantine, and the partition is pending again
     /// from its min id with no attempt spent, or only removed if it was completed; the
-    /// shard's counters are derived again. One atomic step. The default (a store that
-    /// cannot hold a corrupt record, as the memory store) has nothing to repair.
+    /// shard's counters are derived again. One atomic step. On Redis a run that does
+    /// not decode and names `pid` in its first and last fields is broken up first, into
+    /// a record of its raw value per pid it names (each repaired by its own call); one
+    /// whose first and last fields do not read is never touched. The default (a store
+    /// that cannot hold a corrupt record, as the memory store) has nothing to repair.
     async fn repair_corrupt(&self, pid: u64) -> Result<Repair> {
         let _ = pid;
         Ok(Repair::Nothing)
@@ -178,9 +181,10 @@ pub trait ActiveQuery: Send + Sync {
     /// [`all_active`](Self::all_active), counted by status, at one instant.
     async fn counts(&self) -> Result<StatusCounts>;
 
-    /// Every active record that does not decode, by pid (`check`): read like
-    /// [`all_active`](Self::all_active), which refuses them. The default (a store that
-    /// cannot hold a corrupt record, as the memory store) finds none.
+    /// Every active record that does not decode, by pid (`check`), a run whose pids
+    /// cannot be read first: read like [`all_active`](Self::all_active), which leaves
+    /// them out. The default (a store that cannot hold a corrupt record, as the memory
+    /// store) finds none.
     async fn corrupt_records(&self) -> Result<Vec<CorruptRecord>> {
         Ok(Vec::new())
     }

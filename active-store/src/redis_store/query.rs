@@ -528,16 +528,19 @@ where
                 })
                 .await?;
             // A run that does not parse, listed under each pid its first and last fields
-            // still name (under pid 0 if not even those read).
+            // still name, or once without a pid when not even those read.
             for run in record::runs_of(&hash_of(&runs, &keys.runs)?).1 {
                 let key = format!("{} {}", keys.runs, String::from_utf8_lossy(run.token));
-                let (first, last) = run.span.unwrap_or((0, 0));
-                found.extend((first..=last).map(|pid| CorruptRecord {
+                let listed = |pid| CorruptRecord {
                     shard,
                     pid,
                     key: key.clone(),
                     raw: run.value.to_vec(),
-                }));
+                };
+                match run.span {
+                    Some((first, last)) => found.extend((first..=last).map(|p| listed(Some(p)))),
+                    None => found.push(listed(None)),
+                }
             }
             for (pid, rec) in hash_of(&active, &keys.active)? {
                 let Some(pid) = record::parse_u64(pid) else {
@@ -546,14 +549,14 @@ where
                 if record::parse_bytes(pid, rec, |_| Some((0, 0))).is_none() {
                     found.push(CorruptRecord {
                         shard,
-                        pid,
+                        pid: Some(pid),
                         key: keys.active.clone(),
                         raw: rec.to_vec(),
                     });
                 }
             }
         }
-        found.sort_unstable_by_key(|c| c.pid);
+        found.sort_by_key(|c| c.pid);
         Ok(found)
     }
 

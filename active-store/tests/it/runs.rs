@@ -211,7 +211,7 @@ async fn a_corrupt_run_is_listed_by_its_pids_and_repaired() {
     let corrupt = store.corrupt_records().await.unwrap();
     assert_eq!(
         corrupt.iter().map(|c| c.pid).collect::<Vec<_>>(),
-        vec![1, 2, 3]
+        vec![Some(1), Some(2), Some(3)]
     );
     assert!(
         corrupt[0].key.ends_with(&format!(":runs {token}")),
@@ -221,7 +221,7 @@ async fn a_corrupt_run_is_listed_by_its_pids_and_repaired() {
     assert!(store.complete(&leases[0], 5).await.is_err());
     for c in &corrupt {
         assert_eq!(
-            store.repair_corrupt(c.pid).await.unwrap(),
+            store.repair_corrupt(c.pid.unwrap()).await.unwrap(),
             tranche_active_store::Repair::Rebuilt
         );
     }
@@ -259,7 +259,7 @@ async fn a_non_utf8_corrupt_run_is_listed_by_its_pids_and_repaired() {
     let corrupt = store.corrupt_records().await.unwrap();
     assert_eq!(
         corrupt.iter().map(|c| c.pid).collect::<Vec<_>>(),
-        vec![1, 2, 3]
+        vec![Some(1), Some(2), Some(3)]
     );
     assert!(
         corrupt
@@ -308,6 +308,55 @@ async fn a_non_utf8_corrupt_run_is_listed_by_its_pids_and_repaired() {
     for l in &sound {
         assert_eq!(store.complete(l, 5).await.unwrap(), Completion::Completed);
     }
+}
+
+/// A run whose first and last fields do not read: listed once, without a pid, by runs
+/// key and token; repairing the other corrupt records of its shard neither fails on it
+/// nor touches it (what it holds is unknown).
+#[tokio::test]
+async fn a_run_whose_pids_cannot_be_read_is_listed_without_a_pid_and_left() {
+    let server = TestRedis::start();
+    let (store, mut conn) = store(&server).await;
+    let lost = store.claim("w", 3).await.unwrap();
+    let other = store.claim("v", 2).await.unwrap();
+    let (lost_token, other_token) = (lost[0].token.to_string(), other[0].token.to_string());
+    let garbage = b"\xffgarbage".to_vec();
+    let _: () = conn.hset(RUNS, &lost_token, &garbage).await.unwrap();
+    let _: () = conn.hset(RUNS, &other_token, "4|5|x").await.unwrap();
+    let corrupt = store.corrupt_records().await.unwrap();
+    let listed: Vec<_> = corrupt.iter().map(|c| (c.pid, c.key.as_str())).collect();
+    let (lost_key, other_key) = (
+        format!("{RUNS} {lost_token}"),
+        format!("{RUNS} {other_token}"),
+    );
+    assert_eq!(
+        listed,
+        vec![
+            (None, lost_key.as_str()),
+            (Some(4), other_key.as_str()),
+            (Some(5), other_key.as_str())
+        ]
+    );
+    assert_eq!(corrupt[0].raw, garbage);
+    for pid in [4, 5] {
+        assert_eq!(
+            store.repair_corrupt(pid).await.unwrap(),
+            tranche_active_store::Repair::Rebuilt
+        );
+    }
+    let left = store.corrupt_records().await.unwrap();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(
+        (left[0].pid, left[0].key.as_str()),
+        (None, lost_key.as_str())
+    );
+    let after: Vec<u8> = conn.hget(RUNS, &lost_token).await.unwrap();
+    assert_eq!(after, garbage);
+    assert!(
+        lease_entries(&mut conn)
+            .await
+            .contains(&format!("r{lost_token}"))
+    );
 }
 
 #[tokio::test]

@@ -304,40 +304,63 @@ async fn check_damage(backend: &Backend, repair: bool) -> Result<render::Damaged
 /// shard's quarantine and rebuilt ([`Maintenance::repair_corrupt`]
 /// (tranche_active_store::Maintenance::repair_corrupt)). Runs before the counts are
 /// compared: the records are read whole for them, which a corrupt one stops.
-async fn check_records(backend: &Backend, repair: bool) -> Result<Vec<tranche_stats::Difference>> {
-    use tranche_active_store::{Maintenance, Repair};
+/// A run whose pids cannot be read is listed once (`.run`, by runs key and token) and
+/// never repaired: nothing knows which partitions to rebuild. One that cannot be
+/// repaired (that, or a repair the store refuses) costs its own line, never the repair
+/// of the rest; an unreachable Redis stops the check. Returns the differences and the
+/// records left in place, by key (and pid).
+async fn check_records(
+    backend: &Backend,
+    repair: bool,
+) -> Result<(Vec<tranche_stats::Difference>, Vec<String>)> {
+    use tranche_active_store::{Error, Maintenance, Repair};
     let corrupt = backend.active.corrupt_records().await?;
     let mut differences = Vec::with_capacity(corrupt.len());
+    let mut left = Vec::new();
     for c in corrupt {
-        let found = format!("unreadable record {:?}", String::from_utf8_lossy(&c.raw));
+        let raw = String::from_utf8_lossy(&c.raw);
+        let Some(pid) = c.pid else {
+            left.push(c.key.clone());
+            differences.push(tranche_stats::Difference {
+                path: format!("active_records.shard{}.run ({})", c.shard, c.key),
+                expected: Some(
+                    "not repairable by itself: its pids cannot be read, so it is left in place"
+                        .to_owned(),
+                ),
+                found: Some(format!("unreadable run {raw:?}")),
+            });
+            continue;
+        };
         let expected = if repair {
             backend.ensure_writable()?;
-            match backend
-                .active
-                .repair_corrupt(c.pid)
-                .await
-                .with_context(|| format!("cannot repair {} {}", c.key, c.pid))?
-            {
-                Repair::Removed => "removed: the partition was completed",
-                Repair::Nothing => "nothing to repair: it decodes now",
-                _ => "set aside in the quarantine and rebuilt pending",
+            match backend.active.repair_corrupt(pid).await {
+                Ok(Repair::Removed) => "removed: the partition was completed".to_owned(),
+                Ok(Repair::Nothing) => "nothing to repair: it decodes now".to_owned(),
+                Ok(_) => "set aside in the quarantine and rebuilt pending".to_owned(),
+                Err(err @ Error::Redis(_)) => {
+                    return Err(err).with_context(|| format!("cannot repair {} {pid}", c.key));
+                }
+                Err(err) => {
+                    left.push(format!("{} {pid}", c.key));
+                    format!("left in place, not repaired: {err}")
+                }
             }
         } else {
-            "a record (`tranche check --repair` sets it aside and rebuilds it)"
+            "a record (`tranche check --repair` sets it aside and rebuilds it)".to_owned()
         };
         differences.push(tranche_stats::Difference {
-            path: format!("active_records.shard{}.{} ({})", c.shard, c.pid, c.key),
-            expected: Some(expected.to_owned()),
-            found: Some(found),
+            path: format!("active_records.shard{}.{pid} ({})", c.shard, c.key),
+            expected: Some(expected),
+            found: Some(format!("unreadable record {raw:?}")),
         });
     }
-    Ok(differences)
+    Ok((differences, left))
 }
 
 pub(crate) async fn check(backend: &Backend, repair: bool, json: bool) -> Result<Outcome> {
     let dead = check_dead_letters(backend, repair).await?;
     let damaged = check_damage(backend, repair).await?;
-    let corrupt = check_records(backend, repair).await?;
+    let (corrupt, corrupt_left) = check_records(backend, repair).await?;
     let (mut deltas, archive_damage) = archived_deltas(backend).await?;
     let (mut differences, archive_left) = check_archive(backend, &archive_damage, repair).await?;
     if repair && !archive_damage.is_empty() {
@@ -362,9 +385,23 @@ pub(crate) async fn check(backend: &Backend, repair: bool, json: bool) -> Result
         render::check(&differences, records, &dead, &damaged, repair, json)
     );
     if repair {
+        let mut left = Vec::new();
         if archive_left > 0 {
+            left.push(format!(
+                "{archive_left} damaged archived value(s) left in place (a segment)"
+            ));
+        }
+        if !corrupt_left.is_empty() {
+            left.push(format!(
+                "{} corrupt active record(s) left in place ({})",
+                corrupt_left.len(),
+                corrupt_left.join(", ")
+            ));
+        }
+        if !left.is_empty() {
             return Ok(Outcome::Failed(format!(
-                "{archive_left} damaged archived value(s) left in place (a segment); the rest repaired"
+                "{}; the rest repaired",
+                left.join("; ")
             )));
         }
         return Ok(Outcome::Success);
@@ -385,8 +422,14 @@ pub(crate) async fn check(backend: &Backend, repair: bool, json: bool) -> Result
         )));
     }
     if unreadable > 0 && damaged.found.is_empty() {
+        // Only a run whose pids cannot be read is left out of the repair (none fails
+        // before a repair is tried).
+        let runs = match corrupt_left.len() {
+            0 => String::new(),
+            n => format!(" but {n} run(s) whose pids cannot be read"),
+        };
         return Ok(Outcome::Failed(format!(
-            "{unreadable} corrupt active record(s) among {} difference(s); `tranche check --repair` sets them aside and rebuilds them",
+            "{unreadable} corrupt active record(s) among {} difference(s); `tranche check --repair` sets them aside and rebuilds them{runs}",
             differences.len()
         )));
     }
@@ -547,7 +590,10 @@ pub(crate) async fn health_rules(
             render::Rule::new("active_records_corrupt", corrupt.len() as f64, 0.0).detail(|| {
                 let named: Vec<String> = corrupt
                     .iter()
-                    .map(|c| format!("shard {} pid {}", c.shard, c.pid))
+                    .map(|c| match c.pid {
+                        Some(pid) => format!("shard {} pid {pid}", c.shard),
+                        None => format!("shard {} run {} (its pids cannot be read)", c.shard, c.key),
+                    })
                     .collect();
                 format!(
                     "active records that do not decode: {}; `tranche check --repair` sets them aside and rebuilds them",

@@ -634,6 +634,137 @@ fn a_corrupt_active_record_is_set_aside_and_rebuilt() {
     );
 }
 
+/// Two claims' runs on one shard, both damaged: one whose first and last fields no
+/// longer read (its pids unknown), one whose do and whose rest is not UTF-8; and a
+/// corrupt record of a pid no plan has, which the store refuses to rebuild. `check`
+/// names all three (exit 1); `check --repair` rebuilds the second run's pids, says the
+/// first run is left in place because its pids cannot be read and the record because
+/// its repair was refused, and exits 1 naming both; the first run is as it was, and
+/// `check` and `health --check` go on naming the two alone.
+#[test]
+fn a_run_whose_pids_cannot_be_read_does_not_stop_the_repair_of_the_rest() {
+    use tranche_active_store::{Config, Leases, RedisActiveStore, RedisConnection};
+    let redis = TestRedis::start();
+    let dir = scratch("repair-runs");
+    let url = redis.url();
+    let cmd = |args: &[&str]| {
+        tranche(
+            &dir,
+            &[
+                &["--redis", &url, "--namespace", "cr", "--shards", "1"][..],
+                args,
+            ]
+            .concat(),
+        )
+    };
+    ok(cmd(&[
+        "plan", "--min", "1", "--max", "10000", "--size", "1000",
+    ]));
+    // Pids 1..=3 in one run, 4 and 5 in another, as two workers' claims leave them.
+    let (lost, other) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let conn = RedisConnection::connect(&url).await.unwrap();
+            let config = Config {
+                namespace: "cr".into(),
+                num_shards: 1,
+                ..Config::default()
+            };
+            let store = RedisActiveStore::new(conn, config).unwrap();
+            let lost = store.claim("w", 3).await.unwrap();
+            let other = store.claim("v", 2).await.unwrap();
+            (lost[0].token, other[0].token)
+        });
+    let schema = tranche_codec::KeySchema::new("cr", 1).unwrap();
+    let (runs, active) = (schema.runs(0), schema.active(0));
+    let garbage = b"\xffgarbage".to_vec();
+    let _: i64 = redis.query(redis::cmd("HSET").arg(&runs).arg(lost).arg(&garbage));
+    let _: i64 = redis.query(
+        redis::cmd("HSET")
+            .arg(&runs)
+            .arg(other)
+            .arg(&b"4|5|\xfe|x"[..]),
+    );
+    let _: i64 = redis.query(redis::cmd("HSET").arg(&active).arg(99_999).arg("garbage"));
+    let lost_key = format!("{runs} {lost}");
+    let named = |stdout: &str| -> Vec<String> {
+        stdout
+            .lines()
+            .filter(|l| l.contains("active_records."))
+            .map(str::to_owned)
+            .collect()
+    };
+
+    let out = output(cmd(&["check"]));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    let lines = named(&stdout);
+    assert_eq!(lines.len(), 4, "{stdout}");
+    assert!(
+        lines[0].contains(&format!(".run ({lost_key})")) && lines[0].contains("cannot be read"),
+        "{stdout}"
+    );
+    assert!(
+        lines[1].contains(".4 (") && lines[2].contains(".5 ("),
+        "{stdout}"
+    );
+    assert!(lines[3].contains(".99999 ("), "{stdout}");
+    assert!(
+        stderr.contains("1 run(s) whose pids cannot be read"),
+        "{stderr}"
+    );
+
+    let out = output(cmd(&["check", "--repair"]));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    let lines = named(&stdout);
+    assert_eq!(lines.len(), 4, "{stdout}");
+    assert!(lines[0].contains("left in place"), "{stdout}");
+    assert!(
+        lines[1..3].iter().all(|l| l.contains("rebuilt pending")),
+        "{stdout}"
+    );
+    assert!(
+        lines[3].contains("left in place, not repaired") && lines[3].contains("in no plan"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "2 corrupt active record(s) left in place ({lost_key}, {active} 99999)"
+        )) && stderr.contains("the rest repaired"),
+        "{stderr}"
+    );
+    for pid in [4, 5] {
+        let rec: Vec<u8> = redis.query(redis::cmd("HGET").arg(&active).arg(pid));
+        assert!(rec.starts_with(b"p|"), "pid {pid}: {rec:?}");
+    }
+    let kept: Vec<u8> = redis.query(redis::cmd("HGET").arg(&runs).arg(lost));
+    assert_eq!(kept, garbage);
+
+    let out = output(cmd(&["check"]));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    let lines = named(&stdout);
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert!(
+        lines[0].contains(&lost_key) && lines[1].contains(".99999 ("),
+        "{stdout}"
+    );
+    let fired = firing(&cmd, &["--check"]);
+    let corrupt = fired
+        .iter()
+        .find(|(n, _)| n == "active_records_corrupt")
+        .unwrap_or_else(|| panic!("{fired:?}"));
+    assert!(
+        corrupt
+            .1
+            .contains(&format!("run {lost_key} (its pids cannot be read)")),
+        "{fired:?}"
+    );
+}
+
 /// One flipped byte in each tier's archived values (a simple-tier record, a record of
 /// an open batch, a sealed batch): the archiver's scrub finds them and `health` fires
 /// `archive_damaged`; `check` names them (exit 1, not 2), `get` and `list` answer

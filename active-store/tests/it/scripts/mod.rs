@@ -315,8 +315,8 @@ async fn a_corrupt_record_is_found_passed_by_and_repaired() {
     server.cli(&["HSET", &active, "2", "garbage"]);
     server.cli(&["HSET", &active, "4", "p|x"]);
     let found = store.corrupt_records().await.unwrap();
-    let pids: Vec<u64> = found.iter().map(|c| c.pid).collect();
-    assert_eq!(pids, [2, 4]);
+    let pids: Vec<Option<u64>> = found.iter().map(|c| c.pid).collect();
+    assert_eq!(pids, [Some(2), Some(4)]);
     assert_eq!(found[0].raw, b"garbage".to_vec());
     assert_eq!(found[0].key, active);
 
