@@ -8,13 +8,14 @@
 -- ARGV[1] which: 'pids' (then ARGV[2] how many, and that many pids), 'worker'
 --      (ARGV[2]: every pid of that worker's runs), 'expired' (ARGV[2] now ms: every
 --      pid of a run whose lease index entry is due at or before it, as reap.lua reads
---      it), 'all', or 'broken' (ARGV[2] a token: the run of that token, if it does not
---      decode, becomes a record per pid its first and last fields still name, each the
---      text 'broken run' and the raw value, which decodes as no record: repair.lua then
---      sets each aside and rebuilds it; the run and its lease entry go. One whose first
---      and last fields do not read is left as it is: what it holds is unknown, and
---      dropping it would lose its pids)
--- Reply: the number of pids carved.
+--      it), 'all', or 'broken' (ARGV[2] a token, ARGV[3] the shard, ARGV[4] num_shards,
+--      ARGV[5] partitions per batch; KEYS[4] plans list, KEYS[5] cursor hash: the run of
+--      that token, if it does not decode, becomes a record per pid it may have held,
+--      each the text 'broken run' and the raw value, which decodes as no record:
+--      repair.lua then sets each aside and rebuilds it; the run and its lease entry go.
+--      One whose first and last fields do not read is left as it is: what it holds is
+--      unknown, and dropping it would lose its pids)
+-- Reply: the number of pids carved; for 'broken', the pids broken up.
 -- A run that does not decode is left as it is (`check` lists it); a pid that already has
 -- a record keeps it (it left its run for good). Every argument and every run used is
 -- checked before the first write.
@@ -38,20 +39,51 @@ elseif which == 'expired' then
 elseif which == 'all' then
   if #ARGV ~= 1 then refuse('argument count', #ARGV) end
 elseif which == 'broken' then
-  if #ARGV ~= 2 then refuse('argument count', #ARGV) end
+  if #ARGV ~= 5 then refuse('argument count', #ARGV) end
   local t = id(ARGV[2], 'token')
+  local shard, shards, per_batch = num(ARGV[3], 'shard'), pos(ARGV[4], 'num_shards'),
+    pos(ARGV[5], 'per batch')
+  if shard >= shards then refuse('shard', ARGV[3]) end
   local raw = redis.call('HGET', KEYS[1], t)
-  if not raw or run_decode_or(KEYS[1], t, raw) then return 0 end
+  if not raw or run_decode_or(KEYS[1], t, raw) then return {} end
+  -- The pids it may have held. Its first and last fields may be the damaged ones: with
+  -- its mask still of a readable length, the spans that length gives from either end
+  -- count too, so one damaged number loses no pid. Of those, only the pids this shard
+  -- issued (below its plan's cursor) and no sound run holds: a wrong number must not
+  -- make a pid not issued yet pending (the cursor would issue it again), nor one a
+  -- live run holds (it would be held twice). A pid with a record keeps it, below.
   local first, last = string.match(raw, '^(%d+)|(%d+)|')
+  if not (first and #first <= 15 and #last <= 15 and tonumber(last) >= tonumber(first)
+      and tonumber(last) - tonumber(first) < MAX_RUN) then
+    return {}
+  end
+  local lo, hi = tonumber(first), tonumber(last)
+  local mask = string.match(raw, '^%d+|%d+|[^|]*|[^|]*|([^|]*)|')
+  if mask and #mask >= 1 and #mask <= MAX_RUN then
+    lo, hi = math.min(lo, hi - #mask + 1), math.max(hi, lo + #mask - 1)
+  end
+  local plans = read_cursors(KEYS[5], read_plans(KEYS[4]))
+  local held, all = {}, redis.call('HGETALL', KEYS[1])
+  for i = 1, #all, 2 do
+    local u = run_decode_or(KEYS[1], all[i], all[i + 1])
+    if u then
+      for k = 1, #u[5] do
+        if string.byte(u[5], k) == 99 then held[u[7] + k - 1] = true end
+      end
+    end
+  end
   local names, n = {}, 0
-  if first and #first <= 15 and #last <= 15 and tonumber(last) >= tonumber(first)
-      and tonumber(last) - tonumber(first) < MAX_RUN then
-    for pid = tonumber(first), tonumber(last) do
+  for pid = math.max(lo, 1), hi do
+    local issued = false
+    for _, plan in ipairs(plans) do
+      if pid >= plan[1] and pid <= plan[2] and pid < plan[3] then issued = true end
+    end
+    if issued and not held[pid] and math.floor(pid / per_batch) % shards == shard then
       n = n + 1
       names[n] = string.format('%d', pid)
     end
   end
-  if n == 0 then return 0 end
+  if n == 0 then return {} end
   local broken, nb = {}, 0
   local have = redis.call('HMGET', KEYS[2], unpack(names))
   for i = 1, n do
@@ -62,7 +94,9 @@ elseif which == 'broken' then
   if nb > 0 then variadic('HSET', KEYS[2], broken) end
   redis.call('HDEL', KEYS[1], t)
   redis.call('ZREM', KEYS[3], 'r' .. t)
-  return nb / 2
+  local out = {}
+  for i = 1, nb, 2 do out[#out + 1] = broken[i] end
+  return out
 else
   refuse('which', which)
 end

@@ -129,10 +129,13 @@ where
     }
 
     async fn repair_corrupt(&self, pid: u64) -> Result<Repair> {
-        let (min, max) = self.range_of(pid).await?;
+        // The pid must be in a plan before anything is carved.
+        self.range_of(pid).await?;
         // repair.lua derives the shard's counters from its records: every pid of it
         // needs one. A pid of a run that does not decode gets a record that does not
-        // either (the run broken up), which repair.lua then sets aside and rebuilds.
+        // either (the run broken up), which repair.lua then sets aside and rebuilds:
+        // every pid the break-up wrote, not only this one, as the pids the run held
+        // may not be the ones its damaged first and last fields name.
         let shard = self.layout.shard_of(pid) as usize;
         self.carve(shard, &["all".to_owned()]).await?;
         // The runs as bytes: a broken one need not be UTF-8.
@@ -140,12 +143,54 @@ where
             conn.hgetall(&self.keys[shard].runs).await
         })
         .await?;
+        let mut also = Vec::new();
         for run in record::runs_of(&query::hash_of(&runs, &self.keys[shard].runs)?).1 {
             if run.names(pid) {
-                let token = String::from_utf8_lossy(run.token).into_owned();
-                self.carve(shard, &["broken".to_owned(), token]).await?;
+                let keys = &self.keys[shard];
+                let args = [
+                    "broken".to_owned(),
+                    String::from_utf8_lossy(run.token).into_owned(),
+                    shard.to_string(),
+                    self.layout.shards().to_string(),
+                    self.layout.per_batch().to_string(),
+                ];
+                let broken: Vec<u64> = self
+                    .invoke(
+                        &CARVE,
+                        &[
+                            &keys.runs,
+                            &keys.active,
+                            &keys.leases,
+                            &keys.plans,
+                            &keys.cursor,
+                        ],
+                        &args,
+                    )
+                    .await?;
+                also.extend(broken.into_iter().filter(|&p| p != pid));
             }
         }
+        let done = self.repair_record(pid).await?;
+        for other in also {
+            self.repair_record(other).await?;
+        }
+        self.empty.wake_all();
+        Ok(match done {
+            1 => Repair::Rebuilt,
+            2 => Repair::Removed,
+            _ => Repair::Nothing,
+        })
+    }
+}
+
+impl<C> RedisActiveStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// `repair.lua` on `pid`'s record: set aside and rebuilt pending from its plan (1),
+    /// removed as completed (2), or nothing to repair (0).
+    async fn repair_record(&self, pid: u64) -> Result<i64> {
+        let (min, max) = self.range_of(pid).await?;
         let keys = self.keys_of(pid);
         let quarantine = format!("{}:quarantine", keys.active);
         let args = [
@@ -155,25 +200,18 @@ where
             min.to_string(),
             max.to_string(),
         ];
-        let done: i64 = self
-            .invoke(
-                &REPAIR,
-                &[
-                    &keys.active,
-                    &keys.pending,
-                    &keys.leases,
-                    &keys.index,
-                    &keys.counts,
-                    &quarantine,
-                ],
-                &args,
-            )
-            .await?;
-        self.empty.wake_all();
-        Ok(match done {
-            1 => Repair::Rebuilt,
-            2 => Repair::Removed,
-            _ => Repair::Nothing,
-        })
+        self.invoke(
+            &REPAIR,
+            &[
+                &keys.active,
+                &keys.pending,
+                &keys.leases,
+                &keys.index,
+                &keys.counts,
+                &quarantine,
+            ],
+            &args,
+        )
+        .await
     }
 }

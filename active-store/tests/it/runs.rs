@@ -219,12 +219,16 @@ async fn a_corrupt_run_is_listed_by_its_pids_and_repaired() {
     );
     // Its holder's completion is refused, not taken as done.
     assert!(store.complete(&leases[0], 5).await.is_err());
-    for c in &corrupt {
-        assert_eq!(
-            store.repair_corrupt(c.pid.unwrap()).await.unwrap(),
-            tranche_active_store::Repair::Rebuilt
-        );
-    }
+    // The first repair rebuilds every pid the run held; the rest find them sound.
+    let repaired: Vec<_> = {
+        let mut out = Vec::new();
+        for c in &corrupt {
+            out.push(store.repair_corrupt(c.pid.unwrap()).await.unwrap());
+        }
+        out
+    };
+    use tranche_active_store::Repair::{Nothing, Rebuilt};
+    assert_eq!(repaired, [Rebuilt, Nothing, Nothing]);
     assert!(store.corrupt_records().await.unwrap().is_empty());
     let runs: u64 = conn.hlen(RUNS).await.unwrap();
     assert_eq!(runs, 0);
@@ -271,15 +275,12 @@ async fn a_non_utf8_corrupt_run_is_listed_by_its_pids_and_repaired() {
         store.repair_corrupt(1).await.unwrap(),
         tranche_active_store::Repair::Rebuilt
     );
-    // Pid 2 holds the broken-up record now, not UTF-8 either: `get` names the corruption.
-    assert!(matches!(
-        store.get(2).await,
-        Err(tranche_active_store::Error::Corrupt { .. })
-    ));
+    // Every pid the run held was broken up and rebuilt with it: 2 and 3 are sound now.
+    assert_eq!(store.get(2).await.unwrap().unwrap().status, Status::Pending);
     for pid in [2, 3] {
         assert_eq!(
             store.repair_corrupt(pid).await.unwrap(),
-            tranche_active_store::Repair::Rebuilt
+            tranche_active_store::Repair::Nothing
         );
     }
     assert!(store.corrupt_records().await.unwrap().is_empty());
@@ -338,12 +339,11 @@ async fn a_run_whose_pids_cannot_be_read_is_listed_without_a_pid_and_left() {
         ]
     );
     assert_eq!(corrupt[0].raw, garbage);
-    for pid in [4, 5] {
-        assert_eq!(
-            store.repair_corrupt(pid).await.unwrap(),
-            tranche_active_store::Repair::Rebuilt
-        );
-    }
+    assert_eq!(
+        store.repair_corrupt(4).await.unwrap(),
+        tranche_active_store::Repair::Rebuilt
+    );
+    assert_eq!(store.get(5).await.unwrap().unwrap().status, Status::Pending);
     let left = store.corrupt_records().await.unwrap();
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!(
@@ -481,4 +481,49 @@ async fn a_group_its_run_no_longer_holds_whole_completes_pid_by_pid() {
     assert!(run.contains("|ccccc|"), "{run}");
     assert_eq!(inbox_pids(&mut conn).await.len(), 2);
     assert_eq!(store.counts().await.unwrap().claimed, 5);
+}
+
+/// A broken run whose first or last field is itself the damaged one names the wrong
+/// pids. Its repair rebuilds the pids it may have held that the shard issued and no
+/// sound run holds, the spans its mask's length gives from either end included: a last
+/// misread as higher makes no pid the cursor has not issued pending (the cursor would
+/// issue it again: two leases on one pid), and a first misread as higher loses no pid.
+#[tokio::test]
+async fn a_broken_run_with_a_wrong_end_rebuilds_only_its_own_pids() {
+    let server = TestRedis::start();
+    let (store, mut conn) = store(&server).await;
+    // Runs 1..=3 (w) and 4..=6 (v); the cursor is at 7.
+    let first = store.claim("w", 3).await.unwrap();
+    let second = store.claim("v", 3).await.unwrap();
+    let (t1, t2) = (first[0].token.to_string(), second[0].token.to_string());
+    let run1: String = conn.hget(RUNS, &t1).await.unwrap();
+    let run2: String = conn.hget(RUNS, &t2).await.unwrap();
+    // Run 1's first field read as 2 (its mask still of 3: it held 1..=3 or 2..=4), run
+    // 2's last as 9 (4..=9; 7, 8 and 9 not issued).
+    let broken1 = run1.replacen("1|3|", "2|3|", 1);
+    let broken2 = run2.replacen("4|6|", "4|9|", 1);
+    assert!(broken1 != run1 && broken2 != run2);
+    let _: () = conn.hset(RUNS, &t1, &broken1).await.unwrap();
+    let _: () = conn.hset(RUNS, &t2, &broken2).await.unwrap();
+    for c in store.corrupt_records().await.unwrap() {
+        store.repair_corrupt(c.pid.unwrap()).await.unwrap();
+    }
+    assert!(store.corrupt_records().await.unwrap().is_empty());
+    // Every pid the two runs held is pending again, pid 1 too; none the cursor has not
+    // issued has a record.
+    for pid in 1..=6 {
+        let p = store.get(pid).await.unwrap().unwrap();
+        assert_eq!(p.status, Status::Pending, "pid {pid}");
+    }
+    for pid in 7..=9 {
+        let rec: Option<Vec<u8>> = conn.hget(ACTIVE, pid).await.unwrap();
+        assert_eq!(rec, None, "pid {pid}");
+    }
+    let counts = store.counts().await.unwrap();
+    assert_eq!((counts.pending, counts.claimed), (6, 0));
+    // Claimed again, every pid once.
+    let again = store.claim("u", 20).await.unwrap();
+    let mut pids: Vec<u64> = again.iter().map(|l| l.pid).collect();
+    pids.sort_unstable();
+    assert_eq!(pids, (1..=20).collect::<Vec<_>>());
 }

@@ -317,6 +317,9 @@ async fn check_records(
     let corrupt = backend.active.corrupt_records().await?;
     let mut differences = Vec::with_capacity(corrupt.len());
     let mut left = Vec::new();
+    // The broken runs already broken up: a repair rebuilds every pid its run held at
+    // once, so the run's later pids find nothing left to repair.
+    let mut broken_up: Vec<String> = Vec::new();
     for c in corrupt {
         let raw = String::from_utf8_lossy(&c.raw);
         let Some(pid) = c.pid else {
@@ -335,8 +338,14 @@ async fn check_records(
             backend.ensure_writable()?;
             match backend.active.repair_corrupt(pid).await {
                 Ok(Repair::Removed) => "removed: the partition was completed".to_owned(),
+                Ok(Repair::Nothing) if broken_up.contains(&c.key) => {
+                    "rebuilt pending with the rest of its run".to_owned()
+                }
                 Ok(Repair::Nothing) => "nothing to repair: it decodes now".to_owned(),
-                Ok(_) => "set aside in the quarantine and rebuilt pending".to_owned(),
+                Ok(_) => {
+                    broken_up.push(c.key.clone());
+                    "set aside in the quarantine and rebuilt pending".to_owned()
+                }
                 Err(err @ Error::Redis(_)) => {
                     return Err(err).with_context(|| format!("cannot repair {} {pid}", c.key));
                 }

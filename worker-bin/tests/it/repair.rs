@@ -723,7 +723,8 @@ fn a_run_whose_pids_cannot_be_read_does_not_stop_the_repair_of_the_rest() {
     assert_eq!(lines.len(), 4, "{stdout}");
     assert!(lines[0].contains("left in place"), "{stdout}");
     assert!(
-        lines[1..3].iter().all(|l| l.contains("rebuilt pending")),
+        lines[1].contains("set aside in the quarantine and rebuilt pending")
+            && lines[2].contains("rebuilt pending with the rest of its run"),
         "{stdout}"
     );
     assert!(

@@ -811,14 +811,34 @@ pub(super) fn refusal_rows(
             setup: run.clone(),
             ..Row::default()
         },
+        // Breaking up a run that does not decode reads the plans and their cursors: it
+        // breaks up only pids the shard issued (pids 7 and 8 are, with the cursor at 9).
         Row {
             script: "carve",
-            keys: carve_keys.clone(),
-            args: vec![a("broken", Which), a("98", Id)],
-            setup: vec![bad_run.clone()],
+            keys: vec![
+                runs.clone(),
+                active.clone(),
+                leases.clone(),
+                plans.clone(),
+                cursor.clone(),
+            ],
+            args: vec![
+                a("broken", Which),
+                a("98", Id),
+                a("0", Shard),
+                a("1", Pos),
+                a("100", Pos),
+            ],
+            setup: vec![
+                bad_run.clone(),
+                Corrupt::Field(cursor.clone(), "1".into(), "9".into()),
+            ],
+            corrupt: vec![
+                Corrupt::Field(cursor.clone(), "1".into(), "x".into()),
+                Corrupt::Push(plans.clone(), "x"),
+            ],
             // A run whose first and last fields do not read stays: its pids are unknown.
             skipped: vec![Corrupt::Field(runs.clone(), "98".into(), "garbage".into())],
-            ..Row::default()
         },
         Row {
             script: "carve",
