@@ -138,9 +138,12 @@ pub trait Maintenance: Send + Sync {
     /// from its min id with no attempt spent, or only removed if it was completed; the
     /// shard's counters are derived again. One atomic step. On Redis a run that does
     /// not decode and names `pid` in its first and last fields is broken up first, into
-    /// a record of its raw value per pid it names (each repaired by its own call); one
-    /// whose first and last fields do not read is never touched. The default (a store
-    /// that cannot hold a corrupt record, as the memory store) has nothing to repair.
+    /// a record of its raw value per pid it may have held (those fields' span and, its
+    /// mask's length still read, the spans that length gives from either end, less any
+    /// pid not issued yet or held by a sound run), and every one of those is repaired
+    /// in this call; one whose first and last fields do not read is never touched. The
+    /// default (a store that cannot hold a corrupt record, as the memory store) has
+    /// nothing to repair.
     async fn repair_corrupt(&self, pid: u64) -> Result<Repair> {
         let _ = pid;
         Ok(Repair::Nothing)
