@@ -59,10 +59,11 @@ pub(crate) struct ChunkTime {
 /// How often probes run when `--throttle-interval` is not given.
 pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 
-/// A live handle on a running job's control, from
-/// [`Runner::control`](crate::runner::Runner::control): it changes this worker's own
-/// rate limit, concurrency, parallelism and chunk size while it runs (applied at once).
-/// What the namespace's control record sets (`tranche set`) still takes precedence.
+/// A live handle on one worker's control, from
+/// [`Runner::control`](crate::runner::Runner::control): it changes this runner's own
+/// rate limit, concurrency, parallelism and chunk size while it runs (applied at once),
+/// not the other workers of the job. What the namespace's control record sets
+/// (`tranche set`, which every worker applies) still takes precedence.
 #[derive(Debug, Clone, Default)]
 pub struct ControlHandle {
     own: Arc<watch::Sender<Own>>,
