@@ -408,6 +408,35 @@ fn the_shipped_alerting_rules_pass_promtool() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    // Each rule has a severity and a runbook_url to its section of operations.md,
+    // which names the alert with that severity.
+    let docs = include_str!("../../../docs/operations.md");
+    let text = std::fs::read_to_string(rules).unwrap();
+    for rule in text.split("- alert: ").skip(1) {
+        let name = rule.split_whitespace().next().unwrap();
+        let value = |key: &str| {
+            let line = rule.lines().find_map(|l| l.trim().strip_prefix(key));
+            line.unwrap_or_else(|| panic!("{name} has no {key}")).trim()
+        };
+        let severity = value("severity:");
+        assert!(
+            ["critical", "warning"].contains(&severity),
+            "{name}: {severity}"
+        );
+        let anchor = value("runbook_url:")
+            .strip_prefix("docs/operations.md#")
+            .unwrap_or_else(|| panic!("{name}'s runbook_url is not in operations.md"));
+        let section = docs
+            .split(&format!("\n### {anchor}\n"))
+            .nth(1)
+            .unwrap_or_else(|| panic!("{name}: no section {anchor} in operations.md"));
+        let section = section.split("\n#").next().unwrap();
+        let section = section.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            section.contains(&format!("`{name}` ({severity}")),
+            "operations.md#{anchor} does not name {name} ({severity})"
+        );
+    }
 }
 
 /// Every read endpoint's JSON, snapshotted, from a job whose outcome is fixed (pids 3
