@@ -315,16 +315,9 @@ fn the_api_answers_as_the_cli_does() {
         );
     }
 
-    // Every metric the shipped alerting rules and Grafana dashboard use is exported.
-    let dashboard: Value =
-        serde_json::from_str(include_str!("../../../deploy/grafana/tranche.json"))
-            .expect("the Grafana dashboard is JSON");
-    assert!(dashboard["panels"].as_array().is_some_and(|p| p.len() >= 8));
-    let rules = [
-        include_str!("../../../deploy/prometheus/alerts.yml"),
-        include_str!("../../../deploy/grafana/tranche.json"),
-    ]
-    .concat();
+    // Every metric the shipped alerting rules use is exported (deploy.rs checks the
+    // Grafana board's on a namespace with a control record, which its panels need).
+    let rules = include_str!("../../../deploy/prometheus/alerts.yml");
     let mut used: Vec<&str> = rules
         .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
         .filter(|w| w.starts_with("tranche_"))
