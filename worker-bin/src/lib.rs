@@ -68,6 +68,7 @@ mod backend;
 #[cfg(feature = "cli")]
 mod cli;
 mod control;
+mod defaults;
 mod duration;
 mod embedded;
 mod error;

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::defaults::RunDefaults;
+
 /// Range-partitioned batch work, coordinated through Redis or embedded in one process.
 ///
 /// Plan an ID range once, then start `tranche run` on as many machines as you like:
@@ -261,7 +263,7 @@ pub(crate) struct PlanArgs {
     #[arg(long, value_name = "B")]
     pub(crate) max: u64,
     /// Row IDs per partition.
-    #[arg(long, value_name = "N", default_value_t = 1000)]
+    #[arg(long, value_name = "N", default_value_t = RunDefaults::RUN.partition_size)]
     pub(crate) size: u64,
     /// Print what the plan costs and write nothing.
     #[arg(long)]
@@ -293,17 +295,17 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "RATE", value_parser = parse_rate)]
     pub(crate) sim_fail: Option<f64>,
     /// Row IDs per chunk.
-    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = RunDefaults::RUN.chunk, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) chunk: u64,
     /// Chunks in flight per partition.
-    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    #[arg(long, value_name = "N", default_value_t = RunDefaults::RUN.parallel, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub(crate) parallel: u32,
     /// Sliding window per partition, in chunks (default: twice --parallel).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub(crate) window: Option<u32>,
     /// Partitions processed at once by this process (a partition whose chunks are done
     /// reports its outcome without holding a slot).
-    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    #[arg(long, value_name = "N", default_value_t = RunDefaults::RUN.concurrency, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub(crate) concurrency: u32,
     /// Partitions claimed ahead beyond --concurrency, so a finished one is replaced
     /// without waiting for Redis (default: as many as --concurrency while partitions take
@@ -319,19 +321,19 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     pub(crate) no_split: bool,
     /// The smallest piece a split cuts off, in chunks (fewer if they are slow).
-    #[arg(long, value_name = "CHUNKS", default_value_t = crate::runner::DEFAULT_SPLIT_MIN, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "CHUNKS", default_value_t = RunDefaults::RUN.split_min, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) split_min: u64,
     /// Lease length: a partition whose worker stops heartbeating is reclaimed after it.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = RunDefaults::RUN.lease, value_parser = parse_duration)]
     pub(crate) lease: Duration,
     /// Attempts before a partition is marked failed.
-    #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = RunDefaults::RUN.max_attempts, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) max_attempts: u32,
     /// First retry delay after a failure (doubling up to 5 min).
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = RunDefaults::RUN.backoff, value_parser = parse_duration)]
     pub(crate) backoff: Duration,
     /// How long in-flight chunks may finish after SIGINT/SIGTERM before they are killed.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = RunDefaults::RUN.grace, value_parser = parse_duration)]
     pub(crate) grace: Duration,
     /// Keep waiting for new plans instead of stopping when nothing is left.
     #[arg(long)]

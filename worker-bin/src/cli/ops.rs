@@ -3,6 +3,7 @@
 //! the signal handling `run`, `archive` and `status --watch` share. Each opens the namespace, does its one thing and returns an
 //! [`Outcome`]; printing goes through [`render`](crate::cli::render).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -17,9 +18,10 @@ use crate::cli::args::{
 };
 use crate::cli::render;
 use crate::job::Job;
+use crate::runner::Runner;
 use crate::slot;
+use crate::work::Stop;
 use crate::work::until;
-use crate::work::{self, Settings, Stop};
 
 /// How a command ended, when it did not fail outright.
 #[derive(Debug)]
@@ -366,19 +368,9 @@ fn plan_refused(e: tranche_active_store::Error) -> anyhow::Error {
     }
 }
 
-async fn run(g: &crate::cli::args::Global, args: RunArgs) -> Result<Outcome> {
-    // Held until `run` returns: a restart takes the same name back (see `slot`).
-    let mut slot = None;
-    let worker = args
-        .worker_id
-        .clone()
-        .unwrap_or_else(|| slot::default_name("worker", &mut slot));
-    let active = ActiveConfig {
-        lease: args.lease,
-        max_attempts: args.max_attempts,
-        backoff_base: args.backoff,
-        ..ActiveConfig::default()
-    };
+/// `tranche run`'s flags mapped onto the library's [`Runner`]: the one place a run is
+/// assembled. Refuses what the flags cannot mean together.
+fn runner_of(g: &crate::cli::args::Global, args: &RunArgs) -> Result<Runner> {
     if args.lease < Duration::from_millis(300) {
         bail!("--lease must be at least 300ms");
     }
@@ -386,53 +378,63 @@ async fn run(g: &crate::cli::args::Global, args: RunArgs) -> Result<Outcome> {
     if !args.simulate && (args.sim_fail.is_some() || args.sim_latency.is_some()) {
         bail!("--sim-fail and --sim-latency only shape --simulate; they do nothing with --exec");
     }
-    let tuning = Tuning {
-        active,
-        tiers: Some(args.tiers.tiers()),
-        consumer: worker.clone(),
-        claim_idle: crate::duration::claim_idle(),
-    };
-    let stop = signals(args.grace)?;
-    let backend = Backend::open_writable(&g.location(), Open::Existing, tuning).await?;
-    let job = match (&args.exec, args.simulate) {
-        (Some(cmd), false) => Job::Exec(cmd.clone()),
+    let mut runner = Runner::at(g.location())
+        .concurrency(args.concurrency as usize)
+        .parallel(args.parallel as usize)
+        .chunk(args.chunk)
+        .split(!args.no_split)
+        .split_min(args.split_min)
+        .lease(args.lease)
+        .max_attempts(args.max_attempts)
+        .backoff(args.backoff)
+        .grace(args.grace)
+        .follow(args.follow)
+        .tiers(args.tiers.tiers())
+        .background(!args.no_reaper, !args.no_archiver, !args.no_heartbeat)
+        .snapshots(args.snapshots.policy())
+        .control_options(control)
+        .observer(Arc::new(crate::cli::observe::RunObserver::new(
+            args.metrics_listen,
+        )));
+    if let Some(window) = args.window {
+        runner = runner.window(window as usize);
+    }
+    if let Some(prefetch) = args.prefetch {
+        runner = runner.prefetch(prefetch as usize);
+    }
+    if let Some(id) = &args.worker_id {
+        runner = runner.worker_id(id.clone());
+    }
+    Ok(runner)
+}
+
+/// What each chunk runs: `--exec`'s command, or `--simulate`'s load.
+fn job_of(args: &RunArgs) -> Result<Job> {
+    match (&args.exec, args.simulate) {
+        (Some(cmd), false) => Ok(Job::Exec(cmd.clone())),
         (None, true) => {
             tracing::warn!("SIMULATED load: chunks sleep and fail at random; nothing is processed");
-            Job::Simulate {
+            Ok(Job::Simulate {
                 latency: args.sim_latency.unwrap_or((1, 5)),
                 fail: args.sim_fail.unwrap_or(0.0),
-            }
+            })
         }
         _ => bail!("give exactly one of --exec CMD or --simulate"),
-    };
-    let parallel = args.parallel as usize;
-    let settings = Settings {
-        job,
-        chunk: args.chunk,
-        parallel,
-        window: args.window.map_or(2 * parallel, |w| w as usize),
-        concurrency: args.concurrency as usize,
-        prefetch: args.prefetch.map(|p| p as usize),
-        worker,
-        lease: args.lease,
-        max_attempts: args.max_attempts,
-        follow: args.follow,
-        until_idle: false,
-        split: !args.no_split,
-        split_min: args.split_min,
-        reaper: !args.no_reaper,
-        archiver: !args.no_archiver,
-        heartbeat: !args.no_heartbeat,
-        snapshots: args.snapshots.policy(),
-        save_every: Duration::from_secs(2),
-        observer: Some(std::sync::Arc::new(crate::cli::observe::RunObserver::new(
-            args.metrics_listen,
-        ))),
-        control,
-    };
+    }
+}
+
+async fn run(g: &crate::cli::args::Global, args: RunArgs) -> Result<Outcome> {
+    let runner = runner_of(g, &args)?;
+    // Held until `run` returns: a restart takes the same name back (see `slot`).
+    let mut slot = None;
+    let worker = runner.worker_name(&mut slot);
+    let stop = signals(args.grace)?;
+    let backend =
+        Backend::open_writable(runner.location(), Open::Existing, runner.tuning(&worker)).await?;
+    let job = job_of(&args)?;
     let memory_before = backend.used_memory().await;
     let mut watched = stop.clone();
-    let run = work::run(&backend, settings, stop);
+    let run = runner.run_on(&backend, job, worker, stop);
     tokio::pin!(run);
     // A signal's drain is bounded even when every store call fails (Redis gone): once
     // the grace period is over and chunks are stopped, the run gets ABORT_BOUND to
