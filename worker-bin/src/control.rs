@@ -60,7 +60,7 @@ pub(crate) struct ChunkTime {
 pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A live handle on a running job's control, from
-/// [`Runner::control`](crate::runner::Runner::control): it changes this worker's own
+/// [`Runner::control`](crate::Runner::control): it changes this worker's own
 /// rate limit, concurrency, parallelism and chunk size while it runs (applied at once).
 /// What the namespace's control record sets (`tranche set`) still takes precedence.
 #[derive(Debug, Clone, Default)]
@@ -80,7 +80,7 @@ struct Own {
 impl ControlHandle {
     /// Limits this worker's fleet-wide ID rate to `ids_per_second` (`None`: no limit of
     /// its own). Errs on a rate that is not positive and finite.
-    pub fn set_max_rate(&self, ids_per_second: Option<f64>) -> Result<(), crate::runner::Error> {
+    pub fn set_max_rate(&self, ids_per_second: Option<f64>) -> Result<(), crate::Error> {
         let rate = ids_per_second
             .map(Rate::per_second)
             .transpose()
@@ -95,7 +95,7 @@ impl ControlHandle {
     }
 
     /// Chunks of one partition in flight at once, applied in flight up to each
-    /// partition's window (see [`Runner::window`](crate::runner::Runner::window)).
+    /// partition's window (see [`Runner::window`](crate::Runner::window)).
     pub fn set_parallel(&self, n: usize) {
         self.own.send_modify(|o| o.parallel = Some(n.max(1)));
     }

@@ -79,29 +79,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-/// The token that drains a run ([`Runner::run_until_cancelled`]), re-exported from
-/// `tokio-util`.
-pub use tokio_util::sync::CancellationToken;
+use tokio_util::sync::CancellationToken;
+use tranche_control::ProbeOutcome;
 
 use crate::backend::{Backend, Location, Open, Tuning};
+use crate::control::ControlHandle;
 use crate::defaults::RunDefaults;
-use crate::event::Subscribers;
-pub use crate::event::{Event, Progress};
+use crate::error::Error;
+use crate::event::{Event, Subscribers};
+use crate::handler::{Handler, HandlerRef};
 use crate::job::Job as Work;
 use crate::layers::Tiers;
-pub use crate::plan::Plan;
-pub use crate::query::{Job, JobStatus};
+use crate::plan::Plan;
+use crate::query::Job;
 use crate::work::{self, Observer, Settings, Shared, Stop};
-
-pub use crate::control::ControlHandle;
-pub use crate::job::Chunk;
-/// What a throttle probe found ([`Runner::throttle_probe`]).
-pub use tranche_control::ProbeOutcome;
-
-use crate::handler::HandlerRef;
-pub use crate::handler::{Handler, HandlerError};
-
-pub use crate::error::Error;
 
 /// What a run did: this runner's own work, and where the namespace (every worker's)
 /// stood when it ended.

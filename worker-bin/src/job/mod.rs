@@ -64,7 +64,7 @@ pub(crate) enum Job {
     Exec(String),
     /// Sleep uniformly in `latency` ms, fail with probability `fail`.
     Simulate { latency: (u64, u64), fail: f64 },
-    /// A library user's handler ([`crate::runner::Handler`]).
+    /// A library user's handler ([`crate::Handler`]).
     Handler(crate::handler::HandlerRef),
 }
 
