@@ -80,7 +80,7 @@ struct Own {
 impl ControlHandle {
     /// Limits this worker's fleet-wide ID rate to `ids_per_second` (`None`: no limit of
     /// its own). Errs on a rate that is not positive and finite.
-    pub fn set_max_rate(&self, ids_per_second: Option<f64>) -> Result<(), crate::Error> {
+    pub fn set_max_rate(&self, ids_per_second: Option<f64>) -> Result<(), crate::error::Error> {
         let rate = ids_per_second
             .map(Rate::per_second)
             .transpose()
@@ -144,7 +144,7 @@ pub(crate) fn stores(backend: &Backend) -> (Arc<dyn ControlStore>, Arc<dyn RateL
 /// Who made a change, for the control log: `user@host/pid`.
 pub(crate) fn origin() -> String {
     let user = std::env::var("USER").unwrap_or_else(|_| "?".to_owned());
-    format!("{user}@{}/{}", crate::work::hostname(), std::process::id())
+    format!("{user}@{}/{}", crate::slot::hostname(), std::process::id())
 }
 
 /// The worker's own values the gate starts from.
@@ -331,11 +331,12 @@ impl Permits {
 
     /// The window of a partition starting now: `--window`, or twice the parallelism
     /// when `tranche set` raised it above `--parallel` (so it can grow in flight).
-    pub(crate) fn window(&self, settings: &crate::work::Settings) -> usize {
-        if self.size > settings.parallel {
-            settings.window.max(2 * self.size)
+    /// `parallel` and `window` are the worker's own `--parallel` and `--window`.
+    pub(crate) fn window(&self, parallel: usize, window: usize) -> usize {
+        if self.size > parallel {
+            window.max(2 * self.size)
         } else {
-            settings.window
+            window
         }
     }
 
@@ -381,7 +382,7 @@ async fn apply(
         let r = record.borrow_and_update().clone();
         let o = own.borrow_and_update().clone();
         let own_rate = o.max_rate.unwrap_or(options.max_rate);
-        let now = crate::now_ms();
+        let now = crate::duration::now_ms();
         let rate = ids_rate_as_of(&r, own_rate, now, stale);
         if !aimd_step(&r, live.ids.rate(), rate, own_rate) {
             live.ids.set_rate(rate);

@@ -84,6 +84,7 @@ mod query;
 mod runner;
 mod slot;
 mod state;
+mod sync;
 mod work;
 
 /// The embedded run's state file, for `benches/embedded_state.rs` (which times saving,
@@ -104,8 +105,7 @@ pub use cli::cli_main;
 pub use control::ControlHandle;
 pub use error::Error;
 pub use event::{Event, Progress};
-pub use handler::{Handler, HandlerError};
-pub use job::Chunk;
+pub use handler::{Chunk, Handler, HandlerError};
 pub use plan::Plan;
 pub use query::{Job, JobStatus};
 pub use runner::{DEFAULT_SPLIT_MIN, NamespaceReport, RunReport, Runner, RunnerReport, Until};
@@ -125,10 +125,3 @@ pub use tranche_router::{Located, MergedStats, PartitionView};
 #[doc = include_str!("../../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
-
-/// Milliseconds since the Unix epoch, by the system clock: the binary's one "now",
-/// read from the same [`Clock`](tranche_codec::Clock) the stores take.
-pub(crate) fn now_ms() -> u64 {
-    use tranche_codec::Clock;
-    tranche_codec::SystemClock.now_ms()
-}

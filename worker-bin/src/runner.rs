@@ -422,7 +422,7 @@ impl Runner {
     /// `Job` holds the state file while it lives, as a run does (unless a run holds it
     /// already: then it reads the last save): drop it before starting a run.
     pub async fn job(&self) -> Result<Job, Error> {
-        Job::of(self).await
+        Job::at(&self.location).await
     }
 
     /// Registers this runner's metrics in `registry` (prefix `tranche_worker`, the
@@ -608,57 +608,9 @@ impl Runner {
         work::run(backend, settings, stop).await
     }
 
-    /// Opens the namespace, with typed errors for what a caller may want to tell
-    /// apart: a namespace not planned, a store out of reach, bad settings.
+    /// Opens the namespace with typed errors ([`Backend::open_checked`]).
     pub(crate) async fn open(&self, open: Open, tuning: Tuning) -> Result<Backend, Error> {
-        let ns = &self.location.namespace;
-        if ns.is_empty()
-            || !ns
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        {
-            return Err(Error::Config(format!(
-                "namespace `{ns}`: use letters, digits, '-', '_' or '.'"
-            )));
-        }
-        if let Some(shards) = self.location.shards
-            && !(1..=1024).contains(&shards)
-        {
-            return Err(Error::Config(format!(
-                "shards must be between 1 and 1024, not {shards}"
-            )));
-        }
-        match (&self.location.redis, &self.location.state) {
-            (Some(url), _) => {
-                // Connected once here to tell "unreachable" and "not planned" from
-                // the rest; the backend then opens its own connection.
-                let location = crate::backend::redact(url);
-                let conn = tranche_active_store::RedisConnection::connect(url)
-                    .await
-                    .map_err(|e| Error::StoreUnreachable {
-                        location: location.clone(),
-                        source: e.into(),
-                    })?;
-                if open == Open::Existing
-                    && tranche_active_store::KeysMeta::read(&conn, ns)
-                        .await?
-                        .is_none()
-                {
-                    return Err(Error::NotPlanned {
-                        namespace: ns.clone(),
-                        location,
-                    });
-                }
-            }
-            (None, Some(path)) if open == Open::Existing && !path.exists() => {
-                return Err(Error::NotPlanned {
-                    namespace: ns.clone(),
-                    location: path.display().to_string(),
-                });
-            }
-            _ => {}
-        }
-        Ok(Backend::open(&self.location, open, tuning).await?)
+        Backend::open_checked(&self.location, open, tuning).await
     }
 
     /// Refuses when another process holds the embedded state file.

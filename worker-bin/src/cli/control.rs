@@ -279,9 +279,9 @@ pub(crate) async fn set(g: &Global, a: &SetArgs) -> Result<Outcome> {
             "namespace `{}`: settings in force from the next poll (within 2 s), version {}\n{}",
             backend.namespace,
             record.version,
-            status_lines(&record, crate::now_ms()).trim_end()
+            status_lines(&record, crate::duration::now_ms()).trim_end()
         ),
-        record_json(&record, crate::now_ms()),
+        record_json(&record, crate::duration::now_ms()),
     );
     Ok(Outcome::Success)
 }
@@ -314,7 +314,7 @@ pub(crate) async fn throttle(g: &Global, c: &ThrottleCommand) -> Result<Outcome>
     crate::cli::ops::say(
         g.json,
         format_args!("{text}"),
-        record_json(&record, crate::now_ms()),
+        record_json(&record, crate::duration::now_ms()),
     );
     Ok(Outcome::Success)
 }
@@ -335,9 +335,9 @@ pub(crate) async fn control(g: &Global, c: &ControlCommand) -> Result<Outcome> {
         ControlCommand::Show => {
             let record = store.read().await?;
             if g.json {
-                println!("{}", record_json(&record, crate::now_ms()));
+                println!("{}", record_json(&record, crate::duration::now_ms()));
             } else {
-                print!("{}", status_lines(&record, crate::now_ms()));
+                print!("{}", status_lines(&record, crate::duration::now_ms()));
             }
         }
     }

@@ -20,8 +20,8 @@ use crate::cli::render;
 use crate::job::Job;
 use crate::runner::Runner;
 use crate::slot;
+use crate::sync::until;
 use crate::work::Stop;
-use crate::work::until;
 
 /// How a command ended, when it did not fail outright.
 #[derive(Debug)]
@@ -119,7 +119,10 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
                 Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
             );
             let workers = job.workers().await?;
-            print!("{}", render::workers(&workers, crate::now_ms(), json));
+            print!(
+                "{}",
+                render::workers(&workers, crate::duration::now_ms(), json)
+            );
             Ok(Outcome::Success)
         }
         Command::RetryFailed { pid } => {
@@ -561,7 +564,11 @@ pub(crate) fn say(json: bool, text: impl std::fmt::Display, value: serde_json::V
 
 /// Archive bytes per archived partition in the embedded store: its dump's size.
 async fn embedded_archive_bytes(backend: &Backend) -> Option<render::ArchiveBytes> {
-    let dump = backend.archive.export(crate::now_ms()).await.ok()?;
+    let dump = backend
+        .archive
+        .export(crate::duration::now_ms())
+        .await
+        .ok()?;
     let entries = dump.entries();
     let bytes = dump.to_bytes().ok()?.len();
     (entries > 0).then(|| render::ArchiveBytes::Dump(bytes as f64 / entries as f64))

@@ -208,7 +208,8 @@ pub(crate) async fn import(g: &Global, args: &ImportArgs) -> Result<Outcome> {
     } else {
         Tier::Simple
     };
-    let dump = crate::cli::jsonl::dump_of(&schema, adoption.completed, crate::now_ms(), tier)?;
+    let dump =
+        crate::cli::jsonl::dump_of(&schema, adoption.completed, crate::duration::now_ms(), tier)?;
     let restored = backend.archive.import(&dump).await?;
     backend.register_namespace().await?;
     let plan = match adoption.entries.as_slice() {

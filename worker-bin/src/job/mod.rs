@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use rand::Rng;
 
+pub(crate) use crate::handler::Chunk;
 pub(crate) use guard::Fence;
 
 /// How long a chunk's process group has between SIGTERM and SIGKILL once aborted at
@@ -39,21 +40,6 @@ pub(crate) enum ChunkError {
     /// A handler's error that names its own policy (permanent, or retry after a
     /// delay): the partition's attempt is spent under that policy.
     Refused(String, tranche_active_store::FailPolicy),
-}
-
-/// One chunk: the IDs `from..=to` of partition `pid`, on attempt `attempt`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Chunk {
-    /// The partition.
-    pub pid: u64,
-    /// The chunk's number within the partition, from 0.
-    pub index: u64,
-    /// First row ID of the chunk.
-    pub from: u64,
-    /// Last row ID of the chunk (inclusive).
-    pub to: u64,
-    /// The partition's attempt, from 1.
-    pub attempt: u32,
 }
 
 /// How chunks are processed.

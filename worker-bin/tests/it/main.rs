@@ -38,3 +38,4 @@ mod serve;
 #[cfg(feature = "cli")]
 mod signals;
 mod split;
+mod tidy;

@@ -153,7 +153,11 @@ pub(crate) async fn status(State(app): State<Arc<App>>) -> ApiResult {
 pub(crate) async fn workers(State(app): State<Arc<App>>) -> ApiResult {
     let backend = app.backend().await?;
     let workers = backend.active.workers().await?;
-    Ok(json_text(render::workers(&workers, crate::now_ms(), true)))
+    Ok(json_text(render::workers(
+        &workers,
+        crate::duration::now_ms(),
+        true,
+    )))
 }
 
 pub(crate) async fn stats(State(app): State<Arc<App>>) -> ApiResult {

@@ -33,7 +33,8 @@ use axum::routing::{get, post};
 use crate::backend::{Backend, Connections, Open, Tuning};
 use crate::cli::args::{Global, ServeArgs};
 use crate::cli::ops::Outcome;
-use crate::work::{Stop, until};
+use crate::sync::until;
+use crate::work::Stop;
 
 /// What every handler shares.
 pub(crate) struct App {
