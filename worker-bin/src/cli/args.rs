@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::cli::common::{Global, parse_duration};
 use crate::defaults::RunDefaults;
 
 /// Range-partitioned batch work, coordinated through Redis or embedded in one process.
@@ -25,100 +26,6 @@ pub(crate) struct Cli {
     pub(crate) global: Global,
     #[command(subcommand)]
     pub(crate) command: Command,
-}
-
-/// Options every subcommand takes.
-#[derive(Debug, Clone, Args)]
-pub(crate) struct Global {
-    /// Redis to coordinate through (redis://, rediss://, passwords in the URL; a cluster
-    /// is detected). Without it everything runs embedded in this process.
-    #[arg(
-        long,
-        global = true,
-        env = "TRANCHE_REDIS_URL",
-        hide_env_values = true,
-        value_name = "URL"
-    )]
-    pub(crate) redis: Option<String>,
-    /// Read the Redis URL from this file's first line instead (keeps a password out of
-    /// `ps` and of the environment).
-    #[arg(
-        long,
-        global = true,
-        env = "TRANCHE_REDIS_FILE",
-        value_name = "FILE",
-        conflicts_with = "redis"
-    )]
-    pub(crate) redis_file: Option<PathBuf>,
-    /// PEM file of CA certificates to verify a rediss:// server against, instead of the
-    /// system's roots.
-    #[arg(long, global = true, env = "TRANCHE_TLS_CA", value_name = "FILE")]
-    pub(crate) tls_ca: Option<PathBuf>,
-    /// PEM client certificate for servers that authenticate clients (with --tls-key).
-    #[arg(
-        long,
-        global = true,
-        env = "TRANCHE_TLS_CERT",
-        value_name = "FILE",
-        requires = "tls_key"
-    )]
-    pub(crate) tls_cert: Option<PathBuf>,
-    /// PEM private key of --tls-cert.
-    #[arg(
-        long,
-        global = true,
-        env = "TRANCHE_TLS_KEY",
-        value_name = "FILE",
-        requires = "tls_cert"
-    )]
-    pub(crate) tls_key: Option<PathBuf>,
-    /// Namespace of the job; every key (or the state file's content) lives under it.
-    #[arg(
-        long,
-        global = true,
-        env = "TRANCHE_NAMESPACE",
-        default_value = "tranche"
-    )]
-    pub(crate) namespace: String,
-    /// Shards of a new namespace (1..=1024). An existing namespace keeps its own; a
-    /// different value is refused.
-    #[arg(long, global = true, value_name = "N")]
-    pub(crate) shards: Option<u32>,
-    /// State file of the embedded mode (ignored with --redis).
-    #[arg(long, global = true, env = "TRANCHE_STATE", value_name = "FILE")]
-    pub(crate) state: Option<PathBuf>,
-    /// Print JSON instead of text: one object per command (one line per refresh with
-    /// `status --watch`), and failures as {"error": {"kind", "message"}} on stderr.
-    #[arg(long, global = true)]
-    pub(crate) json: bool,
-    /// Threads this process works on (1..=1024). `run` defaults to 1: its partitions'
-    /// work happens in child processes (or is simulated) and its own is waiting on
-    /// Redis, where a second thread only adds a cross-thread wake-up to each reply.
-    /// Other commands default to one per core.
-    #[arg(
-        long,
-        global = true,
-        env = "TRANCHE_THREADS",
-        value_name = "N",
-        value_parser = clap::value_parser!(u16).range(1..=1024)
-    )]
-    pub(crate) threads: Option<u16>,
-}
-
-impl Global {
-    /// Where the namespace these options name lives, as the backend takes it.
-    pub(crate) fn location(&self) -> crate::layers::Location {
-        crate::layers::Location {
-            namespace: self.namespace.clone(),
-            shards: self.shards,
-            redis: self.redis.clone(),
-            redis_file: self.redis_file.clone(),
-            tls_ca: self.tls_ca.clone(),
-            tls_cert: self.tls_cert.clone(),
-            tls_key: self.tls_key.clone(),
-            state: self.state.clone(),
-        }
-    }
 }
 
 /// What to do.
@@ -533,8 +440,6 @@ pub(crate) struct HealthArgs {
     #[arg(long)]
     pub(crate) check: bool,
 }
-
-pub(crate) use crate::duration::parse as parse_duration;
 
 fn parse_latency(s: &str) -> Result<(u64, u64), String> {
     let (a, b) = s.split_once("..").unwrap_or((s, s));

@@ -12,7 +12,7 @@ use crate::backend::Backend;
 use crate::cli::args::HealthArgs;
 use crate::cli::render;
 
-use crate::cli::ops::Outcome;
+use crate::cli::common::Outcome;
 
 /// The statistics delta of every archived record that decodes, one per shard, read
 /// page by page across the plans (memory grows with workers, ranges and days, never

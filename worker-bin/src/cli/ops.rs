@@ -1,14 +1,13 @@
 //! One function per subcommand (those that move an archive are in
-//! [`transfer`](crate::cli::transfer), `check` and `health` in [`health`](crate::cli::health)), and
-//! the signal handling `run`, `archive` and `status --watch` share. Each opens the namespace, does its one thing and returns an
-//! [`Outcome`]; printing goes through [`render`](crate::cli::render).
+//! [`transfer`](crate::cli::transfer), `check` and `health` in [`health`](crate::cli::health)).
+//! Each opens the namespace, does its one thing and returns an
+//! [`Outcome`]; printing goes through [`render`](crate::cli::render), what every
+//! command shares (options, outcome, signals) is in [`common`](crate::cli::common).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::watch;
 use tranche_active_store::{Config as ActiveConfig, MemoryActiveStore, Plan, Planner};
 use tranche_archive_store::Snapshots;
 
@@ -16,22 +15,14 @@ use crate::backend::{Backend, Open, Tuning};
 use crate::cli::args::{
     ArchiveArgs, Cli, Command, ExportArgs, ImportArgs, PlanArgs, RunArgs, StatusArgs,
 };
+use crate::cli::common::{Global, Outcome, say, signals};
+use crate::cli::inspect::{pieces_of, state_of, status_of};
 use crate::cli::render;
 use crate::job::Job;
 use crate::runner::Runner;
 use crate::slot;
 use crate::sync::until;
 use crate::work::Stop;
-
-/// How a command ended, when it did not fail outright.
-#[derive(Debug)]
-pub(crate) enum Outcome {
-    Success,
-    /// It ran, and what it found is a failure (failed partitions, a firing alert).
-    Failed(String),
-    /// A signal stopped it; state was checkpointed.
-    Interrupted,
-}
 
 /// Runs the command the user asked for.
 pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
@@ -231,43 +222,6 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
 /// seconds later) and a moment for the store.
 const ABORT_BOUND: Duration = Duration::from_secs(5);
 
-/// SIGINT/SIGTERM: the first asks to drain (and, after `grace`, to abort: in-flight
-/// chunks' process groups are stopped and their partitions released); a second aborts
-/// at once, through the same path, so leases are released and locks dropped before
-/// the exit; one more exits on the spot.
-pub(crate) fn signals(grace: Duration) -> Result<watch::Receiver<Stop>> {
-    let (tx, rx) = watch::channel(Stop::Running);
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    tokio::spawn(async move {
-        let mut next = async || {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-        };
-        next().await;
-        tracing::warn!(
-            grace = ?grace,
-            "stopping: no new claims; in-flight chunks may finish, then partitions are checkpointed and released (signal again to stop them now)"
-        );
-        let _ = tx.send(Stop::Draining);
-        tokio::select! {
-            () = next() => {
-                tracing::warn!("second signal: stopping in-flight chunks now (a third exits at once)");
-            }
-            () = tokio::time::sleep(grace) => {
-                tracing::warn!("grace period over: stopping in-flight chunks");
-            }
-        }
-        let _ = tx.send(Stop::Abort);
-        next().await;
-        eprintln!("tranche: signalled again, exiting now");
-        std::process::exit(130);
-    });
-    Ok(rx)
-}
-
 async fn plan(backend: &Backend, args: &PlanArgs, json: bool) -> Result<Outcome> {
     // Validate as the store will, before anything is written.
     let geometry = tranche_codec::PlanGeometry::new(1, args.min, args.max, args.size)
@@ -338,30 +292,6 @@ async fn plan(backend: &Backend, args: &PlanArgs, json: bool) -> Result<Outcome>
     Ok(Outcome::Success)
 }
 
-/// What `get` would call `pid`'s state, in one word, for a refusal's message
-/// (`unreadable` when even that read fails).
-pub(crate) async fn state_of(backend: &Backend, pid: u64) -> &'static str {
-    use tranche_router::PartitionView;
-    match backend.router.get(pid).await {
-        Ok(PartitionView::Active(p)) => p.status.as_str(),
-        Ok(PartitionView::Unknown) => "unknown",
-        Ok(_) => "completed",
-        Err(_) => "unreadable",
-    }
-}
-
-/// The pieces a split cut off `view`'s partition while it is active (`get`, and the
-/// dashboard's `/api/v1/get/PID`); none for any other answer.
-pub(crate) async fn pieces_of(
-    active: &dyn tranche_active_store::ActiveStore,
-    view: &tranche_router::PartitionView,
-) -> Result<Vec<tranche_active_store::Piece>, tranche_active_store::Error> {
-    match view {
-        tranche_router::PartitionView::Active(p) => active.pieces(p.pid).await,
-        _ => Ok(Vec::new()),
-    }
-}
-
 /// The store's refusal of a plan as the command says it.
 fn plan_refused(e: tranche_active_store::Error) -> anyhow::Error {
     match e {
@@ -373,7 +303,7 @@ fn plan_refused(e: tranche_active_store::Error) -> anyhow::Error {
 
 /// `tranche run`'s flags mapped onto the library's [`Runner`]: the one place a run is
 /// assembled. Refuses what the flags cannot mean together.
-fn runner_of(g: &crate::cli::args::Global, args: &RunArgs) -> Result<Runner> {
+fn runner_of(g: &Global, args: &RunArgs) -> Result<Runner> {
     if args.lease < Duration::from_millis(300) {
         bail!("--lease must be at least 300ms");
     }
@@ -426,7 +356,7 @@ fn job_of(args: &RunArgs) -> Result<Job> {
     }
 }
 
-async fn run(g: &crate::cli::args::Global, args: RunArgs) -> Result<Outcome> {
+async fn run(g: &Global, args: RunArgs) -> Result<Outcome> {
     let runner = runner_of(g, &args)?;
     // Held until `run` returns: a restart takes the same name back (see `slot`).
     let mut slot = None;
@@ -462,7 +392,7 @@ async fn run(g: &crate::cli::args::Global, args: RunArgs) -> Result<Outcome> {
         // why the run ended.
         Err(err) if signalled => {
             tracing::warn!(
-                err = %crate::cli::one_line(&err),
+                err = %crate::cli::common::one_line(&err),
                 "stopped by a signal; the store failed on the way out (unreleased leases expire on their own)"
             );
             return Ok(Outcome::Interrupted);
@@ -552,16 +482,6 @@ fn entries(n: u64) -> String {
     format!("{n} inbox entr{}", if n == 1 { "y" } else { "ies" })
 }
 
-/// Prints a command's outcome: `text` for a person, or with `--json` the one object
-/// `value` (a script reads JSON on both streams: errors are JSON too).
-pub(crate) fn say(json: bool, text: impl std::fmt::Display, value: serde_json::Value) {
-    if json {
-        println!("{value}");
-    } else {
-        println!("{text}");
-    }
-}
-
 /// Archive bytes per archived partition in the embedded store: its dump's size.
 async fn embedded_archive_bytes(backend: &Backend) -> Option<render::ArchiveBytes> {
     let dump = backend
@@ -574,7 +494,7 @@ async fn embedded_archive_bytes(backend: &Backend) -> Option<render::ArchiveByte
     (entries > 0).then(|| render::ArchiveBytes::Dump(bytes as f64 / entries as f64))
 }
 
-async fn archive(g: &crate::cli::args::Global, args: ArchiveArgs) -> Result<Outcome> {
+async fn archive(g: &Global, args: ArchiveArgs) -> Result<Outcome> {
     let ArchiveArgs {
         follow,
         tiers,
@@ -637,30 +557,6 @@ async fn archive(g: &crate::cli::args::Global, args: ArchiveArgs) -> Result<Outc
         return Ok(Outcome::Failed(stalled_outcome(&stalls, &entries(left))));
     }
     Ok(Outcome::Success)
-}
-
-/// What `status` shows, read in O(shards).
-pub(crate) async fn status_of(backend: &Backend) -> Result<render::Status> {
-    Ok(render::Status {
-        namespace: backend.namespace.clone(),
-        location: backend.location(),
-        shards: backend.shards,
-        total: crate::cli::progress::total_partitions(backend.active.as_ref()).await?,
-        counts: backend.active.counts().await?,
-        archived: backend.stats.summary().await?.global_stats.total_completed,
-        inbox: backend.inbox_len().await?,
-        workers: backend
-            .active
-            .workers()
-            .await?
-            .iter()
-            .filter(|w| w.active)
-            .count(),
-        decode_failures: backend.archive.decode_failures().await?,
-        dead_letters: backend.archive.dead_letter_count().await?,
-        paused: backend.active.is_paused().await?,
-        control: crate::cli::control::record_of(backend).await?,
-    })
 }
 
 async fn status(backend: &Backend, args: &StatusArgs, json: bool) -> Result<Outcome> {

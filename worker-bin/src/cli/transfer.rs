@@ -10,7 +10,7 @@ use tranche_archive_store::{Dump, Tier};
 use crate::backend::{Backend, Open, Tuning};
 use crate::cli::args::ExportArgs;
 
-use crate::cli::ops::Outcome;
+use crate::cli::common::Outcome;
 
 pub(crate) async fn export(backend: &Backend, args: &ExportArgs, json: bool) -> Result<Outcome> {
     let output = args
@@ -58,7 +58,7 @@ pub(crate) async fn export(backend: &Backend, args: &ExportArgs, json: bool) -> 
     Ok(Outcome::Success)
 }
 
-pub(crate) async fn import(g: &crate::cli::args::Global, file: &Path) -> Result<Outcome> {
+pub(crate) async fn import(g: &crate::cli::common::Global, file: &Path) -> Result<Outcome> {
     let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
     let mut dump = if crate::cli::jsonl::looks_like_jsonl(&bytes) {
         let text = std::str::from_utf8(&bytes)
