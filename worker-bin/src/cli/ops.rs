@@ -24,65 +24,29 @@ use crate::slot;
 use crate::sync::until;
 use crate::work::Stop;
 
-/// Runs the command the user asked for.
+/// Runs the command the user asked for: opens what it needs and hands it to the
+/// command's own function.
 pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
     let g = &cli.global;
     let json = g.json;
     match cli.command {
         Command::Plan(args) => {
-            plan(
-                &Backend::open(&g.location(), Open::Create, Tuning::default()).await?,
-                &args,
-                json,
-            )
-            .await
+            let backend = Backend::open(&g.location(), Open::Create, Tuning::default()).await?;
+            plan(&backend, &args, json).await
         }
         Command::Run(args) => run(g, *args).await,
         Command::Archive(args) => archive(g, args).await,
-        Command::Status(args) => {
-            status(
-                &Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
-                &args,
-                json,
-            )
-            .await
-        }
-        Command::Get { pid } => {
-            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
-            let active = backend.active.clone();
-            let view = crate::query::Job::from_backend(backend).get(pid).await?;
-            let pieces = pieces_of(active.as_ref(), &view).await?;
-            print!("{}", render::view(pid, &view, &pieces, json));
-            Ok(Outcome::Success)
-        }
-        Command::Locate { id } => {
-            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
-            let namespace = backend.namespace.clone();
-            match crate::query::Job::from_backend(backend).locate(id).await? {
-                Some(located) => {
-                    print!("{}", render::located(&located, json));
-                    Ok(Outcome::Success)
-                }
-                None => bail!("no plan of namespace `{namespace}` covers row ID {id}"),
-            }
-        }
-        Command::Stats { ranges } => {
-            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
-            let merged = if ranges {
-                backend.router.stats_with_ranges().await?
-            } else {
-                crate::query::Job::from_backend(backend).stats().await?
-            };
-            print!("{}", render::stats(&merged, json)?);
-            Ok(Outcome::Success)
-        }
+        Command::Status(args) => status(&existing(g).await?, &args, json).await,
+        Command::Get { pid } => get(existing(g).await?, pid, json).await,
+        Command::Locate { id } => locate(existing(g).await?, id, json).await,
+        Command::Stats { ranges } => stats(existing(g).await?, ranges, json).await,
         Command::List {
             status,
             worker,
             after,
             limit,
         } => {
-            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
+            let backend = existing(g).await?;
             let page =
                 crate::cli::list::page(&backend, status, worker.as_deref(), after, limit as usize)
                     .await?;
@@ -90,8 +54,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             Ok(Outcome::Success)
         }
         Command::DeadLetters { limit } => {
-            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
-            let dead = backend.archive.dead_letters(limit).await?;
+            let dead = existing(g).await?.archive.dead_letters(limit).await?;
             print!("{}", render::dead_letters(&dead, json));
             Ok(Outcome::Success)
         }
@@ -106,34 +69,18 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
         Command::Serve(args) => crate::cli::serve::serve(g, args).await,
         Command::Drop { yes, force } => crate::cli::namespace::drop(g, yes, force).await,
         Command::Workers => {
-            let job = crate::query::Job::from_backend(
-                Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
-            );
-            let workers = job.workers().await?;
+            let workers = crate::query::Job::from_backend(existing(g).await?)
+                .workers()
+                .await?;
             print!(
                 "{}",
                 render::workers(&workers, crate::duration::now_ms(), json)
             );
             Ok(Outcome::Success)
         }
-        Command::RetryFailed { pid } => {
-            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
-            backend.ensure_writable()?;
-            let pids = backend.active.retry_failed(pid).await?;
-            backend.save().await?;
-            if let (Some(pid), true) = (pid, pids.is_empty()) {
-                bail!("partition {pid} is not failed");
-            }
-            say(
-                json,
-                format_args!("{} failed partition(s) pending again", pids.len()),
-                serde_json::json!({"retried": pids}),
-            );
-            Ok(Outcome::Success)
-        }
+        Command::RetryFailed { pid } => retry_failed(&existing(g).await?, pid, json).await,
         Command::Discard { pid, force: true } => {
-            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
-            backend.force_discard(pid).await?;
+            existing(g).await?.force_discard(pid).await?;
             say(
                 json,
                 format_args!("partition {pid} discarded (its record replaced)"),
@@ -141,80 +88,113 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             );
             Ok(Outcome::Success)
         }
-        Command::Discard { pid, force: false } => {
-            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
-            backend.ensure_writable()?;
-            let discarded = match backend.active.discard(pid).await {
-                // A record the store cannot read is never half-discarded: say so, and
-                // what removes it.
-                Err(err) if err.to_string().contains("corrupt record") => {
-                    bail!("{err}: nothing discarded (`discard {pid} --force` replaces the record)")
-                }
-                other => other?,
-            };
-            if !discarded {
-                let now = state_of(&backend, pid).await;
-                bail!("partition {pid} is not pending or failed (it is {now}): nothing discarded");
-            }
-            backend.save().await?;
-            say(
-                json,
-                format_args!("partition {pid} discarded"),
-                serde_json::json!({"discarded": pid, "forced": false}),
-            );
-            Ok(Outcome::Success)
-        }
+        Command::Discard { pid, force: false } => discard(&existing(g).await?, pid, json).await,
         Command::Export(ExportArgs {
             to_hash: Some(key), ..
-        }) => {
-            crate::cli::seed::export(
-                &Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
-                &key,
-                json,
-            )
-            .await
-        }
+        }) => crate::cli::seed::export(&existing(g).await?, &key, json).await,
         Command::Export(args) => {
-            crate::cli::transfer::export(
-                &Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
-                &args,
-                json,
-            )
-            .await
+            crate::cli::transfer::export(&existing(g).await?, &args, json).await
         }
         Command::Import(ImportArgs {
             file: Some(file), ..
         }) => crate::cli::transfer::import(g, &file).await,
         Command::Import(args) => crate::cli::seed::import(g, &args).await,
-        Command::Compact => {
-            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
-            backend.ensure_writable()?;
-            let sealed = backend.archive.compact().await?;
-            backend.save().await?;
-            say(
-                json,
-                format_args!("{sealed} batch(es) sealed"),
-                serde_json::json!({"sealed": sealed}),
-            );
+        Command::Compact => compact(&existing(g).await?, json).await,
+        Command::Check { repair } => {
+            crate::cli::health::check(&existing(g).await?, repair, json).await
+        }
+        Command::Health(args) => crate::cli::health::health(&existing(g).await?, &args, json).await,
+    }
+}
+
+/// The namespace the global options name, which must exist (have a plan).
+async fn existing(g: &Global) -> Result<Backend> {
+    Backend::open(&g.location(), Open::Existing, Tuning::default()).await
+}
+
+/// `get`: one partition, with the pieces a split cut off it.
+async fn get(backend: Backend, pid: u64, json: bool) -> Result<Outcome> {
+    let active = backend.active.clone();
+    let view = crate::query::Job::from_backend(backend).get(pid).await?;
+    let pieces = pieces_of(active.as_ref(), &view).await?;
+    print!("{}", render::view(pid, &view, &pieces, json));
+    Ok(Outcome::Success)
+}
+
+/// `locate`: the partition that covered row ID `id`.
+async fn locate(backend: Backend, id: u64, json: bool) -> Result<Outcome> {
+    let namespace = backend.namespace.clone();
+    match crate::query::Job::from_backend(backend).locate(id).await? {
+        Some(located) => {
+            print!("{}", render::located(&located, json));
             Ok(Outcome::Success)
         }
-        Command::Check { repair } => {
-            crate::cli::health::check(
-                &Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
-                repair,
-                json,
-            )
-            .await
-        }
-        Command::Health(args) => {
-            crate::cli::health::health(
-                &Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
-                &args,
-                json,
-            )
-            .await
-        }
+        None => bail!("no plan of namespace `{namespace}` covers row ID {id}"),
     }
+}
+
+/// `stats`, with every range's statistics when `ranges`.
+async fn stats(backend: Backend, ranges: bool, json: bool) -> Result<Outcome> {
+    let merged = if ranges {
+        backend.router.stats_with_ranges().await?
+    } else {
+        crate::query::Job::from_backend(backend).stats().await?
+    };
+    print!("{}", render::stats(&merged, json)?);
+    Ok(Outcome::Success)
+}
+
+/// `retry-failed`: one failed partition, or every one, pending again.
+async fn retry_failed(backend: &Backend, pid: Option<u64>, json: bool) -> Result<Outcome> {
+    backend.ensure_writable()?;
+    let pids = backend.active.retry_failed(pid).await?;
+    backend.save().await?;
+    if let (Some(pid), true) = (pid, pids.is_empty()) {
+        bail!("partition {pid} is not failed");
+    }
+    say(
+        json,
+        format_args!("{} failed partition(s) pending again", pids.len()),
+        serde_json::json!({"retried": pids}),
+    );
+    Ok(Outcome::Success)
+}
+
+/// `discard` without `--force`: only a pending or failed partition, never half.
+async fn discard(backend: &Backend, pid: u64, json: bool) -> Result<Outcome> {
+    backend.ensure_writable()?;
+    let discarded = match backend.active.discard(pid).await {
+        // A record the store cannot read is never half-discarded: say so, and
+        // what removes it.
+        Err(err) if err.to_string().contains("corrupt record") => {
+            bail!("{err}: nothing discarded (`discard {pid} --force` replaces the record)")
+        }
+        other => other?,
+    };
+    if !discarded {
+        let now = state_of(backend, pid).await;
+        bail!("partition {pid} is not pending or failed (it is {now}): nothing discarded");
+    }
+    backend.save().await?;
+    say(
+        json,
+        format_args!("partition {pid} discarded"),
+        serde_json::json!({"discarded": pid, "forced": false}),
+    );
+    Ok(Outcome::Success)
+}
+
+/// `compact`: seal the open archive batches now.
+async fn compact(backend: &Backend, json: bool) -> Result<Outcome> {
+    backend.ensure_writable()?;
+    let sealed = backend.archive.compact().await?;
+    backend.save().await?;
+    say(
+        json,
+        format_args!("{sealed} batch(es) sealed"),
+        serde_json::json!({"sealed": sealed}),
+    );
+    Ok(Outcome::Success)
 }
 
 /// How long a run stopped by a signal may take, once the grace period is over, to
