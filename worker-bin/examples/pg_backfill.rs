@@ -1,4 +1,4 @@
-//! Backfill a PostgreSQL column with `tranche_worker::runner`: every row of `users` gets
+//! Backfill a PostgreSQL column with `tranche_worker::Runner`: every row of `users` gets
 //! `email_lower = lower(email)`, one UPDATE per chunk of IDs, on as many processes and
 //! machines as you start.
 //!
@@ -15,7 +15,7 @@
 use std::sync::Arc;
 
 use tokio_postgres::{Client, NoTls};
-use tranche_worker::runner::{Chunk, Handler, HandlerError, Runner};
+use tranche_worker::{Chunk, Handler, HandlerError, Runner};
 
 /// The handler: one UPDATE over the chunk's ID range.
 pub(crate) struct Backfill {

@@ -30,7 +30,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tranche_worker::runner::{Chunk, Handler, HandlerError, Runner};
+use tranche_worker::{Chunk, Handler, HandlerError, Runner};
 
 /// The soak handler: a ledger line before and after a short sleep.
 struct Ledger {

@@ -17,9 +17,11 @@ use tranche_router::Router;
 use tranche_stats::{RedisStats, StatsStore};
 
 use crate::embedded::EmbeddedBackend;
+use crate::error::Error;
 pub(crate) use crate::layers::{
     ArchiveStore, DEFAULT_SHARDS, Location, Open, Tuning, archive_config,
 };
+use crate::layers::{redact, scrub};
 
 /// How long a writer waits for another process's hold on an embedded state file to
 /// end before it gives up: a reader holds it for as long as one command takes.
@@ -84,6 +86,63 @@ impl Backend {
     /// Opens the namespace `global` names, on Redis when `--redis` is given.
     pub(crate) async fn open(global: &Location, open: Open, tuning: Tuning) -> Result<Self> {
         Self::open_with(global, open, tuning, &Connections::default()).await
+    }
+
+    /// Opens the namespace, with typed errors for what a caller may want to tell
+    /// apart: a namespace not planned, a store out of reach, bad settings.
+    pub(crate) async fn open_checked(
+        location: &Location,
+        open: Open,
+        tuning: Tuning,
+    ) -> Result<Self, Error> {
+        let ns = &location.namespace;
+        if ns.is_empty()
+            || !ns
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return Err(Error::Config(format!(
+                "namespace `{ns}`: use letters, digits, '-', '_' or '.'"
+            )));
+        }
+        if let Some(shards) = location.shards
+            && !(1..=1024).contains(&shards)
+        {
+            return Err(Error::Config(format!(
+                "shards must be between 1 and 1024, not {shards}"
+            )));
+        }
+        match (&location.redis, &location.state) {
+            (Some(url), _) => {
+                // Connected once here to tell "unreachable" and "not planned" from
+                // the rest; the backend then opens its own connection.
+                let shown = redact(url);
+                let conn = tranche_active_store::RedisConnection::connect(url)
+                    .await
+                    .map_err(|e| Error::StoreUnreachable {
+                        location: shown.clone(),
+                        source: e.into(),
+                    })?;
+                if open == Open::Existing
+                    && tranche_active_store::KeysMeta::read(&conn, ns)
+                        .await?
+                        .is_none()
+                {
+                    return Err(Error::NotPlanned {
+                        namespace: ns.clone(),
+                        location: shown,
+                    });
+                }
+            }
+            (None, Some(path)) if open == Open::Existing && !path.exists() => {
+                return Err(Error::NotPlanned {
+                    namespace: ns.clone(),
+                    location: path.display().to_string(),
+                });
+            }
+            _ => {}
+        }
+        Ok(Self::open(location, open, tuning).await?)
     }
 
     /// [`Backend::open`], on Redis through a connection of `connections`.
@@ -632,148 +691,9 @@ fn read_url(path: &std::path::Path) -> Result<String> {
     }
 }
 
-/// The URL with its password replaced, for messages and logs: the one place a URL is
-/// made fit to print, malformed ones included. Whatever lies between the authority's
-/// start (after `//`, or `:/` for a URL missing a slash) and the last `@` is user
-/// information: its user name is kept, the rest is `***` (a password may hold `?`,
-/// `#`, `/` or `@`, so nothing before that last `@` is read as a path or query). A
-/// `pass` or `password` parameter of the query is masked too
-/// (`redis+unix:///run/redis.sock?pass=...`).
-pub(crate) fn redact(url: &str) -> String {
-    let (scheme, userinfo, host) = split_url(url);
-    let mut out = scheme.to_owned();
-    match userinfo.map(|u| u.split_once(':')) {
-        Some(Some((user, _))) => {
-            out.push_str(user);
-            out.push_str(":***@");
-        }
-        Some(None) => out.push_str("***@"),
-        None => {}
-    }
-    match host.split_once('?') {
-        Some((base, query)) => {
-            let params: Vec<String> = query
-                .split('&')
-                .map(|param| match param.split_once('=') {
-                    Some((key, _)) if matches!(key, "pass" | "password") => format!("{key}=***"),
-                    _ => param.to_owned(),
-                })
-                .collect();
-            out.push_str(base);
-            out.push('?');
-            out.push_str(&params.join("&"));
-        }
-        None => out.push_str(host),
-    }
-    out
-}
-
-/// `url` cut into what comes before its authority (the scheme and slashes), its user
-/// information (up to the last `@`, which is dropped) and the rest.
-fn split_url(url: &str) -> (&str, Option<&str>, &str) {
-    let start = match (url.find("//"), url.find(":/")) {
-        (Some(slashes), Some(colon)) if colon < slashes => colon + 1,
-        (Some(slashes), _) => slashes,
-        (None, Some(colon)) => colon + 1,
-        // No authority marker at all: anything before an `@` may still be a secret.
-        (None, None) => 0,
-    };
-    let start = start + url[start..].len() - url[start..].trim_start_matches('/').len();
-    let (scheme, rest) = url.split_at(start);
-    match rest.rfind('@') {
-        Some(at) => (scheme, Some(&rest[..at]), &rest[at + 1..]),
-        None => (scheme, None, rest),
-    }
-}
-
-/// `text` (an error's message) with `url` and the secrets in it masked as [`redact`]
-/// masks them: for messages of a library that might quote the URL it was given.
-pub(crate) fn scrub(text: &str, url: &str) -> String {
-    let (_, userinfo, host) = split_url(url);
-    // The password (or the token that is the whole user information), and the query's.
-    let mut secrets: Vec<&str> = userinfo
-        .map(|u| u.split_once(':').map_or(u, |(_, password)| password))
-        .into_iter()
-        .collect();
-    if let Some((_, query)) = host.split_once('?') {
-        secrets.extend(query.split('&').filter_map(|param| {
-            let (key, value) = param.split_once('=')?;
-            matches!(key, "pass" | "password").then_some(value)
-        }));
-    }
-    let mut text = text.replace(url, &redact(url));
-    for secret in secrets {
-        // Too short a secret would mask ordinary words; such a password is no secret.
-        if secret.len() >= 4 {
-            text = text.replace(secret, "***");
-        }
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn passwords_never_reach_a_message() {
-        assert_eq!(
-            redact("redis://:s3cret@host:6379/0"),
-            "redis://:***@host:6379/0"
-        );
-        assert_eq!(redact("rediss://bob:pw@host"), "rediss://bob:***@host");
-        assert_eq!(redact("redis://token@host"), "redis://***@host");
-        assert_eq!(redact("redis://host:6379"), "redis://host:6379");
-        assert_eq!(
-            redact("redis+unix:///run/redis.sock?db=2&pass=s3cret"),
-            "redis+unix:///run/redis.sock?db=2&pass=***"
-        );
-        assert_eq!(
-            redact("unix:///tmp/r.sock?password=s3cret"),
-            "unix:///tmp/r.sock?password=***"
-        );
-        assert_eq!(
-            redact("redis://:a@h/0?protocol=resp3"),
-            "redis://:***@h/0?protocol=resp3"
-        );
-        // A password with the characters that end a path or start a query, or an `@`.
-        assert_eq!(redact("redis://:pa?ss@host"), "redis://:***@host");
-        assert_eq!(
-            redact("redis://u:p/a#s@s@host:1/0"),
-            "redis://u:***@host:1/0"
-        );
-        // Malformed: one slash, none, no scheme, only slashes.
-        assert_eq!(redact("redis:/:S3cretPW@host"), "redis:/:***@host");
-        assert_eq!(redact("redis:S3cretPW@host"), "redis:***@host");
-        assert_eq!(redact("S3cretPW@host"), "***@host");
-        assert_eq!(redact("//u:S3cretPW@host"), "//u:***@host");
-        assert_eq!(redact("redis//:S3cretPW@host"), "redis//:***@host");
-        assert_eq!(redact("plain-host"), "plain-host");
-        assert_eq!(redact(""), "");
-    }
-
-    #[test]
-    fn a_location_debugs_its_url_redacted() {
-        let location = Location {
-            redis: Some("redis://:s3cret@host".into()),
-            ..Location::default()
-        };
-        let shown = format!("{location:?}");
-        assert!(!shown.contains("s3cret"), "{shown}");
-        assert!(shown.contains("redis://:***@host"), "{shown}");
-    }
-
-    #[test]
-    fn a_message_quoting_the_url_is_scrubbed() {
-        let url = "redis://:pa?ss-w0rd@host:1";
-        assert_eq!(
-            scrub(&format!("bad URL {url}; password pa?ss-w0rd rejected"), url),
-            "bad URL redis://:***@host:1; password *** rejected"
-        );
-        let unix = "unix:///r.sock?pass=s3cret-x";
-        assert_eq!(scrub("got s3cret-x", unix), "got ***");
-        assert_eq!(scrub("no secret here", "redis://host"), "no secret here");
-    }
 
     #[test]
     fn used_memory_is_read_from_one_node_or_summed_over_a_cluster() {

@@ -60,7 +60,7 @@ pub(crate) struct ChunkTime {
 pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A live handle on one worker's control, from
-/// [`Runner::control`](crate::runner::Runner::control): it changes this runner's own
+/// [`Runner::control`](crate::Runner::control): it changes this runner's own
 /// rate limit, concurrency, parallelism and chunk size while it runs (applied at once),
 /// not the other workers of the job. What the namespace's control record sets
 /// (`tranche set`, which every worker applies) still takes precedence.
@@ -81,7 +81,7 @@ struct Own {
 impl ControlHandle {
     /// Limits this worker's fleet-wide ID rate to `ids_per_second` (`None`: no limit of
     /// its own). Errs on a rate that is not positive and finite.
-    pub fn set_max_rate(&self, ids_per_second: Option<f64>) -> Result<(), crate::runner::Error> {
+    pub fn set_max_rate(&self, ids_per_second: Option<f64>) -> Result<(), crate::error::Error> {
         let rate = ids_per_second
             .map(Rate::per_second)
             .transpose()
@@ -96,7 +96,7 @@ impl ControlHandle {
     }
 
     /// Chunks of one partition in flight at once, applied in flight up to each
-    /// partition's window (see [`Runner::window`](crate::runner::Runner::window)).
+    /// partition's window (see [`Runner::window`](crate::Runner::window)).
     pub fn set_parallel(&self, n: usize) {
         self.own.send_modify(|o| o.parallel = Some(n.max(1)));
     }
@@ -145,7 +145,7 @@ pub(crate) fn stores(backend: &Backend) -> (Arc<dyn ControlStore>, Arc<dyn RateL
 /// Who made a change, for the control log: `user@host/pid`.
 pub(crate) fn origin() -> String {
     let user = std::env::var("USER").unwrap_or_else(|_| "?".to_owned());
-    format!("{user}@{}/{}", crate::work::hostname(), std::process::id())
+    format!("{user}@{}/{}", crate::slot::hostname(), std::process::id())
 }
 
 /// The worker's own values the gate starts from.
@@ -332,11 +332,12 @@ impl Permits {
 
     /// The window of a partition starting now: `--window`, or twice the parallelism
     /// when `tranche set` raised it above `--parallel` (so it can grow in flight).
-    pub(crate) fn window(&self, settings: &crate::work::Settings) -> usize {
-        if self.size > settings.parallel {
-            settings.window.max(2 * self.size)
+    /// `parallel` and `window` are the worker's own `--parallel` and `--window`.
+    pub(crate) fn window(&self, parallel: usize, window: usize) -> usize {
+        if self.size > parallel {
+            window.max(2 * self.size)
         } else {
-            settings.window
+            window
         }
     }
 
@@ -382,7 +383,7 @@ async fn apply(
         let r = record.borrow_and_update().clone();
         let o = own.borrow_and_update().clone();
         let own_rate = o.max_rate.unwrap_or(options.max_rate);
-        let now = crate::now_ms();
+        let now = crate::duration::now_ms();
         let rate = ids_rate_as_of(&r, own_rate, now, stale);
         if !aimd_step(&r, live.ids.rate(), rate, own_rate) {
             live.ids.set_rate(rate);

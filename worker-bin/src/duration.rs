@@ -1,6 +1,6 @@
 //! Durations as people write and read them: `30s`, `1500ms`, `5m`, `24h`. The library
 //! floor parses them from the environment; the command line reuses the parser for its
-//! options and the formatter for its tables.
+//! options and the formatter for its tables. [`now_ms`] is the binary's one "now".
 
 use std::time::Duration;
 
@@ -45,6 +45,13 @@ pub(crate) fn ms(v: f64) -> String {
     } else {
         format!("{v:.0}ms")
     }
+}
+
+/// Milliseconds since the Unix epoch, by the system clock: the binary's one "now",
+/// read from the same [`Clock`](tranche_codec::Clock) the stores take.
+pub(crate) fn now_ms() -> u64 {
+    use tranche_codec::Clock;
+    tranche_codec::SystemClock.now_ms()
 }
 
 #[cfg(test)]

@@ -7,7 +7,20 @@ use std::time::Duration;
 
 use tranche_active_store::FailPolicy;
 
-use crate::job::Chunk;
+/// One chunk: the IDs `from..=to` of partition `pid`, on attempt `attempt`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk {
+    /// The partition.
+    pub pid: u64,
+    /// The chunk's number within the partition, from 0.
+    pub index: u64,
+    /// First row ID of the chunk.
+    pub from: u64,
+    /// Last row ID of the chunk (inclusive).
+    pub to: u64,
+    /// The partition's attempt, from 1.
+    pub attempt: u32,
+}
 
 /// What processes each chunk of a partition.
 #[async_trait::async_trait]

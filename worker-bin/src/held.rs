@@ -31,7 +31,11 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tranche_active_store::{ActiveStore, Beat, Error as ActiveError, Lease, PartBeat};
 
-use crate::work::{Shared, until};
+use crate::sync::until;
+
+/// Told when a store update (a batch of heartbeats) that started at the given instant
+/// has its answer: the run loop records the update's latency.
+pub(crate) type TimedUpdate = dyn Fn(std::time::Instant) + Send + Sync;
 
 /// What the heartbeat task and a partition share about one lease.
 #[derive(Debug)]
@@ -355,7 +359,7 @@ impl LeaseBook {
     /// Renews every held lease in one call; marks the refused ones lost and forgets them.
     /// With splitting, each armed lease sends its frontier and hands nothing out until
     /// the answer, which may cut it.
-    async fn beat(&self, active: &dyn ActiveStore, shared: &Shared, stragglers: bool) {
+    async fn beat(&self, active: &dyn ActiveStore, timed: &TimedUpdate, stragglers: bool) {
         let beats = self.beats(stragglers);
         if beats.is_empty() {
             return;
@@ -371,7 +375,7 @@ impl LeaseBook {
             .collect();
         let at = std::time::Instant::now();
         let outcomes = active.beat_parts(&batch).await;
-        shared.timed_update(at);
+        timed(at);
         let outcomes = match outcomes {
             Ok(outcomes) => outcomes,
             Err(err) => {
@@ -413,12 +417,12 @@ impl LeaseBook {
 pub(crate) async fn heartbeat(
     book: Arc<LeaseBook>,
     active: Arc<dyn ActiveStore>,
-    shared: Arc<Shared>,
+    timed: Arc<TimedUpdate>,
     lease: Duration,
     done: watch::Receiver<bool>,
 ) {
     tokio::join!(
-        beats(book.clone(), active, shared, lease, done.clone()),
+        beats(book.clone(), active, timed, lease, done.clone()),
         watchdog(book, lease, done),
     );
 }
@@ -434,7 +438,7 @@ const STRAGGLING: Duration = Duration::from_millis(250);
 async fn beats(
     book: Arc<LeaseBook>,
     active: Arc<dyn ActiveStore>,
-    shared: Arc<Shared>,
+    timed: Arc<TimedUpdate>,
     lease: Duration,
     mut done: watch::Receiver<bool>,
 ) {
@@ -462,11 +466,11 @@ async fn beats(
             () = until(&mut done, |d| *d) => return,
             _ = tick.tick() => {}
             _ = fast.tick(), if book.split && SPLIT_BEAT < every => {
-                book.beat(active.as_ref(), &shared, true).await;
+                book.beat(active.as_ref(), &*timed, true).await;
                 continue;
             }
             () = book.cut_asked.notified(), if book.split => {
-                book.beat(active.as_ref(), &shared, true).await;
+                book.beat(active.as_ref(), &*timed, true).await;
                 fast.reset();
                 continue;
             }
@@ -482,7 +486,7 @@ async fn beats(
             }
         }
         start_beat = None;
-        book.beat(active.as_ref(), &shared, false).await;
+        book.beat(active.as_ref(), &*timed, false).await;
     }
 }
 
@@ -552,7 +556,7 @@ mod tests {
         for i in [0, 2] {
             holds[i].advance(leases[i].min_id + 700);
         }
-        book.beat(store.as_ref(), &Shared::new(None), false).await;
+        book.beat(store.as_ref(), &|_| {}, false).await;
         assert!(!holds[0].is_lost() && !holds[2].is_lost());
         assert!(holds[1].is_lost());
         tokio::time::timeout(Duration::from_secs(1), holds[1].lost())
@@ -663,7 +667,7 @@ mod tests {
         tokio::spawn(heartbeat(
             book.clone(),
             active,
-            Arc::new(Shared::new(None)),
+            Arc::new(|_| {}),
             length,
             rx,
         ));

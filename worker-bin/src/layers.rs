@@ -61,7 +61,7 @@ impl std::fmt::Debug for Location {
         f.debug_struct("Location")
             .field("namespace", &self.namespace)
             .field("shards", &self.shards)
-            .field("redis", &self.redis.as_deref().map(crate::backend::redact))
+            .field("redis", &self.redis.as_deref().map(redact))
             .field("redis_file", &self.redis_file)
             .field("tls_ca", &self.tls_ca)
             .field("tls_cert", &self.tls_cert)
@@ -123,4 +123,148 @@ pub(crate) fn archive_config(
         config.summary_ttl = t.summary_ttl;
     }
     config
+}
+
+/// The URL with its password replaced, for messages and logs: the one place a URL is
+/// made fit to print, malformed ones included. Whatever lies between the authority's
+/// start (after `//`, or `:/` for a URL missing a slash) and the last `@` is user
+/// information: its user name is kept, the rest is `***` (a password may hold `?`,
+/// `#`, `/` or `@`, so nothing before that last `@` is read as a path or query). A
+/// `pass` or `password` parameter of the query is masked too
+/// (`redis+unix:///run/redis.sock?pass=...`).
+pub(crate) fn redact(url: &str) -> String {
+    let (scheme, userinfo, host) = split_url(url);
+    let mut out = scheme.to_owned();
+    match userinfo.map(|u| u.split_once(':')) {
+        Some(Some((user, _))) => {
+            out.push_str(user);
+            out.push_str(":***@");
+        }
+        Some(None) => out.push_str("***@"),
+        None => {}
+    }
+    match host.split_once('?') {
+        Some((base, query)) => {
+            let params: Vec<String> = query
+                .split('&')
+                .map(|param| match param.split_once('=') {
+                    Some((key, _)) if matches!(key, "pass" | "password") => format!("{key}=***"),
+                    _ => param.to_owned(),
+                })
+                .collect();
+            out.push_str(base);
+            out.push('?');
+            out.push_str(&params.join("&"));
+        }
+        None => out.push_str(host),
+    }
+    out
+}
+
+/// `url` cut into what comes before its authority (the scheme and slashes), its user
+/// information (up to the last `@`, which is dropped) and the rest.
+fn split_url(url: &str) -> (&str, Option<&str>, &str) {
+    let start = match (url.find("//"), url.find(":/")) {
+        (Some(slashes), Some(colon)) if colon < slashes => colon + 1,
+        (Some(slashes), _) => slashes,
+        (None, Some(colon)) => colon + 1,
+        // No authority marker at all: anything before an `@` may still be a secret.
+        (None, None) => 0,
+    };
+    let start = start + url[start..].len() - url[start..].trim_start_matches('/').len();
+    let (scheme, rest) = url.split_at(start);
+    match rest.rfind('@') {
+        Some(at) => (scheme, Some(&rest[..at]), &rest[at + 1..]),
+        None => (scheme, None, rest),
+    }
+}
+
+/// `text` (an error's message) with `url` and the secrets in it masked as [`redact`]
+/// masks them: for messages of a library that might quote the URL it was given.
+pub(crate) fn scrub(text: &str, url: &str) -> String {
+    let (_, userinfo, host) = split_url(url);
+    // The password (or the token that is the whole user information), and the query's.
+    let mut secrets: Vec<&str> = userinfo
+        .map(|u| u.split_once(':').map_or(u, |(_, password)| password))
+        .into_iter()
+        .collect();
+    if let Some((_, query)) = host.split_once('?') {
+        secrets.extend(query.split('&').filter_map(|param| {
+            let (key, value) = param.split_once('=')?;
+            matches!(key, "pass" | "password").then_some(value)
+        }));
+    }
+    let mut text = text.replace(url, &redact(url));
+    for secret in secrets {
+        // Too short a secret would mask ordinary words; such a password is no secret.
+        if secret.len() >= 4 {
+            text = text.replace(secret, "***");
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_a_message() {
+        assert_eq!(
+            redact("redis://:s3cret@host:6379/0"),
+            "redis://:***@host:6379/0"
+        );
+        assert_eq!(redact("rediss://bob:pw@host"), "rediss://bob:***@host");
+        assert_eq!(redact("redis://token@host"), "redis://***@host");
+        assert_eq!(redact("redis://host:6379"), "redis://host:6379");
+        assert_eq!(
+            redact("redis+unix:///run/redis.sock?db=2&pass=s3cret"),
+            "redis+unix:///run/redis.sock?db=2&pass=***"
+        );
+        assert_eq!(
+            redact("unix:///tmp/r.sock?password=s3cret"),
+            "unix:///tmp/r.sock?password=***"
+        );
+        assert_eq!(
+            redact("redis://:a@h/0?protocol=resp3"),
+            "redis://:***@h/0?protocol=resp3"
+        );
+        // A password with the characters that end a path or start a query, or an `@`.
+        assert_eq!(redact("redis://:pa?ss@host"), "redis://:***@host");
+        assert_eq!(
+            redact("redis://u:p/a#s@s@host:1/0"),
+            "redis://u:***@host:1/0"
+        );
+        // Malformed: one slash, none, no scheme, only slashes.
+        assert_eq!(redact("redis:/:S3cretPW@host"), "redis:/:***@host");
+        assert_eq!(redact("redis:S3cretPW@host"), "redis:***@host");
+        assert_eq!(redact("S3cretPW@host"), "***@host");
+        assert_eq!(redact("//u:S3cretPW@host"), "//u:***@host");
+        assert_eq!(redact("redis//:S3cretPW@host"), "redis//:***@host");
+        assert_eq!(redact("plain-host"), "plain-host");
+        assert_eq!(redact(""), "");
+    }
+
+    #[test]
+    fn a_location_debugs_its_url_redacted() {
+        let location = Location {
+            redis: Some("redis://:s3cret@host".into()),
+            ..Location::default()
+        };
+        let shown = format!("{location:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("redis://:***@host"), "{shown}");
+    }
+
+    #[test]
+    fn a_message_quoting_the_url_is_scrubbed() {
+        let url = "redis://:pa?ss-w0rd@host:1";
+        assert_eq!(
+            scrub(&format!("bad URL {url}; password pa?ss-w0rd rejected"), url),
+            "bad URL redis://:***@host:1; password *** rejected"
+        );
+        let unix = "unix:///r.sock?pass=s3cret-x";
+        assert_eq!(scrub("got s3cret-x", unix), "got ***");
+        assert_eq!(scrub("no secret here", "redis://host"), "no secret here");
+    }
 }

@@ -39,7 +39,7 @@
 //! # }
 //! ```
 //!
-//! [`runner`] explains the settings (concurrency, parallel, window, prefetch) and the
+//! [`Runner`] explains the settings (concurrency, parallel, window, prefetch) and the
 //! shutdown; [`Event`] what a run reports as it goes; [`Job`] what can be asked after.
 //! Errors are one [`Error`] enum. Feature `metrics` adds [`Runner::metrics`]-style
 //! Prometheus families to the application's own registry.
@@ -49,7 +49,7 @@
 //! - **The library floor** (the modules at the top level): the run loop (`work`), the
 //!   leases it holds (`held`), the jobs it runs (`job`), the backends and their layers
 //!   (`backend`, `layers`, `embedded`, `state`, `atomic`), worker names (`slot`), and
-//!   the public API ([`runner`], `handler`, `event`, `query`, `plan`, `error`,
+//!   the public API (`runner`, `handler`, `event`, `query`, `plan`, `error`,
 //!   `metrics`). It imports nothing from the command line, the terminal or HTTP, and
 //!   builds without default features.
 //! - **The command-line floor** (`cli`, the default `cli` feature, which the `tranche`
@@ -68,6 +68,7 @@ mod backend;
 #[cfg(feature = "cli")]
 mod cli;
 mod control;
+mod defaults;
 mod duration;
 mod embedded;
 mod error;
@@ -80,9 +81,10 @@ mod layers;
 mod metrics;
 mod plan;
 mod query;
-pub mod runner;
+mod runner;
 mod slot;
 mod state;
+mod sync;
 mod work;
 
 /// The embedded run's state file, for `benches/embedded_state.rs` (which times saving,
@@ -100,17 +102,22 @@ pub use state::fuzz_state_file;
 #[cfg(feature = "cli")]
 pub use cli::cli_main;
 
+pub use control::ControlHandle;
 pub use error::Error;
 pub use event::{Event, Progress};
-pub use handler::{Handler, HandlerError};
-pub use job::Chunk;
+pub use handler::{Chunk, Handler, HandlerError};
 pub use plan::Plan;
 pub use query::{Job, JobStatus};
-pub use runner::{CancellationToken, NamespaceReport, RunReport, Runner, RunnerReport, Until};
+pub use runner::{DEFAULT_SPLIT_MIN, NamespaceReport, RunReport, Runner, RunnerReport, Until};
+/// The token that drains a run ([`Runner::run_until_cancelled`]), re-exported from
+/// `tokio-util`.
+pub use tokio_util::sync::CancellationToken;
 /// The values a [`Job`] answers with, from the crates underneath.
 pub use tranche_active_store::{PlanEntry, StatusCounts, WorkerInfo, WorkerState};
 pub use tranche_archive_store::DeadLetter;
 pub use tranche_codec::{CompletedRecord, Partition, Status};
+/// What a throttle probe found ([`Runner::throttle_probe`]).
+pub use tranche_control::ProbeOutcome;
 pub use tranche_router::{Located, MergedStats, PartitionView};
 
 /// The README's "Embed a worker in Rust" section, compiled and run as a doctest so
@@ -118,10 +125,3 @@ pub use tranche_router::{Located, MergedStats, PartitionView};
 #[doc = include_str!("../../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
-
-/// Milliseconds since the Unix epoch, by the system clock: the binary's one "now",
-/// read from the same [`Clock`](tranche_codec::Clock) the stores take.
-pub(crate) fn now_ms() -> u64 {
-    use tranche_codec::Clock;
-    tranche_codec::SystemClock.now_ms()
-}

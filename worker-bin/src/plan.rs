@@ -21,8 +21,10 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The default partition size, in row IDs.
-    pub const DEFAULT_PARTITION_SIZE: u64 = 10_000;
+    /// The default partition size, in row IDs: the same as `tranche plan --size`'s.
+    /// With the default [chunk](crate::Runner::chunk) of 100 a partition is ten
+    /// chunks, so a lost lease redoes at most 1,000 IDs and a split has pieces to cut.
+    pub const DEFAULT_PARTITION_SIZE: u64 = crate::defaults::RunDefaults::RUN.partition_size;
 
     /// Every row ID of `ids`, in partitions of
     /// [`DEFAULT_PARTITION_SIZE`](Self::DEFAULT_PARTITION_SIZE) IDs until

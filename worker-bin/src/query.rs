@@ -12,11 +12,11 @@ use tranche_archive_store::DeadLetter;
 use tranche_codec::{Partition, Status};
 use tranche_router::{Located, MergedStats, PartitionView};
 
-use crate::backend::{Backend, Open, Tuning};
+use crate::backend::{Backend, Location, Open, Tuning};
 use crate::error::Error;
-use crate::runner::Runner;
 
-/// A namespace opened to be asked about: [`Runner::job`] or [`Job::open`].
+/// A namespace opened to be asked about: [`Runner::job`](crate::Runner::job) or
+/// [`Job::open`].
 pub struct Job {
     backend: Backend,
 }
@@ -50,20 +50,22 @@ impl Job {
     /// Opens `namespace` at `at`: a Redis URL (`redis://`, `rediss://`, `unix://`) or
     /// the path of an embedded state file.
     pub async fn open(at: &str, namespace: &str) -> Result<Self, Error> {
-        let runner = if ["redis://", "rediss://", "redis+unix://", "unix://"]
+        let redis = ["redis://", "rediss://", "redis+unix://", "unix://"]
             .iter()
-            .any(|s| at.starts_with(s))
-        {
-            Runner::redis(at)
-        } else {
-            Runner::embedded(at)
+            .any(|s| at.starts_with(s));
+        let location = Location {
+            namespace: namespace.to_owned(),
+            redis: redis.then(|| at.to_owned()),
+            state: (!redis).then(|| at.into()),
+            ..Location::default()
         };
-        runner.namespace(namespace).job().await
+        Self::at(&location).await
     }
 
-    pub(crate) async fn of(runner: &Runner) -> Result<Self, Error> {
+    /// Opens the namespace at `location` ([`Runner::job`](crate::Runner::job)).
+    pub(crate) async fn at(location: &Location) -> Result<Self, Error> {
         Ok(Self {
-            backend: runner.open(Open::Existing, Tuning::default()).await?,
+            backend: Backend::open_checked(location, Open::Existing, Tuning::default()).await?,
         })
     }
 

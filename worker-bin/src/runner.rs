@@ -79,27 +79,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-/// The token that drains a run ([`Runner::run_until_cancelled`]), re-exported from
-/// `tokio-util`.
-pub use tokio_util::sync::CancellationToken;
+use tokio_util::sync::CancellationToken;
+use tranche_control::ProbeOutcome;
 
 use crate::backend::{Backend, Location, Open, Tuning};
-use crate::event::Subscribers;
-pub use crate::event::{Event, Progress};
+use crate::control::ControlHandle;
+use crate::defaults::RunDefaults;
+use crate::error::Error;
+use crate::event::{Event, Subscribers};
+use crate::handler::{Handler, HandlerRef};
 use crate::job::Job as Work;
-pub use crate::plan::Plan;
-pub use crate::query::{Job, JobStatus};
+use crate::layers::Tiers;
+use crate::plan::Plan;
+use crate::query::Job;
 use crate::work::{self, Observer, Settings, Shared, Stop};
-
-pub use crate::control::ControlHandle;
-pub use crate::job::Chunk;
-/// What a throttle probe found ([`Runner::throttle_probe`]).
-pub use tranche_control::ProbeOutcome;
-
-use crate::handler::HandlerRef;
-pub use crate::handler::{Handler, HandlerError};
-
-pub use crate::error::Error;
 
 /// What a run did: this runner's own work, and where the namespace (every worker's)
 /// stood when it ended.
@@ -160,17 +153,17 @@ pub enum Until {
 }
 
 /// The smallest piece a split cuts off by default, in chunks ([`Runner::split_min`]).
-pub const DEFAULT_SPLIT_MIN: u64 = 4;
+pub const DEFAULT_SPLIT_MIN: u64 = RunDefaults::RUN.split_min;
 
 /// A worker for one namespace: where it is, and how it runs. Build it with
 /// [`Runner::redis`] or [`Runner::embedded`], then [`plan`](Runner::plan) and
 /// [`run`](Runner::run).
 #[derive(Debug, Clone)]
 pub struct Runner {
-    redis: Option<String>,
-    state: Option<PathBuf>,
-    namespace: String,
-    shards: Option<u32>,
+    /// Where the namespace lives: the builder sets the URL or the state file, the
+    /// namespace and shards; `tranche run` its whole `Global::location` (TLS files, a
+    /// URL file).
+    location: Location,
     worker: Option<String>,
     concurrency: usize,
     prefetch: Option<usize>,
@@ -187,6 +180,37 @@ pub struct Runner {
     until: Until,
     subscribers: Subscribers,
     control: Control,
+    /// What only `tranche run`'s flags set.
+    cli: CliOnly,
+}
+
+/// The settings only `tranche run` changes (crate-private on purpose: its flags map
+/// onto them; a library user gets the defaults).
+#[derive(Debug, Clone)]
+struct CliOnly {
+    /// Archive tier thresholds (`--compressed-at`, …); the store's own when `None`.
+    tiers: Option<Tiers>,
+    /// Whether this process runs the reaper, an archiver, and the worker heartbeat.
+    reaper: bool,
+    archiver: bool,
+    heartbeat: bool,
+    /// When the archiver publishes statistics snapshots.
+    snapshots: tranche_archive_store::SnapshotPolicy,
+    /// The command line's progress bar and `--metrics-listen`, fed by the run's events.
+    observer: Option<Arc<dyn Observer>>,
+}
+
+impl Default for CliOnly {
+    fn default() -> Self {
+        Self {
+            tiers: None,
+            reaper: true,
+            archiver: true,
+            heartbeat: true,
+            snapshots: tranche_archive_store::SnapshotPolicy::default(),
+            observer: None,
+        }
+    }
 }
 
 /// The runner's production-control settings (`crate::control::Options` before parsing).
@@ -200,10 +224,16 @@ struct Control {
     active_hours: Option<(String, Option<String>)>,
     chunk_time: Option<crate::control::ChunkTime>,
     handle: ControlHandle,
+    /// Options built whole by `tranche run` (its probes run commands and HTTP
+    /// requests), in force instead of the fields above.
+    preset: Option<crate::control::Options>,
 }
 
 impl Control {
     fn options(&self) -> anyhow::Result<crate::control::Options> {
+        if let Some(preset) = &self.preset {
+            return Ok(preset.clone());
+        }
         let rate = |r: Option<f64>, what: &str| {
             r.map(tranche_control::Rate::per_second)
                 .transpose()
@@ -232,29 +262,39 @@ impl Control {
 }
 
 impl Runner {
-    fn new(redis: Option<String>, state: Option<PathBuf>) -> Self {
+    /// A runner for the namespace at `location`, every other setting its default
+    /// ([`RunDefaults::RUN`]). `tranche run` starts here with its `Global::location`.
+    pub(crate) fn at(location: Location) -> Self {
+        let d = RunDefaults::RUN;
         Self {
-            redis,
-            state,
-            namespace: "tranche".to_owned(),
-            shards: None,
+            location,
             worker: None,
-            concurrency: 2,
+            concurrency: d.concurrency as usize,
             prefetch: None,
             split: true,
-            split_min: DEFAULT_SPLIT_MIN,
-            chunk: 100,
-            parallel: 4,
+            split_min: d.split_min,
+            chunk: d.chunk,
+            parallel: d.parallel as usize,
             window: None,
-            lease: Duration::from_secs(30),
-            max_attempts: 5,
-            backoff: Duration::from_secs(1),
-            grace: Duration::from_secs(10),
+            lease: RunDefaults::duration(d.lease),
+            max_attempts: d.max_attempts,
+            backoff: RunDefaults::duration(d.backoff),
+            grace: RunDefaults::duration(d.grace),
             follow: false,
             until: Until::Drained,
             subscribers: Subscribers::default(),
             control: Control::default(),
+            cli: CliOnly::default(),
         }
+    }
+
+    fn new(redis: Option<String>, state: Option<PathBuf>) -> Self {
+        Self::at(Location {
+            namespace: "tranche".to_owned(),
+            redis,
+            state,
+            ..Location::default()
+        })
     }
 
     /// A runner coordinating through the Redis (or Redis Cluster) at `url`.
@@ -270,13 +310,13 @@ impl Runner {
 
     /// The namespace (default `tranche`).
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.namespace = namespace.into();
+        self.location.namespace = namespace.into();
         self
     }
 
     /// Shards of a new namespace (an existing one keeps its own).
     pub fn shards(mut self, shards: u32) -> Self {
-        self.shards = Some(shards);
+        self.location.shards = Some(shards);
         self
     }
 
@@ -382,7 +422,7 @@ impl Runner {
     /// `Job` holds the state file while it lives, as a run does (unless a run holds it
     /// already: then it reads the last save): drop it before starting a run.
     pub async fn job(&self) -> Result<Job, Error> {
-        Job::of(self).await
+        Job::at(&self.location).await
     }
 
     /// Registers this runner's metrics in `registry` (prefix `tranche_worker`, the
@@ -461,73 +501,122 @@ impl Runner {
         self.control.handle.clone()
     }
 
-    fn location(&self) -> Location {
-        Location {
-            namespace: self.namespace.clone(),
-            shards: self.shards,
-            redis: self.redis.clone(),
-            state: self.state.clone(),
-            ..Location::default()
+    /// Archive tier thresholds (`tranche run --compressed-at`, …).
+    pub(crate) fn tiers(mut self, tiers: Tiers) -> Self {
+        self.cli.tiers = Some(tiers);
+        self
+    }
+
+    /// Which of the reaper, the archiver and the worker heartbeat this process runs
+    /// (`--no-reaper`, `--no-archiver`, `--no-heartbeat`).
+    pub(crate) fn background(mut self, reaper: bool, archiver: bool, heartbeat: bool) -> Self {
+        (self.cli.reaper, self.cli.archiver, self.cli.heartbeat) = (reaper, archiver, heartbeat);
+        self
+    }
+
+    /// When the archiver publishes statistics snapshots (`--snapshot-*`).
+    pub(crate) fn snapshots(mut self, policy: tranche_archive_store::SnapshotPolicy) -> Self {
+        self.cli.snapshots = policy;
+        self
+    }
+
+    /// What watches the run from outside: the command line's progress bar and
+    /// `--metrics-listen`, fed by the run's events as a subscriber is.
+    pub(crate) fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.cli.observer = Some(observer);
+        self
+    }
+
+    /// The control options whole, as `tranche run`'s flags build them.
+    pub(crate) fn control_options(mut self, options: crate::control::Options) -> Self {
+        self.control.preset = Some(options);
+        self
+    }
+
+    /// Where the namespace lives.
+    pub(crate) fn location(&self) -> &Location {
+        &self.location
+    }
+
+    /// This run's worker name: the one given, or `host-N` from a slot that `slot`
+    /// holds for as long as the run (a restart takes the same name back).
+    pub(crate) fn worker_name(&self, slot: &mut Option<crate::slot::Slot>) -> String {
+        self.worker
+            .clone()
+            .unwrap_or_else(|| crate::slot::default_name("worker", slot))
+    }
+
+    /// How a run's backend opens for the worker `worker`.
+    pub(crate) fn tuning(&self, worker: &str) -> Tuning {
+        Tuning {
+            active: tranche_active_store::Config {
+                lease: self.lease,
+                max_attempts: self.max_attempts,
+                backoff_base: self.backoff,
+                ..tranche_active_store::Config::default()
+            },
+            tiers: self.cli.tiers,
+            consumer: worker.to_owned(),
+            claim_idle: crate::duration::claim_idle(),
         }
     }
 
-    /// Opens the namespace, with typed errors for what a caller may want to tell
-    /// apart: a namespace not planned, a store out of reach, bad settings.
+    /// The run loop's settings: the one place a run is assembled, whether `tranche
+    /// run` or a library's handler asks.
+    fn settings(&self, job: Work, worker: String) -> Result<Settings, Error> {
+        let subscribed = (!self.subscribers.is_empty() || self.cli.observer.is_some()).then(|| {
+            Arc::new(Subscribed {
+                subscribers: self.subscribers.clone(),
+                observer: self.cli.observer.clone(),
+            }) as Arc<dyn Observer>
+        });
+        Ok(Settings {
+            job,
+            chunk: self.chunk,
+            parallel: self.parallel,
+            window: self.window.unwrap_or(2 * self.parallel),
+            concurrency: self.concurrency,
+            prefetch: self.prefetch,
+            split: self.split,
+            split_min: self.split_min,
+            worker,
+            lease: self.lease,
+            max_attempts: self.max_attempts,
+            follow: self.follow,
+            until_idle: self.until == Until::NothingToClaim,
+            reaper: self.cli.reaper,
+            archiver: self.cli.archiver,
+            heartbeat: self.cli.heartbeat,
+            snapshots: self.cli.snapshots,
+            save_every: Duration::from_secs(2),
+            observer: subscribed,
+            control: self.control.options()?,
+        })
+    }
+
+    /// Runs `job` on `backend` (opened with [`tuning`](Runner::tuning) for `worker`)
+    /// until `stop` says otherwise: the run loop itself, for `tranche run` and
+    /// [`run_with_shutdown`](Runner::run_with_shutdown) alike.
+    pub(crate) async fn run_on(
+        &self,
+        backend: &Backend,
+        job: Work,
+        worker: String,
+        stop: watch::Receiver<Stop>,
+    ) -> anyhow::Result<work::Report> {
+        let settings = self.settings(job, worker)?;
+        work::run(backend, settings, stop).await
+    }
+
+    /// Opens the namespace with typed errors ([`Backend::open_checked`]).
     pub(crate) async fn open(&self, open: Open, tuning: Tuning) -> Result<Backend, Error> {
-        let ns = &self.namespace;
-        if ns.is_empty()
-            || !ns
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        {
-            return Err(Error::Config(format!(
-                "namespace `{ns}`: use letters, digits, '-', '_' or '.'"
-            )));
-        }
-        if let Some(shards) = self.shards
-            && !(1..=1024).contains(&shards)
-        {
-            return Err(Error::Config(format!(
-                "shards must be between 1 and 1024, not {shards}"
-            )));
-        }
-        match (&self.redis, &self.state) {
-            (Some(url), _) => {
-                // Connected once here to tell "unreachable" and "not planned" from
-                // the rest; the backend then opens its own connection.
-                let location = crate::backend::redact(url);
-                let conn = tranche_active_store::RedisConnection::connect(url)
-                    .await
-                    .map_err(|e| Error::StoreUnreachable {
-                        location: location.clone(),
-                        source: e.into(),
-                    })?;
-                if open == Open::Existing
-                    && tranche_active_store::KeysMeta::read(&conn, ns)
-                        .await?
-                        .is_none()
-                {
-                    return Err(Error::NotPlanned {
-                        namespace: ns.clone(),
-                        location,
-                    });
-                }
-            }
-            (None, Some(path)) if open == Open::Existing && !path.exists() => {
-                return Err(Error::NotPlanned {
-                    namespace: ns.clone(),
-                    location: path.display().to_string(),
-                });
-            }
-            _ => {}
-        }
-        Ok(Backend::open(&self.location(), open, tuning).await?)
+        Backend::open_checked(&self.location, open, tuning).await
     }
 
     /// Refuses when another process holds the embedded state file.
     pub(crate) fn writable(&self, backend: &Backend) -> Result<(), Error> {
         backend.ensure_writable().map_err(|_| {
-            let path = self.state.clone().unwrap_or_default();
+            let path = self.location.state.clone().unwrap_or_default();
             let mut lock = path.as_os_str().to_owned();
             lock.push(".lock");
             let holder = std::fs::read_to_string(lock)
@@ -596,23 +685,9 @@ impl Runner {
         handler: H,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<RunReport, Error> {
-        let active = tranche_active_store::Config {
-            lease: self.lease,
-            max_attempts: self.max_attempts,
-            backoff_base: self.backoff,
-            ..tranche_active_store::Config::default()
-        };
         let mut slot = None;
-        let worker = self
-            .worker
-            .clone()
-            .unwrap_or_else(|| crate::slot::default_name("worker", &mut slot));
-        let tuning = Tuning {
-            active,
-            tiers: None,
-            consumer: worker.clone(),
-            claim_idle: crate::duration::claim_idle(),
-        };
+        let worker = self.worker_name(&mut slot);
+        let tuning = self.tuning(&worker);
         // Another process's short hold on the state file (a `status` that started first)
         // is waited out, as `tranche run` does.
         let start = std::time::Instant::now();
@@ -625,31 +700,9 @@ impl Runner {
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
         self.writable(&backend)?;
-        let settings = Settings {
-            job: Work::Handler(HandlerRef(Arc::new(handler))),
-            chunk: self.chunk,
-            parallel: self.parallel,
-            window: self.window.unwrap_or(2 * self.parallel),
-            concurrency: self.concurrency,
-            prefetch: self.prefetch,
-            split: self.split,
-            split_min: self.split_min,
-            worker,
-            lease: self.lease,
-            max_attempts: self.max_attempts,
-            follow: self.follow,
-            until_idle: self.until == Until::NothingToClaim,
-            reaper: true,
-            archiver: true,
-            heartbeat: true,
-            snapshots: tranche_archive_store::SnapshotPolicy::default(),
-            save_every: Duration::from_secs(2),
-            observer: (!self.subscribers.is_empty())
-                .then(|| Arc::new(Subscribed(self.subscribers.clone())) as Arc<dyn Observer>),
-            control: self.control.options()?,
-        };
+        let settings = self.settings(Work::Handler(HandlerRef(Arc::new(handler))), worker)?;
         tracing::info!(
-            namespace = %self.namespace,
+            namespace = %self.location.namespace,
             worker = %settings.worker,
             concurrency = self.concurrency,
             "runner started"
@@ -698,7 +751,7 @@ impl Runner {
             elapsed: report.elapsed,
         };
         tracing::info!(
-            namespace = %self.namespace,
+            namespace = %self.location.namespace,
             completed = report.this_runner.completed,
             failed = report.this_runner.failed_pids.len(),
             outstanding = report.namespace.outstanding,
@@ -710,24 +763,38 @@ impl Runner {
     }
 }
 
-/// A runner's subscribers, as the run loop's observer.
-struct Subscribed(Subscribers);
+/// A runner's subscribers and the command line's observer, as the run loop's one
+/// observer.
+struct Subscribed {
+    subscribers: Subscribers,
+    observer: Option<Arc<dyn Observer>>,
+}
 
 #[async_trait::async_trait]
 impl Observer for Subscribed {
     async fn attach(
         &self,
-        _: &Backend,
-        _: Arc<Shared>,
-        _: watch::Receiver<bool>,
-        _: &mut tokio::task::JoinSet<()>,
+        backend: &Backend,
+        shared: Arc<Shared>,
+        done: watch::Receiver<bool>,
+        background: &mut tokio::task::JoinSet<()>,
     ) -> anyhow::Result<()> {
-        Ok(())
+        match &self.observer {
+            Some(observer) => observer.attach(backend, shared, done, background).await,
+            None => Ok(()),
+        }
     }
 
     fn event(&self, event: &Event) {
-        self.0.emit(event);
+        self.subscribers.emit(event);
+        if let Some(observer) = &self.observer {
+            observer.event(event);
+        }
     }
 
-    fn finish(&self, _: &tranche_active_store::StatusCounts) {}
+    fn finish(&self, counts: &tranche_active_store::StatusCounts) {
+        if let Some(observer) = &self.observer {
+            observer.finish(counts);
+        }
+    }
 }

@@ -110,7 +110,7 @@ fn private_dir(dir: &std::path::Path) -> Result<(), &'static str> {
 /// `host-N` from a slot of `kind` (kept alive in `holder` for the process's lifetime),
 /// or `host-PID` when no slot can be had.
 pub(crate) fn default_name(kind: &str, holder: &mut Option<Slot>) -> String {
-    let host = crate::work::hostname();
+    let host = hostname();
     match Slot::take(kind) {
         Some(slot) => {
             let name = format!("{host}-{}", slot.number());
@@ -119,6 +119,16 @@ pub(crate) fn default_name(kind: &str, holder: &mut Option<Slot>) -> String {
         }
         None => format!("{host}-{}", std::process::id()),
     }
+}
+
+/// This machine's name, for the worker registry.
+pub(crate) fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".to_owned())
 }
 
 #[cfg(test)]

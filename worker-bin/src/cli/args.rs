@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::cli::common::{Global, parse_duration};
+use crate::defaults::RunDefaults;
+
 /// Range-partitioned batch work, coordinated through Redis or embedded in one process.
 ///
 /// Plan an ID range once, then start `tranche run` on as many machines as you like:
@@ -23,100 +26,6 @@ pub(crate) struct Cli {
     pub(crate) global: Global,
     #[command(subcommand)]
     pub(crate) command: Command,
-}
-
-/// Options every subcommand takes.
-#[derive(Debug, Clone, Args)]
-pub(crate) struct Global {
-    /// Redis to coordinate through (redis://, rediss://, passwords in the URL; a cluster
-    /// is detected). Without it everything runs embedded in this process.
-    #[arg(
-        long,
-        global = true,
-        env = "TRANCHE_REDIS_URL",
-        hide_env_values = true,
-        value_name = "URL"
-    )]
-    pub(crate) redis: Option<String>,
-    /// Read the Redis URL from this file's first line instead (keeps a password out of
-    /// `ps` and of the environment).
-    #[arg(
-        long,
-        global = true,
-        env = "TRANCHE_REDIS_FILE",
-        value_name = "FILE",
-        conflicts_with = "redis"
-    )]
-    pub(crate) redis_file: Option<PathBuf>,
-    /// PEM file of CA certificates to verify a rediss:// server against, instead of the
-    /// system's roots.
-    #[arg(long, global = true, env = "TRANCHE_TLS_CA", value_name = "FILE")]
-    pub(crate) tls_ca: Option<PathBuf>,
-    /// PEM client certificate for servers that authenticate clients (with --tls-key).
-    #[arg(
-        long,
-        global = true,
-        env = "TRANCHE_TLS_CERT",
-        value_name = "FILE",
-        requires = "tls_key"
-    )]
-    pub(crate) tls_cert: Option<PathBuf>,
-    /// PEM private key of --tls-cert.
-    #[arg(
-        long,
-        global = true,
-        env = "TRANCHE_TLS_KEY",
-        value_name = "FILE",
-        requires = "tls_cert"
-    )]
-    pub(crate) tls_key: Option<PathBuf>,
-    /// Namespace of the job; every key (or the state file's content) lives under it.
-    #[arg(
-        long,
-        global = true,
-        env = "TRANCHE_NAMESPACE",
-        default_value = "tranche"
-    )]
-    pub(crate) namespace: String,
-    /// Shards of a new namespace (1..=1024). An existing namespace keeps its own; a
-    /// different value is refused.
-    #[arg(long, global = true, value_name = "N")]
-    pub(crate) shards: Option<u32>,
-    /// State file of the embedded mode (ignored with --redis).
-    #[arg(long, global = true, env = "TRANCHE_STATE", value_name = "FILE")]
-    pub(crate) state: Option<PathBuf>,
-    /// Print JSON instead of text: one object per command (one line per refresh with
-    /// `status --watch`), and failures as {"error": {"kind", "message"}} on stderr.
-    #[arg(long, global = true)]
-    pub(crate) json: bool,
-    /// Threads this process works on (1..=1024). `run` defaults to 1: its partitions'
-    /// work happens in child processes (or is simulated) and its own is waiting on
-    /// Redis, where a second thread only adds a cross-thread wake-up to each reply.
-    /// Other commands default to one per core.
-    #[arg(
-        long,
-        global = true,
-        env = "TRANCHE_THREADS",
-        value_name = "N",
-        value_parser = clap::value_parser!(u16).range(1..=1024)
-    )]
-    pub(crate) threads: Option<u16>,
-}
-
-impl Global {
-    /// Where the namespace these options name lives, as the backend takes it.
-    pub(crate) fn location(&self) -> crate::layers::Location {
-        crate::layers::Location {
-            namespace: self.namespace.clone(),
-            shards: self.shards,
-            redis: self.redis.clone(),
-            redis_file: self.redis_file.clone(),
-            tls_ca: self.tls_ca.clone(),
-            tls_cert: self.tls_cert.clone(),
-            tls_key: self.tls_key.clone(),
-            state: self.state.clone(),
-        }
-    }
 }
 
 /// What to do.
@@ -261,7 +170,7 @@ pub(crate) struct PlanArgs {
     #[arg(long, value_name = "B")]
     pub(crate) max: u64,
     /// Row IDs per partition.
-    #[arg(long, value_name = "N", default_value_t = 1000)]
+    #[arg(long, value_name = "N", default_value_t = RunDefaults::RUN.partition_size)]
     pub(crate) size: u64,
     /// Print what the plan costs and write nothing.
     #[arg(long)]
@@ -293,17 +202,17 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "RATE", value_parser = parse_rate)]
     pub(crate) sim_fail: Option<f64>,
     /// Row IDs per chunk.
-    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = RunDefaults::RUN.chunk, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) chunk: u64,
     /// Chunks in flight per partition.
-    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    #[arg(long, value_name = "N", default_value_t = RunDefaults::RUN.parallel, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub(crate) parallel: u32,
     /// Sliding window per partition, in chunks (default: twice --parallel).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub(crate) window: Option<u32>,
     /// Partitions processed at once by this process (a partition whose chunks are done
     /// reports its outcome without holding a slot).
-    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    #[arg(long, value_name = "N", default_value_t = RunDefaults::RUN.concurrency, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub(crate) concurrency: u32,
     /// Partitions claimed ahead beyond --concurrency, so a finished one is replaced
     /// without waiting for Redis (default: as many as --concurrency while partitions take
@@ -319,19 +228,19 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     pub(crate) no_split: bool,
     /// The smallest piece a split cuts off, in chunks (fewer if they are slow).
-    #[arg(long, value_name = "CHUNKS", default_value_t = crate::runner::DEFAULT_SPLIT_MIN, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "CHUNKS", default_value_t = RunDefaults::RUN.split_min, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) split_min: u64,
     /// Lease length: a partition whose worker stops heartbeating is reclaimed after it.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = RunDefaults::RUN.lease, value_parser = parse_duration)]
     pub(crate) lease: Duration,
     /// Attempts before a partition is marked failed.
-    #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = RunDefaults::RUN.max_attempts, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) max_attempts: u32,
     /// First retry delay after a failure (doubling up to 5 min).
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = RunDefaults::RUN.backoff, value_parser = parse_duration)]
     pub(crate) backoff: Duration,
     /// How long in-flight chunks may finish after SIGINT/SIGTERM before they are killed.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = RunDefaults::RUN.grace, value_parser = parse_duration)]
     pub(crate) grace: Duration,
     /// Keep waiting for new plans instead of stopping when nothing is left.
     #[arg(long)]
@@ -531,8 +440,6 @@ pub(crate) struct HealthArgs {
     #[arg(long)]
     pub(crate) check: bool,
 }
-
-pub(crate) use crate::duration::parse as parse_duration;
 
 fn parse_latency(s: &str) -> Result<(u64, u64), String> {
     let (a, b) = s.split_once("..").unwrap_or((s, s));

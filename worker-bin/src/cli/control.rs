@@ -14,8 +14,8 @@ use tranche_control::{
 };
 
 use crate::backend::{Backend, Open, Tuning};
-use crate::cli::args::{Global, parse_duration};
-use crate::cli::ops::Outcome;
+use crate::cli::common::Outcome;
+use crate::cli::common::{Global, parse_duration};
 use crate::control::{self, Options, time};
 
 /// `run`'s production-control options.
@@ -273,15 +273,15 @@ pub(crate) async fn set(g: &Global, a: &SetArgs) -> Result<Outcome> {
     let backend = open_redis(g, "set").await?;
     let (store, _) = control::stores(&backend);
     let record = store.set(&changes, &control::origin()).await?;
-    crate::cli::ops::say(
+    crate::cli::common::say(
         g.json,
         format_args!(
             "namespace `{}`: settings in force from the next poll (within 2 s), version {}\n{}",
             backend.namespace,
             record.version,
-            status_lines(&record, crate::now_ms()).trim_end()
+            status_lines(&record, crate::duration::now_ms()).trim_end()
         ),
-        record_json(&record, crate::now_ms()),
+        record_json(&record, crate::duration::now_ms()),
     );
     Ok(Outcome::Success)
 }
@@ -311,10 +311,10 @@ pub(crate) async fn throttle(g: &Global, c: &ThrottleCommand) -> Result<Outcome>
             backend.namespace
         ),
     };
-    crate::cli::ops::say(
+    crate::cli::common::say(
         g.json,
         format_args!("{text}"),
-        record_json(&record, crate::now_ms()),
+        record_json(&record, crate::duration::now_ms()),
     );
     Ok(Outcome::Success)
 }
@@ -335,9 +335,9 @@ pub(crate) async fn control(g: &Global, c: &ControlCommand) -> Result<Outcome> {
         ControlCommand::Show => {
             let record = store.read().await?;
             if g.json {
-                println!("{}", record_json(&record, crate::now_ms()));
+                println!("{}", record_json(&record, crate::duration::now_ms()));
             } else {
-                print!("{}", status_lines(&record, crate::now_ms()));
+                print!("{}", status_lines(&record, crate::duration::now_ms()));
             }
         }
     }

@@ -12,7 +12,7 @@ use crate::backend::Backend;
 use crate::cli::args::HealthArgs;
 use crate::cli::render;
 
-use crate::cli::ops::Outcome;
+use crate::cli::common::Outcome;
 
 /// The statistics delta of every archived record that decodes, one per shard, read
 /// page by page across the plans (memory grows with workers, ranges and days, never
@@ -498,7 +498,7 @@ pub(crate) async fn health_rules(
     let live = workers.iter().filter(|w| w.active).count();
     let outstanding = counts.outstanding();
     let planned = crate::cli::progress::total_partitions(backend.active.as_ref()).await?;
-    let now_ms = crate::now_ms();
+    let now_ms = crate::duration::now_ms();
     // Minutes since anything was last archived, while work is outstanding. Before the
     // first archive, since the oldest live worker started: a fleet stuck from its start
     // is stalled too. 0 when the job is done or no worker runs (then
@@ -620,7 +620,7 @@ pub(crate) async fn health_rules(
 /// cleared by the first pass that archives the shard again).
 fn stalled_rule(stalls: &[Stall]) -> render::Rule {
     render::Rule::new("archive_stalled_shards", stalls.len() as f64, 0.0).detail(|| {
-        let now_ms = crate::now_ms();
+        let now_ms = crate::duration::now_ms();
         stalls
             .iter()
             .map(|s| {

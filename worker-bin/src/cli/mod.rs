@@ -1,15 +1,18 @@
 //! The command-line floor: the `tranche` binary's commands (`args` parses them, `ops`
 //! runs them), what they print (`render`, `progress`), and the HTTP side (`serve`, and
-//! the worker's `--metrics-listen`). It uses the library floor below it (the run loop,
+//! the worker's `--metrics-listen`). Under every command: `common` (global options,
+//! outcome, signals) and `inspect` (the status, state and pieces readers). It uses the library floor below it (the run loop,
 //! the backends) and nothing there uses it: progress and metrics attach to a run from
 //! outside, through the run loop's [`Observer`](crate::work::Observer).
 
 mod alert;
 mod args;
 mod calendar;
+mod common;
 mod control;
 mod cost;
 mod health;
+mod inspect;
 mod jsonl;
 mod list;
 mod namespace;
@@ -27,6 +30,7 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 use args::Cli;
+use common::{Outcome, one_line};
 
 /// Exit code of a run that ended with failed partitions or a firing alert.
 const EXIT_FAILED: u8 = 1;
@@ -34,21 +38,6 @@ const EXIT_FAILED: u8 = 1;
 const EXIT_ERROR: u8 = 2;
 /// Exit code of a run stopped by a signal (128 + SIGINT).
 const EXIT_INTERRUPTED: u8 = 130;
-
-/// An error as one line: the outermost context, then each cause it does not already
-/// say.
-pub(crate) fn one_line(err: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in err.chain().map(|e| e.to_string()) {
-        if !line.contains(&cause) {
-            if !line.is_empty() {
-                line.push_str(": ");
-            }
-            line.push_str(&cause);
-        }
-    }
-    line
-}
 
 /// Prints a failure on stderr: `tranche: MESSAGE`, or with `--json` one object
 /// `{"error": {"kind", "message"}}`, so a script reading JSON gets JSON on both streams.
@@ -137,12 +126,12 @@ pub fn cli_main() -> ExitCode {
     // blocked reads of an unreachable server either.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match outcome {
-        Ok(ops::Outcome::Success) => ExitCode::SUCCESS,
-        Ok(ops::Outcome::Failed(message)) => {
+        Ok(Outcome::Success) => ExitCode::SUCCESS,
+        Ok(Outcome::Failed(message)) => {
             report(json, "failed", &message);
             ExitCode::from(EXIT_FAILED)
         }
-        Ok(ops::Outcome::Interrupted) => ExitCode::from(EXIT_INTERRUPTED),
+        Ok(Outcome::Interrupted) => ExitCode::from(EXIT_INTERRUPTED),
         Err(err) => {
             report(json, "error", &one_line(&err));
             ExitCode::from(EXIT_ERROR)

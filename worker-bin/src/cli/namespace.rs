@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 use tranche_archive_store::ArchiveFormat;
 
 use crate::backend::{self, Backend, Connections, Open, Tuning};
-use crate::cli::args::Global;
-use crate::cli::ops::Outcome;
+use crate::cli::common::Global;
+use crate::cli::common::Outcome;
 
 /// `pause` / `resume`: sets the namespace's flag; workers read it once a second.
 pub(crate) async fn set_paused(g: &Global, paused: bool) -> Result<Outcome> {
@@ -20,7 +20,7 @@ pub(crate) async fn set_paused(g: &Global, paused: bool) -> Result<Outcome> {
         );
     }
     backend.active.set_paused(paused).await?;
-    crate::cli::ops::say(
+    crate::cli::common::say(
         g.json,
         format_args!(
             "namespace `{}` {}",
@@ -67,7 +67,7 @@ pub(crate) async fn archive_format(g: &Global, raise: Option<u8>) -> Result<Outc
             now.number()
         ),
     };
-    crate::cli::ops::say(
+    crate::cli::common::say(
         g.json,
         format_args!("{text}"),
         json!({
@@ -273,7 +273,7 @@ pub(crate) async fn drop(g: &Global, yes: bool, force: bool) -> Result<Outcome> 
     } else {
         format!("namespace `{}` dropped ({deleted} keys)", backend.namespace)
     };
-    crate::cli::ops::say(
+    crate::cli::common::say(
         g.json,
         text,
         json!({"namespace": backend.namespace, "dropped": true, "keys": deleted}),

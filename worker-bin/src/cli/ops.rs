@@ -1,13 +1,13 @@
 //! One function per subcommand (those that move an archive are in
-//! [`transfer`](crate::cli::transfer), `check` and `health` in [`health`](crate::cli::health)), and
-//! the signal handling `run`, `archive` and `status --watch` share. Each opens the namespace, does its one thing and returns an
-//! [`Outcome`]; printing goes through [`render`](crate::cli::render).
+//! [`transfer`](crate::cli::transfer), `check` and `health` in [`health`](crate::cli::health)).
+//! Each opens the namespace, does its one thing and returns an
+//! [`Outcome`]; printing goes through [`render`](crate::cli::render), what every
+//! command shares (options, outcome, signals) is in [`common`](crate::cli::common).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::watch;
 use tranche_active_store::{Config as ActiveConfig, MemoryActiveStore, Plan, Planner};
 use tranche_archive_store::Snapshots;
 
@@ -15,81 +15,38 @@ use crate::backend::{Backend, Open, Tuning};
 use crate::cli::args::{
     ArchiveArgs, Cli, Command, ExportArgs, ImportArgs, PlanArgs, RunArgs, StatusArgs,
 };
+use crate::cli::common::{Global, Outcome, say, signals};
+use crate::cli::inspect::{pieces_of, state_of, status_of};
 use crate::cli::render;
 use crate::job::Job;
+use crate::runner::Runner;
 use crate::slot;
-use crate::work::until;
-use crate::work::{self, Settings, Stop};
+use crate::sync::until;
+use crate::work::Stop;
 
-/// How a command ended, when it did not fail outright.
-#[derive(Debug)]
-pub(crate) enum Outcome {
-    Success,
-    /// It ran, and what it found is a failure (failed partitions, a firing alert).
-    Failed(String),
-    /// A signal stopped it; state was checkpointed.
-    Interrupted,
-}
-
-/// Runs the command the user asked for.
+/// Runs the command the user asked for: opens what it needs and hands it to the
+/// command's own function.
 pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
     let g = &cli.global;
     let json = g.json;
     match cli.command {
         Command::Plan(args) => {
-            plan(
-                &Backend::open(&g.location(), Open::Create, Tuning::default()).await?,
-                &args,
-                json,
-            )
-            .await
+            let backend = Backend::open(&g.location(), Open::Create, Tuning::default()).await?;
+            plan(&backend, &args, json).await
         }
         Command::Run(args) => run(g, *args).await,
         Command::Archive(args) => archive(g, args).await,
-        Command::Status(args) => {
-            status(
-                &Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
-                &args,
-                json,
-            )
-            .await
-        }
-        Command::Get { pid } => {
-            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
-            let active = backend.active.clone();
-            let view = crate::query::Job::from_backend(backend).get(pid).await?;
-            let pieces = pieces_of(active.as_ref(), &view).await?;
-            print!("{}", render::view(pid, &view, &pieces, json));
-            Ok(Outcome::Success)
-        }
-        Command::Locate { id } => {
-            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
-            let namespace = backend.namespace.clone();
-            match crate::query::Job::from_backend(backend).locate(id).await? {
-                Some(located) => {
-                    print!("{}", render::located(&located, json));
-                    Ok(Outcome::Success)
-                }
-                None => bail!("no plan of namespace `{namespace}` covers row ID {id}"),
-            }
-        }
-        Command::Stats { ranges } => {
-            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
-            let merged = if ranges {
-                backend.router.stats_with_ranges().await?
-            } else {
-                crate::query::Job::from_backend(backend).stats().await?
-            };
-            print!("{}", render::stats(&merged, json)?);
-            Ok(Outcome::Success)
-        }
+        Command::Status(args) => status(&existing(g).await?, &args, json).await,
+        Command::Get { pid } => get(existing(g).await?, pid, json).await,
+        Command::Locate { id } => locate(existing(g).await?, id, json).await,
+        Command::Stats { ranges } => stats(existing(g).await?, ranges, json).await,
         Command::List {
             status,
             worker,
             after,
             limit,
         } => {
-            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
+            let backend = existing(g).await?;
             let page =
                 crate::cli::list::page(&backend, status, worker.as_deref(), after, limit as usize)
                     .await?;
@@ -97,8 +54,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             Ok(Outcome::Success)
         }
         Command::DeadLetters { limit } => {
-            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
-            let dead = backend.archive.dead_letters(limit).await?;
+            let dead = existing(g).await?.archive.dead_letters(limit).await?;
             print!("{}", render::dead_letters(&dead, json));
             Ok(Outcome::Success)
         }
@@ -113,31 +69,18 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
         Command::Serve(args) => crate::cli::serve::serve(g, args).await,
         Command::Drop { yes, force } => crate::cli::namespace::drop(g, yes, force).await,
         Command::Workers => {
-            let job = crate::query::Job::from_backend(
-                Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
-            );
-            let workers = job.workers().await?;
-            print!("{}", render::workers(&workers, crate::now_ms(), json));
-            Ok(Outcome::Success)
-        }
-        Command::RetryFailed { pid } => {
-            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
-            backend.ensure_writable()?;
-            let pids = backend.active.retry_failed(pid).await?;
-            backend.save().await?;
-            if let (Some(pid), true) = (pid, pids.is_empty()) {
-                bail!("partition {pid} is not failed");
-            }
-            say(
-                json,
-                format_args!("{} failed partition(s) pending again", pids.len()),
-                serde_json::json!({"retried": pids}),
+            let workers = crate::query::Job::from_backend(existing(g).await?)
+                .workers()
+                .await?;
+            print!(
+                "{}",
+                render::workers(&workers, crate::duration::now_ms(), json)
             );
             Ok(Outcome::Success)
         }
+        Command::RetryFailed { pid } => retry_failed(&existing(g).await?, pid, json).await,
         Command::Discard { pid, force: true } => {
-            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
-            backend.force_discard(pid).await?;
+            existing(g).await?.force_discard(pid).await?;
             say(
                 json,
                 format_args!("partition {pid} discarded (its record replaced)"),
@@ -145,123 +88,119 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             );
             Ok(Outcome::Success)
         }
-        Command::Discard { pid, force: false } => {
-            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
-            backend.ensure_writable()?;
-            let discarded = match backend.active.discard(pid).await {
-                // A record the store cannot read is never half-discarded: say so, and
-                // what removes it.
-                Err(err) if err.to_string().contains("corrupt record") => {
-                    bail!("{err}: nothing discarded (`discard {pid} --force` replaces the record)")
-                }
-                other => other?,
-            };
-            if !discarded {
-                let now = state_of(&backend, pid).await;
-                bail!("partition {pid} is not pending or failed (it is {now}): nothing discarded");
-            }
-            backend.save().await?;
-            say(
-                json,
-                format_args!("partition {pid} discarded"),
-                serde_json::json!({"discarded": pid, "forced": false}),
-            );
-            Ok(Outcome::Success)
-        }
+        Command::Discard { pid, force: false } => discard(&existing(g).await?, pid, json).await,
         Command::Export(ExportArgs {
             to_hash: Some(key), ..
-        }) => {
-            crate::cli::seed::export(
-                &Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
-                &key,
-                json,
-            )
-            .await
-        }
+        }) => crate::cli::seed::export(&existing(g).await?, &key, json).await,
         Command::Export(args) => {
-            crate::cli::transfer::export(
-                &Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
-                &args,
-                json,
-            )
-            .await
+            crate::cli::transfer::export(&existing(g).await?, &args, json).await
         }
         Command::Import(ImportArgs {
             file: Some(file), ..
         }) => crate::cli::transfer::import(g, &file).await,
         Command::Import(args) => crate::cli::seed::import(g, &args).await,
-        Command::Compact => {
-            let backend = Backend::open(&g.location(), Open::Existing, Tuning::default()).await?;
-            backend.ensure_writable()?;
-            let sealed = backend.archive.compact().await?;
-            backend.save().await?;
-            say(
-                json,
-                format_args!("{sealed} batch(es) sealed"),
-                serde_json::json!({"sealed": sealed}),
-            );
+        Command::Compact => compact(&existing(g).await?, json).await,
+        Command::Check { repair } => {
+            crate::cli::health::check(&existing(g).await?, repair, json).await
+        }
+        Command::Health(args) => crate::cli::health::health(&existing(g).await?, &args, json).await,
+    }
+}
+
+/// The namespace the global options name, which must exist (have a plan).
+async fn existing(g: &Global) -> Result<Backend> {
+    Backend::open(&g.location(), Open::Existing, Tuning::default()).await
+}
+
+/// `get`: one partition, with the pieces a split cut off it.
+async fn get(backend: Backend, pid: u64, json: bool) -> Result<Outcome> {
+    let active = backend.active.clone();
+    let view = crate::query::Job::from_backend(backend).get(pid).await?;
+    let pieces = pieces_of(active.as_ref(), &view).await?;
+    print!("{}", render::view(pid, &view, &pieces, json));
+    Ok(Outcome::Success)
+}
+
+/// `locate`: the partition that covered row ID `id`.
+async fn locate(backend: Backend, id: u64, json: bool) -> Result<Outcome> {
+    let namespace = backend.namespace.clone();
+    match crate::query::Job::from_backend(backend).locate(id).await? {
+        Some(located) => {
+            print!("{}", render::located(&located, json));
             Ok(Outcome::Success)
         }
-        Command::Check { repair } => {
-            crate::cli::health::check(
-                &Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
-                repair,
-                json,
-            )
-            .await
-        }
-        Command::Health(args) => {
-            crate::cli::health::health(
-                &Backend::open(&g.location(), Open::Existing, Tuning::default()).await?,
-                &args,
-                json,
-            )
-            .await
-        }
+        None => bail!("no plan of namespace `{namespace}` covers row ID {id}"),
     }
+}
+
+/// `stats`, with every range's statistics when `ranges`.
+async fn stats(backend: Backend, ranges: bool, json: bool) -> Result<Outcome> {
+    let merged = if ranges {
+        backend.router.stats_with_ranges().await?
+    } else {
+        crate::query::Job::from_backend(backend).stats().await?
+    };
+    print!("{}", render::stats(&merged, json)?);
+    Ok(Outcome::Success)
+}
+
+/// `retry-failed`: one failed partition, or every one, pending again.
+async fn retry_failed(backend: &Backend, pid: Option<u64>, json: bool) -> Result<Outcome> {
+    backend.ensure_writable()?;
+    let pids = backend.active.retry_failed(pid).await?;
+    backend.save().await?;
+    if let (Some(pid), true) = (pid, pids.is_empty()) {
+        bail!("partition {pid} is not failed");
+    }
+    say(
+        json,
+        format_args!("{} failed partition(s) pending again", pids.len()),
+        serde_json::json!({"retried": pids}),
+    );
+    Ok(Outcome::Success)
+}
+
+/// `discard` without `--force`: only a pending or failed partition, never half.
+async fn discard(backend: &Backend, pid: u64, json: bool) -> Result<Outcome> {
+    backend.ensure_writable()?;
+    let discarded = match backend.active.discard(pid).await {
+        // A record the store cannot read is never half-discarded: say so, and
+        // what removes it.
+        Err(err) if err.to_string().contains("corrupt record") => {
+            bail!("{err}: nothing discarded (`discard {pid} --force` replaces the record)")
+        }
+        other => other?,
+    };
+    if !discarded {
+        let now = state_of(backend, pid).await;
+        bail!("partition {pid} is not pending or failed (it is {now}): nothing discarded");
+    }
+    backend.save().await?;
+    say(
+        json,
+        format_args!("partition {pid} discarded"),
+        serde_json::json!({"discarded": pid, "forced": false}),
+    );
+    Ok(Outcome::Success)
+}
+
+/// `compact`: seal the open archive batches now.
+async fn compact(backend: &Backend, json: bool) -> Result<Outcome> {
+    backend.ensure_writable()?;
+    let sealed = backend.archive.compact().await?;
+    backend.save().await?;
+    say(
+        json,
+        format_args!("{sealed} batch(es) sealed"),
+        serde_json::json!({"sealed": sealed}),
+    );
+    Ok(Outcome::Success)
 }
 
 /// How long a run stopped by a signal may take, once the grace period is over, to
 /// stop its chunks and release their leases: the chunks' own stop (SIGTERM, SIGKILL two
 /// seconds later) and a moment for the store.
 const ABORT_BOUND: Duration = Duration::from_secs(5);
-
-/// SIGINT/SIGTERM: the first asks to drain (and, after `grace`, to abort: in-flight
-/// chunks' process groups are stopped and their partitions released); a second aborts
-/// at once, through the same path, so leases are released and locks dropped before
-/// the exit; one more exits on the spot.
-pub(crate) fn signals(grace: Duration) -> Result<watch::Receiver<Stop>> {
-    let (tx, rx) = watch::channel(Stop::Running);
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    tokio::spawn(async move {
-        let mut next = async || {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-        };
-        next().await;
-        tracing::warn!(
-            grace = ?grace,
-            "stopping: no new claims; in-flight chunks may finish, then partitions are checkpointed and released (signal again to stop them now)"
-        );
-        let _ = tx.send(Stop::Draining);
-        tokio::select! {
-            () = next() => {
-                tracing::warn!("second signal: stopping in-flight chunks now (a third exits at once)");
-            }
-            () = tokio::time::sleep(grace) => {
-                tracing::warn!("grace period over: stopping in-flight chunks");
-            }
-        }
-        let _ = tx.send(Stop::Abort);
-        next().await;
-        eprintln!("tranche: signalled again, exiting now");
-        std::process::exit(130);
-    });
-    Ok(rx)
-}
 
 async fn plan(backend: &Backend, args: &PlanArgs, json: bool) -> Result<Outcome> {
     // Validate as the store will, before anything is written.
@@ -333,30 +272,6 @@ async fn plan(backend: &Backend, args: &PlanArgs, json: bool) -> Result<Outcome>
     Ok(Outcome::Success)
 }
 
-/// What `get` would call `pid`'s state, in one word, for a refusal's message
-/// (`unreadable` when even that read fails).
-pub(crate) async fn state_of(backend: &Backend, pid: u64) -> &'static str {
-    use tranche_router::PartitionView;
-    match backend.router.get(pid).await {
-        Ok(PartitionView::Active(p)) => p.status.as_str(),
-        Ok(PartitionView::Unknown) => "unknown",
-        Ok(_) => "completed",
-        Err(_) => "unreadable",
-    }
-}
-
-/// The pieces a split cut off `view`'s partition while it is active (`get`, and the
-/// dashboard's `/api/v1/get/PID`); none for any other answer.
-pub(crate) async fn pieces_of(
-    active: &dyn tranche_active_store::ActiveStore,
-    view: &tranche_router::PartitionView,
-) -> Result<Vec<tranche_active_store::Piece>, tranche_active_store::Error> {
-    match view {
-        tranche_router::PartitionView::Active(p) => active.pieces(p.pid).await,
-        _ => Ok(Vec::new()),
-    }
-}
-
 /// The store's refusal of a plan as the command says it.
 fn plan_refused(e: tranche_active_store::Error) -> anyhow::Error {
     match e {
@@ -366,19 +281,9 @@ fn plan_refused(e: tranche_active_store::Error) -> anyhow::Error {
     }
 }
 
-async fn run(g: &crate::cli::args::Global, args: RunArgs) -> Result<Outcome> {
-    // Held until `run` returns: a restart takes the same name back (see `slot`).
-    let mut slot = None;
-    let worker = args
-        .worker_id
-        .clone()
-        .unwrap_or_else(|| slot::default_name("worker", &mut slot));
-    let active = ActiveConfig {
-        lease: args.lease,
-        max_attempts: args.max_attempts,
-        backoff_base: args.backoff,
-        ..ActiveConfig::default()
-    };
+/// `tranche run`'s flags mapped onto the library's [`Runner`]: the one place a run is
+/// assembled. Refuses what the flags cannot mean together.
+fn runner_of(g: &Global, args: &RunArgs) -> Result<Runner> {
     if args.lease < Duration::from_millis(300) {
         bail!("--lease must be at least 300ms");
     }
@@ -386,53 +291,63 @@ async fn run(g: &crate::cli::args::Global, args: RunArgs) -> Result<Outcome> {
     if !args.simulate && (args.sim_fail.is_some() || args.sim_latency.is_some()) {
         bail!("--sim-fail and --sim-latency only shape --simulate; they do nothing with --exec");
     }
-    let tuning = Tuning {
-        active,
-        tiers: Some(args.tiers.tiers()),
-        consumer: worker.clone(),
-        claim_idle: crate::duration::claim_idle(),
-    };
-    let stop = signals(args.grace)?;
-    let backend = Backend::open_writable(&g.location(), Open::Existing, tuning).await?;
-    let job = match (&args.exec, args.simulate) {
-        (Some(cmd), false) => Job::Exec(cmd.clone()),
+    let mut runner = Runner::at(g.location())
+        .concurrency(args.concurrency as usize)
+        .parallel(args.parallel as usize)
+        .chunk(args.chunk)
+        .split(!args.no_split)
+        .split_min(args.split_min)
+        .lease(args.lease)
+        .max_attempts(args.max_attempts)
+        .backoff(args.backoff)
+        .grace(args.grace)
+        .follow(args.follow)
+        .tiers(args.tiers.tiers())
+        .background(!args.no_reaper, !args.no_archiver, !args.no_heartbeat)
+        .snapshots(args.snapshots.policy())
+        .control_options(control)
+        .observer(Arc::new(crate::cli::observe::RunObserver::new(
+            args.metrics_listen,
+        )));
+    if let Some(window) = args.window {
+        runner = runner.window(window as usize);
+    }
+    if let Some(prefetch) = args.prefetch {
+        runner = runner.prefetch(prefetch as usize);
+    }
+    if let Some(id) = &args.worker_id {
+        runner = runner.worker_id(id.clone());
+    }
+    Ok(runner)
+}
+
+/// What each chunk runs: `--exec`'s command, or `--simulate`'s load.
+fn job_of(args: &RunArgs) -> Result<Job> {
+    match (&args.exec, args.simulate) {
+        (Some(cmd), false) => Ok(Job::Exec(cmd.clone())),
         (None, true) => {
             tracing::warn!("SIMULATED load: chunks sleep and fail at random; nothing is processed");
-            Job::Simulate {
+            Ok(Job::Simulate {
                 latency: args.sim_latency.unwrap_or((1, 5)),
                 fail: args.sim_fail.unwrap_or(0.0),
-            }
+            })
         }
         _ => bail!("give exactly one of --exec CMD or --simulate"),
-    };
-    let parallel = args.parallel as usize;
-    let settings = Settings {
-        job,
-        chunk: args.chunk,
-        parallel,
-        window: args.window.map_or(2 * parallel, |w| w as usize),
-        concurrency: args.concurrency as usize,
-        prefetch: args.prefetch.map(|p| p as usize),
-        worker,
-        lease: args.lease,
-        max_attempts: args.max_attempts,
-        follow: args.follow,
-        until_idle: false,
-        split: !args.no_split,
-        split_min: args.split_min,
-        reaper: !args.no_reaper,
-        archiver: !args.no_archiver,
-        heartbeat: !args.no_heartbeat,
-        snapshots: args.snapshots.policy(),
-        save_every: Duration::from_secs(2),
-        observer: Some(std::sync::Arc::new(crate::cli::observe::RunObserver::new(
-            args.metrics_listen,
-        ))),
-        control,
-    };
+    }
+}
+
+async fn run(g: &Global, args: RunArgs) -> Result<Outcome> {
+    let runner = runner_of(g, &args)?;
+    // Held until `run` returns: a restart takes the same name back (see `slot`).
+    let mut slot = None;
+    let worker = runner.worker_name(&mut slot);
+    let stop = signals(args.grace)?;
+    let backend =
+        Backend::open_writable(runner.location(), Open::Existing, runner.tuning(&worker)).await?;
+    let job = job_of(&args)?;
     let memory_before = backend.used_memory().await;
     let mut watched = stop.clone();
-    let run = work::run(&backend, settings, stop);
+    let run = runner.run_on(&backend, job, worker, stop);
     tokio::pin!(run);
     // A signal's drain is bounded even when every store call fails (Redis gone): once
     // the grace period is over and chunks are stopped, the run gets ABORT_BOUND to
@@ -457,7 +372,7 @@ async fn run(g: &crate::cli::args::Global, args: RunArgs) -> Result<Outcome> {
         // why the run ended.
         Err(err) if signalled => {
             tracing::warn!(
-                err = %crate::cli::one_line(&err),
+                err = %crate::cli::common::one_line(&err),
                 "stopped by a signal; the store failed on the way out (unreleased leases expire on their own)"
             );
             return Ok(Outcome::Interrupted);
@@ -547,25 +462,19 @@ fn entries(n: u64) -> String {
     format!("{n} inbox entr{}", if n == 1 { "y" } else { "ies" })
 }
 
-/// Prints a command's outcome: `text` for a person, or with `--json` the one object
-/// `value` (a script reads JSON on both streams: errors are JSON too).
-pub(crate) fn say(json: bool, text: impl std::fmt::Display, value: serde_json::Value) {
-    if json {
-        println!("{value}");
-    } else {
-        println!("{text}");
-    }
-}
-
 /// Archive bytes per archived partition in the embedded store: its dump's size.
 async fn embedded_archive_bytes(backend: &Backend) -> Option<render::ArchiveBytes> {
-    let dump = backend.archive.export(crate::now_ms()).await.ok()?;
+    let dump = backend
+        .archive
+        .export(crate::duration::now_ms())
+        .await
+        .ok()?;
     let entries = dump.entries();
     let bytes = dump.to_bytes().ok()?.len();
     (entries > 0).then(|| render::ArchiveBytes::Dump(bytes as f64 / entries as f64))
 }
 
-async fn archive(g: &crate::cli::args::Global, args: ArchiveArgs) -> Result<Outcome> {
+async fn archive(g: &Global, args: ArchiveArgs) -> Result<Outcome> {
     let ArchiveArgs {
         follow,
         tiers,
@@ -628,30 +537,6 @@ async fn archive(g: &crate::cli::args::Global, args: ArchiveArgs) -> Result<Outc
         return Ok(Outcome::Failed(stalled_outcome(&stalls, &entries(left))));
     }
     Ok(Outcome::Success)
-}
-
-/// What `status` shows, read in O(shards).
-pub(crate) async fn status_of(backend: &Backend) -> Result<render::Status> {
-    Ok(render::Status {
-        namespace: backend.namespace.clone(),
-        location: backend.location(),
-        shards: backend.shards,
-        total: crate::cli::progress::total_partitions(backend.active.as_ref()).await?,
-        counts: backend.active.counts().await?,
-        archived: backend.stats.summary().await?.global_stats.total_completed,
-        inbox: backend.inbox_len().await?,
-        workers: backend
-            .active
-            .workers()
-            .await?
-            .iter()
-            .filter(|w| w.active)
-            .count(),
-        decode_failures: backend.archive.decode_failures().await?,
-        dead_letters: backend.archive.dead_letter_count().await?,
-        paused: backend.active.is_paused().await?,
-        control: crate::cli::control::record_of(backend).await?,
-    })
 }
 
 async fn status(backend: &Backend, args: &StatusArgs, json: bool) -> Result<Outcome> {

@@ -64,7 +64,7 @@ pub(crate) fn status(s: &Status, json: bool) -> String {
             "dead_letters": s.dead_letters, "paused": s.paused,
         });
         if let Some(r) = &s.control {
-            v["control"] = crate::cli::control::record_json(r, crate::now_ms());
+            v["control"] = crate::cli::control::record_json(r, crate::duration::now_ms());
         }
         return line(v);
     }
@@ -109,7 +109,10 @@ pub(crate) fn status(s: &Status, json: bool) -> String {
     let _ = writeln!(out);
     let _ = writeln!(out, "workers    {} active", s.workers);
     if let Some(r) = &s.control {
-        out.push_str(&crate::cli::control::status_lines(r, crate::now_ms()));
+        out.push_str(&crate::cli::control::status_lines(
+            r,
+            crate::duration::now_ms(),
+        ));
     }
     let _ = writeln!(out, "decode failures {}", s.decode_failures);
     let _ = writeln!(

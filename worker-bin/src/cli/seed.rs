@@ -17,8 +17,9 @@ use tranche_archive_store::Tier;
 use tranche_codec::{CompletedRecord, PlanGeometry, decode_json, encode_json};
 
 use crate::backend::{Backend, Open, Tuning};
-use crate::cli::args::{Global, ImportArgs};
-use crate::cli::ops::Outcome;
+use crate::cli::args::ImportArgs;
+use crate::cli::common::Global;
+use crate::cli::common::Outcome;
 
 /// A partition of the seed's active hash. Fields this version does not use (lease
 /// times, checkpoints) are ignored.
@@ -178,7 +179,7 @@ pub(crate) async fn import(g: &Global, args: &ImportArgs) -> Result<Outcome> {
         let plans = backend.active.plans().await?;
         let archived = backend.stats.summary().await?.global_stats.total_completed;
         if plans == adoption.entries && archived >= adoption.completed.len() as u64 {
-            crate::cli::ops::say(
+            crate::cli::common::say(
                 g.json,
                 format_args!(
                     "namespace `{}` on {} already holds these partitions: nothing changed",
@@ -208,7 +209,8 @@ pub(crate) async fn import(g: &Global, args: &ImportArgs) -> Result<Outcome> {
     } else {
         Tier::Simple
     };
-    let dump = crate::cli::jsonl::dump_of(&schema, adoption.completed, crate::now_ms(), tier)?;
+    let dump =
+        crate::cli::jsonl::dump_of(&schema, adoption.completed, crate::duration::now_ms(), tier)?;
     let restored = backend.archive.import(&dump).await?;
     backend.register_namespace().await?;
     let plan = match adoption.entries.as_slice() {
@@ -219,7 +221,7 @@ pub(crate) async fn import(g: &Global, args: &ImportArgs) -> Result<Outcome> {
         ),
         entries => format!("{} explicit ranges", entries.len()),
     };
-    crate::cli::ops::say(
+    crate::cli::common::say(
         g.json,
         format_args!(
             "adopted {plan} into `{}` on {}: {restored} completed (archived), {pending} pending, {failed} failed",
@@ -258,7 +260,7 @@ pub(crate) async fn export(backend: &Backend, key: &str, json: bool) -> Result<O
             }
         }
     }
-    crate::cli::ops::say(
+    crate::cli::common::say(
         json,
         format_args!(
             "exported {written} records to the hash {key} on {}",

@@ -10,14 +10,14 @@ use tranche_archive_store::{Dump, Tier};
 use crate::backend::{Backend, Open, Tuning};
 use crate::cli::args::ExportArgs;
 
-use crate::cli::ops::Outcome;
+use crate::cli::common::Outcome;
 
 pub(crate) async fn export(backend: &Backend, args: &ExportArgs, json: bool) -> Result<Outcome> {
     let output = args
         .output
         .as_deref()
         .context("give -o FILE or --to-hash KEY")?;
-    let mut dump = backend.archive.export(crate::now_ms()).await?;
+    let mut dump = backend.archive.export(crate::duration::now_ms()).await?;
     // The plan registry travels with the archive, so that an import answers for pids
     // and never issues an archived one again.
     dump.plans = backend.active.plans().await?;
@@ -58,17 +58,19 @@ pub(crate) async fn export(backend: &Backend, args: &ExportArgs, json: bool) -> 
     Ok(Outcome::Success)
 }
 
-pub(crate) async fn import(g: &crate::cli::args::Global, file: &Path) -> Result<Outcome> {
+pub(crate) async fn import(g: &crate::cli::common::Global, file: &Path) -> Result<Outcome> {
     let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
     let mut dump = if crate::cli::jsonl::looks_like_jsonl(&bytes) {
         let text = std::str::from_utf8(&bytes)
             .with_context(|| format!("{} is not UTF-8 JSON lines", file.display()))?;
-        crate::cli::jsonl::read(text, crate::now_ms(), Tier::Simple).with_context(|| {
-            format!(
-                "{} is not JSON lines of `tranche export --jsonl`",
-                file.display()
-            )
-        })?
+        crate::cli::jsonl::read(text, crate::duration::now_ms(), Tier::Simple).with_context(
+            || {
+                format!(
+                    "{} is not JSON lines of `tranche export --jsonl`",
+                    file.display()
+                )
+            },
+        )?
     } else {
         let dump = Dump::from_bytes(&bytes)
             .with_context(|| format!("{} is not a tranche dump", file.display()))?;

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use rand::Rng;
 
+pub(crate) use crate::handler::Chunk;
 pub(crate) use guard::Fence;
 
 /// How long a chunk's process group has between SIGTERM and SIGKILL once aborted at
@@ -41,21 +42,6 @@ pub(crate) enum ChunkError {
     Refused(String, tranche_active_store::FailPolicy),
 }
 
-/// One chunk: the IDs `from..=to` of partition `pid`, on attempt `attempt`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Chunk {
-    /// The partition.
-    pub pid: u64,
-    /// The chunk's number within the partition, from 0.
-    pub index: u64,
-    /// First row ID of the chunk.
-    pub from: u64,
-    /// Last row ID of the chunk (inclusive).
-    pub to: u64,
-    /// The partition's attempt, from 1.
-    pub attempt: u32,
-}
-
 /// How chunks are processed.
 #[derive(Debug, Clone)]
 pub(crate) enum Job {
@@ -64,7 +50,7 @@ pub(crate) enum Job {
     Exec(String),
     /// Sleep uniformly in `latency` ms, fail with probability `fail`.
     Simulate { latency: (u64, u64), fail: f64 },
-    /// A library user's handler ([`crate::runner::Handler`]).
+    /// A library user's handler ([`crate::Handler`]).
     Handler(crate::handler::HandlerRef),
 }
 

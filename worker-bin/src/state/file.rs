@@ -238,8 +238,8 @@ pub fn fuzz_state_file(data: &[u8]) {
         ..Default::default()
     };
     let first_pid = state.active.first_pid().unwrap_or(1);
-    let tuning = crate::backend::Tuning::default();
-    let archive = crate::backend::archive_config(&ns, shards, first_pid, &tuning);
+    let tuning = crate::layers::Tuning::default();
+    let archive = crate::layers::archive_config(&ns, shards, first_pid, &tuning);
     let clock = std::sync::Arc::new(tranche_active_store::SystemClock);
     let _ = super::Embedded::restore(
         active,

@@ -25,6 +25,7 @@ use crate::backend::Backend;
 use crate::event::{Event, Progress};
 use crate::held::{self, Hold, LeaseBook};
 use crate::job::{Chunk, ChunkError, Job};
+use crate::sync::until;
 
 mod partition;
 mod recent;
@@ -319,10 +320,11 @@ pub(crate) async fn run(
     let book = Arc::new(LeaseBook::new(settings.lease, settings.split));
     let (bg_tx, bg_rx) = watch::channel(false);
     let mut background = JoinSet::new();
+    let timed = shared.clone();
     background.spawn(held::heartbeat(
         book.clone(),
         backend.active.clone(),
-        shared.clone(),
+        Arc::new(move |at| timed.timed_update(at)),
         settings.lease,
         bg_rx.clone(),
     ));
@@ -722,22 +724,6 @@ impl Drop for Working {
         // A permit if the claim loop is not waiting now: it looks again at once.
         self.0.slot_freed.notify_one();
     }
-}
-
-/// Waits until the watched value satisfies `f` (or its sender is gone), holding no
-/// borrow of it across the wait's end, so the future stays `Send`.
-pub(crate) async fn until<T>(rx: &mut watch::Receiver<T>, f: impl FnMut(&T) -> bool) {
-    let _ = rx.wait_for(f).await;
-}
-
-/// This machine's name, for the worker registry.
-pub(crate) fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "localhost".to_owned())
 }
 
 #[cfg(test)]

@@ -16,8 +16,9 @@ use crate::event::Event;
 use crate::held::{Hold, LeaseBook};
 use crate::job::{Chunk, ChunkError, KILL_AFTER};
 
-use super::{Settings, Shared, Stop, Working, until};
-use crate::now_ms;
+use super::{Settings, Shared, Stop, Working};
+use crate::duration::now_ms;
+use crate::sync::until;
 
 mod timed;
 
@@ -258,7 +259,10 @@ impl PartitionCtx {
         checkpoint: impl Fn(u64) -> u64 + Clone + Send + 'static,
     ) -> (Ended, u64) {
         let mut permits = crate::control::Permits::new(self.gate.clone());
-        let window = SlidingWindow::new(permits.window(&self.settings), first);
+        let window = SlidingWindow::new(
+            permits.window(self.settings.parallel, self.settings.window),
+            first,
+        );
         let failure = Failure::default();
 
         // A signal, a lost lease or a fenced one closes the window, which stops the

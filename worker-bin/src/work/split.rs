@@ -214,7 +214,14 @@ impl Splitter {
                 }
             },
         };
-        let asks = plan(&parts, free, split_min, grain, crate::now_ms(), ahead);
+        let asks = plan(
+            &parts,
+            free,
+            split_min,
+            grain,
+            crate::duration::now_ms(),
+            ahead,
+        );
         // A part another process asked for already (for as many pieces or more) is
         // passed by. An early look asks for every piece its plan has.
         let (want, most) = match mode {

@@ -10,8 +10,10 @@ use tranche_active_store::{ActiveStore, WorkerInfo};
 
 use crate::backend::Backend;
 
-use super::{Shared, Stop, hostname, until};
-use crate::now_ms;
+use super::{Shared, Stop};
+use crate::duration::now_ms;
+use crate::slot::hostname;
+use crate::sync::until;
 
 /// How long a silent worker stays in the registry before the reaper forgets it.
 pub(crate) const WORKER_RETENTION: Duration = Duration::from_secs(24 * 3600);

@@ -642,7 +642,7 @@ mod library {
     use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
 
-    use tranche_worker::runner::{Chunk, Handler, HandlerError, ProbeOutcome, Runner};
+    use tranche_worker::{Chunk, Handler, HandlerError, ProbeOutcome, Runner};
 
     /// Records when each chunk started.
     #[derive(Clone, Default)]

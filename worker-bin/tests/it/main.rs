@@ -40,3 +40,4 @@ mod serve;
 #[cfg(feature = "cli")]
 mod signals;
 mod split;
+mod tidy;

@@ -1,6 +1,6 @@
 //! The PostgreSQL backfill example, for real: a private PostgreSQL server (initdb and
 //! pg_ctl on a free port, as the Redis tests start their own redis-server) and the
-//! example's handler run by `tranche_worker::runner` on a private Redis. A table of
+//! example's handler run by `tranche_worker::Runner` on a private Redis. A table of
 //! 25,000 rows is stopped halfway and run again; a table of 1,000,000 rows is
 //! backfilled by three runner processes, one of them SIGKILLed mid-run: every row is
 //! backfilled as intended, none is missed, and `tranche check` finds nothing amiss.
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use example::Backfill;
 use support::TestRedis;
-use tranche_worker::runner::Runner;
+use tranche_worker::Runner;
 
 /// A private PostgreSQL cluster, stopped and removed on drop.
 struct TestPostgres {
@@ -407,7 +407,7 @@ async fn wait_with_deadline(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_below_holds_a_server_figure_under_its_target() {
     use std::sync::Arc;
-    use tranche_worker::runner::{Chunk, Handler, HandlerError, ProbeOutcome};
+    use tranche_worker::{Chunk, Handler, HandlerError, ProbeOutcome};
 
     struct Logged {
         backfill: Backfill,

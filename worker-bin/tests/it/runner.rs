@@ -1,4 +1,4 @@
-//! `tranche_worker::runner`: a worker embedded in a Rust program with its own async
+//! `tranche_worker::Runner`: a worker embedded in a Rust program with its own async
 //! handler, on a private Redis and embedded, through retries and a drain.
 
 use crate::support;
@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use support::TestRedis;
-use tranche_worker::runner::{CancellationToken, Chunk, Handler, HandlerError, Runner};
+use tranche_worker::{CancellationToken, Chunk, Handler, HandlerError, Runner};
 
 /// Records every chunk it processes; fails the first attempt of partition 3's chunk 1.
 #[derive(Clone, Default)]
@@ -335,7 +335,7 @@ async fn permanent_and_delayed_failures_on_redis() {
 /// Errors are kinds to match, with messages of the library's, not the command line's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_are_typed() {
-    use tranche_worker::runner::Error;
+    use tranche_worker::Error;
     let dir = std::env::temp_dir().join(format!("tranche-errors-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let runner = Runner::embedded(dir.join("e.state")).namespace("e");
@@ -434,7 +434,7 @@ impl Handler for Stubborn {
 /// away.
 #[tokio::test]
 async fn events_and_until_nothing_to_claim() {
-    use tranche_worker::runner::{Event, Until};
+    use tranche_worker::{Event, Until};
     let dir = std::env::temp_dir().join(format!("tranche-events-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let events: Arc<Mutex<Vec<Event>>> = Arc::default();

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use support::TestRedis;
 use tranche_worker::Event;
-use tranche_worker::runner::{Chunk, Handler, HandlerError, Runner};
+use tranche_worker::{Chunk, Handler, HandlerError, Runner};
 
 /// IDs 1..=1600 in 4 partitions of 400: partition 1's chunks are slow, the rest fast.
 const MAX: u64 = 1600;

@@ -45,7 +45,7 @@ impl From<anyhow::Error> for ApiError {
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "error",
-            crate::cli::one_line(&err),
+            crate::cli::common::one_line(&err),
         )
     }
 }
@@ -140,7 +140,7 @@ pub(crate) async fn config(State(app): State<Arc<App>>) -> Response {
 
 pub(crate) async fn status(State(app): State<Arc<App>>) -> ApiResult {
     let backend = app.backend().await?;
-    let mut status = crate::cli::ops::status_of(&backend).await?;
+    let mut status = crate::cli::inspect::status_of(&backend).await?;
     // The CLI's shape, but no address of the store leaves the server.
     status.location = if backend.is_embedded() {
         "embedded".to_owned()
@@ -153,7 +153,11 @@ pub(crate) async fn status(State(app): State<Arc<App>>) -> ApiResult {
 pub(crate) async fn workers(State(app): State<Arc<App>>) -> ApiResult {
     let backend = app.backend().await?;
     let workers = backend.active.workers().await?;
-    Ok(json_text(render::workers(&workers, crate::now_ms(), true)))
+    Ok(json_text(render::workers(
+        &workers,
+        crate::duration::now_ms(),
+        true,
+    )))
 }
 
 pub(crate) async fn stats(State(app): State<Arc<App>>) -> ApiResult {
@@ -219,7 +223,7 @@ pub(crate) async fn get_pid(State(app): State<Arc<App>>, Path(pid): Path<String>
         PartitionView::Summarised { .. } => "stats",
     };
     app.query_latency.observe(layer, started);
-    let pieces = crate::cli::ops::pieces_of(backend.active.as_ref(), &view).await?;
+    let pieces = crate::cli::inspect::pieces_of(backend.active.as_ref(), &view).await?;
     Ok(json_text(render::view(pid, &view, &pieces, true)))
 }
 
@@ -321,7 +325,7 @@ pub(crate) async fn discard(
             "conflict",
             format!(
                 "partition {pid} is not pending or failed (it is {}): nothing discarded",
-                crate::cli::ops::state_of(&backend, pid).await
+                crate::cli::inspect::state_of(&backend, pid).await
             ),
         ));
     }

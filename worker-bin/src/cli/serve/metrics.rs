@@ -180,7 +180,9 @@ pub(crate) async fn scrape(State(app): State<Arc<App>>) -> Result<Response, ApiE
         inbox,
     );
     let age: FloatGauge = Gauge::default();
-    age.set(oldest.map_or(0.0, |ms| crate::now_ms().saturating_sub(ms) as f64 / 1000.0));
+    age.set(oldest.map_or(0.0, |ms| {
+        crate::duration::now_ms().saturating_sub(ms) as f64 / 1000.0
+    }));
     registry.register(
         "inbox_oldest_age_seconds",
         "Age of the oldest completion waiting for the archiver (0 when none; Redis only)",
@@ -235,7 +237,7 @@ pub(crate) async fn scrape(State(app): State<Arc<App>>) -> Result<Response, ApiE
         u64::from(paused),
     );
     if let Some(record) = crate::cli::control::record_of(&backend).await? {
-        crate::cli::control::register_metrics(&mut registry, &record, crate::now_ms());
+        crate::cli::control::register_metrics(&mut registry, &record, crate::duration::now_ms());
     }
     if let Some(bytes) = memory {
         gauge(

@@ -31,9 +31,11 @@ use axum::Router;
 use axum::routing::{get, post};
 
 use crate::backend::{Backend, Connections, Open, Tuning};
-use crate::cli::args::{Global, ServeArgs};
-use crate::cli::ops::Outcome;
-use crate::work::{Stop, until};
+use crate::cli::args::ServeArgs;
+use crate::cli::common::Global;
+use crate::cli::common::Outcome;
+use crate::sync::until;
+use crate::work::Stop;
 
 /// What every handler shares.
 pub(crate) struct App {
@@ -148,7 +150,7 @@ pub(crate) async fn serve(g: &Global, args: ServeArgs) -> Result<Outcome> {
         .with_context(|| format!("cannot listen on {listen}"))?;
     let local = listener.local_addr()?;
     println!("serving namespace `{}` on http://{local}/", g.namespace);
-    let mut stop = crate::cli::ops::signals(std::time::Duration::ZERO)?;
+    let mut stop = crate::cli::common::signals(std::time::Duration::ZERO)?;
     http::serve(listener, router(app), async move {
         until(&mut stop, |s| *s != Stop::Running).await;
     })

@@ -68,7 +68,10 @@ impl PartitionCtx {
             );
         }
         let mut permits = crate::control::Permits::new(self.gate.clone());
-        let window = SlidingWindow::new(permits.window(&self.settings), 0);
+        let window = SlidingWindow::new(
+            permits.window(self.settings.parallel, self.settings.window),
+            0,
+        );
         let sizer = Arc::new(Mutex::new(sizer));
         let failure = Failure::default();
         let checkpoint = || {
