@@ -162,7 +162,7 @@ end
 local ops, held, no, holding, bad = {}, {}, 0, false, {}
 local partrec, finals = ents and {}, ents and {}
 -- The highest bit a held lease sets, looked at only for offsets of six digits or more:
--- below 524,280 the bitmap is under 64 KB, and Redis grows it as it always did.
+-- below 524,280 the bitmap is under 64 KB, and Redis grows it (`grow_bitmap`).
 local top = -1
 for i = 1, n do
   local bit = sbits[i]
@@ -220,24 +220,9 @@ end
 -- The counters of the statuses a completion moves (claimed and running), read and
 -- checked only when a lease is held to its end: otherwise no status moves.
 if holding then read_counts(KEYS[5], {'c', 'r'}) end
--- Past 64 KB the index is grown here, as archive.lua grows the archived bitmap: to just
--- under a jemalloc size class (four per power of two; a string of 64 KB or more has 10
--- bytes of sds header and NUL), by one SET of the old bits and zeros, after every check.
--- Redis would grow it itself by doubling, and an index of 5 million pids (625 KB) would
--- then hold 1.25 MB. Its zero tail reads as clear bits. An offset past what BITFIELD
--- takes (512 MB) is left to BITFIELD, which refuses it before it writes.
-local need = math.floor(top / 8) + 1
-if need >= 65536 and need <= 536870912 then
-  local len = redis.call('STRLEN', KEYS[3])
-  if need > len then
-    local step = 1
-    while step * 2 <= need + 10 do step = step * 2 end
-    step = step / 4
-    local size = math.ceil((need + 10) / step) * step - 10
-    local old = redis.call('GET', KEYS[3]) or ''
-    redis.call('SET', KEYS[3], old .. string.rep('\0', size - #old))
-  end
-end
+-- Every check done: the index grown to hold the highest bit (`grow_bitmap`,
+-- common.lua), as archive.lua grows the archived bitmap.
+grow_bitmap(KEYS[3], top)
 local bits = redis.call('BITFIELD', KEYS[3], unpack(ops))
 
 local out, done, records, nd, nrec = {}, {}, {}, 0, 0
