@@ -10,6 +10,7 @@ mod planner;
 mod query;
 mod record;
 mod registry;
+mod skew;
 mod split;
 
 use std::sync::{Arc, LazyLock, OnceLock, RwLock};

@@ -223,3 +223,19 @@ pub(super) async fn a_discard_with_pieces_out_makes_the_partition_whole(h: Harne
     );
     assert!(!s.discard(pid).await.unwrap(), "discarded once");
 }
+
+/// Deadlines stay on the callers' clocks (`src/split.rs`, "Clocks"), so a process can
+/// tell how far off its clock is from the server's, the reading every process shares:
+/// ahead, behind or level, within a round trip.
+#[tokio::test]
+async fn a_store_measures_its_clock_against_the_servers() {
+    let server = TestRedis::start();
+    let conn = RedisConnection::connect(&server.url()).await.unwrap();
+    for offset in [-10_000i64, 0, 10_000] {
+        let at = server.time_ms().checked_add_signed(offset).unwrap();
+        let clock = Arc::new(ManualClock::new(at));
+        let store = RedisActiveStore::with_clock(conn.clone(), Config::default(), clock).unwrap();
+        let skew = store.clock_skew_ms().await.unwrap();
+        assert!((skew - offset).abs() < 1_000, "{offset} ms off: {skew}");
+    }
+}
