@@ -5,9 +5,9 @@
 -- ARGV[1] now ms   ARGV[2] new deadline ms, then per piece: `pid:start`, token, progress
 --      (empty: keep), next (the first ID the holder has not handed out; empty: no cut)
 -- Reply: per piece, '>' and its last ID (renewed; an earlier call's cut may have moved
--- it; '1' if the record names none: the lease's own), '-1' (lost), '=' and its new last ID (renewed and cut in this call), or '!' and
--- the error naming its record, which does not decode (left as it is; the other pieces
--- are renewed).
+-- it; '1' if the record names none: the lease's own), '-1' (lost), '=' and its new last
+-- ID (renewed and cut in this call), or '!' and the error naming its record, which does
+-- not decode (left as it is; the other pieces are renewed).
 entries(2, 4, true)
 local now, deadline = ARGV[1], ARGV[2]
 num(now, 'now')
