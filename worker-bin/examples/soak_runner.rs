@@ -26,7 +26,10 @@
 //!   with no KILL line; `run-twice`: each chunk runs twice at once; `complete-twice`:
 //!   each partition completed here is applied to the statistics a second time;
 //!   `exit-on-reset`: the process exits when a connection of its own to Redis is reset;
-//!   `swallow-panic`: the panic trigger is taken, and neither panicked on nor written.
+//!   `swallow-panic`: the panic trigger is taken, and neither panicked on nor written;
+//!   `ignore-cut`: every chunk's lines claim the IDs up to its partition's planned end,
+//!   as a holder that ran past a cut would (the ledger's view of it: the library
+//!   applies cuts before it makes chunks, so a handler cannot run past one itself).
 //!
 //! ```sh
 //! cargo run -p tranche-worker --example soak_runner   # started by `cargo xtask soak`
@@ -49,6 +52,7 @@ enum Sabotage {
     CompleteTwice,
     ExitOnReset,
     SwallowPanic,
+    IgnoreCut,
 }
 
 impl Sabotage {
@@ -59,6 +63,7 @@ impl Sabotage {
             "complete-twice" => Some(Sabotage::CompleteTwice),
             "exit-on-reset" => Some(Sabotage::ExitOnReset),
             "swallow-panic" => Some(Sabotage::SwallowPanic),
+            "ignore-cut" => Some(Sabotage::IgnoreCut),
             // The ledger script's switches, or none.
             _ => None,
         }
@@ -100,6 +105,13 @@ struct Ledger {
 
 impl Ledger {
     fn line(&self, what: &str, chunk: &Chunk) -> std::io::Result<()> {
+        if self.sabotage == Some(Sabotage::IgnoreCut) {
+            // Each chunk runs to the end of its partition as planned (the soak plans
+            // partitions of 1000 IDs from ID 1), whatever was cut off and handed away.
+            let end = (chunk.from - 1) / 1000 * 1000 + 1000;
+            let whole = Chunk { to: end, ..*chunk };
+            return write_line(&self.file, &self.worker, what, &whole);
+        }
         write_line(&self.file, &self.worker, what, chunk)
     }
 

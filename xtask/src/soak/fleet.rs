@@ -325,13 +325,14 @@ pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
         .ok()
 }
 
-/// Live processes left by the killed incarnation `name` (whose chunks wrote to
-/// `ledger`): those whose environment carries `SOAK_WORKER=name` (every chunk process
+/// Live processes of run `run_id` left by the killed incarnation `name` (whose chunks
+/// wrote to `ledger`): those whose environment carries `SOAK_WORKER=name` (every chunk process
 /// inherits it, whatever session or group it moved to) or whose process group is one
 /// of its chunks' (a chunk's group is led by the chunk's own process), with their
 /// command lines. The incarnation itself is reaped by then.
-pub(crate) fn orphans_of(name: &str, ledger: &Path) -> Vec<(u32, String)> {
+pub(crate) fn orphans_of(name: &str, ledger: &Path, run_id: &str) -> Vec<(u32, String)> {
     let needle = format!("SOAK_WORKER={name}");
+    let run = format!("SOAK_RUN={run_id}");
     // The chunks it left open (a START and no line after it): older chunk pids may
     // have been reused by now.
     let mut groups: Vec<u32> = Vec::new();
@@ -373,8 +374,9 @@ pub(crate) fn orphans_of(name: &str, ledger: &Path) -> Vec<(u32, String)> {
         }
         let pgrp: u32 = fields.get(2).and_then(|g| g.parse().ok()).unwrap_or(0);
         let env = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-        let named = env.split(|&b| b == 0).any(|v| v == needle.as_bytes());
-        if named || groups.contains(&pgrp) {
+        let has = |var: &String| env.split(|&b| b == 0).any(|v| v == var.as_bytes());
+        // This run's only: another soak on the machine has workers of the same names.
+        if has(&run) && (has(&needle) || groups.contains(&pgrp)) {
             let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
             let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
             found.push((pid, format!("group {pgrp}: {}", cmdline.trim())));

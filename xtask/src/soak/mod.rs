@@ -497,9 +497,11 @@ impl Soak {
         } else if self.opts.profile == Profile::Splits {
             self.splits_batch()
         } else {
-            // Roughly what the fleet does in the duration on a small machine; more is
-            // planned whenever it runs low.
-            (secs * 6 * self.opts.workers as u64).max(200)
+            // Roughly what the fleet does in the duration on a small machine, a minute
+            // at most; more is planned whenever it runs low. (A plan for all of a long
+            // run is more than a busy machine does in it, and the drain cannot catch
+            // up.)
+            (secs.min(60) * 6 * self.opts.workers as u64).max(200)
         };
         self.plan(partitions)?;
         self.t0 = Instant::now();
@@ -626,7 +628,7 @@ impl Soak {
             .collect();
         for (name, slot, _) in due {
             let ledger = self.slots[slot].ledger(&self.setup);
-            for (pid, what) in fleet::orphans_of(&name, &ledger) {
+            for (pid, what) in fleet::orphans_of(&name, &ledger, &self.setup.run_id) {
                 self.orphans.push(format!(
                     "{name}: pid {pid} ({what}) alive {ORPHAN_CHECK:?} after its worker's kill"
                 ));

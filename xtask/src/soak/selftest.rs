@@ -20,9 +20,21 @@ struct Case {
     /// Fleet seconds, and the drain's deadline.
     secs: u64,
     drain: u64,
+    /// `--splits`: idle slots split running partitions.
+    splits: bool,
 }
 
 const CASES: &[Case] = &[
+    Case {
+        switch: "ignore-cut",
+        what: "the runner's chunks run to their partition's planned end, past a cut",
+        oracles: &["no_range_run_twice_at_once"],
+        faults: "kill",
+        target: Some(Kind::Exec),
+        secs: 16,
+        drain: 3,
+        splits: true,
+    },
     Case {
         switch: "skip-guard",
         what: "a chunk's work escapes its process group (setsid) and outlives its killed worker",
@@ -31,6 +43,7 @@ const CASES: &[Case] = &[
         target: Some(Kind::Exec),
         secs: 16,
         drain: 3,
+        splits: false,
     },
     Case {
         switch: "tear",
@@ -40,6 +53,7 @@ const CASES: &[Case] = &[
         target: Some(Kind::Exec),
         secs: 14,
         drain: 3,
+        splits: false,
     },
     Case {
         switch: "ignore-fence",
@@ -50,6 +64,7 @@ const CASES: &[Case] = &[
         target: Some(Kind::Runner),
         secs: 20,
         drain: 3,
+        splits: false,
     },
     Case {
         switch: "run-twice",
@@ -59,6 +74,7 @@ const CASES: &[Case] = &[
         target: Some(Kind::Exec),
         secs: 14,
         drain: 3,
+        splits: false,
     },
     Case {
         switch: "complete-twice",
@@ -68,6 +84,7 @@ const CASES: &[Case] = &[
         target: Some(Kind::Exec),
         secs: 14,
         drain: 60,
+        splits: false,
     },
     Case {
         switch: "exit-on-reset",
@@ -77,6 +94,7 @@ const CASES: &[Case] = &[
         target: None,
         secs: 14,
         drain: 3,
+        splits: false,
     },
     Case {
         switch: "swallow-panic",
@@ -86,6 +104,7 @@ const CASES: &[Case] = &[
         target: None,
         secs: 16,
         drain: 3,
+        splits: false,
     },
 ];
 
@@ -136,6 +155,9 @@ pub(super) fn run(args: &[String]) -> Result<()> {
             ]
             .map(str::to_owned),
         )?;
+        if case.splits {
+            opts.profile = Profile::Splits;
+        }
         // One fault, early: each case is after what its sabotage does to it, not after
         // a recovery.
         opts.first_fault = Some(Duration::from_secs(5));
