@@ -164,14 +164,23 @@ pub(super) fn run(args: &[String]) -> Result<()> {
         opts.quiet_end = Duration::from_secs(2);
         opts.target = case.target;
         opts.sabotage = Some(case.switch.to_owned());
-        let report = run_once(
+        let report = match run_once(
             opts,
             &server,
             tranche.clone(),
             runner.clone(),
             0.0,
             case_started,
-        )?;
+        ) {
+            Ok(report) => report,
+            Err(err) => {
+                // A run that could not finish proves nothing: the case fails, the
+                // others still run.
+                rows.push(format!("  {:<15} ERROR: {err:#}", case.switch));
+                escaped.push(case.switch);
+                continue;
+            }
+        };
         std::fs::copy(
             crate::workspace_root().join("target/soak/report.json"),
             out.join(format!("{}.json", case.switch)),
