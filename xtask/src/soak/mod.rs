@@ -6,7 +6,8 @@
 //! state file, while a seeded schedule injects one fault every `--interval` seconds. Every chunk appends START and END lines to its worker's ledger;
 //! at the end the oracles read the ledgers, the statistics, `check` and the `health`
 //! samples, print one JSON report and write `target/soak/report.json` and
-//! `target/soak/timeline.svg`. Any failed oracle makes the task fail.
+//! `target/soak/timeline.svg`. Any failed oracle makes the task fail. `--self-test`
+//! (`selftest.rs`) shows that each oracle can: a short run per sabotaged worker.
 
 mod faults;
 mod fleet;
