@@ -19,18 +19,75 @@
 //! - `SOAK_LEASE_MS`, `SOAK_CHUNK`, `SOAK_PARALLEL`, `SOAK_CONCURRENCY`: the runner's
 //!   settings;
 //! - `SOAK_WORK_MS`: the simulated work per chunk, `MIN-MAX` milliseconds (default
-//!   `10-90`), spread by the chunk's own numbers.
+//!   `10-90`), spread by the chunk's own numbers;
+//! - `SOAK_SABOTAGE` (`cargo xtask soak --self-test` only): a worker broken on purpose,
+//!   for the oracle aimed at it to prove it fails. `ignore-fence`: the work runs on a
+//!   thread and writes its END even after the runner dropped the chunk (its lease lost),
+//!   with no KILL line; `run-twice`: each chunk runs twice at once; `complete-twice`:
+//!   each partition completed here is applied to the statistics a second time;
+//!   `exit-on-reset`: the process exits when a connection of its own to Redis is reset;
+//!   `swallow-panic`: the panic trigger is taken, and neither panicked on nor written;
+//!   `ignore-cut`: every chunk's lines claim the IDs up to its partition's planned end,
+//!   as a holder that ran past a cut would (the ledger's view of it: the library
+//!   applies cuts before it makes chunks, so a handler cannot run past one itself).
 //!
 //! ```sh
 //! cargo run -p tranche-worker --example soak_runner   # started by `cargo xtask soak`
 //! ```
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tranche_worker::{Chunk, Handler, HandlerError, Runner};
+use tranche_worker::{Chunk, Event, Handler, HandlerError, Runner};
+
+/// A sabotage switch of `SOAK_SABOTAGE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sabotage {
+    IgnoreFence,
+    RunTwice,
+    CompleteTwice,
+    ExitOnReset,
+    SwallowPanic,
+    IgnoreCut,
+}
+
+impl Sabotage {
+    fn from_env() -> Option<Sabotage> {
+        match std::env::var("SOAK_SABOTAGE").ok()?.as_str() {
+            "ignore-fence" => Some(Sabotage::IgnoreFence),
+            "run-twice" => Some(Sabotage::RunTwice),
+            "complete-twice" => Some(Sabotage::CompleteTwice),
+            "exit-on-reset" => Some(Sabotage::ExitOnReset),
+            "swallow-panic" => Some(Sabotage::SwallowPanic),
+            "ignore-cut" => Some(Sabotage::IgnoreCut),
+            // The ledger script's switches, or none.
+            _ => None,
+        }
+    }
+}
+
+/// A ledger line `what` for `chunk`, appended to `file`.
+fn write_line(file: &File, worker: &str, what: &str, chunk: &Chunk) -> std::io::Result<()> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros();
+    let line = format!(
+        "{what} {} {} {} {worker} {} {now}\n",
+        chunk.pid,
+        chunk.from,
+        chunk.to,
+        std::process::id()
+    );
+    // One write of a line under PIPE_BUF to a file opened O_APPEND: atomic beside
+    // the other writers of the same ledger.
+    let mut file = file;
+    file.write_all(line.as_bytes())
+}
 
 /// The soak handler: a ledger line before and after a short sleep.
 struct Ledger {
@@ -41,25 +98,48 @@ struct Ledger {
     /// The simulated work per chunk: `min + spread` ms at most.
     min_ms: u64,
     spread_ms: u64,
+    sabotage: Option<Sabotage>,
+    /// Per partition, the IDs its chunks covered here (`complete-twice` only).
+    covered: Arc<Mutex<HashMap<u64, (u64, u64)>>>,
 }
 
 impl Ledger {
     fn line(&self, what: &str, chunk: &Chunk) -> std::io::Result<()> {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_micros();
-        let line = format!(
-            "{what} {} {} {} {} {} {now}\n",
-            chunk.pid,
-            chunk.from,
-            chunk.to,
-            self.worker,
-            std::process::id()
-        );
-        // One write of a line under PIPE_BUF to a file opened O_APPEND: atomic beside
-        // the other writers of the same ledger.
-        (&self.file).write_all(line.as_bytes())
+        if self.sabotage == Some(Sabotage::IgnoreCut) {
+            // Each chunk runs to the end of its partition as planned (the soak plans
+            // partitions of 1000 IDs from ID 1), whatever was cut off and handed away.
+            let end = (chunk.from - 1) / 1000 * 1000 + 1000;
+            let whole = Chunk { to: end, ..*chunk };
+            return write_line(&self.file, &self.worker, what, &whole);
+        }
+        write_line(&self.file, &self.worker, what, chunk)
+    }
+
+    fn work_ms(&self, chunk: &Chunk) -> u64 {
+        self.min_ms + (chunk.from.wrapping_mul(2_654_435_761) >> 7) % self.spread_ms
+    }
+
+    /// `ignore-fence`: the work on a thread of its own, which writes its END whatever
+    /// becomes of the chunk's future.
+    async fn unfenced(&self, chunk: &Chunk) -> Result<(), HandlerError> {
+        self.line("START", chunk)?;
+        let file = self.file.try_clone()?;
+        let (worker, copy, ms) = (self.worker.clone(), *chunk, self.work_ms(chunk));
+        let (done, finished) = tokio::sync::oneshot::channel();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(ms));
+            let _ = done.send(write_line(&file, &worker, "END", &copy));
+        });
+        finished.await.map_err(std::io::Error::other)??;
+        Ok(())
+    }
+
+    /// `run-twice`: a second run of the chunk beside the first.
+    async fn twin(&self, chunk: &Chunk) -> Result<(), HandlerError> {
+        self.line("START", chunk)?;
+        tokio::time::sleep(Duration::from_millis(self.work_ms(chunk))).await;
+        self.line("END", chunk)?;
+        Ok(())
     }
 }
 
@@ -82,28 +162,140 @@ impl Drop for Unfinished<'_> {
 #[async_trait::async_trait]
 impl Handler for Ledger {
     async fn process(&self, chunk: Chunk) -> Result<(), HandlerError> {
-        self.line("START", &chunk)?;
+        if self.sabotage == Some(Sabotage::CompleteTwice) {
+            let mut covered = self.covered.lock().unwrap();
+            let span = covered.entry(chunk.pid).or_insert((chunk.from, chunk.to));
+            *span = (span.0.min(chunk.from), span.1.max(chunk.to));
+        }
+        match self.sabotage {
+            Some(Sabotage::IgnoreFence) => return self.unfenced(&chunk).await,
+            Some(Sabotage::RunTwice) => {
+                let (a, b) = tokio::join!(self.chunk(&chunk), self.twin(&chunk));
+                return a.and(b);
+            }
+            _ => {}
+        }
+        self.chunk(&chunk).await
+    }
+}
+
+impl Ledger {
+    async fn chunk(&self, chunk: &Chunk) -> Result<(), HandlerError> {
+        self.line("START", chunk)?;
         let mut unfinished = Unfinished {
             ledger: self,
-            chunk: &chunk,
+            chunk,
             ended: false,
         };
         // The simulated work, spread by the chunk's own numbers.
-        let ms = self.min_ms + (chunk.from.wrapping_mul(2_654_435_761) >> 7) % self.spread_ms;
-        tokio::time::sleep(Duration::from_millis(ms)).await;
+        tokio::time::sleep(Duration::from_millis(self.work_ms(chunk))).await;
         // Only a partition's first chunk takes the trigger: with more chunks than the
         // window, a first chunk that never finishes holds the partition's checkpoint.
         if let (Some(trigger), 0) = (&self.panic_file, chunk.index) {
             let taken = trigger.with_extension("taken");
-            if std::fs::rename(trigger, &taken).is_ok() {
+            if std::fs::rename(trigger, &taken).is_ok()
+                && self.sabotage != Some(Sabotage::SwallowPanic)
+            {
                 unfinished.ended = true;
-                self.line("PANIC", &chunk)?;
+                self.line("PANIC", chunk)?;
                 panic!("soak: the injected handler panic (chunk {})", chunk.from);
             }
         }
         unfinished.ended = true;
-        self.line("END", &chunk)?;
+        self.line("END", chunk)?;
         Ok(())
+    }
+}
+
+/// `complete-twice`: applies each partition completed here (`done`) to the statistics
+/// of the first shard a second time, as a completion counted twice would, through the
+/// statistics' own delta script.
+async fn complete_again(
+    url: String,
+    namespace: String,
+    worker: String,
+    covered: Arc<Mutex<HashMap<u64, (u64, u64)>>>,
+    mut done: tokio::sync::mpsc::UnboundedReceiver<u64>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    use tranche_stats::archive_protocol::{APPLY_DELTA_LUA, delta_args};
+    let mut conn = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    // Shard 0's statistics keys, as the job's plan named them (the tags depend on its
+    // shard count and layout): `{tag}:stats:global` and the rest, once they exist.
+    let global = loop {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("*{namespace}*:stats:global"))
+            .query_async(&mut conn)
+            .await?;
+        match keys.into_iter().min() {
+            Some(key) => break key,
+            None => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    };
+    let tag = global.trim_end_matches("stats:global").to_owned();
+    let keys = ["global", "workers", "ranges", "hourly", "hist"].map(|s| format!("{tag}stats:{s}"));
+    // apply.lua of the statistics crate, whose test hook is not in this build.
+    let script = redis::Script::new(&format!(
+        "{APPLY_DELTA_LUA}\nreturn apply_stats(1, 1, true)"
+    ));
+    let worker: Arc<str> = Arc::from(worker.as_str());
+    while let Some(pid) = done.recv().await {
+        let Some((min_id, max_id)) = covered.lock().unwrap().remove(&pid) else {
+            continue;
+        };
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis() as u64;
+        let record = tranche_codec::CompletedRecord {
+            pid,
+            min_id,
+            max_id,
+            worker: Arc::clone(&worker),
+            completed_at_ms: now_ms,
+            duration_ms: 1,
+        };
+        let delta = tranche_stats::StatsDelta::from_records(&[record]);
+        let mut call = script.prepare_invoke();
+        for key in &keys {
+            call.key(key);
+        }
+        for arg in delta_args(&delta, now_ms) {
+            call.arg(arg);
+        }
+        if let Err(err) = call.invoke_async::<i64>(&mut conn).await {
+            eprintln!("soak_runner: complete-twice: {err}");
+        }
+    }
+    Ok(())
+}
+
+/// `exit-on-reset`: a connection of its own to the Redis of `url` (host and port),
+/// pinged every 200 ms; the process exits at once when it is reset or closed.
+async fn exit_on_reset(url: String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = url
+        .trim_start_matches("redis://")
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let mut conn = loop {
+        match tokio::net::TcpStream::connect(&addr).await {
+            Ok(c) => break c,
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    let mut buf = [0u8; 64];
+    loop {
+        let alive = conn.write_all(b"PING\r\n").await.is_ok()
+            && matches!(conn.read(&mut buf).await, Ok(n) if n > 0);
+        if !alive {
+            eprintln!("soak_runner: exit-on-reset: the connection was reset; exiting");
+            std::process::exit(3);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -134,12 +326,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
         .filter(|(a, b)| a <= b)
         .ok_or_else(|| format!("SOAK_WORK_MS={work} is not MIN-MAX milliseconds"))?;
+    let sabotage = Sabotage::from_env();
     let handler = Ledger {
         file,
         worker: env("SOAK_WORKER")?,
         panic_file: std::env::var_os("SOAK_PANIC_FILE").map(PathBuf::from),
         min_ms,
         spread_ms: max_ms - min_ms + 1,
+        sabotage,
+        covered: Arc::default(),
     };
     let runner = match std::env::var("TRANCHE_REDIS_URL") {
         Ok(url) => Runner::redis(url),
@@ -154,6 +349,34 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .concurrency(env_u64("SOAK_CONCURRENCY", 2)? as usize)
         .grace(Duration::from_secs(2))
         .follow(true);
+    let url = std::env::var("TRANCHE_REDIS_URL").ok();
+    let runner = match (sabotage, url) {
+        (Some(Sabotage::CompleteTwice), Some(url)) => {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let again = complete_again(
+                url,
+                env("TRANCHE_NAMESPACE")?,
+                handler.worker.clone(),
+                Arc::clone(&handler.covered),
+                rx,
+            );
+            tokio::spawn(async move {
+                if let Err(err) = again.await {
+                    eprintln!("soak_runner: complete-twice: {err}");
+                }
+            });
+            runner.on_event(move |event| {
+                if let Event::PartitionDone { pid, .. } = event {
+                    let _ = tx.send(*pid);
+                }
+            })
+        }
+        (Some(Sabotage::ExitOnReset), Some(url)) => {
+            tokio::spawn(exit_on_reset(url));
+            runner
+        }
+        _ => runner,
+    };
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("a SIGTERM handler");

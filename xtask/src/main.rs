@@ -21,7 +21,7 @@ cargo xtask TASK [ARGS]
 Tasks:
   ci                       cargo fmt --check, cargo clippy and cargo doc (warnings are
                            errors), then `test`, every bench once with
-                           TRANCHE_BENCH_SMOKE=1, then `soak --ci`
+                           TRANCHE_BENCH_SMOKE=1, then `soak --ci` and `soak --self-test`
   test [ARGS...]           make sure a redis-server (and the other servers the tests start)
                            is installed, then cargo nextest run --workspace (every test with
                            a deadline, .config/nextest.toml) and the doctests (ARGS go to
@@ -46,7 +46,13 @@ Tasks:
                            N s (kill, stop, panic, redis-kill, redis-pause, proxy,
                            failover, corrupt-stats, corrupt-batch, corrupt-active,
                            corrupt-state), then oracles; writes target/soak/report.json
-                           and timeline.svg, fails on any oracle
+                           and timeline.svg, fails on any oracle. `--ci`: every fault
+                           of its menu once, seed 22
+  soak --self-test [--prebuilt] [--only SWITCH]
+                           a short soak per sabotage switch (a worker broken on purpose:
+                           skip-guard, tear, ignore-fence, run-twice, complete-twice,
+                           exit-on-reset, swallow-panic); fails unless each one's oracles
+                           fail; reports in target/soak-self-test/
   help                     this text
 ";
 
@@ -83,7 +89,8 @@ fn run() -> Result<()> {
 /// clippy (with every target, then the libraries and binary alone), worker-bin's library
 /// floor alone (it builds without the `cli` feature and its dependency tree holds none
 /// of the command line's crates), rustdoc (broken links and bad doc markup fail it),
-/// then the tests, then a 2-minute soak.
+/// then the tests, then a soak through every fault of its menu (under 4 minutes) and
+/// the soak's self-test (its oracles failing on sabotaged workers, 3 minutes).
 fn ci() -> Result<()> {
     step(
         "cargo fmt --check",
@@ -180,8 +187,9 @@ fn ci() -> Result<()> {
     benches.env("TRANCHE_REDIS_SERVER", redis::ensure_installed()?);
     step("cargo test --bench * (smoke)", &mut benches)?;
     // The test step built the debug binary and the runner example the soak runs, so
-    // this costs its 2 minutes and little more.
-    soak::run(&["--ci".to_owned(), "--prebuilt".to_owned()])
+    // these cost their own minutes and little more.
+    soak::run(&["--ci".to_owned(), "--prebuilt".to_owned()])?;
+    soak::run(&["--self-test".to_owned(), "--prebuilt".to_owned()])
 }
 
 /// `cargo xtask test`: the whole test suite against real Redis servers the tests start

@@ -41,6 +41,34 @@ pub(crate) fn damage(kind: &str) -> bool {
     kind.starts_with("corrupt-") && kind != "corrupt-state"
 }
 
+/// The `health` rules that name a damage kind: the one that must fire after it (any
+/// other rule firing says nothing about this damage).
+pub(crate) fn rules(kind: &str) -> &'static [&'static str] {
+    match kind {
+        "corrupt-stats" => &["statistics_damaged"],
+        "corrupt-active" => &["active_records_corrupt"],
+        "corrupt-batch" => &["archive_damaged"],
+        _ => &[],
+    }
+}
+
+/// How long a run must be for every kind of `kinds` to come once: the first fault's
+/// wait, each fault's length and the recovery window after it, and the quiet end.
+pub(crate) fn run_for(kinds: &[String], lease: Duration, first: Duration) -> Duration {
+    let faults: Duration = kinds
+        .iter()
+        .map(|k| length(k, lease) + RECOVERY + EXTRA)
+        .sum();
+    first + faults + QUIET_END
+}
+
+/// The window after a heal in which no other fault comes (its recovery is measured).
+pub(crate) const RECOVERY: Duration = Duration::from_secs(10);
+/// No fault in the last seconds of a run: its recovery could not be seen.
+pub(crate) const QUIET_END: Duration = Duration::from_secs(12);
+/// What an injection takes beyond its length (a Redis restart, the loop's ticks).
+const EXTRA: Duration = Duration::from_secs(1);
+
 /// How long a fault lasts before the soak heals it.
 pub(crate) fn length(kind: &str, lease: Duration) -> Duration {
     match kind {
@@ -91,4 +119,45 @@ pub(crate) struct Fault {
     pub(crate) recovery_s: Option<f64>,
     pub(crate) health_fired_after_s: Option<f64>,
     pub(crate) health_masked: bool,
+    /// Why it did not take effect (no live worker to kill, no key to corrupt, an
+    /// injection error, a panic trigger nobody took); `None` when it did.
+    pub(crate) missed: Option<String>,
+}
+
+impl Fault {
+    /// A fault of `kind` at `at` seconds, not yet injected anywhere.
+    pub(crate) fn new(kind: &str, at: f64) -> Fault {
+        Fault {
+            kind: kind.to_owned(),
+            at,
+            healed: None,
+            target: String::new(),
+            note: String::new(),
+            persisted: None,
+            recovery_s: None,
+            health_fired_after_s: None,
+            health_masked: false,
+            missed: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--ci`'s run is long enough for every kind of its menu, each after the last
+    /// one's heal and recovery window.
+    #[test]
+    fn a_run_sized_to_the_menu_fits_every_kind() {
+        let lease = Duration::from_secs(3);
+        let first = Duration::from_secs(35);
+        let menu: Vec<String> = CI.split(',').map(str::to_owned).collect();
+        let run = run_for(&menu, lease, first);
+        let needed: Duration = menu.iter().map(|k| length(k, lease) + RECOVERY).sum();
+        assert!(run >= first + needed + QUIET_END, "{run:?}");
+        // One more kind, a longer run.
+        let more = [menu.clone(), vec!["stop".into()]].concat();
+        assert!(run_for(&more, lease, first) > run);
+    }
 }

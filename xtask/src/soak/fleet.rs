@@ -30,14 +30,30 @@ pub(crate) fn signal(pid: u32, sig: &str) {
 /// itself, no `sleep` forked, so a chunk costs one shell and nothing more.
 pub(crate) const LEDGER_SH: &str = r#"#!/bin/bash
 # START|END|KILL partition from to worker chunk_pid time_us
-line() { printf '%s %s %s %s %s %s %s\n' "$1" "$TRANCHE_PID" "$TRANCHE_FROM" "$TRANCHE_TO" "$SOAK_WORKER" "$$" "${EPOCHREALTIME/./}" >> "$SOAK_LEDGER"; }
+me=$$
+line() { printf '%s %s %s %s %s %s %s\n' "$1" "$TRANCHE_PID" "$TRANCHE_FROM" "$TRANCHE_TO" "$SOAK_WORKER" "$me" "${EPOCHREALTIME/./}" >> "$SOAK_LEDGER"; }
 # Killed by its worker (lease lost, drain): say when, so the interval ends there.
 trap 'line KILL; exit 143' TERM
-line START
-# 10-90 ms of work, or 8 s once in 2000 chunks (a chunk in flight when a fault hits;
-# rare enough that the few slots such chunks hold do not swing the fleet's rate).
-if (( RANDOM % 2000 == 0 )); then d=8; else d=0.0$(( RANDOM % 9 + 1 )); fi
-read -r -t "$d" _ <> "$SOAK_NEVER"
+if [[ $SOAK_SABOTAGE == tear ]]; then
+  # Sabotage (`soak --self-test`): the START in two appends with a wait between them,
+  # so that the other chunk's lines land inside it.
+  printf '%s %s %s ' START "$TRANCHE_PID" "$TRANCHE_FROM" >> "$SOAK_LEDGER"
+  read -r -t 0.05 _ <> "$SOAK_NEVER"
+  printf '%s %s %s %s\n' "$TRANCHE_TO" "$SOAK_WORKER" "$me" "${EPOCHREALTIME/./}" >> "$SOAK_LEDGER"
+else
+  line START
+fi
+if [[ $SOAK_SABOTAGE == skip-guard ]]; then
+  # Sabotage: the work runs in a session of its own, out of the chunk's process group,
+  # where the guard's kill does not reach it; it outlives its worker.
+  setsid bash -c 'read -r -t 4 _ <> "$SOAK_NEVER"' </dev/null >/dev/null 2>&1 &
+  wait $!
+else
+  # 10-90 ms of work, or 8 s once in 2000 chunks (a chunk in flight when a fault hits;
+  # rare enough that the few slots such chunks hold do not swing the fleet's rate).
+  if (( RANDOM % 2000 == 0 )); then d=8; else d=0.0$(( RANDOM % 9 + 1 )); fi
+  read -r -t "$d" _ <> "$SOAK_NEVER"
+fi
 line END
 "#;
 
@@ -89,6 +105,8 @@ pub(crate) struct Setup {
     pub(crate) runner_parallel: u64,
     pub(crate) runner_concurrency: u64,
     pub(crate) runner_work_ms: &'static str,
+    /// `SOAK_SABOTAGE` of every worker and chunk (`soak --self-test`), if any.
+    pub(crate) sabotage: Option<String>,
 }
 
 impl Setup {
@@ -182,6 +200,10 @@ impl Slot {
             }
         };
         setup.locate(&mut cmd);
+        match &setup.sabotage {
+            Some(s) => cmd.env("SOAK_SABOTAGE", s),
+            None => cmd.env_remove("SOAK_SABOTAGE"),
+        };
         cmd.env("TRANCHE_NAMESPACE", &setup.namespace)
             .env("SOAK_LEDGER", self.ledger(setup))
             .env("SOAK_WORKER", &name)
@@ -301,6 +323,66 @@ pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
         .next()?
         .parse()
         .ok()
+}
+
+/// Live processes of run `run_id` left by the killed incarnation `name` (whose chunks
+/// wrote to `ledger`): those whose environment carries `SOAK_WORKER=name` (every chunk process
+/// inherits it, whatever session or group it moved to) or whose process group is one
+/// of its chunks' (a chunk's group is led by the chunk's own process), with their
+/// command lines. The incarnation itself is reaped by then.
+pub(crate) fn orphans_of(name: &str, ledger: &Path, run_id: &str) -> Vec<(u32, String)> {
+    let needle = format!("SOAK_WORKER={name}");
+    let run = format!("SOAK_RUN={run_id}");
+    // The chunks it left open (a START and no line after it): older chunk pids may
+    // have been reused by now.
+    let mut groups: Vec<u32> = Vec::new();
+    for l in std::fs::read_to_string(ledger).unwrap_or_default().lines() {
+        let f: Vec<&str> = l.split(' ').collect();
+        let Some(pid) = f.get(5).and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if f.len() != 7 || f[4] != name {
+            continue;
+        }
+        groups.retain(|&g| g != pid);
+        if f[0] == "START" {
+            groups.push(pid);
+        }
+    }
+    let mut found = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // After the command's closing parenthesis: state, ppid, pgrp.
+        let fields: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        if fields.first().is_none_or(|s| *s == "Z") {
+            continue;
+        }
+        let pgrp: u32 = fields.get(2).and_then(|g| g.parse().ok()).unwrap_or(0);
+        let env = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        let has = |var: &String| env.split(|&b| b == 0).any(|v| v == var.as_bytes());
+        // This run's only: another soak on the machine has workers of the same names.
+        if has(&run) && (has(&needle) || groups.contains(&pgrp)) {
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            found.push((pid, format!("group {pgrp}: {}", cmdline.trim())));
+        }
+    }
+    found
 }
 
 /// Live processes whose environment carries `SOAK_RUN=run_id` (the workers, their

@@ -32,24 +32,36 @@ impl Soak {
         }
         let kind = bag.pop().expect("the menu is not empty");
         let at = self.secs();
+        let before = self.faults.len();
+        match self.inject_one(&kind, at, rng) {
+            Ok(active) => Ok(active),
+            Err(err) => {
+                eprintln!("xtask: soak: a fault could not be injected: {err:#}");
+                // Recorded whatever the step that failed: `every_fault_injected` fails.
+                if self.faults.len() == before {
+                    let mut fault = Fault::new(&kind, at);
+                    fault.missed = Some(format!("injection error: {err:#}"));
+                    self.faults.push(fault);
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Injects one fault of `kind`; what heals it, if anything.
+    fn inject_one(&mut self, kind: &str, at: f64, rng: &mut Rng) -> Result<Option<Active>> {
+        let kind = kind.to_owned();
         let live: Vec<usize> = (0..self.slots.len())
             .filter(|&i| self.slots[i].child.is_some() && !self.slots[i].stopped)
+            .filter(|&i| self.opts.target.is_none_or(|k| self.slots[i].kind == k))
             .collect();
-        let mut fault = Fault {
-            kind: kind.clone(),
-            at,
-            healed: None,
-            target: String::new(),
-            note: String::new(),
-            persisted: None,
-            recovery_s: None,
-            health_fired_after_s: None,
-            health_masked: false,
-        };
+        let mut fault = Fault::new(&kind, at);
         let mut undo = Undo::Nothing;
         match kind.as_str() {
             "kill" | "stop" => {
                 if live.is_empty() {
+                    fault.missed = Some("no live worker to signal".into());
+                    self.faults.push(fault);
                     return Ok(None);
                 }
                 let i = live[rng.below(live.len())];
@@ -61,6 +73,20 @@ impl Soak {
                 fault.target = name.map_or(String::new(), |x| x.name.clone());
                 if kind == "kill" {
                     self.slots[i].kill(&mut self.incarnations);
+                    // Whatever its chunks left behind is looked for once their
+                    // watchers have had the time to kill their groups.
+                    if let Some(inc) = self
+                        .incarnations
+                        .iter()
+                        .rev()
+                        .find(|x| x.name == fault.target)
+                    {
+                        self.orphan_checks.push((
+                            inc.name.clone(),
+                            self.slots[i].index,
+                            Instant::now() + ORPHAN_CHECK,
+                        ));
+                    }
                     self.slots[i].restart_at = Some(Instant::now() + Duration::from_secs(1));
                     if self.opts.embedded {
                         // The embedded process comes back as `tranche run --exec`.
@@ -79,6 +105,8 @@ impl Soak {
                 let slot = &mut self.slots[0];
                 if slot.kind == Kind::Exec || slot.child.is_none() {
                     if slot.stopped {
+                        fault.missed = Some("the one process is frozen".into());
+                        self.faults.push(fault);
                         return Ok(None);
                     }
                     slot.terminate(Duration::from_secs(10), &mut self.incarnations);
@@ -143,6 +171,8 @@ impl Soak {
                         .filter(|&i| server::role(self.nodes[i].port).as_deref() == Some("master"))
                         .collect();
                     if masters.is_empty() {
+                        fault.missed = Some("no master to kill".into());
+                        self.faults.push(fault);
                         return Ok(None);
                     }
                     masters[rng.below(masters.len())]
@@ -198,6 +228,8 @@ impl Soak {
                     .filter(|&p| server::role(p).as_deref() == Some("slave"))
                     .collect();
                 if replicas.is_empty() {
+                    fault.missed = Some("no replica to fail over to".into());
+                    self.faults.push(fault);
                     return Ok(None);
                 }
                 let port = replicas[rng.below(replicas.len())];
@@ -221,6 +253,7 @@ impl Soak {
                         // Nothing corrupt was left behind, so there is nothing for
                         // `health` to find: the damage oracle leaves this one out.
                         fault.note = format!("not injected: {err:#}");
+                        fault.missed = Some(format!("{err:#}"));
                         fault.persisted = Some(false);
                         self.faults.push(fault);
                         return Ok(None);

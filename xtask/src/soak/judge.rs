@@ -45,24 +45,42 @@ impl Soak {
         let seconds = (fleet_end + drain_s).ceil() as usize + 1;
         let tput = ledger::throughput(runs, self.t0_us, seconds);
         report::recovery(&mut self.faults, &tput);
+        self.panics_taken(&ledgers);
         let samples = self.health.lock().unwrap().clone();
         report::health_after(&mut self.faults, &samples);
         let health_rules = report::health_rules(&samples);
 
+        // What the store says before any repair: judged as it is (a repair rebuilds the
+        // statistics from the archive and would overwrite a double count).
+        let check_before = self.tranche(&["check", "--json"])?;
+        let stats_before = self.tranche(&["stats", "--json"])?.1;
         // What an operator does once `health` named the damage: check, repair, then
         // archive what the damage held back. Only then is everything counted.
-        let check_before = self.tranche(&["check", "--json"])?;
         let repair = self.tranche(&["check", "--repair", "--json"])?;
         let _ = self.tranche(&["archive"]);
-        // The statistics: each partition counted once.
         let stats = self.tranche(&["stats", "--json"])?.1;
-        let stats = Json::parse(&stats).unwrap_or(Json::Null);
-        let counted = stats
-            .at(&["completed", "global_stats", "total_completed"])
-            .and_then(Json::as_u64);
-        let counted_ids = stats
-            .at(&["completed", "global_stats", "total_processed_data"])
-            .and_then(Json::as_u64);
+        let count = |stats: &str| {
+            let stats = Json::parse(stats).unwrap_or(Json::Null);
+            let at = |field| {
+                stats
+                    .at(&["completed", "global_stats", field])
+                    .and_then(Json::as_u64)
+            };
+            (at("total_completed"), at("total_processed_data"))
+        };
+        let (counted, counted_ids) = count(&stats);
+        let (counted_before, ids_before) = count(&stats_before);
+        // The drain's own repair, if it made one, came before the end: what it found
+        // then is judged too (a partition counted twice by then was still counted twice).
+        let (counted_at_drain, _) = self
+            .pre_repair
+            .as_ref()
+            .map_or((None, None), |(_, stats)| count(stats));
+        let harmed = self.harmed_keys();
+        let stats_harmed = self
+            .faults
+            .iter()
+            .any(|f| f.kind == "corrupt-stats" && f.missed.is_none());
         let check_after = self.tranche(&["check", "--json"])?;
         let mut health_args = vec!["health"];
         health_args.extend(HEALTH);
@@ -83,6 +101,59 @@ impl Soak {
                 Json::obj([("pass", Json::from(pass)), ("detail", detail)]),
             ));
         };
+        let requested: Vec<Json> = self
+            .opts
+            .faults
+            .iter()
+            .filter(|k| {
+                !self.faults.iter().any(|f| {
+                    f.missed.is_none()
+                        && (f.kind == **k || (*k == "proxy" && f.kind.starts_with("proxy-")))
+                })
+            })
+            .map(|k| Json::from(k.clone()))
+            .collect();
+        let not_taken: Vec<Json> = self
+            .faults
+            .iter()
+            .filter_map(|f| {
+                let why = f.missed.as_ref()?;
+                Some(Json::from(format!("{} at {:.1} s: {why}", f.kind, f.at)))
+            })
+            .collect();
+        oracle(
+            "every_fault_injected",
+            requested.is_empty() && not_taken.is_empty(),
+            Json::obj([
+                ("kinds_never_in_effect", Json::Arr(requested)),
+                ("faults_not_in_effect", Json::Arr(not_taken)),
+            ]),
+        );
+        oracle(
+            "no_worker_exit_uncaused",
+            self.unexpected_exits.is_empty(),
+            Json::Arr(
+                self.unexpected_exits
+                    .iter()
+                    .cloned()
+                    .map(Json::from)
+                    .collect(),
+            ),
+        );
+        oracle(
+            "ledger_lines_whole",
+            bad_lines == 0,
+            Json::obj([
+                ("torn", Json::from(bad_lines)),
+                (
+                    "first_torn",
+                    Json::Arr(ledgers.torn.iter().cloned().map(Json::from).collect()),
+                ),
+                // An end line with no START open before it: a chunk's KILL trap after
+                // its END, or an orphan's line after its run was closed.
+                ("unpaired_end_lines", Json::from(ledgers.unpaired)),
+            ]),
+        );
         oracle(
             "every_id_processed",
             lost == 0,
@@ -120,11 +191,13 @@ impl Soak {
                 ]),
             );
         }
+        let same_worker = overlaps.iter().filter(|o| o.a.worker == o.b.worker).count();
         oracle(
             "no_range_run_twice_at_once",
             overlaps.is_empty(),
             Json::obj([
                 ("overlaps", Json::from(overlaps.len() as u64)),
+                ("of_one_worker", Json::from(same_worker as u64)),
                 (
                     "examples",
                     Json::Arr(
@@ -143,8 +216,12 @@ impl Soak {
         );
         oracle(
             "no_chunk_outlives_its_worker",
-            outlived.is_empty(),
+            outlived.is_empty() && self.orphans.is_empty(),
             Json::obj([
+                (
+                    "processes_alive_after_a_kill",
+                    Json::Arr(self.orphans.iter().cloned().map(Json::from).collect()),
+                ),
                 ("chunks", Json::from(outlived.len() as u64)),
                 ("examples", Json::Arr(outlived.iter().take(5).map(|(r, dead)| {
                     Json::from(format!(
@@ -155,16 +232,74 @@ impl Soak {
                 }).collect())),
             ]),
         );
+        // Before the repair: exactly the plan, unless the harness damaged the statistics
+        // (then they cannot be read as they are, and only the repaired count is judged)
+        // and never more than the plan at the drain's repair.
+        let once_before =
+            counted_before == Some(planned_partitions) && ids_before == Some(planned_ids);
+        let once_after = counted == Some(planned_partitions) && counted_ids == Some(planned_ids);
+        let not_over_at_drain = counted_at_drain.is_none_or(|c| c <= planned_partitions);
         oracle(
             "each_partition_counted_once",
-            counted == Some(planned_partitions) && counted_ids == Some(planned_ids),
+            (once_before || (stats_harmed && once_after)) && not_over_at_drain,
             Json::obj([
                 ("planned", Json::from(planned_partitions)),
-                ("counted", counted.map_or(Json::Null, Json::from)),
-                ("ids_counted", counted_ids.map_or(Json::Null, Json::from)),
+                (
+                    "counted_before_repair",
+                    counted_before.map_or(Json::Null, Json::from),
+                ),
+                (
+                    "ids_counted_before_repair",
+                    ids_before.map_or(Json::Null, Json::from),
+                ),
+                (
+                    "counted_at_the_drains_repair",
+                    counted_at_drain.map_or(Json::Null, Json::from),
+                ),
+                (
+                    "statistics_damaged_by_the_harness",
+                    Json::from(stats_harmed),
+                ),
+                (
+                    "counted_after_repair",
+                    counted.map_or(Json::Null, Json::from),
+                ),
+                (
+                    "ids_counted_after_repair",
+                    counted_ids.map_or(Json::Null, Json::from),
+                ),
                 (
                     "double_counted",
-                    Json::from(counted.unwrap_or(0).saturating_sub(planned_partitions)),
+                    Json::from(
+                        counted_before
+                            .max(counted_at_drain)
+                            .unwrap_or(0)
+                            .saturating_sub(planned_partitions),
+                    ),
+                ),
+            ]),
+        );
+        let mut not_ours = unexplained(&check_before.1, &harmed, stats_harmed);
+        if let Some((check, _)) = &self.pre_repair {
+            not_ours.extend(unexplained(check, &harmed, stats_harmed));
+        }
+        oracle(
+            "check_clean_before_repair",
+            not_ours.is_empty(),
+            Json::obj([
+                (
+                    "not_the_harness_damage",
+                    Json::Arr(not_ours.into_iter().map(Json::from).collect()),
+                ),
+                (
+                    "harness_damaged",
+                    Json::Arr(harmed.iter().map(|k| Json::from(k.clone())).collect()),
+                ),
+                (
+                    "at_the_drains_repair",
+                    self.pre_repair.as_ref().map_or(Json::Null, |(c, _)| {
+                        Json::parse(c).unwrap_or(Json::from(c.clone()))
+                    }),
                 ),
             ]),
         );
@@ -189,20 +324,31 @@ impl Soak {
         let damage = || {
             self.faults
                 .iter()
-                .filter(|f| faults::damage(&f.kind) && f.persisted != Some(false))
+                .filter(|f| faults::damage(&f.kind) && f.missed.is_none())
         };
         let name = |f: &Fault| Json::from(format!("{} at {:.1} s", f.kind, f.at));
-        let missed: Vec<Json> = damage()
-            .filter(|f| !f.health_masked && f.health_fired_after_s.is_none())
+        // A corrupt value a live writer overwrote before the heal is gone before
+        // `health` could see it: dropped, not judged.
+        let judged = || damage().filter(|f| !f.health_masked && f.persisted != Some(false));
+        let missed: Vec<Json> = judged()
+            .filter(|f| f.health_fired_after_s.is_none())
             .map(name)
             .collect();
         let masked: Vec<Json> = damage().filter(|f| f.health_masked).map(name).collect();
+        let dropped: Vec<Json> = damage()
+            .filter(|f| f.persisted == Some(false))
+            .map(name)
+            .collect();
+        let asked = self.opts.faults.iter().any(|k| faults::damage(k));
+        let seen = judged().count();
         oracle(
             "health_fired_on_damage",
-            missed.is_empty(),
+            missed.is_empty() && (seen > 0 || !asked),
             Json::obj([
+                ("judged", Json::from(seen as u64)),
                 ("missed", Json::Arr(missed)),
-                ("masked_by_an_earlier_alert", Json::Arr(masked)),
+                ("masked_by_an_earlier_alert_of_its_rule", Json::Arr(masked)),
+                ("overwritten_before_the_heal", Json::Arr(dropped)),
             ]),
         );
         let end_firing = firing(&health_end.1);
@@ -413,6 +559,84 @@ pub(super) fn firing(out: &str) -> Option<Vec<String>> {
     )
 }
 
+impl Soak {
+    /// Matches the ledgers' PANIC lines to the `panic` faults that took effect, in
+    /// order: a fault with no PANIC line after it (the trigger never taken, or taken
+    /// and not written) did not take effect.
+    fn panics_taken(&mut self, ledgers: &ledger::Ledgers) {
+        let mut panics: Vec<u64> = ledgers
+            .runs
+            .iter()
+            .filter(|r| r.end == ledger::Ending::Panic)
+            .filter_map(|r| r.end_us)
+            .collect();
+        panics.sort_unstable();
+        let t0 = self.t0_us;
+        let mut next = panics.into_iter().peekable();
+        for f in self
+            .faults
+            .iter_mut()
+            .filter(|f| f.kind == "panic" && f.missed.is_none())
+        {
+            let at = t0 + (f.at * 1e6) as u64;
+            while next.next_if(|&t| t < at).is_some() {}
+            if next.next().is_none() {
+                f.missed = Some("no PANIC line in any ledger after it".into());
+            }
+        }
+    }
+
+    /// The keys (and hash fields) the harness's corruption reached: `key` or
+    /// `key field`.
+    fn harmed_keys(&self) -> Vec<String> {
+        self.faults
+            .iter()
+            .filter(|f| faults::damage(&f.kind) && f.missed.is_none())
+            .map(|f| f.target.clone())
+            .collect()
+    }
+}
+
+/// What a `check --json` reply finds that the harness did not damage: a difference
+/// whose path names none of `harmed` (an active record's path names its key), damaged
+/// statistics unless the harness damaged them (`stats_harmed`), a dead letter, or no
+/// such reply at all.
+fn unexplained(out: &str, harmed: &[String], stats_harmed: bool) -> Vec<String> {
+    let Some(v) = Json::parse(out) else {
+        return vec![format!(
+            "not a check reply: {}",
+            out.chars().take(300).collect::<String>()
+        )];
+    };
+    let mut found = Vec::new();
+    if let Some(Json::Arr(diffs)) = v.get("differences") {
+        for d in diffs {
+            let path = match d.get("path") {
+                Some(Json::Str(p)) => p.clone(),
+                _ => String::new(),
+            };
+            if !harmed
+                .iter()
+                .any(|k| !k.is_empty() && path.contains(k.as_str()))
+            {
+                found.push(format!("difference {}", d.pretty().trim()));
+            }
+        }
+    }
+    if let Some(Json::Arr(damaged)) = v.get("damaged")
+        && !damaged.is_empty()
+        && !stats_harmed
+    {
+        found.push(format!("{} damaged statistics value(s)", damaged.len()));
+    }
+    if let Some(n) = v.at(&["dead_letters", "found"]).and_then(Json::as_u64)
+        && n > 0
+    {
+        found.push(format!("{n} dead letter(s)"));
+    }
+    found
+}
+
 /// Whether a `check --json` reply reports no difference and no dead letter.
 impl Soak {
     /// Pieces of split partitions the exec workers claimed, and cuts their beats took
@@ -481,5 +705,32 @@ impl Soak {
                 ("fell_back", Json::Arr(seen)),
             ]),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Before a repair, `check` may name only what the harness damaged.
+    #[test]
+    fn check_before_repair_excuses_only_the_harness_damage() {
+        let reply = |diff: &str, damaged: &str, dead: u64| {
+            format!(
+                r#"{{"records": 9, "differences": [{diff}], "repaired": false,
+                "dead_letters": {{"found": {dead}}}, "damaged": [{damaged}], "rebuilt": []}}"#
+            )
+        };
+        let active = r#"{"path": "active_records.shard0.17 ({soak:0}:active)", "expected": "a record", "found": "x"}"#;
+        let harmed = vec!["{soak:0}:active".to_owned()];
+        assert!(unexplained(&reply(active, "", 0), &harmed, false).is_empty());
+        assert_eq!(unexplained(&reply(active, "", 0), &[], false).len(), 1);
+        let count = r#"{"path": "global_stats.total_completed", "expected": "9", "found": "10"}"#;
+        assert_eq!(unexplained(&reply(count, "", 0), &harmed, true).len(), 1);
+        let stats = r#"{"shard": 0}"#;
+        assert!(unexplained(&reply("", stats, 0), &[], true).is_empty());
+        assert_eq!(unexplained(&reply("", stats, 0), &[], false).len(), 1);
+        assert_eq!(unexplained(&reply("", "", 2), &harmed, true).len(), 1);
+        assert_eq!(unexplained("error: no Redis", &harmed, true).len(), 1);
     }
 }

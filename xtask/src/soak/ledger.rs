@@ -51,13 +51,17 @@ pub(crate) struct ChunkRun {
     pub(crate) end: Ending,
 }
 
-/// Every chunk run of every ledger, the incarnation names they use, and the count of
-/// lines that did not parse (a torn line would be a harness bug).
+/// Every chunk run of every ledger, the incarnation names they use, the count of lines
+/// that did not parse (torn: two writers' lines run into each other, or one cut short)
+/// and of end lines with no open START before them (unpaired).
 #[derive(Debug, Default)]
 pub(crate) struct Ledgers {
     pub(crate) runs: Vec<ChunkRun>,
     pub(crate) workers: Vec<String>,
     pub(crate) bad: u64,
+    pub(crate) unpaired: u64,
+    /// The first torn lines, for the report.
+    pub(crate) torn: Vec<String>,
 }
 
 impl Ledgers {
@@ -100,6 +104,9 @@ pub(crate) fn read(dir: &Path) -> Ledgers {
             };
             let Some((what, partition, from, to, worker, chunk_pid, t)) = parse(&line) else {
                 out.bad += 1;
+                if out.torn.len() < 5 {
+                    out.torn.push(line.chars().take(200).collect());
+                }
                 continue;
             };
             let worker = match names.get(worker) {
@@ -132,11 +139,14 @@ pub(crate) fn read(dir: &Path) -> Ledgers {
                 "PANIC" => Ending::Panic,
                 _ => {
                     out.bad += 1;
+                    if out.torn.len() < 5 {
+                        out.torn.push(line.chars().take(200).collect());
+                    }
                     continue;
                 }
             };
             let Some(queue) = open.get_mut(&key) else {
-                out.bad += 1;
+                out.unpaired += 1;
                 continue;
             };
             let i = queue.pop_front().expect("no empty queue is kept");
@@ -208,7 +218,9 @@ pub(crate) fn lost(runs: &[ChunkRun], planned: &[(u64, u64)]) -> (u64, Vec<(u64,
     (lost, gaps)
 }
 
-/// A pair of chunk runs of intersecting ranges, by two incarnations, at the same time.
+/// A pair of chunk runs of intersecting ranges at the same time: by two incarnations,
+/// or by one (both runs with an end line: a run without one is only known to have
+/// ended by its incarnation's death, which says nothing within the incarnation).
 #[derive(Debug, Clone)]
 pub(crate) struct Overlap {
     pub(crate) a: ChunkRun,
@@ -252,7 +264,7 @@ pub(crate) fn overlaps(
             if b.from > a.to {
                 break;
             }
-            if a.worker == b.worker {
+            if a.worker == b.worker && (a.end_us.is_none() || b.end_us.is_none()) {
                 continue;
             }
             let (ea, eb) = (end_of(a), end_of(b));
@@ -376,7 +388,7 @@ mod tests {
         Ledgers {
             runs,
             workers: vec!["a".into(), "b".into(), "c".into()],
-            bad: 0,
+            ..Ledgers::default()
         }
     }
 
@@ -507,6 +519,28 @@ mod tests {
         assert_eq!(pairs, vec![(1, 1000), (1, 1000)], "{found:?}");
     }
 
+    /// One incarnation running one range twice at once is an overlap; running it
+    /// again after the first run ended, or a run with no end line, is not.
+    #[test]
+    fn one_worker_running_a_range_twice_at_once_overlaps() {
+        let incs = [inc("a", None)];
+        let twice = ledgers(vec![
+            run(0, 1, 10, 100, Some(200)),
+            run(0, 1, 10, 150, Some(250)),
+        ]);
+        assert_eq!(overlaps(&twice, &incs, &[], 999).len(), 1);
+        let again = ledgers(vec![
+            run(0, 1, 10, 100, Some(200)),
+            run(0, 1, 10, 201, Some(250)),
+        ]);
+        assert_eq!(overlaps(&again, &incs, &[], 999).len(), 0);
+        let open = ledgers(vec![
+            run(0, 1, 10, 100, None),
+            run(0, 1, 10, 150, Some(250)),
+        ]);
+        assert_eq!(overlaps(&open, &incs, &[], 999).len(), 0);
+    }
+
     #[test]
     fn a_ledger_is_read_line_by_line_and_torn_lines_counted() {
         let dir = std::env::temp_dir().join(format!("soak-ledger-{}", std::process::id()));
@@ -520,7 +554,8 @@ mod tests {
         .unwrap();
         let l = read(&dir);
         std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(l.bad, 1);
+        assert_eq!((l.bad, l.unpaired), (1, 0));
+        assert_eq!(l.torn, vec!["END 1 1 250 w0.0 7".to_owned()]);
         assert_eq!(l.runs.len(), 3);
         assert_eq!((l.runs[0].end, l.runs[0].end_us), (Ending::End, Some(150)));
         assert_eq!(l.runs[1].end, Ending::Kill);

@@ -6,7 +6,8 @@
 //! state file, while a seeded schedule injects one fault every `--interval` seconds. Every chunk appends START and END lines to its worker's ledger;
 //! at the end the oracles read the ledgers, the statistics, `check` and the `health`
 //! samples, print one JSON report and write `target/soak/report.json` and
-//! `target/soak/timeline.svg`. Any failed oracle makes the task fail.
+//! `target/soak/timeline.svg`. Any failed oracle makes the task fail. `--self-test`
+//! (`selftest.rs`) shows that each oracle can: a short run per sabotaged worker.
 
 mod faults;
 mod fleet;
@@ -18,6 +19,7 @@ mod options;
 mod proxy;
 mod report;
 mod resp;
+mod selftest;
 mod server;
 
 use std::path::{Path, PathBuf};
@@ -60,9 +62,16 @@ fn waiting(status: &Json) -> u64 {
         .sum()
 }
 
+/// How long after a worker's kill its chunks' processes are looked for in /proc: their
+/// watchers kill the groups as soon as the worker's lifeline closes (milliseconds).
+const ORPHAN_CHECK: Duration = Duration::from_millis(1500);
+
 /// `cargo xtask soak [ARGS]`.
 pub(crate) fn run(args: &[String]) -> Result<()> {
-    let mut opts = Options::parse(args)?;
+    if args.iter().any(|a| a == "--self-test") {
+        return selftest::run(args);
+    }
+    let opts = Options::parse(args)?;
     let started = Instant::now();
     let server = if opts.embedded {
         PathBuf::new()
@@ -75,6 +84,36 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         build(opts.release)?
     };
     let build_s = started.elapsed().as_secs_f64();
+    let report = run_once(opts, &server, tranche, runner, build_s, started)?;
+    let failed = failed(&report);
+    if !failed.is_empty() {
+        bail!("soak oracles failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// The oracles of `report` that failed.
+fn failed(report: &Json) -> Vec<String> {
+    match report.get("oracles") {
+        Some(Json::Obj(o)) => o
+            .iter()
+            .filter(|(_, v)| v.get("pass") == Some(&Json::Bool(false)))
+            .map(|(k, _)| k.clone())
+            .collect(),
+        _ => vec!["(no oracles)".into()],
+    }
+}
+
+/// One soak run with built binaries: its report, printed and written to
+/// `target/soak/report.json`.
+fn run_once(
+    mut opts: Options,
+    server: &Path,
+    tranche: PathBuf,
+    runner: PathBuf,
+    build_s: f64,
+    started: Instant,
+) -> Result<Json> {
     // Faults the chosen topology cannot have are left out, and said so.
     let mut skipped = Vec::new();
     opts.faults.retain(|f| {
@@ -130,7 +169,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             ),
         }
     );
-    let mut soak = Soak::start(&opts, &server, &dir, tranche, runner)?;
+    let mut soak = Soak::start(&opts, server, &dir, tranche, runner)?;
     let outcome = soak.go();
     soak.shutdown();
     let mut report = outcome?;
@@ -148,23 +187,12 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     let text = report.pretty();
     std::fs::write(dir.join("report.json"), &text)?;
     print!("{text}");
-    let failed: Vec<String> = match report.get("oracles") {
-        Some(Json::Obj(o)) => o
-            .iter()
-            .filter(|(_, v)| v.get("pass") == Some(&Json::Bool(false)))
-            .map(|(k, _)| k.clone())
-            .collect(),
-        _ => vec!["(no oracles)".into()],
-    };
     eprintln!(
         "xtask: soak report in {}, timeline in {}",
         dir.join("report.json").display(),
         dir.join("timeline.svg").display()
     );
-    if !failed.is_empty() {
-        bail!("soak oracles failed: {}", failed.join(", "));
-    }
-    Ok(())
+    Ok(report)
 }
 
 /// The debug binary and runner example a test build left in the target directory
@@ -254,6 +282,14 @@ struct Soak {
     max_rss_kib: u64,
     max_runner_rss_kib: u64,
     unexpected_exits: Vec<String>,
+    /// Kills whose leftovers are still to be looked for: the incarnation, its slot and
+    /// when to look.
+    orphan_checks: Vec<(String, usize, Instant)>,
+    /// What those looks found: processes of a killed worker still alive.
+    orphans: Vec<String>,
+    /// `check --json` and `stats --json` just before the drain's first repair, if it
+    /// made one: what the oracles judge, the repair having rewritten both since.
+    pre_repair: Option<(String, String)>,
 }
 
 /// A fault in progress, healed at its time.
@@ -342,6 +378,7 @@ impl Soak {
                 Profile::Fast => "1-20",
                 Profile::Classic | Profile::Splits => "10-90",
             },
+            sabotage: opts.sabotage.clone(),
         };
         if opts.embedded {
             std::fs::create_dir_all(dir.join("embedded"))?;
@@ -373,6 +410,9 @@ impl Soak {
             max_rss_kib: 0,
             max_runner_rss_kib: 0,
             unexpected_exits: Vec::new(),
+            orphan_checks: Vec::new(),
+            orphans: Vec::new(),
+            pre_repair: None,
         })
     }
 
@@ -458,9 +498,11 @@ impl Soak {
         } else if self.opts.profile == Profile::Splits {
             self.splits_batch()
         } else {
-            // Roughly what the fleet does in the duration on a small machine; more is
-            // planned whenever it runs low.
-            (secs * 6 * self.opts.workers as u64).max(200)
+            // Roughly what the fleet does in the duration on a small machine, a minute
+            // at most; more is planned whenever it runs low. (A plan for all of a long
+            // run is more than a busy machine does in it, and the drain cannot catch
+            // up.)
+            (secs.min(60) * 6 * self.opts.workers as u64).max(200)
         };
         self.plan(partitions)?;
         self.t0 = Instant::now();
@@ -473,10 +515,13 @@ impl Soak {
         let mut bag = Vec::new();
         // The first seconds are a start-up burst, no baseline for a recovery: the first
         // fault comes 10 s after the warm-up at the earliest.
-        let first = Duration::from_secs(report::WARM_UP_S as u64 + 10);
+        let first = self
+            .opts
+            .first_fault
+            .unwrap_or(Duration::from_secs(report::WARM_UP_S as u64 + 10));
         let mut next_fault = self.t0 + self.opts.interval.max(first);
         // No fault so late that its recovery could not be seen before the end.
-        let last_fault = self.t0 + self.opts.duration.saturating_sub(Duration::from_secs(12));
+        let last_fault = self.t0 + self.opts.duration.saturating_sub(self.opts.quiet_end);
         let end = self.t0 + self.opts.duration;
         let mut active: Vec<Active> = Vec::new();
         let mut next_topup = Instant::now() + Duration::from_secs(5);
@@ -491,28 +536,27 @@ impl Soak {
                 }
                 self.heal(a);
                 // The 10 s after a heal are its recovery window: no fault in them.
-                next_fault = next_fault.max(Instant::now() + Duration::from_secs(10));
+                next_fault = next_fault.max(Instant::now() + faults::RECOVERY);
                 false
             });
             // One fault at a time: the next waits until the last one is healed (a
             // 15 s outage every 10 s would otherwise never end, or be cut short).
             if now >= next_fault && now < last_fault && active.is_empty() {
                 next_fault = (next_fault + self.opts.interval).max(now + Duration::from_secs(5));
-                match self.inject(&mut rng, &mut bag) {
-                    Ok(Some(a)) => active.push(a),
-                    Ok(None) => {}
-                    Err(err) => eprintln!("xtask: soak: a fault could not be injected: {err:#}"),
+                if let Some(a) = self.inject(&mut rng, &mut bag)? {
+                    active.push(a);
                 }
             }
             // Embedded, the run holds the state file: nothing can be planned beside it.
-            if now >= next_topup && !self.opts.embedded && self.opts.profile == Profile::Splits {
+            let may_plan = self.opts.top_up && !self.opts.embedded && now >= next_topup;
+            if may_plan && self.opts.profile == Profile::Splits {
                 // A few partitions at a time, and only once none is waiting: half the
                 // slots take them, the other half split them.
                 next_topup = now + Duration::from_secs(1);
                 if self.status().is_some_and(|s| waiting(&s) == 0) {
                     self.plan(self.splits_batch())?;
                 }
-            } else if now >= next_topup && !self.opts.embedded {
+            } else if may_plan {
                 next_topup = now + Duration::from_secs(5);
                 if let Some(s) = self.status() {
                     let left = waiting(&s);
@@ -576,6 +620,20 @@ impl Soak {
             }
             if slot.child.is_none() && slot.restart_at.is_some_and(|at| Instant::now() >= at) {
                 slot.start(&self.setup, &mut self.incarnations)?;
+            }
+        }
+        let now = Instant::now();
+        let due: Vec<(String, usize, Instant)> = self
+            .orphan_checks
+            .extract_if(.., |(_, _, at)| *at <= now)
+            .collect();
+        for (name, slot, _) in due {
+            let ledger = self.slots[slot].ledger(&self.setup);
+            for (pid, what) in fleet::orphans_of(&name, &ledger, &self.setup.run_id) {
+                self.orphans.push(format!(
+                    "{name}: pid {pid} ({what}) alive {ORPHAN_CHECK:?} after its worker's kill"
+                ));
+                fleet::signal(pid, "KILL");
             }
         }
         Ok(())
@@ -663,6 +721,11 @@ impl Soak {
                         "xtask: soak: {archived} of {total} archived, none for 15 s: \
                          check --repair, as an operator would"
                     );
+                    if self.pre_repair.is_none() {
+                        let check = self.tranche(&["check", "--json"])?.1;
+                        let stats = self.tranche(&["stats", "--json"])?.1;
+                        self.pre_repair = Some((check, stats));
+                    }
                     let _ = self.tranche(&["check", "--repair", "--json"]);
                     let _ = self.tranche(&["archive"]);
                     last.1 = Instant::now();

@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 use super::faults;
-use super::fleet::now_us;
+use super::fleet::{Kind, now_us};
 
 /// The options of one soak run.
 #[derive(Debug, Clone)]
@@ -33,6 +33,18 @@ pub(crate) struct Options {
     pub(super) profile: Profile,
     /// One `tranche run` on an embedded state file instead of Redis.
     pub(super) embedded: bool,
+    /// When the first fault comes (default: 10 s after the warm-up).
+    pub(super) first_fault: Option<Duration>,
+    /// The end of the run in which no fault comes (its recovery could not be seen).
+    pub(super) quiet_end: Duration,
+    /// The workers `kill` and `stop` pick from: all (`None`) or those of one kind.
+    pub(super) target: Option<Kind>,
+    /// A sabotage switch every worker and chunk gets as `SOAK_SABOTAGE`
+    /// (`soak --self-test`).
+    pub(super) sabotage: Option<String>,
+    /// Whether more partitions are planned when the fleet runs low (`--partitions`
+    /// alone: no).
+    pub(super) top_up: bool,
 }
 
 /// What the fleet's work looks like.
@@ -91,6 +103,11 @@ impl Options {
             runner_concurrency: 2,
             profile: Profile::Classic,
             embedded: false,
+            first_fault: None,
+            quiet_end: faults::QUIET_END,
+            target: None,
+            sabotage: None,
+            top_up: true,
         };
         let mut drain_given = false;
         let mut runners_given = false;
@@ -108,10 +125,17 @@ impl Options {
             };
             match flag.as_str() {
                 "--ci" => {
+                    // Every kind of the menu once: the run is as long as the menu
+                    // takes, each fault coming as soon as the last one's recovery
+                    // window is over.
                     o.seed = 22;
-                    o.duration = Duration::from_secs(120);
-                    o.interval = Duration::from_secs(15);
                     o.faults = faults::CI.split(',').map(str::to_owned).collect();
+                    o.interval = Duration::from_secs(1);
+                    o.duration = faults::run_for(
+                        &o.faults,
+                        o.lease,
+                        Duration::from_secs(super::report::WARM_UP_S as u64 + 10),
+                    );
                 }
                 "--seed" => o.seed = number(value()?)?,
                 "--duration" => o.duration = Duration::from_secs(number(value()?)?),

@@ -46,21 +46,29 @@ pub(crate) fn recovery(faults: &mut [Fault], tput: &[f64]) {
     }
 }
 
-/// Per damage fault: seconds until the first health sample with a rule firing, within
-/// a minute; and whether health was already firing just before it (then a firing
-/// afterwards proves nothing about this fault: masked).
+/// Per damage fault that took effect: seconds until the first health sample, within a
+/// minute, in which a rule naming that damage fires ([`faults::rules`]: any other rule
+/// says nothing of it); and whether such a rule was already firing in the last sample
+/// before it (then a firing afterwards proves nothing about this fault: masked).
 pub(crate) fn health_after(faults: &mut [Fault], samples: &[(f64, Option<Vec<String>>)]) {
-    for f in faults.iter_mut().filter(|f| faults::damage(&f.kind)) {
+    for f in faults
+        .iter_mut()
+        .filter(|f| faults::damage(&f.kind) && f.missed.is_none())
+    {
+        let rules = faults::rules(&f.kind);
+        let names = |firing: &Option<Vec<String>>| {
+            firing
+                .as_ref()
+                .is_some_and(|r| r.iter().any(|n| rules.contains(&n.as_str())))
+        };
         f.health_masked = samples
             .iter()
             .rev()
             .find(|(t, firing)| *t < f.at && firing.is_some())
-            .is_some_and(|(_, firing)| firing.as_ref().is_some_and(|r| !r.is_empty()));
+            .is_some_and(|(_, firing)| names(firing));
         f.health_fired_after_s = samples
             .iter()
-            .find(|(t, firing)| {
-                *t >= f.at && *t <= f.at + 60.0 && firing.as_ref().is_some_and(|r| !r.is_empty())
-            })
+            .find(|(t, firing)| *t >= f.at && *t <= f.at + 60.0 && names(firing))
             .map(|(t, _)| t - f.at);
     }
 }
@@ -138,6 +146,10 @@ pub(crate) fn fault(f: &Fault) -> Json {
             f.persisted.map_or(Json::Null, Json::from),
         ),
         ("health_already_firing", Json::from(f.health_masked)),
+        (
+            "not_taken_effect",
+            f.missed.clone().map_or(Json::Null, Json::from),
+        ),
     ])
 }
 
@@ -249,16 +261,45 @@ mod tests {
 
     fn fault(at: f64, healed: f64) -> Fault {
         Fault {
-            kind: "redis-pause".into(),
-            at,
             healed: Some(healed),
-            target: String::new(),
-            note: String::new(),
-            persisted: None,
-            recovery_s: None,
-            health_fired_after_s: None,
-            health_masked: false,
+            ..Fault::new("redis-pause", at)
         }
+    }
+
+    /// Only the rule that names the damage counts, and only that rule masks it.
+    #[test]
+    fn health_reacts_by_the_rule_that_names_the_damage() {
+        let sample =
+            |t: f64, rules: &[&str]| (t, Some(rules.iter().map(|r| r.to_string()).collect()));
+        let samples = [
+            sample(8.0, &["archive_stalled_shards"]),
+            sample(12.0, &["archive_stalled_shards"]),
+            sample(14.0, &["statistics_damaged"]),
+        ];
+        let mut f = [
+            Fault::new("corrupt-stats", 10.0),
+            Fault::new("corrupt-active", 10.0),
+        ];
+        health_after(&mut f, &samples);
+        assert_eq!(
+            (f[0].health_fired_after_s, f[0].health_masked),
+            (Some(4.0), false)
+        );
+        assert_eq!(
+            (f[1].health_fired_after_s, f[1].health_masked),
+            (None, false)
+        );
+        let mut late = [Fault::new("corrupt-stats", 13.0)];
+        health_after(&mut late, &samples[..]);
+        assert_eq!(late[0].health_fired_after_s, Some(1.0));
+        let mut masked = [Fault::new("corrupt-stats", 15.0)];
+        health_after(&mut masked, &samples);
+        assert!(masked[0].health_masked);
+        // A fault that never took effect is not judged at all.
+        let mut missed = [Fault::new("corrupt-stats", 10.0)];
+        missed[0].missed = Some("no key".into());
+        health_after(&mut missed, &samples);
+        assert_eq!(missed[0].health_fired_after_s, None);
     }
 
     #[test]

@@ -1,0 +1,232 @@
+//! `cargo xtask soak --self-test`: proof that the oracles can fail. Each case turns
+//! on one sabotage switch of the ledger script or the `soak_runner` example (a worker
+//! broken on purpose, through `SOAK_SABOTAGE`) and runs a short soak aimed at the
+//! oracles that must catch it; the self-test passes only if every case's oracles
+//! failed. `soak --ci` is the other half: the same oracles passing on a sound fleet.
+
+use super::*;
+
+/// One sabotage and what must catch it.
+struct Case {
+    /// `SOAK_SABOTAGE`.
+    switch: &'static str,
+    /// What the switch breaks.
+    what: &'static str,
+    /// The oracles that must fail, every one of them.
+    oracles: &'static [&'static str],
+    /// The faults of the run, and whose workers `kill` and `stop` pick from.
+    faults: &'static str,
+    target: Option<Kind>,
+    /// Fleet seconds, and the drain's deadline.
+    secs: u64,
+    drain: u64,
+    /// `--splits`: idle slots split running partitions.
+    splits: bool,
+}
+
+const CASES: &[Case] = &[
+    Case {
+        switch: "ignore-cut",
+        what: "the runner's chunks run to their partition's planned end, past a cut",
+        oracles: &["no_range_run_twice_at_once"],
+        faults: "kill",
+        target: Some(Kind::Exec),
+        secs: 16,
+        drain: 3,
+        splits: true,
+    },
+    Case {
+        switch: "skip-guard",
+        what: "a chunk's work escapes its process group (setsid) and outlives its killed worker",
+        oracles: &["no_chunk_outlives_its_worker"],
+        faults: "kill",
+        target: Some(Kind::Exec),
+        secs: 16,
+        drain: 3,
+        splits: false,
+    },
+    Case {
+        switch: "tear",
+        what: "the ledger script writes its START in two appends",
+        oracles: &["ledger_lines_whole"],
+        faults: "kill",
+        target: Some(Kind::Exec),
+        secs: 14,
+        drain: 3,
+        splits: false,
+    },
+    Case {
+        switch: "ignore-fence",
+        what: "the runner's handler finishes its work on a thread after the runner dropped \
+               it for a lost lease",
+        oracles: &["no_range_run_twice_at_once"],
+        faults: "stop",
+        target: Some(Kind::Runner),
+        secs: 20,
+        drain: 3,
+        splits: false,
+    },
+    Case {
+        switch: "run-twice",
+        what: "the runner's handler runs each chunk twice at once",
+        oracles: &["no_range_run_twice_at_once"],
+        faults: "kill",
+        target: Some(Kind::Exec),
+        secs: 14,
+        drain: 3,
+        splits: false,
+    },
+    Case {
+        switch: "complete-twice",
+        what: "the runner applies each partition it completes to the statistics a second time",
+        oracles: &["each_partition_counted_once", "check_clean_before_repair"],
+        faults: "kill",
+        target: Some(Kind::Exec),
+        secs: 14,
+        drain: 60,
+        splits: false,
+    },
+    Case {
+        switch: "exit-on-reset",
+        what: "the runner exits when its Redis connection is reset",
+        oracles: &["no_worker_exit_uncaused"],
+        faults: "proxy-reset",
+        target: None,
+        secs: 14,
+        drain: 3,
+        splits: false,
+    },
+    Case {
+        switch: "swallow-panic",
+        what: "the runner takes the panic trigger and neither panics nor says so",
+        oracles: &["every_fault_injected"],
+        faults: "panic",
+        target: None,
+        secs: 16,
+        drain: 3,
+        splits: false,
+    },
+];
+
+/// `cargo xtask soak --self-test [--prebuilt] [--only SWITCH]`.
+pub(super) fn run(args: &[String]) -> Result<()> {
+    let started = Instant::now();
+    let prebuilt = args.iter().any(|a| a == "--prebuilt");
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1));
+    let server = crate::redis::ensure_installed()?;
+    let (tranche, runner) = if prebuilt {
+        super::prebuilt()?
+    } else {
+        super::build(false)?
+    };
+    let build_s = started.elapsed().as_secs_f64();
+    let out = crate::workspace_root().join("target/soak-self-test");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out)?;
+    let mut rows = Vec::new();
+    let mut escaped = Vec::new();
+    for case in CASES.iter().filter(|c| only.is_none_or(|o| o == c.switch)) {
+        let case_started = Instant::now();
+        eprintln!(
+            "xtask: soak self-test: `{}` ({}), aimed at {}",
+            case.switch,
+            case.what,
+            case.oracles.join(", ")
+        );
+        let mut opts = Options::parse(
+            &[
+                "--seed",
+                "7",
+                "--duration",
+                &case.secs.to_string(),
+                "--workers",
+                "2",
+                "--runners",
+                "1",
+                "--drain",
+                &case.drain.to_string(),
+                "--interval",
+                "1",
+                "--faults",
+                case.faults,
+            ]
+            .map(str::to_owned),
+        )?;
+        if case.splits {
+            opts.profile = Profile::Splits;
+        }
+        // One fault, early: each case is after what its sabotage does to it, not after
+        // a recovery.
+        opts.first_fault = Some(Duration::from_secs(5));
+        opts.quiet_end = Duration::from_secs(2);
+        opts.target = case.target;
+        opts.sabotage = Some(case.switch.to_owned());
+        let report = match run_once(
+            opts,
+            &server,
+            tranche.clone(),
+            runner.clone(),
+            0.0,
+            case_started,
+        ) {
+            Ok(report) => report,
+            Err(err) => {
+                // A run that could not finish proves nothing: the case fails, the
+                // others still run.
+                rows.push(format!("  {:<15} ERROR: {err:#}", case.switch));
+                escaped.push(case.switch);
+                continue;
+            }
+        };
+        std::fs::copy(
+            crate::workspace_root().join("target/soak/report.json"),
+            out.join(format!("{}.json", case.switch)),
+        )?;
+        let failed = failed(&report);
+        let missed: Vec<&str> = case
+            .oracles
+            .iter()
+            .copied()
+            .filter(|o| !failed.iter().any(|f| f == o))
+            .collect();
+        let secs = case_started.elapsed().as_secs_f64();
+        rows.push(format!(
+            "  {:<15} {:>5.1} s  {}  (failed: {})",
+            case.switch,
+            secs,
+            if missed.is_empty() {
+                "caught".to_owned()
+            } else {
+                format!("NOT CAUGHT by {}", missed.join(", "))
+            },
+            failed.join(", ")
+        ));
+        if !missed.is_empty() {
+            escaped.push(case.switch);
+        }
+    }
+    eprintln!(
+        "xtask: soak self-test in {:.0} s (build {build_s:.0} s), reports in {}:\n{}",
+        started.elapsed().as_secs_f64(),
+        out.display(),
+        rows.join("\n")
+    );
+    if rows.is_empty() {
+        bail!("--only: no such sabotage; the switches: {}", switches());
+    }
+    if !escaped.is_empty() {
+        bail!("sabotage not caught by its oracle: {}", escaped.join(", "));
+    }
+    Ok(())
+}
+
+fn switches() -> String {
+    CASES
+        .iter()
+        .map(|c| c.switch)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
