@@ -237,7 +237,8 @@ async fn complete_again(
     let keys = ["global", "workers", "ranges", "hourly", "hist"].map(|s| format!("{tag}stats:{s}"));
     // apply.lua of the statistics crate, whose test hook is not in this build.
     let script = redis::Script::new(&format!(
-        "{APPLY_DELTA_LUA}\nreturn apply_stats(1, 1, true)"
+        "{}\nreturn apply_stats(1, 1, true)",
+        tranche_codec::lua::compose(&[&APPLY_DELTA_LUA])
     ));
     let worker: Arc<str> = Arc::from(worker.as_str());
     while let Some(pid) = done.recv().await {
