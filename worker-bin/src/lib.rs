@@ -83,6 +83,8 @@ mod plan;
 mod query;
 mod runner;
 mod slot;
+#[cfg(feature = "sql")]
+mod sql;
 mod state;
 mod sync;
 mod work;
@@ -109,6 +111,8 @@ pub use handler::{Chunk, Handler, HandlerError};
 pub use plan::Plan;
 pub use query::{Job, JobStatus};
 pub use runner::{DEFAULT_SPLIT_MIN, NamespaceReport, RunReport, Runner, RunnerReport, Until};
+#[cfg(feature = "sql")]
+pub use sql::{SqlConfig, SqlHandler, SqlStats};
 /// The token that drains a run ([`Runner::run_until_cancelled`]), re-exported from
 /// `tokio-util`.
 pub use tokio_util::sync::CancellationToken;

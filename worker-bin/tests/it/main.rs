@@ -40,4 +40,6 @@ mod serve;
 #[cfg(feature = "cli")]
 mod signals;
 mod split;
+#[cfg(feature = "cli")]
+mod sql;
 mod tidy;

@@ -21,14 +21,14 @@ use support::TestRedis;
 use tranche_worker::Runner;
 
 /// A private PostgreSQL cluster, stopped and removed on drop.
-struct TestPostgres {
+pub(crate) struct TestPostgres {
     dir: PathBuf,
     bin: PathBuf,
     port: u16,
 }
 
 impl TestPostgres {
-    fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let bin = std::fs::read_dir("/usr/lib/postgresql")
             .ok()
             .and_then(|d| {
@@ -95,7 +95,7 @@ impl TestPostgres {
         Self { dir, bin, port }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!(
             "host=127.0.0.1 port={} user=postgres dbname=postgres",
             self.port

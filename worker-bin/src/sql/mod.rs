@@ -1,0 +1,451 @@
+//! [`SqlHandler`]: a ready-made [`Handler`] that runs one SQL statement per chunk on
+//! PostgreSQL over a pool of warm connections (its docs say how); [`SqlConfig`] its
+//! settings. The statement's rewriting is `statement`, the pool `pool`, TLS `tls`.
+
+mod pool;
+mod statement;
+mod tls;
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{ToSql, Type};
+
+use crate::error::Error;
+use crate::handler::{Chunk, Handler, HandlerError};
+
+use pool::{Opener, Pool};
+
+/// How a [`SqlHandler`] connects and runs its statement. Built with [`SqlConfig::new`]
+/// and its setters, given to [`SqlHandler::connect`].
+#[derive(Debug, Clone)]
+pub struct SqlConfig {
+    /// The libpq connection string or URL.
+    database_url: String,
+    /// The statement as the user wrote it.
+    statement: String,
+    /// How many chunks can run at once (concurrency × parallel): the pool needs no
+    /// more connections than that.
+    slots: usize,
+    /// The operator's cap on connections, whatever the slots.
+    db_connections: usize,
+    /// Each chunk's `statement_timeout` and `lock_timeout`.
+    chunk_timeout: Duration,
+    /// Retries inside one attempt of what a retry can cure.
+    retries: u32,
+    /// The first retry's delay, doubled for each next one up to [`MAX_BACKOFF`].
+    backoff: Duration,
+    /// Whether a constraint violation fails the partition at once.
+    constraint_violations_permanent: bool,
+    /// The column that fences the UPDATE, if any.
+    fence_column: Option<String>,
+}
+
+/// The longest delay between two retries inside an attempt.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+impl SqlConfig {
+    /// Runs `statement` on the database at `database_url` (a libpq connection string,
+    /// `host=… user=… dbname=…`, or a `postgresql://` URL; `sslmode=require` for TLS).
+    /// One connection, a chunk timeout of 60 s, 5 retries from 50 ms, no fence.
+    pub fn new(database_url: impl Into<String>, statement: impl Into<String>) -> Self {
+        Self {
+            database_url: database_url.into(),
+            statement: statement.into(),
+            slots: 1,
+            db_connections: usize::MAX,
+            chunk_timeout: Duration::from_secs(60),
+            retries: 5,
+            backoff: Duration::from_millis(50),
+            constraint_violations_permanent: false,
+            fence_column: None,
+        }
+    }
+
+    /// How many chunks the run processes at once (its concurrency × parallel): the
+    /// pool opens up to that many connections, as chunks need them.
+    pub fn slots(mut self, n: usize) -> Self {
+        self.slots = n;
+        self
+    }
+
+    /// At most `n` connections, whatever the slots; chunks beyond wait for one.
+    pub fn db_connections(mut self, n: usize) -> Self {
+        self.db_connections = n;
+        self
+    }
+
+    /// Each chunk's `statement_timeout` and `lock_timeout`: a chunk slower than this,
+    /// or waiting this long for a lock, fails its attempt.
+    pub fn chunk_timeout(mut self, timeout: Duration) -> Self {
+        self.chunk_timeout = timeout;
+        self
+    }
+
+    /// Retries inside one attempt of a serialization failure, a deadlock or a broken
+    /// connection, the first after `backoff`, each next one after twice the last (up
+    /// to 2 s).
+    pub fn retries(mut self, retries: u32, backoff: Duration) -> Self {
+        self.retries = retries;
+        self.backoff = backoff;
+        self
+    }
+
+    /// Whether a constraint violation (SQLSTATE class 23: a unique key, a foreign
+    /// key, a check, NOT NULL) fails the partition at once rather than its attempt:
+    /// rows no retry can fix.
+    pub fn constraint_violations_permanent(mut self, on: bool) -> Self {
+        self.constraint_violations_permanent = on;
+        self
+    }
+
+    /// Fences the statement, an UPDATE, by `column` (a `bigint` of the updated table,
+    /// named as stored, case included): each row it writes gets the chunk's fence,
+    /// and rows whose `column` already holds a fence as high are left alone.
+    pub fn fence_column(mut self, column: impl Into<String>) -> Self {
+        self.fence_column = Some(column.into());
+        self
+    }
+
+    /// How many connections the pool may hold.
+    fn pool_size(&self) -> usize {
+        self.slots.min(self.db_connections)
+    }
+}
+
+/// A ready-made [`Handler`] that runs one SQL statement per chunk on PostgreSQL, over
+/// a pool of warm connections (at most [`SqlConfig::slots`], capped by
+/// [`SqlConfig::db_connections`], opened as chunks need them).
+///
+/// The statement binds the chunk: `$1` and `$2` are its first and last ID, `$3` its
+/// partition, `$4` its attempt and `$5` its fence, all `bigint`; `:from`, `:to`,
+/// `:pid`, `:attempt` and `:fence` are the same by name. It is prepared once per
+/// connection, and once by [`SqlHandler::connect`] before anything is claimed, so a
+/// statement the database refuses fails there, in the database's own words.
+///
+/// Each chunk is one transaction, bounded by `statement_timeout` and `lock_timeout`
+/// ([`SqlConfig::chunk_timeout`]). What a retry of the same transaction can cure is
+/// retried inside the attempt, with back-off, a bounded number of times: a
+/// serialization failure (40001), a deadlock (40P01), a connection that broke or was
+/// terminated (class 08, 57P01-57P03, or no answer at all). Anything else fails the
+/// attempt, which the run retries with its own back-off; a constraint violation
+/// (class 23) can be made to fail the partition at once
+/// ([`SqlConfig::constraint_violations_permanent`]).
+///
+/// The design choice a reader might get wrong: **a connection is trusted only between
+/// transactions**. One whose chunk ended any other way (an error, a timeout, the run
+/// dropping the chunk's future at the end of its grace) is closed, never reused, so
+/// the server rolls its transaction back and no chunk is ever half applied.
+///
+/// With a fence column ([`SqlConfig::fence_column`]) the statement, an UPDATE, is
+/// rewritten to stamp each row it writes with the chunk's fence and to skip rows
+/// already stamped with a fence as high: a worker whose lease was taken over writes
+/// nothing over its successor's rows. The fencing token reaches the chunk as
+/// `Chunk::fence` in a later step; until then a fence column is refused at connect.
+///
+/// Rows affected: the [`Handler`] API has no way yet to hand a figure to the run's
+/// statistics, so the handler counts them itself ([`SqlHandler::stats`]). It is cheap
+/// to clone, and clones share the pool and the counters: keep one to read them.
+///
+/// ```no_run
+/// # async fn backfill() -> Result<(), tranche_worker::Error> {
+/// use tranche_worker::{Plan, Runner, SqlConfig, SqlHandler};
+///
+/// let (concurrency, parallel) = (4, 2);
+/// let sql = SqlHandler::connect(
+///     SqlConfig::new(
+///         "host=127.0.0.1 user=app dbname=app",
+///         "UPDATE users SET email_lower = lower(email) WHERE id BETWEEN :from AND :to",
+///     )
+///     .slots(concurrency * parallel)
+///     .db_connections(8),
+/// )
+/// .await?; // A statement the database refuses fails here, before any claim.
+/// let runner = Runner::embedded("backfill.state")
+///     .concurrency(concurrency)
+///     .parallel(parallel)
+///     .chunk(2_000);
+/// runner.plan(Plan::ids(1..=1_000_000).partition_size(50_000)).await?;
+/// runner.run(sql.clone()).await?;
+/// println!("{} rows updated", sql.stats().rows);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct SqlHandler {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    /// How many of `$1..$5` the prepared statement takes.
+    params: usize,
+    /// `BEGIN` and the chunk's timeouts, sent as one message.
+    begin: String,
+    retries: u32,
+    backoff: Duration,
+    constraint_violations_permanent: bool,
+    fenced: bool,
+    stats: Counters,
+}
+
+#[derive(Default)]
+struct Counters {
+    chunks: AtomicU64,
+    rows: AtomicU64,
+    retries: AtomicU64,
+}
+
+/// What a [`SqlHandler`] did so far, over all its clones.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SqlStats {
+    /// Chunks whose transaction committed.
+    pub chunks: u64,
+    /// Rows the statement affected in them (its command tag's count).
+    pub rows: u64,
+    /// Transactions retried inside an attempt (a deadlock, a serialization failure,
+    /// a broken connection).
+    pub retries: u64,
+}
+
+impl SqlHandler {
+    /// Opens the first connection and prepares the statement on it. A statement the
+    /// database refuses, or a database that cannot be reached, is an [`Error`] here,
+    /// on one line and in the database's words, before any chunk is claimed.
+    pub async fn connect(config: SqlConfig) -> Result<Self, Error> {
+        let size = config.pool_size();
+        if size == 0 {
+            return Err(Error::Config(
+                "the SQL handler needs at least one slot and one connection".into(),
+            ));
+        }
+        if config.chunk_timeout.is_zero() {
+            return Err(Error::Config("the chunk timeout must be above 0".into()));
+        }
+        let mut pg = tokio_postgres::Config::from_str(&config.database_url)
+            .map_err(|e| Error::Config(format!("the database URL: {}", one_line(&e))))?;
+        if pg.get_application_name().is_none() {
+            pg.application_name("tranche");
+        }
+        let (mut statement, highest) = statement::positional(&config.statement);
+        if highest > statement::FENCE {
+            return Err(Error::Config(
+                "the statement uses a placeholder beyond $5; a chunk binds $1 to $5 (:from, \
+                 :to, :pid, :attempt, :fence)"
+                    .into(),
+            ));
+        }
+        let mut fenced = highest == statement::FENCE;
+        if let Some(column) = &config.fence_column {
+            statement = statement::fenced(&statement, column).map_err(Error::Config)?;
+            fenced = true;
+        }
+        if fenced && !CHUNKS_CARRY_A_FENCE {
+            return Err(Error::Config(
+                "the statement uses the fence (:fence, $5 or a fence column), and chunks \
+                 do not carry their lease's fencing token yet"
+                    .into(),
+            ));
+        }
+        let tls = tls::Tls::for_config(&pg).map_err(Error::Config)?;
+        let params = if fenced {
+            statement::FENCE
+        } else {
+            statement::FENCE - 1
+        };
+        let opener = Opener {
+            config: pg,
+            tls,
+            statement,
+            types: vec![Type::INT8; params],
+        };
+        let first = opener.open().await.map_err(|e| {
+            let message = one_line(&e);
+            let prefix = if e.as_db_error().is_some() {
+                "the database refused the statement"
+            } else {
+                "cannot connect to the database"
+            };
+            Error::Other(format!("{prefix}: {message}").into())
+        })?;
+        let ms = config.chunk_timeout.as_millis().max(1);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                pool: Pool::new(opener, size, first),
+                params,
+                begin: format!(
+                    "BEGIN; SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}"
+                ),
+                retries: config.retries,
+                backoff: config.backoff,
+                constraint_violations_permanent: config.constraint_violations_permanent,
+                fenced,
+                stats: Counters::default(),
+            }),
+        })
+    }
+
+    /// What this handler (and its clones) did so far.
+    pub fn stats(&self) -> SqlStats {
+        let c = &self.inner.stats;
+        SqlStats {
+            chunks: c.chunks.load(Ordering::Relaxed),
+            rows: c.rows.load(Ordering::Relaxed),
+            retries: c.retries.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Runs `chunk`'s transaction, retrying what a retry can cure; the rows affected.
+    async fn execute(&self, chunk: Chunk) -> Result<u64, HandlerError> {
+        let inner = &*self.inner;
+        let fence = fence_of(&chunk);
+        if inner.fenced && fence.is_none() {
+            return Err(HandlerError::permanent(
+                "the statement uses the fence, and the chunk carries none",
+            ));
+        }
+        let values: [i64; 5] = [
+            to_i64(chunk.from)?,
+            to_i64(chunk.to)?,
+            to_i64(chunk.pid)?,
+            i64::from(chunk.attempt),
+            to_i64(fence.unwrap_or(0))?,
+        ];
+        let mut delay = inner.backoff;
+        let mut tries = 0;
+        loop {
+            match self.transaction(&values[..inner.params]).await {
+                Ok(rows) => {
+                    inner.stats.chunks.fetch_add(1, Ordering::Relaxed);
+                    inner.stats.rows.fetch_add(rows, Ordering::Relaxed);
+                    tracing::debug!(pid = chunk.pid, from = chunk.from, rows, "chunk committed");
+                    return Ok(rows);
+                }
+                Err(err) => match self.classify(&err) {
+                    Verdict::Retry if tries < inner.retries => {
+                        tries += 1;
+                        inner.stats.retries.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(
+                            pid = chunk.pid,
+                            from = chunk.from,
+                            error = %one_line(&err),
+                            "chunk's transaction retried"
+                        );
+                        tokio::time::sleep(jitter(delay)).await;
+                        delay = (delay * 2).min(MAX_BACKOFF);
+                    }
+                    Verdict::Permanent => return Err(HandlerError::permanent(one_line(&err))),
+                    Verdict::Retry | Verdict::Fail => return Err(one_line(&err).into()),
+                },
+            }
+        }
+    }
+
+    /// One try: BEGIN with the timeouts, the statement, COMMIT. The connection goes
+    /// back to the pool only when the transaction ended; on an error it is closed
+    /// (the server rolls back).
+    async fn transaction(&self, values: &[i64]) -> Result<u64, tokio_postgres::Error> {
+        let lease = self.inner.pool.get().await?;
+        let conn = lease.conn();
+        conn.client.batch_execute(&self.inner.begin).await?;
+        let params: Vec<&(dyn ToSql + Sync)> =
+            values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
+        let rows = conn.client.execute(&conn.statement, &params).await?;
+        conn.client.batch_execute("COMMIT").await?;
+        lease.release();
+        Ok(rows)
+    }
+
+    fn classify(&self, err: &tokio_postgres::Error) -> Verdict {
+        let Some(code) = err.code() else {
+            // No SQLSTATE: the connection broke, or never opened.
+            return Verdict::Retry;
+        };
+        let class = &code.code()[..2];
+        if code == &SqlState::T_R_SERIALIZATION_FAILURE
+            || code == &SqlState::T_R_DEADLOCK_DETECTED
+            || class == "08"
+            || code == &SqlState::ADMIN_SHUTDOWN
+            || code == &SqlState::CRASH_SHUTDOWN
+            || code == &SqlState::CANNOT_CONNECT_NOW
+        {
+            Verdict::Retry
+        } else if class == "23" && self.inner.constraint_violations_permanent {
+            Verdict::Permanent
+        } else {
+            Verdict::Fail
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Handler for SqlHandler {
+    async fn process(&self, chunk: Chunk) -> Result<(), HandlerError> {
+        self.execute(chunk).await.map(drop)
+    }
+}
+
+/// What to do about a failed transaction.
+enum Verdict {
+    /// Run it again (within the retries).
+    Retry,
+    /// Fail the attempt.
+    Fail,
+    /// Fail the partition.
+    Permanent,
+}
+
+/// Whether chunks carry their lease's fencing token. Not yet: with [`fence_of`], the
+/// one place to change when `Chunk` gains its fence.
+const CHUNKS_CARRY_A_FENCE: bool = false;
+
+/// The chunk's fencing token.
+fn fence_of(_chunk: &Chunk) -> Option<u64> {
+    None
+}
+
+fn to_i64(v: u64) -> Result<i64, HandlerError> {
+    i64::try_from(v).map_err(|_| HandlerError::permanent(format!("{v} is beyond bigint")))
+}
+
+/// `delay`, give or take a quarter, so that two chunks that deadlocked do not meet
+/// again at the same instant.
+fn jitter(delay: Duration) -> Duration {
+    delay.mul_f64(rand::random_range(0.75..1.25))
+}
+
+/// A database error on one line: its message, its SQLSTATE and where in the
+/// statement; anything else as it displays, line breaks folded.
+fn one_line(err: &(dyn std::error::Error + 'static)) -> String {
+    let db = err
+        .downcast_ref::<tokio_postgres::Error>()
+        .and_then(|e| e.as_db_error());
+    let text = match db {
+        Some(db) => {
+            let at = match db.position() {
+                Some(tokio_postgres::error::ErrorPosition::Original(n)) => {
+                    format!(" at character {n}")
+                }
+                _ => String::new(),
+            };
+            format!("{}{at} (SQLSTATE {})", db.message(), db.code().code())
+        }
+        None => {
+            let mut text = err.to_string();
+            let mut source = err.source();
+            while let Some(cause) = source {
+                let cause_text = cause.to_string();
+                if !text.contains(&cause_text) {
+                    text = format!("{text}: {cause_text}");
+                }
+                source = cause.source();
+            }
+            text
+        }
+    };
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
