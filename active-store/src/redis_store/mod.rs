@@ -10,6 +10,7 @@ mod planner;
 mod query;
 mod record;
 mod registry;
+mod skew;
 mod split;
 
 use std::sync::{Arc, LazyLock, OnceLock, RwLock};
@@ -99,11 +100,11 @@ static PIECE_BEAT: LazyLock<Script> = split_script!("piece_beat");
 static PIECE_COMPLETE: LazyLock<Script> = split_script!("piece_complete");
 static PIECE_RELEASE: LazyLock<Script> = split_script!("piece_release");
 static PIECE_FAIL: LazyLock<Script> = split_script!("piece_fail");
-static FAIL: LazyLock<Script> = script!("fail");
+static FAIL: LazyLock<Script> = split_script!("fail");
 static RELEASE: LazyLock<Script> = script!("release");
-static REAP: LazyLock<Script> = script!("reap");
+static REAP: LazyLock<Script> = split_script!("reap");
 static RETRY_FAILED: LazyLock<Script> = script!("retry_failed");
-static DISCARD: LazyLock<Script> = script!("discard");
+static DISCARD: LazyLock<Script> = split_script!("discard");
 static RECOUNT: LazyLock<Script> = script!("recount");
 static CARRY: LazyLock<Script> = script!("carry");
 static REPAIR: LazyLock<Script> = script!("repair");
@@ -509,7 +510,16 @@ where
                 self.carve(shard, carve).await?;
                 self.invoke::<Vec<String>>(
                     script,
-                    &[&keys.active, &keys.leases, &keys.pending, &keys.counts],
+                    &[
+                        &keys.active,
+                        &keys.leases,
+                        &keys.pending,
+                        &keys.counts,
+                        &keys.splits,
+                        &keys.pieces,
+                        &keys.piece_pending,
+                        &keys.piece_leases,
+                    ],
                     args,
                 )
                 .await
