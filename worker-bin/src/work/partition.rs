@@ -292,6 +292,7 @@ impl PartitionCtx {
                     from,
                     to,
                     attempt: lease.attempt,
+                    fence: lease.token,
                 };
                 let (job, window, failure, stop, shared, hold, checkpoint) = (
                     self.settings.job.clone(),
@@ -367,6 +368,7 @@ impl PartitionCtx {
             from,
             to,
             attempt: lease.attempt,
+            fence: lease.token,
         };
         let mut stop = self.stop.clone();
         // Biased, the gate first: with no limit it is open at once, and nothing else is
