@@ -11,6 +11,13 @@
 //! Each chunk's UPDATE is one statement, so a chunk is all or nothing, and re-running
 //! one (after a crash or an expired lease) writes the same values again: the backfill
 //! is idempotent, as a tranche handler must be.
+//!
+//! It is fenced, too: the table has a `fence bigint NOT NULL DEFAULT 0` column, each
+//! UPDATE records its lease's fencing token ([`Chunk::fence`]) and writes only rows
+//! whose fence is below it. A later lease on the same IDs has a larger token, so a
+//! write of a worker that lost its lease without knowing (frozen, partitioned off
+//! Redis, its statement queued behind a lock) arrives too late to change anything its
+//! successor wrote.
 
 use std::sync::Arc;
 
@@ -52,8 +59,13 @@ impl Handler for Backfill {
     async fn process(&self, chunk: Chunk) -> Result<(), HandlerError> {
         self.db
             .execute(
-                "UPDATE users SET email_lower = lower(email) WHERE id BETWEEN $1 AND $2",
-                &[&(chunk.from as i64), &(chunk.to as i64)],
+                "UPDATE users SET email_lower = lower(email), fence = $3 \
+                 WHERE id BETWEEN $1 AND $2 AND fence < $3",
+                &[
+                    &(chunk.from as i64),
+                    &(chunk.to as i64),
+                    &(chunk.fence as i64),
+                ],
             )
             .await?;
         Ok(())

@@ -20,6 +20,20 @@ pub struct Chunk {
     pub to: u64,
     /// The partition's attempt, from 1.
     pub attempt: u32,
+    /// The fencing token of the lease the chunk runs under (`TRANCHE_FENCE` for a
+    /// command): a later lease on the same range always carries a larger one. Write it
+    /// beside the rows and guard each write with it, and a worker that lost its lease
+    /// without knowing (paused past it, cut off from Redis) cannot overwrite what its
+    /// successor wrote:
+    ///
+    /// ```sql
+    /// UPDATE users SET email_lower = lower(email), fence = $3
+    ///  WHERE id BETWEEN $1 AND $2 AND fence < $3
+    /// ```
+    ///
+    /// A row the successor already wrote carries a larger fence and is left alone. See
+    /// the guide's "Fencing your writes" and `examples/pg_backfill.rs`.
+    pub fence: u64,
 }
 
 /// What processes each chunk of a partition.

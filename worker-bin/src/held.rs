@@ -33,6 +33,28 @@ use tranche_active_store::{ActiveStore, Beat, Error as ActiveError, Lease, PartB
 
 use crate::sync::until;
 
+/// The fractions of a lease `L` that time everything a process does to keep it, as
+/// divisors. Instants are counted back from the last one by which the store certainly
+/// still holds the lease ([`Hold::renewed`]):
+///
+/// - every `L / BEAT_DIV` the heartbeat renews it: two beats in a row may fail before
+///   the partition is in danger;
+/// - `L / FENCE_DIV` before that instant, unrenewed, the partition fences itself: it
+///   issues nothing more and stops its running chunks;
+/// - `L / STOP_DIV` before it a command's guard sends its group SIGTERM, should this
+///   process be frozen and stop nothing (and the guard is told of renewals at most once
+///   per `L / STOP_DIV`);
+/// - `L / KILL_DIV` before it whatever still runs is killed: the margin against another
+///   worker's reaper, which every process's clock must keep within (`split.rs` in the
+///   active store, "Clocks"). The watchdog looks at least this often.
+const BEAT_DIV: u32 = 3;
+/// See [`BEAT_DIV`].
+const FENCE_DIV: u32 = 4;
+/// See [`BEAT_DIV`].
+const STOP_DIV: u32 = 6;
+/// See [`BEAT_DIV`].
+const KILL_DIV: u32 = 12;
+
 /// Told when a store update (a batch of heartbeats) that started at the given instant
 /// has its answer: the run loop records the update's latency.
 pub(crate) type TimedUpdate = dyn Fn(std::time::Instant) + Send + Sync;
@@ -107,11 +129,16 @@ impl Hold {
 
     /// Hands out the chunk of up to `chunk` IDs from `from` (every ID before `from` was
     /// handed out or is done): the chunk's last ID, or `None` if `from` is past the
-    /// lease's end. Waits while a beat that may cut the lease is in flight. The first
-    /// call arms the lease for splitting.
+    /// lease's end or the lease is lost or fenced. Waits while a beat that may cut the
+    /// lease is in flight, or failed (until one succeeds). The first call arms the
+    /// lease for splitting.
     pub(crate) async fn issue(&self, from: u64, chunk: u64) -> Option<u64> {
         loop {
             let thawed = self.thawed.notified();
+            let gone = self.notify.notified();
+            if self.is_lost() || self.is_fenced() {
+                return None;
+            }
             {
                 let mut f = self.frontier();
                 if !f.frozen {
@@ -124,7 +151,10 @@ impl Hold {
                     return Some(to);
                 }
             }
-            thawed.await;
+            tokio::select! {
+                () = thawed => {}
+                () = gone => {}
+            }
         }
     }
 
@@ -145,10 +175,11 @@ impl Hold {
         Some(next)
     }
 
-    /// After a beat: the lease ends at `cut` if it was cut; issuing goes on.
-    fn thaw(&self, cut: Option<u64>) {
+    /// After a beat the store answered: the lease ends at `last` now, if that is
+    /// before its end (a cut moves the end down, never up); issuing goes on.
+    fn thaw(&self, last: Option<u64>) {
         let mut f = self.frontier();
-        if let Some(last) = cut {
+        if let Some(last) = last {
             f.end = f.end.min(last);
         }
         f.frozen = false;
@@ -175,7 +206,7 @@ impl Hold {
     /// How long before [`valid_until`](Self::valid_until) a chunk still running is
     /// killed: a twelfth of a lease, the reaper's margin.
     fn kill_margin(&self) -> Duration {
-        self.lease / 12
+        self.lease / KILL_DIV
     }
 
     /// The lease's fence for a chunk's guard, which must stop the chunk without this
@@ -186,16 +217,16 @@ impl Hold {
     pub(crate) fn fence(&self) -> crate::job::Fence {
         crate::job::Fence::new(
             self.valid_until.subscribe(),
-            self.lease / 6,
+            self.lease / STOP_DIV,
             self.kill_margin(),
-            self.lease / 6,
+            self.lease / STOP_DIV,
         )
     }
 
     /// When the partition fences itself if no renewal is accepted before: a quarter of
     /// a lease before [`valid_until`](Self::valid_until).
     fn fence_at(&self) -> Instant {
-        self.valid_until() - self.lease / 4
+        self.valid_until() - self.lease / FENCE_DIV
     }
 
     /// Whether the lease went unrenewed too long to go on working under it.
@@ -376,35 +407,43 @@ impl LeaseBook {
         let at = std::time::Instant::now();
         let outcomes = active.beat_parts(&batch).await;
         timed(at);
+        // A beat with no answer stays frozen: it may have cut the lease, its reply
+        // lost, so nothing more is handed out until a beat is answered (each tells
+        // the part's end), or the lease is fenced.
         let outcomes = match outcomes {
             Ok(outcomes) => outcomes,
             Err(err) => {
-                for (_, _, hold) in &beats {
-                    hold.thaw(None);
-                }
                 tracing::warn!(%err, leases = beats.len(), "heartbeat failed; retrying");
                 return;
             }
         };
         for ((lease, _, hold), outcome) in beats.iter().zip(outcomes) {
-            hold.thaw(match &outcome {
-                Ok(Beat::Cut { last }) => {
-                    tracing::info!(
-                        pid = lease.pid,
-                        from = lease.min_id,
-                        last,
-                        "split: the rest of the range went to another worker"
-                    );
-                    Some(*last)
-                }
-                _ => None,
-            });
             match outcome {
-                Ok(_) => hold.renewed(at.into()),
+                Ok(beat) => {
+                    if let Beat::Cut { last } = beat {
+                        tracing::info!(
+                            pid = lease.pid,
+                            from = lease.min_id,
+                            last,
+                            "split: the rest of the range went to another worker"
+                        );
+                    } else if beat.last() < hold.end() {
+                        // A cut whose reply was lost: this beat found it made.
+                        tracing::info!(
+                            pid = lease.pid,
+                            from = lease.min_id,
+                            last = beat.last(),
+                            "split: the range was cut in an earlier beat; it ends sooner"
+                        );
+                    }
+                    hold.thaw(Some(beat.last()));
+                    hold.renewed(at.into());
+                }
                 Err(ActiveError::LeaseLost { .. }) => {
                     tracing::warn!(pid = lease.pid, "lease lost (expired and reclaimed?)");
                     self.drop_lease(lease);
                     hold.mark_lost();
+                    hold.thaw(None);
                 }
                 Err(err) => tracing::warn!(pid = lease.pid, %err, "heartbeat failed; retrying"),
             }
@@ -442,7 +481,7 @@ async fn beats(
     lease: Duration,
     mut done: watch::Receiver<bool>,
 ) {
-    let every = (lease / 3).max(Duration::from_millis(100));
+    let every = (lease / BEAT_DIV).max(Duration::from_millis(100));
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -495,7 +534,7 @@ async fn beats(
 /// instant, looking at least every twelfth of a lease (a renewal only moves a fence
 /// instant later, and a new lease's is most of a lease away).
 async fn watchdog(book: Arc<LeaseBook>, lease: Duration, mut done: watch::Receiver<bool>) {
-    let step = (lease / 12).max(Duration::from_millis(20));
+    let step = (lease / KILL_DIV).max(Duration::from_millis(20));
     loop {
         let latest = Instant::now() + step;
         let next = book.fence_overdue().map_or(latest, |at| at.min(latest));
@@ -717,5 +756,58 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert_eq!(hold.end(), lease.min_id + 499, "cut in the beat it woke");
         done.send(true).unwrap();
+    }
+
+    /// A beat that cut the lease, its reply lost (the cut made in the store, the
+    /// answer never read: a timeout, a dropped connection), leaves the lease frozen:
+    /// nothing is handed out. The next answered beat, which finds no request any more,
+    /// still tells the part's end, and the owner stops at the cut.
+    #[tokio::test]
+    async fn a_cut_whose_reply_was_lost_is_learnt_at_the_next_beat() {
+        let store = Arc::new(MemoryActiveStore::new(Config::default()).unwrap());
+        store
+            .plan(&Plan::Uniform {
+                min: 1,
+                max: 1000,
+                size: 1000,
+            })
+            .await
+            .unwrap();
+        let lease = store.claim("me", 1).await.unwrap().remove(0);
+        let book = LeaseBook::new(Duration::from_secs(30), true);
+        let hold = book.hold(&lease, false, Instant::now());
+        assert_eq!(hold.issue(lease.min_id, 50).await, Some(lease.min_id + 49));
+        hold.advance(lease.min_id + 50);
+        // Marked running with its checkpoint, then asked for pieces from 500 on.
+        book.beat(store.as_ref(), &|_| {}, false).await;
+        let part = store.split_candidates().await.unwrap().remove(0);
+        store
+            .request_pieces(&part, "other", &[(lease.min_id + 500, lease.min_id + 999)])
+            .await
+            .unwrap();
+        // The beat that cuts: sent as the book sends it, its answer dropped.
+        let beat = PartBeat {
+            lease: lease.clone(),
+            piece: false,
+            progress: lease.min_id + 50,
+            next: hold.freeze(),
+        };
+        let lost = store.beat_parts(&[beat]).await.unwrap();
+        assert!(matches!(lost[0], Ok(Beat::Cut { .. })), "{lost:?}");
+        assert_eq!(hold.end(), lease.max_id, "the owner never heard of the cut");
+        let frozen = tokio::time::timeout(
+            Duration::from_millis(100),
+            hold.issue(lease.min_id + 50, 50),
+        );
+        assert!(frozen.await.is_err(), "a frozen lease hands nothing out");
+        // The next beat finds no request: renewed, with the part's end.
+        book.beat(store.as_ref(), &|_| {}, false).await;
+        assert_eq!(hold.end(), lease.min_id + 499);
+        assert_eq!(
+            hold.issue(lease.min_id + 450, 100).await,
+            Some(lease.min_id + 499),
+            "the last chunk stops at the cut"
+        );
+        assert_eq!(hold.issue(lease.min_id + 500, 50).await, None);
     }
 }

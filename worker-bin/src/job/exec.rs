@@ -9,7 +9,12 @@
 //! the guard sees to both from inside the group.
 //!
 //! The child's environment is tranche's minus the variables tranche reads secrets
-//! from ([`SECRETS`]), plus the chunk's variables.
+//! from ([`SECRETS`]), plus the chunk's variables: `TRANCHE_PID`, `TRANCHE_FROM`,
+//! `TRANCHE_TO`, `TRANCHE_ATTEMPT`, `TRANCHE_CHUNK`, `TRANCHE_FENCE` (the lease's
+//! fencing token, larger for every later lease on the range: guard the chunk's writes
+//! with it, `UPDATE … SET fence = $TRANCHE_FENCE WHERE id BETWEEN … AND fence <
+//! $TRANCHE_FENCE`, and a worker that lost its lease unawares cannot overwrite its
+//! successor's rows) and the tag its leftovers are found by (`reap.rs`).
 
 use std::future::Future;
 use std::os::unix::process::ExitStatusExt;
@@ -22,6 +27,7 @@ use tokio::process::Command;
 use tokio::time::Instant;
 
 use super::guard::{GUARD, GUARD_DIRECT, guard_can_time, plain_words, secs, tell};
+use super::reap;
 use super::{Chunk, ChunkError, Fence, KILL_AFTER};
 
 /// The most of a failed command's stderr kept in its failure message.
@@ -49,6 +55,35 @@ fn signal_group(pgid: u32, signal: nix::sys::signal::Signal) {
     }
 }
 
+/// Reads `stderr` to its end, or until told to `stop`, keeping its tail only: a chatty
+/// command must not grow this process's memory. Says `done` at end-of-file.
+async fn read_tail(
+    mut stderr: tokio::process::ChildStderr,
+    done: tokio::sync::oneshot::Sender<()>,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) -> Vec<u8> {
+    let mut tail: Vec<u8> = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let read = tokio::select! {
+            biased;
+            read = stderr.read(&mut buf) => read,
+            _ = &mut stop => break,
+        };
+        match read {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                tail.extend_from_slice(&buf[..n]);
+                if tail.len() > 2 * STDERR_TAIL {
+                    tail.drain(..tail.len() - STDERR_TAIL);
+                }
+            }
+        }
+    }
+    let _ = done.send(());
+    tail
+}
+
 pub(super) async fn exec(
     cmd: &str,
     chunk: Chunk,
@@ -62,6 +97,11 @@ pub(super) async fn exec(
         Some(fence) if guard_can_time().await => Some(fence),
         _ => None,
     };
+    // How long what the command leaves behind may live on after it: the fence's
+    // grace, or a drain's.
+    let grace = fence.as_ref().map_or(KILL_AFTER, Fence::grace);
+    let tag = reap::new_tag();
+    reap::become_subreaper();
     let words = plain_words(cmd);
     let mut command = Command::new("sh");
     let guard = if words.is_some() { GUARD_DIRECT } else { GUARD };
@@ -91,6 +131,8 @@ pub(super) async fn exec(
         .env("TRANCHE_TO", chunk.to.to_string())
         .env("TRANCHE_ATTEMPT", chunk.attempt.to_string())
         .env("TRANCHE_CHUNK", chunk.index.to_string())
+        .env("TRANCHE_FENCE", chunk.fence.to_string())
+        .env(reap::TAG, &tag)
         // The lifeline: its write end, created close-on-exec, stays in this process.
         .stdin(Stdio::piped())
         .stdout(Stdio::inherit())
@@ -106,28 +148,14 @@ pub(super) async fn exec(
     // dropped, after an abort): closing it, or this process dying, is what tells the
     // guard to kill the group.
     let mut lifeline = child.stdin.take().expect("stdin is piped");
-    let mut stderr = child.stderr.take().expect("stderr is piped");
+    let stderr = child.stderr.take().expect("stderr is piped");
     // Said when stderr reaches end-of-file: every process of the chunk that held it is
     // gone.
     let (tail_done, mut tail_done_rx) = tokio::sync::oneshot::channel::<()>();
-    // Keep only the tail: a chatty command must not grow this process's memory.
-    let read_tail = async {
-        let mut tail: Vec<u8> = Vec::new();
-        let mut buf = [0u8; 4096];
-        loop {
-            match stderr.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    tail.extend_from_slice(&buf[..n]);
-                    if tail.len() > 2 * STDERR_TAIL {
-                        tail.drain(..tail.len() - STDERR_TAIL);
-                    }
-                }
-            }
-        }
-        let _ = tail_done.send(());
-        tail
-    };
+    // Ends the tail's reading early: a process the chunk left behind may hold stderr
+    // open, and is killed before its end-of-file.
+    let (stop_tail, stop_tail_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut tail = tokio::spawn(read_tail(stderr, tail_done, stop_tail_rx));
     let wait = async {
         let status = tokio::select! {
             status = child.wait() => status,
@@ -146,22 +174,38 @@ pub(super) async fn exec(
         drop(lifeline);
         (status, told)
     };
-    let finished = async { tokio::join!(wait, read_tail) };
-    tokio::pin!(finished);
-    let ((status, told), tail) = tokio::select! {
-        done = &mut finished => done,
+    tokio::pin!(wait);
+    let (status, told) = tokio::select! {
+        done = &mut wait => done,
         grace = abort => {
             // The whole group, grandchildren too: SIGTERM, SIGKILL if it lingers. A
             // process that left the group could still hold stderr open, so the wait
             // for the pipe is bounded as well.
             signal_group(pgid, nix::sys::signal::Signal::SIGTERM);
-            if tokio::time::timeout(grace, &mut finished).await.is_err() {
-                signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
-                let _ = tokio::time::timeout(KILL_AFTER, &mut finished).await;
-            }
+            let _ = tokio::time::timeout(grace, async {
+                let _ = (&mut wait).await;
+                let _ = (&mut tail).await;
+            })
+            .await;
+            let _ = stop_tail.send(());
+            reap::sweep(pgid, &tag, KILL_AFTER).await;
             return Err(ChunkError::Interrupted);
         }
     };
+    // The command has ended. What it left behind holding stderr has the grace to end
+    // by itself; then whatever is left, holding stderr or not, is killed.
+    let tail = match tokio::time::timeout(grace, &mut tail).await {
+        Ok(tail) => {
+            reap::sweep(pgid, &tag, KILL_AFTER).await;
+            tail
+        }
+        Err(_) => {
+            reap::sweep(pgid, &tag, KILL_AFTER).await;
+            let _ = stop_tail.send(());
+            tail.await
+        }
+    }
+    .unwrap_or_default();
     let status = status.map_err(|e| ChunkError::Failed(format!("waiting for `{cmd}`: {e}")))?;
     if status.success() {
         return Ok(());
@@ -221,7 +265,7 @@ mod tests {
     #[tokio::test]
     async fn exec_sees_the_chunk_in_its_environment() {
         let job = Job::Exec(
-            r#"test "$TRANCHE_PID/$TRANCHE_FROM/$TRANCHE_TO/$TRANCHE_ATTEMPT/$TRANCHE_CHUNK" = 7/6201/6300/3/2"#
+            r#"test "$TRANCHE_PID/$TRANCHE_FROM/$TRANCHE_TO/$TRANCHE_ATTEMPT/$TRANCHE_CHUNK/$TRANCHE_FENCE" = 7/6201/6300/3/2/41"#
                 .into(),
         );
         assert_eq!(job.run(chunk(), std::future::pending(), None).await, Ok(()));

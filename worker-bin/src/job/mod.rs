@@ -9,6 +9,7 @@
 
 mod exec;
 mod guard;
+mod reap;
 
 use std::future::Future;
 use std::task::Poll;
@@ -179,6 +180,7 @@ pub(crate) mod test_support {
             from: 6201,
             to: 6300,
             attempt: 3,
+            fence: 41,
         }
     }
 

@@ -83,17 +83,21 @@ impl PartitionCtx {
                 let ms = started.elapsed().as_millis() as u64;
                 // Counted once, by whoever finishes the partition's last part: an owner
                 // part with pieces left is not (a piece may still fail the partition),
-                // and neither is a piece with other parts left.
+                // and neither is a piece with other parts left, nor a late completion
+                // the store found done already (`Duplicate`: a stale owner's, its
+                // partition counted by whoever completed it).
                 let r = if hold.piece {
                     self.active
                         .complete_piece(&lease)
                         .await
                         .map(|done| done == PieceDone::Completed)
                 } else {
-                    self.active
-                        .complete(&lease, ms)
-                        .await
-                        .map(|done| done != Completion::PartDone)
+                    self.active.complete(&lease, ms).await.map(|done| {
+                        if done == Completion::Duplicate {
+                            tracing::info!(pid, "completed already; not counted again");
+                        }
+                        done == Completion::Completed
+                    })
                 };
                 if matches!(r, Ok(true)) {
                     self.shared.completed.fetch_add(1, Relaxed);
@@ -292,6 +296,7 @@ impl PartitionCtx {
                     from,
                     to,
                     attempt: lease.attempt,
+                    fence: lease.token,
                 };
                 let (job, window, failure, stop, shared, hold, checkpoint) = (
                     self.settings.job.clone(),
@@ -331,7 +336,8 @@ impl PartitionCtx {
             }
         }
         let done = checkpoint(window.progress());
-        if hold.is_lost() || fenced.load(Relaxed) {
+        // `issue` stops at a fence before the closer may have said so.
+        if hold.is_lost() || fenced.load(Relaxed) || hold.is_fenced() {
             return (Ended::Lost, done);
         }
         if let Some(ended) = failed(&failure) {
@@ -359,6 +365,9 @@ impl PartitionCtx {
     ) -> (Ended, u64) {
         let from = lease.min_id + index * chunk;
         let Some(to) = hold.issue(from, chunk).await else {
+            if hold.is_lost() || hold.is_fenced() {
+                return (Ended::Lost, checkpoint(index));
+            }
             return (Ended::Done, checkpoint(index));
         };
         let c = Chunk {
@@ -367,6 +376,7 @@ impl PartitionCtx {
             from,
             to,
             attempt: lease.attempt,
+            fence: lease.token,
         };
         let mut stop = self.stop.clone();
         // Biased, the gate first: with no limit it is open at once, and nothing else is

@@ -21,6 +21,8 @@ mod control;
 mod deploy;
 #[cfg(feature = "cli")]
 mod embedded;
+#[cfg(feature = "cli")]
+mod escape;
 mod examples;
 #[cfg(feature = "cli")]
 mod fence;

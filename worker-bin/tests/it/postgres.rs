@@ -155,7 +155,7 @@ async fn a_postgres_backfill_runs_to_the_end_through_a_restart() {
         .unwrap();
     tokio::spawn(connection);
     db.batch_execute(
-        "CREATE TABLE users (id bigint PRIMARY KEY, email text NOT NULL, email_lower text);
+        "CREATE TABLE users (id bigint PRIMARY KEY, email text NOT NULL, email_lower text, fence bigint NOT NULL DEFAULT 0);
          INSERT INTO users (id, email) SELECT i, 'User' || i || '@Example.COM' FROM generate_series(1, 25000) i;",
     )
     .await
@@ -234,7 +234,7 @@ async fn three_runners_backfill_a_million_rows_through_a_sigkill() {
         .unwrap();
     tokio::spawn(connection);
     db.batch_execute(&format!(
-        "CREATE TABLE users (id bigint PRIMARY KEY, email text NOT NULL, email_lower text);
+        "CREATE TABLE users (id bigint PRIMARY KEY, email text NOT NULL, email_lower text, fence bigint NOT NULL DEFAULT 0);
          INSERT INTO users (id, email)
            SELECT i, 'User' || i || '@Example.COM' FROM generate_series(1, {ROWS}) i;"
     ))
@@ -452,7 +452,7 @@ async fn keep_below_holds_a_server_figure_under_its_target() {
     let pg = TestPostgres::start();
     let db = client(&pg.url()).await;
     db.batch_execute(
-        "CREATE TABLE users (id bigint PRIMARY KEY, email text NOT NULL, email_lower text);
+        "CREATE TABLE users (id bigint PRIMARY KEY, email text NOT NULL, email_lower text, fence bigint NOT NULL DEFAULT 0);
          INSERT INTO users (id, email) SELECT i, 'User' || i || '@Example.COM' FROM generate_series(1, 200000) i;
          CREATE TABLE chunk_log (at timestamptz NOT NULL, ids bigint NOT NULL);",
     )
@@ -502,4 +502,156 @@ async fn keep_below_holds_a_server_figure_under_its_target() {
         samples.iter().all(|&s| s < 4500.0),
         "no second far above the target: {samples:.0?}"
     );
+}
+
+/// The shipped `--exec` example, fenced in the database: worker A's chunk is frozen
+/// (SIGSTOP, the worker and the chunk's whole group, its guard included) just before
+/// its UPDATE; its 2 s lease expires, worker B reclaims the partition and writes every
+/// row with its larger fence; then A is thawed. Every row keeps B's fence: A's chunk,
+/// thawed past its lease, overwrote nothing. Its guard may stop it before its psql
+/// runs, so the write A would have made is then replayed by hand with A's own
+/// environment, as a write delayed in flight would arrive: it changes no row (and the
+/// same script with a newer fence does, so the check could fail).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_thawed_past_its_lease_cannot_overwrite_its_successor() {
+    use crate::common::{ok, scratch, tranche, wait};
+    let pg = TestPostgres::start();
+    let (db, connection) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    db.batch_execute(
+        "CREATE TABLE users (id bigint PRIMARY KEY, email text NOT NULL, email_lower text, fence bigint NOT NULL DEFAULT 0);
+         INSERT INTO users (id, email) SELECT i, 'User' || i || '@Example.COM' FROM generate_series(1, 100) i;",
+    )
+    .await
+    .unwrap();
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let dir = scratch("pg-fence");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/backfill-postgres.sh");
+    ok(tranche(
+        &dir,
+        &[
+            "--redis", &url, "plan", "--min", "1", "--max", "100", "--size", "100",
+        ],
+    ));
+    // Each attempt writes its environment down; the first waits for `go` first (its
+    // pid, its group's, in `pgid`).
+    let exec = format!(
+        "env > env.$TRANCHE_ATTEMPT; if [ $TRANCHE_ATTEMPT = 1 ]; then echo $$ > pgid; \
+         while [ ! -e go ]; do sleep 0.02; done; fi; exec {}",
+        script.display()
+    );
+    let path = format!(
+        "{}:{}",
+        pg.bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let worker = |name: &str| {
+        let mut cmd = tranche(
+            &dir,
+            &[
+                "--redis",
+                &url,
+                "run",
+                "--exec",
+                &exec,
+                "--chunk",
+                "100",
+                "--lease",
+                "2s",
+                "--worker-id",
+                name,
+                "--max-attempts",
+                "5",
+            ],
+        );
+        cmd.env("DATABASE_URL", pg.url())
+            .env("PATH", &path)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::fs::File::create(dir.join(format!("{name}.log"))).unwrap())
+            .stderr(std::fs::File::create(dir.join(format!("{name}.err"))).unwrap());
+        cmd.spawn().unwrap()
+    };
+    let mut a = worker("a");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let pgid = loop {
+        if let Some(pgid) = std::fs::read_to_string(dir.join("pgid"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+        {
+            break pgid;
+        }
+        assert!(Instant::now() < deadline, "worker a's chunk never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let kill = |signal: &str, target: String| {
+        let ok = Command::new("kill")
+            .args([signal, "--", &target])
+            .status()
+            .unwrap();
+        assert!(ok.success(), "kill {signal} {target}");
+    };
+    kill("-STOP", format!("-{pgid}"));
+    kill("-STOP", a.id().to_string());
+    std::fs::write(dir.join("go"), "").unwrap();
+
+    // B waits out A's lease, reclaims, writes every row and ends: nothing is left.
+    let mut b = worker("b");
+    let status = wait(&mut b, Duration::from_secs(60));
+    assert!(status.success(), "worker b: {status:?}");
+    let fence_of = |attempt: u32| -> i64 {
+        let env = std::fs::read_to_string(dir.join(format!("env.{attempt}"))).unwrap();
+        env.lines()
+            .find_map(|l| l.strip_prefix("TRANCHE_FENCE="))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let (stale, newer) = (fence_of(1), fence_of(2));
+    assert!(stale < newer, "{stale} {newer}");
+    let fences = || async {
+        let rows = db
+            .query(
+                "SELECT fence, count(*) FROM users WHERE email_lower = lower(email) GROUP BY fence",
+                &[],
+            )
+            .await
+            .unwrap();
+        rows.iter()
+            .map(|r| (r.get::<_, i64>(0), r.get::<_, i64>(1)))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(fences().await, vec![(newer, 100)]);
+
+    // A thaws: its chunk goes on from where it froze, or its guard stops it first.
+    kill("-CONT", a.id().to_string());
+    kill("-CONT", format!("-{pgid}"));
+    let _ = wait(&mut a, Duration::from_secs(30));
+    assert_eq!(fences().await, vec![(newer, 100)], "a overwrote b's rows");
+
+    // A's write, delivered now, as a statement stuck in flight would be.
+    let replay = |fence: i64| {
+        let env = std::fs::read_to_string(dir.join("env.1")).unwrap();
+        let mut cmd = Command::new(&script);
+        cmd.env_clear();
+        for (k, v) in env.lines().filter_map(|l| l.split_once('=')) {
+            cmd.env(k, v);
+        }
+        let out = cmd
+            .env("TRANCHE_FENCE", fence.to_string())
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+    replay(stale);
+    assert_eq!(
+        fences().await,
+        vec![(newer, 100)],
+        "a stale write went through"
+    );
+    replay(newer + 1);
+    assert_eq!(fences().await, vec![(newer + 1, 100)]);
 }

@@ -113,6 +113,7 @@ impl PartitionCtx {
                     from,
                     to,
                     attempt: lease.attempt,
+                    fence: lease.token,
                 };
                 let (job, window, failure, stop, shared, sizer, hold) = (
                     self.settings.job.clone(),
