@@ -143,8 +143,8 @@ impl SqlConfig {
 /// With a fence column ([`SqlConfig::fence_column`]) the statement, an UPDATE, is
 /// rewritten to stamp each row it writes with the chunk's fence and to skip rows
 /// already stamped with a fence as high: a worker whose lease was taken over writes
-/// nothing over its successor's rows. The fencing token reaches the chunk as
-/// `Chunk::fence` in a later step; until then a fence column is refused at connect.
+/// nothing over its successor's rows. The fence bound is the chunk's lease token,
+/// [`Chunk::fence`].
 ///
 /// Rows affected: the [`Handler`] API has no way yet to hand a figure to the run's
 /// statistics, so the handler counts them itself ([`SqlHandler::stats`]). It is cheap
@@ -188,7 +188,6 @@ struct Inner {
     retries: u32,
     backoff: Duration,
     constraint_violations_permanent: bool,
-    fenced: bool,
     stats: Counters,
 }
 
@@ -244,13 +243,6 @@ impl SqlHandler {
             statement = statement::fenced(&statement, column).map_err(Error::Config)?;
             fenced = true;
         }
-        if fenced && !CHUNKS_CARRY_A_FENCE {
-            return Err(Error::Config(
-                "the statement uses the fence (:fence, $5 or a fence column), and chunks \
-                 do not carry their lease's fencing token yet"
-                    .into(),
-            ));
-        }
         let tls = tls::Tls::for_config(&pg).map_err(Error::Config)?;
         let params = if fenced {
             statement::FENCE
@@ -283,7 +275,6 @@ impl SqlHandler {
                 retries: config.retries,
                 backoff: config.backoff,
                 constraint_violations_permanent: config.constraint_violations_permanent,
-                fenced,
                 stats: Counters::default(),
             }),
         })
@@ -302,18 +293,12 @@ impl SqlHandler {
     /// Runs `chunk`'s transaction, retrying what a retry can cure; the rows affected.
     async fn execute(&self, chunk: Chunk) -> Result<u64, HandlerError> {
         let inner = &*self.inner;
-        let fence = fence_of(&chunk);
-        if inner.fenced && fence.is_none() {
-            return Err(HandlerError::permanent(
-                "the statement uses the fence, and the chunk carries none",
-            ));
-        }
         let values: [i64; 5] = [
             to_i64(chunk.from)?,
             to_i64(chunk.to)?,
             to_i64(chunk.pid)?,
             i64::from(chunk.attempt),
-            to_i64(fence.unwrap_or(0))?,
+            to_i64(chunk.fence)?,
         ];
         let mut delay = inner.backoff;
         let mut tries = 0;
@@ -397,15 +382,6 @@ enum Verdict {
     Fail,
     /// Fail the partition.
     Permanent,
-}
-
-/// Whether chunks carry their lease's fencing token. Not yet: with [`fence_of`], the
-/// one place to change when `Chunk` gains its fence.
-const CHUNKS_CARRY_A_FENCE: bool = false;
-
-/// The chunk's fencing token.
-fn fence_of(_chunk: &Chunk) -> Option<u64> {
-    None
 }
 
 fn to_i64(v: u64) -> Result<i64, HandlerError> {

@@ -36,6 +36,7 @@ fn chunk(pid: u64, from: u64, to: u64) -> Chunk {
         from,
         to,
         attempt: 1,
+        fence: 1,
     }
 }
 
@@ -126,12 +127,6 @@ async fn a_refused_statement_fails_at_connect_in_the_databases_words() {
     );
     let six = refused("SELECT $6::int").await;
     assert!(six.contains("a placeholder beyond $5"), "{six}");
-    // The fence is designed, but chunks do not carry one yet: refused, not ignored.
-    let fence = SqlConfig::new(pg.url(), "UPDATE t SET v = 1 WHERE id BETWEEN $1 AND $2")
-        .fence_column("fence");
-    let err = SqlHandler::connect(fence).await.err().unwrap().to_string();
-    assert!(err.contains("fencing token"), "{err}");
-
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = closed.local_addr().unwrap().port();
     drop(closed);
@@ -318,4 +313,42 @@ async fn a_worker_killed_inside_a_chunk_leaves_none_of_it() {
     handler.process(chunk(1, 1, 100)).await.unwrap();
     assert_eq!(touched(&db).await, ((1..=100).collect(), 100));
     assert_eq!(handler.stats().rows, 100);
+}
+
+/// A fence column: the chunk's fence stamps every row it writes, and a chunk whose
+/// lease was since taken over (a lower fence) writes nothing over its successor's rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_column_keeps_a_stale_chunk_off_its_successors_rows() {
+    let pg = TestPostgres::start();
+    let db = setup(&pg, 20).await;
+    db.batch_execute("ALTER TABLE t ADD COLUMN fence bigint")
+        .await
+        .unwrap();
+    let handler = SqlHandler::connect(
+        SqlConfig::new(pg.url(), "UPDATE t SET v = v + 1 WHERE id BETWEEN $1 AND $2")
+            .fence_column("fence"),
+    )
+    .await
+    .unwrap();
+    let mut successor = chunk(1, 1, 10);
+    successor.fence = 7;
+    handler.process(successor).await.unwrap();
+    assert_eq!(touched(&db).await, ((1..=10).collect(), 10));
+    // The stale owner (fence 5) and a replay of the successor's own chunk (fence 7,
+    // a lost COMMIT acknowledgement) both change nothing.
+    let mut stale = successor;
+    stale.fence = 5;
+    handler.process(stale).await.unwrap();
+    handler.process(successor).await.unwrap();
+    assert_eq!(touched(&db).await, ((1..=10).collect(), 10));
+    let fences: Vec<Option<i64>> = db
+        .query("SELECT fence FROM t ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(fences[..10], [Some(7); 10]);
+    assert_eq!(fences[10..], [None; 10]);
+    assert_eq!(handler.stats().rows, 10);
 }
