@@ -82,6 +82,7 @@ mod metrics;
 mod plan;
 mod query;
 mod runner;
+mod signal;
 mod slot;
 mod state;
 mod sync;
@@ -109,12 +110,13 @@ pub use handler::{Chunk, Handler, HandlerError};
 pub use plan::Plan;
 pub use query::{Job, JobStatus};
 pub use runner::{DEFAULT_SPLIT_MIN, NamespaceReport, RunReport, Runner, RunnerReport, Until};
+pub use signal::shutdown_signal;
 /// The token that drains a run ([`Runner::run_until_cancelled`]), re-exported from
 /// `tokio-util`.
 pub use tokio_util::sync::CancellationToken;
 /// The values a [`Job`] answers with, from the crates underneath.
 pub use tranche_active_store::{PlanEntry, StatusCounts, WorkerInfo, WorkerState};
-pub use tranche_archive_store::DeadLetter;
+pub use tranche_archive_store::{DeadLetter, Dump};
 pub use tranche_codec::{CompletedRecord, Partition, Status};
 /// What a throttle probe found ([`Runner::throttle_probe`]).
 pub use tranche_control::ProbeOutcome;
