@@ -239,7 +239,8 @@ pub(crate) async fn export(backend: &Backend) -> Result<Dump, Error> {
     Ok(dump)
 }
 
-fn other(err: anyhow::Error) -> Error {
+/// A backend helper's error (it says what failed in one message) as [`Error::Other`].
+fn other(err: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
     Error::Other(err.into())
 }
 

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 /// The library floor, bottom first: a module may name (`crate::m`) only the modules
 /// before it. `cli`, the command-line floor, is on top of all.
 const FLOOR: &[&str] = &[
-    "atomic", "error", "duration", "defaults", "sync", "event", "plan", "handler", "job", "slot",
-    "layers", "state", "embedded", "backend", "held", "control", "work", "query", "metrics",
-    "runner", "cli",
+    "atomic", "error", "duration", "defaults", "sync", "signal", "event", "plan", "handler", "job",
+    "slot", "layers", "state", "embedded", "backend", "held", "control", "work", "query",
+    "metrics", "runner", "cli",
 ];
 
 /// Files below `src/cli/` that still use `anyhow`, as `crate::error::Error` is not yet
