@@ -1,12 +1,13 @@
 //! Two worker processes sharing one job through Redis: this process plans, starts a
 //! second copy of itself as another worker, works beside it, and each reports its own
-//! share.
+//! share. Ctrl-C or SIGTERM drains each worker (its running chunks finish, the rest is
+//! released for the others).
 //!
 //! `cargo run -p tranche-worker --example fleet_redis -- redis://127.0.0.1:6379`
 
 use std::time::Duration;
 
-use tranche_worker::{Chunk, Handler, HandlerError, Plan, Runner, Until};
+use tranche_worker::{Chunk, Handler, HandlerError, Plan, Runner, Until, shutdown_signal};
 
 struct Slow;
 
@@ -33,7 +34,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .until(Until::Drained)
     };
     if role.as_deref() == Some("second") {
-        let report = worker("second").run(Slow).await?;
+        let report = worker("second")
+            .run_with_shutdown(Slow, shutdown_signal())
+            .await?;
         println!("second: {} partitions", report.this_runner.completed);
         return Ok(());
     }
@@ -43,8 +46,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut second = tokio::process::Command::new(std::env::current_exe()?)
         .args([url.as_str(), "second"])
         .spawn()?;
-    let report = worker("first").run(Slow).await?;
+    let report = worker("first")
+        .run_with_shutdown(Slow, shutdown_signal())
+        .await?;
     println!("first: {} partitions", report.this_runner.completed);
+    if report.interrupted {
+        // Stopped by a signal (an orchestrator's stop reaches this process alone): pass
+        // it on, so that the second worker drains too.
+        if let Some(pid) = second.id() {
+            std::process::Command::new("kill")
+                .arg(pid.to_string())
+                .status()?;
+        }
+    }
     let status = second.wait().await?;
     let job = worker("first").job().await?.status().await?;
     println!(

@@ -1,5 +1,5 @@
 //! Everything a new user's trial did, with tranche-worker alone: a plan, a handler
-//! with a permanent failure and a retried one, progress from events, Ctrl-C, then the
+//! with a permanent failure and a retried one, progress from events, a drain on Ctrl-C or SIGTERM, then the
 //! failed partitions, a row located and the workers' statistics. Embedded by default;
 //! `cargo run -p tranche-worker --example new_user -- --redis URL` runs it on Redis.
 use std::time::Duration;
@@ -43,10 +43,10 @@ async fn main() -> Result<(), tranche_worker::Error> {
     let plan = Plan::ids(1..=200_000).partition_size(1_000);
     runner.plan(plan).await?;
     let token = CancellationToken::new();
-    let on_ctrl_c = token.clone();
+    let on_signal = token.clone();
     tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        on_ctrl_c.cancel(); // drains: running chunks finish, the rest is released
+        tranche_worker::shutdown_signal().await; // Ctrl-C or SIGTERM (an orchestrator's stop)
+        on_signal.cancel(); // drains: running chunks finish, the rest is released
     });
     let report = runner.run_until_cancelled(Import, token).await?;
     let mine = &report.this_runner;

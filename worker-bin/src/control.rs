@@ -259,6 +259,12 @@ impl Gate {
         ))
     }
 
+    /// Why the gate is closed, as it changes (`None` while open): for the
+    /// `Throttled`/`Resumed` events.
+    pub(crate) fn watch_closed(&self) -> watch::Receiver<Option<String>> {
+        self.closed.clone()
+    }
+
     /// Whether claims and chunk starts wait now.
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.borrow().is_some()

@@ -11,6 +11,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
+
 /// Something that happened in a run. `#[non_exhaustive]`: match with a `_` arm, new
 /// kinds may come.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,12 +69,16 @@ pub enum Event {
         /// The partition.
         pid: u64,
     },
-    /// The runner holds back claims (reserved for rate limiting).
+    /// The runner's admission gate closed: no partition is claimed and no chunk
+    /// starts until [`Event::Resumed`] (running chunks finish). Sent when the gate
+    /// closes, not for every wait: a manual throttle (`tranche throttle on`), a probe's
+    /// finding ([`Runner::throttle_probe`](crate::Runner::throttle_probe)), or the
+    /// hours outside `active_hours`. A rate limit paces without closing it.
     Throttled {
-        /// Why.
+        /// Why, as `tranche status` says it.
         reason: String,
     },
-    /// The runner claims again after [`Event::Throttled`] (reserved).
+    /// The gate opened again after [`Event::Throttled`]: work resumes.
     Resumed,
     /// A snapshot of this runner's counters, about once a second while it runs.
     Progress(Progress),
@@ -122,5 +128,76 @@ impl Subscribers {
 impl fmt::Debug for Subscribers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} subscriber(s)", self.0.len())
+    }
+}
+
+/// Sends [`Event::Throttled`] each time `closed` (why the admission gate is closed,
+/// `None` while open) turns closed, and [`Event::Resumed`] each time it opens again,
+/// until `done` turns true. A gate closed at the start is announced at once.
+pub(crate) async fn announce_throttle(
+    mut closed: watch::Receiver<Option<String>>,
+    emit: impl Fn(Event),
+    mut done: watch::Receiver<bool>,
+) {
+    let mut was_closed = false;
+    loop {
+        let now = closed.borrow_and_update().clone();
+        match (was_closed, now) {
+            (false, Some(reason)) => {
+                was_closed = true;
+                emit(Event::Throttled { reason });
+            }
+            (true, None) => {
+                was_closed = false;
+                emit(Event::Resumed);
+            }
+            _ => {}
+        }
+        tokio::select! {
+            changed = closed.changed() => if changed.is_err() { return },
+            _ = done.wait_for(|d| *d) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Only flips are announced: a closed gate whose reason changes says nothing new,
+    /// and an open one that stays open says nothing.
+    #[tokio::test]
+    async fn throttled_and_resumed_are_sent_when_the_gate_flips() {
+        let (gate, closed) = watch::channel(None::<String>);
+        let (stop, done) = watch::channel(false);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        let task = tokio::spawn(announce_throttle(
+            closed,
+            move |e| sink.lock().unwrap().push(e),
+            done,
+        ));
+        let settle = || tokio::time::sleep(Duration::from_millis(20));
+        settle().await;
+        gate.send_replace(Some("throttled: replica lag".to_owned()));
+        settle().await;
+        gate.send_replace(Some("outside active hours".to_owned()));
+        settle().await;
+        gate.send_replace(None);
+        settle().await;
+        gate.send_replace(None);
+        settle().await;
+        stop.send_replace(true);
+        task.await.unwrap();
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![
+                Event::Throttled {
+                    reason: "throttled: replica lag".to_owned()
+                },
+                Event::Resumed
+            ]
+        );
     }
 }

@@ -5,6 +5,21 @@
 //! Embedded (one process, state in a file) needs no service; [`Runner::redis`] runs
 //! the same code on a fleet.
 //!
+//! In `Cargo.toml` (Rust 1.95 or later), the library without the command line, and
+//! the two crates a handler needs beside it: tokio to run, async-trait to implement
+//! [`Handler`]:
+//!
+//! ```toml
+//! [dependencies]
+//! tranche-worker = { path = "../tranche/worker-bin", default-features = false }
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread", "signal"] }
+//! async-trait = "0.1"
+//! ```
+//!
+//! (or `git = "…"` for `path`; feature `metrics` adds Prometheus families.) A run
+//! drains on the stop an operator sends, Ctrl-C or SIGTERM, when given
+//! [`shutdown_signal`] through [`Runner::run_with_shutdown`].
+//!
 //! ```
 //! use tranche_worker::{Chunk, Handler, HandlerError, Plan, Runner, Status};
 //!
@@ -40,7 +55,8 @@
 //! ```
 //!
 //! [`Runner`] explains the settings (concurrency, parallel, window, prefetch) and the
-//! shutdown; [`Event`] what a run reports as it goes; [`Job`] what can be asked after.
+//! shutdown; [`Event`] what a run reports as it goes; [`Job`] what can be asked after,
+//! and the operator's actions (retry failed, discard, pause, resume, export).
 //! Errors are one [`Error`] enum. Feature `metrics` adds [`Runner::metrics`]-style
 //! Prometheus families to the application's own registry.
 //!
@@ -82,6 +98,7 @@ mod metrics;
 mod plan;
 mod query;
 mod runner;
+mod signal;
 mod slot;
 #[cfg(feature = "sql")]
 mod sql;
@@ -101,7 +118,9 @@ pub mod embedded_state {
 #[doc(hidden)]
 pub use state::fuzz_state_file;
 
+/// The whole `tranche` binary (its `main` calls this); not a library API.
 #[cfg(feature = "cli")]
+#[doc(hidden)]
 pub use cli::cli_main;
 
 pub use control::ControlHandle;
@@ -111,6 +130,7 @@ pub use handler::{Chunk, Handler, HandlerError};
 pub use plan::Plan;
 pub use query::{Job, JobStatus};
 pub use runner::{DEFAULT_SPLIT_MIN, NamespaceReport, RunReport, Runner, RunnerReport, Until};
+pub use signal::shutdown_signal;
 #[cfg(feature = "sql")]
 pub use sql::{SqlConfig, SqlHandler, SqlStats};
 /// The token that drains a run ([`Runner::run_until_cancelled`]), re-exported from
@@ -118,7 +138,7 @@ pub use sql::{SqlConfig, SqlHandler, SqlStats};
 pub use tokio_util::sync::CancellationToken;
 /// The values a [`Job`] answers with, from the crates underneath.
 pub use tranche_active_store::{PlanEntry, StatusCounts, WorkerInfo, WorkerState};
-pub use tranche_archive_store::DeadLetter;
+pub use tranche_archive_store::{DeadLetter, Dump};
 pub use tranche_codec::{CompletedRecord, Partition, Status};
 /// What a throttle probe found ([`Runner::throttle_probe`]).
 pub use tranche_control::ProbeOutcome;

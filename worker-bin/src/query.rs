@@ -3,12 +3,16 @@
 //! state, the statistics, the workers, the plans and the dead letters. The command
 //! line's `get`, `locate`, `stats` and `workers` print what these return.
 //!
+//! Beside the questions, the operator's actions, through the same store operations
+//! the command line and `tranche serve` call: [`Job::retry_failed`],
+//! [`Job::discard`], [`Job::pause`], [`Job::resume`] and [`Job::export`].
+//!
 //! A job opened on an embedded state file that a run holds reads the file as that run
 //! last saved it (every few seconds, and at its end). One opened on a free state file
 //! holds it, as a run would, until it is dropped.
 
 use tranche_active_store::{PlanEntry, StatusCounts, WorkerState};
-use tranche_archive_store::DeadLetter;
+use tranche_archive_store::{DeadLetter, Dump};
 use tranche_codec::{Partition, Status};
 use tranche_router::{Located, MergedStats, PartitionView};
 
@@ -155,6 +159,89 @@ impl Job {
             .await
             .map_err(store)
     }
+}
+
+impl Job {
+    /// Makes failed partition `pid` pending again (every failed one with `None`),
+    /// its attempts counted afresh; returns the pids made pending, none when `pid` is
+    /// not failed. `tranche retry-failed`.
+    pub async fn retry_failed(&self, pid: Option<u64>) -> Result<Vec<u64>, Error> {
+        retry_failed(&self.backend, pid).await
+    }
+
+    /// Discards partition `pid` when it is pending or failed: it is never run and
+    /// counts as discarded, not completed. Returns `false`, changing nothing, when it
+    /// is in another state (running partitions are never discarded half way).
+    /// `tranche discard`.
+    pub async fn discard(&self, pid: u64) -> Result<bool, Error> {
+        discard(&self.backend, pid).await
+    }
+
+    /// Pauses the namespace: every worker stops claiming within a second, and the
+    /// partitions running finish. Redis only ([`Error::Config`] embedded, where one
+    /// process runs at a time: drain it instead). `tranche pause`.
+    pub async fn pause(&self) -> Result<(), Error> {
+        set_paused(&self.backend, true).await
+    }
+
+    /// Lets the workers claim again after [`pause`](Self::pause). `tranche resume`.
+    pub async fn resume(&self) -> Result<(), Error> {
+        set_paused(&self.backend, false).await
+    }
+
+    /// The archive with the plans, as `tranche export` writes it:
+    /// [`Dump::to_bytes`] gives the file `tranche import` reads back into an empty
+    /// namespace.
+    pub async fn export(&self) -> Result<Dump, Error> {
+        export(&self.backend).await
+    }
+}
+
+/// [`Job::retry_failed`], for the command line's callers too.
+pub(crate) async fn retry_failed(backend: &Backend, pid: Option<u64>) -> Result<Vec<u64>, Error> {
+    backend.ensure_writable().map_err(other)?;
+    let pids = backend.active.retry_failed(pid).await?;
+    backend.save().await.map_err(other)?;
+    Ok(pids)
+}
+
+/// [`Job::discard`], for the command line's callers too.
+pub(crate) async fn discard(backend: &Backend, pid: u64) -> Result<bool, Error> {
+    backend.ensure_writable().map_err(other)?;
+    let discarded = backend.active.discard(pid).await?;
+    if discarded {
+        backend.save().await.map_err(other)?;
+    }
+    Ok(discarded)
+}
+
+/// [`Job::pause`] and [`Job::resume`], for the command line's callers too.
+pub(crate) async fn set_paused(backend: &Backend, paused: bool) -> Result<(), Error> {
+    if backend.is_embedded() {
+        return Err(Error::Config(
+            "pause and resume need Redis: an embedded namespace has one process at a time"
+                .to_owned(),
+        ));
+    }
+    Ok(backend.active.set_paused(paused).await?)
+}
+
+/// [`Job::export`], for the command line's callers too.
+pub(crate) async fn export(backend: &Backend) -> Result<Dump, Error> {
+    let mut dump = backend
+        .archive
+        .export(crate::duration::now_ms())
+        .await
+        .map_err(store)?;
+    // The plan registry travels with the archive, so that an import answers for pids
+    // and never issues an archived one again.
+    dump.plans = backend.active.plans().await?;
+    Ok(dump)
+}
+
+/// A backend helper's error (it says what failed in one message) as [`Error::Other`].
+fn other(err: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
+    Error::Other(err.into())
 }
 
 fn store(err: impl std::error::Error + Send + Sync + 'static) -> Error {

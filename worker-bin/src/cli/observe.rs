@@ -1,5 +1,6 @@
 //! What `tranche run` attaches to the run loop from outside: the progress reporter, and
-//! with `--metrics-listen` this worker's own `/metrics`, fed by the run's counters and a
+//! with `--metrics-listen` this worker's own `/metrics` (beside the orchestrator's
+//! `/healthz` and `/readyz`, see `cli::serve::probes`), fed by the run's counters and a
 //! chunk-duration histogram, both built from the run's [`Event`]s as a library user's
 //! subscriber would (`ChunkDone` fills the histogram, `PartitionDone` counts the
 //! progress reporter's own completions).
@@ -57,11 +58,14 @@ impl Observer for RunObserver {
             let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
                 anyhow::anyhow!("cannot listen on {addr} for --metrics-listen: {e}")
             })?;
-            tracing::info!(addr = %listener.local_addr()?, "worker metrics on /metrics");
+            tracing::info!(addr = %listener.local_addr()?, "worker metrics on /metrics, probes on /healthz and /readyz");
+            let draining = crate::cli::serve::draining_flag(done.clone(), background)?;
+            let readiness = crate::cli::serve::Readiness::new(backend, draining);
             let (shared, chunk_seconds, mut rx) =
                 (shared.clone(), self.chunk_seconds.clone(), done.clone());
             background.spawn(async move {
-                let app = crate::cli::serve::worker_metrics(shared, chunk_seconds);
+                let app = crate::cli::serve::worker_metrics(shared, chunk_seconds)
+                    .merge(crate::cli::serve::probe_routes(readiness));
                 crate::cli::serve::serve_http(listener, app, async move {
                     let _ = rx.wait_for(|done| *done).await;
                 })

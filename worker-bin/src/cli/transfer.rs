@@ -17,10 +17,7 @@ pub(crate) async fn export(backend: &Backend, args: &ExportArgs, json: bool) -> 
         .output
         .as_deref()
         .context("give -o FILE or --to-hash KEY")?;
-    let mut dump = backend.archive.export(crate::duration::now_ms()).await?;
-    // The plan registry travels with the archive, so that an import answers for pids
-    // and never issues an archived one again.
-    dump.plans = backend.active.plans().await?;
+    let dump = crate::query::export(backend).await?;
     let bytes = if args.jsonl {
         crate::cli::jsonl::write(&dump).into_bytes()
     } else {

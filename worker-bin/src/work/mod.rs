@@ -380,6 +380,9 @@ pub(crate) async fn run(
     };
     let gate = crate::control::Gate::start(backend, &settings.control, base, &settings.worker);
     let gate = Arc::new(gate.await?);
+    let (s, closed) = (shared.clone(), gate.watch_closed());
+    let emit = move |e: Event| s.emit(|| e);
+    background.spawn(crate::event::announce_throttle(closed, emit, bg_rx.clone()));
     let outcome = claim_loop(backend, &settings, &shared, &book, &gate, stop.clone()).await;
     drop(gate);
 

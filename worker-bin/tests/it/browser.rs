@@ -2,8 +2,10 @@
 //! (`cargo xtask test` installs both when missing, as it does redis-server). A job runs
 //! while the page is open: the progress moves, the throughput chart and durations fill
 //! in, a failed partition (13 and 29 fail) is opened on its own page and retried with the
-//! admin token, a row id is found, archived partitions page, the page fits a narrow
-//! screen, and no script error or failed API read happens the whole time. On failure a
+//! admin token, a row id is found, archived partitions page, at 1400 px every card
+//! fits (no table scrolls) and the control card shows what `tranche set` changed, the
+//! page fits a narrow screen, and no script error or failed API read happens the whole
+//! time. On failure a
 //! screenshot is saved under `target/`.
 
 use crate::support;
@@ -83,6 +85,7 @@ async fn the_dashboard_in_a_real_browser() {
     ok(cmd(&[
         "plan", "--min", "1", "--max", "60000", "--size", "1000",
     ]));
+    ok(cmd(&["set", "--max-rate", "1000000"]));
     // Slow enough to watch; partitions 13 and 29 fail for good.
     let _run = Killed(
         cmd(&[
@@ -176,6 +179,29 @@ async fn drive(client: &Client, page: &str) -> Result<(), String> {
     .await?;
     if later <= first {
         return Err(format!("progress did not move: {first} then {later}"));
+    }
+    // At 1400 px every card holds its tables, and the control card says what is set.
+    client.set_window_size(1400, 1000).await.map_err(e)?;
+    until(Duration::from_secs(10), "the control card", || async {
+        let kv = text(client, "#control-kv").await;
+        (kv.contains("1000000 ids/s (set)")
+            && text(client, "#control-log").await.contains("max_rate"))
+        .then_some(())
+    })
+    .await?;
+    let clipped = client
+        .execute(
+            "return [...document.querySelectorAll('.scroll')].filter((s) => s.scrollWidth > s.clientWidth + 1).map((s) => s.firstElementChild.id)",
+            vec![],
+        )
+        .await
+        .map_err(e)?;
+    if clipped != serde_json::json!([]) {
+        return Err(format!("tables scroll at 1400 px: {clipped}"));
+    }
+    let state = text(client, "#control-state").await;
+    if !state.starts_with("Open") {
+        return Err(format!("the control card says {state:?} with no throttle"));
     }
     // The job ends (nothing unissued, pending, claimed or running).
     until(Duration::from_secs(90), "the job to finish", || async {

@@ -1,9 +1,11 @@
 //! The library examples run as they stand: embedded ones with no service at all, the
-//! Redis ones against a private redis-server.
+//! Redis ones against a private redis-server. Each drains on SIGTERM, an orchestrator's
+//! stop, as on Ctrl-C: it exits 0 with its report, its work left unfinished.
 
 use crate::support;
 
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use support::TestRedis;
 
@@ -12,21 +14,65 @@ use support::TestRedis;
 /// `target/<profile>/examples/`) runs as it is; only where there is none does `cargo run
 /// --example` build it, which is slow and waits on the build directory's lock.
 fn example(name: &str, args: &[&str]) -> String {
+    let out = command(name, args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{name} failed: {stderr}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The command that runs example NAME with ARGS (see [`example`]).
+fn command(name: &str, args: &[&str]) -> Command {
     let built = std::env::current_exe()
         .ok()
         .and_then(|exe| Some(exe.parent()?.parent()?.join("examples")))
         .and_then(|dir| built_example(&dir, name));
-    let out = match built {
-        Some(path) => Command::new(path).args(args).output().unwrap(),
-        None => Command::new(env!("CARGO"))
-            .args(["run", "-q", "-p", "tranche-worker", "--example", name, "--"])
-            .args(args)
-            .output()
-            .unwrap(),
+    let mut cmd = match built {
+        Some(path) => Command::new(path),
+        None => {
+            let mut cmd = Command::new(env!("CARGO"));
+            cmd.args(["run", "-q", "-p", "tranche-worker", "--example", name, "--"]);
+            cmd
+        }
     };
+    cmd.args(args);
+    cmd
+}
+
+/// Sends SIGTERM to `child`, then waits (at most a minute) for it to exit 0 and returns
+/// its stdout.
+fn terminate(mut child: Child) -> String {
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the example did not drain within a minute of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{name} failed: {stderr}");
+    assert!(
+        out.status.success(),
+        "SIGTERM ended it with {}: {stderr}",
+        out.status
+    );
     String::from_utf8(out.stdout).unwrap()
+}
+
+/// Waits (at most half a minute) until `redis` holds `n` workers of `namespace`: their
+/// runs, and the signal handlers set up before them, have started.
+fn workers_started(redis: &TestRedis, namespace: &str, n: usize) {
+    let key = format!("{{{namespace}}}:workers");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while redis.cli(&["HLEN", &key]).parse::<usize>().unwrap_or(0) < n {
+        assert!(Instant::now() < deadline, "{n} workers never registered");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// The newest binary of example `name` in `dir`: `name` itself, or `name-HASH` as
@@ -92,4 +138,79 @@ fn fleet_redis_shares_the_job_between_two_processes() {
         line.split_whitespace().nth(1).unwrap().parse().unwrap()
     };
     assert_eq!(share("first:"), 100 - share("second:"), "{out}");
+}
+
+#[test]
+fn hello_embedded_drains_on_sigterm() {
+    // Counting to 10^10 takes minutes: the signal comes while it works.
+    let child = command("hello_embedded", &["10000000000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let out = terminate(child);
+    let done: u64 = out
+        .strip_prefix("stopped by a signal: ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no drain report: {out}"));
+    assert!(done < 200_000, "{out}");
+}
+
+/// Redis writes are held back (`CLIENT PAUSE ... WRITE`) from the moment the run has
+/// started, so that the job cannot end before the signal arrives.
+fn hold_writes(redis: &TestRedis) {
+    assert_eq!(redis.cli(&["CLIENT", "PAUSE", "2000", "WRITE"]), "OK");
+    std::thread::sleep(Duration::from_millis(300));
+}
+
+#[test]
+fn new_user_drains_on_sigterm() {
+    let redis = TestRedis::start();
+    let child = command("new_user", &["--redis", &redis.url()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    workers_started(&redis, "import", 1);
+    hold_writes(&redis);
+    let out = terminate(child);
+    let here: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("here: "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no report: {out}"));
+    assert!(here < 199, "drained before the end: {out}");
+    assert!(
+        out.contains("job: ") && out.contains(" of 200 completed"),
+        "{out}"
+    );
+}
+
+/// SIGTERM reaches the first process alone (as Kubernetes sends it to PID 1); it
+/// drains and passes the stop on, so the second drains too and reports its share.
+#[test]
+fn fleet_redis_drains_both_workers_on_sigterm() {
+    let redis = TestRedis::start();
+    let child = command("fleet_redis", &[&redis.url()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    workers_started(&redis, "fleet-example", 2);
+    hold_writes(&redis);
+    let out = terminate(child);
+    assert!(
+        out.contains("second: "),
+        "the second worker drained and reported: {out}"
+    );
+    let job = out
+        .lines()
+        .find_map(|l| l.strip_prefix("the job: "))
+        .unwrap_or_else(|| panic!("no job line: {out}"));
+    let completed: u64 = job.split_whitespace().next().unwrap().parse().unwrap();
+    assert!(completed < 100, "drained before the end: {out}");
+    assert!(job.ends_with("(exit status: 0)"), "{out}");
 }

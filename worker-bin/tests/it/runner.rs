@@ -639,3 +639,49 @@ async fn metrics_land_in_the_applications_registry() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Fails every chunk of partitions 2 and 4 for good.
+struct FailsTwoAndFour;
+
+#[async_trait::async_trait]
+impl Handler for FailsTwoAndFour {
+    async fn process(&self, chunk: Chunk) -> Result<(), HandlerError> {
+        if chunk.pid == 2 || chunk.pid == 4 {
+            return Err(HandlerError::permanent("bad rows"));
+        }
+        Ok(())
+    }
+}
+
+/// The operator's actions from Rust, on Redis: pause and resume flip what `status`
+/// reads, discard and retry-failed move the failed partitions, and the export holds
+/// the plan and every completed record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_takes_the_operators_actions() {
+    let redis = TestRedis::start();
+    let runner = Runner::redis(redis.url()).namespace("actions").chunk(100);
+    runner
+        .plan(tranche_worker::Plan::ids(1..=1_000).partition_size(100))
+        .await
+        .unwrap();
+    let report = runner.run(FailsTwoAndFour).await.unwrap();
+    let mut failed = report.this_runner.failed_pids.clone();
+    failed.sort_unstable();
+    assert_eq!(failed, vec![2, 4]);
+    let job = runner.job().await.unwrap();
+    job.pause().await.unwrap();
+    assert!(job.status().await.unwrap().paused);
+    job.resume().await.unwrap();
+    assert!(!job.status().await.unwrap().paused);
+    assert!(job.discard(4).await.unwrap());
+    assert!(
+        !job.discard(5).await.unwrap(),
+        "a completed partition stays"
+    );
+    assert_eq!(job.retry_failed(None).await.unwrap(), vec![2]);
+    let status = job.status().await.unwrap();
+    assert_eq!((status.counts.failed, status.counts.discarded), (0, 1));
+    let dump = job.export().await.unwrap();
+    assert_eq!(dump.plans.len(), 1);
+    assert_eq!(dump.entries(), 8, "the 8 completed partitions");
+}

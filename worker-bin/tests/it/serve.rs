@@ -1,7 +1,8 @@
 //! `tranche serve` against a private Redis with a real job run by the binary: every API
 //! endpoint's JSON, 400s for bad input, 401/403 for actions without the token, actions
-//! with it, /metrics parsed by a real exposition-format parser, and no password in any
-//! response.
+//! with it, /metrics parsed by a real exposition-format parser, no password in any
+//! response, and the orchestrator's probes (`/healthz`, `/readyz`, health's 503) on
+//! `serve` and on `run --metrics-listen`, with SIGTERM draining a run as Ctrl-C does.
 
 use crate::support;
 
@@ -62,6 +63,19 @@ impl Server {
         let (code, body) = self.request("GET", path, None);
         assert_eq!(code, 200, "{path}: {body}");
         serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
+    }
+
+    /// `/api/v1/health`: 503 exactly when a rule fires, the list of rules either way.
+    fn health(&self) -> Value {
+        let (code, body) = self.request("GET", "/api/v1/health", None);
+        let rules: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+        let firing = rules
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["firing"] == true);
+        assert_eq!(code, if firing { 503 } else { 200 }, "{body}");
+        rules
     }
 }
 
@@ -155,7 +169,7 @@ fn the_api_answers_as_the_cli_does() {
     assert!(page["next"].is_u64(), "{page}");
     assert!(
         server
-            .json("/api/v1/health")
+            .health()
             .as_array()
             .unwrap()
             .iter()
@@ -485,7 +499,11 @@ fn every_endpoint_answers_in_one_shape_on_both_backends() {
                 "/api/v1/partitions?state=archived&after=30&limit=3",
             ),
         ] {
-            let mut body = server.json(path);
+            let mut body = if name == "health" {
+                server.health()
+            } else {
+                server.json(path)
+            };
             steady(&mut body, &["active", "workers", "range_summary"]);
             insta::assert_json_snapshot!(format!("shape_{name}"), body);
         }
@@ -851,5 +869,159 @@ fn the_namespaces_endpoint_reuses_its_connection() {
     assert!(
         opened <= 10,
         "100 requests opened {opened} Redis connections"
+    );
+}
+
+/// `/readyz`'s answer: the status code and the body.
+fn readyz(addr: &str) -> (u16, Value) {
+    let (code, body) = request(addr, "GET", "/readyz", None);
+    let body = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    (code, body)
+}
+
+/// `serve`'s probes: live while it runs; ready unless the namespace is paused, an
+/// operator throttled it, or Redis is gone, each named in the body; and
+/// `/api/v1/health` answers 503 while a rule fires (a plan with no worker).
+#[test]
+fn serve_answers_the_orchestrators_probes() {
+    let mut redis = TestRedis::start();
+    let url = redis.url();
+    let dir = scratch("serve-probes");
+    let cmd = |args: &[&str]| tranche(&dir, &[&["--redis", &url][..], args].concat());
+    ok(cmd(&[
+        "plan", "--min", "1", "--max", "4000", "--size", "1000",
+    ]));
+    let server = Server::start(&dir, Some(&url), None);
+    let (code, body) = server.request("GET", "/healthz", None);
+    assert_eq!((code, body.as_str()), (200, r#"{"live":true}"#));
+    let (code, body) = readyz(&server.addr);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        body,
+        serde_json::json!({"ready": true, "store": "ok", "draining": false, "paused": false, "throttled": null, "why": []})
+    );
+    // Planned, no worker: `outstanding_no_worker` fires.
+    let rules = server.health();
+    assert!(
+        rules
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["rule"] == "outstanding_no_worker" && r["firing"] == true),
+        "{rules}"
+    );
+
+    ok(cmd(&["pause"]));
+    let (code, body) = readyz(&server.addr);
+    assert_eq!(
+        (code, &body["paused"], &body["why"]),
+        (503, &Value::Bool(true), &serde_json::json!(["paused"])),
+        "{body}"
+    );
+    ok(cmd(&["resume"]));
+    ok(cmd(&["throttle", "on", "--reason", "replica rebuild"]));
+    let (code, body) = readyz(&server.addr);
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(body["throttled"], "replica rebuild");
+    assert_eq!(body["why"], serde_json::json!(["throttled by an operator"]));
+    ok(cmd(&["throttle", "off"]));
+    assert_eq!(readyz(&server.addr).0, 200);
+
+    // Redis gone: not ready, and saying so within the probe's timeout; still live.
+    redis.kill();
+    let asked = std::time::Instant::now();
+    let (code, body) = readyz(&server.addr);
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body["store"].as_str().unwrap().starts_with("unreachable"),
+        "{body}"
+    );
+    assert_eq!(body["why"], serde_json::json!(["store unreachable"]));
+    assert_eq!(server.request("GET", "/healthz", None).0, 200);
+}
+
+/// A worker's `--metrics-listen` answers `/healthz` and `/readyz` beside `/metrics`;
+/// SIGTERM drains the run as Ctrl-C does (no claim after it, the running partition
+/// released, exit 130), and `/readyz` says `draining` meanwhile.
+#[test]
+fn a_worker_answers_probes_and_drains_on_sigterm() {
+    let redis = TestRedis::start();
+    let dir = scratch("worker-probes");
+    let url = redis.url();
+    let cmd = |args: &[&str]| tranche(&dir, &[&["--redis", &url][..], args].concat());
+    ok(cmd(&["plan", "--min", "1", "--max", "40", "--size", "1"]));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let started = dir.join("started");
+    let exec = format!("echo $TRANCHE_PID >> {}; sleep 6", started.display());
+    let mut run = cmd(&[
+        "run",
+        "--exec",
+        &exec,
+        "--chunk",
+        "1",
+        "--concurrency",
+        "1",
+        "--grace",
+        "20s",
+        "--metrics-listen",
+        &addr,
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    common::eventually(Duration::from_secs(30), "a chunk and the probes", || {
+        std::fs::read_to_string(&started).is_ok_and(|t| !t.is_empty())
+            && TcpStream::connect(&addr).is_ok()
+    });
+    let (code, body) = request(&addr, "GET", "/healthz", None);
+    assert_eq!((code, body.as_str()), (200, r#"{"live":true}"#));
+    let (code, body) = readyz(&addr);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["ready"], true);
+    ok(cmd(&["throttle", "on"]));
+    let (code, body) = readyz(&addr);
+    assert_eq!(
+        (code, &body["why"]),
+        (503, &serde_json::json!(["throttled by an operator"])),
+        "{body}"
+    );
+    ok(cmd(&["throttle", "off"]));
+
+    common::signal(&run, "TERM");
+    // The server stays up until the running chunk has finished.
+    common::eventually(Duration::from_secs(5), "readyz to say draining", || {
+        TcpStream::connect(&addr).is_ok() && {
+            let (code, body) = readyz(&addr);
+            code == 503 && body["why"] == serde_json::json!(["draining"])
+        }
+    });
+    let exit = common::wait(&mut run, Duration::from_secs(30));
+    assert_eq!(exit.code(), Some(130), "SIGTERM ends a run as Ctrl-C does");
+    let claimed = std::fs::read_to_string(&started).unwrap();
+    assert_eq!(
+        claimed.lines().count(),
+        1,
+        "no claim after SIGTERM: {claimed}"
+    );
+    let status: Value = serde_json::from_str(&ok(cmd(&["--json", "status"]))).unwrap();
+    assert_eq!(
+        status["finished"], 1,
+        "the running chunk finished: {status}"
+    );
+    assert_eq!(
+        status["claimed"].as_u64().unwrap() + status["running"].as_u64().unwrap(),
+        0,
+        "{status}"
     );
 }

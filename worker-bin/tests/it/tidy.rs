@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 /// The library floor, bottom first: a module may name (`crate::m`) only the modules
 /// before it. `cli`, the command-line floor, is on top of all.
 const FLOOR: &[&str] = &[
-    "atomic", "error", "duration", "defaults", "sync", "event", "plan", "handler", "sql", "job",
+    "atomic", "error", "duration", "defaults", "sync", "signal", "event", "plan", "handler", "sql",
+    "job",
     "slot", "layers", "state", "embedded", "backend", "held", "control", "work", "query",
     "metrics", "runner", "cli",
 ];

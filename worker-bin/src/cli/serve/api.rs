@@ -56,6 +56,12 @@ impl From<tranche_active_store::Error> for ApiError {
     }
 }
 
+impl From<crate::Error> for ApiError {
+    fn from(err: crate::Error) -> Self {
+        anyhow::Error::from(err).into()
+    }
+}
+
 impl From<tranche_router::Error> for ApiError {
     fn from(err: tranche_router::Error) -> Self {
         anyhow::Error::from(err).into()
@@ -166,12 +172,60 @@ pub(crate) async fn stats(State(app): State<Arc<App>>) -> ApiResult {
     Ok(json_text(render::stats(&merged, true)?))
 }
 
+/// Every alert rule with its reading: 200 when none fires, 503 when one does (the
+/// body is the same list either way), so a plain HTTP check alerts on it.
 pub(crate) async fn health(State(app): State<Arc<App>>) -> ApiResult {
     let backend = app.backend().await?;
     let rules =
         crate::cli::health::health_rules(&backend, &crate::cli::args::HealthArgs::defaults())
             .await?;
-    Ok(json_text(render::health(&rules, true)))
+    let code = if rules.iter().any(|r| r.firing()) {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    Ok((code, json_text(render::health(&rules, true))).into_response())
+}
+
+/// `/readyz` (see `probes`): an embedded namespace whose state file cannot be opened
+/// is a store that does not answer.
+pub(crate) async fn readyz(State(app): State<Arc<App>>) -> Response {
+    match app.backend().await {
+        Ok(backend) => {
+            super::probes::Readiness::new(&backend, app.draining.clone())
+                .answer()
+                .await
+        }
+        Err(err) => {
+            let body = json!({
+                "ready": false,
+                "store": format!("unreachable: {}", crate::cli::common::one_line(&err)),
+                "draining": app.draining.load(std::sync::atomic::Ordering::Relaxed),
+                "paused": false,
+                "throttled": null,
+                "why": ["store unreachable"],
+            });
+            (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
+        }
+    }
+}
+
+/// How many entries of the control log the dashboard shows.
+const CONTROL_LOG: usize = 10;
+
+/// The control record as `status --json` shows it (`null` when nothing was ever set,
+/// and embedded) and its last [`CONTROL_LOG`] changes, newest first.
+pub(crate) async fn control(State(app): State<Arc<App>>) -> ApiResult {
+    let backend = app.backend().await?;
+    if backend.is_embedded() {
+        return Ok(json_value(json!({"record": null, "log": []})));
+    }
+    let (store, _) = crate::control::stores(&backend);
+    let record = store.read().await.map_err(anyhow::Error::from)?;
+    let log = store.log(CONTROL_LOG).await.map_err(anyhow::Error::from)?;
+    let record = (record != tranche_control::ControlRecord::default())
+        .then(|| crate::cli::control::record_json(&record, crate::duration::now_ms()));
+    Ok(json_value(json!({"record": record, "log": log})))
 }
 
 /// What the archive costs, as far as O(1) reads can tell: on Redis the server's memory
@@ -304,9 +358,7 @@ pub(crate) async fn retry_failed(
     authorize(&app, &headers)?;
     let pid = q.pid.as_deref().map(|p| parse_u64("pid", p)).transpose()?;
     let backend = app.backend().await?;
-    backend.ensure_writable()?;
-    let pids = backend.active.retry_failed(pid).await?;
-    backend.save().await?;
+    let pids = crate::query::retry_failed(&backend, pid).await?;
     Ok(json_value(json!({"retried": pids})))
 }
 
@@ -318,8 +370,7 @@ pub(crate) async fn discard(
     authorize(&app, &headers)?;
     let pid = parse_u64("pid", &pid)?;
     let backend = app.backend().await?;
-    backend.ensure_writable()?;
-    if !backend.active.discard(pid).await? {
+    if !crate::query::discard(&backend, pid).await? {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "conflict",
@@ -329,7 +380,6 @@ pub(crate) async fn discard(
             ),
         ));
     }
-    backend.save().await?;
     Ok(json_value(json!({"discarded": pid})))
 }
 
@@ -344,11 +394,9 @@ pub(crate) async fn resume(State(app): State<Arc<App>>, headers: HeaderMap) -> A
 async fn set_paused(app: &App, headers: &HeaderMap, paused: bool) -> ApiResult {
     authorize(app, headers)?;
     let backend = app.backend().await?;
-    if backend.is_embedded() {
-        return Err(ApiError::bad_request(
-            "pause and resume need Redis: an embedded namespace has one process at a time",
-        ));
+    match crate::query::set_paused(&backend, paused).await {
+        Err(crate::Error::Config(why)) => return Err(ApiError::bad_request(why)),
+        other => other?,
     }
-    backend.active.set_paused(paused).await?;
     Ok(json_value(json!({"paused": paused})))
 }

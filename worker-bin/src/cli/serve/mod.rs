@@ -18,8 +18,10 @@
 mod api;
 mod http;
 mod metrics;
+mod probes;
 
 pub(crate) use http::serve as serve_http;
+pub(crate) use probes::{Readiness, draining_flag, routes as probe_routes};
 
 pub(crate) use metrics::worker_metrics;
 
@@ -49,6 +51,8 @@ pub(crate) struct App {
     token: Option<String>,
     /// This server's reads of each layer, for `/metrics`.
     query_latency: metrics::QueryLatency,
+    /// Set once a signal stops the server: `/readyz` answers 503 while it drains.
+    draining: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl App {
@@ -83,6 +87,9 @@ impl std::ops::Deref for BackendRef<'_> {
 pub(crate) fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/", get(api::dashboard))
+        .route("/healthz", get(probes::healthz))
+        .route("/readyz", get(api::readyz))
+        .route("/api/v1/control", get(api::control))
         .route("/metrics", get(metrics::scrape))
         .route("/api/v1/config", get(api::config))
         .route("/api/v1/status", get(api::status))
@@ -144,7 +151,9 @@ pub(crate) async fn serve(g: &Global, args: ServeArgs) -> Result<Outcome> {
         connections,
         token,
         query_latency: metrics::QueryLatency::new(),
+        draining: Arc::default(),
     });
+    let draining = app.draining.clone();
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
@@ -153,6 +162,7 @@ pub(crate) async fn serve(g: &Global, args: ServeArgs) -> Result<Outcome> {
     let mut stop = crate::cli::common::signals(std::time::Duration::ZERO)?;
     http::serve(listener, router(app), async move {
         until(&mut stop, |s| *s != Stop::Running).await;
+        draining.store(true, std::sync::atomic::Ordering::Relaxed);
     })
     .await;
     Ok(Outcome::Success)
