@@ -72,7 +72,7 @@ impl Handler for Backfill {
     }
 }
 
-/// Plans the table's whole ID range and runs the backfill until it is done or Ctrl-C.
+/// Plans the table's whole ID range and runs the backfill until it is done, Ctrl-C or SIGTERM.
 #[allow(dead_code)]
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -94,7 +94,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     let report = runner
         .run_with_shutdown(backfill, async {
-            let _ = tokio::signal::ctrl_c().await;
+            tranche_worker::shutdown_signal().await;
         })
         .await?;
     println!(

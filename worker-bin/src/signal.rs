@@ -7,7 +7,8 @@
 /// [`Runner::run_with_shutdown`](crate::Runner::run_with_shutdown), or cancel a
 /// [`CancellationToken`](crate::CancellationToken) when it resolves: the run then
 /// drains (running chunks get the grace period, the rest is released). Give the
-/// orchestrator a stop timeout of at least the grace period plus two seconds.
+/// orchestrator a stop timeout of at least the grace period plus five seconds (see
+/// `deploy/systemd`).
 ///
 /// If a handler cannot be installed it never resolves (the process then stops as it
 /// would without one), and logs why.
