@@ -80,7 +80,13 @@ pub(crate) struct Global {
     pub(crate) json: bool,
     /// Keep the start-up warnings about the Redis (eviction, no persistence) that
     /// `run`, `plan` and `serve` print out of the terminal: they go to the debug log.
-    #[arg(long, global = true, env = "TRANCHE_QUIET")]
+    #[arg(
+        long,
+        global = true,
+        env = "TRANCHE_QUIET",
+        hide_env_values = true,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
     pub(crate) quiet: bool,
     /// Threads this process works on (1..=1024). `run` defaults to 1: its partitions'
     /// work happens in child processes (or is simulated) and its own is waiting on
