@@ -565,7 +565,7 @@ pub(crate) fn state_path(global: &Location) -> PathBuf {
 }
 
 /// The Redis URL: `--redis`, or the first line of `--redis-file`; `None` embedded.
-fn redis_url(global: &Location) -> Result<Option<String>> {
+pub(crate) fn redis_url(global: &Location) -> Result<Option<String>> {
     match (&global.redis, &global.redis_file) {
         (Some(url), _) => Ok(Some(url.clone())),
         (None, Some(path)) => read_url(path).map(Some),

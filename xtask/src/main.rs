@@ -53,6 +53,8 @@ Tasks:
                            skip-guard, tear, ignore-fence, run-twice, complete-twice,
                            exit-on-reset, swallow-panic); fails unless each one's oracles
                            fail; reports in target/soak-self-test/
+  cli-docs                 write docs/cli.md from the clap definitions (the built
+                           binary's hidden `cli-markdown`); a test fails when it is stale
   help                     this text
 ";
 
@@ -77,6 +79,7 @@ fn run() -> Result<()> {
         "fuzz" => fuzz::run(&rest),
         "redis" => redis::serve(&rest),
         "soak" => soak::run(&rest),
+        "cli-docs" => cli_docs(),
         "help" | "-h" | "--help" => {
             print!("{HELP}");
             Ok(())
@@ -246,6 +249,43 @@ fn cargo() -> Command {
     let mut cmd = Command::new(cargo);
     cmd.current_dir(workspace_root());
     cmd
+}
+
+/// `cargo xtask cli-docs`: docs/cli.md rewritten from the binary's own help (its
+/// hidden `cli-markdown` command), so the page says what the clap definitions say.
+fn cli_docs() -> Result<()> {
+    eprintln!("xtask: running tranche cli-markdown");
+    let mut cmd = cargo();
+    cmd.args([
+        "run",
+        "--quiet",
+        "--locked",
+        "-p",
+        "tranche-worker",
+        "--bin",
+        "tranche",
+        "--",
+        "cli-markdown",
+    ]);
+    // A TRANCHE_* variable set here would show its value in its option's help.
+    for (key, _) in env::vars() {
+        if key.starts_with("TRANCHE_") {
+            cmd.env_remove(key);
+        }
+    }
+    let out = cmd.output().context("could not start cargo run")?;
+    if !out.status.success() {
+        bail!(
+            "tranche cli-markdown failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let path = workspace_root().join("docs/cli.md");
+    std::fs::write(&path, &out.stdout)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    eprintln!("xtask: wrote {}", path.display());
+    Ok(())
 }
 
 /// Runs `cmd` with inherited stdio and fails with `what` if it does not exit 0.

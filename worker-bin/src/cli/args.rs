@@ -17,7 +17,7 @@ use crate::defaults::RunDefaults;
 #[derive(Debug, Parser)]
 #[command(
     name = "tranche",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("TRANCHE_GIT_COMMIT"), ")"),
     propagate_version = true,
     max_term_width = 100
 )]
@@ -158,6 +158,22 @@ pub(crate) enum Command {
         #[arg(long, value_name = "N", default_value_t = 100)]
         limit: usize,
     },
+    /// Check the Redis for what tranche needs: version, eviction policy, persistence,
+    /// replicas, clock, cluster slots, ACL and latency (one line each; exit 1 when one
+    /// fails).
+    Doctor(DoctorArgs),
+    /// Print a shell completion script (e.g. `tranche completions bash >
+    /// /etc/bash_completion.d/tranche`).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff), e.g. `tranche man > /usr/local/share/man/man1/tranche.1`.
+    Man,
+    /// Print every command's help as Markdown (docs/cli.md is this output).
+    #[command(hide = true)]
+    CliMarkdown,
 }
 
 /// `plan`.
@@ -182,6 +198,16 @@ pub(crate) struct PlanArgs {
 /// `run`.
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
+    /// First row ID: with --max, plan the range first when the namespace has no plan
+    /// (the same plan again resumes it; a different one is refused).
+    #[arg(long, value_name = "A", requires = "max")]
+    pub(crate) min: Option<u64>,
+    /// Last row ID, inclusive (with --min).
+    #[arg(long, value_name = "B", requires = "min")]
+    pub(crate) max: Option<u64>,
+    /// Row IDs per partition of the plan --min and --max make.
+    #[arg(long, value_name = "N", requires = "min", default_value_t = RunDefaults::RUN.partition_size)]
+    pub(crate) size: u64,
     /// Shell command run per chunk, with TRANCHE_PID, TRANCHE_FROM, TRANCHE_TO,
     /// TRANCHE_ATTEMPT and TRANCHE_CHUNK in its environment; exit 0 is success.
     #[arg(
@@ -403,6 +429,15 @@ pub(crate) struct ServeArgs {
         conflicts_with = "admin_token"
     )]
     pub(crate) admin_token_file: Option<std::path::PathBuf>,
+}
+
+/// `doctor`.
+#[derive(Debug, Args)]
+pub(crate) struct DoctorArgs {
+    /// Check this ACL user's permissions instead of the connected one's (ACL DRYRUN
+    /// needs an admin connection: run doctor as one and name the workers' user).
+    #[arg(long, value_name = "USER")]
+    pub(crate) acl_user: Option<String>,
 }
 
 /// `health`.

@@ -78,6 +78,16 @@ pub(crate) struct Global {
     /// `status --watch`), and failures as {"error": {"kind", "message"}} on stderr.
     #[arg(long, global = true)]
     pub(crate) json: bool,
+    /// Keep the start-up warnings about the Redis (eviction, no persistence) that
+    /// `run`, `plan` and `serve` print out of the terminal: they go to the debug log.
+    #[arg(
+        long,
+        global = true,
+        env = "TRANCHE_QUIET",
+        hide_env_values = true,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub(crate) quiet: bool,
     /// Threads this process works on (1..=1024). `run` defaults to 1: its partitions'
     /// work happens in child processes (or is simulated) and its own is waiting on
     /// Redis, where a second thread only adds a cross-thread wake-up to each reply.

@@ -11,6 +11,8 @@ mod calendar;
 mod common;
 mod control;
 mod cost;
+mod doctor;
+mod generate;
 mod health;
 mod inspect;
 mod jsonl;

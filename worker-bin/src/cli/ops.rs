@@ -31,10 +31,14 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
     let json = g.json;
     match cli.command {
         Command::Plan(args) => {
+            crate::cli::doctor::warn_at_start(g).await;
             let backend = Backend::open(&g.location(), Open::Create, Tuning::default()).await?;
             plan(&backend, &args, json).await
         }
-        Command::Run(args) => run(g, *args).await,
+        Command::Run(args) => {
+            crate::cli::doctor::warn_at_start(g).await;
+            run(g, *args).await
+        }
         Command::Archive(args) => archive(g, args).await,
         Command::Status(args) => status(&existing(g).await?, &args, json).await,
         Command::Get { pid } => get(existing(g).await?, pid, json).await,
@@ -66,7 +70,10 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
         Command::Plans => crate::cli::namespace::plans(g).await,
         Command::ArchiveFormat { raise } => crate::cli::namespace::archive_format(g, raise).await,
         Command::Namespaces => crate::cli::namespace::list(g).await,
-        Command::Serve(args) => crate::cli::serve::serve(g, args).await,
+        Command::Serve(args) => {
+            crate::cli::doctor::warn_at_start(g).await;
+            crate::cli::serve::serve(g, args).await
+        }
         Command::Drop { yes, force } => crate::cli::namespace::drop(g, yes, force).await,
         Command::Workers => {
             let workers = crate::query::Job::from_backend(existing(g).await?)
@@ -104,6 +111,10 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
             crate::cli::health::check(&existing(g).await?, repair, json).await
         }
         Command::Health(args) => crate::cli::health::health(&existing(g).await?, &args, json).await,
+        Command::Doctor(args) => crate::cli::doctor::doctor(g, &args).await,
+        Command::Completions { shell } => crate::cli::generate::completions(shell),
+        Command::Man => crate::cli::generate::man(),
+        Command::CliMarkdown => crate::cli::generate::markdown(),
     }
 }
 
@@ -336,8 +347,55 @@ fn job_of(args: &RunArgs) -> Result<Job> {
     }
 }
 
+/// `run --min A --max B`: plans the range through the library's own plan path
+/// ([`Runner::plan`]) when the namespace has no plan; the same plan again is a rerun
+/// (it resumes); any other plan is refused, naming both, before anything is written.
+async fn plan_once(runner: &Runner, min: u64, max: u64, size: u64) -> Result<()> {
+    tranche_codec::PlanGeometry::new(1, min, max, size)
+        .map_err(|e| anyhow::anyhow!("invalid plan: {e}"))?;
+    let wanted = crate::Plan::ids(min..=max).partition_size(size);
+    let namespace = &runner.location().namespace;
+    // Opened as `plan` opens it; closed again before `Runner::plan` opens its own.
+    let held = runner
+        .open(Open::Create, Tuning::default())
+        .await?
+        .active
+        .plans()
+        .await?;
+    if held.is_empty() {
+        runner.plan(wanted.clone()).await?;
+        tracing::info!(
+            "planned {} partitions (IDs {min}..={max} by {size}) in `{namespace}`",
+            wanted.partitions()
+        );
+        return Ok(());
+    }
+    if held.iter().any(|e| Plan::from(e) == wanted.to_store()) {
+        tracing::info!("`{namespace}` already holds this plan: resuming it");
+        return Ok(());
+    }
+    let plans: Vec<String> = held
+        .iter()
+        .map(|e| {
+            format!(
+                "IDs {}..={} by {}",
+                e.plan.min(),
+                e.plan.max(),
+                e.plan.size()
+            )
+        })
+        .collect();
+    bail!(
+        "namespace `{namespace}` holds plan {}, not IDs {min}..={max} by {size}: nothing written (run without --min/--max to resume it, or pick another --namespace)",
+        plans.join(", ")
+    )
+}
+
 async fn run(g: &Global, args: RunArgs) -> Result<Outcome> {
     let runner = runner_of(g, &args)?;
+    if let (Some(min), Some(max)) = (args.min, args.max) {
+        plan_once(&runner, min, max, args.size).await?;
+    }
     // Held until `run` returns: a restart takes the same name back (see `slot`).
     let mut slot = None;
     let worker = runner.worker_name(&mut slot);

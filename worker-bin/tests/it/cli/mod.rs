@@ -14,7 +14,10 @@ use std::time::Duration;
 use support::TestRedis;
 
 mod connection;
+mod doctor;
 mod health;
+mod install;
+mod oneshot;
 mod operate;
 
 /// Runs `tranche ARGS`, asserts it failed with exit code `code` and one line on stderr

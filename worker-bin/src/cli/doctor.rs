@@ -1,0 +1,666 @@
+//! `tranche doctor`: checks the Redis a namespace lives on for what tranche needs, one
+//! line per check, and [`warn_at_start`], the eviction and persistence warnings `run`,
+//! `plan` and `serve` print once.
+//!
+//! It talks to the one node the URL names over a plain connection (not the cluster
+//! client): a cluster node whose slots are not all served is exactly what it must be
+//! able to report. Every verdict is a pure function of what the server answered
+//! (`judge_*`), so each threshold is tested without a server that misbehaves so.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, anyhow};
+use redis::aio::MultiplexedConnection;
+use serde::Serialize;
+
+use crate::cli::args::DoctorArgs;
+use crate::cli::common::{Global, Outcome};
+
+/// How far this host's clock may be from Redis's `TIME`: leases and backoff are
+/// stamped with Redis's time, the worker's own timers with this host's.
+const MAX_CLOCK_OFFSET_MS: i64 = 1000;
+/// Round-trip latency above which doctor warns: every chunk pays a few of them.
+const SLOW_ROUND_TRIP: Duration = Duration::from_millis(50);
+/// Round trips measured for the latency line (the median is shown).
+const PINGS: usize = 9;
+/// The oldest Redis tranche runs on: XAUTOCLAIM came with 6.2.
+const MIN_VERSION: (u64, u64) = (6, 2);
+
+/// What a check found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Verdict {
+    Ok,
+    /// Works, with a risk worth knowing (exit 0).
+    Warn,
+    /// tranche cannot keep its promises on this server (exit 1).
+    Fail,
+    /// Could not be checked here; the text says why.
+    Skip,
+}
+
+/// One line of the report.
+#[derive(Debug, Clone, Serialize)]
+struct Finding {
+    check: &'static str,
+    verdict: Verdict,
+    text: String,
+}
+
+impl Finding {
+    fn new(check: &'static str, verdict: Verdict, text: impl Into<String>) -> Self {
+        Self {
+            check,
+            verdict,
+            text: text.into(),
+        }
+    }
+}
+
+/// `doctor`.
+pub(crate) async fn doctor(g: &Global, args: &DoctorArgs) -> Result<Outcome> {
+    let (mut conn, shown) = connect(g).await?;
+    let mut findings = Vec::new();
+    let server = info(&mut conn, "server").await?;
+    findings.push(judge_version(field(&server, "redis_version")));
+    findings.push(judge_eviction(
+        field(&info(&mut conn, "memory").await?, "maxmemory_policy").as_deref(),
+    ));
+    let aof = field(&info(&mut conn, "persistence").await?, "aof_enabled");
+    let save = config(&mut conn, "save").await;
+    let fsync = config(&mut conn, "appendfsync").await;
+    findings.push(judge_persistence(
+        aof.as_deref() == Some("1"),
+        save.as_deref(),
+        fsync.as_deref(),
+    ));
+    let replication = info(&mut conn, "replication").await?;
+    let min_replicas = config(&mut conn, "min-replicas-to-write").await;
+    findings.push(judge_replicas(
+        field(&replication, "role").as_deref(),
+        field(&replication, "connected_slaves").and_then(|n| n.parse().ok()),
+        min_replicas.and_then(|n| n.parse().ok()),
+    ));
+    findings.push(clock(&mut conn).await);
+    findings.push(cluster(&mut conn).await?);
+    findings.push(acl(&mut conn, g, args.acl_user.as_deref()).await);
+    findings.push(latency(&mut conn).await?);
+    print_findings(&shown, &findings, g.json);
+    let failed: Vec<&str> = findings
+        .iter()
+        .filter(|f| f.verdict == Verdict::Fail)
+        .map(|f| f.check)
+        .collect();
+    if failed.is_empty() {
+        Ok(Outcome::Success)
+    } else {
+        Ok(Outcome::Failed(format!(
+            "doctor: {} failed on {shown}",
+            failed.join(", ")
+        )))
+    }
+}
+
+/// The eviction and persistence warnings `run`, `plan` and `serve` give once at
+/// start (on stderr; with `--quiet` in the debug log only). Silent embedded, and when
+/// the server cannot be asked: the command itself then says what is wrong.
+pub(crate) async fn warn_at_start(g: &Global) {
+    if g.redis.is_none() && g.redis_file.is_none() {
+        return;
+    }
+    let ask = async {
+        let (mut conn, _) = connect(g).await.ok()?;
+        let memory = info(&mut conn, "memory").await.ok()?;
+        let aof = field(&info(&mut conn, "persistence").await.ok()?, "aof_enabled");
+        let save = config(&mut conn, "save").await;
+        let fsync = config(&mut conn, "appendfsync").await;
+        Some([
+            judge_eviction(field(&memory, "maxmemory_policy").as_deref()),
+            judge_persistence(
+                aof.as_deref() == Some("1"),
+                save.as_deref(),
+                fsync.as_deref(),
+            ),
+        ])
+    };
+    let Ok(Some(findings)) = tokio::time::timeout(Duration::from_secs(3), ask).await else {
+        return;
+    };
+    for f in findings.iter().filter(|f| f.verdict == Verdict::Fail) {
+        if g.quiet {
+            tracing::debug!("{}: {}", f.check, f.text);
+        } else {
+            eprintln!("tranche: warning: {}", f.text);
+        }
+    }
+}
+
+/// A plain connection to the node the URL names, with the TLS files given.
+async fn connect(g: &Global) -> Result<(MultiplexedConnection, String)> {
+    let location = g.location();
+    let url = crate::backend::redis_url(&location)?
+        .context("doctor checks a Redis: give --redis URL (the embedded mode has none)")?;
+    let shown = crate::layers::redact(&url);
+    let tls = tranche_active_store::TlsOptions::from_files(
+        location.tls_ca.as_deref(),
+        location.tls_cert.as_deref(),
+        location.tls_key.as_deref(),
+    )?;
+    if url.starts_with("rediss://") {
+        // rustls needs a process-wide crypto provider; a second install is a no-op.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    let client = if tls.is_empty() {
+        redis::Client::open(url.as_str())
+    } else {
+        redis::Client::build_with_tls(
+            url.as_str(),
+            redis::TlsCertificates {
+                client_tls: tls.client.clone().map(|(client_cert, client_key)| {
+                    redis::ClientTlsConfig {
+                        client_cert,
+                        client_key,
+                    }
+                }),
+                root_cert: tls.ca.clone(),
+            },
+        )
+    }
+    .map_err(|e| anyhow!("invalid --redis URL `{shown}`: {e}"))?;
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(5)))
+        .set_response_timeout(Some(Duration::from_secs(5)));
+    let conn = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .map_err(|e| anyhow!("cannot connect to Redis at {shown}: {e}"))?;
+    Ok((conn, shown))
+}
+
+/// `INFO section`'s text.
+async fn info(conn: &mut MultiplexedConnection, section: &str) -> Result<String> {
+    redis::cmd("INFO")
+        .arg(section)
+        .query_async(conn)
+        .await
+        .with_context(|| format!("INFO {section}"))
+}
+
+/// One `field:value` line of an INFO reply.
+fn field(info: &str, name: &str) -> Option<String> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(|v| v.trim().to_owned())
+}
+
+/// `CONFIG GET name`, or `None` when CONFIG is not allowed (managed services rename
+/// or forbid it).
+async fn config(conn: &mut MultiplexedConnection, name: &str) -> Option<String> {
+    let pairs: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg(name)
+        .query_async(conn)
+        .await
+        .ok()?;
+    pairs.into_iter().nth(1)
+}
+
+fn judge_version(version: Option<String>) -> Finding {
+    let Some(version) = version else {
+        return Finding::new("version", Verdict::Warn, "INFO names no redis_version");
+    };
+    let mut parts = version.split('.').map(|p| p.parse::<u64>().unwrap_or(0));
+    let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if found < MIN_VERSION {
+        return Finding::new(
+            "version",
+            Verdict::Fail,
+            format!(
+                "Redis {version}: tranche needs {}.{} or later (XAUTOCLAIM)",
+                MIN_VERSION.0, MIN_VERSION.1
+            ),
+        );
+    }
+    Finding::new("version", Verdict::Ok, format!("Redis {version}"))
+}
+
+fn judge_eviction(policy: Option<&str>) -> Finding {
+    match policy {
+        Some("noeviction") => Finding::new(
+            "eviction",
+            Verdict::Ok,
+            "maxmemory-policy noeviction: a full Redis refuses writes instead of dropping keys",
+        ),
+        Some(policy) => Finding::new(
+            "eviction",
+            Verdict::Fail,
+            format!(
+                "maxmemory-policy {policy} may evict leases and archive segments; fix: CONFIG SET maxmemory-policy noeviction (and in redis.conf)"
+            ),
+        ),
+        None => Finding::new(
+            "eviction",
+            Verdict::Skip,
+            "INFO memory names no maxmemory_policy",
+        ),
+    }
+}
+
+fn judge_persistence(aof: bool, save: Option<&str>, appendfsync: Option<&str>) -> Finding {
+    let rdb = save.is_some_and(|s| !s.trim().is_empty());
+    match (aof, rdb) {
+        (true, _) if appendfsync == Some("no") => Finding::new(
+            "persistence",
+            Verdict::Warn,
+            "AOF with appendfsync no: the OS decides when writes reach the disk; a crash loses seconds of them (CONFIG SET appendfsync everysec)",
+        ),
+        (true, _) => Finding::new(
+            "persistence",
+            Verdict::Ok,
+            format!(
+                "AOF on (appendfsync {}){}",
+                appendfsync.unwrap_or("unknown"),
+                if rdb { ", RDB snapshots too" } else { "" }
+            ),
+        ),
+        (false, true) => Finding::new(
+            "persistence",
+            Verdict::Ok,
+            format!(
+                "RDB snapshots (save {}), no AOF: a restart loses what came after the last snapshot",
+                save.unwrap_or_default().trim()
+            ),
+        ),
+        (false, false) if save.is_none() => Finding::new(
+            "persistence",
+            Verdict::Warn,
+            "AOF off and `save` unreadable (CONFIG not allowed): check that RDB snapshots are on",
+        ),
+        (false, false) => Finding::new(
+            "persistence",
+            Verdict::Fail,
+            "neither AOF nor RDB: a restart loses the whole job; fix: CONFIG SET appendonly yes (and in redis.conf)",
+        ),
+    }
+}
+
+fn judge_replicas(
+    role: Option<&str>,
+    replicas: Option<u64>,
+    min_replicas_to_write: Option<u64>,
+) -> Finding {
+    if role == Some("slave") {
+        return Finding::new(
+            "replicas",
+            Verdict::Fail,
+            "this node is a replica: it refuses writes; point --redis at the master",
+        );
+    }
+    let min = match min_replicas_to_write {
+        Some(n) => format!("min-replicas-to-write {n}"),
+        None => "min-replicas-to-write unreadable".to_owned(),
+    };
+    match replicas.unwrap_or(0) {
+        0 => Finding::new(
+            "replicas",
+            Verdict::Warn,
+            format!("no replica ({min}): losing this node loses the job unless it is persisted"),
+        ),
+        n => Finding::new(
+            "replicas",
+            Verdict::Ok,
+            format!(
+                "{n} replica(s), {min}{}",
+                if min_replicas_to_write == Some(0) {
+                    " (a failover may lose the last acknowledged writes)"
+                } else {
+                    ""
+                }
+            ),
+        ),
+    }
+}
+
+/// `offset_ms` is Redis's `TIME` minus this host's clock, taken half way through the
+/// round trip.
+fn judge_clock(offset_ms: i64) -> Finding {
+    if offset_ms.abs() > MAX_CLOCK_OFFSET_MS {
+        return Finding::new(
+            "clock",
+            Verdict::Fail,
+            format!(
+                "this host's clock is {} ms {} Redis's TIME (more than {MAX_CLOCK_OFFSET_MS} ms): sync it with NTP",
+                offset_ms.abs(),
+                if offset_ms > 0 { "behind" } else { "ahead of" }
+            ),
+        );
+    }
+    Finding::new(
+        "clock",
+        Verdict::Ok,
+        format!(
+            "this host's clock is within {} ms of Redis's TIME",
+            offset_ms.abs()
+        ),
+    )
+}
+
+async fn clock(conn: &mut MultiplexedConnection) -> Finding {
+    let before = now_ms();
+    let time: Result<(String, String), _> = redis::cmd("TIME").query_async(conn).await;
+    let after = now_ms();
+    match time {
+        Ok((secs, micros)) => {
+            let redis_ms =
+                secs.parse::<i64>().unwrap_or(0) * 1000 + micros.parse::<i64>().unwrap_or(0) / 1000;
+            judge_clock(redis_ms - (before + after) / 2)
+        }
+        Err(e) => Finding::new("clock", Verdict::Skip, format!("TIME: {e}")),
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// `cluster_info` is `CLUSTER INFO`'s text, `None` for a standalone server.
+fn judge_cluster(cluster_info: Option<&str>) -> Finding {
+    let Some(text) = cluster_info else {
+        return Finding::new("cluster", Verdict::Ok, "standalone (not a cluster)");
+    };
+    let state = field(text, "cluster_state").unwrap_or_default();
+    let ok: u64 = field(text, "cluster_slots_ok")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    if state != "ok" || ok < 16384 {
+        return Finding::new(
+            "cluster",
+            Verdict::Fail,
+            format!(
+                "cluster state {state}, {ok} of 16384 slots served: keys in the others cannot be reached (CLUSTER ADDSLOTS or fix the failed nodes)"
+            ),
+        );
+    }
+    Finding::new("cluster", Verdict::Ok, "cluster, all 16384 slots served")
+}
+
+async fn cluster(conn: &mut MultiplexedConnection) -> Result<Finding> {
+    let enabled = field(&info(conn, "cluster").await?, "cluster_enabled");
+    if enabled.as_deref() != Some("1") {
+        return Ok(judge_cluster(None));
+    }
+    let text: Result<String, _> = redis::cmd("CLUSTER").arg("INFO").query_async(conn).await;
+    Ok(match text {
+        Ok(text) => judge_cluster(Some(&text)),
+        Err(e) => Finding::new("cluster", Verdict::Skip, format!("CLUSTER INFO: {e}")),
+    })
+}
+
+/// Every command tranche sends, with plausible arguments; `K` stands for a key of
+/// the namespace. deploy/redis/acl.conf grants them by category.
+const COMMANDS: &[&[&str]] = &[
+    &[
+        "EVALSHA",
+        "0000000000000000000000000000000000000000",
+        "1",
+        "K",
+    ],
+    &["EVAL", "return 1", "1", "K"],
+    &["SCRIPT", "LOAD", "return 1"],
+    &["GET", "K"],
+    &["SET", "K", "v"],
+    &["HGET", "K", "f"],
+    &["HGETALL", "K"],
+    &["HMGET", "K", "f"],
+    &["HSET", "K", "f", "v"],
+    &["HSETNX", "K", "f", "v"],
+    &["HDEL", "K", "f"],
+    &["HINCRBY", "K", "f", "1"],
+    &["HEXISTS", "K", "f"],
+    &["HSCAN", "K", "0"],
+    &["SADD", "K", "m"],
+    &["SREM", "K", "m"],
+    &["SPOP", "K"],
+    &["SMEMBERS", "K"],
+    &["GETBIT", "K", "0"],
+    &["SETBIT", "K", "0", "1"],
+    &["BITFIELD", "K", "GET", "u8", "0"],
+    &["GETRANGE", "K", "0", "1"],
+    &["STRLEN", "K"],
+    &["PTTL", "K"],
+    &["PEXPIRE", "K", "1000"],
+    &["EXISTS", "K"],
+    &["DEL", "K"],
+    &["UNLINK", "K"],
+    &["INCR", "K"],
+    &["XADD", "K", "*", "f", "v"],
+    &["XRANGE", "K", "-", "+"],
+    &["XREVRANGE", "K", "+", "-"],
+    &["XDEL", "K", "0-1"],
+    &["XLEN", "K"],
+    &["XGROUP", "CREATE", "K", "g", "$"],
+    &["XREADGROUP", "GROUP", "g", "c", "STREAMS", "K", ">"],
+    &["XACK", "K", "g", "0-1"],
+    &["XAUTOCLAIM", "K", "g", "c", "0", "0-0"],
+    &["SCAN", "0"],
+    &["INFO"],
+    &["PING"],
+    &["CLIENT", "SETNAME", "tranche"],
+    &["TIME"],
+];
+
+/// Whether `user` may send every command in [`COMMANDS`] on the namespace's keys, by
+/// ACL DRYRUN (Redis 7.0 and later).
+async fn acl(conn: &mut MultiplexedConnection, g: &Global, user: Option<&str>) -> Finding {
+    let user = match user {
+        Some(user) => user.to_owned(),
+        None => match redis::cmd("ACL").arg("WHOAMI").query_async(conn).await {
+            Ok(user) => user,
+            Err(e) => {
+                return Finding::new(
+                    "acl",
+                    Verdict::Skip,
+                    format!(
+                        "ACL WHOAMI refused ({}): run doctor as an admin with --acl-user USER",
+                        crate::cli::common::one_line(&anyhow::Error::new(e))
+                    ),
+                );
+            }
+        },
+    };
+    let schema = match tranche_codec::KeySchema::new(&g.namespace, 1) {
+        Ok(schema) => schema,
+        Err(e) => return Finding::new("acl", Verdict::Skip, format!("namespace: {e}")),
+    };
+    // A key under the namespace's own tag and one under a shard's: acl.conf grants
+    // the two patterns separately.
+    let keys = [schema.meta(), schema.pending(0)];
+    let mut denied = Vec::new();
+    for command in COMMANDS {
+        for key in &keys {
+            let mut cmd = redis::cmd("ACL");
+            cmd.arg("DRYRUN").arg(&user);
+            for part in *command {
+                cmd.arg(if *part == "K" { key.as_str() } else { part });
+            }
+            match cmd.query_async::<redis::Value>(conn).await {
+                Ok(redis::Value::Okay) => {}
+                Ok(redis::Value::SimpleString(s)) if s == "OK" => {}
+                Ok(_) => {
+                    denied.push(
+                        command
+                            .iter()
+                            .take(2)
+                            .copied()
+                            .collect::<Vec<_>>()
+                            .join(" "),
+                    );
+                    break;
+                }
+                Err(e) if e.to_string().contains("unknown subcommand") => {
+                    return Finding::new(
+                        "acl",
+                        Verdict::Skip,
+                        "this Redis has no ACL DRYRUN (it came with 7.0): not checked",
+                    );
+                }
+                Err(e) if e.to_string().contains("NOPERM") => {
+                    return Finding::new(
+                        "acl",
+                        Verdict::Skip,
+                        "ACL DRYRUN refused to this user: run doctor as an admin with --acl-user USER",
+                    );
+                }
+                Err(e) => {
+                    return Finding::new("acl", Verdict::Fail, format!("ACL DRYRUN {user}: {e}"));
+                }
+            }
+        }
+    }
+    let denied: Vec<String> = denied
+        .into_iter()
+        .map(|c| c.split(' ').next().unwrap_or_default().to_owned())
+        .collect();
+    if denied.is_empty() {
+        Finding::new(
+            "acl",
+            Verdict::Ok,
+            format!(
+                "user `{user}` may send every command tranche sends on `{}` keys",
+                g.namespace
+            ),
+        )
+    } else {
+        Finding::new(
+            "acl",
+            Verdict::Fail,
+            format!(
+                "user `{user}` may not send {} on `{}` keys (deploy/redis/acl.conf grants what tranche needs)",
+                denied.join(", "),
+                g.namespace
+            ),
+        )
+    }
+}
+
+async fn latency(conn: &mut MultiplexedConnection) -> Result<Finding> {
+    let mut times = Vec::with_capacity(PINGS);
+    for _ in 0..PINGS {
+        let start = Instant::now();
+        let _: String = redis::cmd("PING").query_async(conn).await?;
+        times.push(start.elapsed());
+    }
+    times.sort();
+    let median = times[PINGS / 2];
+    let text = format!(
+        "round trip {:.2} ms (median of {PINGS})",
+        median.as_secs_f64() * 1e3
+    );
+    Ok(if median > SLOW_ROUND_TRIP {
+        Finding::new(
+            "latency",
+            Verdict::Warn,
+            format!("{text}: every chunk pays a few; run workers near the Redis"),
+        )
+    } else {
+        Finding::new("latency", Verdict::Ok, text)
+    })
+}
+
+fn print_findings(shown: &str, findings: &[Finding], json: bool) {
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"redis": shown, "checks": findings})
+        );
+        return;
+    }
+    println!("{}", render(shown, findings));
+}
+
+/// The report as text: a header naming the server, then one line per check.
+fn render(shown: &str, findings: &[Finding]) -> String {
+    let mut out = format!("doctor: {shown}");
+    for f in findings {
+        let verdict = match f.verdict {
+            Verdict::Ok => "ok",
+            Verdict::Warn => "WARN",
+            Verdict::Fail => "FAIL",
+            Verdict::Skip => "skip",
+        };
+        out.push_str(&format!("\n{verdict:<5} {:<12} {}", f.check, f.text));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verdict(f: Finding) -> Verdict {
+        f.verdict
+    }
+
+    #[test]
+    fn every_threshold_is_where_the_issue_puts_it() {
+        assert_eq!(verdict(judge_eviction(Some("noeviction"))), Verdict::Ok);
+        assert_eq!(verdict(judge_eviction(Some("allkeys-lru"))), Verdict::Fail);
+        assert!(
+            judge_eviction(Some("volatile-lru"))
+                .text
+                .contains("CONFIG SET maxmemory-policy noeviction")
+        );
+        assert_eq!(
+            verdict(judge_persistence(false, Some(""), Some("everysec"))),
+            Verdict::Fail
+        );
+        assert_eq!(
+            verdict(judge_persistence(false, Some("3600 1"), None)),
+            Verdict::Ok
+        );
+        assert_eq!(
+            verdict(judge_persistence(true, Some(""), Some("everysec"))),
+            Verdict::Ok
+        );
+        assert_eq!(
+            verdict(judge_persistence(true, Some(""), Some("no"))),
+            Verdict::Warn
+        );
+        assert_eq!(
+            verdict(judge_replicas(Some("master"), Some(0), Some(0))),
+            Verdict::Warn
+        );
+        assert_eq!(
+            verdict(judge_replicas(Some("master"), Some(1), Some(1))),
+            Verdict::Ok
+        );
+        assert_eq!(
+            verdict(judge_replicas(Some("slave"), Some(0), None)),
+            Verdict::Fail
+        );
+        assert_eq!(verdict(judge_clock(1000)), Verdict::Ok);
+        assert_eq!(verdict(judge_clock(-1000)), Verdict::Ok);
+        assert_eq!(verdict(judge_clock(1001)), Verdict::Fail);
+        assert_eq!(verdict(judge_clock(-5000)), Verdict::Fail);
+        assert_eq!(verdict(judge_version(Some("7.0.15".into()))), Verdict::Ok);
+        assert_eq!(verdict(judge_version(Some("6.0.9".into()))), Verdict::Fail);
+        assert_eq!(verdict(judge_cluster(None)), Verdict::Ok);
+        let full = "cluster_state:ok\r\ncluster_slots_ok:16384\r\n";
+        assert_eq!(verdict(judge_cluster(Some(full))), Verdict::Ok);
+        let partial = "cluster_state:fail\r\ncluster_slots_ok:100\r\n";
+        assert_eq!(verdict(judge_cluster(Some(partial))), Verdict::Fail);
+    }
+
+    #[test]
+    fn info_fields_are_read_whole() {
+        let info = "# Memory\r\nmaxmemory:0\r\nmaxmemory_policy:allkeys-lru\r\n";
+        assert_eq!(
+            field(info, "maxmemory_policy").as_deref(),
+            Some("allkeys-lru")
+        );
+        assert_eq!(field(info, "maxmemory").as_deref(), Some("0"));
+        assert_eq!(field(info, "policy"), None);
+    }
+}
