@@ -325,8 +325,11 @@ async fn a_fence_column_keeps_a_stale_chunk_off_its_successors_rows() {
         .await
         .unwrap();
     let handler = SqlHandler::connect(
-        SqlConfig::new(pg.url(), "UPDATE t SET v = v + 1 WHERE id BETWEEN $1 AND $2")
-            .fence_column("fence"),
+        SqlConfig::new(
+            pg.url(),
+            "UPDATE t SET v = v + 1 WHERE id BETWEEN $1 AND $2",
+        )
+        .fence_column("fence"),
     )
     .await
     .unwrap();

@@ -10,8 +10,7 @@ use std::path::{Path, PathBuf};
 /// before it. `cli`, the command-line floor, is on top of all.
 const FLOOR: &[&str] = &[
     "atomic", "error", "duration", "defaults", "sync", "signal", "event", "plan", "handler", "sql",
-    "job",
-    "slot", "layers", "state", "embedded", "backend", "held", "control", "work", "query",
+    "job", "slot", "layers", "state", "embedded", "backend", "held", "control", "work", "query",
     "metrics", "runner", "cli",
 ];
 
