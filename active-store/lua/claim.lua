@@ -38,7 +38,7 @@ if shards < 1 then refuse('num_shards', ARGV[6]) end
 if per_batch < 1 then refuse('per batch', ARGV[7]) end
 if shard >= shards then refuse('shard', ARGV[5]) end
 -- The tokens of a call are reserved up front: a huge n would spend the sequence.
-if want > 100000 then refuse('n', ARGV[2]) end
+if want > MAX_CLAIM then refuse('n', ARGV[2]) end
 -- Arrays are filled through explicit counters: `#t` is a search in Lua 5.1.
 -- `out` is the reply: its first value, the reclaimed count, is filled in at the end.
 local out, records, scores, got = {'0'}, {}, {}, 0
@@ -88,20 +88,10 @@ end
 local plans = {}
 if ndecoded < want then plans = read_cursors(KEYS[5], read_plans(KEYS[4])) end
 
--- Fresh tokens for this call, reserved up front: every later call on a lease must
--- present its token (fencing). Unused ones are simply skipped. Tokens never fall below
--- the server's clock in ms times 1024: if a failover to a replica that lagged rolls the
--- counter back (replication is asynchronous), the next tokens still exceed every token
--- handed out before, so two live leases never share one. (At most 1024 claims per ms
--- and shard keep the counter from running ahead of the clock; 2^53 is reached in the
--- year 2248.)
-local now_s = redis.call('TIME')
-local floor = (tonumber(now_s[1]) * 1000 + math.floor(tonumber(now_s[2]) / 1000)) * 1024
-token = tonumber(redis.call('INCRBY', KEYS[6], want)) - want
-if token < floor then
-  redis.call('SET', KEYS[6], int(floor + want))
-  token = floor
-end
+-- Fresh tokens for this call, reserved up front, never below the clock's floor
+-- (`reserve_tokens`, common.lua): every later call on a lease must present its token
+-- (fencing). Unused ones are simply skipped.
+token = reserve_tokens(KEYS[6], want)
 start_counting(KEYS[7], function()
   return redis.call('HLEN', KEYS[1]) == 0 and redis.call('HLEN', KEYS[8]) == 0
 end)

@@ -12,95 +12,129 @@
 -- record, not held, does not decode; left as it is, the other pids go on) or
 -- CORRUPT_RUN (-3: it has no record of its own, and the run its token names does not
 -- decode; the run is left as it is, no bit of it set, and the other pids go on).
--- A split partition (split.lua) with pieces outstanding is not finished by its owner:
--- the owner part is marked done, its lease ends, and the partition stays, running,
--- until its last piece completes it (piece_complete.lua). With none outstanding, the
--- completion is the ordinary one, its record the partition's whole span.
--- A pid its run still holds (runs.lua) is completed in the run: it leaves the run's mask,
--- and the run's field and lease entry go with its last pid; its record was never
--- written, so nothing else is removed. Any other pid is completed in its own record.
--- A group whose pids its run still holds, every one (the pipeline's common case), is
--- completed in bulk: one slice of the run's mask, a BITFIELD SET of up to 32 bits at a
--- time, and its records passed to the inbox as sent, none split or copied; any other
--- group is taken apart into single completions.
+-- Five cases, a function each (`finish_group`, `finish_part`, `finish_in_run`,
+-- `finish_held`, `finish_not_held`):
+-- * A group whose pids its run (runs.lua) still holds, every one (the pipeline's common
+--   case), is completed in bulk: one slice of the run's mask, a BITFIELD SET of up to
+--   32 bits at a time, and its records passed to the inbox as sent, none split or
+--   copied. Any other group is taken apart into single completions.
+-- * The owner part of a split partition (split.lua) with pieces outstanding is not
+--   finished by its owner: it is marked done, its lease ends, and the partition stays,
+--   running, until its last piece completes it (piece_complete.lua).
+-- * A pid its run still holds is completed in the run: it leaves the run's mask, and
+--   the run's field and lease entry go with its last pid; its record was never
+--   written, so nothing else is removed.
+-- * A pid whose own record holds the lease is completed in its record; a split
+--   partition with no piece outstanding, by the record of its whole span.
+-- * Any other is a duplicate (its bit was set), or not held: corrupt, or lost.
 -- Every argument is checked before the first write (the BITFIELD, or the SET that grows
--- a large index first). Every command
--- runs once per call, not once per completion: a batch of 30 costs little more than a
--- batch of one.
+-- a large index first). Every command runs once per call, not once per completion: a
+-- batch of 30 costs little more than a batch of one.
 local PART, CORRUPT, CORRUPT_RUN = 2, -2, -3
-entries(0, 4, true)
-local m = #ARGV / 4
 local format = string.format
+
 -- Single completions (i = 1..n): pid, token, bit (strings), record, reply slot.
 local pids, tokens, sbits, srecs, slot = {}, {}, {}, {}, {}
 local n = 0
--- Groups (g = 1..ng): first pid and first bit (numbers), count, reply slot of the first.
+-- Groups (g = 1..ng): first pid and first bit (numbers), count, records, reply slot of
+-- the first.
 local gfirst, gtoken, gbit, gcount, grecs, gslot = {}, {}, {}, {}, {}, {}
-local ng, nslots = 0, 0
-for e = 1, m do
-  local pid, token, bit, rec = ARGV[4 * e - 3], ARGV[4 * e - 2], ARGV[4 * e - 1], ARGV[4 * e]
-  -- The common case in one match: three nonzero IDs of at most 19 digits. Anything else
-  -- (a zero, 20 digits, or a bad one) goes through `id` one by one, which names it.
-  if not (#pid < 20 and #token < 20 and #bit < 20
-      and string.find(pid .. ' ' .. token .. ' ' .. bit, '^[1-9]%d* [1-9]%d* [1-9]%d*$')) then
-    id(pid, 'pid')
-    id(token, 'token')
-    id(bit, 'bit offset')
-  end
-  if rec == '' then refuse('completed record', rec) end
-  -- The inbox entry holds one record per line.
-  if not string.find(rec, '\n', 1, true) then
-    n, nslots = n + 1, nslots + 1
-    pids[n], tokens[n], sbits[n], srecs[n], slot[n] = pid, token, bit, rec, nslots
-  else
-    -- Its lines counted by plain finds (a pattern would step through every byte in
-    -- Lua): none empty, at most MAX_RUN.
-    local k, from = 1, 1
-    while true do
-      local to = string.find(rec, '\n', from, true)
-      if to == from or to == #rec or k > MAX_RUN then refuse('completed records', rec) end
-      if not to then break end
-      k, from = k + 1, to + 1
-    end
-    local first, b = tonumber(pid), tonumber(bit)
-    -- pids and bit offsets stay exact (below 2^53) to the group's end.
-    if first + k > 9007199254740992 or b + k > 9007199254740992 then
-      refuse('pid', pid)
-    end
-    ng = ng + 1
-    gfirst[ng], gtoken[ng], gbit[ng], gcount[ng], grecs[ng], gslot[ng] =
-      first, token, b, k, rec, nslots + 1
-    nslots = nslots + k
-  end
-end
--- Runs first: a completion's token names its run, if the pid is in one. Each run is
--- read and decoded once; the pids no run holds are read from the active hash. A run
--- that does not decode (`broken`) holds none as far as this call can tell: its pids are
--- read from the active hash too, a group of them taken apart, and the run is never
--- written (only a decoded run is `touched`). A pid with a record of its own left its
--- run for good and is completed by its record; one without answers CORRUPT_RUN (or
--- DUPLICATE when its bit is set, as a corrupt record does: it completed before).
-local want, nwant, seen = {}, 0, {}
-for i = 1, n do
-  if not seen[tokens[i]] then nwant, seen[tokens[i]] = nwant + 1, true; want[nwant] = tokens[i] end
-end
-for g = 1, ng do
-  if not seen[gtoken[g]] then nwant, seen[gtoken[g]] = nwant + 1, true; want[nwant] = gtoken[g] end
-end
-local runs_raw = redis.call('HMGET', KEYS[7], unpack(want))
-local runs, broken = {}, {}
-for j = 1, nwant do
-  if runs_raw[j] then
-    local u = run_decode_or(KEYS[7], want[j], runs_raw[j])
-    if u then runs[want[j]] = u else broken[want[j]] = true end
-  end
-end
--- The runs that lose pids in this call, by token.
-local touched, left = {}, false
--- Groups held whole leave their run here (in the decoded run; written after the
--- checks); the rest become single completions.
+local ng = 0
+-- The runs the call's tokens name: decoded, by token (`runs`), or not (`broken`); those
+-- that lose pids in this call (`touched`), and whether any did (`left`).
+local runs, broken, touched, left = {}, {}, {}, false
+-- The groups held whole, by group number.
 local bulk, nb = {}, 0
-for g = 1, ng do
+-- Per single: its position in the run that holds it (`in_run`), else its record
+-- (`recs`); its split entry (`ents`, false when the shard has none: the tables that
+-- serve split partitions are not built either, as every table a call makes costs about
+-- as much as a check).
+local in_run, recs, ents = {}, {}, false
+-- The BITFIELD operations (`ops`, `no` values), per single whether its lease is held
+-- ('c', 'r' or nil) and the error of a record that does not decode (`bad`); the
+-- highest bit set (`top`), and whether any lease is held to its end (`holding`).
+local ops, no, held, bad, top, holding = {}, 0, {}, {}, -1, false
+-- With split entries: the owner parts' decoded records, the whole-span records.
+local partrec, finals
+-- The BITFIELD's reply: one value per single, then one per field of the bulk groups.
+local bits
+-- The reply, and what the writes take: the pids whose record goes (`done`), the inbox
+-- lines (`records`), owner parts (`parts`: pid, record) and split entries to write or
+-- delete (`split_done`: pid, entry or nil).
+local out, done, records, nd, nrec = {}, {}, {}, 0, 0
+local parts, np, split_done, ns = nil, 0, nil, 0
+-- Completions by the status they leave (claimed, running), counted once at the end.
+local from_c, from_r = 0, 0
+
+-- The arguments, checked: singles and groups, each with its reply slots.
+local function read_args()
+  entries(0, 4, true)
+  local nslots = 0
+  for e = 1, #ARGV / 4 do
+    local pid, token, bit, rec = ARGV[4 * e - 3], ARGV[4 * e - 2], ARGV[4 * e - 1], ARGV[4 * e]
+    -- The common case in one match: three nonzero IDs of at most 19 digits. Anything
+    -- else (a zero, 20 digits, or a bad one) goes through `id` one by one, which names it.
+    if not (#pid < 20 and #token < 20 and #bit < 20
+        and string.find(pid .. ' ' .. token .. ' ' .. bit, '^[1-9]%d* [1-9]%d* [1-9]%d*$')) then
+      id(pid, 'pid')
+      id(token, 'token')
+      id(bit, 'bit offset')
+    end
+    if rec == '' then refuse('completed record', rec) end
+    -- The inbox entry holds one record per line.
+    if not string.find(rec, '\n', 1, true) then
+      n, nslots = n + 1, nslots + 1
+      pids[n], tokens[n], sbits[n], srecs[n], slot[n] = pid, token, bit, rec, nslots
+    else
+      -- Its lines counted by plain finds (a pattern would step through every byte in
+      -- Lua): none empty, at most MAX_RUN.
+      local k, from = 1, 1
+      while true do
+        local to = string.find(rec, '\n', from, true)
+        if to == from or to == #rec or k > MAX_RUN then refuse('completed records', rec) end
+        if not to then break end
+        k, from = k + 1, to + 1
+      end
+      local first, b = tonumber(pid), tonumber(bit)
+      -- pids and bit offsets stay exact (below 2^53) to the group's end.
+      if first + k > 9007199254740992 or b + k > 9007199254740992 then
+        refuse('pid', pid)
+      end
+      ng = ng + 1
+      gfirst[ng], gtoken[ng], gbit[ng], gcount[ng], grecs[ng], gslot[ng] =
+        first, token, b, k, rec, nslots + 1
+      nslots = nslots + k
+    end
+  end
+end
+
+-- Runs first: a completion's token names its run, if the pid is in one. Each run is
+-- read and decoded once. A run that does not decode (`broken`) holds none as far as
+-- this call can tell: its pids are read from the active hash, a group of them taken
+-- apart, and the run is never written (only a decoded run is `touched`). A pid with a
+-- record of its own left its run for good and is completed by its record; one without
+-- answers CORRUPT_RUN (or DUPLICATE when its bit is set, as a corrupt record does: it
+-- completed before).
+local function read_runs()
+  local want, nwant, seen = {}, 0, {}
+  for i = 1, n do
+    if not seen[tokens[i]] then nwant, seen[tokens[i]] = nwant + 1, true; want[nwant] = tokens[i] end
+  end
+  for g = 1, ng do
+    if not seen[gtoken[g]] then nwant, seen[gtoken[g]] = nwant + 1, true; want[nwant] = gtoken[g] end
+  end
+  local raw = redis.call('HMGET', KEYS[7], unpack(want))
+  for j = 1, nwant do
+    if raw[j] then
+      local u = run_decode_or(KEYS[7], want[j], raw[j])
+      if u then runs[want[j]] = u else broken[want[j]] = true end
+    end
+  end
+end
+
+-- Group `g`, held whole by its run, leaves it here (in the decoded run; written after
+-- the checks) and goes to `bulk`; any other becomes single completions.
+local function take_group(g)
   local u, k = runs[gtoken[g]], gcount[g]
   local at = u and gfirst[g] - u[7] + 1
   if at and at >= 1 and at + k - 1 <= #u[5]
@@ -121,50 +155,44 @@ for g = 1, ng do
     end
   end
 end
-local in_run = {}
-local rest, nrest = {}, 0
-for i = 1, n do
-  local u = runs[tokens[i]]
-  local k = u and run_holds(u, tonumber(pids[i]))
-  if k then
-    in_run[i] = k
-  else
-    nrest = nrest + 1
-    rest[nrest] = pids[i]
-  end
-end
-local recs = {}
-if nrest > 0 then
-  local got = redis.call('HMGET', KEYS[1], unpack(rest))
-  local j = 0
+
+-- The records of the singles no run holds, and the split entries, read only when the
+-- shard has any.
+local function read_records()
+  local rest, nrest = {}, 0
   for i = 1, n do
-    if not in_run[i] then
-      j = j + 1
-      recs[i] = got[j]
+    local u = runs[tokens[i]]
+    local k = u and run_holds(u, tonumber(pids[i]))
+    if k then
+      in_run[i] = k
+    else
+      nrest = nrest + 1
+      rest[nrest] = pids[i]
+    end
+  end
+  if nrest > 0 then
+    local got = redis.call('HMGET', KEYS[1], unpack(rest))
+    local j = 0
+    for i = 1, n do
+      if not in_run[i] then
+        j = j + 1
+        recs[i] = got[j]
+      end
+    end
+  end
+  if n > 0 and redis.call('HLEN', KEYS[6]) > 0 then
+    ents, partrec, finals, parts, split_done = {}, {}, {}, {}, {}
+    local raw = redis.call('HMGET', KEYS[6], unpack(pids))
+    for i = 1, n do
+      if raw[i] then ents[i] = split_decode(KEYS[6], pids[i], raw[i]) end
     end
   end
 end
--- Split entries, read only when the shard has any; without them (`ents` false) the
--- tables that serve split partitions are not built either: every table a call makes
--- costs about as much as a check.
-local ents = false
-if n > 0 and redis.call('HLEN', KEYS[6]) > 0 then
-  ents = {}
-  local raw = redis.call('HMGET', KEYS[6], unpack(pids))
-  for i = 1, n do
-    if raw[i] then ents[i] = split_decode(KEYS[6], pids[i], raw[i]) end
-  end
-end
 
--- One BITFIELD for the whole batch: held leases set their bit (and read the old one);
+-- Single `i`'s BITFIELD operation: a held lease sets its bit (and reads the old one);
 -- the others only read theirs, to tell a duplicate from a lost lease. A record not held
 -- is checked (off the hot path): a corrupt one is reported CORRUPT, not lost.
-local ops, held, no, holding, bad = {}, {}, 0, false, {}
-local partrec, finals = ents and {}, ents and {}
--- The highest bit a held lease sets, looked at only for offsets of six digits or more:
--- below 524,280 the bitmap is under 64 KB, and Redis grows it as it always did.
-local top = -1
-for i = 1, n do
+local function plan_single(i)
   local bit = sbits[i]
   -- A pid its run holds is claimed, never split (a split carves it out first).
   if in_run[i] then
@@ -192,6 +220,8 @@ for i = 1, n do
     ops[no + 1], ops[no + 2], ops[no + 3], ops[no + 4] = 'SET', 'u1', bit, 1
     no = no + 4
     holding = true
+    -- The highest bit matters only for offsets of six digits or more: below 524,280
+    -- the bitmap is under 64 KB, and Redis grows it (`grow_bitmap`).
     if #bit >= 6 and tonumber(bit) > top then top = tonumber(bit) end
   else
     if recs[i] and not bad[i] then
@@ -202,11 +232,10 @@ for i = 1, n do
     no = no + 3
   end
 end
--- Then the groups held whole: their bits set up to 32 at a time (exact as Lua numbers),
--- each field's old value read back (set bits: completed before).
-local fields = {}
-for b = 1, nb do
-  local g = bulk[b]
+
+-- A bulk group's bits, set up to 32 at a time (exact as Lua numbers), each field's old
+-- value read back (set bits: completed before).
+local function plan_group(g)
   local off, k = gbit[g], gcount[g]
   while k > 0 do
     local w = math.min(32, k)
@@ -217,38 +246,11 @@ for b = 1, nb do
   holding = true
   if off - 1 > top then top = off - 1 end
 end
--- The counters of the statuses a completion moves (claimed and running), read and
--- checked only when a lease is held to its end: otherwise no status moves.
-if holding then read_counts(KEYS[5], {'c', 'r'}) end
--- Past 64 KB the index is grown here, as archive.lua grows the archived bitmap: to just
--- under a jemalloc size class (four per power of two; a string of 64 KB or more has 10
--- bytes of sds header and NUL), by one SET of the old bits and zeros, after every check.
--- Redis would grow it itself by doubling, and an index of 5 million pids (625 KB) would
--- then hold 1.25 MB. Its zero tail reads as clear bits. An offset past what BITFIELD
--- takes (512 MB) is left to BITFIELD, which refuses it before it writes.
-local need = math.floor(top / 8) + 1
-if need >= 65536 and need <= 536870912 then
-  local len = redis.call('STRLEN', KEYS[3])
-  if need > len then
-    local step = 1
-    while step * 2 <= need + 10 do step = step * 2 end
-    step = step / 4
-    local size = math.ceil((need + 10) / step) * step - 10
-    local old = redis.call('GET', KEYS[3]) or ''
-    redis.call('SET', KEYS[3], old .. string.rep('\0', size - #old))
-  end
-end
-local bits = redis.call('BITFIELD', KEYS[3], unpack(ops))
 
-local out, done, records, nd, nrec = {}, {}, {}, 0, 0
-local parts, np, split_done, ns = ents and {}, 0, ents and {}, 0
--- Completions by the status they leave (claimed, running), counted once after the loop.
-local from_c, from_r = 0, 0
--- Groups held whole: out of their run above, whatever their bits say; their records
--- go to the inbox as sent when every bit was clear, else line by line.
-local at = n
-for b = 1, nb do
-  local g = bulk[b]
+-- Case 1: group `g`, held whole, already out of its run whatever its bits say (`at`:
+-- the last BITFIELD value read before its fields; returns its last). Its records go
+-- to the inbox as sent when every bit was clear, else line by line.
+local function finish_group(g, at)
   local k, first, rec = gcount[g], gslot[g], grecs[g]
   local clear, j = true, 0
   while j < k do
@@ -281,47 +283,60 @@ for b = 1, nb do
     end
   end
   from_c = from_c + k
+  return at
 end
-for i = 1, n do
-  local e = ents and ents[i]
-  if held[i] and e and e[6] ~= '0' and bits[i] ~= 1 then
-    -- Owner part done: the record stays running with no lease (no token to present).
-    local r = partrec[i]
-    r[3], r[4] = '', ''
-    e[7] = '1'
-    unrequest(e)
-    parts[np + 1], parts[np + 2], np = pids[i], encode(r), np + 2
-    split_done[ns + 1], split_done[ns + 2], ns = pids[i], split_encode(e), ns + 2
-    out[slot[i]] = PART
-  elseif in_run[i] then
-    -- Out of its run whatever its bit says (a set bit: completed before, a restore).
-    -- (A pid named twice in one call leaves, and is counted, once.)
-    local u = runs[tokens[i]]
-    if string.byte(u[5], in_run[i]) == 99 then
-      run_leave(u, in_run[i])
-      touched[tokens[i]], left = u, true
-      from_c = from_c + 1
-    end
-    if bits[i] == 1 then
-      out[slot[i]] = DUPLICATE
-    else
-      nrec = nrec + 1
-      records[nrec] = srecs[i]
-      out[slot[i]] = OK
-    end
-  elseif bits[i] == 1 then
-    -- Idempotency: the index bit is set exactly once per pid, so a retried or late
-    -- completion changes nothing and reaches the inbox (and the statistics) only once.
+
+-- Case 2: the owner part of split partition `e` done, pieces outstanding: the record
+-- stays running with no lease (no token to present).
+local function finish_part(i, e)
+  local r = partrec[i]
+  r[3], r[4] = '', ''
+  e[7] = '1'
+  unrequest(e)
+  parts[np + 1], parts[np + 2], np = pids[i], encode(r), np + 2
+  split_done[ns + 1], split_done[ns + 2], ns = pids[i], split_encode(e), ns + 2
+  out[slot[i]] = PART
+end
+
+-- Case 3: a pid its run holds leaves the run whatever its bit says (a set bit:
+-- completed before, a restore). (A pid named twice in one call leaves, and is counted,
+-- once.)
+local function finish_in_run(i)
+  local u = runs[tokens[i]]
+  if string.byte(u[5], in_run[i]) == 99 then
+    run_leave(u, in_run[i])
+    touched[tokens[i]], left = u, true
+    from_c = from_c + 1
+  end
+  if bits[i] == 1 then
     out[slot[i]] = DUPLICATE
-  elseif held[i] then
-    nd, nrec = nd + 1, nrec + 1
-    done[nd], records[nrec] = pids[i], srecs[i]
-    if e then
-      records[nrec] = finals[i]
-      split_done[ns + 1], split_done[ns + 2], ns = pids[i], nil, ns + 2
-    end
-    if held[i] == 'c' then from_c = from_c + 1 else from_r = from_r + 1 end
+  else
+    nrec = nrec + 1
+    records[nrec] = srecs[i]
     out[slot[i]] = OK
+  end
+end
+
+-- Case 4: a lease its own record holds, completed: the record goes, and with a split
+-- entry `e` (every piece done) the line of the partition's whole span.
+local function finish_held(i, e)
+  nd, nrec = nd + 1, nrec + 1
+  done[nd], records[nrec] = pids[i], srecs[i]
+  if e then
+    records[nrec] = finals[i]
+    split_done[ns + 1], split_done[ns + 2], ns = pids[i], nil, ns + 2
+  end
+  if held[i] == 'c' then from_c = from_c + 1 else from_r = from_r + 1 end
+  out[slot[i]] = OK
+end
+
+-- Case 5: nothing to finish. Idempotency: the index bit is set exactly once per pid, so
+-- a retried or late completion changes nothing and reaches the inbox (and the
+-- statistics) only once. Otherwise the lease is not held: its record is corrupt, its
+-- run is, or it was lost.
+local function finish_not_held(i)
+  if bits[i] == 1 then
+    out[slot[i]] = DUPLICATE
   elseif bad[i] then
     out[slot[i]] = CORRUPT
   elseif not recs[i] and broken[tokens[i]] then
@@ -331,31 +346,63 @@ for i = 1, n do
   end
 end
 
-if from_c > 0 then moved('c', nil, from_c) end
-if from_r > 0 then moved('r', nil, from_r) end
-if nrec > 0 then
-  -- Remove from the hot set, mark done (above) and hand the records to the archiver,
-  -- in one atomic step: the inbox stream is durable, so nothing is lost between layers.
-  -- One stream entry carries the whole batch, one record per line.
-  if nd > 0 then
-    variadic('HDEL', KEYS[1], done)
-    variadic('ZREM', KEYS[2], done)
+-- The writes, each command once.
+local function write()
+  if from_c > 0 then moved('c', nil, from_c) end
+  if from_r > 0 then moved('r', nil, from_r) end
+  if nrec > 0 then
+    -- Remove from the hot set, mark done (the BITFIELD) and hand the records to the
+    -- archiver, in one atomic step: the inbox stream is durable, so nothing is lost
+    -- between layers. One stream entry carries the whole batch, one record per line.
+    if nd > 0 then
+      variadic('HDEL', KEYS[1], done)
+      variadic('ZREM', KEYS[2], done)
+    end
+    redis.call('XADD', KEYS[4], '*', 'r', table.concat(records, '\n'))
   end
-  redis.call('XADD', KEYS[4], '*', 'r', table.concat(records, '\n'))
+  if from_c > 0 or from_r > 0 then count(KEYS[5]) end
+  if left then variadic('ZREM', KEYS[2], runs_store(KEYS[7], touched)) end
+  if np > 0 then
+    variadic('HSET', KEYS[1], parts)
+    local gone = {}
+    for i = 1, np, 2 do gone[(i + 1) / 2] = parts[i] end
+    variadic('ZREM', KEYS[2], gone)
+  end
+  for i = 1, ns, 2 do
+    if split_done[i + 1] then
+      redis.call('HSET', KEYS[6], split_done[i], split_done[i + 1])
+    else
+      redis.call('HDEL', KEYS[6], split_done[i])
+    end
+  end
 end
-if from_c > 0 or from_r > 0 then count(KEYS[5]) end
-if left then variadic('ZREM', KEYS[2], runs_store(KEYS[7], touched)) end
-if np > 0 then
-  variadic('HSET', KEYS[1], parts)
-  local gone = {}
-  for i = 1, np, 2 do gone[(i + 1) / 2] = parts[i] end
-  variadic('ZREM', KEYS[2], gone)
-end
-for i = 1, ns, 2 do
-  if split_done[i + 1] then
-    redis.call('HSET', KEYS[6], split_done[i], split_done[i + 1])
+
+read_args()
+read_runs()
+for g = 1, ng do take_group(g) end
+read_records()
+for i = 1, n do plan_single(i) end
+for b = 1, nb do plan_group(bulk[b]) end
+-- The counters of the statuses a completion moves (claimed and running), read and
+-- checked only when a lease is held to its end: otherwise no status moves.
+if holding then read_counts(KEYS[5], {'c', 'r'}) end
+-- Every check done: the index grown to hold the highest bit, then every bit at once.
+grow_bitmap(KEYS[3], top)
+bits = redis.call('BITFIELD', KEYS[3], unpack(ops))
+
+local at = n
+for b = 1, nb do at = finish_group(bulk[b], at) end
+for i = 1, n do
+  local e = ents and ents[i]
+  if held[i] and e and e[6] ~= '0' and bits[i] ~= 1 then
+    finish_part(i, e)
+  elseif in_run[i] then
+    finish_in_run(i)
+  elseif held[i] and bits[i] ~= 1 then
+    finish_held(i, e)
   else
-    redis.call('HDEL', KEYS[6], split_done[i])
+    finish_not_held(i)
   end
 end
+write()
 return out

@@ -3,8 +3,8 @@
 --      KEYS[4] token sequence
 -- ARGV[1] worker   ARGV[2] n   ARGV[3] now ms   ARGV[4] deadline ms
 -- Reply: per piece, (pid, start, token, attempts, last ID, progress).
--- Tokens come from the shard's sequence, as claim.lua's do (never below the server's
--- clock in ms times 1024), so a piece's token is never any other lease's.
+-- Tokens come from the shard's sequence, as claim.lua's do (`reserve_tokens`,
+-- common.lua), so a piece's token is never any other lease's.
 if #ARGV ~= 4 then refuse('argument count', #ARGV) end
 local worker, want = worker_id(ARGV[1], 'worker'), pos(ARGV[2], 'n')
 local now, deadline = ARGV[3], ARGV[4]
@@ -25,13 +25,7 @@ for i, key in ipairs(ready) do
     end
   end
 end
-local now_s = redis.call('TIME')
-local floor = (tonumber(now_s[1]) * 1000 + math.floor(tonumber(now_s[2]) / 1000)) * 1024
-local token = tonumber(redis.call('INCRBY', KEYS[4], nt + 1)) - nt - 1
-if token < floor then
-  redis.call('SET', KEYS[4], int(floor + nt + 1))
-  token = floor
-end
+local token = reserve_tokens(KEYS[4], nt + 1)
 variadic('ZREM', KEYS[2], ready)
 local out, records, scores = {}, {}, {}
 for i = 1, nt do

@@ -15,7 +15,9 @@ for i = 1, n do
   keys[i] = ARGV[3 * i - 1]
   pids[i] = piece_key(keys[i], 'piece')
   id(ARGV[3 * i], 'token')
-  id(ARGV[3 * i + 1], 'bit offset')
+  -- Checked against the bitmap's end here: BITFIELD would refuse it after the first
+  -- write.
+  if not in_bitmap(id(ARGV[3 * i + 1], 'bit offset')) then refuse('bit offset', ARGV[3 * i + 1]) end
 end
 local recs = redis.call('HMGET', KEYS[6], unpack(keys))
 local raw = redis.call('HMGET', KEYS[5], unpack(pids))
@@ -50,6 +52,11 @@ for i = 1, n do
   end
 end
 if nd == 0 then return out end
+-- The index grows as complete.lua grows it (`grow_bitmap`, common.lua), to hold the
+-- highest bit this call sets.
+local top = -1
+for j = 1, nf do top = math.max(top, tonumber(finished[j][3])) end
+grow_bitmap(KEYS[2], top)
 variadic('HDEL', KEYS[6], done)
 variadic('ZREM', KEYS[7], done)
 local lines = {}

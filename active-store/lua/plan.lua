@@ -7,13 +7,10 @@
 -- Reply: {created (1/0), then (first pid, last pid, min, max, size) per entry the request
 --      maps to, new or already there}; an error reply naming the conflict otherwise.
 
--- IDs are decimal strings of up to 20 digits: compare them exactly, not as doubles.
-local function lt(a, b)
-  if #a ~= #b then return #a < #b end
-  return a < b
-end
+-- IDs are decimal strings of up to 20 digits: compared exactly (`id_lt`, common.lua),
+-- not as doubles.
 local function overlaps(amin, amax, bmin, bmax)
-  return not (lt(amax, bmin) or lt(bmax, amin))
+  return not (id_lt(amax, bmin) or id_lt(bmax, amin))
 end
 
 -- Every argument and every registry entry is checked before the one write.
@@ -21,7 +18,7 @@ local function range(min, max, size)
   id(min, 'min id')
   id(max, 'max id')
   if id(size, 'size') == '0' then refuse('size', size) end
-  if lt(max, min) then refuse('range', min .. '..=' .. max) end
+  if id_lt(max, min) then refuse('range', min .. '..=' .. max) end
 end
 if ARGV[1] == 'u' then
   if #ARGV ~= 5 then refuse('argument count', #ARGV) end

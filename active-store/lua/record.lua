@@ -1,4 +1,5 @@
--- Shared prelude, prepended to every script of the active store (not a script itself).
+-- Shared prelude, prepended to every script of the active store after common.lua
+-- (tranche-codec's), which it builds on (not a script itself).
 --
 -- A partition in the shard's `active` hash is one string of twelve '|'-separated fields:
 --   1 status (p pending, c claimed, r running, f failed)   2 attempts   3 lease token
@@ -64,14 +65,6 @@ end
 -- instructions a call) and a concatenation of four pieces still costs 3,000.
 local SKIPLIST_KEEPER = 'tranche:skiplist-keeper:~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~'
 
--- Arguments for one variadic command: redis.call(cmd, key, unpack(list)) in chunks, as
--- Lua's unpack is limited to a few thousand values.
-local function variadic(cmd, key, list)
-  for i = 1, #list, 4000 do
-    redis.call(cmd, key, unpack(list, i, math.min(i + 3999, #list)))
-  end
-end
-
 -- Checks of arguments and of what a script reads, all run before its first write:
 -- Redis keeps what a failing script wrote, so a refused call must be refused before
 -- anything is written. Each raises an error reply naming what was wrong.
@@ -81,7 +74,7 @@ end
 
 -- A pid, token, bit offset, row ID or checkpoint: a canonical decimal u64 (no sign,
 -- no leading zero), kept as a string (Lua numbers are doubles). Canonical, so two are
--- compared exactly by length, then bytes (`id_lt`).
+-- compared exactly by length, then bytes (`id_lt`, common.lua).
 local U64_MAX = '18446744073709551615'
 -- (`string.find`, not `match`: it returns positions, where `match` would build a string.)
 local function is_id(v)
@@ -95,10 +88,6 @@ end
 local function opt_id(v, what)
   if v ~= '' then id(v, what) end
   return v
-end
-local function id_lt(a, b)
-  if #a ~= #b then return #a < #b end
-  return a < b
 end
 
 -- A time in ms, a count or an attempt number: digits, exact as a Lua number (below

@@ -17,12 +17,11 @@
 -- its run once, and never returns: a run only shrinks, and goes when its mask holds no
 -- 'c' (its field and its lease entry together).
 
--- At most this many pids to a run: the mask of a new run is cut from this literal (a
--- constant of the compiled script; string.rep appends byte by byte).
-local MAX_RUN = 128
-local FULL_MASK = 'cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc'
--- What a mask slice becomes once its pids left (complete.lua's groups).
-local EMPTY_MASK = '................................................................................................................................'
+-- MAX_RUN, the most pids to a run, and the masks FULL_MASK (MAX_RUN 'c') and EMPTY_MASK
+-- (MAX_RUN '.', what a mask slice becomes once its pids left: complete.lua's groups)
+-- are written in front of this prelude from their Rust definition: a new run's mask is
+-- cut from the literal (a constant of the compiled script; string.rep appends byte by
+-- byte).
 
 -- A run value decoded and checked: {first, last, deadline, claimed, mask, worker, the
 -- first pid as a number}; or nil and an error naming the key and token when it is not

@@ -179,7 +179,7 @@ impl Registry {
 /// partition could be claimed but never completed. The bound is taken at the end of
 /// the last pid's batch, the highest offset any pid up to it can have.
 pub(crate) fn check_bits(schema: &tranche_codec::KeySchema, entries: &[PlanEntry]) -> Result<()> {
-    const MAX_BIT: u64 = (1 << 32) - 1;
+    const MAX_BIT: u64 = tranche_codec::lua::BITMAP_BITS - 1;
     for e in entries {
         let last = e.plan.last_pid();
         let size = schema.batch_size();

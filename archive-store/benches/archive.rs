@@ -26,7 +26,7 @@
 //! schema's `bit_offset`), as the active store's completion script sets it in the same
 //! step as its XADD: the archiver dead-letters a record whose bit is clear, and every
 //! pass here asserts that none was. Past 64 KB the index is grown as that script grows
-//! it, to just under a jemalloc size class (`GROW_INDEX_LUA`), not by Redis's doubling.
+//! it, to just under a jemalloc size class (`grow_index_lua`), not by Redis's doubling.
 //!
 //! The namespace is raised to the latest archive format (`ArchiveFormat::LATEST`, what
 //! a new namespace gets once planning raises it); `TRANCHE_BENCH_FORMAT=N` measures
@@ -133,29 +133,14 @@ impl Gen {
     }
 }
 
-/// How the completion script (`active-store/lua/complete.lua`, the block "Past 64 KB
-/// the index is grown here") grows a large completed index before its `BITFIELD`: to
-/// just under a jemalloc size class (four per power of two; a string of 64 KB or more
-/// has 10 bytes of sds header and NUL), by one SET of the old bits and zeros, when the
-/// bytes the highest bit set needs are 64 KB or more and more than the string holds.
-/// Left to `BITFIELD`, Redis would grow it by doubling. The same arithmetic, copied:
-/// keep it in step with complete.lua. `KEYS[1]` the index, `ARGV[1]` the highest bit
-/// offset the batch sets.
-const GROW_INDEX_LUA: &str = r"
-local top = tonumber(ARGV[1])
-local need = math.floor(top / 8) + 1
-if need >= 65536 and need <= 536870912 then
-  local len = redis.call('STRLEN', KEYS[1])
-  if need > len then
-    local step = 1
-    while step * 2 <= need + 10 do step = step * 2 end
-    step = step / 4
-    local size = math.ceil((need + 10) / step) * step - 10
-    local old = redis.call('GET', KEYS[1]) or ''
-    redis.call('SET', KEYS[1], old .. string.rep('\0', size - #old))
-  end
-end
-";
+/// How the completion script grows a large completed index before its `BITFIELD`:
+/// `grow_bitmap` of `codec/lua/common.lua`, the rule complete.lua and archive.lua
+/// share. `KEYS[1]` the index, `ARGV[1]` the highest bit offset the batch sets.
+fn grow_index_lua() -> String {
+    use tranche_codec::lua::{self, Fragment};
+    const GROW: Fragment = Fragment::new("grow_bitmap(KEYS[1], tonumber(ARGV[1]))\n");
+    lua::compose(&[&GROW])
+}
 
 /// The archive format the bench's namespace is raised to (`TRANCHE_BENCH_FORMAT`).
 fn bench_format() -> ArchiveFormat {
@@ -315,7 +300,7 @@ async fn run_set(millis: bool, max: u64, scale: Scale) -> SetResult {
     let schema = config.schema().unwrap();
     let archive = RedisArchive::new(conn.clone(), config).unwrap();
     archive.raise_format(bench_format()).await.unwrap();
-    let grow_index: String = server.query(redis::cmd("SCRIPT").arg("LOAD").arg(GROW_INDEX_LUA));
+    let grow_index: String = server.query(redis::cmd("SCRIPT").arg("LOAD").arg(grow_index_lua()));
     let base = used_memory(&server);
     let mut source = Gen::new(millis);
     let mut all_done = 0u64;
@@ -335,7 +320,7 @@ async fn run_set(millis: bool, max: u64, scale: Scale) -> SetResult {
             for chunk in recs.chunks(100) {
                 let lines: Vec<String> = chunk.iter().map(encode_json).collect();
                 // What the completion script does in the same step as its XADD: grow a
-                // large index to just under a size class (`GROW_INDEX_LUA`), then set
+                // large index to just under a size class (`grow_index_lua`), then set
                 // each pid's completed-index bit, without which the archiver
                 // dead-letters the record as never completed.
                 let top = chunk
@@ -343,14 +328,12 @@ async fn run_set(millis: bool, max: u64, scale: Scale) -> SetResult {
                     .map(|r| schema.bit_offset(r.pid))
                     .max()
                     .unwrap_or(0);
-                if top / 8 + 1 >= 65_536 {
-                    pipe.cmd("EVALSHA")
-                        .arg(&grow_index)
-                        .arg(1)
-                        .arg(schema.completed_index(0))
-                        .arg(top)
-                        .ignore();
-                }
+                pipe.cmd("EVALSHA")
+                    .arg(&grow_index)
+                    .arg(1)
+                    .arg(schema.completed_index(0))
+                    .arg(top)
+                    .ignore();
                 let index = pipe.cmd("BITFIELD").arg(schema.completed_index(0));
                 for r in chunk {
                     index

@@ -30,8 +30,8 @@ local ttl = ARGV[a + s + 1]
 if n == 0 and s == 0 then return {1, 0} end
 
 -- Every bit this call sets, as fields of at most 32 consecutive offsets (exact as Lua
--- numbers; bit offsets stay below 2^32, so their arithmetic is exact too), each {first
--- offset, width, records before its first}: first the one-by-one records' runs of
+-- numbers; bit offsets stay below BITMAP_BITS, so their arithmetic is exact too), each
+-- {first offset, width, records before its first}: first the one-by-one records' runs of
 -- consecutive offsets in the order sent, then each sealed batch's bits. A BITFIELD
 -- operation costs about as much whatever its width (some 1.5 us), and a shard's inbox
 -- is mostly runs of consecutive pids. An offset is canonical decimal, as BITFIELD
@@ -41,7 +41,7 @@ local i = 1
 while i <= n do
   local bit = ARGV[4 * i - 1]
   local off = tonumber(bit)
-  if not off or off < 0 or off >= 4294967296 or string.format('%d', off) ~= bit then
+  if not off or off < 0 or off >= BITMAP_BITS or string.format('%d', off) ~= bit then
     return redis.error_reply('ERR archive: record ' .. i .. ' has bit offset `' .. tostring(bit) .. '`')
   end
   local k = 1
@@ -130,24 +130,11 @@ end
 -- found it (an existing bitmap may be longer, with zeros).
 -- (4 values per record: MAX_SCRIPT_RECORDS keeps them under Lua's 8000 for unpack.)
 local ops, no = {}, 0
--- Past 64 KB the bitmap is grown here, to just under a jemalloc size class (four per
--- power of two; a string of 64 KB or more has 10 bytes of sds header and NUL), by one
--- SET of the old bits and zeros: Redis would grow it itself by doubling, and a bitmap
--- of 5 million pids (625 KB) then holds 1.25 MB. Its zero tail reads as clear bits.
+-- The bitmap is grown first to hold the highest bit (`grow_bitmap`, common.lua), as the
+-- completed index is.
 local top = -1
 for _, f in ipairs(fields) do top = math.max(top, f[1] + f[2] - 1) end
-local need = math.floor(top / 8) + 1
-if need >= 65536 then
-  local len = redis.call('STRLEN', KEYS[1])
-  if need > len then
-    local step = 1
-    while step * 2 <= need + 10 do step = step * 2 end
-    step = step / 4
-    local size = math.ceil((need + 10) / step) * step - 10
-    local old = redis.call('GET', KEYS[1]) or ''
-    redis.call('SET', KEYS[1], old .. string.rep('\0', size - #old))
-  end
-end
+grow_bitmap(KEYS[1], top)
 for _, f in ipairs(fields) do
   ops[no + 1], ops[no + 2], ops[no + 3], ops[no + 4] = 'SET', 'u' .. f[2], f[1], 2 ^ f[2] - 1
   no = no + 4

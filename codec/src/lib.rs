@@ -14,7 +14,9 @@
 //! shard's keys share one cluster slot ([`key_slot`]). [`Clock`] is the source of "now"
 //! every store takes; the `retry` feature adds the module `retry`, the stores' one
 //! retry policy for Redis calls. The module [`state`] holds the rules the memory stores'
-//! saved states share (the version check, pid sets as runs).
+//! saved states share (the version check, pid sets as runs). The module [`lua`] holds
+//! `common.lua`, the prelude of every Lua script of the stores, and `compose`, the one
+//! way their scripts are put together with the Rust constants they read.
 //!
 //! **The design choice to keep in mind:** the short worker codes look derivable
 //! (`worker1` is `w1`) but are not. Codes and binary indices are assigned by a
@@ -56,6 +58,7 @@ mod dict;
 mod error;
 mod json;
 mod keys;
+pub mod lua;
 mod plan;
 mod record;
 #[cfg(feature = "retry")]

@@ -1,6 +1,8 @@
 -- apply_delta: a fragment, not a script. It defines `apply_stats` for a script that
--- concatenates this source in front of its own (the archiver's, so that statistics
--- change in the same atomic step as the archive write) and calls it.
+-- composes this source in front of its own (the archiver's, so that statistics
+-- change in the same atomic step as the archive write) and calls it. It reads
+-- common.lua (tranche-codec's: `id_lt`) and STATS_RANGE, the IDs of one range
+-- (RANGE_SIZE in Rust), written in front of it.
 --
 -- apply_stats is `stats_plan` then `stats_write`: stats_plan(k, a) reads, checks and
 -- computes everything and writes nothing, returning the writes and the index after
@@ -22,7 +24,7 @@
 --   nw, then nw times: worker count ids dur_ms
 --   nb, then nb times: block nr, then nr times (ascending slot):
 --       slot min_rel max_rel first_ms last_ms nrw, then nrw times: wpos count dur_ms ids
---       (range r = 64 * block + slot; min_rel/max_rel are min_id/max_id - 100000 * r;
+--       (range r = 64 * block + slot; min_rel/max_rel are min_id/max_id - STATS_RANGE * r;
 --       wpos is the worker's position, from 1, in the worker list above)
 --   nd, then nd times: 'YYYY-MM-DD' nh, then nh times: hour count
 --   nb, then nb times: '*|bucket' or 'worker|bucket' count
@@ -46,7 +48,7 @@
 --   it only makes the offsets small and is never changed, so bytes may depend on
 --   arrival order while every value they decode to does not.
 --   A compact body: flags(1 byte: 2 seconds, 4 unit, 8 bitmap) varint(min_rel)
---   zz(max_rel - 100000) zz((first - base) / k) varint((last - first) / k) [varint(U)]
+--   zz(max_rel - STATS_RANGE) zz((first - base) / k) varint((last - first) / k) [varint(U)]
 --   workers (bitmap: varint(L) then L bytes, bit j of byte i = index 8i + j; or a list:
 --   varint(count) then the ascending indexes), then per worker by ascending index:
 --   varint(count) varint(dur / k) [varint(ids)]. k is 1000 when flag 2 is set (every
@@ -59,7 +61,7 @@
 --   ascending index (count - cbase) in cw bits and (dur / k - dbase) in dw bits, least
 --   significant bit first, the last byte padded with zero bits; then, without flag 4,
 --   varint(ids) per worker. Two more flags only go with 16: 32, the range is whole
---   (min_rel 1 and max_rel 100000, both left out), and 64 (with 4), U is left out as
+--   (min_rel 1 and max_rel STATS_RANGE, both left out), and 64 (with 4), U is left out as
 --   (max_rel - min_rel + 1) / count, which it equals exactly.
 --   A wide body (flags 1), when some number is 10^15 or more: decimal strings
 --   `varint(len) digits` of min_rel max_rel first last nw, then per worker
@@ -71,12 +73,6 @@
 -- Row IDs only reach Lua as offsets within their range.
 -- The work is per field of the delta, never per record: a batch of a thousand records
 -- of eight workers over ten ranges rewrites one or two block values.
-
--- Whether decimal x < decimal y (no signs, no leading zeros).
-local function stats_less(x, y)
-  if #x ~= #y then return #x < #y end
-  return x < y
-end
 
 -- HMGET/HSET over long lists in chunks: Lua's unpack is bounded.
 local function stats_hmget(key, fields)
@@ -104,7 +100,7 @@ end
 
 local function stats_lt(x, y)
   if type(x) == 'number' and type(y) == 'number' then return x < y end
-  return stats_less(stats_dec(x), stats_dec(y))
+  return id_lt(stats_dec(x), stats_dec(y))
 end
 
 local function stats_add(x, y)
@@ -262,11 +258,11 @@ local function stats_decode_range(s, p, base)
   end
   local v
   if whole then
-    r.mn, r.mx = 1, 100000
+    r.mn, r.mx = 1, STATS_RANGE
   else
     r.mn, p = stats_get(s, p)
     v, p = stats_get(s, p)
-    r.mx = 100000 + stats_unzz(v)
+    r.mx = STATS_RANGE + stats_unzz(v)
   end
   v, p = stats_get(s, p)
   r.f = base + stats_unzz(v) * k
@@ -373,7 +369,7 @@ local function stats_encode_range(r, base, packed)
   local whole, implied = false, false
   if packed then
     flags = flags + 16
-    whole = r.mn == 1 and r.mx == 100000
+    whole = r.mn == 1 and r.mx == STATS_RANGE
     if whole then flags = flags + 32 end
     local total = 0
     for _, idx in ipairs(idxs) do total = total + r.w[idx][1] end
@@ -392,7 +388,7 @@ local function stats_encode_range(r, base, packed)
   bytes[1] = flags
   if not whole then
     stats_put(bytes, r.mn)
-    stats_put(bytes, stats_zz(r.mx - 100000))
+    stats_put(bytes, stats_zz(r.mx - STATS_RANGE))
   end
   stats_put(bytes, stats_zz(off / k))
   stats_put(bytes, span / k)
@@ -650,13 +646,13 @@ local function stats_compute(k, d, s, packed)
   if d.ids ~= '0' then later('HINCRBY', KEYS[k], 'ids', d.ids) end
   if d.dur ~= '0' then later('HINCRBY', KEYS[k], 'dur_sum_ms', d.dur) end
   local set = {}
-  if not cur[4] or stats_less(d.first, cur[4]) then
+  if not cur[4] or id_lt(d.first, cur[4]) then
     set[#set + 1], set[#set + 2] = 'first_completed_ms', d.first
   end
-  if not cur[5] or stats_less(cur[5], d.last) then
+  if not cur[5] or id_lt(cur[5], d.last) then
     set[#set + 1], set[#set + 2] = 'last_completed_ms', d.last
   end
-  if not cur[6] or stats_less(cur[6], d.now) then
+  if not cur[6] or id_lt(cur[6], d.now) then
     set[#set + 1], set[#set + 2] = 'updated_ms', d.now
   end
   if #set > 0 then later('HSET', KEYS[k], unpack(set)) end
@@ -682,7 +678,7 @@ local function stats_compute(k, d, s, packed)
     later('HSET', KEYS[k], 'palette', next_index)
   end
 
-  -- Per 100,000-ID range, one block value of 64 ranges at a time: only the ranges the
+  -- Per range of STATS_RANGE IDs, one block value of 64 ranges at a time: only the ranges the
   -- delta touches are decoded, and the block is written back with the untouched entries
   -- copied.
   for b, blk in ipairs(d.blocks) do

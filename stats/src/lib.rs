@@ -17,7 +17,7 @@
 //! The design choice a reader might get wrong: **this crate never updates statistics
 //! by itself, and exactly-once is not its job.** The archiver aggregates a batch of one
 //! shard's records into a [`StatsDelta`] and applies it in the *same atomic step* as
-//! the archive write: on Redis by concatenating [`archive_protocol::APPLY_DELTA_LUA`]
+//! the archive write: on Redis by composing [`archive_protocol::APPLY_DELTA_LUA`]
 //! with its own script and passing [`archive_protocol::stats_keys`] and
 //! [`archive_protocol::delta_args`]; in memory by calling
 //! [`MemoryStats::apply`] under its own lock. The archive's per-pid "archived" bit,

@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use futures_util::future::join_all;
 use redis::Script;
 use redis::aio::ConnectionLike;
+use tranche_codec::lua::{self, Constant, Fragment};
 use tranche_codec::{Clock, KeySchema, SystemClock};
 
 use crate::aggregate::{Aggregate, RANGE_SIZE, RangeAgg, WorkerAgg};
@@ -18,8 +19,9 @@ use crate::packed::{block_of, read_block, read_day};
 use crate::store::{SNAPSHOTS_KEPT, Snapshot, SnapshotConfig, StatsStore};
 use crate::{Error, RangeStats, Result, Stats, StatsDelta, StatsSummary};
 
-/// The Lua fragment defining `apply_stats(k, a)`, for the archive's script to
-/// concatenate in front of its own source.
+/// The Lua fragment defining `apply_stats(k, a)`, for the archive's script to compose
+/// in front of its own source with [`lua::compose`] (which puts `common.lua`, that it
+/// reads, first; the fragment carries [`RANGE_SIZE`] as `STATS_RANGE`).
 ///
 /// `apply_stats(k, a)` adds a [`StatsDelta`] to one shard's statistics: `KEYS[k]` to
 /// `KEYS[k + 4]` are the five keys of [`stats_keys`], in that order; `ARGV[a]` is the
@@ -38,25 +40,28 @@ use crate::{Error, RangeStats, Result, Stats, StatsDelta, StatsSummary};
 /// the shard's or the delta's record count, summed IDs or summed milliseconds has
 /// reached 10^18: a shard holds at most 10^18 IDs' worth of statistics. Call it before
 /// the host script's own writes so that such an error leaves nothing half done.
-pub const APPLY_DELTA_LUA: &str = include_str!("../lua/apply_delta.lua");
+pub const APPLY_DELTA_LUA: Fragment = Fragment::with(
+    &[Constant::Number("STATS_RANGE", RANGE_SIZE)],
+    include_str!("../lua/apply_delta.lua"),
+);
 
+/// The script `lua/NAME.lua` after the preludes named, composed by [`lua::compose`].
 macro_rules! script {
-    ($name:literal) => {
+    ($($prelude:expr),*; $name:literal) => {
         LazyLock::new(|| {
-            Script::new(concat!(
-                include_str!("../lua/apply_delta.lua"),
-                include_str!(concat!("../lua/", $name, ".lua"))
-            ))
+            Script::new(&lua::compose(&[
+                $(&$prelude,)*
+                &Fragment::new(include_str!(concat!("../lua/", $name, ".lua"))),
+            ]))
         })
     };
 }
 
 #[cfg(any(test, feature = "testing"))]
-static APPLY: LazyLock<Script> = script!("apply");
-static REPLACE: LazyLock<Script> = script!("replace");
-static REPAIR: LazyLock<Script> = script!("repair");
-static PUBLISH: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/publish.lua")));
+static APPLY: LazyLock<Script> = script!(APPLY_DELTA_LUA; "apply");
+static REPLACE: LazyLock<Script> = script!(APPLY_DELTA_LUA; "replace");
+static REPAIR: LazyLock<Script> = script!(APPLY_DELTA_LUA; "repair");
+static PUBLISH: LazyLock<Script> = script!(; "publish");
 
 /// Every script of this crate with its name, for tests that run each on a cluster.
 #[cfg(any(test, feature = "testing"))]

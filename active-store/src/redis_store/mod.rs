@@ -20,6 +20,7 @@ use redis::aio::ConnectionLike;
 use redis::{AsyncCommands, Script};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
+use tranche_codec::lua::{self, Constant, Fragment};
 use tranche_codec::{KeySchema, Partition};
 
 #[cfg(feature = "fuzzing")]
@@ -38,75 +39,61 @@ use crate::plans::{self, Registry, Request};
 use crate::store::{ActiveQuery, Leases, Maintenance, Planner, WorkerRegistry};
 use crate::{Error, Result};
 
+/// `record.lua`: the record layout, the argument checks and the status counters, the
+/// prelude of every script of this crate (after `common.lua`).
+const RECORD: Fragment = Fragment::new(include_str!("../../lua/record.lua"));
+/// `split.lua`: split partitions and their pieces, a prelude of the scripts that meet them.
+const SPLIT: Fragment = Fragment::new(include_str!("../../lua/split.lua"));
+/// `runs.lua`: the interval leases of fresh claims, a prelude of the scripts that meet
+/// them, with [`MAX_RUN`] and the masks of a run that long.
+const RUNS: Fragment = Fragment::with(
+    &[
+        Constant::Number("MAX_RUN", MAX_RUN as u64),
+        Constant::Repeat("FULL_MASK", 'c', MAX_RUN as u64),
+        Constant::Repeat("EMPTY_MASK", '.', MAX_RUN as u64),
+    ],
+    include_str!("../../lua/runs.lua"),
+);
+
+/// The script `lua/NAME.lua` (or a [`Fragment`] of it that reads constants) after the
+/// preludes named, in the order every script takes them (`RECORD`, `SPLIT`, `RUNS`),
+/// composed by [`lua::compose`].
 macro_rules! script {
-    ($name:literal) => {
-        LazyLock::new(|| {
-            Script::new(concat!(
-                include_str!("../../lua/record.lua"),
-                include_str!(concat!("../../lua/", $name, ".lua"))
-            ))
-        })
+    ($($prelude:ident),+; $name:literal) => {
+        script!($($prelude),+; fragment Fragment::new(include_str!(concat!("../../lua/", $name, ".lua"))))
+    };
+    ($($prelude:ident),+; fragment $script:expr) => {
+        LazyLock::new(|| Script::new(&lua::compose(&[$(&$prelude,)+ &$script])))
     };
 }
 
-/// A script that meets split partitions: `split.lua` comes between the prelude and it.
-macro_rules! split_script {
-    ($name:literal) => {
-        LazyLock::new(|| {
-            Script::new(concat!(
-                include_str!("../../lua/record.lua"),
-                include_str!("../../lua/split.lua"),
-                include_str!(concat!("../../lua/", $name, ".lua"))
-            ))
-        })
-    };
-}
-
-/// A script that meets runs, the interval leases of fresh claims: `runs.lua` comes
-/// between the prelude(s) and it.
-macro_rules! runs_script {
-    ($name:literal) => {
-        LazyLock::new(|| {
-            Script::new(concat!(
-                include_str!("../../lua/record.lua"),
-                include_str!("../../lua/runs.lua"),
-                include_str!(concat!("../../lua/", $name, ".lua"))
-            ))
-        })
-    };
-    ($name:literal, split) => {
-        LazyLock::new(|| {
-            Script::new(concat!(
-                include_str!("../../lua/record.lua"),
-                include_str!("../../lua/split.lua"),
-                include_str!("../../lua/runs.lua"),
-                include_str!(concat!("../../lua/", $name, ".lua"))
-            ))
-        })
-    };
-}
-
-static PLAN: LazyLock<Script> = script!("plan");
-static PLAN_CURSOR: LazyLock<Script> = script!("plan_cursor");
-static PLAN_RANGES: LazyLock<Script> = script!("plan_ranges");
-static CLAIM: LazyLock<Script> = runs_script!("claim");
-static CARVE: LazyLock<Script> = runs_script!("carve");
-static HEARTBEAT: LazyLock<Script> = runs_script!("heartbeat", split);
-static COMPLETE: LazyLock<Script> = runs_script!("complete", split);
-static SPLIT_REQUEST: LazyLock<Script> = split_script!("split_request");
-static PIECE_CLAIM: LazyLock<Script> = split_script!("piece_claim");
-static PIECE_BEAT: LazyLock<Script> = split_script!("piece_beat");
-static PIECE_COMPLETE: LazyLock<Script> = split_script!("piece_complete");
-static PIECE_RELEASE: LazyLock<Script> = split_script!("piece_release");
-static PIECE_FAIL: LazyLock<Script> = split_script!("piece_fail");
-static FAIL: LazyLock<Script> = script!("fail");
-static RELEASE: LazyLock<Script> = script!("release");
-static REAP: LazyLock<Script> = script!("reap");
-static RETRY_FAILED: LazyLock<Script> = script!("retry_failed");
-static DISCARD: LazyLock<Script> = script!("discard");
-static RECOUNT: LazyLock<Script> = script!("recount");
-static CARRY: LazyLock<Script> = script!("carry");
-static REPAIR: LazyLock<Script> = script!("repair");
+static PLAN: LazyLock<Script> = script!(RECORD; "plan");
+static PLAN_CURSOR: LazyLock<Script> = script!(RECORD; "plan_cursor");
+static PLAN_RANGES: LazyLock<Script> = script!(RECORD; "plan_ranges");
+static CLAIM: LazyLock<Script> = script!(
+    RECORD, RUNS;
+    fragment Fragment::with(
+        &[Constant::Number("MAX_CLAIM", MAX_CLAIM)],
+        include_str!("../../lua/claim.lua")
+    )
+);
+static CARVE: LazyLock<Script> = script!(RECORD, RUNS; "carve");
+static HEARTBEAT: LazyLock<Script> = script!(RECORD, SPLIT, RUNS; "heartbeat");
+static COMPLETE: LazyLock<Script> = script!(RECORD, SPLIT, RUNS; "complete");
+static SPLIT_REQUEST: LazyLock<Script> = script!(RECORD, SPLIT; "split_request");
+static PIECE_CLAIM: LazyLock<Script> = script!(RECORD, SPLIT; "piece_claim");
+static PIECE_BEAT: LazyLock<Script> = script!(RECORD, SPLIT; "piece_beat");
+static PIECE_COMPLETE: LazyLock<Script> = script!(RECORD, SPLIT; "piece_complete");
+static PIECE_RELEASE: LazyLock<Script> = script!(RECORD, SPLIT; "piece_release");
+static PIECE_FAIL: LazyLock<Script> = script!(RECORD, SPLIT; "piece_fail");
+static FAIL: LazyLock<Script> = script!(RECORD; "fail");
+static RELEASE: LazyLock<Script> = script!(RECORD; "release");
+static REAP: LazyLock<Script> = script!(RECORD; "reap");
+static RETRY_FAILED: LazyLock<Script> = script!(RECORD; "retry_failed");
+static DISCARD: LazyLock<Script> = script!(RECORD; "discard");
+static RECOUNT: LazyLock<Script> = script!(RECORD; "recount");
+static CARRY: LazyLock<Script> = script!(RECORD; "carry");
+static REPAIR: LazyLock<Script> = script!(RECORD; "repair");
 
 /// Every script with its source, for tests that check each keeps to one slot.
 #[cfg(feature = "testing")]
@@ -141,9 +128,13 @@ pub fn scripts() -> Vec<(&'static str, &'static Script)> {
 /// one call should not hold Redis for long.
 const MAX_SCRIPT_BATCH: usize = 1000;
 
-/// The most pids one interval lease holds (`MAX_RUN` of `lua/runs.lua`), and so one
-/// group entry of a `complete` call.
+/// The most pids one interval lease holds, and so one group entry of a `complete`
+/// call (written into the scripts' prelude as `MAX_RUN`, with the masks of `runs.lua`).
 const MAX_RUN: usize = 128;
+
+/// The most partitions one `claim` call asks for (`MAX_CLAIM` of `lua/claim.lua`): it
+/// reserves their tokens up front, and a huge count would spend the sequence.
+const MAX_CLAIM: u64 = 100_000;
 
 /// Field/value pairs of a hash, as read.
 type Pairs = Vec<(String, String)>;

@@ -5,13 +5,17 @@ use std::sync::LazyLock;
 
 use redis::Script;
 use redis::aio::ConnectionLike;
+use tranche_codec::lua::{self, Fragment};
 use tranche_codec::{KeyLayout, KeySchema};
 
 use super::conn::retry;
 use crate::{Error, Result};
 
-static REGISTER: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/register.lua")));
+static REGISTER: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&lua::compose(&[&Fragment::new(include_str!(
+        "../../lua/register.lua"
+    ))]))
+});
 
 /// The register script, for the slot checks of `scripts()`.
 #[cfg(feature = "testing")]

@@ -137,3 +137,70 @@ async fn a_large_completed_index_is_grown_to_a_size_class() {
     assert!(err.to_string().contains("bit offset"), "{err}");
     assert!(server.dump_all() == before, "a refused completion wrote");
 }
+
+/// The last piece of a split partition sets the partition's bit through the same
+/// growth as `complete.lua` (`grow_bitmap` of codec's `common.lua`), and a bit offset
+/// past a bitmap's 2^32 bits is refused before anything is written.
+#[tokio::test]
+async fn the_last_piece_grows_the_index_as_a_completion_does() {
+    let server = TestRedis::start();
+    let schema = tranche_codec::KeySchema::new("elk", 1).unwrap();
+    let index = schema.completed_index(0);
+    let keys = [
+        schema.active(0),
+        index.clone(),
+        schema.inbox(0),
+        schema.shard_key(0, "counts"),
+        schema.shard_key(0, "splits"),
+        schema.shard_key(0, "pieces"),
+        schema.shard_key(0, "piece_leases"),
+    ];
+    // Pid 2 running, its owner part done, its last piece 1700..=2000 leased under 99.
+    let now = 1_700_000_000_000_u64;
+    server.cli(&[
+        "HSET",
+        &keys[0],
+        "2",
+        &format!("r|1||||{now}|{now}|w|1001|2000||"),
+    ]);
+    let piece = format!(
+        "c|1|99|{}|{now}|{now}|{now}|w2|1700|2000|1700|",
+        now + 60_000
+    );
+    server.cli(&["HSET", &keys[5], "2:1700", &piece]);
+    server.cli(&["ZADD", &keys[6], &(now + 60_000).to_string(), "2:1700"]);
+    let entry = r#"|||||1|1|1|1001|2000|{"pid":2,"min_id":1001,"max_id":2000,"worker_id":"w""#;
+    server.cli(&["HSET", &keys[4], "2", entry]);
+    let script = tranche_active_store::scripts()
+        .into_iter()
+        .find(|(name, _)| *name == "piece_complete")
+        .expect("the piece_complete script")
+        .1;
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let call = |bit: u64| {
+        let mut call = script.prepare_invoke();
+        for key in &keys {
+            call.key(key);
+        }
+        call.arg(now).arg("2:1700").arg(99).arg(bit);
+        call
+    };
+
+    let before = server.dump_all();
+    let refused: redis::RedisResult<Vec<i64>> = call(1 << 32).invoke_async(&mut conn).await;
+    let err = refused.unwrap_err();
+    assert!(err.to_string().contains("bit offset"), "{err}");
+    assert!(server.dump_all() == before, "a refused completion wrote");
+
+    let done: Vec<i64> = call(1_000_000).invoke_async(&mut conn).await.unwrap();
+    assert_eq!(done, [2], "the partition completes");
+    let strlen: u64 = server.query(redis::cmd("STRLEN").arg(&index));
+    assert_eq!(
+        strlen,
+        131_072 - 10,
+        "grown to the 128 KB class, not doubled"
+    );
+    let bit: u8 = server.query(redis::cmd("GETBIT").arg(&index).arg(1_000_000));
+    assert_eq!(bit, 1);
+}

@@ -17,7 +17,7 @@ fn intern(names: &mut HashSet<Arc<str>>, mut r: CompletedRecord) -> CompletedRec
 }
 
 /// The most pids one shard's archived set may hold: Redis's bitmap limit.
-const MAX_ARCHIVED: u64 = 1 << 32;
+const MAX_ARCHIVED: u64 = tranche_codec::lua::BITMAP_BITS;
 
 impl Shard {
     /// The saved form, with `now` and `wall` the same instant on both clocks.

@@ -35,6 +35,7 @@ use tranche_codec::{
 
 use conn::invoke_read_only;
 use seal::Sealing;
+use tranche_codec::lua::{self, Fragment};
 use tranche_codec::retry::retry;
 use tranche_stats::archive_protocol::delta_args;
 use tranche_stats::{Repaired, StatsDelta, StatsStore};
@@ -48,34 +49,32 @@ use crate::segment::{self, SEGMENT_BATCHES, SegmentRef};
 use crate::store::{ArchiveQuery, Archiver, Compaction, Export, Import};
 use crate::{Error, Result};
 
+/// `prelude.lua`, the prelude of every script of this crate (after `common.lua`).
+const PRELUDE: Fragment = Fragment::new(include_str!("../../lua/prelude.lua"));
+
+/// The script `lua/NAME.lua` after the preludes named, composed by [`lua::compose`].
 macro_rules! script {
-    ($name:literal) => {
+    ($($prelude:expr),+; $name:literal) => {
         LazyLock::new(|| {
-            Script::new(concat!(
-                include_str!("../../lua/prelude.lua"),
-                include_str!(concat!("../../lua/", $name, ".lua"))
-            ))
+            Script::new(&lua::compose(&[
+                $(&$prelude,)+
+                &Fragment::new(include_str!(concat!("../../lua/", $name, ".lua"))),
+            ]))
         })
     };
 }
 
 /// The archive script: the prelude, the statistics crate's `apply_stats` fragment, and
 /// `archive.lua`, so the archive write and the statistics change in one atomic step.
-static ARCHIVE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        "{}\n{}\n{}",
-        include_str!("../../lua/prelude.lua"),
-        tranche_stats::archive_protocol::APPLY_DELTA_LUA,
-        include_str!("../../lua/archive.lua")
-    ))
-});
-static GET: LazyLock<Script> = script!("get");
-static SEAL: LazyLock<Script> = script!("seal");
-static DICT: LazyLock<Script> = script!("dict");
-static MOVE: LazyLock<Script> = script!("move");
-static JOIN: LazyLock<Script> = script!("join");
-static QUARANTINE: LazyLock<Script> = script!("quarantine");
-static FORMAT: LazyLock<Script> = script!("format");
+static ARCHIVE: LazyLock<Script> =
+    script!(PRELUDE, tranche_stats::archive_protocol::APPLY_DELTA_LUA; "archive");
+static GET: LazyLock<Script> = script!(PRELUDE; "get");
+static SEAL: LazyLock<Script> = script!(PRELUDE; "seal");
+static DICT: LazyLock<Script> = script!(PRELUDE; "dict");
+static MOVE: LazyLock<Script> = script!(PRELUDE; "move");
+static JOIN: LazyLock<Script> = script!(PRELUDE; "join");
+static QUARANTINE: LazyLock<Script> = script!(PRELUDE; "quarantine");
+static FORMAT: LazyLock<Script> = script!(PRELUDE; "format");
 
 /// Every script with its name, for tests that check each keeps to one slot (feature
 /// `testing`).
@@ -201,7 +200,7 @@ struct ShardKeys {
 }
 
 /// The largest bit offset a Redis bitmap accepts.
-const MAX_BIT_OFFSET: u64 = (1 << 32) - 1;
+const MAX_BIT_OFFSET: u64 = lua::BITMAP_BITS - 1;
 impl ShardKeys {
     fn new(schema: &KeySchema, shard: u32) -> Self {
         Self {

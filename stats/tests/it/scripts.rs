@@ -5,6 +5,7 @@ use crate::support;
 
 use std::sync::Arc;
 
+use tranche_codec::lua::{self, Fragment};
 use tranche_codec::{CompletedRecord, KeySchema};
 use tranche_stats::archive_protocol::{APPLY_DELTA_LUA, delta_args, stats_keys};
 use tranche_stats::{RedisStats, Stats, StatsDelta, StatsStore};
@@ -126,12 +127,12 @@ fn delta_args_follow_the_documented_format() {
 
 /// A script of another crate that embeds the fragment after its own keys and args.
 fn host_script() -> redis::Script {
-    redis::Script::new(&format!(
-        "{APPLY_DELTA_LUA}\n\
-         redis.call('SET', KEYS[1], ARGV[1])\n\
+    const HOST: Fragment = Fragment::new(
+        "redis.call('SET', KEYS[1], ARGV[1])\n\
          local after = apply_stats(2, 3)\n\
-         return {{after, ARGV[after]}}\n"
-    ))
+         return {after, ARGV[after]}\n",
+    );
+    redis::Script::new(&lua::compose(&[&APPLY_DELTA_LUA, &HOST]))
 }
 
 async fn cluster_conn(server: &TestRedis) -> redis::cluster_async::ClusterConnection {

@@ -25,6 +25,8 @@ enum Arg {
     Want,
     /// A pid, token, bit offset, row ID or checkpoint: a decimal u64.
     Id,
+    /// A completed-index bit offset: an [`Arg::Id`] a bitmap holds (below 2^32).
+    Bit,
     /// An [`Arg::Id`] or empty (keep, or every one).
     OptId,
     /// 1 to 64 [`Arg::Id`]s, ','-separated.
@@ -77,6 +79,7 @@ impl Arg {
             Arg::Pos => &["x", "-1", "", "1.5", "0", HUGE],
             Arg::Want => &["x", "-1", "", "1.5", "0", "100001", HUGE],
             Arg::Id => &["x", "-1", "", "1.5", "0x1", HUGE],
+            Arg::Bit => &["x", "-1", "", "1.5", "0x1", "4294967296", HUGE],
             Arg::OptId => &["x", "-1", "1.5", "0x1", HUGE],
             Arg::IdList => &["x", "", ",", "1600,", ",1600", "1600,,1750", "1600,x", HUGE],
             Arg::Worker => &["", "a|b"],

@@ -184,11 +184,11 @@ pub(super) fn refusal_rows(
             args: vec![
                 a("1", Id),
                 a(&t(1), Id),
-                a(&bit(1), Id),
+                a(&bit(1), Bit),
                 a("{\"pid\":1}", Record),
                 a("3", Id),
                 a(&t(3), Id),
-                a(&bit(3), Id),
+                a(&bit(3), Bit),
                 a("{\"pid\":3}", Record),
             ],
             corrupt: vec![counter("c")],
@@ -212,7 +212,7 @@ pub(super) fn refusal_rows(
             args: vec![
                 a("2", Id),
                 a(&t(2), Id),
-                a(&bit(2), Id),
+                a(&bit(2), Bit),
                 a("{\"pid\":2}", Record),
             ],
             corrupt: vec![counter("r")],
@@ -484,7 +484,7 @@ pub(super) fn refusal_rows(
             args: vec![
                 a("3", Id),
                 a(&t(3), Id),
-                a(&bit(3), Id),
+                a(&bit(3), Bit),
                 a("{\"pid\":3}", Record),
             ],
             // A piece outstanding: the owner part ends, the bit stays clear. No status
@@ -512,7 +512,7 @@ pub(super) fn refusal_rows(
             args: vec![
                 a("3", Id),
                 a(&t(3), Id),
-                a(&bit(3), Id),
+                a(&bit(3), Bit),
                 a(
                     "{\"pid\":3,\"completed_at\":1719234405.5,\"duration\":1}",
                     Record,
@@ -616,7 +616,7 @@ pub(super) fn refusal_rows(
                 a(&now, Num),
                 a("2:1700", PieceKey),
                 a("99", Id),
-                a(&bit(2), Id),
+                a(&bit(2), Bit),
             ],
             // The last piece, its owner part done: the partition completes.
             setup: vec![
@@ -750,7 +750,7 @@ pub(super) fn refusal_rows(
             args: vec![
                 a("7", Id),
                 a("99", Id),
-                a(&bit(7), Id),
+                a(&bit(7), Bit),
                 a("{\"pid\":7}", Record),
             ],
             setup: run.clone(),
