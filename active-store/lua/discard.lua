@@ -6,12 +6,17 @@
 -- issued yet is pending too: its record is created discarded, and the plan's entry in
 -- the shard's plans list is split around it (the piece before keeps the cursor, the
 -- piece after starts at the pid after), so the cursor never issues it.
+-- A split partition (split.lua), its owner part pending or failed, is discarded whole:
+-- its planned range back, from its lowest unfinished ID; its split entry and every piece
+-- gone, pending or not (a running piece is fenced: its holder's beat, completion and
+-- failure are refused as lost), so nothing of it is claimed or completed again.
 -- KEYS[1] active hash   KEYS[2] pending zset   KEYS[3] status counters hash
---      KEYS[4] the shard's plans list   KEYS[5] cursor hash
+--      KEYS[4] the shard's plans list   KEYS[5] cursor hash   KEYS[6] splits hash
+--      KEYS[7] pieces hash   KEYS[8] piece_pending zset   KEYS[9] piece_leases zset
 -- ARGV[1] pid   ARGV[2] now ms
 -- Reply: 1 discarded, 0 not pending or failed, -2 leased.
--- Every argument, the record, the plan entries and cursors are checked before the first
--- write.
+-- Every argument, the record, its split entry and pieces, the plan entries and cursors
+-- are checked before the first write.
 if #ARGV ~= 2 then refuse('argument count', #ARGV) end
 local pid, now = id(ARGV[1], 'pid'), ARGV[2]
 num(now, 'now')
@@ -21,12 +26,26 @@ if s then
   local r = checked(KEYS[1], pid, s)
   if r[1] == 'd' then return 0 end
   if r[1] == 'c' or r[1] == 'r' then return -2 end
+  local raw, gone = redis.call('HGET', KEYS[6], pid), nil
+  if raw then
+    local e = split_decode(KEYS[6], pid, raw)
+    local from
+    if e[7] == '0' then from = r[11] ~= '' and r[11] or e[9] end
+    gone, r[11] = unsplit_plan(KEYS[7], redis.call('HGETALL', KEYS[7]), pid, e, from)
+    r[9], r[10] = e[9], e[10]
+  end
   moved(r[1], 'd')
   r[1] = 'd'
   r[4] = ''
   r[7] = now
   redis.call('HSET', KEYS[1], pid, encode(r))
   redis.call('ZREM', KEYS[2], pid)
+  if gone then
+    variadic('HDEL', KEYS[7], gone)
+    variadic('ZREM', KEYS[8], gone)
+    variadic('ZREM', KEYS[9], gone)
+    redis.call('HDEL', KEYS[6], pid)
+  end
   count(KEYS[3])
   return 1
 end

@@ -7,8 +7,10 @@
 -- ARGV[1] now ms   ARGV[2] new deadline ms, then per lease: pid, token, progress
 --      (progress empty: keep the stored checkpoint), next (the first ID the holder has
 --      not handed out; empty: the holder does not split, and no cut is made)
--- Reply: per lease, '1' (renewed), '-1' (lost), '=' and the lease's new last ID (renewed
--- and cut: every ID after it is a pending piece now), or '!' and the error naming its
+-- Reply: per lease, '1' (renewed, its range as planned: never cut), '>' and its last ID
+-- (renewed; the record names its end, which an earlier call's cut may have moved), '-1'
+-- (lost), '=' and the lease's new last ID (renewed and cut in this call: every ID after
+-- it is a pending piece now), or '!' and the error naming its
 -- record, which does not decode, or its run, when it has no record of its own and the
 -- run its token names does not decode (left as it is; the other leases are renewed).
 -- A checkpoint never moves backwards: a beat carrying an older one than the record holds
@@ -90,7 +92,10 @@ for i = 1, n do
     r[4] = deadline
     r[7] = now
     r[11] = later(r[11], progress)
-    out[i] = '1'
+    -- The end answered on every beat, not only the one that cuts: a cut whose reply was
+    -- lost is not made again when the beat is retried, and the holder must still learn
+    -- where its range ends.
+    out[i] = r[10] ~= '' and '>' .. r[10] or '1'
     if ents[i] and not seen[pid .. ':split'] then
       seen[pid .. ':split'] = true
       local e = split_decode(KEYS[4], pid, ents[i])

@@ -4,9 +4,10 @@
 --      KEYS[4] splits hash
 -- ARGV[1] now ms   ARGV[2] new deadline ms, then per piece: `pid:start`, token, progress
 --      (empty: keep), next (the first ID the holder has not handed out; empty: no cut)
--- Reply: per piece, '1' (renewed), '-1' (lost), '=' and its new last ID (renewed and
--- cut), or '!' and the error naming its record, which does not decode (left as it is;
--- the other pieces are renewed).
+-- Reply: per piece, '>' and its last ID (renewed; an earlier call's cut may have moved
+-- it; '1' if the record names none: the lease's own), '-1' (lost), '=' and its new last
+-- ID (renewed and cut in this call), or '!' and the error naming its record, which does
+-- not decode (left as it is; the other pieces are renewed).
 entries(2, 4, true)
 local now, deadline = ARGV[1], ARGV[2]
 num(now, 'now')
@@ -35,7 +36,8 @@ for i = 1, n do
   if leased(r, token) then
     r[1], r[4], r[7] = 'r', deadline, now
     r[11] = later(r[11], progress)
-    out[i] = '1'
+    -- The end answered on every beat (heartbeat.lua says why).
+    out[i] = r[10] ~= '' and '>' .. r[10] or '1'
     if ents[i] then
       local e = decoded[pid] or split_decode(KEYS[4], pid, ents[i])
       decoded[pid] = e

@@ -103,16 +103,9 @@ for j = 1, nf do
   local from
   if p and e[7] == '0' then from = p[11] ~= '' and p[11] or e[9] end
   all = all or redis.call('HGETALL', KEYS[1])
-  local prefix, gone = pid .. ':', {}
-  for i = 1, #all, 2 do
-    local field = all[i]
-    if string.sub(field, 1, #prefix) == prefix then
-      local q = latest[field] or checked(KEYS[1], field, all[i + 1])[11]
-      gone[#gone + 1] = field
-      if q ~= '' and (not from or id_lt(q, from)) then from = q end
-    end
-  end
-  plans[j] = {pid, e, p, gone, from or e[9]}
+  local gone
+  gone, from = unsplit_plan(KEYS[1], all, pid, e, from, latest)
+  plans[j] = {pid, e, p, gone, from}
 end
 if nf > 0 then read_counts(KEYS[8]) end
 

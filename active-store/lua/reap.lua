@@ -3,16 +3,20 @@
 -- number of expired leases, not the size of the active set. Idempotent: any number of
 -- reapers may run.
 -- KEYS[1] active hash   KEYS[2] leases zset   KEYS[3] pending zset
---      KEYS[4] status counters hash
+--      KEYS[4] status counters hash   KEYS[5] splits hash   KEYS[6] pieces hash
+--      KEYS[7] piece_pending zset   KEYS[8] piece_leases zset
 -- ARGV[1] now ms   ARGV[2] at most this many   ARGV[3] worker (empty: any; otherwise
 --      release that worker's leases whatever their deadline, and ARGV[2] is not used)
 --      ARGV[4] max attempts
 -- Reply: the pids returned to pending. A lease that expired on its last attempt
 -- (attempts >= max attempts) is failed instead: a partition that crashes its worker
--- every time must not be retried for ever.
+-- every time must not be retried for ever. A split partition (split.lua) failed so is
+-- whole again, as fail.lua makes it: its planned range back, from its lowest unfinished
+-- ID; its split entry and every piece gone, a running piece fenced.
 -- Every argument and every record met is checked before the first write. A record that
 -- does not decode is skipped, left as it is with its lease entry (`check --repair`
--- rebuilds it): one corrupt record never stops a shard's reaping.
+-- rebuilds it): one corrupt record never stops a shard's reaping. So is a partition
+-- failing here whose split entry or pieces do not decode.
 if #ARGV ~= 4 then refuse('argument count', #ARGV) end
 local now, limit, worker = ARGV[1], num(ARGV[2], 'limit'), ARGV[3]
 num(now, 'now')
@@ -25,6 +29,20 @@ else
   pids = redis.call('ZRANGE', KEYS[2], 0, -1)
 end
 read_counts(KEYS[4])
+-- The pieces hash, read once if a split partition fails here.
+local all
+-- Plans `unsplit` for split partition `pid` (record `r`) failing here: nil if it is not
+-- split, else the fields of its pieces, `r` given its planned range and checkpoint.
+-- Reads and checks only.
+local function whole(pid, r)
+  local raw = redis.call('HGET', KEYS[5], pid)
+  if not raw then return nil end
+  local e = split_decode(KEYS[5], pid, raw)
+  all = all or redis.call('HGETALL', KEYS[6])
+  local gone, from = unsplit_plan(KEYS[6], all, pid, e, r[11] ~= '' and r[11] or e[9])
+  r[9], r[10], r[11] = e[9], e[10], from
+  return gone
+end
 local stale, ns, changes, nc = {}, 0, {}, 0
 for _, pid in ipairs(pids) do
   -- Neither the keeper (not a lease, see record.lua; only the whole-index read of a
@@ -39,8 +57,12 @@ for _, pid in ipairs(pids) do
     else
       local ok, r = pcall(checked, KEYS[1], pid, s)
       if ok and (worker == '' or r[8] == worker) then
-        nc = nc + 1
-        changes[nc] = {pid, r}
+        local gone
+        if tonumber(r[2]) >= max_attempts then ok, gone = pcall(whole, pid, r) end
+        if ok then
+          nc = nc + 1
+          changes[nc] = {pid, r, gone}
+        end
       end
     end
   end
@@ -48,7 +70,7 @@ end
 local out, no = {}, 0
 for i = 1, ns do redis.call('ZREM', KEYS[2], stale[i]) end
 for i = 1, nc do
-  local pid, r = changes[i][1], changes[i][2]
+  local pid, r, gone = changes[i][1], changes[i][2], changes[i][3]
   local attempts = tonumber(r[2])
   r[4] = ''
   r[7] = now
@@ -58,6 +80,12 @@ for i = 1, nc do
     r[1] = 'f'
     r[12] = 'lease expired on attempt ' .. r[2] .. ' of ' .. ARGV[4] .. ' (the worker died or stalled)'
     redis.call('HSET', KEYS[1], pid, encode(r))
+    if gone then
+      variadic('HDEL', KEYS[6], gone)
+      variadic('ZREM', KEYS[7], gone)
+      variadic('ZREM', KEYS[8], gone)
+      redis.call('HDEL', KEYS[5], pid)
+    end
   else
     moved(r[1], 'p')
     r[1] = 'p'

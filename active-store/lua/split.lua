@@ -1,5 +1,5 @@
 -- Split prelude, prepended (after record.lua) to the scripts that meet split partitions:
--- heartbeat, complete and the piece scripts. Not a script itself.
+-- heartbeat, complete, fail, reap, discard and the piece scripts. Not a script itself.
 --
 -- A split partition P has an entry in the shard's `splits` hash (field pid), one string
 -- of eleven '|'-separated fields:
@@ -19,7 +19,8 @@
 -- ID is ever under two live leases. Pieces are not counted: P stays one partition, in
 -- its status, until the last of its parts completes it. A piece spends attempts as a
 -- partition does (piece_fail.lua); its last, or a permanent failure, fails P, whole
--- again, and ends every part of it.
+-- again, and ends every part of it (`unsplit_plan` below). So does the last attempt of
+-- P's owner part (fail.lua, reap.lua), and discard.lua gives P up whole.
 --
 -- IDs are compared as canonical decimals (`id_lt`); `pred` steps one down by string,
 -- exact at any size: no ID is ever a Lua number.
@@ -139,4 +140,27 @@ local function cut(e, holder, r, last, next, now)
   e[6] = int(tonumber(e[6]) + n)
   r[10] = pred(starts[1])
   return out
+end
+
+-- `unsplit` (src/split.rs, step 4), read and checked: split partition `pid`, its entry
+-- `e`, failing for good or discarded, is whole again. Returns the fields of its pieces
+-- in `all` (the pieces hash `key` as HGETALL read it), every one to go with its pending
+-- or lease entry (a piece still running is fenced: its record gone, its holder's beat,
+-- completion and failure are refused as lost), and the checkpoint the partition is
+-- whole again from: the lowest ID any unfinished part had not done, of `from` (its
+-- owner part's checkpoint, nil if that part is done) and every piece's (`latest[field]`
+-- in place of a piece's stored one, where given), else its first ID. Writes nothing:
+-- the caller deletes the pieces and the entry, and gives the record its planned range
+-- (`e[9]`, `e[10]`) and that checkpoint.
+local function unsplit_plan(key, all, pid, e, from, latest)
+  local prefix, gone = pid .. ':', {}
+  for i = 1, #all, 2 do
+    local field = all[i]
+    if string.sub(field, 1, #prefix) == prefix then
+      local q = latest and latest[field] or checked(key, field, all[i + 1])[11]
+      gone[#gone + 1] = field
+      if q ~= '' and (not from or id_lt(q, from)) then from = q end
+    end
+  end
+  return gone, from or e[9]
 end

@@ -241,7 +241,9 @@ pub struct Config {
     /// How the shards' keys are named: the layout `{ns}:meta` records for the
     /// namespace ([`KeysMeta`](crate::KeysMeta)); new namespaces get the default.
     pub layout: KeyLayout,
-    /// How long a claim or heartbeat keeps a lease.
+    /// How long a claim or heartbeat keeps a lease, by the caller's clock: every
+    /// process on the namespace must agree with every other's clock within a twelfth
+    /// of it (`src/split.rs`, "Clocks").
     pub lease: Duration,
     /// Claims per partition before it fails for good.
     pub max_attempts: u32,

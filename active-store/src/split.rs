@@ -21,6 +21,13 @@
 //!    first (else the partition's other parts stayed busy until it went stale). A dead
 //!    holder never beats: the request waits, its lease expires, and the partition is
 //!    reclaimed (with its shortened range if it was cut) from its checkpoint.
+//!    Every beat answers the part's last ID now ([`Beat::last`]), cut or not: the cut
+//!    is made once, in the call that finds the request, and that call's reply can be
+//!    lost (a response timeout, a dropped connection, a Redis pause). The beat sent
+//!    again finds no request, renews, and answers [`Beat::Renewed`] with the shortened
+//!    end, as every later beat does; a holder applies the end it is told, whichever
+//!    the variant. Until a beat of its answers, a holder that sent a frontier hands
+//!    out nothing at or past it (the promise `next` makes).
 //! 3. A piece is claimed ([`Splits::claim_pieces`]), beaten, cut in turn, released and
 //!    reaped like a partition, and spends attempts like one: a failed chunk
 //!    ([`Splits::fail_piece`]) or an expired lease counts one, and its last attempt (or a
@@ -32,13 +39,39 @@
 //!    the partition's whole range, its owner as worker, from its first claim to the
 //!    last part's end.
 //!
-//! 4. A split partition that fails for good is whole again: its record takes its
-//!    planned range back, with the lowest ID any unfinished part of it had not done as
-//!    its checkpoint, status failed and the piece's reason; its split entry and every
-//!    piece go, so every other holder's lease (the owner's too) is lost. A later
+//! 4. A split partition that fails for good is whole again, whichever part spent its
+//!    last attempt: a piece's ([`Splits::fail_piece`], a piece lease reaped) or its
+//!    owner part's ([`Leases::fail_with`](crate::Leases::fail_with), an owner lease
+//!    reaped by [`Maintenance::reap`](crate::Maintenance::reap) or
+//!    [`Maintenance::release_worker`](crate::Maintenance::release_worker)). Its record
+//!    takes its planned range back, with the lowest ID any unfinished part of it had
+//!    not done as its checkpoint, status failed and the failing part's reason; its split
+//!    entry and every piece go, pending or running, so every other holder's lease (the
+//!    owner's too) is lost. A running piece is fenced by its record's going: its
+//!    holder's beat, completion, release and failure are refused as
+//!    [`Error::LeaseLost`](crate::Error::LeaseLost), and a piece of the same start cut
+//!    after a retry has another token. A later
 //!    [`Maintenance::retry_failed`](crate::Maintenance::retry_failed) redoes it from
 //!    that checkpoint, as any failed partition: what pieces had done above it is done
 //!    again (at least once, as after the embedded state file's restore).
+//!    [`Maintenance::discard`](crate::Maintenance::discard) of a split partition whose
+//!    owner part is pending or failed makes it whole the same way, marked discarded:
+//!    nothing of it is claimed or completed again. (One whose owner part is done or
+//!    running is refused as leased, as any held partition.)
+//!
+//! **Clocks.** Deadlines are written, and leases reaped, by the clocks of the processes
+//! that call: a claim or beat sets `now + lease` by its caller's clock, and
+//! [`Maintenance::reap`](crate::Maintenance::reap) takes the reaper's `now`. The
+//! scripts do not read the server's `TIME` for them. So the protocol's "no ID under two
+//! live leases" holds only while every process's clock agrees with every other's
+//! within the holder's margin: a worker stops a chunk a twelfth of a lease before its
+//! lease runs out by its own count (2.5 s at the default 30 s), so a reaper whose clock
+//! runs ahead of a holder's by more than that, less a beat's round trip (or a holder
+//! whose clock steps back by as much between beats), can hand the range to another
+//! while the first still works on it. Every store write stays fenced by the token (the
+//! stale holder's beat, completion and failure are refused), so the store's state is
+//! never wrong; the work itself can overlap for up to the skew. Keep the fleet's
+//! clocks within that margin (NTP slews, it does not step).
 //!
 //! **Invariants:** no ID is under two live leases at once (a cut happens in the
 //! holder's call, past everything it handed out); every checkpoint, of a partition or a
@@ -223,16 +256,35 @@ pub struct PartBeat {
     pub next: Option<u64>,
 }
 
-/// What a beat did to its lease.
+/// What a beat did to its lease, and where the lease's part ends now.
+///
+/// Every answer carries the part's current last ID, not only the one that cut it: a
+/// beat whose reply is lost after its cut is sent again, finds no request left, and
+/// must still tell the holder where its range ends (the module's step 2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Beat {
-    /// Renewed.
-    Renewed,
-    /// Renewed and cut: the lease now ends at `last`; every later ID is another's.
+    /// Renewed: the part ends at `last`, which an earlier beat's cut may have moved
+    /// below the end the lease was claimed with.
+    Renewed {
+        /// The part's last ID now (the lease's own `max_id` if it was never cut).
+        last: u64,
+    },
+    /// Renewed and cut in this call: the lease now ends at `last`; every later ID is
+    /// another's.
     Cut {
         /// The lease's new last ID.
         last: u64,
     },
+}
+
+impl Beat {
+    /// The part's last ID now, cut in this call or before: the holder hands out
+    /// nothing past it.
+    pub fn last(&self) -> u64 {
+        match *self {
+            Beat::Renewed { last } | Beat::Cut { last } => last,
+        }
+    }
 }
 
 /// What completing a piece did.

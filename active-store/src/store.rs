@@ -71,7 +71,8 @@ pub trait Leases: Send + Sync {
     async fn complete_many(&self, done: &[(Lease, u64)]) -> Result<Vec<Result<Completion>>>;
 
     /// Reports a failed attempt: retried after a backoff, or failed once `max_attempts`
-    /// were spent.
+    /// were spent. A split partition failed so is whole again: its pieces cancelled,
+    /// running ones fenced (`src/split.rs`, step 4).
     async fn fail(&self, lease: &Lease, error: &str) -> Result<FailOutcome>;
 
     /// Gives `lease` back before its deadline with checkpoint `progress` (graceful
@@ -107,7 +108,7 @@ pub trait Leases: Send + Sync {
 pub trait Maintenance: Send + Sync {
     /// Returns every lease whose deadline is at or before `now_ms` to pending, checkpoint
     /// kept, its attempt counted: one that expired on its last attempt fails its
-    /// partition instead. Pieces of split partitions too, their pids not listed. Scans
+    /// partition instead (a split one whole again, as [`Leases::fail`] makes it). Pieces of split partitions too, their pids not listed. Scans
     /// only the lease indexes up to `now_ms`. Idempotent. Returns the partitions' pids.
     async fn reap(&self, now_ms: u64) -> Result<Vec<u64>>;
 
@@ -122,7 +123,9 @@ pub trait Maintenance: Send + Sync {
     async fn retry_failed(&self, pid: Option<u64>) -> Result<Vec<u64>>;
 
     /// Gives up a failed or pending partition for good: it stays, marked discarded, and
-    /// is never claimed or archived. False if the pid was not pending or failed;
+    /// is never claimed or archived. A split one is discarded whole: its range as
+    /// planned, its pieces cancelled, running ones fenced (`src/split.rs`, step 4).
+    /// False if the pid was not pending or failed;
     /// [`Error::Leased`](crate::Error::Leased) if a worker holds it.
     async fn discard(&self, pid: u64) -> Result<bool>;
 

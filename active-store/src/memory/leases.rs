@@ -135,6 +135,12 @@ impl Leases for MemoryActiveStore {
         p.last_error = Some(error.to_owned());
         let attempts = p.attempts;
         if attempts >= self.config.max_attempts || policy.permanent {
+            // A split partition is whole again, its pieces cancelled (`lua/fail.lua`).
+            if shard.splits.entries.contains_key(&lease.pid) {
+                shard.fail_split(lease.pid, error, now);
+                return Ok(FailOutcome::Failed);
+            }
+            let p = shard.leased(lease).expect("checked above");
             p.status = Status::Failed;
             p.updated_at_ms = now;
             if let Some(deadline) = p.deadline_ms.take() {

@@ -82,6 +82,9 @@ impl Maintenance for MemoryActiveStore {
             Some(status) if status.is_leased() => return Err(Error::Leased(pid)),
             Some(Status::Discarded) => return Ok(false),
             Some(_) => {
+                // A split partition is discarded whole, its pieces cancelled
+                // (`lua/discard.lua`).
+                shard.unsplit(pid);
                 // The record stays, marked: the pid answers "discarded" for ever.
                 let p = shard.active.get_mut(&pid).expect("present");
                 p.status = Status::Discarded;

@@ -164,15 +164,21 @@ impl Shard {
             self.requeue(pid, now, now);
             return true;
         }
+        let why = format!(
+            "lease expired on attempt {} of {max_attempts} (the worker died or stalled)",
+            p.attempts
+        );
+        // A split partition is whole again, its pieces cancelled (`lua/reap.lua`).
+        if self.splits.entries.contains_key(&pid) {
+            self.fail_split(pid, &why, now);
+            return false;
+        }
         if let Some(deadline) = p.deadline_ms.take() {
             self.leases.remove(&(deadline, pid));
         }
         p.status = Status::Failed;
         p.updated_at_ms = now;
-        p.last_error = Some(format!(
-            "lease expired on attempt {} of {max_attempts} (the worker died or stalled)",
-            p.attempts
-        ));
+        p.last_error = Some(why);
         false
     }
 

@@ -102,11 +102,12 @@ impl ShardSplits {
 }
 
 impl Shard {
-    /// Fails split partition `pid` for good with `error` (`lua/piece_fail.lua`'s
-    /// `unsplit`): its record whole again, from its lowest unfinished ID, failed (a
-    /// discarded one stays discarded); its entry and every piece gone, so every lease on
-    /// a part of it is lost.
-    pub(super) fn fail_split(&mut self, pid: u64, error: &str, now: u64) {
+    /// Makes split partition `pid` whole again (`lua/split.lua`'s `unsplit`): its
+    /// record takes its planned range back, from its lowest unfinished ID; its entry and
+    /// every piece go, pending or not, so every lease on a piece of it is lost (a
+    /// running piece is fenced: its beat, completion and failure are refused). Its
+    /// status is the caller's. False if `pid` is not split.
+    pub(super) fn unsplit(&mut self, pid: u64) -> bool {
         let owner = self.active.get(&pid).map_or(0, |p| p.progress);
         let from = self.splits.lowest_unfinished(pid, owner);
         let entry = self.splits.entries.remove(&pid);
@@ -121,10 +122,25 @@ impl Shard {
         }
         self.splits.pending.retain(|(_, key)| key.0 != pid);
         self.splits.leases.retain(|(_, key)| key.0 != pid);
-        let (Some(entry), Some(from), Some(p)) = (entry, from, self.active.get_mut(&pid)) else {
+        let (Some(entry), Some(from)) = (entry, from) else {
+            return false;
+        };
+        if let Some(p) = self.active.get_mut(&pid) {
+            (p.min_id, p.max_id, p.progress) = (entry.min_id, entry.max_id, from);
+        }
+        true
+    }
+
+    /// Fails split partition `pid` for good with `error`, whole again
+    /// ([`unsplit`](Self::unsplit)), whichever part's last attempt it was: failed (a
+    /// discarded one stays discarded), out of every index.
+    pub(super) fn fail_split(&mut self, pid: u64, error: &str, now: u64) {
+        if !self.unsplit(pid) {
+            return;
+        }
+        let Some(p) = self.active.get_mut(&pid) else {
             return;
         };
-        (p.min_id, p.max_id, p.progress) = (entry.min_id, entry.max_id, from);
         if p.status == Status::Discarded {
             return;
         }
@@ -195,6 +211,12 @@ impl Shard {
         }
         out
     }
+}
+
+/// A beat's answer: cut in this call at `cut`, or renewed with the part ending at
+/// `last` (its record's end, which an earlier cut may have moved).
+fn answer(cut: Option<u64>, last: u64) -> Beat {
+    cut.map_or(Beat::Renewed { last }, |last| Beat::Cut { last })
 }
 
 fn lost(lease: &Lease) -> Error {
@@ -361,8 +383,8 @@ impl Splits for MemoryActiveStore {
                     shard.splits.leases.remove(&(old, key));
                 }
                 shard.splits.leases.insert((deadline, key));
+                out.push(Ok(answer(cut, rec.max_id)));
                 shard.splits.pieces.insert(key, rec);
-                out.push(Ok(cut.map_or(Beat::Renewed, |last| Beat::Cut { last })));
             } else {
                 let Some(p) = shard.leased(lease) else {
                     out.push(Err(lost(lease)));
@@ -380,8 +402,8 @@ impl Splits for MemoryActiveStore {
                     shard.leases.remove(&(old, lease.pid));
                 }
                 shard.leases.insert((deadline, lease.pid));
+                out.push(Ok(answer(cut, rec.max_id)));
                 shard.active.insert(lease.pid, rec);
-                out.push(Ok(cut.map_or(Beat::Renewed, |last| Beat::Cut { last })));
             }
         }
         Ok(out)

@@ -474,7 +474,16 @@ where
         let reply: Vec<i64> = self
             .invoke(
                 &FAIL,
-                &[&keys.active, &keys.leases, &keys.pending, &keys.counts],
+                &[
+                    &keys.active,
+                    &keys.leases,
+                    &keys.pending,
+                    &keys.counts,
+                    &keys.splits,
+                    &keys.pieces,
+                    &keys.piece_pending,
+                    &keys.piece_leases,
+                ],
                 &args,
             )
             .await?;

@@ -91,6 +91,10 @@ where
                     &keys.counts,
                     &keys.plans,
                     &keys.cursor,
+                    &keys.splits,
+                    &keys.pieces,
+                    &keys.piece_pending,
+                    &keys.piece_leases,
                 ],
                 &[pid.to_string(), self.now().to_string()],
             )

@@ -10,6 +10,7 @@ mod planner;
 mod query;
 mod record;
 mod registry;
+mod skew;
 mod split;
 
 use std::sync::{Arc, LazyLock, OnceLock, RwLock};
@@ -86,11 +87,11 @@ static PIECE_BEAT: LazyLock<Script> = script!(RECORD, SPLIT; "piece_beat");
 static PIECE_COMPLETE: LazyLock<Script> = script!(RECORD, SPLIT; "piece_complete");
 static PIECE_RELEASE: LazyLock<Script> = script!(RECORD, SPLIT; "piece_release");
 static PIECE_FAIL: LazyLock<Script> = script!(RECORD, SPLIT; "piece_fail");
-static FAIL: LazyLock<Script> = script!(RECORD; "fail");
+static FAIL: LazyLock<Script> = script!(RECORD, SPLIT; "fail");
 static RELEASE: LazyLock<Script> = script!(RECORD; "release");
-static REAP: LazyLock<Script> = script!(RECORD; "reap");
+static REAP: LazyLock<Script> = script!(RECORD, SPLIT; "reap");
 static RETRY_FAILED: LazyLock<Script> = script!(RECORD; "retry_failed");
-static DISCARD: LazyLock<Script> = script!(RECORD; "discard");
+static DISCARD: LazyLock<Script> = script!(RECORD, SPLIT; "discard");
 static RECOUNT: LazyLock<Script> = script!(RECORD; "recount");
 static CARRY: LazyLock<Script> = script!(RECORD; "carry");
 static REPAIR: LazyLock<Script> = script!(RECORD; "repair");
@@ -500,7 +501,16 @@ where
                 self.carve(shard, carve).await?;
                 self.invoke::<Vec<String>>(
                     script,
-                    &[&keys.active, &keys.leases, &keys.pending, &keys.counts],
+                    &[
+                        &keys.active,
+                        &keys.leases,
+                        &keys.pending,
+                        &keys.counts,
+                        &keys.splits,
+                        &keys.pieces,
+                        &keys.piece_pending,
+                        &keys.piece_leases,
+                    ],
                     args,
                 )
                 .await

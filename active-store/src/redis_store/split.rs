@@ -7,10 +7,11 @@ use super::*;
 use crate::model::FailPolicy;
 use crate::split::{Beat, Part, PartBeat, Piece, PieceDone, Running, SplitAnswer, Splits};
 
-/// A beat reply code (`heartbeat.lua`, `piece_beat.lua`): renewed, lost, or cut.
+/// A beat reply code (`heartbeat.lua`, `piece_beat.lua`): renewed (with the part's
+/// end, or `1` for a record that names none: the lease's own), lost, or cut.
 fn beat_code(code: &str, lease: &Lease) -> Result<Beat> {
     match code {
-        "1" => Ok(Beat::Renewed),
+        "1" => Ok(Beat::Renewed { last: lease.max_id }),
         "-1" => Err(lost(lease)),
         // The lease's record does not decode, `ERR corrupt record KEY PID: DETAIL`, or
         // the run holding it, `ERR corrupt run KEY TOKEN: DETAIL`.
@@ -34,13 +35,17 @@ fn beat_code(code: &str, lease: &Lease) -> Result<Beat> {
                 },
             })
         }
-        cut => match cut.strip_prefix('=').and_then(|v| v.parse().ok()) {
-            Some(last) => Ok(Beat::Cut { last }),
-            None => Err(Error::Corrupt {
-                key: "beat reply".into(),
-                detail: format!("`{cut}` is no beat outcome"),
-            }),
-        },
+        other => {
+            let end = |prefix: char| other.strip_prefix(prefix).and_then(|v| v.parse().ok());
+            match (end('='), end('>')) {
+                (Some(last), _) => Ok(Beat::Cut { last }),
+                (_, Some(last)) => Ok(Beat::Renewed { last }),
+                _ => Err(Error::Corrupt {
+                    key: "beat reply".into(),
+                    detail: format!("`{other}` is no beat outcome"),
+                }),
+            }
+        }
     }
 }
 

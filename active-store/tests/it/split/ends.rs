@@ -205,7 +205,7 @@ pub(super) async fn a_piece_splits_in_turn(h: Harness) {
     // Only the piece's holder serves it: the owner's beat cuts nothing.
     assert_eq!(
         h.beat(&lease, false, min, Some(min + 2)).await.unwrap(),
-        Beat::Renewed
+        Beat::Renewed { last: min + 499 }
     );
     assert_eq!(
         h.beat(&piece, true, min + 520, Some(min + 540))

@@ -19,9 +19,11 @@ use support::TestRedis;
 
 mod ends;
 mod requests;
+mod whole;
 
 use ends::*;
 use requests::*;
+use whole::*;
 
 const T0: u64 = 1_719_234_405_000;
 const LEASE: Duration = Duration::from_secs(30);
@@ -186,6 +188,10 @@ suite!(
     one_beat_cuts_as_many_pieces_as_asked,
     every_backend_refuses_in_one_order,
     a_request_never_outlives_its_piece,
+    a_retried_beat_after_a_lost_reply_answers_the_cut_end,
+    an_owner_failing_for_good_makes_its_partition_whole,
+    an_owner_expiring_on_its_last_attempt_makes_its_partition_whole,
+    a_discard_with_pieces_out_makes_the_partition_whole,
 );
 
 /// The embedded state file holds no pieces: a split partition is saved whole, from its

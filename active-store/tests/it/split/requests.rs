@@ -79,7 +79,7 @@ pub(super) async fn a_request_never_outlives_its_piece(h: Harness) {
         .beat_parts(&[beat(first, min + 510), beat(second, min + 760)])
         .await
         .unwrap();
-    assert_eq!(out[0].as_ref().unwrap(), &Beat::Renewed);
+    assert_eq!(out[0].as_ref().unwrap(), &Beat::Renewed { last: min + 749 });
     assert_eq!(out[1].as_ref().unwrap(), &Beat::Cut { last: min + 899 });
     let third = s.claim_pieces("c", 1).await.unwrap().remove(0);
     assert_eq!((third.min_id, third.max_id), (min + 900, min + 999));
@@ -251,7 +251,7 @@ pub(super) async fn the_owner_cuts_past_its_frontier_in_its_own_beat(h: Harness)
     // A beat without `next` does not cut: the holder does not split.
     assert_eq!(
         h.beat(&lease, false, min + 50, None).await.unwrap(),
-        Beat::Renewed
+        Beat::Renewed { last: min + 999 }
     );
     assert!(s.pieces(pid).await.unwrap().is_empty());
     // The owner has handed out up to min + 699: the cut is at min + 700.
@@ -283,12 +283,12 @@ pub(super) async fn the_owner_cuts_past_its_frontier_in_its_own_beat(h: Harness)
         (1, 0),
         "a split partition is one"
     );
-    // The next beat renews only.
+    // The next beat renews only, and says where the range ends now.
     assert_eq!(
         h.beat(&lease, false, min + 200, Some(min + 710))
             .await
             .unwrap(),
-        Beat::Renewed
+        Beat::Renewed { last: min + 699 }
     );
     let got = s.claim_pieces("b", 5).await.unwrap();
     assert_eq!(got.len(), 1);
@@ -347,7 +347,7 @@ pub(super) async fn an_owner_past_the_limit_drops_the_request(h: Harness) {
         h.beat(&lease, false, min + 10, Some(min + 951))
             .await
             .unwrap(),
-        Beat::Renewed
+        Beat::Renewed { last: min + 999 }
     );
     assert!(s.pieces(lease.pid).await.unwrap().is_empty());
     assert_eq!(s.get(lease.pid).await.unwrap().unwrap().max_id, min + 999);

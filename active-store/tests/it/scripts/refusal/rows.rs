@@ -98,6 +98,43 @@ pub(super) fn refusal_rows(
     ];
     let bad_run = Corrupt::Field(runs.clone(), "98".into(), "7|8|1|1|c|w".into());
     let carve_keys = vec![runs.clone(), active.clone(), leases.clone()];
+    // The split keys fail, reap and discard read when a split partition ends there.
+    let split_keys = [
+        splits.clone(),
+        pieces.clone(),
+        piece_pending.clone(),
+        piece_leases.clone(),
+    ];
+    let with_splits = |keys: &[&String]| -> Vec<String> {
+        keys.iter()
+            .map(|k| (*k).clone())
+            .chain(split_keys.iter().cloned())
+            .collect()
+    };
+    let fail_keys = with_splits(&[&active, &leases, &pending, &counts]);
+    let discard_keys = with_splits(&[&active, &pending, &counts, &plans, &cursor]);
+    // Pid 5 (pending, 4001..=5000) split: a piece 4500..=4799 pending, one 4800..=5000
+    // leased by w2 under token 97, for `discard`.
+    let prefix5 = r#"{"pid":5,"min_id":4001,"max_id":5000,"worker_id":"w""#.to_owned();
+    let split_pending = vec![
+        Corrupt::Field(
+            pieces.clone(),
+            "5:4500".into(),
+            format!("p|0||||{now}|{now}||4500|4799|4500|"),
+        ),
+        Corrupt::Zadd(piece_pending.clone(), "0".into(), "5:4500".into()),
+        Corrupt::Field(
+            pieces.clone(),
+            "5:4800".into(),
+            format!("c|1|97|{later}|{now}|{now}|{now}|w2|4800|5000|4800|"),
+        ),
+        Corrupt::Zadd(piece_leases.clone(), later.clone(), "5:4800".into()),
+        Corrupt::Field(
+            splits.clone(),
+            "5".into(),
+            format!("|||||2|0|1|4001|5000|{prefix5}"),
+        ),
+    ];
     let piece_fail_corrupt = vec![
         Corrupt::Field(pieces.clone(), "2:1700".into(), "garbage".into()),
         Corrupt::Field(pieces.clone(), "2:1900".into(), "garbage".into()),
@@ -220,12 +257,7 @@ pub(super) fn refusal_rows(
         },
         Row {
             script: "fail",
-            keys: vec![
-                active.clone(),
-                leases.clone(),
-                pending.clone(),
-                counts.clone(),
-            ],
+            keys: fail_keys.clone(),
             args: vec![
                 a("3", Id),
                 a(&t(3), Id),
@@ -237,6 +269,32 @@ pub(super) fn refusal_rows(
                 a("", Policy),
             ],
             corrupt: vec![record(3, 2, "x"), record(3, 11, "x"), counter("c")],
+            ..Row::default()
+        },
+        // A split partition's owner part fails for good: whole again, its pieces gone.
+        // Its entry, its pieces and the counters are read and checked first.
+        Row {
+            script: "fail",
+            keys: fail_keys.clone(),
+            args: vec![
+                a("2", Id),
+                a(&t(2), Id),
+                a(&now, Num),
+                a("boom", Text),
+                a("5", Pos),
+                a("1000", Num),
+                a("60000", Num),
+                a("permanent", Policy),
+            ],
+            setup: split_piece.clone(),
+            corrupt: vec![
+                Corrupt::Field(splits.clone(), "2".into(), "garbage".into()),
+                Corrupt::Field(pieces.clone(), "2:1700".into(), "garbage".into()),
+                Corrupt::Field(pieces.clone(), "2:1900".into(), "garbage".into()),
+                record(2, 11, "x"),
+                counter("r"),
+                counter("f"),
+            ],
             ..Row::default()
         },
         Row {
@@ -267,16 +325,25 @@ pub(super) fn refusal_rows(
         },
         Row {
             script: "reap",
-            keys: vec![
-                active.clone(),
-                leases.clone(),
-                pending.clone(),
-                counts.clone(),
-            ],
+            keys: fail_keys.clone(),
             args: vec![a(&far, Num), a("100", Num), a("", OptWorker), a("5", Pos)],
             corrupt: vec![counter("c"), counter("p")],
             skipped: vec![garbage(3), record(3, 2, "x")],
             ..Row::default()
+        },
+        // Every lease expired on its last attempt: split pid 2 fails whole again, its
+        // pieces gone. A split entry or piece of it that does not decode costs pid 2's
+        // reaping only, as a corrupt record does.
+        Row {
+            script: "reap",
+            keys: fail_keys.clone(),
+            args: vec![a(&far, Num), a("100", Num), a("", OptWorker), a("1", Pos)],
+            setup: split_piece.clone(),
+            corrupt: vec![counter("c"), counter("r"), counter("f")],
+            skipped: vec![
+                Corrupt::Field(splits.clone(), "2".into(), "garbage".into()),
+                Corrupt::Field(pieces.clone(), "2:1900".into(), "garbage".into()),
+            ],
         },
         Row {
             script: "retry_failed",
@@ -294,26 +361,34 @@ pub(super) fn refusal_rows(
         },
         Row {
             script: "discard",
-            keys: vec![
-                active.clone(),
-                pending.clone(),
-                counts.clone(),
-                plans.clone(),
-                cursor.clone(),
-            ],
+            keys: discard_keys.clone(),
             args: vec![a("5", Id), a(&now, Num)],
             corrupt: vec![garbage(5), record(5, 1, "z"), counter("p"), counter("d")],
             ..Row::default()
         },
+        // A split partition is discarded whole, its pieces gone, the leased one too.
         Row {
             script: "discard",
-            keys: vec![
-                active.clone(),
-                pending.clone(),
-                counts.clone(),
-                plans.clone(),
-                cursor.clone(),
+            keys: discard_keys.clone(),
+            args: vec![a("5", Id), a(&now, Num)],
+            setup: split_pending,
+            corrupt: vec![
+                Corrupt::Field(splits.clone(), "5".into(), "garbage".into()),
+                Corrupt::Field(
+                    splits.clone(),
+                    "5".into(),
+                    format!("|||||x|0|1|4001|5000|{prefix5}"),
+                ),
+                Corrupt::Field(pieces.clone(), "5:4500".into(), "garbage".into()),
+                Corrupt::Field(pieces.clone(), "5:4800".into(), "garbage".into()),
+                counter("p"),
+                counter("d"),
             ],
+            ..Row::default()
+        },
+        Row {
+            script: "discard",
+            keys: discard_keys.clone(),
             args: vec![a("8", Id), a(&now, Num)],
             corrupt: vec![
                 counter("d"),
