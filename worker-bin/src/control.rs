@@ -85,7 +85,7 @@ impl ControlHandle {
         let rate = ids_per_second
             .map(Rate::per_second)
             .transpose()
-            .map_err(|e| anyhow::anyhow!("invalid rate: {e}"))?;
+            .map_err(|e| crate::error::Error::Config(format!("invalid rate: {e}")))?;
         self.own.send_modify(|o| o.max_rate = Some(rate));
         Ok(())
     }

@@ -5,13 +5,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{Result, bail};
 use tranche_active_store::{
     ActiveStore, Config as ActiveConfig, RestoredLeases, SystemClock, WorkerRegistry,
 };
 use tranche_archive_store::Config as ArchiveConfig;
 use tranche_stats::StatsStore;
 
+use crate::error::Error;
 use crate::layers::{ArchiveStore, DEFAULT_SHARDS, Open, Tuning, archive_config};
 use crate::state::{self, Embedded};
 
@@ -39,26 +39,32 @@ impl EmbeddedBackend {
         shards: Option<u32>,
         open: Open,
         tuning: &Tuning,
-    ) -> Result<Self> {
+    ) -> Result<Self, Error> {
         let lock = StateLock::acquire(path, open == Open::Create)?;
-        let saved = state::load(path)?;
+        let saved = state::load(path).map_err(state_error)?;
         let shards = match (&saved, shards) {
-            (Some(s), Some(asked)) if s.active.num_shards != asked => bail!(
-                "namespace `{ns}` in {} has {} shards, not {asked}",
-                path.display(),
-                s.active.num_shards
-            ),
-            (Some(s), _) if s.active.namespace != ns => bail!(
-                "{} holds namespace `{}`, not `{ns}` (pass --namespace {} or another --state)",
-                path.display(),
-                s.active.namespace,
-                s.active.namespace
-            ),
+            (Some(s), Some(asked)) if s.active.num_shards != asked => {
+                return Err(Error::Refused(format!(
+                    "namespace `{ns}` in {} has {} shards, not {asked}",
+                    path.display(),
+                    s.active.num_shards
+                )));
+            }
+            (Some(s), _) if s.active.namespace != ns => {
+                return Err(Error::Refused(format!(
+                    "{} holds namespace `{}`, not `{ns}` (pass --namespace {} or another --state)",
+                    path.display(),
+                    s.active.namespace,
+                    s.active.namespace
+                )));
+            }
             (Some(s), _) => s.active.num_shards,
-            (None, _) if open == Open::Existing => bail!(
-                "namespace `{ns}` has no state file at {} (run `tranche plan` first, or pass --state or --redis)",
-                path.display()
-            ),
+            (None, _) if open == Open::Existing => {
+                return Err(Error::Refused(format!(
+                    "namespace `{ns}` has no state file at {} (run `tranche plan` first, or pass --state or --redis)",
+                    path.display()
+                )));
+            }
             (None, asked) => asked.unwrap_or(DEFAULT_SHARDS),
         };
         let active_config = ActiveConfig {
@@ -81,7 +87,8 @@ impl EmbeddedBackend {
         let stores = match saved {
             Some(saved) => {
                 let stores =
-                    Embedded::restore(active_config, archive_config.clone(), clock, saved, leases)?;
+                    Embedded::restore(active_config, archive_config.clone(), clock, saved, leases)
+                        .map_err(state_error)?;
                 if writer {
                     for worker in stores.active.workers().await? {
                         stores.active.deregister(&worker.info.id).await?;
@@ -89,7 +96,9 @@ impl EmbeddedBackend {
                 }
                 stores
             }
-            None => Embedded::new(active_config, archive_config.clone(), clock)?,
+            None => {
+                Embedded::new(active_config, archive_config.clone(), clock).map_err(state_error)?
+            }
         };
         Ok(Self {
             path: path.to_owned(),
@@ -101,6 +110,7 @@ impl EmbeddedBackend {
     }
 
     /// The namespace's shard count.
+    #[cfg(feature = "cli")]
     pub(crate) fn shards(&self) -> u32 {
         self.shards
     }
@@ -141,20 +151,21 @@ impl EmbeddedBackend {
 
     /// Refuses when another live process holds the state file: what this one changed
     /// would overwrite that one's saves, or be overwritten by them.
-    pub(crate) fn ensure_writable(&self) -> Result<()> {
+    pub(crate) fn ensure_writable(&self) -> Result<(), Error> {
         if self.lock.is_some() {
             return Ok(());
         }
         let holder = StateLock::holder(&self.path).map_or("?".to_owned(), |p| p.to_string());
-        bail!(
+        Err(Error::Refused(format!(
             "another tranche process (pid {holder}) is using {}; nothing written (try again once it has finished)",
             self.path.display()
-        )
+        )))
     }
 
     /// Deletes the state file, its previous generation, a damaged file kept aside and
     /// its lock file (`drop`), while holding the lock.
-    pub(crate) fn delete(&self) -> Result<()> {
+    #[cfg(feature = "cli")]
+    pub(crate) fn delete(&self) -> Result<(), Error> {
         self.ensure_writable()?;
         for path in [
             self.path.clone(),
@@ -164,7 +175,7 @@ impl EmbeddedBackend {
         ] {
             match std::fs::remove_file(&path) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    bail!("cannot remove {}: {e}", path.display())
+                    return Err(Error::Io { path, source: e });
                 }
                 _ => {}
             }
@@ -174,7 +185,7 @@ impl EmbeddedBackend {
 
     /// Writes the state file (atomically; see [`state`]). Blocking I/O, moved off the
     /// async workers.
-    pub(crate) async fn save(&self) -> Result<()> {
+    pub(crate) async fn save(&self) -> Result<(), Error> {
         // The lock holder's directory exists: taking the lock created it.
         self.ensure_writable()?;
         // On the blocking pool: `block_in_place` would panic on a current-thread runtime,
@@ -182,7 +193,8 @@ impl EmbeddedBackend {
         let (stores, path) = (self.stores.clone(), self.path.clone());
         let report = tokio::task::spawn_blocking(move || stores.save(&path))
             .await
-            .map_err(|e| anyhow::anyhow!("saving the state failed: {e}"))??;
+            .map_err(|e| Error::Other(format!("saving the state failed: {e}").into()))?
+            .map_err(state_error)?;
         tracing::debug!(bytes = report.bytes, held = ?report.held, total = ?report.total, "state saved");
         Ok(())
     }
@@ -223,7 +235,7 @@ impl StateLock {
     /// Takes the lock, or returns `None` if another process holds it. A missing state
     /// directory is created (private to the user) when `create` allows, else there is
     /// nothing to lock and nothing to read: `None`.
-    fn acquire(state: &Path, create: bool) -> Result<Option<Self>> {
+    fn acquire(state: &Path, create: bool) -> Result<Option<Self>, Error> {
         use std::io::Write;
         use std::os::unix::fs::DirBuilderExt;
         let path = Self::lock_path(state);
@@ -238,22 +250,21 @@ impl StateLock {
                 .recursive(true)
                 .mode(0o700)
                 .create(dir)
-                .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+                .map_err(|e| io(dir, e))?;
             created = Some((dir.to_owned(), path.clone(), state.to_owned()));
         }
-        let mut file = crate::slot::open_lock_file(&path)
-            .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
+        let mut file = crate::slot::open_lock_file(&path).map_err(|e| io(&path, e))?;
         match file.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
             Err(std::fs::TryLockError::Error(e)) => {
-                return Err(anyhow::anyhow!("cannot lock {}: {e}", path.display()));
+                return Err(io(&path, e));
             }
         }
         // Informational only; the lock is the flock.
         file.set_len(0)
             .and_then(|()| write!(file, "{}", std::process::id()))
-            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+            .map_err(|e| io(&path, e))?;
         Ok(Some(Self {
             _file: file,
             created,
@@ -267,6 +278,19 @@ impl StateLock {
             .trim()
             .parse()
             .ok()
+    }
+}
+
+/// A state file's error, as the library's.
+fn state_error(err: state::StateError) -> Error {
+    Error::State(Box::new(err))
+}
+
+/// A failed I/O on `path`, as the library's error.
+fn io(path: &Path, source: std::io::Error) -> Error {
+    Error::Io {
+        path: path.to_owned(),
+        source,
     }
 }
 

@@ -62,6 +62,15 @@ pub enum Error {
     /// state file holding another namespace).
     #[error("invalid setting: {0}")]
     Config(String),
+    /// The request does not fit what the store holds or the options given (a
+    /// namespace recorded with other shards, a state file holding another namespace,
+    /// an option only Redis has), said in one message; nothing was written.
+    #[error("{0}")]
+    Refused(String),
+    /// The embedded state file could not be read, restored or saved: the cause is a
+    /// [`StateError`](crate::embedded_state::StateError), said as it is.
+    #[error(transparent)]
+    State(BoxError),
     /// Anything else, with its own message.
     #[error(transparent)]
     Other(BoxError),
@@ -76,27 +85,28 @@ impl From<tranche_active_store::Error> for Error {
     }
 }
 
-impl From<anyhow::Error> for Error {
-    /// Sorts an internal error by what it wraps: a store's error is [`Error::Store`],
-    /// anything else keeps its message as [`Error::Other`].
-    fn from(err: anyhow::Error) -> Self {
-        let err = match err.downcast::<tranche_active_store::Error>() {
-            Ok(err) => return err.into(),
-            Err(err) => err,
-        };
-        let err = match err.downcast::<Error>() {
-            Ok(err) => return err,
-            Err(err) => err,
-        };
-        let store = err.is::<tranche_archive_store::Error>()
-            || err.is::<tranche_stats::Error>()
-            || err.is::<tranche_router::Error>()
-            || err.is::<redis::RedisError>();
-        if store {
-            Error::Store(err.into())
-        } else {
-            Error::Other(err.into())
+/// A store crate's error, other than an active store's: the store failed.
+macro_rules! store_error {
+    ($($err:ty),+) => {$(
+        impl From<$err> for Error {
+            fn from(err: $err) -> Self {
+                Error::Store(Box::new(err))
+            }
         }
+    )+};
+}
+
+store_error!(
+    tranche_archive_store::Error,
+    tranche_stats::Error,
+    tranche_router::Error,
+    redis::RedisError
+);
+
+impl From<tranche_codec::Error> for Error {
+    /// A key schema or record the codec refused, with its own message.
+    fn from(err: tranche_codec::Error) -> Self {
+        Error::Other(Box::new(err))
     }
 }
 
@@ -128,7 +138,9 @@ mod tests {
         );
         let plan: Error = tranche_active_store::Error::InvalidPlan("max < min".into()).into();
         assert_eq!(plan.to_string(), "invalid plan: max < min", "said once");
-        let wrapped: Error = anyhow::Error::new(tranche_active_store::Error::Leased(3)).into();
-        assert!(matches!(wrapped, Error::Store(_)), "{wrapped:?}");
+        let leased: Error = tranche_active_store::Error::Leased(3).into();
+        assert!(matches!(leased, Error::Store(_)), "{leased:?}");
+        let refused = Error::Refused("namespace `a` has 2 shards, not 3".into());
+        assert_eq!(refused.to_string(), "namespace `a` has 2 shards, not 3");
     }
 }

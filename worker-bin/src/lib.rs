@@ -74,11 +74,6 @@
 //!   run from outside, through the run's events. `cli_main` is the whole binary;
 //!   errors end there as one line on stderr and a non-zero exit.
 
-// Without the command line, parts of the engine that only its commands use (exec
-// jobs, namespace listing, the run's counters for `--metrics-listen`) have no caller
-// yet; they become public API in a later step.
-#![cfg_attr(not(feature = "cli"), allow(dead_code))]
-
 mod atomic;
 mod backend;
 #[cfg(feature = "cli")]

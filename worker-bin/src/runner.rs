@@ -230,18 +230,20 @@ struct Control {
 }
 
 impl Control {
-    fn options(&self) -> anyhow::Result<crate::control::Options> {
+    fn options(&self) -> Result<crate::control::Options, Error> {
         if let Some(preset) = &self.preset {
             return Ok(preset.clone());
         }
         let rate = |r: Option<f64>, what: &str| {
             r.map(tranche_control::Rate::per_second)
                 .transpose()
-                .map_err(|e| anyhow::anyhow!("{what}: {e}"))
+                .map_err(|e| Error::Config(format!("{what}: {e}")))
         };
         let max_rate = rate(self.max_rate, "max_rate")?;
         if self.keep_below.is_some() && max_rate.is_none() {
-            anyhow::bail!("keep_below needs a max_rate as the ceiling of the rate it adjusts");
+            return Err(Error::Config(
+                "keep_below needs a max_rate as the ceiling of the rate it adjusts".into(),
+            ));
         }
         Ok(crate::control::Options {
             max_rate,
@@ -254,7 +256,7 @@ impl Control {
                 .as_ref()
                 .map(|(spec, tz)| tranche_control::ActiveHours::parse(spec, tz.as_deref()))
                 .transpose()
-                .map_err(|e| anyhow::anyhow!("active_hours: {e}"))?,
+                .map_err(|e| Error::Config(format!("active_hours: {e}")))?,
             chunk_time: self.chunk_time,
             handle: Some(self.handle.clone()),
         })
@@ -501,43 +503,6 @@ impl Runner {
         self.control.handle.clone()
     }
 
-    /// Archive tier thresholds (`tranche run --compressed-at`, …).
-    pub(crate) fn tiers(mut self, tiers: Tiers) -> Self {
-        self.cli.tiers = Some(tiers);
-        self
-    }
-
-    /// Which of the reaper, the archiver and the worker heartbeat this process runs
-    /// (`--no-reaper`, `--no-archiver`, `--no-heartbeat`).
-    pub(crate) fn background(mut self, reaper: bool, archiver: bool, heartbeat: bool) -> Self {
-        (self.cli.reaper, self.cli.archiver, self.cli.heartbeat) = (reaper, archiver, heartbeat);
-        self
-    }
-
-    /// When the archiver publishes statistics snapshots (`--snapshot-*`).
-    pub(crate) fn snapshots(mut self, policy: tranche_archive_store::SnapshotPolicy) -> Self {
-        self.cli.snapshots = policy;
-        self
-    }
-
-    /// What watches the run from outside: the command line's progress bar and
-    /// `--metrics-listen`, fed by the run's events as a subscriber is.
-    pub(crate) fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
-        self.cli.observer = Some(observer);
-        self
-    }
-
-    /// The control options whole, as `tranche run`'s flags build them.
-    pub(crate) fn control_options(mut self, options: crate::control::Options) -> Self {
-        self.control.preset = Some(options);
-        self
-    }
-
-    /// Where the namespace lives.
-    pub(crate) fn location(&self) -> &Location {
-        &self.location
-    }
-
     /// This run's worker name: the one given, or `host-N` from a slot that `slot`
     /// holds for as long as the run (a restart takes the same name back).
     pub(crate) fn worker_name(&self, slot: &mut Option<crate::slot::Slot>) -> String {
@@ -592,20 +557,6 @@ impl Runner {
             observer: subscribed,
             control: self.control.options()?,
         })
-    }
-
-    /// Runs `job` on `backend` (opened with [`tuning`](Runner::tuning) for `worker`)
-    /// until `stop` says otherwise: the run loop itself, for `tranche run` and
-    /// [`run_with_shutdown`](Runner::run_with_shutdown) alike.
-    pub(crate) async fn run_on(
-        &self,
-        backend: &Backend,
-        job: Work,
-        worker: String,
-        stop: watch::Receiver<Stop>,
-    ) -> anyhow::Result<work::Report> {
-        let settings = self.settings(job, worker)?;
-        work::run(backend, settings, stop).await
     }
 
     /// Opens the namespace with typed errors ([`Backend::open_checked`]).
@@ -723,7 +674,9 @@ impl Runner {
         });
         let report = work::run(&backend, settings, rx).await;
         stopper.abort();
-        let report = report?;
+        // The run loop's error keeps its message and causes; its kind is the loop's
+        // to give once it returns this crate's error.
+        let report = report.map_err(|err| Error::Other(err.into()))?;
         let quantile = |q: f64| {
             let h = &report.durations_ms;
             Duration::from_millis(if h.is_empty() {
@@ -760,6 +713,61 @@ impl Runner {
             crate::duration::ms(report.elapsed.as_secs_f64() * 1000.0)
         );
         Ok(report)
+    }
+}
+
+/// What `tranche run` maps its flags onto: the command line's alone.
+#[cfg(feature = "cli")]
+impl Runner {
+    /// Archive tier thresholds (`tranche run --compressed-at`, …).
+    pub(crate) fn tiers(mut self, tiers: Tiers) -> Self {
+        self.cli.tiers = Some(tiers);
+        self
+    }
+
+    /// Which of the reaper, the archiver and the worker heartbeat this process runs
+    /// (`--no-reaper`, `--no-archiver`, `--no-heartbeat`).
+    pub(crate) fn background(mut self, reaper: bool, archiver: bool, heartbeat: bool) -> Self {
+        (self.cli.reaper, self.cli.archiver, self.cli.heartbeat) = (reaper, archiver, heartbeat);
+        self
+    }
+
+    /// When the archiver publishes statistics snapshots (`--snapshot-*`).
+    pub(crate) fn snapshots(mut self, policy: tranche_archive_store::SnapshotPolicy) -> Self {
+        self.cli.snapshots = policy;
+        self
+    }
+
+    /// What watches the run from outside: the command line's progress bar and
+    /// `--metrics-listen`, fed by the run's events as a subscriber is.
+    pub(crate) fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.cli.observer = Some(observer);
+        self
+    }
+
+    /// The control options whole, as `tranche run`'s flags build them.
+    pub(crate) fn control_options(mut self, options: crate::control::Options) -> Self {
+        self.control.preset = Some(options);
+        self
+    }
+
+    /// Where the namespace lives.
+    pub(crate) fn location(&self) -> &Location {
+        &self.location
+    }
+
+    /// Runs `job` on `backend` (opened with [`tuning`](Runner::tuning) for `worker`)
+    /// until `stop` says otherwise: `tranche run`'s run loop, its settings assembled
+    /// as [`run_with_shutdown`](Runner::run_with_shutdown) assembles them.
+    pub(crate) async fn run_on(
+        &self,
+        backend: &Backend,
+        job: Work,
+        worker: String,
+        stop: watch::Receiver<Stop>,
+    ) -> anyhow::Result<work::Report> {
+        let settings = self.settings(job, worker)?;
+        work::run(backend, settings, stop).await
     }
 }
 

@@ -9,6 +9,7 @@ use tranche_codec::Status;
 use tranche_stats::{Damage, Stats, StatsDelta, diff};
 
 use crate::backend::Backend;
+use crate::cli::admin::Admin;
 use crate::cli::args::HealthArgs;
 use crate::cli::render;
 

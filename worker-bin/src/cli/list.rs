@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use tranche_codec::{CompletedRecord, Partition, Status};
 
 use crate::backend::Backend;
+use crate::cli::admin::Admin;
 use crate::cli::render::{completed_fields, shown, time, view_json};
 use tranche_router::PartitionView;
 

@@ -5,6 +5,7 @@
 //! the backends) and nothing there uses it: progress and metrics attach to a run from
 //! outside, through the run loop's [`Observer`](crate::work::Observer).
 
+mod admin;
 mod alert;
 mod args;
 mod calendar;

@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use tranche_archive_store::ArchiveFormat;
 
 use crate::backend::{self, Backend, Connections, Open, Tuning};
+use crate::cli::admin::Admin;
 use crate::cli::common::Global;
 use crate::cli::common::Outcome;
 
@@ -162,7 +163,7 @@ pub(crate) async fn overview(g: &Global, connections: &Connections) -> Result<Ve
             })
             .collect()
     } else {
-        backend::namespace_names(&g.location(), connections)
+        crate::cli::admin::namespace_names(&g.location(), connections)
             .await?
             .into_iter()
             .map(|name| (name, None))

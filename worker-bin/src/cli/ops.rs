@@ -12,6 +12,7 @@ use tranche_active_store::{Config as ActiveConfig, MemoryActiveStore, Plan, Plan
 use tranche_archive_store::Snapshots;
 
 use crate::backend::{Backend, Open, Tuning};
+use crate::cli::admin::Admin;
 use crate::cli::args::{
     ArchiveArgs, Cli, Command, ExportArgs, ImportArgs, PlanArgs, RunArgs, StatusArgs,
 };
@@ -120,7 +121,7 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
 
 /// The namespace the global options name, which must exist (have a plan).
 async fn existing(g: &Global) -> Result<Backend> {
-    Backend::open(&g.location(), Open::Existing, Tuning::default()).await
+    Ok(Backend::open(&g.location(), Open::Existing, Tuning::default()).await?)
 }
 
 /// `get`: one partition, with the pieces a split cut off it.

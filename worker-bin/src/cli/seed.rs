@@ -17,6 +17,7 @@ use tranche_archive_store::Tier;
 use tranche_codec::{CompletedRecord, PlanGeometry, decode_json, encode_json};
 
 use crate::backend::{Backend, Open, Tuning};
+use crate::cli::admin::Admin;
 use crate::cli::args::ImportArgs;
 use crate::cli::common::Global;
 use crate::cli::common::Outcome;

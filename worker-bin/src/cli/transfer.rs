@@ -8,6 +8,7 @@ use tranche_active_store::PlanEntry;
 use tranche_archive_store::{Dump, Tier};
 
 use crate::backend::{Backend, Open, Tuning};
+use crate::cli::admin::Admin;
 use crate::cli::args::ExportArgs;
 
 use crate::cli::common::Outcome;

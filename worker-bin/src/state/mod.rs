@@ -286,4 +286,7 @@ mod tests;
 #[cfg(feature = "fuzzing")]
 pub use file::fuzz_state_file;
 pub use file::load;
-pub(crate) use file::{previous, quarantined, save};
+pub(crate) use file::save;
+/// The state file's neighbours, which `tranche drop` deletes with it.
+#[cfg(feature = "cli")]
+pub(crate) use file::{previous, quarantined};

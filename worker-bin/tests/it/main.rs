@@ -31,7 +31,6 @@ mod fleet;
 #[cfg(feature = "cli")]
 mod json;
 #[cfg(feature = "cli")]
-mod operate;
 #[cfg(feature = "cli")]
 mod postgres;
 #[cfg(feature = "cli")]

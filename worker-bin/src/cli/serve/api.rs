@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use tranche_router::PartitionView;
 
 use super::App;
+use crate::cli::admin::Admin;
 use crate::cli::list::{self, ListState};
 use crate::cli::render;
 
@@ -64,6 +65,12 @@ impl From<crate::Error> for ApiError {
 
 impl From<tranche_router::Error> for ApiError {
     fn from(err: tranche_router::Error) -> Self {
+        anyhow::Error::from(err).into()
+    }
+}
+
+impl From<crate::error::Error> for ApiError {
+    fn from(err: crate::error::Error) -> Self {
         anyhow::Error::from(err).into()
     }
 }

@@ -21,6 +21,7 @@ use prometheus_client::registry::Registry;
 
 use super::App;
 use super::api::ApiError;
+use crate::cli::admin::Admin;
 
 /// The OpenMetrics content type.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

@@ -1,7 +1,7 @@
 //! The command line as a user meets it: `--help`, and every kind of bad input giving
 //! one clear line on stderr, a non-zero exit, and nothing written; then connecting
 //! (connection.rs), health and repair (health.rs) and the operator's commands
-//! (operate.rs).
+//! (operate/).
 
 use crate::pki;
 use crate::support;

@@ -1,8 +1,11 @@
 //! The operator's commands on both backends: `list` pages, `discard`, retries of a
 //! broken command, export targets, pause and resume, namespaces, `--json` errors and
-//! the key layout a namespace keeps.
+//! the key layout a namespace keeps; in `archive`, the statistics' counts and moving
+//! a namespace's archive out and back in.
 
 use super::*;
+
+mod archive;
 
 /// `list` pages through the partitions of one state, on both backends: every failed
 /// partition exactly once across pages, with its worker, attempt and last error; the
