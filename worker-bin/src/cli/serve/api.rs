@@ -69,12 +69,6 @@ impl From<tranche_router::Error> for ApiError {
     }
 }
 
-impl From<crate::error::Error> for ApiError {
-    fn from(err: crate::error::Error) -> Self {
-        anyhow::Error::from(err).into()
-    }
-}
-
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({"error": {"kind": self.kind, "message": self.message}});
