@@ -22,6 +22,7 @@
 //! limit of none makes no call at all.
 
 mod aimd;
+mod checked;
 mod error;
 mod hours;
 mod http;
@@ -31,11 +32,16 @@ mod probe;
 mod prober;
 mod rate;
 mod record;
+mod repair;
 mod sizer;
 mod store;
 mod watcher;
 
 pub use aimd::Aimd;
+pub use checked::{
+    MAX_PROBERS, MAX_REASON_BYTES, MAX_RECORD_BYTES, MAX_WORKER_BYTES, Rejected, TRUNCATED,
+    UNREADABLE_THROTTLE, truncate,
+};
 pub use error::{Error, Result};
 pub use hours::ActiveHours;
 pub use limiter::{Limit, MemoryRateLimiter, RateLimiter, RedisRateLimiter, Reservation};
@@ -44,10 +50,14 @@ pub use probe::{ExecProbe, FnProbe, HttpProbe, Probe, ProbeOutcome};
 pub use prober::{Prober, ProberConfig};
 pub use rate::Rate;
 pub use record::{
-    Change, ControlRecord, LogEntry, ManualThrottle, ProbeReport, ProbeState, Settings, Throttled,
+    Change, ControlRecord, LogEntry, ManualThrottle, ProbeReport, ProbeStale, ProbeState, Settings,
+    Throttled,
 };
 pub use sizer::ChunkSizer;
 #[cfg(feature = "testing")]
 pub use store::scripts;
-pub use store::{ControlKeys, ControlStore, LOG_CAP, MemoryControlStore, RedisControlStore};
+pub use store::{
+    ControlKeys, ControlStore, LOG_CAP, Lead, MemoryControlStore, QUARANTINE_TTL,
+    RedisControlStore, Repaired, SetOutcome,
+};
 pub use watcher::ControlWatcher;

@@ -138,3 +138,29 @@ async fn a_closure_is_a_probe() {
     let probe = FnProbe::new(|| async { ProbeOutcome::Value(7.0) });
     assert_eq!(probe.check().await, ProbeOutcome::Value(7.0));
 }
+
+/// Oversized: a probe that prints without bound is killed and throttles.
+#[tokio::test]
+async fn a_command_that_prints_too_much_is_an_error() {
+    let got = exec("yes probe-output").await;
+    assert!(
+        matches!(&got, ProbeOutcome::Error(m) if m.contains("printed over 65536 bytes")),
+        "{got:?}"
+    );
+    // Exactly the bound is fine.
+    let got = exec("head -c 65536 /dev/zero | tr '\\0' 'a'; exit 1").await;
+    assert!(matches!(got, ProbeOutcome::Throttle { .. }), "{got:?}");
+}
+
+/// A probe given an environment sees only it (the worker's secrets stay out).
+#[tokio::test]
+async fn a_command_sees_only_the_environment_it_is_given() {
+    // Cargo sets CARGO_PKG_NAME in the test's environment: it stands in for a secret.
+    assert!(std::env::var_os("CARGO_PKG_NAME").is_some());
+    let probe = ExecProbe::new(
+        "test -z \"$CARGO_PKG_NAME\" && test \"$ONLY\" = yes && echo 7",
+        Duration::from_secs(5),
+    )
+    .with_env(vec![("ONLY".into(), "yes".into())]);
+    assert_eq!(probe.check().await, ProbeOutcome::Value(7.0));
+}
