@@ -6,10 +6,13 @@
 //! - [`ControlRecord`] in a [`ControlStore`] ([`RedisControlStore`],
 //!   [`MemoryControlStore`]): the namespace's live settings, manual and probe throttles,
 //!   with a capped change log; [`ControlWatcher`] publishes the record in force to a
-//!   run loop through a `tokio::sync::watch` channel.
-//! - [`Probe`] ([`ExecProbe`], [`HttpProbe`], [`FnProbe`]) run by one elected worker per
-//!   namespace ([`Prober`]), which also drives the [`Aimd`] rate controller for
-//!   `--keep-below`.
+//!   run loop through a `tokio::sync::watch` channel. Every read is checked
+//!   ([`ControlRecord::decode`]): a value that breaks the write rules is dropped and
+//!   listed as [`Rejected`], never applied, never an error.
+//! - [`Probe`] ([`ExecProbe`], [`HttpProbe`], [`FnProbe`]) run by every worker that has
+//!   one ([`Prober`]), each reporting under its own name: a throttle from any live
+//!   prober holds the fleet. One elected worker also drives the [`Aimd`] rate
+//!   controller for `--keep-below`.
 //! - [`ActiveHours`] and [`ChunkSizer`]: pure logic for time windows and chunks sized
 //!   by time.
 //!

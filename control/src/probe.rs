@@ -161,29 +161,59 @@ async fn kill_group(pgid: u32) {
     }
 }
 
-/// `--throttle-http URL`: a GET of an `http://` URL. 2xx is go, 429 and 503 throttle
-/// (the status line is the reason), anything else or no answer within the timeout is an
-/// error.
-#[derive(Debug, Clone)]
+/// `--throttle-http URL`: a GET of an `http://` or `https://` URL (the server's
+/// certificate checked against the system's CAs). 2xx is go, 429 and 503 throttle (the
+/// status line is the reason), anything else, a failed TLS handshake or no answer
+/// within the timeout is an error.
+#[derive(Clone)]
 pub struct HttpProbe {
     url: crate::http::HttpUrl,
     timeout: Duration,
+    /// The TLS client of an `https://` URL.
+    tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+}
+
+impl std::fmt::Debug for HttpProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpProbe")
+            .field("url", &self.url)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 impl HttpProbe {
-    /// A probe of `url` (`http://host[:port][/path]`), giving up after `timeout`.
+    /// A probe of `url` (`http[s]://host[:port][/path]`), giving up after `timeout`.
     pub fn new(url: &str, timeout: Duration) -> crate::Result<Self> {
-        Ok(Self {
-            url: crate::http::HttpUrl::parse(url)?,
-            timeout,
-        })
+        Self::build(url, timeout, None)
+    }
+
+    /// [`HttpProbe::new`] for an `https://` URL whose server's certificate is signed by
+    /// the private CA `ca_pem` (PEM) rather than (or besides) a system one.
+    pub fn with_ca(url: &str, timeout: Duration, ca_pem: &[u8]) -> crate::Result<Self> {
+        Self::build(url, timeout, Some(ca_pem))
+    }
+
+    fn build(url: &str, timeout: Duration, ca_pem: Option<&[u8]>) -> crate::Result<Self> {
+        let url = crate::http::HttpUrl::parse(url)?;
+        let tls = if url.tls {
+            Some(crate::http::tls_config(ca_pem)?)
+        } else {
+            None
+        };
+        Ok(Self { url, timeout, tls })
     }
 }
 
 #[async_trait]
 impl Probe for HttpProbe {
     async fn check(&self) -> ProbeOutcome {
-        match tokio::time::timeout(self.timeout, crate::http::get_status(&self.url)).await {
+        match tokio::time::timeout(
+            self.timeout,
+            crate::http::get_status(&self.url, self.tls.as_ref()),
+        )
+        .await
+        {
             Err(_) => ProbeOutcome::Error(format!("no answer within {:?}", self.timeout)),
             Ok(Err(err)) => ProbeOutcome::Error(err),
             Ok(Ok((code, line))) => match code {
