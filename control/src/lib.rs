@@ -50,7 +50,7 @@ pub use hours::ActiveHours;
 pub use limiter::{Limit, MemoryRateLimiter, RateLimiter, RedisRateLimiter, Reservation};
 pub use pacer::Pacer;
 pub use probe::{ExecProbe, FnProbe, HttpProbe, Probe, ProbeOutcome};
-pub use prober::{Prober, ProberConfig};
+pub use prober::{OwnProbe, Prober, ProberConfig};
 pub use rate::Rate;
 pub use record::{
     Change, ControlRecord, LogEntry, ManualThrottle, ProbeReport, ProbeStale, ProbeState, Settings,

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tranche_codec::Clock;
 
@@ -154,16 +155,75 @@ impl Prober {
 
     /// Steps every interval until the handle is aborted (the run loop owns it and aborts
     /// it at shutdown). A failed step is logged and the next one tried.
-    pub fn spawn(mut self) -> JoinHandle<()> {
-        tokio::spawn(async move {
+    pub fn spawn(self) -> JoinHandle<()> {
+        self.spawn_watched().0
+    }
+
+    /// [`Prober::spawn`], with a receiver of what this worker's own prober last did:
+    /// the worker's gate reads it so that no chunk starts before its first result is
+    /// in force, nor while its probe cannot report ([`OwnProbe::holds`]).
+    pub fn spawn_watched(mut self) -> (JoinHandle<()>, watch::Receiver<OwnProbe>) {
+        let (sender, receiver) = watch::channel(OwnProbe::Pending);
+        let task = tokio::spawn(async move {
             let mut ticker = tokio::time::interval(self.config.interval());
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 ticker.tick().await;
-                if let Err(err) = self.step().await {
-                    tracing::warn!(%err, "throttle probe step failed");
-                }
+                let step = self.step().await;
+                let at_ms = self.clock.now_ms();
+                let state = match step {
+                    Ok(report) => OwnProbe::Reported { report, at_ms },
+                    Err(err) => {
+                        tracing::warn!(%err, "throttle probe step failed; throttling");
+                        OwnProbe::Failed {
+                            error: err.to_string(),
+                            at_ms,
+                        }
+                    }
+                };
+                sender.send_replace(state);
             }
-        })
+        });
+        (task, receiver)
+    }
+}
+
+/// What a worker's own prober last did ([`Prober::spawn_watched`]).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum OwnProbe {
+    /// No step has finished yet.
+    Pending,
+    /// The last step reported `report` at `at_ms`.
+    Reported {
+        /// What was reported.
+        report: ProbeReport,
+        /// When (ms since the epoch).
+        at_ms: u64,
+    },
+    /// The last step failed at `at_ms`: its finding could not be reported (Redis, or a
+    /// record a reporter must not overwrite).
+    Failed {
+        /// Why.
+        error: String,
+        /// When (ms since the epoch).
+        at_ms: u64,
+    },
+}
+
+impl OwnProbe {
+    /// Why this worker must start no chunk at `now_ms`, if it must not: no result yet,
+    /// a step that failed, a last report older than `stale` (the prober stalled), or a
+    /// report that throttles. Fails closed: only a fresh go lets a chunk start.
+    pub fn holds(&self, now_ms: u64, stale: Duration) -> Option<String> {
+        let old = |at_ms: u64| u128::from(now_ms.saturating_sub(at_ms)) > stale.as_millis();
+        match self {
+            OwnProbe::Pending => Some("waiting for the first probe result".to_owned()),
+            OwnProbe::Failed { error, .. } => Some(format!("the probe cannot report: {error}")),
+            OwnProbe::Reported { at_ms, .. } if old(*at_ms) => {
+                Some("the probe has not reported for too long".to_owned())
+            }
+            OwnProbe::Reported { report, .. } => report.throttle.clone(),
+        }
     }
 }

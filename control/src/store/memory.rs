@@ -245,6 +245,31 @@ impl ControlStore for MemoryControlStore {
         })
     }
 
+    async fn retire_probe(&self, worker: &str) -> Result<bool> {
+        check_worker(worker)?;
+        let now = self.clock.now_ms();
+        let mut state = self.state.lock().expect("control lock");
+        if state.prober.as_ref().is_some_and(|(w, _)| w == worker) {
+            state.prober = None;
+        }
+        let mut record = state.record();
+        if let Some(err) = unreadable(&record) {
+            return Err(err);
+        }
+        let Some(finding) = record.probes.remove(worker) else {
+            return Ok(false);
+        };
+        record.version += 1;
+        record.rejected.clear();
+        state.raw = Some(record.encode().into_bytes());
+        if finding.throttled.is_some() {
+            let origin = format!("probe@{worker}");
+            let change = "probe throttle off: retired".to_owned();
+            state.push_log(now, &origin, change, record.version);
+        }
+        Ok(true)
+    }
+
     async fn repair(&self, origin: &str) -> Result<Option<Repaired>> {
         crate::record::check_origin(origin)?;
         let now = self.clock.now_ms();

@@ -150,6 +150,11 @@ pub trait ControlStore: Send + Sync + std::fmt::Debug {
     /// Elects `worker` to lead the probes for `term`, or renews its term.
     async fn lead_probes(&self, worker: &str, term: Duration) -> Result<Lead>;
 
+    /// Removes `worker`'s probe finding and gives up its lead, when it stops on
+    /// purpose: a finding nobody renews would otherwise go stale and throttle the
+    /// fleet. Returns whether there was a finding.
+    async fn retire_probe(&self, worker: &str) -> Result<bool>;
+
     /// `check --repair`: when the stored record breaks the rules, moves it to
     /// [`ControlKeys::quarantine`] and writes in its place its valid values, each bad
     /// setting (and a bad manual throttle) restored to its last valid value in the log.
@@ -181,6 +186,9 @@ impl<S: ControlStore + ?Sized> ControlStore for Arc<S> {
     }
     async fn lead_probes(&self, worker: &str, term: Duration) -> Result<Lead> {
         (**self).lead_probes(worker, term).await
+    }
+    async fn retire_probe(&self, worker: &str) -> Result<bool> {
+        (**self).retire_probe(worker).await
     }
     async fn repair(&self, origin: &str) -> Result<Option<Repaired>> {
         (**self).repair(origin).await

@@ -30,6 +30,7 @@ struct Scripts {
     probe: redis::Script,
     lead: redis::Script,
     repair: redis::Script,
+    retire: redis::Script,
 }
 
 impl Scripts {
@@ -39,6 +40,7 @@ impl Scripts {
             probe: redis::Script::new(include_str!("../../lua/probe.lua")),
             lead: redis::Script::new(include_str!("../../lua/lead.lua")),
             repair: redis::Script::new(include_str!("../../lua/repair.lua")),
+            retire: redis::Script::new(include_str!("../../lua/retire.lua")),
         }
     }
 }
@@ -73,6 +75,11 @@ pub fn scripts(schema: &KeySchema) -> Vec<(&'static str, &'static str, Vec<Strin
             "repair.lua",
             include_str!("../../lua/repair.lua"),
             vec![keys.record(), keys.log(), keys.quarantine()],
+        ),
+        (
+            "retire.lua",
+            include_str!("../../lua/retire.lua"),
+            vec![keys.record(), keys.log(), keys.prober()],
         ),
     ]
 }
@@ -241,6 +248,21 @@ where
             leads: leads == 1,
             repaired_ttl: repaired == 1,
         })
+    }
+
+    async fn retire_probe(&self, worker: &str) -> Result<bool> {
+        check_worker(worker)?;
+        let now = self.clock.now_ms();
+        let keys = [self.keys.record(), self.keys.log(), self.keys.prober()];
+        // Safe to repeat: a second retirement finds nothing and writes nothing.
+        let removed: i64 = tranche_codec::retry::retry(&self.conn, |mut conn| {
+            let mut invocation = self.scripts.retire.prepare_invoke();
+            invocation.key(&keys[0]).key(&keys[1]).key(&keys[2]);
+            invocation.arg(now).arg(worker);
+            async move { invocation.invoke_async(&mut conn).await }
+        })
+        .await?;
+        Ok(removed == 1)
     }
 
     async fn repair(&self, origin: &str) -> Result<Option<Repaired>> {

@@ -379,6 +379,23 @@ async fn any_live_prober(b: Backend) {
     assert_eq!(r.rejected[0].key, "probes.w3");
     assert_eq!(now(&r, T0 + 10_500), None, "w1's live go holds");
     assert!(now(&r, T0 + 14_000).is_some());
+
+    // A worker that stops on purpose retires its finding: it does not go stale.
+    assert!(store.retire_probe("w1").await.unwrap());
+    assert!(
+        !store.retire_probe("w1").await.unwrap(),
+        "nothing left to retire"
+    );
+    let r = store.read().await.unwrap();
+    assert!(!r.probes.contains_key("w1"));
+    assert!(
+        store
+            .lead_probes("w2", Duration::from_secs(3))
+            .await
+            .unwrap()
+            .leads,
+        "lead given up"
+    );
 }
 
 both!(a_long_probe_reason_is_cut_not_refused, long_reasons);
@@ -784,4 +801,89 @@ async fn keep_below(b: Backend) {
     let mean = settled.iter().sum::<f64>() / settled.len() as f64;
     assert!(worst <= 1.1 * target, "worst {worst}");
     assert!(mean >= 0.7 * target, "mean {mean}");
+}
+
+both!(
+    a_fleet_that_starts_throttled_holds_from_the_first_chunk,
+    starts_throttled
+);
+/// With a probe configured, a worker's own prober holds it before its first result,
+/// while its probe throttles, when it cannot report, and when it stops reporting.
+async fn starts_throttled(b: Backend) {
+    let lag = FnProbe::new(|| async {
+        ProbeOutcome::Throttle {
+            reason: "replica lag 9s".into(),
+        }
+    });
+    let config = ProberConfig {
+        worker: "w1".into(),
+        interval: Duration::from_millis(100),
+        max_rate: None,
+        floor: 1.0,
+    };
+    config.check().unwrap();
+    let stale = Duration::from_secs(1);
+    let prober = Prober::new(b.store.clone(), Arc::new(lag), b.clock.clone(), config);
+    let (task, mut own) = prober.spawn_watched();
+    // Missing: before the first result, nothing starts.
+    assert_eq!(
+        own.borrow().holds(T0, stale).as_deref(),
+        Some("waiting for the first probe result")
+    );
+    tokio::time::timeout(Duration::from_secs(5), own.changed())
+        .await
+        .expect("a first result within 5 s")
+        .unwrap();
+    let first = own.borrow().clone();
+    assert_eq!(first.holds(T0, stale).as_deref(), Some("replica lag 9s"));
+    let r = b.store.read().await.unwrap();
+    assert_eq!(
+        r.throttle_in_force(T0, ProbeStale::Throttle)
+            .unwrap()
+            .reason,
+        "replica lag 9s",
+        "the whole fleet holds"
+    );
+    // Late: a report older than the bound holds too.
+    assert!(
+        first
+            .holds(T0 + 1_001, stale)
+            .unwrap()
+            .contains("not reported")
+    );
+    // Corrupt: a record the prober must not overwrite makes its step fail: it holds.
+    (b.put_raw)(b"{not json");
+    let failed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            own.changed().await.unwrap();
+            let state = own.borrow().clone();
+            if matches!(state, tranche_control::OwnProbe::Failed { .. }) {
+                return state;
+            }
+        }
+    })
+    .await
+    .expect("a failed step within 5 s");
+    assert!(
+        failed
+            .holds(T0, stale)
+            .unwrap()
+            .starts_with("the probe cannot report")
+    );
+    task.abort();
+    // A fresh go lets chunks start.
+    let go = tranche_control::OwnProbe::Reported {
+        report: ProbeReport::default(),
+        at_ms: T0,
+    };
+    assert_eq!(go.holds(T0 + 1_000, stale), None);
+    // An interval past its bound is refused by name.
+    let long = ProberConfig {
+        worker: "w1".into(),
+        interval: Duration::from_secs(21 * 60),
+        max_rate: None,
+        floor: 1.0,
+    };
+    let err = long.check().unwrap_err().to_string();
+    assert!(err.contains("throttle interval"), "{err}");
 }

@@ -225,6 +225,14 @@ async fn a_refused_call_writes_nothing() {
             ],
         ),
         (
+            "retire.lua",
+            vec![
+                vec!["x", "w"],
+                vec!["1000", ""],
+                vec!["1000", "not-a-prober"],
+            ],
+        ),
+        (
             "set.lua",
             vec![
                 vec!["1000", "o", r#"{"chunk":5}"#, "x"],
@@ -251,6 +259,7 @@ async fn a_refused_call_writes_nothing() {
             let args: &[&str] = match *name {
                 "take.lua" => &["10", "1", "0"],
                 "probe.lua" => &["1000", "w", "{}"],
+                "retire.lua" => &["1000", "w"],
                 _ => continue,
             };
             if script_keys.contains(&key) {
