@@ -21,12 +21,24 @@ end
 if worker == nil or #worker == 0 or #worker > 256 then
     return redis.error_reply('ERR tranche retire: worker must be 1 to 256 bytes')
 end
+-- Whether a decoded value holds only finite numbers within 120 levels: cjson reads 1e999
+-- as inf (which it then cannot encode) and nests deeper than the readers' decoder.
+local function sound(v, depth)
+    if type(v) == 'number' then return v == v and v ~= math.huge and v ~= -math.huge end
+    if type(v) ~= 'table' then return true end
+    if depth > 120 then return false end
+    for k, x in pairs(v) do
+        if not sound(k, depth + 1) or not sound(x, depth + 1) then return false end
+    end
+    return true
+end
 local stored = redis.call('GET', KEYS[1])
 local record = nil
 if stored then
     local good, decoded = false, nil
     if #stored <= 262144 then good, decoded = pcall(cjson.decode, stored) end
-    if not good or type(decoded) ~= 'table' or decoded[1] ~= nil then
+    if not good or type(decoded) ~= 'table' or decoded[1] ~= nil
+        or not sound(decoded, 0) then
         return redis.error_reply('ERR tranche retire: the stored control record is not JSON')
     end
     record = decoded

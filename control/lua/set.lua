@@ -99,11 +99,23 @@ end
 -- The stored record, its bad values dropped one by one (the readers' rules).
 local record = { version = 0, settings = {} }
 local quarantine = nil
+-- Whether a decoded value holds only finite numbers within 120 levels: cjson reads 1e999
+-- as inf (which it then cannot encode) and nests deeper than the readers' decoder.
+local function sound(v, depth)
+    if type(v) == 'number' then return v == v and v ~= math.huge and v ~= -math.huge end
+    if type(v) ~= 'table' then return true end
+    if depth > 120 then return false end
+    for k, x in pairs(v) do
+        if not sound(k, depth + 1) or not sound(x, depth + 1) then return false end
+    end
+    return true
+end
 local stored = redis.call('GET', KEYS[1])
 if stored then
     local good, decoded = false, nil
     if #stored <= 262144 then good, decoded = pcall(cjson.decode, stored) end
-    if not good or type(decoded) ~= 'table' or decoded[1] ~= nil then
+    if not good or type(decoded) ~= 'table' or decoded[1] ~= nil
+        or not sound(decoded, 0) then
         quarantine = stored
     else
         -- Only the record's own fields are kept; anything else a foreign writer added

@@ -505,7 +505,18 @@ both!(
     unreadable_record
 );
 async fn unreadable_record(b: Backend) {
-    for junk in [&b"{not json"[..], b"\xff\xfe", b"[1,2]", b"\"text\"", b""] {
+    let inf = br#"{"version":1,"settings":{"chunk":5},"probe":{"value":1e999}}"#;
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    let nested = format!(r#"{{"version":1,"settings":{{}},"x":{deep}}}"#);
+    for junk in [
+        &b"{not json"[..],
+        b"\xff\xfe",
+        b"[1,2]",
+        b"\"text\"",
+        b"",
+        inf,
+        nested.as_bytes(),
+    ] {
         (b.put_raw)(junk);
         let r = b.store.read().await.unwrap();
         assert_eq!(r.rejected.len(), 1, "{junk:?}");
@@ -530,11 +541,22 @@ async fn unreadable_record(b: Backend) {
     (b.put_raw)(huge.as_bytes());
     assert_eq!(b.store.read().await.unwrap().rejected[0].key, "record");
 
-    (b.put_raw)(b"{not json");
-    let set = b.store.set(&[Change::Chunk(Some(5))], "o").await.unwrap();
-    assert_eq!(set.settings.chunk, Some(5));
-    assert_eq!(set.throttled(), None, "the operator's set replaced it");
-    assert_eq!((b.quarantined)().as_deref(), Some(&b"{not json"[..]));
+    for junk in [&b"{not json"[..], inf] {
+        (b.put_raw)(junk);
+        let set = b
+            .store
+            .set(&[Change::Parallel(Some(3))], "o")
+            .await
+            .unwrap();
+        assert_eq!(set.settings.parallel, Some(3));
+        assert_eq!(
+            set.settings.chunk, None,
+            "a record that is not JSON keeps nothing"
+        );
+        assert!(set.rejected.is_empty(), "{:?}", set.rejected);
+        assert_eq!(set.throttled(), None, "the operator's set replaced it");
+        assert_eq!((b.quarantined)().as_deref(), Some(junk));
+    }
 }
 
 both!(repair_quarantines_and_restores_from_the_log, repair);
