@@ -86,6 +86,8 @@ async fn every_operation_runs_on_a_cluster() {
         .unwrap();
     assert_eq!(outcome.skipped, Vec::<String>::new());
     assert_eq!(store.log(5).await.unwrap().len(), 4);
+    store.report_probe("w", &Default::default()).await.unwrap();
+    assert!(store.retire_probe("w").await.unwrap());
     let limiter = RedisRateLimiter::new(conn, &schema());
     let rate = Rate::per_second(10.0).unwrap();
     limiter
@@ -155,6 +157,8 @@ async fn a_refused_call_writes_nothing() {
             "take.lua",
             vec![
                 vec!["0", "1", "0"],
+                vec!["0.00001", "1", "0"],
+                vec!["1e-300", "1", "0"],
                 vec!["-5", "1", "0"],
                 vec!["nan", "1", "0"],
                 vec!["x", "1", "0"],
@@ -177,6 +181,7 @@ async fn a_refused_call_writes_nothing() {
                 vec!["1000", "o", r#"{"chunk_min":500}"#],
                 vec!["1000", "o", r#"{"bogus":1}"#],
                 vec!["1000", "o", r#"{"max_rate":"fast"}"#],
+                vec!["1000", "o", r#"{"max_rate":0.00001}"#],
                 vec!["1000", "o", r#"{"active_hours":"10:00-10:00"}"#],
                 vec!["1000", "o", r#"{"active_hours":"25:00-10:00"}"#],
                 vec!["1000", "o", r#"{"tz":"a b"}"#],
