@@ -97,11 +97,13 @@ if stored then
     end
     record = decoded
     local v = record.version
-    if type(v) ~= 'number' or v ~= math.floor(v) or v < 0 or v > 1e14 then
+    -- From 1e14 on the version restarts (cjson keeps 14 digits).
+    if type(v) ~= 'number' or v ~= math.floor(v) or v < 0 or v >= 1e14 then
         record.version = 0
     end
 end
-if type(record.probes) ~= 'table' then record.probes = {} end
+-- `probes` that is not an object (a JSON array too) is replaced, as readers ignore it.
+if type(record.probes) ~= 'table' or record.probes[1] ~= nil then record.probes = {} end
 local leads = redis.call('GET', KEYS[3]) == worker
 
 -- Checked: from here on the script writes.
@@ -115,7 +117,10 @@ if value ~= nil then finding.value = value end
 if err ~= nil then finding.error = err end
 if reason ~= nil then
     local since = now
-    if was and type(was.since_ms) == 'number' then since = was.since_ms end
+    local kept = was and was.since_ms
+    if type(kept) == 'number' and kept == math.floor(kept) and kept >= 0 and kept <= 1e14 then
+        since = kept
+    end
     finding.throttled = { reason = reason, since_ms = since }
 end
 record.probes[worker] = finding

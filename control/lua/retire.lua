@@ -53,7 +53,8 @@ end
 local finding = record.probes[worker]
 record.probes[worker] = nil
 local v = record.version
-if type(v) ~= 'number' or v ~= math.floor(v) or v < 0 or v > 1e14 then v = 0 end
+-- From 1e14 on the version restarts (cjson keeps 14 digits).
+if type(v) ~= 'number' or v ~= math.floor(v) or v < 0 or v >= 1e14 then v = 0 end
 record.version = v + 1
 redis.call('SET', KEYS[1], cjson.encode(record))
 if type(finding) == 'table' and type(finding.throttled) == 'table' then

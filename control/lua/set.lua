@@ -122,7 +122,8 @@ if stored then
         -- is dropped, as the readers drop it.
         record = { version = decoded.version, settings = decoded.settings,
             manual = decoded.manual, probe = decoded.probe, probes = decoded.probes }
-        if not integer_in(record.version, 0, 1e14) then record.version = 0 end
+        -- From 1e14 on the version restarts (cjson keeps 14 digits).
+        if not integer_in(record.version, 0, 1e14 - 1) then record.version = 0 end
         if type(record.settings) ~= 'table' then record.settings = {} end
         for name, value in pairs(record.settings) do
             local check = checks[name]

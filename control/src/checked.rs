@@ -133,6 +133,18 @@ fn zone(v: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || "_/+-".contains(c))
 }
 
+/// `value` as an object, an empty array reading as an empty object: `lua/set.lua`
+/// writes the record through cjson, which cannot tell the two apart and writes `{}`
+/// for either, so the readers treat them alike.
+fn object(value: &Value) -> Option<&Map<String, Value>> {
+    static EMPTY: std::sync::LazyLock<Map<String, Value>> = std::sync::LazyLock::new(Map::new);
+    match value {
+        Value::Object(map) => Some(map),
+        Value::Array(items) if items.is_empty() => Some(&EMPTY),
+        _ => None,
+    }
+}
+
 #[derive(Default)]
 struct Decoder {
     rejected: Vec<Rejected>,
@@ -159,8 +171,10 @@ impl Decoder {
         // by its field's rules (a reason keeps it, a zone refuses it).
         let text = String::from_utf8_lossy(bytes);
         let map = match serde_json::from_str::<Value>(&text) {
-            Ok(Value::Object(map)) => map,
-            Ok(other) => return self.unreadable(&other, "not a JSON object"),
+            Ok(value) => match object(&value) {
+                Some(map) => map.clone(),
+                None => return self.unreadable(&value, "not a JSON object"),
+            },
             Err(err) => {
                 let excerpt = Value::String(truncate(&text, 80));
                 return self.unreadable(&excerpt, format!("not JSON: {err}"));
@@ -199,7 +213,7 @@ impl Decoder {
 
     fn settings(&mut self, value: &Value) -> Settings {
         let mut s = Settings::default();
-        let Value::Object(map) = value else {
+        let Some(map) = object(value) else {
             self.reject("settings", value, "not an object");
             return s;
         };
@@ -256,7 +270,7 @@ impl Decoder {
         if value.is_null() {
             return None;
         }
-        let Value::Object(m) = value else {
+        let Some(m) = object(value) else {
             self.reject("manual", value, "not an object (the throttle holds)");
             return Some(ManualThrottle {
                 reason: UNREADABLE_THROTTLE.to_owned(),
@@ -277,7 +291,7 @@ impl Decoder {
         if value.is_null() {
             return out;
         }
-        let Value::Object(map) = value else {
+        let Some(map) = object(value) else {
             self.reject("probes", value, "not an object (read as one stale finding)");
             out.insert("?".to_owned(), unreadable_finding("?"));
             return out;
@@ -305,7 +319,7 @@ impl Decoder {
         if value.is_null() {
             return None;
         }
-        let Value::Object(m) = value else {
+        let Some(m) = object(value) else {
             self.reject(
                 key.to_owned(),
                 value,
@@ -315,7 +329,8 @@ impl Decoder {
         };
         let throttled = match m.get("throttled") {
             None | Some(Value::Null) => None,
-            Some(Value::Object(t)) => {
+            Some(v @ (Value::Object(_) | Value::Array(_))) if object(v).is_some() => {
+                let t = object(v).expect("an object");
                 let at = format!("{key}.throttled");
                 Some(Throttled {
                     reason: self

@@ -347,6 +347,16 @@ pub(crate) fn change_json(changes: &[Change], manual: Option<(bool, &str)>) -> R
     Ok(Value::Object(out).to_string())
 }
 
+/// The version after `version`: one more, restarting at 1 from 10¹⁴ (past it cjson,
+/// which writes the record on Redis, no longer keeps every digit), as the scripts do.
+pub(crate) fn next_version(version: u64) -> u64 {
+    if version >= crate::checked::MAX_MS {
+        1
+    } else {
+        version + 1
+    }
+}
+
 /// Who made a change: 1 to 512 bytes, as the scripts require.
 pub(crate) fn check_origin(origin: &str) -> Result<()> {
     if origin.is_empty() || origin.len() > 512 {
@@ -421,7 +431,7 @@ pub(crate) fn apply_change(
             origin: origin.to_owned(),
         });
     }
-    next.version += 1;
+    next.version = next_version(record.version);
     Ok(next)
 }
 

@@ -126,7 +126,7 @@ pub(crate) fn rebuild(record: &ControlRecord, log: &[LogEntry]) -> (ControlRecor
         ));
     }
     let newest = log.iter().map(|e| e.version).max().unwrap_or(0);
-    fixed.version = fixed.version.max(newest) + 1;
+    fixed.version = crate::record::next_version(fixed.version.max(newest));
     if whole {
         notes.insert(
             0,

@@ -180,10 +180,29 @@ impl ControlStore for MemoryControlStore {
             .prober
             .as_ref()
             .is_some_and(|(w, until)| w == worker && *until > now);
-        let was = record.probes.get(worker).and_then(|p| p.throttled.clone());
+        // `probes` that was not an object is replaced, as probe.lua replaces it.
+        if record.rejected.iter().any(|r| r.key == "probes") {
+            record.probes.clear();
+        }
+        // What probe.lua sees of this worker's last finding: nothing of an entry or a
+        // throttle that is not an object, no start time that is not a number.
+        let entry = format!("probes.{}", crate::truncate(worker, 64));
+        let bad = |suffix: &str| {
+            let key = format!("{entry}{suffix}");
+            record.rejected.iter().any(|r| r.key == key)
+        };
+        let was = record
+            .probes
+            .get(worker)
+            .and_then(|p| p.throttled.clone())
+            .filter(|_| !bad("") && !bad(".throttled"));
+        let since = was
+            .as_ref()
+            .filter(|_| !bad(".throttled.since_ms"))
+            .map_or(now, |w| w.since_ms);
         let throttled = report.throttle.as_ref().map(|reason| Throttled {
             reason: reason.clone(),
-            since_ms: was.as_ref().map_or(now, |w| w.since_ms),
+            since_ms: since,
         });
         let ttl = report
             .ttl_ms
@@ -214,7 +233,7 @@ impl ControlStore for MemoryControlStore {
                 ..finding
             });
         }
-        record.version += 1;
+        record.version = crate::record::next_version(record.version);
         record.rejected.clear();
         state.raw = Some(record.encode().into_bytes());
         if was.is_some() != is {
@@ -259,7 +278,7 @@ impl ControlStore for MemoryControlStore {
         let Some(finding) = record.probes.remove(worker) else {
             return Ok(false);
         };
-        record.version += 1;
+        record.version = crate::record::next_version(record.version);
         record.rejected.clear();
         state.raw = Some(record.encode().into_bytes());
         if finding.throttled.is_some() {
