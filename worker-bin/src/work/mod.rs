@@ -381,6 +381,7 @@ pub(crate) async fn run(
     let gate = crate::control::Gate::start(backend, &settings.control, base, &settings.worker);
     let gate = Arc::new(gate.await?);
     let outcome = claim_loop(backend, &settings, &shared, &book, &gate, stop.clone()).await;
+    gate.retire().await;
     drop(gate);
 
     // Background work stops only after the partitions: a heartbeat or reap between
