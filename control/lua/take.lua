@@ -2,7 +2,7 @@
 --
 -- KEYS[1]  {ns}:control:rate:<limit>: the limit's theoretical arrival time (TAT), the
 --          server-clock microsecond at which the fleet's next unit may be used.
--- ARGV[1]  rate: units per second, a number in (0, 1e12].
+-- ARGV[1]  rate: units per second, a number in [1e-4, 1e12] (Rate::MIN, Rate::MAX).
 -- ARGV[2]  units to reserve: an integer in [1, 1e12].
 -- ARGV[3]  burst: how far in the past (microseconds, an integer in [0, 3.6e9]) a
 --          reservation may start, so an idle limit lends at most that much catch-up.
@@ -21,8 +21,8 @@
 local rate = tonumber(ARGV[1])
 local units = tonumber(ARGV[2])
 local burst = tonumber(ARGV[3])
-if rate == nil or rate ~= rate or rate <= 0 or rate > 1e12 then
-    return redis.error_reply('ERR tranche take: rate must be a number in (0, 1e12]')
+if rate == nil or rate ~= rate or rate < 1e-4 or rate > 1e12 then
+    return redis.error_reply('ERR tranche take: rate must be a number in [1e-4, 1e12]')
 end
 if units == nil or units ~= math.floor(units) or units < 1 or units > 1e12 then
     return redis.error_reply('ERR tranche take: units must be an integer in [1, 1e12]')
@@ -50,6 +50,9 @@ end
 local start = tat
 local next_tat = tat + units * 1000000 / rate
 -- The key outlives its last reservation by a minute, then an idle limit costs nothing.
-local ttl_ms = math.floor((next_tat - now) / 1000) + 60000
+-- At the smallest rate a reservation can reach 10^22 us ahead: the TTL is capped at
+-- 10^15 ms (31 700 years, within what PX takes) and the answer at 10^15 us (31 years,
+-- within an integer reply), so neither errors nor wraps to a start in the past.
+local ttl_ms = math.min(math.floor((next_tat - now) / 1000) + 60000, 1e15)
 redis.call('SET', KEYS[1], string.format('%.0f', next_tat), 'PX', ttl_ms)
-return math.floor(start - now)
+return math.min(math.floor(start - now), 1e15)

@@ -6,10 +6,13 @@
 //! - [`ControlRecord`] in a [`ControlStore`] ([`RedisControlStore`],
 //!   [`MemoryControlStore`]): the namespace's live settings, manual and probe throttles,
 //!   with a capped change log; [`ControlWatcher`] publishes the record in force to a
-//!   run loop through a `tokio::sync::watch` channel.
-//! - [`Probe`] ([`ExecProbe`], [`HttpProbe`], [`FnProbe`]) run by one elected worker per
-//!   namespace ([`Prober`]), which also drives the [`Aimd`] rate controller for
-//!   `--keep-below`.
+//!   run loop through a `tokio::sync::watch` channel. Every read is checked
+//!   ([`ControlRecord::decode`]): a value that breaks the write rules is dropped and
+//!   listed as [`Rejected`], never applied, never an error.
+//! - [`Probe`] ([`ExecProbe`], [`HttpProbe`], [`FnProbe`]) run by every worker that has
+//!   one ([`Prober`]), each reporting under its own name: a throttle from any live
+//!   prober holds the fleet. One elected worker also drives the [`Aimd`] rate
+//!   controller for `--keep-below`.
 //! - [`ActiveHours`] and [`ChunkSizer`]: pure logic for time windows and chunks sized
 //!   by time.
 //!
@@ -22,6 +25,7 @@
 //! limit of none makes no call at all.
 
 mod aimd;
+mod checked;
 mod error;
 mod hours;
 mod http;
@@ -31,23 +35,32 @@ mod probe;
 mod prober;
 mod rate;
 mod record;
+mod repair;
 mod sizer;
 mod store;
 mod watcher;
 
 pub use aimd::Aimd;
+pub use checked::{
+    MAX_PROBERS, MAX_REASON_BYTES, MAX_RECORD_BYTES, MAX_WORKER_BYTES, Rejected, TRUNCATED,
+    UNREADABLE_THROTTLE, truncate,
+};
 pub use error::{Error, Result};
 pub use hours::ActiveHours;
 pub use limiter::{Limit, MemoryRateLimiter, RateLimiter, RedisRateLimiter, Reservation};
 pub use pacer::Pacer;
 pub use probe::{ExecProbe, FnProbe, HttpProbe, Probe, ProbeOutcome};
-pub use prober::{Prober, ProberConfig};
+pub use prober::{OwnProbe, Prober, ProberConfig};
 pub use rate::Rate;
 pub use record::{
-    Change, ControlRecord, LogEntry, ManualThrottle, ProbeReport, ProbeState, Settings, Throttled,
+    Change, ControlRecord, LogEntry, ManualThrottle, ProbeReport, ProbeStale, ProbeState, Settings,
+    Throttled,
 };
 pub use sizer::ChunkSizer;
 #[cfg(feature = "testing")]
 pub use store::scripts;
-pub use store::{ControlKeys, ControlStore, LOG_CAP, MemoryControlStore, RedisControlStore};
+pub use store::{
+    ControlKeys, ControlStore, LOG_CAP, Lead, MemoryControlStore, QUARANTINE_TTL,
+    RedisControlStore, Repaired, SetOutcome,
+};
 pub use watcher::ControlWatcher;

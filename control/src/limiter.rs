@@ -92,6 +92,9 @@ fn check_units(units: u64) -> Result<()> {
     Ok(())
 }
 
+/// The furthest a reservation is put ahead when its span would overflow the clock.
+const FAR: Duration = Duration::from_secs(100 * 365 * 86_400);
+
 /// The limiter of an embedded run: every pacer of one process shares it. Time is tokio's
 /// (`tokio::time::pause` controls it in tests).
 #[derive(Debug, Default)]
@@ -122,7 +125,14 @@ impl RateLimiter for MemoryRateLimiter {
         let mut tat = self.tat.lock().expect("limiter lock");
         let entry = tat.entry(limit).or_insert(now);
         let start = (*entry).max(floor);
-        *entry = start + Duration::from_secs_f64(units as f64 * rate.interval_secs());
+        // Bounded by the rate's range (at most 10¹⁶ s), yet saturate rather than trust
+        // it: a limiter must not panic on arithmetic.
+        let span = Duration::try_from_secs_f64(units as f64 * rate.interval_secs())
+            .unwrap_or(Duration::MAX);
+        *entry = start
+            .checked_add(span)
+            .or_else(|| start.checked_add(FAR))
+            .unwrap_or(start);
         let offset = if start >= now {
             i64::try_from((start - now).as_micros()).unwrap_or(i64::MAX)
         } else {

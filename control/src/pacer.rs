@@ -153,7 +153,15 @@ impl Pacer {
                 });
             }
             let batch = local.batch.as_mut().expect("a batch was just reserved");
-            let at = batch.start + Duration::from_secs_f64(batch.used as f64 / rate.get());
+            let offset = Duration::try_from_secs_f64(batch.used as f64 / rate.get())
+                .unwrap_or(Duration::MAX);
+            // Past what the clock holds is later than any wait that matters: a century.
+            let far = Duration::from_secs(100 * 365 * 86_400);
+            let at = batch
+                .start
+                .checked_add(offset)
+                .or_else(|| batch.start.checked_add(far))
+                .unwrap_or(batch.start);
             batch.used += units;
             at
         };

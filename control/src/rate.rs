@@ -5,24 +5,46 @@ use std::str::FromStr;
 
 use crate::Error;
 
-/// A positive, finite number of units per second, at most 10¹².
+/// A number of units per second in [[`Rate::MIN`], [`Rate::MAX`]].
 #[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
 pub struct Rate(f64);
 
 impl Rate {
     /// The largest rate the limiter scripts accept.
     pub const MAX: f64 = 1e12;
+    /// The smallest rate: one unit per 10 000 s (2.8 h). A smaller one would put a
+    /// reservation of 10¹² units beyond what a clock can hold (`1e-300` made the
+    /// embedded limiter panic turning `units / rate` into a `Duration`).
+    pub const MIN: f64 = 1e-4;
 
-    /// `per_second` units per second, if positive, finite and at most [`Rate::MAX`].
+    /// `per_second` units per second, if in [[`Rate::MIN`], [`Rate::MAX`]].
     pub fn per_second(per_second: f64) -> Result<Self, Error> {
-        if per_second.is_finite() && per_second > 0.0 && per_second <= Self::MAX {
+        if Self::allowed(per_second) {
             Ok(Rate(per_second))
+        } else if per_second.is_finite() && per_second > 0.0 && per_second < Self::MIN {
+            Err(Error::invalid(
+                "rate",
+                format!(
+                    "{per_second}/s is below the smallest rate, {}/s (one unit per 2.8 h)",
+                    Self::MIN
+                ),
+            ))
+        } else if per_second.is_finite() && per_second > Self::MAX {
+            Err(Error::invalid(
+                "rate",
+                format!("{per_second}/s is above the largest rate, 1e12/s"),
+            ))
         } else {
             Err(Error::invalid(
                 "rate",
-                format!("{per_second} is not in (0, 1e12] per second"),
+                format!("{per_second} is not a positive number per second"),
             ))
         }
+    }
+
+    /// Whether `per_second` is a rate (the check `lua/set.lua` and `lua/take.lua` make).
+    pub fn allowed(per_second: f64) -> bool {
+        per_second.is_finite() && (Self::MIN..=Self::MAX).contains(&per_second)
     }
 
     /// Units per second.
@@ -79,8 +101,15 @@ mod tests {
         ] {
             assert_eq!(text.parse::<Rate>().unwrap().get(), want, "{text}");
         }
-        for bad in ["", "0/s", "-1", "5/d", "x/s", "inf", "NaN", "2e12"] {
+        for bad in [
+            "", "0/s", "-1", "5/d", "x/s", "inf", "NaN", "2e12", "1e-300", "1e-5", "1/d",
+        ] {
             assert!(bad.parse::<Rate>().is_err(), "{bad}");
         }
+        assert_eq!("1/h".parse::<Rate>().unwrap().get(), 1.0 / 3600.0);
+        let tiny = Rate::per_second(1e-300).unwrap_err().to_string();
+        assert!(tiny.contains("below the smallest rate"), "{tiny}");
+        let huge = Rate::per_second(1e13).unwrap_err().to_string();
+        assert!(huge.contains("above the largest rate"), "{huge}");
     }
 }

@@ -1,8 +1,13 @@
 //! The control record of a namespace: live settings and throttles, and their log.
 
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::checked::{Rejected, valid_setting};
 use crate::{ActiveHours, Error, Rate, Result};
 
 /// The namespace's control record, `{ns}:control`: what every worker applies within a
@@ -16,8 +21,18 @@ pub struct ControlRecord {
     pub settings: Settings,
     /// The manual throttle (`tranche throttle on`), when on.
     pub manual: Option<ManualThrottle>,
-    /// What the probes found last, as the leading prober reported it.
+    /// What the leading prober found last, with the AIMD rate it set (only the leader
+    /// sets one).
     pub probe: Option<ProbeState>,
+    /// The latest finding of each worker that probes, by worker id: a throttle from any
+    /// live one holds the fleet (see [`ControlRecord::throttle_in_force`]).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub probes: BTreeMap<String, ProbeState>,
+    /// The stored values a reader ignored because they broke the write rules (empty for
+    /// a valid record). Not stored: [`crate::ControlStore::read`] fills it in, the caller
+    /// warns for each and `health` raises `control_record_invalid`.
+    #[serde(skip)]
+    pub rejected: Vec<Rejected>,
 }
 
 /// Live settings; every field `None` unless set.
@@ -74,8 +89,51 @@ pub struct ProbeState {
     pub rate: Option<f64>,
     /// When reported (ms since the epoch).
     pub at_ms: u64,
-    /// The worker that leads the probes.
+    /// Until when the finding is live (ms since the epoch): its prober renews it every
+    /// interval, and one nobody renewed is stale. 0 in a record written before per-prober
+    /// findings (then a caller's bound from `at_ms` applies).
+    pub expires_ms: u64,
+    /// The worker that reported it.
     pub worker: String,
+}
+
+impl ProbeState {
+    /// Whether the finding is live at `now_ms`: unexpired, or for an old finding with no
+    /// expiry, younger than `fallback`.
+    pub fn live(&self, now_ms: u64, fallback: Duration) -> bool {
+        if self.expires_ms > 0 {
+            return now_ms < self.expires_ms;
+        }
+        u128::from(now_ms.saturating_sub(self.at_ms)) <= fallback.as_millis()
+    }
+}
+
+/// What a probe finding nobody renews means (`--probe-stale`): by default the fleet
+/// throttles until a prober reports again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ProbeStale {
+    /// Throttle (fail closed).
+    #[default]
+    Throttle,
+    /// Go on as if no probe were configured.
+    Go,
+}
+
+impl FromStr for ProbeStale {
+    type Err = Error;
+
+    /// `throttle` or `go`.
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "throttle" => Ok(ProbeStale::Throttle),
+            "go" => Ok(ProbeStale::Go),
+            other => Err(Error::invalid(
+                "probe-stale",
+                format!("{other:?} is not throttle or go"),
+            )),
+        }
+    }
 }
 
 /// A throttle's reason and start.
@@ -89,7 +147,12 @@ pub struct Throttled {
 }
 
 impl ControlRecord {
-    /// The throttle in force, manual first: no new chunk starts while there is one.
+    /// How long a finding with no expiry of its own (written before per-prober
+    /// findings) stays live in [`ControlRecord::throttle_in_force`].
+    pub const LEGACY_STALE: Duration = Duration::from_secs(30);
+
+    /// The throttle recorded, manual first, ignoring time: a manual throttle, or any
+    /// prober's finding that says throttle.
     pub fn throttled(&self) -> Option<Throttled> {
         if let Some(m) = &self.manual {
             return Some(Throttled {
@@ -97,27 +160,69 @@ impl ControlRecord {
                 since_ms: m.since_ms,
             });
         }
-        self.probe.as_ref().and_then(|p| p.throttled.clone())
+        self.findings()
+            .filter_map(|p| p.throttled.clone())
+            .min_by_key(|t| t.since_ms)
     }
 
-    /// [`ControlRecord::throttled`] as of `now_ms`, ignoring a probe finding older than
-    /// `stale_after` (its prober died and no other worker probes: a run loop should not
-    /// stay throttled forever by a finding nobody renews; three probe intervals plus a
-    /// margin is a sensible bound). The manual throttle never goes stale.
-    pub fn throttled_as_of(
+    /// Every prober's finding: the per-prober ones, or the lead's alone in a record
+    /// written before there were per-prober findings.
+    pub fn findings(&self) -> impl Iterator<Item = &ProbeState> {
+        let legacy = self
+            .probes
+            .is_empty()
+            .then_some(self.probe.as_ref())
+            .flatten();
+        self.probes.values().chain(legacy)
+    }
+
+    /// The throttle in force at `now_ms`, manual first: the earliest throttle among the
+    /// live probe findings (any live prober holds the fleet); with no live finding but
+    /// stale ones, a throttle saying so unless `stale` is [`ProbeStale::Go`]. A manual
+    /// throttle never goes stale.
+    pub fn throttle_in_force(&self, now_ms: u64, stale: ProbeStale) -> Option<Throttled> {
+        self.probe_throttle(now_ms, Self::LEGACY_STALE, stale)
+    }
+
+    /// [`ControlRecord::throttled`] as of `now_ms` with stale findings ignored
+    /// ([`ProbeStale::Go`]), a finding with no expiry being live for `stale_after`. Kept
+    /// for callers that predate [`ControlRecord::throttle_in_force`], which fails closed.
+    pub fn throttled_as_of(&self, now_ms: u64, stale_after: Duration) -> Option<Throttled> {
+        self.probe_throttle(now_ms, stale_after, ProbeStale::Go)
+    }
+
+    fn probe_throttle(
         &self,
         now_ms: u64,
-        stale_after: std::time::Duration,
+        fallback: Duration,
+        stale: ProbeStale,
     ) -> Option<Throttled> {
         if self.manual.is_some() {
             return self.throttled();
         }
-        let probe = self.probe.as_ref()?;
-        let age = now_ms.saturating_sub(probe.at_ms);
-        if u128::from(age) > stale_after.as_millis() {
-            return None;
+        let (live, dead): (Vec<&ProbeState>, Vec<&ProbeState>) =
+            self.findings().partition(|p| p.live(now_ms, fallback));
+        if !live.is_empty() {
+            return live
+                .iter()
+                .filter_map(|p| p.throttled.clone())
+                .min_by_key(|t| t.since_ms);
         }
-        probe.throttled.clone()
+        let newest = dead.iter().max_by_key(|p| p.at_ms)?;
+        match stale {
+            ProbeStale::Go => None,
+            ProbeStale::Throttle => Some(Throttled {
+                reason: format!(
+                    "no prober renewed its finding (last from {:?})",
+                    newest.worker
+                ),
+                since_ms: if newest.expires_ms > 0 {
+                    newest.expires_ms
+                } else {
+                    newest.at_ms
+                },
+            }),
+        }
     }
 
     /// The ID rate in force: the set `max_rate` (or `fallback`, the worker's own
@@ -153,8 +258,16 @@ impl ControlRecord {
         ActiveHours::parse(spec, self.settings.tz.as_deref()).ok()
     }
 
-    pub(crate) fn from_json(text: &str) -> Result<Self> {
-        serde_json::from_str(text).map_err(|e| Error::Corrupt(format!("{{ns}}:control: {e}")))
+    /// Decodes a stored record by the write rules, never failing as a whole: each bad
+    /// value is dropped and listed in `rejected`, a throttle that cannot be read still
+    /// throttles.
+    pub fn decode(bytes: &[u8]) -> Self {
+        crate::checked::decode(bytes)
+    }
+
+    /// The record as stored (JSON; `rejected` is not stored).
+    pub(crate) fn encode(&self) -> String {
+        serde_json::to_string(self).expect("a record serializes")
     }
 }
 
@@ -234,6 +347,24 @@ pub(crate) fn change_json(changes: &[Change], manual: Option<(bool, &str)>) -> R
     Ok(Value::Object(out).to_string())
 }
 
+/// The version after `version`: one more, restarting at 1 from 10¹⁴ (past it cjson,
+/// which writes the record on Redis, no longer keeps every digit), as the scripts do.
+pub(crate) fn next_version(version: u64) -> u64 {
+    if version >= crate::checked::MAX_MS {
+        1
+    } else {
+        version + 1
+    }
+}
+
+/// Who made a change: 1 to 512 bytes, as the scripts require.
+pub(crate) fn check_origin(origin: &str) -> Result<()> {
+    if origin.is_empty() || origin.len() > 512 {
+        return Err(Error::invalid("origin", "must be 1 to 512 bytes"));
+    }
+    Ok(())
+}
+
 /// Applies a change (the set script's JSON) to `record` with the script's checks: the
 /// memory store's half of the one contract. `Err` leaves `record` as it was.
 pub(crate) fn apply_change(
@@ -242,9 +373,7 @@ pub(crate) fn apply_change(
     origin: &str,
     now_ms: u64,
 ) -> Result<ControlRecord> {
-    if origin.is_empty() || origin.len() > 512 {
-        return Err(Error::invalid("origin", "must be 1 to 512 bytes"));
-    }
+    check_origin(origin)?;
     let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(change) else {
         return Err(Error::invalid("change", "not a JSON object"));
     };
@@ -272,11 +401,17 @@ pub(crate) fn apply_change(
             }
             continue;
         }
-        if !value.is_null() && !valid_setting(&name, &value)? {
-            return Err(Error::invalid(
-                "setting",
-                format!("invalid value for {name}"),
-            ));
+        match valid_setting(&name, &value) {
+            None => {
+                return Err(Error::invalid("setting", format!("unknown setting {name}")));
+            }
+            Some(false) if !value.is_null() => {
+                return Err(Error::invalid(
+                    "setting",
+                    format!("invalid value for {name}"),
+                ));
+            }
+            _ => {}
         }
         settings[name.as_str()] = value;
     }
@@ -296,39 +431,11 @@ pub(crate) fn apply_change(
             origin: origin.to_owned(),
         });
     }
-    next.version += 1;
+    next.version = next_version(record.version);
     Ok(next)
 }
 
-/// Whether `value` is allowed for the setting `name` (the set script's table of checks).
-fn valid_setting(name: &str, value: &Value) -> Result<bool> {
-    let int_in = |lo: u64, hi: u64| value.as_u64().is_some_and(|v| (lo..=hi).contains(&v));
-    let positive = value.as_f64().is_some_and(|v| v > 0.0 && v <= Rate::MAX);
-    Ok(match name {
-        "max_rate" | "max_partitions_rate" => positive,
-        "keep_below" => value.as_f64().is_some_and(|v| v.abs() <= 1e15),
-        "concurrency" | "parallel" => int_in(1, 65_536),
-        "chunk" | "chunk_min" | "chunk_max" => int_in(1, 1_000_000_000_000),
-        "chunk_time_ms" => int_in(1, 86_400_000),
-        "active_hours" => value
-            .as_str()
-            .is_some_and(|s| ActiveHours::parse(s, None).is_ok()),
-        "tz" => value.as_str().is_some_and(|s| {
-            !s.is_empty()
-                && s.len() <= 64
-                && s.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "_/+-".contains(c))
-        }),
-        other => {
-            return Err(Error::invalid(
-                "setting",
-                format!("unknown setting {other}"),
-            ));
-        }
-    })
-}
-
-/// What the leading prober reports each interval.
+/// What a prober reports each interval.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ProbeReport {
     /// Throttle, with this reason.
@@ -337,8 +444,11 @@ pub struct ProbeReport {
     pub value: Option<f64>,
     /// The probe's error (it throttles too: `throttle` says so).
     pub error: Option<String>,
-    /// The AIMD rate for `keep_below`.
+    /// The AIMD rate for `keep_below` (taken from the leading prober only).
     pub rate: Option<f64>,
+    /// How long the finding stays live unless renewed, in ms (1 to 3 600 000); `None` is
+    /// [`ControlRecord::LEGACY_STALE`].
+    pub ttl_ms: Option<u64>,
 }
 
 /// One entry of the change log, `tranche control log`.

@@ -12,7 +12,9 @@ use crate::{ControlRecord, ControlStore};
 /// publishes the record through a `tokio::sync::watch` channel when it changed.
 ///
 /// A failed read keeps the last record in force and is logged: a worker does not stop
-/// because Redis hiccupped. The polling task stops when the watcher is dropped.
+/// because Redis hiccupped. A record with values that break the rules is published
+/// with them dropped (see [`ControlRecord::rejected`]) and each is logged at WARN when
+/// it first appears. The polling task stops when the watcher is dropped.
 #[derive(Debug)]
 pub struct ControlWatcher {
     receiver: watch::Receiver<ControlRecord>,
@@ -27,6 +29,7 @@ impl ControlWatcher {
     /// returned), then spawns the polling task on the current runtime.
     pub async fn start(store: Arc<dyn ControlStore>, interval: Duration) -> crate::Result<Self> {
         let first = store.read().await?;
+        warn_rejected(&[], &first);
         let (sender, receiver) = watch::channel(first);
         let task = tokio::spawn(async move {
             let mut ticker = tokio::time::interval(interval);
@@ -39,6 +42,7 @@ impl ControlWatcher {
                         sender.send_if_modified(|current| {
                             let changed = *current != record;
                             if changed {
+                                warn_rejected(&current.rejected, &record);
                                 *current = record;
                             }
                             changed
@@ -62,6 +66,14 @@ impl ControlWatcher {
     /// The record in force now.
     pub fn current(&self) -> ControlRecord {
         self.receiver.borrow().clone()
+    }
+}
+
+/// Logs each value of `record` a reader ignored that `before` did not list.
+fn warn_rejected(before: &[crate::Rejected], record: &ControlRecord) {
+    for r in record.rejected.iter().filter(|r| !before.contains(r)) {
+        tracing::warn!(key = %r.key, value = %r.value, why = %r.why,
+            "ignoring a control record value (tranche check --repair)");
     }
 }
 

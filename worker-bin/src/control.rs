@@ -9,22 +9,31 @@
 //! outside the active hours) that it logs once per change. Claims and chunk starts
 //! wait while it is closed; heartbeats and chunks in flight never do, so a throttled
 //! partition is never reaped.
+//!
+//! It fails closed: with a probe configured, the gate stays closed until this worker's
+//! own prober has a fresh go in force (from before the first claim), while its probe
+//! errs or cannot report, and while any live prober of the fleet throttles; a finding
+//! nobody renews throttles too unless `--probe-stale go`. Values of the record that
+//! break the write rules are ignored one by one, each logged once with a WARN naming
+//! its key and value, and the worker's own option applies in their place.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{Result, bail};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tranche_codec::{Clock, SystemClock};
 use tranche_control::{
     ActiveHours, Change, ControlRecord, ControlStore, ControlWatcher, Limit, MemoryControlStore,
-    MemoryRateLimiter, Pacer, Probe, Prober, ProberConfig, Rate, RateLimiter, RedisControlStore,
-    RedisRateLimiter,
+    MemoryRateLimiter, OwnProbe, Pacer, Probe, ProbeStale, Prober, ProberConfig, Rate, RateLimiter,
+    RedisControlStore, RedisRateLimiter, Rejected,
 };
 
 use crate::backend::Backend;
+use crate::error::Error;
+
+type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The worker's own control options (`run`'s flags, the runner's builder): in force
 /// for every setting the namespace's control record leaves unset.
@@ -38,6 +47,8 @@ pub(crate) struct Options {
     pub(crate) probe: Option<Arc<dyn Probe>>,
     /// `--throttle-interval` (zero: [`DEFAULT_INTERVAL`]).
     pub(crate) throttle_interval: Duration,
+    /// `--probe-stale`: what a probe finding nobody renews means (default: throttle).
+    pub(crate) probe_stale: ProbeStale,
     /// `--keep-below`: written into the record, where the leading prober reads it.
     pub(crate) keep_below: Option<f64>,
     /// `--active-hours` with `--tz`.
@@ -85,7 +96,7 @@ impl ControlHandle {
         let rate = ids_per_second
             .map(Rate::per_second)
             .transpose()
-            .map_err(|e| crate::error::Error::Config(format!("invalid rate: {e}")))?;
+            .map_err(|e| Error::Config(format!("invalid rate: {e}")))?;
         self.own.send_modify(|o| o.max_rate = Some(rate));
         Ok(())
     }
@@ -125,6 +136,19 @@ pub(crate) struct Gate {
     /// Why nothing may be claimed or started now (`None`: open).
     closed: watch::Receiver<Option<String>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// The store and this worker's id, when it probes: a clean stop retires its finding.
+    prober: Option<(Arc<dyn ControlStore>, String)>,
+}
+
+/// A control store error as the library's.
+fn store_error(err: tranche_control::Error) -> Error {
+    Error::Other(Box::new(err))
+}
+
+/// What a worker writes into the log as the origin of its start-up `--keep-below`: the
+/// next start of a worker finds the time of that write by it.
+fn start_origin() -> String {
+    format!("run:{}", origin())
 }
 
 /// The namespace's control store and rate limiter: Redis, or memory embedded.
@@ -158,7 +182,8 @@ pub(crate) struct Base {
 
 impl Gate {
     /// Starts the gate of a run: the watcher, the applier and, with a probe, the
-    /// prober. Errs when the record cannot be read or `--keep-below` has no ceiling.
+    /// prober. Errs when the record cannot be read, `--keep-below` has no ceiling or
+    /// the probe's settings are out of bounds.
     pub(crate) async fn start(
         backend: &Backend,
         options: &Options,
@@ -171,18 +196,29 @@ impl Gate {
         } else {
             options.throttle_interval
         };
+        let config = ProberConfig {
+            worker: worker.to_owned(),
+            interval,
+            max_rate: options.max_rate,
+            floor: options.max_rate.map_or(1.0, |r| (r.get() / 100.0).max(1.0)),
+        };
+        if options.probe.is_some() {
+            config
+                .check()
+                .map_err(|e| Error::Config(format!("--throttle-interval: {e}")))?;
+        }
         if let Some(target) = options.keep_below {
             if options.max_rate.is_none() {
-                bail!("--keep-below needs a --max-rate as the ceiling of the rate it adjusts");
+                return Err(Error::Config(
+                    "--keep-below needs a --max-rate as the ceiling of the rate it adjusts"
+                        .to_owned(),
+                ));
             }
-            let record = store.read().await?;
-            if record.settings.keep_below != Some(target) {
-                store
-                    .set(&[Change::KeepBelow(Some(target))], &origin())
-                    .await?;
-            }
+            keep_below_at_start(store.as_ref(), target).await?;
         }
-        let watcher = ControlWatcher::start(store.clone(), ControlWatcher::INTERVAL).await?;
+        let watcher = ControlWatcher::start(store.clone(), ControlWatcher::INTERVAL)
+            .await
+            .map_err(store_error)?;
         let live = Arc::new(Live {
             ids: Pacer::new(limiter.clone(), Limit::Ids, base.chunk.saturating_mul(100)),
             parts: Pacer::new(limiter, Limit::Partitions, 100),
@@ -193,44 +229,54 @@ impl Gate {
         });
         let (closed_tx, closed) = watch::channel(None);
         let mut tasks = Vec::new();
-        // A finding nobody renewed for this long is stale (its prober died).
-        let stale = (interval * 3 + Duration::from_secs(2)).max(Duration::from_secs(30));
+        // An AIMD rate nobody renewed for this long is stale (its prober died), and so
+        // is this worker's own last probe result.
+        let stale = config.finding_ttl().max(Duration::from_secs(30));
+        // This worker's own probe result holds for a finding's life.
+        let own_stale = config.finding_ttl();
+        let mut prober = None;
+        let own_probe = options.probe.as_ref().map(|probe| {
+            let (task, own_probe) =
+                Prober::new(store.clone(), probe.clone(), Arc::new(SystemClock), config)
+                    .spawn_watched();
+            tasks.push(task);
+            prober = Some((store.clone(), worker.to_owned()));
+            (own_probe, own_stale)
+        });
         let own = options.handle.clone().unwrap_or_default().own.subscribe();
         tasks.push(tokio::spawn(apply(
             live.clone(),
             watcher,
             own,
+            own_probe,
             options.clone(),
             base,
             stale,
             closed_tx,
         )));
-        if let Some(probe) = &options.probe {
-            let floor = options.max_rate.map_or(1.0, |r| (r.get() / 100.0).max(1.0));
-            tasks.push(
-                Prober::new(
-                    store,
-                    probe.clone(),
-                    Arc::new(SystemClock),
-                    ProberConfig {
-                        worker: worker.to_owned(),
-                        interval,
-                        max_rate: options.max_rate,
-                        floor,
-                    },
-                )
-                .spawn(),
-            );
-        }
         let gate = Self {
             live,
             closed,
             tasks: Mutex::new(tasks),
+            prober,
         };
         // The first record is applied before the first claim.
         let mut closed = gate.closed.clone();
         let _ = tokio::time::timeout(Duration::from_secs(1), closed.changed()).await;
         Ok(gate)
+    }
+
+    /// Stops the gate's tasks and, when this worker probes, removes its finding from
+    /// the record (a clean stop: a finding nobody renews would throttle the fleet).
+    pub(crate) async fn retire(&self) {
+        for task in self.tasks.lock().expect("not poisoned").drain(..) {
+            task.abort();
+        }
+        if let Some((store, worker)) = &self.prober
+            && let Err(err) = store.retire_probe(worker).await
+        {
+            tracing::warn!(%err, "could not retire this worker's probe finding; it goes stale");
+        }
     }
 
     /// Partitions to run at once now.
@@ -374,10 +420,12 @@ impl Drop for Gate {
 
 /// Applies every change of the record (and of the library's handle) to `live`, and
 /// publishes why the gate is closed, logging each change of it once.
+#[allow(clippy::too_many_arguments)]
 async fn apply(
     live: Arc<Live>,
     watcher: ControlWatcher,
     mut own: watch::Receiver<Own>,
+    mut own_probe: Option<(watch::Receiver<OwnProbe>, Duration)>,
     options: Options,
     base: Base,
     stale: Duration,
@@ -385,8 +433,13 @@ async fn apply(
 ) {
     let mut record = watcher.subscribe();
     let mut first = true;
+    let mut warned: Vec<Rejected> = Vec::new();
     loop {
         let r = record.borrow_and_update().clone();
+        if r.rejected != warned {
+            warn_rejected(&r.rejected, &warned);
+            warned = r.rejected.clone();
+        }
         let o = own.borrow_and_update().clone();
         let own_rate = o.max_rate.unwrap_or(options.max_rate);
         let now = crate::duration::now_ms();
@@ -428,7 +481,15 @@ async fn apply(
             (None, None) => None,
         };
         *live.chunk_time.lock().expect("not poisoned") = timed;
-        let reason = closed_reason(&r, options.active_hours.as_ref(), now, stale);
+        let held = own_probe
+            .as_mut()
+            .and_then(|(p, own_stale)| p.borrow_and_update().holds(now, *own_stale))
+            .map(|why| {
+                let why = tranche_control::truncate(&why, tranche_control::MAX_REASON_BYTES);
+                format!("held by this worker's probe: {why}")
+            });
+        let reason = held
+            .or_else(|| closed_reason(&r, options.active_hours.as_ref(), now, options.probe_stale));
         let changed = closed.send_if_modified(|current| {
             let changed = *current != reason;
             *current = reason.clone();
@@ -449,12 +510,66 @@ async fn apply(
                 std::future::pending::<()>().await;
             }
         };
+        let probed = async {
+            let alive = match own_probe.as_mut() {
+                Some((p, _)) => p.changed().await.is_ok(),
+                None => false,
+            };
+            if !alive {
+                std::future::pending::<()>().await;
+            }
+        };
         tokio::select! {
             r = record.changed() => if r.is_err() { return },
             () = own_changed => {}
+            () = probed => {}
             () = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
     }
+}
+
+/// Logs each value of the record a reader ignored that was not ignored before, once.
+fn warn_rejected(rejected: &[Rejected], before: &[Rejected]) {
+    for r in rejected.iter().filter(|r| !before.contains(r)) {
+        tracing::warn!(
+            key = %r.key,
+            value = %r.value,
+            why = %r.why,
+            "the control record's {} = {} is ignored ({}); this worker's own option applies (tranche check --repair)",
+            r.key,
+            r.value,
+            r.why
+        );
+    }
+}
+
+/// Writes `--keep-below` into the record at a worker's start, unless the log shows a
+/// change of `keep_below` after the last such write by a worker start (an operator's
+/// `tranche set`, which a restarted worker must not overwrite).
+async fn keep_below_at_start(store: &dyn ControlStore, target: f64) -> Result<()> {
+    let record = store.read().await.map_err(store_error)?;
+    if record.settings.keep_below == Some(target) {
+        return Ok(());
+    }
+    let log = store
+        .log(tranche_control::LOG_CAP)
+        .await
+        .map_err(store_error)?;
+    let since = log
+        .iter()
+        .find(|e| e.origin.starts_with("run:") && e.change.contains("keep_below"))
+        .map_or(0, |e| e.at_ms);
+    let outcome = store
+        .set_unless_changed(&[Change::KeepBelow(Some(target))], &start_origin(), since)
+        .await
+        .map_err(store_error)?;
+    if !outcome.skipped.is_empty() {
+        tracing::warn!(
+            keep_below = ?outcome.record.settings.keep_below,
+            "--keep-below {target} not written: `tranche set` changed keep_below since (see `tranche control log`); the operator's value stays"
+        );
+    }
+    Ok(())
 }
 
 /// Whether `next` is only a small AIMD increase over `current` (under a tenth, and
@@ -505,16 +620,17 @@ pub(crate) fn ids_rate_as_of(
     }
 }
 
-/// Why claims and chunk starts wait at `now_ms`, if they do: a throttle (the manual
-/// one, or a probe finding younger than `stale`), or the time outside the active hours
-/// (the record's, else the worker's own).
+/// Why claims and chunk starts wait at `now_ms`, if they do: a throttle in force (the
+/// manual one, any live prober's, or a stale finding unless `stale` is
+/// [`ProbeStale::Go`]), or the time outside the active hours (the record's, else the
+/// worker's own).
 pub(crate) fn closed_reason(
     record: &ControlRecord,
     own_hours: Option<&ActiveHours>,
     now_ms: u64,
-    stale: Duration,
+    stale: ProbeStale,
 ) -> Option<String> {
-    if let Some(t) = record.throttled_as_of(now_ms, stale) {
+    if let Some(t) = record.throttle_in_force(now_ms, stale) {
         return Some(format!(
             "throttled since {}: {}",
             time(t.since_ms),
@@ -596,7 +712,7 @@ mod tests {
 
     #[test]
     fn the_gate_closes_for_a_throttle_then_for_the_hours() {
-        let stale = Duration::from_secs(30);
+        let stale = ProbeStale::Go;
         let mut r = ControlRecord {
             manual: Some(ManualThrottle {
                 reason: "vacuum".into(),
@@ -617,9 +733,19 @@ mod tests {
             ..ProbeState::default()
         });
         assert!(closed_reason(&r, None, 10_000, stale).is_some());
-        assert_eq!(closed_reason(&r, None, 31_000, stale), None, "stale");
+        assert_eq!(
+            closed_reason(&r, None, 31_000, stale),
+            None,
+            "stale, --probe-stale go"
+        );
+        let held = closed_reason(&r, None, 31_000, ProbeStale::Throttle).unwrap();
+        assert!(
+            held.contains("no prober renewed"),
+            "stale fails closed: {held}"
+        );
         // 00:01 UTC is outside 02:00-03:00.
         let hours = ActiveHours::parse("02:00-03:00", Some("UTC")).unwrap();
+        r.probe = None;
         let why = closed_reason(&r, Some(&hours), 31_000, stale).unwrap();
         assert_eq!(
             why,

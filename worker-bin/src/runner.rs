@@ -250,6 +250,7 @@ impl Control {
             max_partitions_rate: rate(self.max_partitions_rate, "max_partitions_rate")?,
             probe: self.probe.clone(),
             throttle_interval: self.throttle_interval.unwrap_or_default(),
+            probe_stale: tranche_control::ProbeStale::default(),
             keep_below: self.keep_below,
             active_hours: self
                 .active_hours

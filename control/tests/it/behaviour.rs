@@ -8,28 +8,40 @@ use std::time::Duration;
 use tranche_codec::{KeySchema, ManualClock};
 use tranche_control::{
     ActiveHours, Change, ControlKeys, ControlStore, ControlWatcher, FnProbe, MemoryControlStore,
-    ProbeOutcome, ProbeReport, Prober, ProberConfig, Rate, RedisControlStore,
+    ProbeOutcome, ProbeReport, ProbeStale, Prober, ProberConfig, Rate, RedisControlStore,
+    TRUNCATED, UNREADABLE_THROTTLE,
 };
 
 use support::TestRedis;
 
 const T0: u64 = 1_768_435_200_000;
 
-/// One backend under test: the store, its clock, and how to end the probe leader's term.
+type PutRaw = Box<dyn Fn(&[u8]) + Send + Sync>;
+type Quarantined = Box<dyn Fn() -> Option<Vec<u8>> + Send + Sync>;
+
+/// One backend under test: the store, its clock, how to end the probe leader's term,
+/// how to store raw bytes as the record (a foreign writer, a flipped byte) and what was
+/// quarantined.
 struct Backend {
     store: Arc<dyn ControlStore>,
     clock: Arc<ManualClock>,
     end_term: Box<dyn Fn() + Send + Sync>,
+    put_raw: PutRaw,
+    quarantined: Quarantined,
     _server: Option<TestRedis>,
 }
 
 fn memory() -> Backend {
     let clock = Arc::new(ManualClock::new(T0));
     let moved = clock.clone();
+    let store = Arc::new(MemoryControlStore::new(clock.clone()));
+    let (raw, quarantine) = (store.clone(), store.clone());
     Backend {
-        store: Arc::new(MemoryControlStore::new(clock.clone())),
+        store,
         clock,
         end_term: Box::new(move || moved.advance(3_600_000)),
+        put_raw: Box::new(move |bytes| raw.put_raw(bytes)),
+        quarantined: Box::new(move || quarantine.quarantined()),
         _server: None,
     }
 }
@@ -43,8 +55,13 @@ async fn redis() -> Backend {
         .unwrap();
     let schema = KeySchema::new("elk", 4).unwrap();
     let clock = Arc::new(ManualClock::new(T0));
-    let prober = ControlKeys::new(&schema).prober();
+    let keys = ControlKeys::new(&schema);
+    let prober = keys.prober();
     let url = server.url();
+    let raw_url = server.url();
+    let record = keys.record();
+    let quarantine_url = server.url();
+    let quarantine = keys.quarantine();
     Backend {
         store: Arc::new(RedisControlStore::new(conn, &schema, clock.clone())),
         clock,
@@ -58,6 +75,20 @@ async fn redis() -> Backend {
                 .query(&mut c)
                 .unwrap();
             std::thread::sleep(Duration::from_millis(5));
+        }),
+        put_raw: Box::new(move |bytes| {
+            let client = redis::Client::open(raw_url.as_str()).unwrap();
+            let mut c = client.get_connection().unwrap();
+            let _: () = redis::cmd("SET")
+                .arg(&record)
+                .arg(bytes)
+                .query(&mut c)
+                .unwrap();
+        }),
+        quarantined: Box::new(move || {
+            let client = redis::Client::open(quarantine_url.as_str()).unwrap();
+            let mut c = client.get_connection().unwrap();
+            redis::cmd("GET").arg(&quarantine).query(&mut c).unwrap()
         }),
         _server: Some(server),
     }
@@ -219,17 +250,21 @@ both!(one_worker_leads_the_probes, leadership);
 async fn leadership(b: Backend) {
     let store = &b.store;
     let term = Duration::from_secs(3);
-    assert!(store.lead_probes("w1", term).await.unwrap());
-    assert!(!store.lead_probes("w2", term).await.unwrap());
-    assert!(store.lead_probes("w1", term).await.unwrap());
+    assert!(store.lead_probes("w1", term).await.unwrap().leads);
+    assert!(!store.lead_probes("w2", term).await.unwrap().leads);
+    assert!(store.lead_probes("w1", term).await.unwrap().leads);
     let throttle = ProbeReport {
         throttle: Some("lag 9000 ms".into()),
         value: Some(9000.0),
+        rate: Some(5.0),
         ..ProbeReport::default()
     };
-    // A worker that does not lead writes nothing.
+    // A worker that does not lead records its own finding, but no rate.
     assert!(!store.report_probe("w2", &throttle).await.unwrap());
-    assert_eq!(store.read().await.unwrap().probe, None);
+    let record = store.read().await.unwrap();
+    assert_eq!(record.probe, None);
+    assert_eq!(record.probes["w2"].rate, None);
+    assert_eq!(record.throttled().unwrap().reason, "lag 9000 ms");
 
     assert!(store.report_probe("w1", &throttle).await.unwrap());
     b.clock.advance(1_000);
@@ -237,15 +272,16 @@ async fn leadership(b: Backend) {
     let record = store.read().await.unwrap();
     let t = record.throttled().unwrap();
     assert_eq!((t.reason.as_str(), t.since_ms), ("lag 9000 ms", T0));
-    assert_eq!(record.probe.as_ref().unwrap().value, Some(9000.0));
-    assert_eq!(record.probe.as_ref().unwrap().at_ms, T0 + 1_000);
-    let stale = Duration::from_secs(10);
-    assert!(record.throttled_as_of(T0 + 11_000, stale).is_some());
-    assert!(record.throttled_as_of(T0 + 11_001, stale).is_none());
+    let lead = record.probe.as_ref().unwrap();
+    assert_eq!(
+        (lead.value, lead.rate, lead.at_ms),
+        (Some(9000.0), Some(5.0), T0 + 1_000)
+    );
+    assert_eq!(lead.expires_ms, T0 + 1_000 + 30_000, "the default TTL");
 
     (b.end_term)();
-    assert!(store.lead_probes("w2", term).await.unwrap());
-    assert!(!store.lead_probes("w1", term).await.unwrap());
+    assert!(store.lead_probes("w2", term).await.unwrap().leads);
+    assert!(!store.lead_probes("w1", term).await.unwrap().leads);
     assert!(
         !store
             .report_probe("w1", &ProbeReport::default())
@@ -260,7 +296,7 @@ async fn leadership(b: Backend) {
     );
     assert_eq!(store.read().await.unwrap().throttled(), None);
 
-    // Only the flips are logged: on (by w1) and off (by w2).
+    // Each worker's flips are logged: w1 on, w2 on, w1 off, w2 off.
     let log = store.log(10).await.unwrap();
     let changes: Vec<(&str, &str)> = log
         .iter()
@@ -270,9 +306,376 @@ async fn leadership(b: Backend) {
         changes,
         [
             ("probe@w2", "probe throttle off"),
-            ("probe@w1", "probe throttle on: lag 9000 ms")
+            ("probe@w1", "probe throttle off"),
+            ("probe@w1", "probe throttle on: lag 9000 ms"),
+            ("probe@w2", "probe throttle on: lag 9000 ms"),
         ]
     );
+}
+
+both!(any_live_prober_holds_the_fleet, any_live_prober);
+/// Findings from probers that disagree: a throttle from any live one holds; a finding
+/// nobody renews is stale and throttles unless `go` was chosen; with no finding at all
+/// nothing is probed (the worker side waits for its own first result).
+async fn any_live_prober(b: Backend) {
+    let store = &b.store;
+    let record = store.read().await.unwrap();
+    assert_eq!(
+        record.throttle_in_force(T0, ProbeStale::Throttle),
+        None,
+        "missing: none"
+    );
+    let go = ProbeReport {
+        ttl_ms: Some(5_000),
+        ..ProbeReport::default()
+    };
+    let lag = ProbeReport {
+        throttle: Some("replica lag 9s".into()),
+        ttl_ms: Some(10_000),
+        ..ProbeReport::default()
+    };
+    store
+        .lead_probes("w1", Duration::from_secs(3))
+        .await
+        .unwrap();
+    store.report_probe("w1", &go).await.unwrap();
+    store.report_probe("w2", &lag).await.unwrap();
+    let now = |r: &tranche_control::ControlRecord, at: u64| {
+        r.throttle_in_force(at, ProbeStale::Throttle)
+            .map(|t| t.reason)
+    };
+    let r = store.read().await.unwrap();
+    assert_eq!(
+        now(&r, T0 + 1).as_deref(),
+        Some("replica lag 9s"),
+        "w1's go does not override w2"
+    );
+    // Late: w2 stops renewing; once its finding expires, w1's live go holds.
+    b.clock.advance(9_000);
+    store.report_probe("w1", &go).await.unwrap();
+    let r = store.read().await.unwrap();
+    assert!(now(&r, T0 + 9_999).is_some());
+    assert_eq!(
+        now(&r, T0 + 10_000),
+        None,
+        "w2's finding expired, w1's go is live"
+    );
+    // Nobody renews: stale throttles, unless the operator chose go.
+    let stale = now(&r, T0 + 14_000).expect("stale findings throttle");
+    assert!(stale.contains("no prober renewed"), "{stale}");
+    assert_eq!(r.throttle_in_force(T0 + 14_000, ProbeStale::Go), None);
+    assert_eq!(
+        r.throttled_as_of(T0 + 14_000, Duration::from_secs(30)),
+        None,
+        "the old entry point ignores stale findings"
+    );
+    // Corrupt: an unreadable finding is a stale one, so it holds only when no live
+    // finding does.
+    let mut raw = serde_json::to_value(&r).unwrap();
+    raw["probes"]["w3"] = serde_json::json!("garbage");
+    (b.put_raw)(raw.to_string().as_bytes());
+    let r = store.read().await.unwrap();
+    assert_eq!(r.rejected.len(), 1, "{:?}", r.rejected);
+    assert_eq!(r.rejected[0].key, "probes.w3");
+    assert_eq!(now(&r, T0 + 10_500), None, "w1's live go holds");
+    assert!(now(&r, T0 + 14_000).is_some());
+
+    // A worker that stops on purpose retires its finding: it does not go stale.
+    assert!(store.retire_probe("w1").await.unwrap());
+    assert!(
+        !store.retire_probe("w1").await.unwrap(),
+        "nothing left to retire"
+    );
+    let r = store.read().await.unwrap();
+    assert!(!r.probes.contains_key("w1"));
+    assert!(
+        store
+            .lead_probes("w2", Duration::from_secs(3))
+            .await
+            .unwrap()
+            .leads,
+        "lead given up"
+    );
+}
+
+both!(a_long_probe_reason_is_cut_not_refused, long_reasons);
+/// Oversized: a probe that prints 600 bytes throttles with its reason cut and marked.
+async fn long_reasons(b: Backend) {
+    let store = &b.store;
+    let report = ProbeReport {
+        throttle: Some("é".repeat(300)),
+        error: Some("x".repeat(600)),
+        value: Some(f64::NAN),
+        ..ProbeReport::default()
+    };
+    store.report_probe("w1", &report).await.unwrap();
+    let r = store.read().await.unwrap();
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+    let t = r.throttle_in_force(T0, ProbeStale::Throttle).unwrap();
+    assert!(
+        t.reason.len() <= 512 && t.reason.ends_with(TRUNCATED),
+        "{}",
+        t.reason
+    );
+    assert!(t.reason.starts_with("éé"));
+    let error = r.probes["w1"].error.clone().unwrap();
+    assert!(error.len() <= 512 && error.ends_with(TRUNCATED));
+    // A value that is not a number throttles rather than being refused.
+    store
+        .report_probe(
+            "w2",
+            &ProbeReport {
+                value: Some(f64::INFINITY),
+                ..ProbeReport::default()
+            },
+        )
+        .await
+        .unwrap();
+    let r = store.read().await.unwrap();
+    assert!(r.probes["w2"].throttled.is_some());
+}
+
+both!(bad_values_are_dropped_one_by_one, corrupt_values);
+/// Corrupt: a record any Redis writer could leave is read value by value, and `set`
+/// and `throttle on` work over it, keeping the good values.
+async fn corrupt_values(b: Backend) {
+    (b.put_raw)(
+        br#"{"version":7,"settings":{"chunk":0,"parallel":4294967295,"concurrency":"x",
+            "max_rate":1e-300,"chunk_min":50,"chunk_max":10,
+            "active_hours":"01:00-02:00","keep_below":12.5},"extra":1}"#,
+    );
+    let r = b.store.read().await.unwrap();
+    let mut keys: Vec<&str> = r.rejected.iter().map(|x| x.key.as_str()).collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "extra",
+            "settings.chunk",
+            "settings.chunk_max",
+            "settings.chunk_min",
+            "settings.concurrency",
+            "settings.max_rate",
+            "settings.parallel",
+        ]
+    );
+    assert_eq!(r.version, 7);
+    assert_eq!(r.settings.keep_below, Some(12.5));
+    assert_eq!(r.settings.active_hours.as_deref(), Some("01:00-02:00"));
+    assert_eq!((r.settings.chunk, r.settings.parallel), (None, None));
+    assert_eq!(r.throttled(), None);
+
+    let set = b
+        .store
+        .set(&[Change::Parallel(Some(4))], "host/1/ann")
+        .await
+        .unwrap();
+    assert_eq!(set.version, 8);
+    assert_eq!(set.settings.parallel, Some(4));
+    assert_eq!(set.settings.keep_below, Some(12.5), "a good value is kept");
+    let on = b
+        .store
+        .throttle(true, "vacuum", "host/1/ann")
+        .await
+        .unwrap();
+    assert_eq!(on.throttled().unwrap().reason, "vacuum");
+    let r = b.store.read().await.unwrap();
+    assert!(
+        r.rejected.is_empty(),
+        "set dropped the bad values: {:?}",
+        r.rejected
+    );
+    assert_eq!(r.settings.chunk, None);
+
+    // A zone the time-zone database does not know is dropped with its reason.
+    (b.put_raw)(br#"{"version":1,"settings":{"active_hours":"01:00-02:00","tz":"Mars/Base"}}"#);
+    let r = b.store.read().await.unwrap();
+    assert_eq!(r.rejected.len(), 1);
+    assert_eq!(r.rejected[0].key, "settings.tz");
+    assert_eq!(r.settings.tz, None);
+
+    // A manual throttle that cannot be read still throttles.
+    (b.put_raw)(br#"{"version":1,"settings":{},"manual":"yes"}"#);
+    let r = b.store.read().await.unwrap();
+    assert_eq!(r.throttled().unwrap().reason, UNREADABLE_THROTTLE);
+}
+
+both!(
+    a_record_that_is_not_json_throttles_until_replaced,
+    unreadable_record
+);
+async fn unreadable_record(b: Backend) {
+    let inf = br#"{"version":1,"settings":{"chunk":5},"probe":{"value":1e999}}"#;
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    let nested = format!(r#"{{"version":1,"settings":{{}},"x":{deep}}}"#);
+    for junk in [
+        &b"{not json"[..],
+        b"\xff\xfe",
+        b"[1,2]",
+        b"\"text\"",
+        b"",
+        inf,
+        nested.as_bytes(),
+    ] {
+        (b.put_raw)(junk);
+        let r = b.store.read().await.unwrap();
+        assert_eq!(r.rejected.len(), 1, "{junk:?}");
+        assert_eq!(r.rejected[0].key, "record");
+        assert_eq!(
+            r.throttled().unwrap().reason,
+            UNREADABLE_THROTTLE,
+            "fail closed"
+        );
+        // A reporter must not erase a throttle it cannot read.
+        assert!(
+            b.store
+                .report_probe("w", &ProbeReport::default())
+                .await
+                .is_err()
+        );
+    }
+    let huge = format!(
+        r#"{{"version":1,"settings":{{}},"pad":"{}"}}"#,
+        "x".repeat(300_000)
+    );
+    (b.put_raw)(huge.as_bytes());
+    assert_eq!(b.store.read().await.unwrap().rejected[0].key, "record");
+
+    for junk in [&b"{not json"[..], inf] {
+        (b.put_raw)(junk);
+        let set = b
+            .store
+            .set(&[Change::Parallel(Some(3))], "o")
+            .await
+            .unwrap();
+        assert_eq!(set.settings.parallel, Some(3));
+        assert_eq!(
+            set.settings.chunk, None,
+            "a record that is not JSON keeps nothing"
+        );
+        assert!(set.rejected.is_empty(), "{:?}", set.rejected);
+        assert_eq!(set.throttled(), None, "the operator's set replaced it");
+        assert_eq!((b.quarantined)().as_deref(), Some(junk));
+    }
+}
+
+both!(repair_quarantines_and_restores_from_the_log, repair);
+async fn repair(b: Backend) {
+    let store = &b.store;
+    assert_eq!(
+        store.repair("o").await.unwrap(),
+        None,
+        "missing: nothing to do"
+    );
+    for chunk in [200, 300] {
+        store
+            .set(&[Change::Chunk(Some(chunk))], "ann")
+            .await
+            .unwrap();
+    }
+    store
+        .set(&[Change::Concurrency(Some(4))], "ann")
+        .await
+        .unwrap();
+    store.throttle(true, "vacuum", "bob").await.unwrap();
+    assert_eq!(
+        store.repair("o").await.unwrap(),
+        None,
+        "a valid record is left alone"
+    );
+    let bad = br#"{"version":4,"settings":{"chunk":0,"concurrency":4},"manual":7}"#;
+    (b.put_raw)(bad);
+    let repaired = store.repair("host/1/op").await.unwrap().unwrap();
+    let mut keys: Vec<&str> = repaired.rejected.iter().map(|r| r.key.as_str()).collect();
+    keys.sort();
+    assert_eq!(keys, ["manual", "settings.chunk"]);
+    let r = store.read().await.unwrap();
+    assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+    assert_eq!(r, repaired.record);
+    assert_eq!(
+        (r.settings.chunk, r.settings.concurrency),
+        (Some(300), Some(4))
+    );
+    let m = r.manual.as_ref().unwrap();
+    assert_eq!((m.reason.as_str(), m.origin.as_str()), ("vacuum", "bob"));
+    assert_eq!(r.version, 5);
+    assert_eq!((b.quarantined)().as_deref(), Some(&bad[..]));
+    let log = store.log(1).await.unwrap();
+    assert_eq!(log[0].origin, "host/1/op");
+    let note = &log[0].change;
+    assert!(note.starts_with("repair: dropped "), "{note}");
+    assert!(note.contains("chunk from the log (v2)"), "{note}");
+    assert!(
+        note.contains("manual throttle on from the log (v4)"),
+        "{note}"
+    );
+
+    // A record that is not JSON is rebuilt from the log alone.
+    (b.put_raw)(b"\x00garbage");
+    store.repair("host/1/op").await.unwrap().unwrap();
+    let r = store.read().await.unwrap();
+    assert!(r.rejected.is_empty());
+    assert_eq!(
+        (r.settings.chunk, r.settings.concurrency),
+        (Some(300), Some(4))
+    );
+    assert_eq!(r.manual.unwrap().reason, "vacuum");
+}
+
+both!(a_start_up_setting_defers_to_a_newer_change, unless_changed);
+/// `--keep-below` at start never overwrites an operator's later `set`.
+async fn unless_changed(b: Backend) {
+    let store = &b.store;
+    let keep = [Change::KeepBelow(Some(50.0)), Change::Chunk(Some(9))];
+    let first = store
+        .set_unless_changed(&keep, "w@start", T0)
+        .await
+        .unwrap();
+    assert!(first.skipped.is_empty());
+    b.clock.advance(10);
+    store.set(&[Change::KeepBelow(None)], "op").await.unwrap();
+    b.clock.advance(10);
+    // The worker restarts; its run began at T0 + 5: the operator's change is newer.
+    let again = store
+        .set_unless_changed(&keep, "w@start", T0 + 5)
+        .await
+        .unwrap();
+    assert_eq!(again.skipped, ["keep_below"]);
+    assert_eq!(again.record.settings.keep_below, None);
+    assert_eq!(again.record.settings.chunk, Some(9));
+    let all = store
+        .set_unless_changed(&[Change::KeepBelow(Some(50.0))], "w@start", T0 + 5)
+        .await
+        .unwrap();
+    assert_eq!(all.skipped, ["keep_below"]);
+    assert_eq!(all.record.version, again.record.version, "nothing written");
+    // Since after the operator's change: applied.
+    let later = store
+        .set_unless_changed(&[Change::KeepBelow(Some(40.0))], "w@start", T0 + 15)
+        .await
+        .unwrap();
+    assert!(later.skipped.is_empty());
+    assert_eq!(later.record.settings.keep_below, Some(40.0));
+    // A bad value is refused even where it would be skipped.
+    assert!(
+        store
+            .set_unless_changed(&[Change::Chunk(Some(0))], "w", T0)
+            .await
+            .is_err()
+    );
+    // A log that no longer reaches back to `since`: every setting counts as changed.
+    for i in 1..=100u32 {
+        b.clock.advance(1);
+        store
+            .set(&[Change::Concurrency(Some(i))], "op")
+            .await
+            .unwrap();
+    }
+    let full = store
+        .set_unless_changed(&[Change::Parallel(Some(2))], "w@start", T0 + 20)
+        .await
+        .unwrap();
+    assert_eq!(full.skipped, ["parallel"]);
 }
 
 both!(the_watcher_publishes_a_change, watcher);
@@ -313,11 +716,7 @@ async fn prober(b: Backend) {
         b.clock.clone(),
         config("w1"),
     );
-    let idle = FnProbe::new(|| async {
-        ProbeOutcome::Throttle {
-            reason: "never".into(),
-        }
-    });
+    let idle = FnProbe::new(|| async { ProbeOutcome::Go });
     let mut p2 = Prober::new(
         b.store.clone(),
         Arc::new(idle),
@@ -325,11 +724,25 @@ async fn prober(b: Backend) {
         config("w2"),
     );
 
-    assert_eq!(p1.step().await.unwrap(), Some(ProbeReport::default()));
-    assert_eq!(p2.step().await.unwrap(), None, "w2 does not lead");
+    let ttl = Some(5_000);
+    assert_eq!(
+        p1.step().await.unwrap(),
+        ProbeReport {
+            ttl_ms: ttl,
+            ..ProbeReport::default()
+        }
+    );
+    assert_eq!(
+        p2.step().await.unwrap(),
+        ProbeReport {
+            ttl_ms: ttl,
+            ..ProbeReport::default()
+        },
+        "w2 probes too"
+    );
 
     *value.lock().unwrap() = ProbeOutcome::Error("exit 2".into());
-    let report = p1.step().await.unwrap().unwrap();
+    let report = p1.step().await.unwrap();
     assert_eq!(report.throttle.as_deref(), Some("probe error: exit 2"));
     assert!(b.store.read().await.unwrap().throttled().is_some());
 
@@ -345,8 +758,13 @@ async fn prober(b: Backend) {
         .await
         .unwrap();
     *value.lock().unwrap() = ProbeOutcome::Value(80.0);
-    let report = p1.step().await.unwrap().unwrap();
+    let report = p1.step().await.unwrap();
     assert_eq!(report.rate, Some(700.0));
+    assert_eq!(
+        p2.step().await.unwrap().rate,
+        None,
+        "only the leader sets a rate"
+    );
     let record = b.store.read().await.unwrap();
     assert_eq!(record.throttled(), None);
     assert_eq!(
@@ -354,7 +772,7 @@ async fn prober(b: Backend) {
         Some(Rate::per_second(700.0).unwrap())
     );
     *value.lock().unwrap() = ProbeOutcome::Value(10.0);
-    let report = p1.step().await.unwrap().unwrap();
+    let report = p1.step().await.unwrap();
     assert_eq!(report.rate, Some(710.0));
 }
 
@@ -395,7 +813,7 @@ async fn keep_below(b: Backend) {
     let mut prober = Prober::new(b.store.clone(), Arc::new(probe), b.clock.clone(), config);
     let mut settled = Vec::new();
     for step in 0..400 {
-        prober.step().await.unwrap().expect("w1 leads");
+        prober.step().await.unwrap();
         b.clock.advance(1_000);
         if step >= 100 {
             settled.push(*metric.lock().unwrap());
@@ -405,4 +823,89 @@ async fn keep_below(b: Backend) {
     let mean = settled.iter().sum::<f64>() / settled.len() as f64;
     assert!(worst <= 1.1 * target, "worst {worst}");
     assert!(mean >= 0.7 * target, "mean {mean}");
+}
+
+both!(
+    a_fleet_that_starts_throttled_holds_from_the_first_chunk,
+    starts_throttled
+);
+/// With a probe configured, a worker's own prober holds it before its first result,
+/// while its probe throttles, when it cannot report, and when it stops reporting.
+async fn starts_throttled(b: Backend) {
+    let lag = FnProbe::new(|| async {
+        ProbeOutcome::Throttle {
+            reason: "replica lag 9s".into(),
+        }
+    });
+    let config = ProberConfig {
+        worker: "w1".into(),
+        interval: Duration::from_millis(100),
+        max_rate: None,
+        floor: 1.0,
+    };
+    config.check().unwrap();
+    let stale = Duration::from_secs(1);
+    let prober = Prober::new(b.store.clone(), Arc::new(lag), b.clock.clone(), config);
+    let (task, mut own) = prober.spawn_watched();
+    // Missing: before the first result, nothing starts.
+    assert_eq!(
+        own.borrow().holds(T0, stale).as_deref(),
+        Some("waiting for the first probe result")
+    );
+    tokio::time::timeout(Duration::from_secs(5), own.changed())
+        .await
+        .expect("a first result within 5 s")
+        .unwrap();
+    let first = own.borrow().clone();
+    assert_eq!(first.holds(T0, stale).as_deref(), Some("replica lag 9s"));
+    let r = b.store.read().await.unwrap();
+    assert_eq!(
+        r.throttle_in_force(T0, ProbeStale::Throttle)
+            .unwrap()
+            .reason,
+        "replica lag 9s",
+        "the whole fleet holds"
+    );
+    // Late: a report older than the bound holds too.
+    assert!(
+        first
+            .holds(T0 + 1_001, stale)
+            .unwrap()
+            .contains("not reported")
+    );
+    // Corrupt: a record the prober must not overwrite makes its step fail: it holds.
+    (b.put_raw)(b"{not json");
+    let failed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            own.changed().await.unwrap();
+            let state = own.borrow().clone();
+            if matches!(state, tranche_control::OwnProbe::Failed { .. }) {
+                return state;
+            }
+        }
+    })
+    .await
+    .expect("a failed step within 5 s");
+    assert!(
+        failed
+            .holds(T0, stale)
+            .unwrap()
+            .starts_with("the probe cannot report")
+    );
+    task.abort();
+    // A fresh go lets chunks start.
+    let go = tranche_control::OwnProbe::Reported {
+        report: ProbeReport::default(),
+        at_ms: T0,
+    };
+    assert_eq!(go.holds(T0 + 1_000, stale), None);
+    // An interval past its bound is refused by name.
+    let long = ProberConfig {
+        worker: "w1".into(),
+        interval: Duration::from_secs(21 * 60),
+        max_rate: None,
+        floor: 1.0,
+    };
+    let err = long.check().unwrap_err().to_string();
+    assert!(err.contains("throttle interval"), "{err}");
 }

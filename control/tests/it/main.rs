@@ -3,6 +3,7 @@
 use tranche_testkit as support;
 
 mod behaviour;
+mod checked;
 mod pacer;
 mod probes;
 mod scripts;

@@ -200,3 +200,61 @@ async fn redis_pacers_share_the_rate_in_every_window() {
     let got = run(limiter, 4, 2_000.0, 20, span).await;
     check_accuracy(&got, 2_000.0, span, 4, 20);
 }
+
+/// The smallest rate with the largest reservation neither panics nor lets a unit
+/// through early, in memory and on Redis; a rate below it is refused by name.
+#[tokio::test(start_paused = true)]
+async fn the_extreme_rates_are_safe_or_refused() {
+    let err = "1e-300".parse::<Rate>().unwrap_err().to_string();
+    assert!(err.contains("smallest rate"), "{err}");
+    let slow = Rate::per_second(Rate::MIN).unwrap();
+    let memory = MemoryRateLimiter::new();
+    for _ in 0..3 {
+        let r = memory
+            .reserve(Limit::Ids, slow, 1_000_000_000_000, Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(r.start_offset_us >= 0);
+    }
+    let pacer = Pacer::new(
+        Arc::new(MemoryRateLimiter::new()),
+        Limit::Ids,
+        1_000_000_000_000,
+    );
+    pacer.set_rate(Some(slow));
+    pacer.acquire(1).await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(3_600), pacer.acquire(1)).await;
+    assert!(second.is_err(), "a second unit at 1e-4/s waits for hours");
+}
+
+#[tokio::test]
+async fn redis_takes_the_extreme_rates() {
+    let server = TestRedis::start();
+    let conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let limiter = RedisRateLimiter::new(conn, &KeySchema::new("elk", 4).unwrap());
+    for rate in [Rate::MAX, Rate::MIN] {
+        let rate = Rate::per_second(rate).unwrap();
+        for _ in 0..2 {
+            limiter
+                .reserve(Limit::Ids, rate, 1_000_000_000_000, Duration::ZERO)
+                .await
+                .unwrap();
+        }
+    }
+    // Past the smallest rate's reservations, the next start is far ahead, never wrapped
+    // into the past.
+    let next = limiter
+        .reserve(
+            Limit::Ids,
+            Rate::per_second(1.0).unwrap(),
+            1,
+            Duration::ZERO,
+        )
+        .await
+        .unwrap();
+    assert!(next.start_offset_us > 1_000_000_000_000, "{next:?}");
+}

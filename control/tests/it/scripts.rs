@@ -73,9 +73,21 @@ async fn every_operation_runs_on_a_cluster() {
             .lead_probes("w", Duration::from_secs(3))
             .await
             .unwrap()
+            .leads
     );
     assert!(store.report_probe("w", &Default::default()).await.unwrap());
-    assert_eq!(store.log(5).await.unwrap().len(), 2);
+    store.set(&[Change::Chunk(Some(0))], "o").await.unwrap_err();
+    server.cli(&["SET", "{elk}:control", "{not json"]);
+    assert!(store.read().await.unwrap().throttled().is_some());
+    assert!(store.repair("o").await.unwrap().is_some());
+    let outcome = store
+        .set_unless_changed(&[Change::KeepBelow(Some(5.0))], "w", 0)
+        .await
+        .unwrap();
+    assert_eq!(outcome.skipped, Vec::<String>::new());
+    assert_eq!(store.log(5).await.unwrap().len(), 4);
+    store.report_probe("w", &Default::default()).await.unwrap();
+    assert!(store.retire_probe("w").await.unwrap());
     let limiter = RedisRateLimiter::new(conn, &schema());
     let rate = Rate::per_second(10.0).unwrap();
     limiter
@@ -119,6 +131,7 @@ async fn a_refused_call_writes_nothing() {
             .lead_probes("w", Duration::from_secs(60))
             .await
             .unwrap()
+            .leads
     );
     assert!(store.report_probe("w", &Default::default()).await.unwrap());
     let limiter = RedisRateLimiter::new(conn, &schema());
@@ -144,6 +157,8 @@ async fn a_refused_call_writes_nothing() {
             "take.lua",
             vec![
                 vec!["0", "1", "0"],
+                vec!["0.00001", "1", "0"],
+                vec!["1e-300", "1", "0"],
                 vec!["-5", "1", "0"],
                 vec!["nan", "1", "0"],
                 vec!["x", "1", "0"],
@@ -166,6 +181,7 @@ async fn a_refused_call_writes_nothing() {
                 vec!["1000", "o", r#"{"chunk_min":500}"#],
                 vec!["1000", "o", r#"{"bogus":1}"#],
                 vec!["1000", "o", r#"{"max_rate":"fast"}"#],
+                vec!["1000", "o", r#"{"max_rate":0.00001}"#],
                 vec!["1000", "o", r#"{"active_hours":"10:00-10:00"}"#],
                 vec!["1000", "o", r#"{"active_hours":"25:00-10:00"}"#],
                 vec!["1000", "o", r#"{"tz":"a b"}"#],
@@ -186,7 +202,22 @@ async fn a_refused_call_writes_nothing() {
                 vec!["1000", "w", r#"{"rate":-1}"#],
                 vec!["1000", "w", r#"{"rate":"fast"}"#],
                 vec!["1000", "w", r#"{"throttle":5}"#],
-                vec!["1000", "w2", r#"{"throttle":"not the leader"}"#],
+                vec!["1000", "w", r#"{"ttl_ms":0}"#],
+                vec!["1000", "w", r#"{"ttl_ms":3600001}"#],
+                vec!["1000", "w", r#"{"ttl_ms":1.5}"#],
+            ],
+        ),
+        (
+            "repair.lua",
+            vec![
+                vec!["x", "o", "old", r#"{"version":1,"settings":{}}"#, "n"],
+                vec!["1000", "", "old", r#"{"version":1,"settings":{}}"#, "n"],
+                vec!["1000", "o", "old", "not json", "n"],
+                vec!["1000", "o", "old", r#"{"version":-1,"settings":{}}"#, "n"],
+                vec!["1000", "o", "old", r#"{"version":1}"#, "n"],
+                vec!["1000", "o", "old", r#"{"version":1,"settings":{}}"#, ""],
+                // Answered 0: the stored record is not "old".
+                vec!["1000", "o", "old", r#"{"version":1,"settings":{}}"#, "n"],
             ],
         ),
         (
@@ -196,6 +227,21 @@ async fn a_refused_call_writes_nothing() {
                 vec!["w2", "0"],
                 vec!["w2", "x"],
                 vec!["w2", "1000"],
+            ],
+        ),
+        (
+            "retire.lua",
+            vec![
+                vec!["x", "w"],
+                vec!["1000", ""],
+                vec!["1000", "not-a-prober"],
+            ],
+        ),
+        (
+            "set.lua",
+            vec![
+                vec!["1000", "o", r#"{"chunk":5}"#, "x"],
+                vec!["1000", "o", r#"{"chunk":5}"#, "-1"],
             ],
         ),
     ];
@@ -209,15 +255,16 @@ async fn a_refused_call_writes_nothing() {
         }
     }
 
-    // A corrupt stored record or TAT is refused too, with nothing written.
+    // A stored record that is not JSON is refused by a probe report (set.lua replaces
+    // it, see the behaviour suite), a corrupt TAT by take.lua, with nothing written.
     for (key, junk) in [(keys.record(), "{not json"), (keys.rate(Limit::Ids), "abc")] {
         server.cli(&["SET", &key, junk]);
         let before = server.dump_all();
         for (name, source, script_keys) in &all {
             let args: &[&str] = match *name {
                 "take.lua" => &["10", "1", "0"],
-                "set.lua" => &["1000", "o", r#"{"chunk":5}"#],
                 "probe.lua" => &["1000", "w", "{}"],
+                "retire.lua" => &["1000", "w"],
                 _ => continue,
             };
             if script_keys.contains(&key) {
@@ -229,4 +276,47 @@ async fn a_refused_call_writes_nothing() {
             }
         }
     }
+}
+
+/// A prober key with no TTL (written by hand, or by a foreign tool) would keep a dead
+/// holder in the lead for ever: the next election gives it the term and says so.
+#[tokio::test]
+async fn a_prober_key_without_a_ttl_is_repaired() {
+    let server = TestRedis::start();
+    let conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let keys = ControlKeys::new(&schema());
+    let store = RedisControlStore::new(conn, &schema(), Arc::new(ManualClock::new(1_000)));
+    server.cli(&["SET", &keys.prober(), "ghost"]);
+    let lead = store
+        .lead_probes("w1", Duration::from_secs(3))
+        .await
+        .unwrap();
+    assert!(!lead.leads && lead.repaired_ttl, "{lead:?}");
+    let ttl: i64 = server.cli(&["PTTL", &keys.prober()]).parse().unwrap();
+    assert!((1..=3_000).contains(&ttl), "{ttl}");
+    let again = store
+        .lead_probes("w1", Duration::from_secs(3))
+        .await
+        .unwrap();
+    assert!(!again.repaired_ttl, "repaired once");
+    // The holder's own renewal repairs it too, and it keeps the lead.
+    server.cli(&["SET", &keys.prober(), "w1"]);
+    let own = store
+        .lead_probes("w1", Duration::from_secs(3))
+        .await
+        .unwrap();
+    assert!(own.leads && own.repaired_ttl);
+    // A prober key of the wrong type is an error, never a lead.
+    server.cli(&["DEL", &keys.prober()]);
+    server.cli(&["HSET", &keys.prober(), "a", "b"]);
+    assert!(
+        store
+            .lead_probes("w1", Duration::from_secs(3))
+            .await
+            .is_err()
+    );
 }

@@ -407,7 +407,8 @@ pub(crate) struct ImportArgs {
 /// `serve`.
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
-    /// Address to listen on (beyond localhost, set --admin-token or stay read-only).
+    /// Address to listen on (beyond localhost, a --read-token or --admin-token is
+    /// required).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7878")]
     pub(crate) listen: std::net::SocketAddr,
     /// Token that actions (retry, discard, pause, resume) must present as
@@ -429,6 +430,15 @@ pub(crate) struct ServeArgs {
         conflicts_with = "admin_token"
     )]
     pub(crate) admin_token_file: Option<std::path::PathBuf>,
+    /// Token every read (GET) must present as `Authorization: Bearer`; the admin token
+    /// reads too. Required beyond localhost (the admin token serves when not given).
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "TRANCHE_READ_TOKEN",
+        hide_env_values = true
+    )]
+    pub(crate) read_token: Option<String>,
 }
 
 /// `doctor`.

@@ -10,7 +10,8 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 use tranche_control::{
-    ActiveHours, Change, ControlRecord, ExecProbe, HttpProbe, LogEntry, Probe, Rate,
+    ActiveHours, Change, ControlRecord, ExecProbe, HttpProbe, LogEntry, Probe, ProbeStale,
+    ProberConfig, Rate,
 };
 
 use crate::backend::{Backend, Open, Tuning};
@@ -34,13 +35,21 @@ pub(crate) struct RunControlArgs {
     /// other exit throttles and is reported.
     #[arg(long, value_name = "CMD", conflicts_with = "throttle_http")]
     pub(crate) throttle_exec: Option<String>,
-    /// Throttle probe: an http:// URL; 2xx is go, 429 or 503 throttles, anything else
-    /// (or no answer) throttles and is reported.
+    /// Throttle probe: an http:// or https:// URL; 2xx is go, 429 or 503 throttles,
+    /// anything else (or no answer) throttles and is reported.
     #[arg(long, value_name = "URL")]
     pub(crate) throttle_http: Option<String>,
-    /// How often the probe runs.
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    /// A PEM file of the CA that signs --throttle-http's certificate (default: the
+    /// system's roots).
+    #[arg(long, value_name = "FILE", requires = "throttle_http")]
+    pub(crate) throttle_ca: Option<std::path::PathBuf>,
+    /// How often the probe runs (100ms to 20m).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval)]
     pub(crate) throttle_interval: Duration,
+    /// What a probe finding nobody renews (its prober died or stalled) means: throttle
+    /// the fleet until a prober reports again, or go as if no probe were set.
+    #[arg(long, value_name = "throttle|go", default_value = "throttle", value_parser = parse_probe_stale)]
+    pub(crate) probe_stale: ProbeStale,
     /// Adjust the fleet's ID rate (additive increase, multiplicative decrease, at most
     /// --max-rate) so that the number --throttle-exec prints stays below N.
     #[arg(long, value_name = "N", requires = "throttle_exec")]
@@ -69,6 +78,30 @@ fn parse_rate(s: &str) -> Result<Rate, String> {
     s.parse::<Rate>().map_err(|e| e.to_string())
 }
 
+/// A probe interval, bounded as [`ProberConfig::check`] bounds it.
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let interval = parse_duration(s).map_err(|e| e.to_string())?;
+    ProberConfig {
+        worker: "-".to_owned(),
+        interval,
+        max_rate: None,
+        floor: 1.0,
+    }
+    .check()
+    .map_err(|e| e.to_string())?;
+    Ok(interval)
+}
+
+fn parse_probe_stale(s: &str) -> Result<ProbeStale, String> {
+    s.parse::<ProbeStale>().map_err(|e| e.to_string())
+}
+
+/// The environment a probe command runs with: the chunks' (the worker's without the
+/// variables that carry a secret).
+fn probe_env() -> Vec<(String, String)> {
+    crate::job::scrubbed_env()
+}
+
 /// The run loop's control options from `run`'s flags; bad combinations are refused
 /// before anything runs.
 pub(crate) fn options(a: &RunControlArgs) -> Result<Options> {
@@ -81,15 +114,19 @@ pub(crate) fn options(a: &RunControlArgs) -> Result<Options> {
     if a.chunk_time.is_some_and(|t| t < Duration::from_millis(1)) {
         bail!("--chunk-time must be at least 1ms");
     }
-    if a.throttle_interval < Duration::from_millis(10) {
-        bail!("--throttle-interval must be at least 10ms");
-    }
     let timeout = (a.throttle_interval * 2).max(Duration::from_secs(1));
     let probe: Option<Arc<dyn Probe>> = match (&a.throttle_exec, &a.throttle_http) {
-        (Some(cmd), _) => Some(Arc::new(ExecProbe::new(cmd.clone(), timeout))),
-        (None, Some(url)) => Some(Arc::new(
-            HttpProbe::new(url, timeout).context("--throttle-http")?,
+        (Some(cmd), _) => Some(Arc::new(
+            ExecProbe::new(cmd.clone(), timeout).with_env(probe_env()),
         )),
+        (None, Some(url)) => Some(Arc::new(match &a.throttle_ca {
+            Some(path) => {
+                let pem = std::fs::read(path)
+                    .with_context(|| format!("--throttle-ca {}", path.display()))?;
+                HttpProbe::with_ca(url, timeout, &pem).context("--throttle-http")?
+            }
+            None => HttpProbe::new(url, timeout).context("--throttle-http")?,
+        })),
         (None, None) => None,
     };
     let active_hours = a
@@ -103,6 +140,7 @@ pub(crate) fn options(a: &RunControlArgs) -> Result<Options> {
         max_partitions_rate: a.max_partitions_rate,
         probe,
         throttle_interval: a.throttle_interval,
+        probe_stale: a.probe_stale,
         keep_below: a.keep_below,
         active_hours,
         chunk_time: a.chunk_time.map(|target| control::ChunkTime {
@@ -379,9 +417,21 @@ pub(crate) async fn record_of(backend: &Backend) -> Result<Option<ControlRecord>
     Ok((record != ControlRecord::default()).then_some(record))
 }
 
-/// The throttle a run loop would see now (the probe's finding counts for 30 s).
+/// The throttle a run loop would see now: the manual one, any live prober's, or a
+/// finding nobody renewed (the workers' default, `--probe-stale throttle`).
 fn throttled_now(r: &ControlRecord, now_ms: u64) -> Option<tranche_control::Throttled> {
-    r.throttled_as_of(now_ms, Duration::from_secs(30))
+    r.throttle_in_force(now_ms, ProbeStale::Throttle)
+}
+
+/// The values of the record a reader ignores, as `status --json`, `serve` and `check`
+/// show them.
+pub(crate) fn rejected_json(r: &ControlRecord) -> Value {
+    Value::Array(
+        r.rejected
+            .iter()
+            .map(|x| json!({"key": x.key, "value": x.value, "why": x.why}))
+            .collect(),
+    )
 }
 
 /// The record as `status --json`, `serve` and `set --json` show it: the settings in
@@ -392,11 +442,12 @@ pub(crate) fn record_json(r: &ControlRecord, now_ms: u64) -> Value {
         &ControlRecord {
             manual: None,
             probe: None,
+            probes: Default::default(),
             ..r.clone()
         },
         None,
         now_ms,
-        Duration::ZERO,
+        ProbeStale::Go,
     );
     json!({
         "version": r.version,
@@ -408,6 +459,8 @@ pub(crate) fn record_json(r: &ControlRecord, now_ms: u64) -> Value {
         "outside_active_hours": outside,
         "manual": r.manual,
         "probe": r.probe,
+        "probes": r.probes,
+        "rejected": rejected_json(r),
     })
 }
 
@@ -426,13 +479,20 @@ pub(crate) fn status_lines(r: &ControlRecord, now_ms: u64) -> String {
         &ControlRecord {
             manual: None,
             probe: None,
+            probes: Default::default(),
             ..r.clone()
         },
         None,
         now_ms,
-        Duration::ZERO,
+        ProbeStale::Go,
     ) {
         let _ = writeln!(out, "control    {why}");
+    }
+    for x in &r.rejected {
+        let _ = writeln!(
+            out,
+            "control    ignored (invalid): {x} (tranche check --repair)"
+        );
     }
     let s = &r.settings;
     let mut set = Vec::new();

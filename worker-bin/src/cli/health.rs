@@ -367,7 +367,48 @@ async fn check_records(
     Ok((differences, left))
 }
 
+/// The values of the namespace's control record that break the write rules, one
+/// difference each under `control_record.` (Redis only: an embedded record lives in its
+/// worker's process). With `repair` the record is moved to `{ns}:control:quarantine`
+/// and its valid values written in its place, each bad setting restored to its last
+/// valid value in the control log.
+async fn check_control(backend: &Backend, repair: bool) -> Result<Vec<tranche_stats::Difference>> {
+    let Some(record) = crate::cli::control::record_of(backend).await? else {
+        return Ok(Vec::new());
+    };
+    if record.rejected.is_empty() {
+        return Ok(Vec::new());
+    }
+    let note = if repair {
+        backend.ensure_writable()?;
+        let (store, _) = crate::control::stores(backend);
+        match store
+            .repair(&crate::control::origin())
+            .await
+            .context("cannot repair the control record")?
+        {
+            Some(done) => format!(
+                "moved to {{ns}}:control:quarantine, replaced (v{}): {}",
+                done.record.version, done.note
+            ),
+            None => "nothing to repair: it is valid now".to_owned(),
+        }
+    } else {
+        "a value by the write rules (`tranche check --repair` restores the last valid one from the control log)".to_owned()
+    };
+    Ok(record
+        .rejected
+        .iter()
+        .map(|r| tranche_stats::Difference {
+            path: format!("control_record.{}", r.key),
+            expected: Some(note.clone()),
+            found: Some(format!("{}: {}", r.value, r.why)),
+        })
+        .collect())
+}
+
 pub(crate) async fn check(backend: &Backend, repair: bool, json: bool) -> Result<Outcome> {
+    let control = check_control(backend, repair).await?;
     let dead = check_dead_letters(backend, repair).await?;
     let damaged = check_damage(backend, repair).await?;
     let (corrupt, corrupt_left) = check_records(backend, repair).await?;
@@ -389,7 +430,9 @@ pub(crate) async fn check(backend: &Backend, repair: bool, json: bool) -> Result
         differences.extend(check_counts(backend, repair).await?);
     }
     let unreadable = corrupt.len();
+    let control_invalid = control.len();
     differences.extend(corrupt);
+    differences.extend(control);
     print!(
         "{}",
         render::check(&differences, records, &dead, &damaged, repair, json)
@@ -418,6 +461,11 @@ pub(crate) async fn check(backend: &Backend, repair: bool, json: bool) -> Result
     }
     if differences.is_empty() && damaged.found.is_empty() {
         return Ok(Outcome::Success);
+    }
+    if control_invalid == differences.len() && damaged.found.is_empty() {
+        return Ok(Outcome::Failed(format!(
+            "{control_invalid} invalid value(s) in the control record, ignored by every reader; `tranche check --repair` restores the last valid ones from the control log"
+        )));
     }
     if !archive_damage.is_empty() {
         let mut shards: Vec<String> = archive_damage
@@ -570,6 +618,7 @@ pub(crate) async fn health_rules(
         stalled_rule(&stalls),
         damaged_rule(&stalls, unreadable.as_ref()),
         archive_damaged_rule(&backend.archive.damaged().await?),
+        control_rule(crate::cli::control::record_of(backend).await?.as_ref()),
         overdue_rule(
             backend,
             args,
@@ -672,6 +721,20 @@ fn archive_damaged_rule(damaged: &[ArchiveDamage]) -> render::Rule {
         format!(
             "{ARCHIVE_DAMAGED}: {}; `tranche check --repair` sets them aside (their records stay counted)",
             named.join(", ")
+        )
+    })
+}
+
+/// `control_record_invalid`: values of the namespace's control record that break the
+/// write rules, which every reader ignores (the workers' own options apply in their
+/// place); `tranche check --repair` restores the last valid ones from the control log.
+fn control_rule(record: Option<&tranche_control::ControlRecord>) -> render::Rule {
+    let rejected = record.map_or(&[][..], |r| r.rejected.as_slice());
+    render::Rule::new("control_record_invalid", rejected.len() as f64, 0.0).detail(|| {
+        let named: Vec<String> = rejected.iter().map(ToString::to_string).collect();
+        format!(
+            "{{ns}}:control values ignored: {}; `tranche check --repair` restores the last valid ones",
+            named.join("; ")
         )
     })
 }

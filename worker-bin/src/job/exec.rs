@@ -43,7 +43,18 @@ const SECRETS: &[&str] = &[
     "TRANCHE_TLS_KEY",
     "TRANCHE_ADMIN_TOKEN",
     "TRANCHE_ADMIN_TOKEN_FILE",
+    "TRANCHE_READ_TOKEN",
 ];
+
+/// This process's environment without the variables in [`SECRETS`]: what a chunk
+/// inherits, and what a throttle probe command runs with (a variable that is not
+/// UTF-8 is left out).
+pub(crate) fn scrubbed_env() -> Vec<(String, String)> {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter(|(k, _)| !SECRETS.contains(&k.as_str()))
+        .collect()
+}
 
 /// Sends `signal` to process group `pgid`; a group already gone is fine.
 fn signal_group(pgid: u32, signal: nix::sys::signal::Signal) {

@@ -18,6 +18,7 @@ use std::time::Duration;
 use rand::Rng;
 
 pub(crate) use crate::handler::Chunk;
+pub(crate) use exec::scrubbed_env;
 pub(crate) use guard::Fence;
 
 /// How long a chunk's process group has between SIGTERM and SIGKILL once aborted at

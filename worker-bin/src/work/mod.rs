@@ -384,6 +384,7 @@ pub(crate) async fn run(
     let emit = move |e: Event| s.emit(|| e);
     background.spawn(crate::event::announce_throttle(closed, emit, bg_rx.clone()));
     let outcome = claim_loop(backend, &settings, &shared, &book, &gate, stop.clone()).await;
+    gate.retire().await;
     drop(gate);
 
     // Background work stops only after the partitions: a heartbeat or reap between

@@ -18,6 +18,8 @@ mod cluster;
 #[cfg(feature = "cli")]
 mod control;
 #[cfg(feature = "cli")]
+mod control_failsafe;
+#[cfg(feature = "cli")]
 mod deploy;
 #[cfg(feature = "cli")]
 mod embedded;

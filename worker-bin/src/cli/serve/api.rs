@@ -101,19 +101,7 @@ fn authorize(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
             "this server is read-only: start it with --admin-token to allow actions",
         ));
     };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    // Compared in time independent of where they differ.
-    let same = given.len() == want.len()
-        && given
-            .bytes()
-            .zip(want.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0;
-    if same {
+    if bearer_is(headers, want) {
         Ok(())
     } else {
         Err(ApiError::new(
@@ -122,6 +110,39 @@ fn authorize(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
             "an action needs the header Authorization: Bearer <admin token>",
         ))
     }
+}
+
+/// 401 for a read without the read token.
+pub(crate) fn unauthorized_read() -> Response {
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "this server needs the header Authorization: Bearer <read token> (or the admin token)",
+    )
+    .into_response()
+}
+
+/// Whether the request's `Authorization: Bearer` token is `want`, compared in a time
+/// that depends on neither where they differ nor `want`'s length: both are hashed with
+/// this process's random keys and the digests compared whole.
+pub(crate) fn bearer_is(headers: &HeaderMap, want: &str) -> bool {
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    same_token(given.as_bytes(), want.as_bytes())
+}
+
+/// `given == want` in constant time over the full length of each (see [`bearer_is`]).
+fn same_token(given: &[u8], want: &[u8]) -> bool {
+    use std::hash::{BuildHasher, RandomState};
+    static KEYS: std::sync::LazyLock<[RandomState; 2]> =
+        std::sync::LazyLock::new(|| [RandomState::new(), RandomState::new()]);
+    let digest = |bytes: &[u8]| KEYS.each_ref().map(|k| k.hash_one(bytes));
+    let (a, b) = (digest(given), digest(want));
+    let differ = a.iter().zip(&b).fold(0u64, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(differ) == 0
 }
 
 fn parse_u64(what: &str, text: &str) -> Result<u64, ApiError> {
@@ -400,4 +421,17 @@ async fn set_paused(app: &App, headers: &HeaderMap, paused: bool) -> ApiResult {
         other => other?,
     }
     Ok(json_value(json!({"paused": paused})))
+}
+
+#[cfg(test)]
+mod token_tests {
+    use super::same_token;
+
+    #[test]
+    fn tokens_match_whole_or_not_at_all() {
+        assert!(same_token(b"t0ken", b"t0ken"));
+        for given in [&b""[..], b"t0ke", b"t0ken!", b"T0ken", b"t0ken\0"] {
+            assert!(!same_token(given, b"t0ken"), "{given:?}");
+        }
+    }
 }

@@ -237,7 +237,14 @@ pub(crate) async fn scrape(State(app): State<Arc<App>>) -> Result<Response, ApiE
         "1 while the namespace is paused",
         u64::from(paused),
     );
-    if let Some(record) = crate::cli::control::record_of(&backend).await? {
+    let control = crate::cli::control::record_of(&backend).await?;
+    gauge(
+        &mut registry,
+        "control_record_invalid_values",
+        "Values of the control record every reader ignores, as they break the write rules (`tranche check --repair`)",
+        control.as_ref().map_or(0, |r| r.rejected.len() as u64),
+    );
+    if let Some(record) = control {
         crate::cli::control::register_metrics(&mut registry, &record, crate::duration::now_ms());
     }
     if let Some(bytes) = memory {

@@ -8,6 +8,8 @@
 //! `TRANCHE_ADMIN_TOKEN` or `--admin-token-file`); without a token configured the server is read-only and the
 //! dashboard shows no action. The token never travels in a URL, and a custom header
 //! cannot be sent cross-site without CORS, which this server never grants: no CSRF.
+//! Beyond localhost every read needs a token too (`--read-token`, or the admin token):
+//! the server refuses to start without one. Tokens are compared in constant time.
 //! No response carries the Redis URL's password.
 //!
 //! Connections are accepted by [`http::serve`] (also `run --metrics-listen`'s): capped,
@@ -49,6 +51,10 @@ pub(crate) struct App {
     /// every namespace is read through it.
     connections: Connections,
     token: Option<String>,
+    /// The token a GET must present (`--read-token`, else the admin token when this
+    /// server listens beyond localhost); the admin token is accepted too. `None`: GETs
+    /// are open (localhost only).
+    read_token: Option<String>,
     /// This server's reads of each layer, for `/metrics`.
     query_latency: metrics::QueryLatency,
     /// Set once a signal stops the server: `/readyz` answers 503 while it drains.
@@ -107,7 +113,34 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/api/v1/pause", post(api::pause))
         .route("/api/v1/resume", post(api::resume))
         .fallback(api::not_found)
+        .layer(axum::middleware::from_fn_with_state(app.clone(), read_gate))
         .with_state(app)
+}
+
+/// Paths a GET reaches without the read token: the dashboard's page itself (static; it
+/// sends the token it is given with each read) and the liveness probes.
+const OPEN_PATHS: &[&str] = &["/", "/healthz", "/readyz"];
+
+/// Refuses a GET without the read (or admin) token, when one is required: 401.
+async fn read_gate(
+    axum::extract::State(app): axum::extract::State<Arc<App>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if let Some(want) = &app.read_token
+        && request.method() != axum::http::Method::POST
+        && !OPEN_PATHS.contains(&request.uri().path())
+    {
+        let headers = request.headers();
+        let admin = app
+            .token
+            .as_deref()
+            .is_some_and(|t| api::bearer_is(headers, t));
+        if !admin && !api::bearer_is(headers, want) {
+            return api::unauthorized_read();
+        }
+    }
+    next.run(request).await
 }
 
 /// The admin token in `path`: its first line, trimmed. One line of error, never the
@@ -139,17 +172,22 @@ pub(crate) async fn serve(g: &Global, args: ServeArgs) -> Result<Outcome> {
         None => args.admin_token.filter(|t| !t.is_empty()),
     };
     let listen: SocketAddr = args.listen;
-    if !listen.ip().is_loopback() && token.is_none() {
-        tracing::warn!(
-            %listen,
-            "serving beyond localhost with no --admin-token: read-only, but anyone who reaches the port reads the job"
-        );
-    }
+    let read_token = match args.read_token.filter(|t| !t.is_empty()) {
+        Some(t) => Some(t),
+        None if listen.ip().is_loopback() => None,
+        None => match &token {
+            Some(admin) => Some(admin.clone()),
+            None => anyhow::bail!(
+                "serve --listen {listen} reaches beyond localhost: give --read-token (or --admin-token) so that not anyone who reaches the port reads the job"
+            ),
+        },
+    };
     let app = Arc::new(App {
         global: g.clone(),
         redis: (!backend.is_embedded()).then_some(backend),
         connections,
         token,
+        read_token,
         query_latency: metrics::QueryLatency::new(),
         draining: Arc::default(),
     });
