@@ -202,6 +202,7 @@ fn test(args: &[String]) -> Result<()> {
     redis::ensure_browser()?;
     redis::ensure_postgres()?;
     redis::ensure_promtool()?;
+    redis::ensure_systemd_analyze()?;
     ensure_nextest()?;
     // Every test under nextest, each with the deadline `.config/nextest.toml` sets, then
     // the doctests, which nextest does not run.

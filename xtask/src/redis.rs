@@ -123,6 +123,28 @@ pub(crate) fn ensure_promtool() -> Result<()> {
     Ok(())
 }
 
+/// Makes sure `systemd-analyze` (Debian's systemd package) is there for the test that
+/// verifies the shipped unit (`deploy/systemd/`), installing it with apt-get when
+/// missing and this runs as root. Nothing is started: no init system runs here.
+pub(crate) fn ensure_systemd_analyze() -> Result<()> {
+    if find_on_path("systemd-analyze").is_some() {
+        return Ok(());
+    }
+    if !is_root() || find_on_path("apt-get").is_none() {
+        bail!(
+            "systemd-analyze is not on PATH and cannot be installed from here \
+             (the systemd unit's test needs it): sudo apt-get install systemd"
+        );
+    }
+    eprintln!("xtask: installing Debian's systemd (for systemd-analyze) with apt-get");
+    apt_get(&["update"])?;
+    apt_get(&["install", "-y", "--no-install-recommends", "systemd"])?;
+    if find_on_path("systemd-analyze").is_none() {
+        bail!("apt-get installed systemd but systemd-analyze is not on PATH");
+    }
+    Ok(())
+}
+
 fn apt_get(args: &[&str]) -> Result<()> {
     let status = Command::new("apt-get")
         // Another apt (unattended upgrades, a concurrent CI step) may hold the lock.
