@@ -3,6 +3,8 @@
 //! handling ([`signals`]) and the duration parser of their options.
 
 use std::path::PathBuf;
+
+use crate::backend::{Backend, Open, Tuning};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -188,4 +190,9 @@ pub(crate) fn one_line(err: &anyhow::Error) -> String {
         }
     }
     line
+}
+
+/// The namespace the global options name, which must exist (have a plan).
+pub(crate) async fn existing(g: &Global) -> Result<Backend> {
+    Ok(Backend::open(&g.location(), Open::Existing, Tuning::default()).await?)
 }

@@ -7,6 +7,7 @@
 
 mod admin;
 mod alert;
+mod archive;
 mod args;
 mod calendar;
 mod common;
@@ -21,10 +22,14 @@ mod list;
 mod namespace;
 mod observe;
 mod ops;
+mod partition;
+mod plan;
 mod progress;
 mod render;
+mod run;
 mod seed;
 mod serve;
+mod status;
 mod transfer;
 
 use std::process::ExitCode;
