@@ -61,8 +61,9 @@ fn report(json: bool, kind: &str, message: &str) {
 }
 
 /// Lets an output command end quietly with exit 0 when the reader of its stdout goes
-/// away (`tranche list | head -1`), as `head`'s other writers do, instead of panicking
-/// in `print!` with "failed printing to stdout: Broken pipe".
+/// away (`tranche list | head -1`), instead of panicking in `print!` with "failed
+/// printing to stdout: Broken pipe". Exit 0 rather than death by SIGPIPE (status 141),
+/// so that a `set -o pipefail` script reading the first lines does not fail.
 ///
 /// Rust ignores SIGPIPE, so the write fails with EPIPE and `print!` panics; this hook
 /// turns that one panic into an exit. It is not SIGPIPE restored to its default: a
