@@ -30,12 +30,12 @@ mod run;
 mod seed;
 mod serve;
 mod status;
+mod telemetry;
 mod transfer;
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use tracing_subscriber::EnvFilter;
 
 use args::Cli;
 use common::{Outcome, one_line};
@@ -158,15 +158,18 @@ pub fn cli_main() -> ExitCode {
             return ExitCode::from(EXIT_ERROR);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| EnvFilter::new("warn,tranche=info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let telemetry = match telemetry::init(
+        cli.global.log_format,
+        &telemetry::Traces {
+            endpoint: cli.global.otlp_endpoint.clone(),
+        },
+    ) {
+        Ok(telemetry) => telemetry,
+        Err(err) => {
+            report(json, "usage", &one_line(&err));
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
     let output_command = !matches!(cli.command, args::Command::Run(_) | args::Command::Serve(_));
     if output_command {
         quiet_when_stdout_closes();
@@ -182,6 +185,8 @@ pub fn cli_main() -> ExitCode {
     // An aborted run has stopped its chunks' process groups already; do not wait for
     // blocked reads of an unreachable server either.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    // Spans still queued go to the collector now (bounded), after the last one ended.
+    drop(telemetry);
     match outcome {
         Ok(Outcome::Success) => ExitCode::SUCCESS,
         Ok(Outcome::Failed(message)) => {

@@ -342,6 +342,7 @@ pub(crate) fn worker_metrics(
                     "Leases this worker lost to expiry",
                     s.lost,
                 );
+                crate::cli::telemetry::register(&mut registry);
                 registry.register(
                     "chunk_duration_seconds",
                     "How long this worker's chunks took",
