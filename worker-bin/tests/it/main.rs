@@ -34,6 +34,8 @@ mod fleet;
 mod json;
 #[cfg(feature = "cli")]
 #[cfg(feature = "cli")]
+mod persistent;
+#[cfg(feature = "cli")]
 mod postgres;
 #[cfg(feature = "cli")]
 mod repair;
