@@ -63,8 +63,7 @@ def main():
             if conn is None or conn.closed:
                 conn = connect()
             with conn.transaction():
-                rows = conn.execute(UPDATE, args).rowcount
-            print(f"chunk {args['from']}..={args['to']}: {rows} rows", file=sys.stderr)
+                conn.execute(UPDATE, args)
             answer("ok")
         except psycopg.errors.IntegrityError as e:
             answer(f"permanent: {e}")

@@ -25,6 +25,7 @@ use rand::Rng;
 pub(crate) use crate::handler::Chunk;
 pub(crate) use guard::Fence;
 pub(crate) use persistent::Persistent;
+pub use persistent::PersistentCommand;
 pub(crate) use spawn::scrubbed_env;
 
 /// How long a chunk's process group has between SIGTERM and SIGKILL once aborted at
@@ -65,6 +66,17 @@ pub(crate) enum Job {
 }
 
 impl Job {
+    /// A library user's handler as the run loop runs it: a [`PersistentCommand`] as
+    /// `--exec-persistent` (guarded, held to each chunk's lease, a command that cannot
+    /// run stopping the run), any other through its `process`.
+    pub(crate) fn of_handler<H: crate::handler::Handler>(handler: H) -> Job {
+        let any: &dyn std::any::Any = &handler;
+        match any.downcast_ref::<PersistentCommand>() {
+            Some(warm) => Job::Persistent(warm.0.clone()),
+            None => Job::Handler(crate::handler::HandlerRef(std::sync::Arc::new(handler))),
+        }
+    }
+
     /// Runs one chunk until it ends or `abort` resolves (then it is stopped and
     /// [`ChunkError::Interrupted`]). `abort` gives how long a command's process group
     /// has between SIGTERM and SIGKILL; a handler's future is dropped at once. With a

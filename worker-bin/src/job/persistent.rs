@@ -135,10 +135,18 @@ impl Persistent {
     ) -> Result<(), ChunkError> {
         let fence = usable_fence(fence).await?;
         let grace = fence.as_ref().map_or(KILL_AFTER, Fence::grace);
-        let idle = self.idle.lock().expect("not poisoned").pop();
-        let mut warm = match idle {
-            Some(warm) => warm,
-            None => Warm::start(&self.cmd, grace)?,
+        let mut warm = loop {
+            let idle = self.idle.lock().expect("not poisoned").pop();
+            let Some(mut warm) = idle else {
+                break Warm::start(&self.cmd, grace)?;
+            };
+            if !warm.ended() {
+                break warm;
+            }
+            // Ended while idle: not this chunk's failure. Swept, and said.
+            let (status, tail) = warm.stop(grace).await;
+            let how = status.map_or("exit status unknown".to_owned(), |s| s.to_string());
+            tracing::warn!(%how, %tail, "`{}` ended between chunks; starting another", self.cmd);
         };
         let outcome = warm.send(&chunk, abort, fence, self.timeout).await;
         let guarded_past = warm.told.is_some_and(|t| Instant::now() >= t);
@@ -221,6 +229,59 @@ impl Persistent {
                     &tail,
                 )))
             }
+        }
+    }
+}
+
+/// A ready-made [`Handler`](crate::Handler) for library users: each chunk on a warm
+/// process, as `tranche run --exec-persistent CMD` runs it (the protocol, the
+/// guarantees and the examples: `docs/persistent.md`).
+///
+/// Given to [`Runner::run`](crate::Runner::run) (or its siblings) it runs exactly as
+/// the command line's: guarded, held to each chunk's lease even while the worker is
+/// frozen, and a command that cannot run (exit 127 or 126 before its first answer)
+/// stops the run. Called through [`Handler::process`](crate::Handler::process) by your
+/// own code, it has no lease to hold: `permanent:` and a command that cannot run are
+/// [`HandlerError::permanent`](crate::HandlerError::permanent), any other failure an
+/// ordinary error.
+///
+/// ```no_run
+/// # async fn demo(runner: tranche_worker::Runner) -> Result<(), tranche_worker::Error> {
+/// use std::time::Duration;
+/// use tranche_worker::PersistentCommand;
+///
+/// let warm = PersistentCommand::new("python3 examples/persistent-psycopg.py")
+///     .chunk_timeout(Duration::from_secs(30));
+/// let report = runner.run(warm).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PersistentCommand(pub(crate) Arc<Persistent>);
+
+impl PersistentCommand {
+    /// Runs `cmd`: a program and its arguments, started as they are, or anything else
+    /// through `sh -c`.
+    pub fn new(cmd: impl Into<String>) -> Self {
+        Self(Arc::new(Persistent::new(cmd, None)))
+    }
+
+    /// Stops a process that has not answered a chunk within `timeout` (SIGTERM, the
+    /// grace, SIGKILL); the attempt fails.
+    pub fn chunk_timeout(self, timeout: Duration) -> Self {
+        Self(Arc::new(Persistent::new(self.0.cmd.clone(), Some(timeout))))
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::handler::Handler for PersistentCommand {
+    async fn process(&self, chunk: Chunk) -> Result<(), crate::handler::HandlerError> {
+        match self.0.run(chunk, std::future::pending(), None).await {
+            Ok(()) => Ok(()),
+            Err(ChunkError::Refused(why, _) | ChunkError::Broken(why)) => {
+                Err(crate::handler::HandlerError::permanent(why))
+            }
+            Err(ChunkError::Failed(why)) => Err(why.into()),
+            Err(ChunkError::Interrupted) => Err("the warm process was interrupted".into()),
         }
     }
 }
@@ -422,6 +483,11 @@ impl Warm {
                 }
             },
         }
+    }
+
+    /// Whether the command has ended (or cannot be asked).
+    fn ended(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
     }
 
     /// Tells the watcher the chunk is over (its timer cancelled). False if it is gone.
@@ -717,6 +783,44 @@ mod tests {
             job.run(chunk(), std::future::pending(), Some(far)).await,
             Ok(())
         );
+    }
+
+    /// A process that ends between chunks costs the next chunk nothing: another one
+    /// is started for it.
+    #[tokio::test]
+    async fn a_process_that_ended_while_idle_is_replaced_before_the_chunk() {
+        let job = job("read -r l; echo ok", None);
+        let run = || job.run(chunk(), std::future::pending(), None);
+        assert_eq!(run().await, Ok(()));
+        // It reads one line only: by the next chunk it has ended.
+        let Job::Persistent(warm) = &job else {
+            unreachable!()
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !warm.idle.lock().unwrap().iter_mut().all(Warm::ended) {
+            assert!(std::time::Instant::now() < deadline, "it never ended");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(run().await, Ok(()));
+    }
+
+    /// A library user's `PersistentCommand` runs as `--exec-persistent` does when a
+    /// `Runner` runs it, and as a plain handler when called by hand.
+    #[tokio::test]
+    async fn the_library_handler_is_the_same_job() {
+        use crate::handler::Handler;
+        let warm = PersistentCommand::new(
+            "while read -r l; do case $l in *'\"attempt\":3'*) echo 'permanent: no';; *) echo ok;; esac; done",
+        );
+        assert!(matches!(Job::of_handler(warm.clone()), Job::Persistent(_)));
+        let err = warm.process(chunk()).await.unwrap_err();
+        assert!(
+            err.is_permanent() && err.to_string().ends_with("no"),
+            "{err}"
+        );
+        let mut first = chunk();
+        first.attempt = 1;
+        assert!(warm.process(first).await.is_ok());
     }
 
     fn scratch(name: &str) -> std::path::PathBuf {
