@@ -214,9 +214,19 @@ pub(crate) struct RunArgs {
         long,
         value_name = "CMD",
         conflicts_with = "simulate",
-        required_unless_present = "simulate"
+        required_unless_present_any = ["simulate", "exec_persistent"]
     )]
     pub(crate) exec: Option<String>,
+    /// Command kept running between chunks, one per chunk in flight: it reads one chunk
+    /// a line on stdin as JSON ({"pid","chunk","from","to","attempt","fence"}) and
+    /// answers one line on stdout, `ok`, `error: REASON` (the attempt fails) or
+    /// `permanent: REASON` (the partition fails, no retry). See docs/persistent.md.
+    #[arg(long, value_name = "CMD", conflicts_with_all = ["exec", "simulate"])]
+    pub(crate) exec_persistent: Option<String>,
+    /// How long a chunk may take: an --exec-persistent process that has not answered by
+    /// then is stopped (SIGTERM, the grace, SIGKILL) and the attempt fails.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) chunk_timeout: Option<Duration>,
     /// LOAD GENERATOR, not real work: each chunk sleeps a random time and fails at the
     /// given rate (see --sim-latency, --sim-fail).
     #[arg(long)]

@@ -64,8 +64,13 @@ pub(super) fn runner_of(g: &Global, args: &RunArgs) -> Result<Runner> {
     Ok(runner)
 }
 
-/// What each chunk runs: `--exec`'s command, or `--simulate`'s load.
+/// What each chunk runs: `--exec`'s command, `--exec-persistent`'s warm processes, or
+/// `--simulate`'s load.
 pub(super) fn job_of(args: &RunArgs) -> Result<Job> {
+    if let Some(cmd) = &args.exec_persistent {
+        let warm = crate::job::Persistent::new(cmd.clone(), args.chunk_timeout);
+        return Ok(Job::Persistent(Arc::new(warm)));
+    }
     match (&args.exec, args.simulate) {
         (Some(cmd), false) => Ok(Job::Exec(cmd.clone())),
         (None, true) => {

@@ -36,6 +36,8 @@ mod json;
 #[cfg(feature = "otel")]
 mod otel;
 #[cfg(feature = "cli")]
+mod persistent;
+#[cfg(feature = "cli")]
 mod postgres;
 #[cfg(feature = "cli")]
 mod repair;
