@@ -39,6 +39,11 @@ pub(crate) struct Options {
     pub(super) quiet_end: Duration,
     /// The workers `kill` and `stop` pick from: all (`None`) or those of one kind.
     pub(super) target: Option<Kind>,
+    /// Faults aimed at what a sabotage breaks (`soak --self-test`): `kill` and `stop`
+    /// strike a worker only while one of its chunks is open in its ledger, and a `stop`
+    /// holds until another worker has started a chunk over one it froze (at most
+    /// [`AIMED_STOP_LEASES`] leases).
+    pub(super) aim: bool,
     /// A sabotage switch every worker and chunk gets as `SOAK_SABOTAGE`
     /// (`soak --self-test`).
     pub(super) sabotage: Option<String>,
@@ -74,6 +79,10 @@ impl Profile {
     }
 }
 
+/// How many leases an aimed `stop` holds at most while no other worker has taken over
+/// the chunk it froze.
+pub(super) const AIMED_STOP_LEASES: u32 = 4;
+
 /// Partitions a second that make a million in 30 minutes: with `--fast` the default
 /// plan is this times the duration, and more is planned when the fleet runs low.
 pub(super) const FAST_RATE: u64 = 560;
@@ -106,6 +115,7 @@ impl Options {
             first_fault: None,
             quiet_end: faults::QUIET_END,
             target: None,
+            aim: false,
             sabotage: None,
             top_up: true,
         };
