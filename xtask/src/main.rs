@@ -40,7 +40,7 @@ Tasks:
   soak [--ci] [--fast|--splits] [--embedded] [--seed N] [--duration SECS]
        [--interval SECS] [--partitions N] [--workers N] [--runners N]
        [--runner-concurrency N] [--faults F,F,...|all] [--cluster]
-       [--release|--prebuilt] [--lease MS] [--drain SECS]
+       [--release|--prebuilt] [--lease MS] [--drain SECS] [--aim runner|exec|any]
                            a fault-injecting soak: real workers on a private Redis (or
                            a 3+3 cluster, or one embedded process), a seeded fault every
                            N s (kill, stop, panic, redis-kill, redis-pause, proxy,

@@ -90,7 +90,7 @@ pub(super) const FAST_RATE: u64 = 560;
 const USAGE: &str = "usage: cargo xtask soak [--ci] [--fast | --splits] [--embedded] [--seed N] \
 [--duration SECS] [--interval SECS] [--partitions N] [--workers N] [--runners N] \
 [--runner-concurrency N] [--faults kill,stop,...] [--cluster] [--release | --prebuilt] \
-[--lease MS] [--drain SECS]";
+[--lease MS] [--drain SECS] [--aim runner|exec|any]";
 
 impl Options {
     pub(super) fn parse(args: &[String]) -> Result<Options> {
@@ -198,6 +198,17 @@ impl Options {
                         }
                     }
                 }
+                "--aim" => {
+                    // The self-test's aiming, for a run without a sabotage: what its
+                    // oracles say of a sound fleet under the same faults.
+                    o.aim = true;
+                    o.target = match value()?.as_str() {
+                        "runner" => Some(Kind::Runner),
+                        "exec" => Some(Kind::Exec),
+                        "any" => None,
+                        v => bail!("--aim {v}: runner, exec or any"),
+                    };
+                }
                 "--cluster" => o.cluster = true,
                 "--release" => o.release = true,
                 "--prebuilt" => o.prebuilt = true,
@@ -253,6 +264,16 @@ mod tests {
         assert_eq!((fast.profile, fast.runners), (Profile::Fast, 3));
         let err = parse(&["--fast", "--splits"]).unwrap_err().to_string();
         assert!(err.contains("exclude each other"), "{err}");
+    }
+
+    #[test]
+    fn aim_picks_the_kind_struck() {
+        let o = parse(&["--aim", "runner"]).unwrap();
+        assert!(o.aim);
+        assert_eq!(o.target, Some(Kind::Runner));
+        assert_eq!(parse(&["--aim", "any"]).unwrap().target, None);
+        assert!(!parse(&[]).unwrap().aim);
+        assert!(parse(&["--aim", "x"]).is_err());
     }
 
     #[test]
