@@ -675,9 +675,7 @@ impl Runner {
         });
         let report = work::run(&backend, settings, rx).await;
         stopper.abort();
-        // The run loop's error keeps its message and causes; its kind is the loop's
-        // to give once it returns this crate's error.
-        let report = report.map_err(|err| Error::Other(err.into()))?;
+        let report = report?;
         let quantile = |q: f64| {
             let h = &report.durations_ms;
             Duration::from_millis(if h.is_empty() {
@@ -766,7 +764,7 @@ impl Runner {
         job: Work,
         worker: String,
         stop: watch::Receiver<Stop>,
-    ) -> anyhow::Result<work::Report> {
+    ) -> Result<work::Report, Error> {
         let settings = self.settings(job, worker)?;
         work::run(backend, settings, stop).await
     }
@@ -787,7 +785,7 @@ impl Observer for Subscribed {
         shared: Arc<Shared>,
         done: watch::Receiver<bool>,
         background: &mut tokio::task::JoinSet<()>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), Error> {
         match &self.observer {
             Some(observer) => observer.attach(backend, shared, done, background).await,
             None => Ok(()),

@@ -53,6 +53,39 @@ impl Observer for RunObserver {
         shared: Arc<Shared>,
         done: watch::Receiver<bool>,
         background: &mut JoinSet<()>,
+    ) -> Result<(), crate::error::Error> {
+        self.attach_cli(backend, shared, done, background)
+            .await
+            .map_err(|err| crate::error::Error::Other(err.into()))
+    }
+
+    fn event(&self, event: &Event) {
+        match event {
+            Event::ChunkDone { duration, .. } => {
+                self.chunk_seconds.observe(duration.as_secs_f64());
+            }
+            Event::PartitionDone { .. } => {
+                self.completed.fetch_add(1, Relaxed);
+            }
+            _ => {}
+        }
+    }
+
+    fn finish(&self, counts: &StatusCounts) {
+        if let Some(progress) = self.progress.lock().expect("not poisoned").take() {
+            progress.finish(counts);
+        }
+    }
+}
+
+impl RunObserver {
+    /// [`Observer::attach`], its errors the command line's.
+    async fn attach_cli(
+        &self,
+        backend: &Backend,
+        shared: Arc<Shared>,
+        done: watch::Receiver<bool>,
+        background: &mut JoinSet<()>,
     ) -> Result<()> {
         if let Some(addr) = self.metrics {
             let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
@@ -77,23 +110,5 @@ impl Observer for RunObserver {
         let progress = Progress::start(backend, mine, done).await?;
         *self.progress.lock().expect("not poisoned") = Some(progress);
         Ok(())
-    }
-
-    fn event(&self, event: &Event) {
-        match event {
-            Event::ChunkDone { duration, .. } => {
-                self.chunk_seconds.observe(duration.as_secs_f64());
-            }
-            Event::PartitionDone { .. } => {
-                self.completed.fetch_add(1, Relaxed);
-            }
-            _ => {}
-        }
-    }
-
-    fn finish(&self, counts: &StatusCounts) {
-        if let Some(progress) = self.progress.lock().expect("not poisoned").take() {
-            progress.finish(counts);
-        }
     }
 }

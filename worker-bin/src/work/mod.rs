@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
 use hdrhistogram::Histogram;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -22,6 +21,7 @@ use tranche_active_store::{Lease, StatusCounts};
 use tranche_archive_store::{SnapshotPolicy, Snapshots};
 
 use crate::backend::Backend;
+use crate::error::Error;
 use crate::event::{Event, Progress};
 use crate::held::{self, Hold, LeaseBook};
 use crate::job::{Chunk, ChunkError, Job};
@@ -102,7 +102,7 @@ pub(crate) trait Observer: Send + Sync {
         shared: Arc<Shared>,
         done: watch::Receiver<bool>,
         background: &mut JoinSet<()>,
-    ) -> Result<()>;
+    ) -> Result<(), Error>;
 
     /// Something happened in the run (called inline: return quickly).
     fn event(&self, event: &Event);
@@ -314,7 +314,7 @@ pub(crate) async fn run(
     backend: &Backend,
     settings: Settings,
     stop: watch::Receiver<Stop>,
-) -> Result<Report> {
+) -> Result<Report, Error> {
     let started = Instant::now();
     let shared = Arc::new(Shared::new(settings.observer.clone()));
     let book = Arc::new(LeaseBook::new(settings.lease, settings.split));
@@ -449,7 +449,7 @@ async fn claim_loop(
     book: &Arc<LeaseBook>,
     gate: &Arc<crate::control::Gate>,
     mut stop: watch::Receiver<Stop>,
-) -> Result<()> {
+) -> Result<(), Error> {
     let mut tasks: JoinSet<()> = JoinSet::new();
     let mut queue: VecDeque<(Lease, Arc<Hold>)> = VecDeque::new();
     let ctx = Arc::new(PartitionCtx {
