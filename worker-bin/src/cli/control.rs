@@ -409,12 +409,7 @@ fn log_text(entries: &[LogEntry]) -> String {
 /// The namespace's control record for `status`, once anything was ever set (`None`
 /// embedded: a running worker's record lives in its process).
 pub(crate) async fn record_of(backend: &Backend) -> Result<Option<ControlRecord>> {
-    if backend.is_embedded() {
-        return Ok(None);
-    }
-    let (store, _) = control::stores(backend);
-    let record = store.read().await?;
-    Ok((record != ControlRecord::default()).then_some(record))
+    Ok(control::record_of(backend).await?)
 }
 
 /// The throttle a run loop would see now: the manual one, any live prober's, or a

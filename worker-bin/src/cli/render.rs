@@ -7,7 +7,7 @@ use anyhow::Result;
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 use tranche_active_store::{Piece, StatusCounts, WorkerState};
-use tranche_archive_store::{DeadLetter, Redrive};
+use tranche_archive_store::DeadLetter;
 use tranche_codec::{CompletedRecord, Partition};
 use tranche_router::{Fallback, Located, MergedStats, PartitionView};
 use tranche_stats::{Difference, RangeStats, StatsSummary};
@@ -23,7 +23,8 @@ mod partition;
 mod run;
 mod stats;
 
-pub(crate) use checks::{Damaged, DeadLetters, check, dead_letters, health, shards_named};
+pub(crate) use crate::check::{Damaged, DeadLetters};
+pub(crate) use checks::{check, dead_letters, health, shards_named};
 pub(crate) use partition::{completed_fields, located, view, view_json};
 pub(crate) use run::{ArchiveBytes, run_summary, run_summary_json};
 use stats::range_lines;
@@ -223,7 +224,9 @@ pub(crate) fn bytes(b: f64) -> String {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+
     use std::time::Duration;
+    use tranche_archive_store::Redrive;
 
     use tranche_active_store::WorkerInfo;
     use tranche_archive_store::Tier;

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 /// before it. `cli`, the command-line floor, is on top of all.
 const FLOOR: &[&str] = &[
     "atomic", "error", "duration", "defaults", "sync", "signal", "event", "plan", "handler", "sql",
-    "job", "slot", "layers", "state", "embedded", "backend", "held", "control", "work", "query",
-    "metrics", "runner", "cli",
+    "job", "slot", "layers", "state", "embedded", "backend", "held", "control", "check", "work",
+    "query", "metrics", "runner", "cli",
 ];
 
 fn src() -> PathBuf {
