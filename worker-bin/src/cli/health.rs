@@ -205,6 +205,7 @@ pub(crate) async fn health_rules(
         damaged_rule(&stalls, unreadable.as_ref()),
         archive_damaged_rule(&backend.archive.damaged().await?),
         control_rule(crate::cli::control::record_of(backend).await?.as_ref()),
+        clock_skew_rule(clock_skew_ms(backend).await?, default_skew_bound()),
         overdue_rule(
             backend,
             args,
@@ -325,6 +326,43 @@ fn control_rule(record: Option<&tranche_control::ControlRecord>) -> render::Rule
     })
 }
 
+/// This process's clock less the Redis server's `TIME`, ms (`None` embedded: one
+/// process, one clock).
+pub(crate) async fn clock_skew_ms(backend: &Backend) -> Result<Option<i64>> {
+    Ok(match backend.redis() {
+        Some(redis) => Some(redis.active.clock_skew_ms().await?),
+        None => None,
+    })
+}
+
+/// The clock skew a fleet at the default lease may have: a twelfth of it (2.5 s at
+/// 30 s).
+pub(crate) fn default_skew_bound() -> std::time::Duration {
+    use crate::defaults::RunDefaults;
+    crate::held::skew_bound(RunDefaults::duration(RunDefaults::RUN.lease))
+}
+
+/// The clock of the process reading (`health`, `serve`) against the Redis server's,
+/// in seconds either way, against `bound`: deadlines are set and reaped by each
+/// process's own clock, so a fleet whose clocks are further apart than a holder's
+/// margin can reap a lease while its holder still works.
+fn clock_skew_rule(skew_ms: Option<i64>, bound: std::time::Duration) -> render::Rule {
+    let skew = skew_ms.unwrap_or(0);
+    render::Rule::new(
+        "clock_skew",
+        skew.unsigned_abs() as f64 / 1000.0,
+        bound.as_secs_f64(),
+    )
+    .detail(|| {
+        format!(
+            "this clock is {} ms {} the Redis server's TIME; leases need every process within {} ms of the others (a twelfth of the lease): keep the fleet on NTP",
+            skew.unsigned_abs(),
+            if skew > 0 { "ahead of" } else { "behind" },
+            bound.as_millis()
+        )
+    })
+}
+
 /// How many times the p99 partition duration a partition may run before it is overdue
 /// (unless `--max-partition-time` is longer).
 const OVERDUE_P99S: f64 = 10.0;
@@ -380,4 +418,33 @@ async fn overdue_rule(
             )
         }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    /// The seam the skew comes through: a skew past a twelfth of the lease fires,
+    /// either way, naming the direction; one within it, or none (embedded), is quiet.
+    #[test]
+    fn clock_skew_fires_past_a_twelfth_of_the_lease() {
+        let bound = super::default_skew_bound();
+        assert_eq!(bound, std::time::Duration::from_millis(2500));
+        for skew in [2501_i64, -2501, 60_000] {
+            let rule = super::clock_skew_rule(Some(skew), bound);
+            assert!(rule.firing(), "{skew}: {rule:?}");
+            let detail = rule.detail.expect("a detail while firing");
+            assert!(
+                detail.contains(&skew.unsigned_abs().to_string()),
+                "{detail}"
+            );
+            let side = if skew > 0 { "ahead of" } else { "behind" };
+            assert!(detail.contains(side), "{detail}");
+        }
+        for skew in [Some(0), Some(2500), Some(-2500), Some(-3), None] {
+            let rule = super::clock_skew_rule(skew, bound);
+            assert!(
+                !rule.firing() && rule.detail.is_none(),
+                "{skew:?}: {rule:?}"
+            );
+        }
+    }
 }

@@ -53,6 +53,14 @@ const STOP_DIV: u32 = 6;
 /// See [`BEAT_DIV`].
 const KILL_DIV: u32 = 12;
 
+/// How far apart two processes' clocks may be for a lease `lease` to stay safe: the
+/// margin a holder keeps ([`KILL_DIV`]), as deadlines are set and reaped by the callers'
+/// clocks (`active-store/src/split.rs`, "Clocks"). `health`'s `clock_skew` rule fires
+/// past it.
+pub(crate) fn skew_bound(lease: Duration) -> Duration {
+    lease / KILL_DIV
+}
+
 /// Told when a store update (a batch of heartbeats) that started at the given instant
 /// has its answer: the run loop records the update's latency.
 pub(crate) type TimedUpdate = dyn Fn(std::time::Instant) + Send + Sync;

@@ -117,6 +117,8 @@ struct Reading {
     oldest: Option<u64>,
     memory: Option<u64>,
     control: Option<tranche_control::ControlRecord>,
+    /// This server's clock less the Redis server's, ms (`None` embedded).
+    clock_skew_ms: Option<i64>,
 }
 
 impl Reading {
@@ -165,6 +167,7 @@ impl Reading {
             oldest: backend.inbox_oldest_ms().await?,
             memory: backend.used_memory().await,
             control: crate::cli::control::record_of(&backend).await?,
+            clock_skew_ms: crate::cli::health::clock_skew_ms(&backend).await?,
         })
     }
 
@@ -294,6 +297,15 @@ impl Reading {
                 "redis_memory_bytes",
                 "Memory the Redis server (every master of a cluster) uses, all namespaces included",
                 bytes,
+            );
+        }
+        if let Some(ms) = self.clock_skew_ms {
+            let skew: FloatGauge = Gauge::default();
+            skew.set(ms as f64 / 1000.0);
+            registry.register(
+                "clock_skew_seconds",
+                "This server's clock less the Redis server's TIME (positive: ahead); leases need every process within a twelfth of a lease (`clock_skew` in `tranche health`)",
+                skew,
             );
         }
     }
