@@ -327,12 +327,20 @@ fn control_rule(record: Option<&tranche_control::ControlRecord>) -> render::Rule
 }
 
 /// This process's clock less the Redis server's `TIME`, ms (`None` embedded: one
-/// process, one clock).
+/// process, one clock; and when the server refuses `TIME`, as a user without `+time`
+/// does, said in a WARN: the other rules still read).
 pub(crate) async fn clock_skew_ms(backend: &Backend) -> Result<Option<i64>> {
-    Ok(match backend.redis() {
-        Some(redis) => Some(redis.active.clock_skew_ms().await?),
-        None => None,
-    })
+    let Some(redis) = backend.redis() else {
+        return Ok(None);
+    };
+    match redis.active.clock_skew_ms().await {
+        Ok(ms) => Ok(Some(ms)),
+        Err(err) if err.is_permanent() => {
+            tracing::warn!(%err, "cannot read the server's TIME: clock_skew is not checked (grant the user +time)");
+            Ok(None)
+        }
+        Err(err) => Err(err.into()),
+    }
 }
 
 /// The clock skew a fleet at the default lease may have: a twelfth of it (2.5 s at
