@@ -19,12 +19,14 @@ pub(crate) use crate::cli::calendar::{rfc3339, time};
 pub(crate) use crate::cli::cost::plan_cost;
 
 mod checks;
+mod control;
 mod partition;
 mod run;
 mod stats;
 
 pub(crate) use crate::check::{Damaged, DeadLetters};
 pub(crate) use checks::{check, dead_letters, health, shards_named};
+pub(crate) use control::{entry_json, log_text, record_json, register_metrics, status_lines};
 pub(crate) use partition::{completed_fields, located, view, view_json};
 pub(crate) use run::{ArchiveBytes, run_summary, run_summary_json};
 use stats::range_lines;
@@ -65,7 +67,7 @@ pub(crate) fn status(s: &Status, json: bool) -> String {
             "dead_letters": s.dead_letters, "paused": s.paused,
         });
         if let Some(r) = &s.control {
-            v["control"] = crate::cli::control::record_json(r, crate::duration::now_ms());
+            v["control"] = control::record_json(r, crate::duration::now_ms());
         }
         return line(v);
     }
@@ -110,10 +112,7 @@ pub(crate) fn status(s: &Status, json: bool) -> String {
     let _ = writeln!(out);
     let _ = writeln!(out, "workers    {} active", s.workers);
     if let Some(r) = &s.control {
-        out.push_str(&crate::cli::control::status_lines(
-            r,
-            crate::duration::now_ms(),
-        ));
+        out.push_str(&control::status_lines(r, crate::duration::now_ms()));
     }
     let _ = writeln!(out, "decode failures {}", s.decode_failures);
     let _ = writeln!(

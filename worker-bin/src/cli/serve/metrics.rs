@@ -289,7 +289,7 @@ impl Reading {
             self.control.as_ref().map_or(0, |r| r.rejected.len() as u64),
         );
         if let Some(record) = &self.control {
-            crate::cli::control::register_metrics(registry, record, crate::duration::now_ms());
+            crate::cli::render::register_metrics(registry, record, crate::duration::now_ms());
         }
         if let Some(bytes) = self.memory {
             gauge(
