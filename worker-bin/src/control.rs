@@ -166,6 +166,17 @@ pub(crate) fn stores(backend: &Backend) -> (Arc<dyn ControlStore>, Arc<dyn RateL
     }
 }
 
+/// The namespace's control record, once anything was ever set (`None` embedded: a
+/// running worker's record lives in its process).
+pub(crate) async fn record_of(backend: &Backend) -> Result<Option<ControlRecord>> {
+    if backend.is_embedded() {
+        return Ok(None);
+    }
+    let (store, _) = stores(backend);
+    let record = store.read().await.map_err(store_error)?;
+    Ok((record != ControlRecord::default()).then_some(record))
+}
+
 /// Who made a change, for the control log: `user@host/pid`.
 pub(crate) fn origin() -> String {
     let user = std::env::var("USER").unwrap_or_else(|_| "?".to_owned());

@@ -71,6 +71,16 @@ pub enum Error {
     /// [`StateError`](crate::embedded_state::StateError), said as it is.
     #[error(transparent)]
     State(BoxError),
+    /// A repair step failed (`Job::check` with a repair): the step, said in one line,
+    /// and its cause; what was repaired before it stays repaired.
+    #[error("{what}")]
+    RepairFailed {
+        /// The step: "cannot repair the statistics of shard 3".
+        what: String,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
     /// Anything else, with its own message.
     #[error(transparent)]
     Other(BoxError),

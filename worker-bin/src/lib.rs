@@ -76,6 +76,7 @@
 
 mod atomic;
 mod backend;
+mod check;
 #[cfg(feature = "cli")]
 mod cli;
 mod control;
@@ -118,6 +119,7 @@ pub use state::fuzz_state_file;
 #[doc(hidden)]
 pub use cli::cli_main;
 
+pub use check::CheckReport;
 pub use control::ControlHandle;
 pub use error::Error;
 pub use event::{Event, Progress};
@@ -139,6 +141,8 @@ pub use tranche_codec::{CompletedRecord, Partition, Status};
 /// What a throttle probe found ([`Runner::throttle_probe`]).
 pub use tranche_control::ProbeOutcome;
 pub use tranche_router::{Located, MergedStats, PartitionView};
+/// One difference [`Job::check`] found ([`CheckReport::differences`]).
+pub use tranche_stats::Difference;
 
 /// The README's "Embed a worker in Rust" section, compiled and run as a doctest so
 /// that it stays true.

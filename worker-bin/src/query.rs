@@ -5,7 +5,8 @@
 //!
 //! Beside the questions, the operator's actions, through the same store operations
 //! the command line and `tranche serve` call: [`Job::retry_failed`],
-//! [`Job::discard`], [`Job::pause`], [`Job::resume`] and [`Job::export`].
+//! [`Job::discard`], [`Job::pause`], [`Job::resume`] and [`Job::export`], and the
+//! consistency check, [`Job::check`].
 //!
 //! A job opened on an embedded state file that a run holds reads the file as that run
 //! last saved it (every few seconds, and at its end). One opened on a free state file
@@ -17,6 +18,7 @@ use tranche_codec::{Partition, Status};
 use tranche_router::{Located, MergedStats, PartitionView};
 
 use crate::backend::{Backend, Location, Open, Tuning};
+use crate::check::CheckReport;
 use crate::error::Error;
 
 /// A namespace opened to be asked about: [`Runner::job`](crate::Runner::job) or
@@ -194,6 +196,16 @@ impl Job {
     /// namespace.
     pub async fn export(&self) -> Result<Dump, Error> {
         export(&self.backend).await
+    }
+
+    /// Checks the namespace's consistency, as `tranche check` does: the statistics
+    /// recomputed from the archive, the active counts from the records, and every
+    /// value that does not decode. With `repair`, what it finds is fixed, rebuilt or
+    /// set aside (as `tranche check --repair`); [`CheckReport::left`] says what a
+    /// repair could not. Run it while no worker runs: a claim or an archive pass
+    /// between its reads shows as a difference.
+    pub async fn check(&self, repair: bool) -> Result<CheckReport, Error> {
+        crate::check::check(&self.backend, repair).await
     }
 }
 

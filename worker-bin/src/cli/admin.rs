@@ -51,11 +51,6 @@ pub(crate) trait Admin: Sized {
     /// The key schema of the namespace as opened: on Redis with its recorded layout.
     fn schema(&self) -> Result<KeySchema>;
 
-    /// Derives the active layer's status counters from its records again (Redis keeps
-    /// them in the scripts; the memory store counts its records directly, so there is
-    /// nothing to do embedded).
-    async fn recount_active(&self) -> Result<()>;
-
     /// When the oldest completion still waiting in an archive inbox was written, ms
     /// since the epoch (a stream entry's id starts with it): one `XRANGE - + COUNT 1`
     /// per shard. `None` when the inboxes are empty, and embedded (its inbox is drained
@@ -177,13 +172,6 @@ impl Admin for Backend {
             Some(redis) => Ok(redis.schema.clone()),
             None => Ok(KeySchema::new(&self.namespace, self.shards)?),
         }
-    }
-
-    async fn recount_active(&self) -> Result<()> {
-        if let Some(redis) = self.redis() {
-            redis.active.recount().await?;
-        }
-        Ok(())
     }
 
     async fn inbox_oldest_ms(&self) -> Result<Option<u64>> {

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use tranche_control::{ProbeStale, ProberConfig, Rate};
+
 use crate::cli::common::{Global, parse_duration};
 use crate::defaults::RunDefaults;
 
@@ -143,14 +145,14 @@ pub(crate) enum Command {
     },
     /// Change the namespace's live settings: every worker applies them within 2 s,
     /// without restarting (Redis only; `none` clears one).
-    Set(crate::cli::control::SetArgs),
+    Set(SetArgs),
     /// Turn the namespace's manual throttle on or off: while on, no new chunk starts
     /// on any worker (Redis only).
     #[command(subcommand)]
-    Throttle(crate::cli::control::ThrottleCommand),
+    Throttle(ThrottleCommand),
     /// The namespace's control record and its change log (Redis only).
     #[command(subcommand)]
-    Control(crate::cli::control::ControlCommand),
+    Control(ControlCommand),
     /// Records that can never be archived, set aside with the reason (per shard, oldest
     /// first).
     DeadLetters {
@@ -299,7 +301,7 @@ pub(crate) struct RunArgs {
     #[command(flatten)]
     pub(crate) snapshots: SnapshotArgs,
     #[command(flatten)]
-    pub(crate) control: crate::cli::control::RunControlArgs,
+    pub(crate) control: RunControlArgs,
 }
 
 /// Archive tier settings (`run`, `archive`).
@@ -529,6 +531,152 @@ impl HealthArgs {
         }
         <Only as clap::Parser>::parse_from(["health"]).health
     }
+}
+
+/// `run`'s production-control options.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct RunControlArgs {
+    /// Fleet-wide limit of row IDs per second (N, N/s, N/m or N/h), shared by every
+    /// worker of the namespace (through Redis, or in this process embedded).
+    #[arg(long, value_name = "RATE", value_parser = parse_fleet_rate)]
+    pub(crate) max_rate: Option<Rate>,
+    /// Fleet-wide limit of partitions claimed per second (N, N/s, N/m or N/h).
+    #[arg(long, value_name = "RATE", value_parser = parse_fleet_rate)]
+    pub(crate) max_partitions_rate: Option<Rate>,
+    /// Throttle probe: a shell command run every --throttle-interval by one worker of
+    /// the namespace. Exit 0 is go (a number on its first stdout line is the metric of
+    /// --keep-below), exit 1 throttles with the first stdout line as the reason, any
+    /// other exit throttles and is reported.
+    #[arg(long, value_name = "CMD", conflicts_with = "throttle_http")]
+    pub(crate) throttle_exec: Option<String>,
+    /// Throttle probe: an http:// or https:// URL; 2xx is go, 429 or 503 throttles,
+    /// anything else (or no answer) throttles and is reported.
+    #[arg(long, value_name = "URL")]
+    pub(crate) throttle_http: Option<String>,
+    /// A PEM file of the CA that signs --throttle-http's certificate (default: the
+    /// system's roots).
+    #[arg(long, value_name = "FILE", requires = "throttle_http")]
+    pub(crate) throttle_ca: Option<std::path::PathBuf>,
+    /// How often the probe runs (100ms to 20m).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval)]
+    pub(crate) throttle_interval: Duration,
+    /// What a probe finding nobody renews (its prober died or stalled) means: throttle
+    /// the fleet until a prober reports again, or go as if no probe were set.
+    #[arg(long, value_name = "throttle|go", default_value = "throttle", value_parser = parse_probe_stale)]
+    pub(crate) probe_stale: ProbeStale,
+    /// Adjust the fleet's ID rate (additive increase, multiplicative decrease, at most
+    /// --max-rate) so that the number --throttle-exec prints stays below N.
+    #[arg(long, value_name = "N", requires = "throttle_exec")]
+    pub(crate) keep_below: Option<f64>,
+    /// Claim and start work only within HH:MM-HH:MM (wrapping midnight, e.g.
+    /// 22:00-06:00); outside it the worker waits and says until when.
+    #[arg(long, value_name = "HH:MM-HH:MM")]
+    pub(crate) active_hours: Option<String>,
+    /// The time zone of --active-hours (an IANA name such as Europe/Paris; default the
+    /// system's).
+    #[arg(long, value_name = "ZONE", requires = "active_hours")]
+    pub(crate) tz: Option<String>,
+    /// Size each partition's chunks so each takes about this long (from --chunk, between
+    /// --chunk-min and --chunk-max), keeping the window's checkpoint exact.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) chunk_time: Option<Duration>,
+    /// The smallest chunk --chunk-time makes.
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "chunk_time", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) chunk_min: u64,
+    /// The largest chunk --chunk-time makes.
+    #[arg(long, value_name = "N", default_value_t = 1_000_000, requires = "chunk_time", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) chunk_max: u64,
+}
+
+/// A rate (N, N/s, N/m or N/h).
+fn parse_fleet_rate(s: &str) -> Result<Rate, String> {
+    s.parse::<Rate>().map_err(|e| e.to_string())
+}
+
+/// A probe interval, bounded as [`ProberConfig::check`] bounds it.
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let interval = parse_duration(s).map_err(|e| e.to_string())?;
+    ProberConfig {
+        worker: "-".to_owned(),
+        interval,
+        max_rate: None,
+        floor: 1.0,
+    }
+    .check()
+    .map_err(|e| e.to_string())?;
+    Ok(interval)
+}
+
+/// `throttle` or `go`.
+fn parse_probe_stale(s: &str) -> Result<ProbeStale, String> {
+    s.parse::<ProbeStale>().map_err(|e| e.to_string())
+}
+
+/// `set`: the namespace's live settings, applied by every worker within 2 s. Each
+/// option takes `none` to clear it (the workers' own options are in force again).
+#[derive(Debug, Args)]
+pub(crate) struct SetArgs {
+    /// Row IDs per second, fleet-wide (N, N/s, N/m, N/h, or none).
+    #[arg(long, value_name = "RATE")]
+    pub(crate) max_rate: Option<String>,
+    /// Partitions claimed per second, fleet-wide (or none).
+    #[arg(long, value_name = "RATE")]
+    pub(crate) max_partitions_rate: Option<String>,
+    /// Partitions each worker runs at once (or none).
+    #[arg(long, value_name = "N")]
+    pub(crate) concurrency: Option<String>,
+    /// Row IDs per chunk, for partitions started from now on (or none).
+    #[arg(long, value_name = "N")]
+    pub(crate) chunk: Option<String>,
+    /// Chunks of one partition in flight, applied in flight up to each partition's
+    /// window (or none).
+    #[arg(long, value_name = "N")]
+    pub(crate) parallel: Option<String>,
+    /// Size chunks to take this long (a duration, or none).
+    #[arg(long, value_name = "DURATION")]
+    pub(crate) chunk_time: Option<String>,
+    /// The smallest chunk of --chunk-time (or none).
+    #[arg(long, value_name = "N")]
+    pub(crate) chunk_min: Option<String>,
+    /// The largest chunk of --chunk-time (or none).
+    #[arg(long, value_name = "N")]
+    pub(crate) chunk_max: Option<String>,
+    /// The probe metric the fleet's rate is adjusted to stay below (or none).
+    #[arg(long, value_name = "N")]
+    pub(crate) keep_below: Option<String>,
+    /// HH:MM-HH:MM outside which nothing is claimed or started (or none).
+    #[arg(long, value_name = "HH:MM-HH:MM")]
+    pub(crate) active_hours: Option<String>,
+    /// The time zone of --active-hours.
+    #[arg(long, value_name = "ZONE", requires = "active_hours")]
+    pub(crate) tz: Option<String>,
+}
+
+/// `throttle`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum ThrottleCommand {
+    /// Start no new chunk on any worker of the namespace until `throttle off`
+    /// (chunks in flight finish; leases are kept).
+    On {
+        /// Why, shown by `status` as "throttled since T: REASON".
+        #[arg(long, default_value = "manual throttle")]
+        reason: String,
+    },
+    /// Lift the manual throttle.
+    Off,
+}
+
+/// `control`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum ControlCommand {
+    /// The last changes of the namespace's control record (time, origin, change).
+    Log {
+        /// At most this many (the log keeps the last 100).
+        #[arg(long, value_name = "N", default_value_t = 100)]
+        limit: usize,
+    },
+    /// The control record in force: settings, throttles, the probe's last finding.
+    Show,
 }
 
 #[cfg(test)]

@@ -1,471 +1,57 @@
-//! Whether the job is well: `check` (statistics recomputed from the archive and active
-//! counts from the records, `--repair` fixes) and `health` (the alert rules, each read in
-//! O(shards), with `--check` the consistency rule too).
+//! Whether the job is well: `check` (the library's check, `crate::check`, printed and
+//! judged in one line) and `health` (the alert rules, each read in O(shards), with
+//! `--check` the consistency rule too).
 
-use anyhow::{Context, Result};
-use tranche_active_store::StatusCounts;
+use anyhow::Result;
 use tranche_archive_store::{ARCHIVE_DAMAGED, ArchiveDamage, Stall};
 use tranche_codec::Status;
-use tranche_stats::{Damage, Stats, StatsDelta, diff};
 
 use crate::backend::Backend;
+use crate::check::CheckReport;
 use crate::cli::admin::Admin;
 use crate::cli::args::HealthArgs;
 use crate::cli::render;
 
 use crate::cli::common::Outcome;
 
-/// The statistics delta of every archived record that decodes, one per shard, read
-/// page by page across the plans (memory grows with workers, ranges and days, never
-/// with the archive), and every archived value that does not decode.
-async fn archived_deltas(backend: &Backend) -> Result<(Vec<StatsDelta>, Vec<ArchiveDamage>)> {
-    let schema = backend.schema()?;
-    let mut deltas = vec![StatsDelta::default(); backend.shards as usize];
-    let mut damaged: Vec<ArchiveDamage> = Vec::new();
-    for entry in backend.active.plans().await? {
-        let mut from = entry.plan.first_pid();
-        let last = entry.plan.last_pid();
-        loop {
-            let page = backend.archive.range(from..=last, 10_000).await?;
-            for r in &page.records {
-                deltas[schema.shard_of(r.pid) as usize].add(r);
-            }
-            for d in page.damaged {
-                if !damaged.iter().any(|o| o.key == d.key && o.field == d.field) {
-                    damaged.push(d);
-                }
-            }
-            match page.next {
-                Some(next) => from = next,
-                None => break,
-            }
-        }
-    }
-    Ok((deltas, damaged))
-}
-
-/// The statistics kept against those recomputed from `deltas` (the archived records
-/// that decode). With `lost` records set aside as damaged (still counted, never to be
-/// read again) only the count can be compared: the records that decode plus the lost
-/// ones against the count kept.
-/// Returns the differences and the completed counts, (archived, kept).
-async fn compare_stats(
-    backend: &Backend,
-    deltas: &[StatsDelta],
-    lost: u64,
-) -> Result<(Vec<tranche_stats::Difference>, (u64, u64))> {
-    let mut expected = Stats::from_deltas(deltas);
-    expected.global_stats.total_completed += lost;
-    let found = backend.stats.stats().await?;
-    let counts = (
-        expected.global_stats.total_completed,
-        found.global_stats.total_completed,
-    );
-    let differences = diff(&expected, &found);
-    if lost == 0 {
-        return Ok((differences, counts));
-    }
-    let differences = differences
-        .into_iter()
-        .filter(|d| d.path == "global_stats.total_completed")
-        .collect();
-    Ok((differences, counts))
-}
-
-/// How many times `health --check` reads the archive looking for a moment no archive
-/// pass ran in before it judges from the counts alone.
-const SETTLE_TRIES: usize = 3;
-
-/// `health --check`'s statistics differences, read while archivers may write. An
-/// archive pass moves a shard's records and statistics in one atomic step, so when the
-/// completed count reads the same before and after the archive is read, nothing moved
-/// in between and every difference is real. Archived to the end of each try, it judges
-/// only what no pass in flight explains: a count of archived records outside the
-/// counts read before and after (counted twice, or lost).
-async fn settled_differences(backend: &Backend) -> Result<usize> {
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        let before = backend.stats.summary().await?.global_stats.total_completed;
-        let (deltas, archive_damage) = archived_deltas(backend).await?;
-        if !archive_damage.is_empty() {
-            // Unreadable archived values: `archive_damaged` names them.
-            return Ok(0);
-        }
-        let lost = backend.archive.lost_records().await?;
-        let (differences, (archived, after)) = compare_stats(backend, &deltas, lost).await?;
-        let read = SettleRead {
-            before,
-            archived,
-            after,
-            differences: differences.len(),
-        };
-        if let Some(n) = read.verdict(tries == SETTLE_TRIES) {
-            return Ok(n);
-        }
-    }
-}
-
-/// One try of [`settled_differences`]: the completed count kept before and after the
-/// archive was read, the count archived, and how many paths differed.
-#[derive(Debug, Clone, Copy)]
-struct SettleRead {
-    before: u64,
-    archived: u64,
-    after: u64,
-    differences: usize,
-}
-
-impl SettleRead {
-    /// The differences to report, or None to read again.
-    fn verdict(self, last_try: bool) -> Option<usize> {
-        if self.differences == 0 || self.before == self.after {
-            Some(self.differences)
-        } else if last_try {
-            Some(usize::from(
-                !(self.before..=self.after).contains(&self.archived),
-            ))
-        } else {
-            None
-        }
-    }
-}
-
-/// Recomputes the statistics from the archive; repairs each shard if asked (not when
-/// records were lost to damage: the statistics are all that still counts them).
-async fn check_stats(
-    backend: &Backend,
-    deltas: &[StatsDelta],
-    repair: bool,
-) -> Result<Vec<tranche_stats::Difference>> {
-    let lost = backend.archive.lost_records().await?;
-    let (differences, _) = compare_stats(backend, deltas, lost).await?;
-    if repair && !differences.is_empty() && lost == 0 {
-        backend.ensure_writable()?;
-        for (shard, delta) in deltas.iter().enumerate() {
-            backend.stats.replace(shard as u32, delta).await?;
-        }
-        backend.save().await?;
-    }
-    Ok(differences)
-}
-
-/// The archived values that do not decode, one difference each under
-/// `archive_records.` (shard, key and field, what is wrong); with `repair` each is set
-/// aside in its shard's quarantine ([`Archiver::repair_damage`]
-/// (tranche_archive_store::Archiver::repair_damage)), its records still counted.
-/// Returns the differences and how many values are left damaged.
-async fn check_archive(
-    backend: &Backend,
-    found: &[ArchiveDamage],
-    repair: bool,
-) -> Result<(Vec<tranche_stats::Difference>, usize)> {
-    let mut differences = Vec::with_capacity(found.len());
-    let mut left = Vec::new();
-    for d in found {
-        let expected = if repair {
-            backend.ensure_writable()?;
-            match backend
-                .archive
-                .repair_damage(d)
-                .await
-                .with_context(|| format!("cannot set aside {}", d.location()))?
-            {
-                Some(0) => "nothing to set aside: it changed or went since it was read".to_owned(),
-                Some(lost) => format!(
-                    "set aside in the shard's archive:quarantine; {lost} record(s) lost, still counted in the statistics"
-                ),
-                None => {
-                    left.push(d.clone());
-                    "left in place: a segment holds other batches whole (export what decodes and restore)".to_owned()
-                }
-            }
-        } else {
-            left.push(d.clone());
-            format!(
-                "a readable record (`tranche check --repair` sets it aside; {} stay counted)",
-                match &d.field {
-                    Some(_) => "it stays completed and its statistics",
-                    None => "its records stay completed and their statistics",
-                }
-            )
-        };
-        differences.push(tranche_stats::Difference {
-            path: format!("archive_records.shard{}.{}", d.shard, d.location()),
-            expected: Some(expected),
-            found: Some(format!("{}: {}", ARCHIVE_DAMAGED, d.detail)),
-        });
-    }
-    if repair {
-        backend.archive.note_damage(&left).await?;
-        backend.save().await?;
-    }
-    Ok((differences, left.len()))
-}
-
-/// The active layer's kept status counts against a count of its records, as
-/// differences under `active_counts.` (the counters are kept by the Redis scripts; a
-/// process of a version without them, writing alongside, puts them off). Read while
-/// nothing runs: a claim between the two reads shows as a difference.
-async fn check_counts(backend: &Backend, repair: bool) -> Result<Vec<tranche_stats::Difference>> {
-    let kept = backend.active.counts().await?;
-    let snapshot = backend.active.all_active().await?;
-    let mut counted = StatusCounts {
-        unissued: snapshot.unissued.iter().map(|u| u.count).sum(),
-        ..StatusCounts::default()
-    };
-    for p in &snapshot.partitions {
-        counted.add(p.status);
-    }
-    let differences: Vec<_> = [
-        ("unissued", counted.unissued, kept.unissued),
-        ("pending", counted.pending, kept.pending),
-        ("claimed", counted.claimed, kept.claimed),
-        ("running", counted.running, kept.running),
-        ("failed", counted.failed, kept.failed),
-        ("discarded", counted.discarded, kept.discarded),
-    ]
-    .into_iter()
-    .filter(|(_, want, got)| want != got)
-    .map(|(name, want, got)| tranche_stats::Difference {
-        path: format!("active_counts.{name}"),
-        expected: Some(want.to_string()),
-        found: Some(got.to_string()),
-    })
-    .collect();
-    if repair && !differences.is_empty() {
-        backend.ensure_writable()?;
-        backend.recount_active().await?;
-    }
-    Ok(differences)
-}
-
-/// The dead letters: with `repair`, each validated against the plans and the archive
-/// again and re-driven, dropped or kept ([`Redrive`]); without, only counted. Runs
-/// before the statistics are checked, so a record re-driven is in that check.
-async fn check_dead_letters(backend: &Backend, repair: bool) -> Result<render::DeadLetters> {
-    let found = backend.archive.dead_letter_count().await?;
-    if !repair || found == 0 {
-        return Ok(render::DeadLetters {
-            found,
-            redriven: None,
-        });
-    }
-    backend.ensure_writable()?;
-    let planned: Vec<_> = backend
-        .active
-        .plans()
-        .await?
-        .iter()
-        .map(|e| e.plan.first_pid()..=e.plan.last_pid())
-        .collect();
-    let redrive = backend.archive.redrive_dead_letters(&planned).await?;
-    backend.save().await?;
-    Ok(render::DeadLetters {
-        found,
-        redriven: Some(redrive),
-    })
-}
-
-/// Every statistics value of every shard that does not decode (reads each shard whole).
-async fn find_damage(backend: &Backend) -> Result<Vec<Damage>> {
-    let mut found = Vec::new();
-    for shard in 0..backend.shards {
-        found.extend(backend.stats.damage(shard).await?);
-    }
-    Ok(found)
-}
-
-/// The statistics' damage, and with `repair` each damaged shard rebuilt from its
-/// archived records, its bad values set aside in its quarantine (the archive's
-/// [`repair_stats`](tranche_archive_store::Archiver::repair_stats)). `check` runs
-/// while nothing archives; a stalled shard archives nothing.
-async fn check_damage(backend: &Backend, repair: bool) -> Result<render::Damaged> {
-    let found = find_damage(backend).await?;
-    let mut repaired = Vec::new();
-    if repair && !found.is_empty() {
-        backend.ensure_writable()?;
-        let mut shards: Vec<u32> = found.iter().map(|d| d.shard).collect();
-        shards.dedup();
-        for shard in shards {
-            let done = backend
-                .archive
-                .repair_stats(shard)
-                .await
-                .with_context(|| format!("cannot repair the statistics of shard {shard}"))?;
-            repaired.push(done);
-        }
-        backend.save().await?;
-    }
-    Ok(render::Damaged { found, repaired })
-}
-
-/// The active records that do not decode, one difference each under
-/// `active_records.` (shard, pid, the raw value); with `repair` each is set aside in its
-/// shard's quarantine and rebuilt ([`Maintenance::repair_corrupt`]
-/// (tranche_active_store::Maintenance::repair_corrupt)). Runs before the counts are
-/// compared: the records are read whole for them, which a corrupt one stops.
-/// A run whose pids cannot be read is listed once (`.run`, by runs key and token) and
-/// never repaired: nothing knows which partitions to rebuild. One that cannot be
-/// repaired (that, or a repair the store refuses) costs its own line, never the repair
-/// of the rest; an unreachable Redis stops the check. Returns the differences and the
-/// records left in place, by key (and pid).
-async fn check_records(
-    backend: &Backend,
-    repair: bool,
-) -> Result<(Vec<tranche_stats::Difference>, Vec<String>)> {
-    use tranche_active_store::{Error, Maintenance, Repair};
-    let corrupt = backend.active.corrupt_records().await?;
-    let mut differences = Vec::with_capacity(corrupt.len());
-    let mut left = Vec::new();
-    // The broken runs already broken up: a repair rebuilds every pid its run held at
-    // once, so the run's later pids find nothing left to repair.
-    let mut broken_up: Vec<String> = Vec::new();
-    for c in corrupt {
-        let raw = String::from_utf8_lossy(&c.raw);
-        let Some(pid) = c.pid else {
-            left.push(c.key.clone());
-            differences.push(tranche_stats::Difference {
-                path: format!("active_records.shard{}.run ({})", c.shard, c.key),
-                expected: Some(
-                    "not repairable by itself: its pids cannot be read, so it is left in place"
-                        .to_owned(),
-                ),
-                found: Some(format!("unreadable run {raw:?}")),
-            });
-            continue;
-        };
-        let expected = if repair {
-            backend.ensure_writable()?;
-            match backend.active.repair_corrupt(pid).await {
-                Ok(Repair::Removed) => "removed: the partition was completed".to_owned(),
-                Ok(Repair::Nothing) if broken_up.contains(&c.key) => {
-                    "rebuilt pending with the rest of its run".to_owned()
-                }
-                Ok(Repair::Nothing) => "nothing to repair: it decodes now".to_owned(),
-                Ok(_) => {
-                    broken_up.push(c.key.clone());
-                    "set aside in the quarantine and rebuilt pending".to_owned()
-                }
-                Err(err @ Error::Redis(_)) => {
-                    return Err(err).with_context(|| format!("cannot repair {} {pid}", c.key));
-                }
-                Err(err) => {
-                    left.push(format!("{} {pid}", c.key));
-                    format!("left in place, not repaired: {err}")
-                }
-            }
-        } else {
-            "a record (`tranche check --repair` sets it aside and rebuilds it)".to_owned()
-        };
-        differences.push(tranche_stats::Difference {
-            path: format!("active_records.shard{}.{pid} ({})", c.shard, c.key),
-            expected: Some(expected),
-            found: Some(format!("unreadable record {raw:?}")),
-        });
-    }
-    Ok((differences, left))
-}
-
-/// The values of the namespace's control record that break the write rules, one
-/// difference each under `control_record.` (Redis only: an embedded record lives in its
-/// worker's process). With `repair` the record is moved to `{ns}:control:quarantine`
-/// and its valid values written in its place, each bad setting restored to its last
-/// valid value in the control log.
-async fn check_control(backend: &Backend, repair: bool) -> Result<Vec<tranche_stats::Difference>> {
-    let Some(record) = crate::cli::control::record_of(backend).await? else {
-        return Ok(Vec::new());
-    };
-    if record.rejected.is_empty() {
-        return Ok(Vec::new());
-    }
-    let note = if repair {
-        backend.ensure_writable()?;
-        let (store, _) = crate::control::stores(backend);
-        match store
-            .repair(&crate::control::origin())
-            .await
-            .context("cannot repair the control record")?
-        {
-            Some(done) => format!(
-                "moved to {{ns}}:control:quarantine, replaced (v{}): {}",
-                done.record.version, done.note
-            ),
-            None => "nothing to repair: it is valid now".to_owned(),
-        }
-    } else {
-        "a value by the write rules (`tranche check --repair` restores the last valid one from the control log)".to_owned()
-    };
-    Ok(record
-        .rejected
-        .iter()
-        .map(|r| tranche_stats::Difference {
-            path: format!("control_record.{}", r.key),
-            expected: Some(note.clone()),
-            found: Some(format!("{}: {}", r.value, r.why)),
-        })
-        .collect())
-}
-
 pub(crate) async fn check(backend: &Backend, repair: bool, json: bool) -> Result<Outcome> {
-    let control = check_control(backend, repair).await?;
-    let dead = check_dead_letters(backend, repair).await?;
-    let damaged = check_damage(backend, repair).await?;
-    let (corrupt, corrupt_left) = check_records(backend, repair).await?;
-    let (mut deltas, archive_damage) = archived_deltas(backend).await?;
-    let (mut differences, archive_left) = check_archive(backend, &archive_damage, repair).await?;
-    if repair && !archive_damage.is_empty() {
-        // What the repair set aside is no longer read: compare what is left.
-        deltas = archived_deltas(backend).await?.0;
-    }
-    let records = deltas.iter().map(StatsDelta::len).sum();
-    // Damage left in place makes the statistics unreadable, or the archive incomplete:
-    // it is the finding, and the comparison waits for the repair.
-    if (damaged.found.is_empty() && archive_damage.is_empty()) || repair {
-        differences.extend(check_stats(backend, &deltas, repair).await?);
-    }
-    // Corrupt records left in place stop the count of the records: they are the
-    // finding, and the comparison waits for the repair.
-    if corrupt.is_empty() || repair {
-        differences.extend(check_counts(backend, repair).await?);
-    }
-    let unreadable = corrupt.len();
-    let control_invalid = control.len();
-    differences.extend(corrupt);
-    differences.extend(control);
+    let report = crate::check::check(backend, repair).await?;
     print!(
         "{}",
-        render::check(&differences, records, &dead, &damaged, repair, json)
+        render::check(
+            &report.differences,
+            report.records,
+            &report.dead,
+            &report.damaged,
+            repair,
+            json
+        )
     );
-    if repair {
-        let mut left = Vec::new();
-        if archive_left > 0 {
-            left.push(format!(
-                "{archive_left} damaged archived value(s) left in place (a segment)"
-            ));
+    Ok(verdict(&report))
+}
+
+/// How `check` ends: what it found, or what a repair left, in one line.
+fn verdict(report: &CheckReport) -> Outcome {
+    let CheckReport {
+        differences,
+        damaged,
+        archive_damage,
+        ..
+    } = report;
+    if report.repaired {
+        if !report.left.is_empty() {
+            return Outcome::Failed(format!("{}; the rest repaired", report.left.join("; ")));
         }
-        if !corrupt_left.is_empty() {
-            left.push(format!(
-                "{} corrupt active record(s) left in place ({})",
-                corrupt_left.len(),
-                corrupt_left.join(", ")
-            ));
-        }
-        if !left.is_empty() {
-            return Ok(Outcome::Failed(format!(
-                "{}; the rest repaired",
-                left.join("; ")
-            )));
-        }
-        return Ok(Outcome::Success);
+        return Outcome::Success;
     }
-    if differences.is_empty() && damaged.found.is_empty() {
-        return Ok(Outcome::Success);
+    if report.is_clean() {
+        return Outcome::Success;
     }
+    let (unreadable, control_invalid) = (report.corrupt, report.control_invalid);
     if control_invalid == differences.len() && damaged.found.is_empty() {
-        return Ok(Outcome::Failed(format!(
+        return Outcome::Failed(format!(
             "{control_invalid} invalid value(s) in the control record, ignored by every reader; `tranche check --repair` restores the last valid ones from the control log"
-        )));
+        ));
     }
     if !archive_damage.is_empty() {
         let mut shards: Vec<String> = archive_damage
@@ -473,31 +59,31 @@ pub(crate) async fn check(backend: &Backend, repair: bool, json: bool) -> Result
             .map(|d| format!("shard {}", d.shard))
             .collect();
         shards.dedup();
-        return Ok(Outcome::Failed(format!(
+        return Outcome::Failed(format!(
             "{} damaged archived value(s) in {}; `tranche check --repair` sets them aside (their records stay counted)",
             archive_damage.len(),
             shards.join(", ")
-        )));
+        ));
     }
     if unreadable > 0 && damaged.found.is_empty() {
         // Only a run whose pids cannot be read is left out of the repair (none fails
         // before a repair is tried).
-        let runs = match corrupt_left.len() {
+        let runs = match report.corrupt_left.len() {
             0 => String::new(),
             n => format!(" but {n} run(s) whose pids cannot be read"),
         };
-        return Ok(Outcome::Failed(format!(
+        return Outcome::Failed(format!(
             "{unreadable} corrupt active record(s) among {} difference(s); `tranche check --repair` sets them aside and rebuilds them{runs}",
             differences.len()
-        )));
+        ));
     }
     if damaged.found.is_empty() {
-        return Ok(Outcome::Failed(format!(
+        return Outcome::Failed(format!(
             "{} difference(s); `tranche check --repair` rewrites the statistics and the active counts",
             differences.len()
-        )));
+        ));
     }
-    Ok(Outcome::Failed(format!(
+    Outcome::Failed(format!(
         "corrupt statistics in {} ({} value(s){}); `tranche check --repair` quarantines them and rebuilds them from the archive",
         render::shards_named(&damaged.found),
         damaged.found.len(),
@@ -505,7 +91,7 @@ pub(crate) async fn check(backend: &Backend, repair: bool, json: bool) -> Result
             0 => String::new(),
             n => format!(", and {n} difference(s)"),
         }
-    )))
+    ))
 }
 
 pub(crate) async fn health(backend: &Backend, args: &HealthArgs, json: bool) -> Result<Outcome> {
@@ -619,6 +205,7 @@ pub(crate) async fn health_rules(
         damaged_rule(&stalls, unreadable.as_ref()),
         archive_damaged_rule(&backend.archive.damaged().await?),
         control_rule(crate::cli::control::record_of(backend).await?.as_ref()),
+        clock_skew_rule(clock_skew_ms(backend).await?, default_skew_bound()),
         overdue_rule(
             backend,
             args,
@@ -630,9 +217,9 @@ pub(crate) async fn health_rules(
     ];
     if args.check {
         // Damage makes the statistics unreadable; each damaged value is a difference.
-        let damage = find_damage(backend).await?;
+        let damage = crate::check::find_damage(backend).await?;
         let differences = if damage.is_empty() {
-            settled_differences(backend).await?
+            crate::check::settled_differences(backend).await?
         } else {
             damage.len()
         };
@@ -739,6 +326,51 @@ fn control_rule(record: Option<&tranche_control::ControlRecord>) -> render::Rule
     })
 }
 
+/// This process's clock less the Redis server's `TIME`, ms (`None` embedded: one
+/// process, one clock; and when the server refuses `TIME`, as a user without `+time`
+/// does, said in a WARN: the other rules still read).
+pub(crate) async fn clock_skew_ms(backend: &Backend) -> Result<Option<i64>> {
+    let Some(redis) = backend.redis() else {
+        return Ok(None);
+    };
+    match redis.active.clock_skew_ms().await {
+        Ok(ms) => Ok(Some(ms)),
+        Err(err) if err.is_permanent() => {
+            tracing::warn!(%err, "cannot read the server's TIME: clock_skew is not checked (grant the user +time)");
+            Ok(None)
+        }
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// The clock skew a fleet at the default lease may have: a twelfth of it (2.5 s at
+/// 30 s).
+pub(crate) fn default_skew_bound() -> std::time::Duration {
+    use crate::defaults::RunDefaults;
+    crate::held::skew_bound(RunDefaults::duration(RunDefaults::RUN.lease))
+}
+
+/// The clock of the process reading (`health`, `serve`) against the Redis server's,
+/// in seconds either way, against `bound`: deadlines are set and reaped by each
+/// process's own clock, so a fleet whose clocks are further apart than a holder's
+/// margin can reap a lease while its holder still works.
+fn clock_skew_rule(skew_ms: Option<i64>, bound: std::time::Duration) -> render::Rule {
+    let skew = skew_ms.unwrap_or(0);
+    render::Rule::new(
+        "clock_skew",
+        skew.unsigned_abs() as f64 / 1000.0,
+        bound.as_secs_f64(),
+    )
+    .detail(|| {
+        format!(
+            "this clock is {} ms {} the Redis server's TIME; leases need every process within {} ms of the others (a twelfth of the lease): keep the fleet on NTP",
+            skew.unsigned_abs(),
+            if skew > 0 { "ahead of" } else { "behind" },
+            bound.as_millis()
+        )
+    })
+}
+
 /// How many times the p99 partition duration a partition may run before it is overdue
 /// (unless `--max-partition-time` is longer).
 const OVERDUE_P99S: f64 = 10.0;
@@ -798,34 +430,29 @@ async fn overdue_rule(
 
 #[cfg(test)]
 mod tests {
-    use super::SettleRead;
-
-    fn read(before: u64, archived: u64, after: u64, differences: usize) -> SettleRead {
-        SettleRead {
-            before,
-            archived,
-            after,
-            differences,
+    /// The seam the skew comes through: a skew past a twelfth of the lease fires,
+    /// either way, naming the direction; one within it, or none (embedded), is quiet.
+    #[test]
+    fn clock_skew_fires_past_a_twelfth_of_the_lease() {
+        let bound = super::default_skew_bound();
+        assert_eq!(bound, std::time::Duration::from_millis(2500));
+        for skew in [2501_i64, -2501, 60_000] {
+            let rule = super::clock_skew_rule(Some(skew), bound);
+            assert!(rule.firing(), "{skew}: {rule:?}");
+            let detail = rule.detail.expect("a detail while firing");
+            assert!(
+                detail.contains(&skew.unsigned_abs().to_string()),
+                "{detail}"
+            );
+            let side = if skew > 0 { "ahead of" } else { "behind" };
+            assert!(detail.contains(side), "{detail}");
         }
-    }
-
-    #[test]
-    fn a_quiet_read_reports_every_difference() {
-        assert_eq!(read(10, 10, 10, 0).verdict(false), Some(0));
-        assert_eq!(read(11, 10, 11, 3).verdict(false), Some(3));
-    }
-
-    #[test]
-    fn a_read_an_archive_pass_crossed_is_tried_again() {
-        assert_eq!(read(10, 12, 14, 5).verdict(false), None);
-    }
-
-    #[test]
-    fn never_quiet_judges_the_count_alone() {
-        // Archived between the counts read before and after: passes in flight.
-        assert_eq!(read(10, 12, 14, 5).verdict(true), Some(0));
-        // Kept more than ever archived (counted twice), or fewer (lost).
-        assert_eq!(read(10, 8, 14, 5).verdict(true), Some(1));
-        assert_eq!(read(10, 15, 14, 5).verdict(true), Some(1));
+        for skew in [Some(0), Some(2500), Some(-2500), Some(-3), None] {
+            let rule = super::clock_skew_rule(skew, bound);
+            assert!(
+                !rule.firing() && rule.detail.is_none(),
+                "{skew:?}: {rule:?}"
+            );
+        }
     }
 }

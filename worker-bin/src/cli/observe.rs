@@ -15,10 +15,9 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tranche_active_store::StatusCounts;
 
-use crate::backend::Backend;
 use crate::cli::progress::{Mine, Progress};
 use crate::event::Event;
-use crate::work::{Observer, Shared};
+use crate::work::{Observer, Watched};
 
 /// The command line's observer of one run.
 pub(crate) struct RunObserver {
@@ -49,34 +48,13 @@ impl RunObserver {
 impl Observer for RunObserver {
     async fn attach(
         &self,
-        backend: &Backend,
-        shared: Arc<Shared>,
+        watched: Watched,
         done: watch::Receiver<bool>,
         background: &mut JoinSet<()>,
-    ) -> Result<()> {
-        if let Some(addr) = self.metrics {
-            let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-                anyhow::anyhow!("cannot listen on {addr} for --metrics-listen: {e}")
-            })?;
-            tracing::info!(addr = %listener.local_addr()?, "worker metrics on /metrics, probes on /healthz and /readyz");
-            let draining = crate::cli::serve::draining_flag(done.clone(), background)?;
-            let readiness = crate::cli::serve::Readiness::new(backend, draining);
-            let (shared, chunk_seconds, mut rx) =
-                (shared.clone(), self.chunk_seconds.clone(), done.clone());
-            background.spawn(async move {
-                let app = crate::cli::serve::worker_metrics(shared, chunk_seconds)
-                    .merge(crate::cli::serve::probe_routes(readiness));
-                crate::cli::serve::serve_http(listener, app, async move {
-                    let _ = rx.wait_for(|done| *done).await;
-                })
-                .await;
-            });
-        }
-        let completed = self.completed.clone();
-        let mine: Mine = Arc::new(move || completed.load(Relaxed));
-        let progress = Progress::start(backend, mine, done).await?;
-        *self.progress.lock().expect("not poisoned") = Some(progress);
-        Ok(())
+    ) -> Result<(), crate::error::Error> {
+        self.attach_cli(watched, done, background)
+            .await
+            .map_err(|err| crate::error::Error::Other(err.into()))
     }
 
     fn event(&self, event: &Event) {
@@ -95,5 +73,40 @@ impl Observer for RunObserver {
         if let Some(progress) = self.progress.lock().expect("not poisoned").take() {
             progress.finish(counts);
         }
+    }
+}
+
+impl RunObserver {
+    /// [`Observer::attach`], its errors the command line's.
+    async fn attach_cli(
+        &self,
+        watched: Watched,
+        done: watch::Receiver<bool>,
+        background: &mut JoinSet<()>,
+    ) -> Result<()> {
+        if let Some(addr) = self.metrics {
+            let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                anyhow::anyhow!("cannot listen on {addr} for --metrics-listen: {e}")
+            })?;
+            tracing::info!(addr = %listener.local_addr()?, "worker metrics on /metrics, probes on /healthz and /readyz");
+            let draining = crate::cli::serve::draining_flag(done.clone(), background)?;
+            let readiness =
+                crate::cli::serve::Readiness::of(watched.active.clone(), watched.control, draining);
+            let (counters, chunk_seconds, mut rx) =
+                (watched.counters, self.chunk_seconds.clone(), done.clone());
+            background.spawn(async move {
+                let app = crate::cli::serve::worker_metrics(counters, chunk_seconds)
+                    .merge(crate::cli::serve::probe_routes(readiness));
+                crate::cli::serve::serve_http(listener, app, async move {
+                    let _ = rx.wait_for(|done| *done).await;
+                })
+                .await;
+            });
+        }
+        let completed = self.completed.clone();
+        let mine: Mine = Arc::new(move || completed.load(Relaxed));
+        let progress = Progress::start(watched.active, mine, done).await?;
+        *self.progress.lock().expect("not poisoned") = Some(progress);
+        Ok(())
     }
 }

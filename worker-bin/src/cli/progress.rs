@@ -20,8 +20,6 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tranche_active_store::{ActiveStore, StatusCounts};
 
-use crate::backend::Backend;
-
 /// This process's own completions so far.
 pub(crate) type Mine = Arc<dyn Fn() -> u64 + Send + Sync>;
 
@@ -59,12 +57,12 @@ impl RunClock {
 impl Progress {
     /// Starts reporting until `done` turns true.
     pub(crate) async fn start(
-        backend: &Backend,
+        active: Arc<dyn ActiveStore>,
         mine: Mine,
         done: watch::Receiver<bool>,
     ) -> Result<Self> {
-        let total = total_partitions(backend.active.as_ref()).await?;
-        let counts = backend.active.counts().await?;
+        let total = total_partitions(active.as_ref()).await?;
+        let counts = active.counts().await?;
         let clock = RunClock {
             started: Instant::now(),
             done_at_start: finished(total, &counts),
@@ -82,7 +80,7 @@ impl Progress {
             bar
         });
         let task = tokio::spawn(report(
-            backend.active.clone(),
+            active,
             bar.clone(),
             total,
             clock,

@@ -7,7 +7,7 @@ use anyhow::Result;
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 use tranche_active_store::{Piece, StatusCounts, WorkerState};
-use tranche_archive_store::{DeadLetter, Redrive};
+use tranche_archive_store::DeadLetter;
 use tranche_codec::{CompletedRecord, Partition};
 use tranche_router::{Fallback, Located, MergedStats, PartitionView};
 use tranche_stats::{Difference, RangeStats, StatsSummary};
@@ -19,11 +19,14 @@ pub(crate) use crate::cli::calendar::{rfc3339, time};
 pub(crate) use crate::cli::cost::plan_cost;
 
 mod checks;
+mod control;
 mod partition;
 mod run;
 mod stats;
 
-pub(crate) use checks::{Damaged, DeadLetters, check, dead_letters, health, shards_named};
+pub(crate) use crate::check::{Damaged, DeadLetters};
+pub(crate) use checks::{check, dead_letters, health, shards_named};
+pub(crate) use control::{entry_json, log_text, record_json, register_metrics, status_lines};
 pub(crate) use partition::{completed_fields, located, view, view_json};
 pub(crate) use run::{ArchiveBytes, run_summary, run_summary_json};
 use stats::range_lines;
@@ -64,7 +67,7 @@ pub(crate) fn status(s: &Status, json: bool) -> String {
             "dead_letters": s.dead_letters, "paused": s.paused,
         });
         if let Some(r) = &s.control {
-            v["control"] = crate::cli::control::record_json(r, crate::duration::now_ms());
+            v["control"] = control::record_json(r, crate::duration::now_ms());
         }
         return line(v);
     }
@@ -109,10 +112,7 @@ pub(crate) fn status(s: &Status, json: bool) -> String {
     let _ = writeln!(out);
     let _ = writeln!(out, "workers    {} active", s.workers);
     if let Some(r) = &s.control {
-        out.push_str(&crate::cli::control::status_lines(
-            r,
-            crate::duration::now_ms(),
-        ));
+        out.push_str(&control::status_lines(r, crate::duration::now_ms()));
     }
     let _ = writeln!(out, "decode failures {}", s.decode_failures);
     let _ = writeln!(
@@ -223,7 +223,9 @@ pub(crate) fn bytes(b: f64) -> String {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+
     use std::time::Duration;
+    use tranche_archive_store::Redrive;
 
     use tranche_active_store::WorkerInfo;
     use tranche_archive_store::Tier;

@@ -149,7 +149,7 @@ pub(super) async fn run(g: &Global, args: RunArgs) -> Result<Outcome> {
     // release its leases, then it is dropped (its chunks' guards kill what is left)
     // and the leases expire on their own.
     let result = tokio::select! {
-        result = &mut run => result,
+        result = &mut run => result.map_err(anyhow::Error::from),
         () = async {
             until(&mut watched, |s| *s == Stop::Abort).await;
             tokio::time::sleep(ABORT_BOUND).await;

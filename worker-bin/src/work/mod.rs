@@ -8,31 +8,31 @@
 //! partition reclaimed after a crash restarts at its first unfinished chunk and redoes
 //! at most one window of chunks above it, so `--exec` commands must be idempotent.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
 use hdrhistogram::Histogram;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tracing::Instrument;
-use tranche_active_store::{Lease, StatusCounts};
+use tranche_active_store::{ActiveStore, StatusCounts};
 use tranche_archive_store::{SnapshotPolicy, Snapshots};
 
 use crate::backend::Backend;
+use crate::error::Error;
 use crate::event::{Event, Progress};
-use crate::held::{self, Hold, LeaseBook};
+use crate::held::{self, LeaseBook};
 use crate::job::{Chunk, ChunkError, Job};
 use crate::sync::until;
+use tranche_control::ControlStore;
 
+mod claim;
 mod partition;
 mod recent;
 mod split;
 mod tasks;
 
-use partition::PartitionCtx;
+use claim::claim_loop;
 pub(crate) use tasks::drain_archive;
 use tasks::{reaper, worker_heartbeat};
 
@@ -93,22 +93,45 @@ pub(crate) struct Settings {
 /// typed events.
 #[async_trait::async_trait]
 pub(crate) trait Observer: Send + Sync {
-    /// Called once as the run starts, before its first claim, with the run's counters.
-    /// Tasks it spawns on `background` must end once `done` turns true: the run waits
-    /// for them before it drains the archive and reports.
+    /// Called once as the run starts, before its first claim, with what it may read
+    /// of the run. Tasks it spawns on `background` must end once `done` turns true: the
+    /// run waits for them before it drains the archive and reports.
     async fn attach(
         &self,
-        backend: &Backend,
-        shared: Arc<Shared>,
+        watched: Watched,
         done: watch::Receiver<bool>,
         background: &mut JoinSet<()>,
-    ) -> Result<()>;
+    ) -> Result<(), Error>;
 
     /// Something happened in the run (called inline: return quickly).
     fn event(&self, event: &Event);
 
     /// The run is over; `counts` is where the namespace stands.
     fn finish(&self, counts: &StatusCounts);
+}
+
+/// What an [`Observer`] reads of a run, and nothing more: the namespace's active store,
+/// its control store where the fleet shares one (Redis), and this run's counters.
+#[derive(Clone)]
+pub(crate) struct Watched {
+    /// The namespace's partitions, pause flag and workers.
+    pub(crate) active: Arc<dyn ActiveStore>,
+    /// The control record; `None` embedded, where nothing throttles by hand.
+    pub(crate) control: Option<Arc<dyn ControlStore>>,
+    /// This run's counters.
+    pub(crate) counters: Counters,
+}
+
+/// This run's counters, to be read at one instant ([`Counters::snapshot`]) and never
+/// written from outside the run loop.
+#[derive(Clone)]
+pub(crate) struct Counters(Arc<Shared>);
+
+impl Counters {
+    /// The counters now.
+    pub(crate) fn snapshot(&self) -> SharedSnapshot {
+        self.0.snapshot()
+    }
 }
 
 impl std::fmt::Debug for dyn Observer {
@@ -314,7 +337,7 @@ pub(crate) async fn run(
     backend: &Backend,
     settings: Settings,
     stop: watch::Receiver<Stop>,
-) -> Result<Report> {
+) -> Result<Report, Error> {
     let started = Instant::now();
     let shared = Arc::new(Shared::new(settings.observer.clone()));
     let book = Arc::new(LeaseBook::new(settings.lease, settings.split));
@@ -358,8 +381,13 @@ pub(crate) async fn run(
         });
     }
     if let Some(observer) = &settings.observer {
+        let watched = Watched {
+            active: backend.active.clone(),
+            control: (!backend.is_embedded()).then(|| crate::control::stores(backend).0),
+            counters: Counters(shared.clone()),
+        };
         observer
-            .attach(backend, shared.clone(), bg_rx.clone(), &mut background)
+            .attach(watched, bg_rx.clone(), &mut background)
             .await?;
         let (shared, mut done) = (shared.clone(), bg_rx.clone());
         background.spawn(async move {
@@ -433,279 +461,8 @@ pub(crate) async fn run(
     })
 }
 
-/// Claims in batches into a local queue and starts partitions from it while there is
-/// room; returns once nothing is outstanding (unless following) or a signal stopped it,
-/// with every partition task finished and every queued lease released.
-///
-/// The queue holds up to `prefetch` leases beyond the `concurrency` running (see
-/// [`auto_prefetch`]), so a
-/// finished partition is replaced without a round trip, and a claim is made only once
-/// that many slots are free (or nothing is left to start): one claim call per shard
-/// visited carries many partitions.
-async fn claim_loop(
-    backend: &Backend,
-    settings: &Settings,
-    shared: &Arc<Shared>,
-    book: &Arc<LeaseBook>,
-    gate: &Arc<crate::control::Gate>,
-    mut stop: watch::Receiver<Stop>,
-) -> Result<()> {
-    let mut tasks: JoinSet<()> = JoinSet::new();
-    let mut queue: VecDeque<(Lease, Arc<Hold>)> = VecDeque::new();
-    let ctx = Arc::new(PartitionCtx {
-        active: backend.active.clone(),
-        settings: settings.clone(),
-        shared: shared.clone(),
-        book: book.clone(),
-        stop: stop.clone(),
-        gate: gate.clone(),
-    });
-
-    let mut idle = Duration::from_millis(10);
-    let mut splitter = split::Splitter::default();
-    let mut last_save = Instant::now();
-    let mut paused = false;
-    let mut pause_read: Option<Instant> = None;
-    loop {
-        if *stop.borrow() != Stop::Running || shared.is_broken() {
-            break;
-        }
-        // `tranche pause` is a flag read once a second: while it is set nothing is
-        // claimed or started, queued leases go back, and what runs finishes.
-        if pause_read.is_none_or(|at| at.elapsed() >= PAUSE_POLL) {
-            pause_read = Some(Instant::now());
-            let now = backend.active.is_paused().await.unwrap_or(paused);
-            if now != paused {
-                if now {
-                    tracing::info!("namespace paused: claiming nothing until `tranche resume`");
-                } else {
-                    tracing::info!("namespace resumed");
-                }
-                paused = now;
-            }
-        }
-        if paused {
-            release_queued(backend, book, shared, &mut queue).await;
-            while tasks.try_join_next().is_some() {}
-            tokio::select! {
-                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
-                _ = stop.changed() => {}
-                () = tokio::time::sleep(PAUSE_POLL) => {}
-            }
-            continue;
-        }
-        // A throttle or the time outside the active hours: nothing is claimed or
-        // started (queued leases stay held and renewed), until the gate opens.
-        if gate.is_closed() {
-            while tasks.try_join_next().is_some() {}
-            if tasks.is_empty()
-                && queue.is_empty()
-                && !settings.follow
-                && backend.active.counts().await?.outstanding() == 0
-            {
-                break;
-            }
-            tokio::select! {
-                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
-                _ = stop.changed() => {}
-                () = gate.opened() => {}
-                () = tokio::time::sleep(PAUSE_POLL) => {}
-            }
-            continue;
-        }
-        let concurrency = gate.concurrency();
-        if backend.is_embedded() && last_save.elapsed() >= settings.save_every {
-            backend.save().await?;
-            last_save = Instant::now();
-        }
-        // A partition's slot frees when its chunks end ([`Working`]); its task ends once
-        // the store has its outcome. Those in that last round trip are bounded too, at
-        // `concurrency` more tasks.
-        while tasks.try_join_next().is_some() {}
-        // (Read afresh each time: on a multi-thread runtime slots free meanwhile, and a
-        // gate that lowered the concurrency leaves more working than it allows.)
-        let free_slots = |tasks: &JoinSet<()>| {
-            if tasks.len() < 2 * concurrency {
-                concurrency.saturating_sub(shared.working.load(Relaxed))
-            } else {
-                0
-            }
-        };
-        // Long partitions: a free slot takes a straggler's piece, or has stragglers
-        // cut, before it starts a queued partition or claims a fresh one (the
-        // heaviest work first; pieces go first in the queue).
-        if settings.split
-            && !shared.is_broken()
-            && free_slots(&tasks) > 0
-            && let Some(mode) = splitter.early(|| shared.median())
-        {
-            let free = free_slots(&tasks);
-            let pieces = splitter
-                .step(backend, settings, shared, book, &mut queue, free, mode)
-                .await;
-            if pieces > 0 {
-                continue;
-            }
-        }
-        while free_slots(&tasks) > 0
-            && let Some((lease, hold)) = queue.pop_front()
-        {
-            start(&mut tasks, &ctx, lease, hold);
-        }
-        let working = shared.working.load(Relaxed);
-        let prefetch = settings
-            .prefetch
-            .unwrap_or_else(|| auto_prefetch(concurrency, shared.mean_ms()));
-        let target = concurrency + prefetch;
-        // Claim once a quarter of the target is free: big batches, and a queue that
-        // never runs dry while the claim is in flight.
-        let refill_at = (target / 4).max(1);
-        let want = target.saturating_sub(working + queue.len());
-        let starving = queue.is_empty() && free_slots(&tasks) > 0;
-        let mut claimed = 0;
-        if want > 0 && (want >= refill_at || starving) {
-            let want = gate.claim(want).await;
-            let sent = Instant::now();
-            let answer = match want {
-                0 => Ok(Vec::new()),
-                _ => backend.active.claim(&settings.worker, want).await,
-            };
-            match answer {
-                Ok(leases) => {
-                    claimed = leases.len();
-                    shared.claimed.fetch_add(claimed as u64, Relaxed);
-                    for lease in leases {
-                        shared.emit(|| Event::Claimed {
-                            pid: lease.pid,
-                            attempt: lease.attempt,
-                        });
-                        // Held from now on: renewed by the heartbeats while it waits.
-                        let hold = book.hold(&lease, false, sent.into());
-                        queue.push_back((lease, hold));
-                    }
-                }
-                // Redis refusing the claim itself (a script error, a missing ACL
-                // permission, a corrupt record) will refuse it again: stop with its
-                // reason rather than retry for ever. Connection trouble is retried.
-                Err(err) if err.is_permanent() => {
-                    shared.broken(format!("claim refused: {err}"));
-                }
-                Err(err) => tracing::warn!(%err, "claim failed; retrying"),
-            }
-        }
-        // Nothing to claim and a slot free: take a piece of a split partition, or ask
-        // for one (the holder cuts it in its next beat).
-        let free = free_slots(&tasks);
-        if claimed == 0 && settings.split && queue.is_empty() && free > 0 && !shared.is_broken() {
-            claimed = splitter
-                .step(
-                    backend,
-                    settings,
-                    shared,
-                    book,
-                    &mut queue,
-                    free,
-                    split::Mode::Idle,
-                )
-                .await;
-        }
-        if claimed > 0 {
-            idle = Duration::from_millis(10);
-            continue;
-        }
-        // Pieces asked for are cut in their holders' next beat: look for them often.
-        if splitter.awaits_cut() {
-            idle = idle.min(split::AWAIT_TURN);
-        }
-        if tasks.is_empty() && queue.is_empty() && !settings.follow {
-            if settings.until_idle {
-                break;
-            }
-            let counts = backend.active.counts().await?;
-            if counts.outstanding() == 0 {
-                break;
-            }
-        }
-        // Nothing to claim now: wait for a slot, a signal, or a while (retries in
-        // backoff and other workers' expiring leases become claimable over time).
-        let claim_due = want > 0 && (want >= refill_at || starving);
-        tokio::select! {
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
-            () = shared.slot_freed.notified() => {}
-            _ = stop.changed() => {}
-            () = tokio::time::sleep(idle), if claim_due || tasks.is_empty() => {
-                // With splitting on, idle slots look for pieces and stragglers often.
-                let most = if settings.split { split::IDLE_TURN } else { Duration::from_secs(1) };
-                idle = (idle * 2).min(most);
-            }
-        }
-    }
-    // Draining: queued leases go back at once, untouched; in-flight partitions
-    // checkpoint and release once their chunks are done (the signal handler turns
-    // Draining into Abort when the grace period is over).
-    release_queued(backend, book, shared, &mut queue).await;
-    while tasks.join_next().await.is_some() {}
-    Ok(())
-}
-
 /// How often a run with an observer sends [`Event::Progress`].
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
-
-/// How often the claim loop reads the namespace's pause flag.
-const PAUSE_POLL: Duration = Duration::from_secs(1);
-
-/// Gives every queued (not started) lease back at once, untouched.
-async fn release_queued(
-    backend: &Backend,
-    book: &LeaseBook,
-    shared: &Shared,
-    queue: &mut VecDeque<(Lease, Arc<Hold>)>,
-) {
-    for (lease, hold) in queue.drain(..) {
-        book.drop_lease(&lease);
-        shared.released.fetch_add(1, Relaxed);
-        shared.emit(|| Event::Released { pid: lease.pid });
-        let released = if hold.piece {
-            backend.active.release_piece(&lease, lease.progress).await
-        } else {
-            backend.active.release(&lease, lease.progress).await
-        };
-        if let Err(err) = released {
-            tracing::warn!(pid = lease.pid, %err, "could not release a queued partition; its lease will expire");
-        }
-    }
-}
-
-/// How many leases to queue beyond `concurrency` when `--prefetch` is not given: as
-/// many again while partitions take under a second on average (a queued lease waits
-/// about one partition, and claims carry many partitions each), an eighth once they
-/// take longer (a long partition queued behind a busy worker's would wait for it while
-/// another worker idles at the end of a job).
-fn auto_prefetch(concurrency: usize, mean_ms: Option<f64>) -> usize {
-    match mean_ms {
-        Some(ms) if ms >= 1000.0 => (concurrency / 8).max(1),
-        _ => concurrency,
-    }
-}
-
-/// Starts the partition of `lease` on `tasks`, in a span of its own when the span is
-/// enabled: at debug level (`RUST_LOG=debug`), as every partition's own log line names
-/// its pid already, and a span entered on every poll of every partition cost the
-/// default `run` about a tenth of its CPU. A disabled span is not attached at all.
-fn start(tasks: &mut JoinSet<()>, ctx: &Arc<PartitionCtx>, lease: Lease, hold: Arc<Hold>) {
-    ctx.book.started();
-    let span = tracing::debug_span!("partition", pid = lease.pid, attempt = lease.attempt);
-    // Boxed: the future is some kilobytes, and tokio moves an unboxed one several times
-    // on its way into the task and keeps its whole size in the task's stage (written
-    // again when it finishes); a pointer moves for free.
-    let working = Working::new(&ctx.shared);
-    let task = Box::pin(ctx.clone().process(lease, hold, working));
-    if span.is_disabled() {
-        tasks.spawn(task);
-    } else {
-        tasks.spawn(task.instrument(span));
-    }
-}
 
 /// A partition's hold on one of the run's `--concurrency` slots, from its start until its
 /// chunks end (dropped then, or with its task if that is dropped first). The slot frees
@@ -727,19 +484,5 @@ impl Drop for Working {
         self.0.working.fetch_sub(1, Relaxed);
         // A permit if the claim loop is not waiting now: it looks again at once.
         self.0.slot_freed.notify_one();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prefetch_follows_the_partition_duration() {
-        assert_eq!(auto_prefetch(64, None), 64, "short until shown otherwise");
-        assert_eq!(auto_prefetch(64, Some(3.5)), 64);
-        assert_eq!(auto_prefetch(64, Some(999.0)), 64);
-        assert_eq!(auto_prefetch(64, Some(1000.0)), 8);
-        assert_eq!(auto_prefetch(4, Some(60_000.0)), 1);
     }
 }

@@ -11,6 +11,7 @@ mod common;
 
 #[cfg(feature = "cli")]
 mod browser;
+mod check;
 #[cfg(feature = "cli")]
 mod cli;
 #[cfg(feature = "cli")]

@@ -412,6 +412,33 @@ async fn errors_are_typed() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// What the run loop refuses reaches a library caller as a kind it can match, not an
+/// `Error::Other` string: a probe interval below its bound is `Error::Config`, said as
+/// the setting it is, and nothing runs.
+#[tokio::test]
+async fn the_run_loop_errors_are_typed() {
+    use tranche_worker::{Error, ProbeOutcome};
+    let dir = std::env::temp_dir().join(format!("tranche-loop-errors-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let runner = Runner::embedded(dir.join("l.state")).namespace("l");
+    runner
+        .plan(tranche_worker::Plan::ids(1..=100).partition_size(10))
+        .await
+        .unwrap();
+    let handler = Recorder::default();
+    let err = runner
+        .clone()
+        .throttle_probe(|| async { ProbeOutcome::Go })
+        .throttle_interval(Duration::from_millis(1))
+        .run(handler.clone())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(err.to_string().contains("throttle-interval"), "{err}");
+    assert!(handler.seen.lock().unwrap().is_empty(), "nothing ran");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Fails partition 2 for good; partition 4 asks to come back in an hour.
 struct Stubborn;
 

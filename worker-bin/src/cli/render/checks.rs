@@ -25,25 +25,6 @@ pub(crate) fn dead_letters(dead: &[DeadLetter], json: bool) -> String {
     out
 }
 
-/// What `check` found in the dead-letter streams, and with `--repair` what it did.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct DeadLetters {
-    /// Dead letters counted before anything was done.
-    pub(crate) found: u64,
-    /// With `--repair`, the outcome of re-driving them (none when there were none).
-    pub(crate) redriven: Option<Redrive>,
-}
-
-/// What `check` found of statistics values that do not decode, and with `--repair`
-/// what the repair did to each damaged shard.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Damaged {
-    /// Every value found that does not decode, by shard.
-    pub(crate) found: Vec<tranche_stats::Damage>,
-    /// With `--repair`, one per damaged shard.
-    pub(crate) repaired: Vec<tranche_stats::Repaired>,
-}
-
 /// `check`.
 pub(crate) fn check(
     differences: &[Difference],

@@ -246,7 +246,7 @@ pub(crate) async fn control(State(app): State<Arc<App>>) -> ApiResult {
     let record = store.read().await.map_err(anyhow::Error::from)?;
     let log = store.log(CONTROL_LOG).await.map_err(anyhow::Error::from)?;
     let record = (record != tranche_control::ControlRecord::default())
-        .then(|| crate::cli::control::record_json(&record, crate::duration::now_ms()));
+        .then(|| crate::cli::render::record_json(&record, crate::duration::now_ms()));
     Ok(json_value(json!({"record": record, "log": log})))
 }
 

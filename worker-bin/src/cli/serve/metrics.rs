@@ -100,206 +100,277 @@ fn text_response(registry: &Registry) -> Result<Response, ApiError> {
     Ok(([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response())
 }
 
-pub(crate) async fn scrape(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
-    let backend = app.backend().await?;
-    let q = &app.query_latency;
-    let counts = q.time("active", backend.active.counts()).await?;
-    let total = crate::cli::progress::total_partitions(backend.active.as_ref()).await?;
-    let workers = q.time("active", backend.active.workers()).await?;
-    let paused = backend.active.is_paused().await?;
-    // A value of the summary that does not decode is damage to expose (the
-    // statistics-damaged gauge), not a reason to stop serving every other figure: the
-    // figures the summary gives read as zero until `tranche check --repair`.
-    let (summary, unreadable) = match q.time("stats", backend.stats.summary()).await {
-        Ok(summary) => (summary, false),
-        Err(err @ tranche_stats::Error::Corrupt { .. }) => {
-            tracing::warn!(%err, "the statistics summary does not decode; `tranche check --repair` rebuilds it");
-            (Default::default(), true)
-        }
-        Err(err) => return Err(anyhow::Error::from(err).into()),
-    };
-    let decode_failures = q
-        .time("archive", backend.archive.decode_failures())
-        .await
-        .map_err(anyhow::Error::from)?;
-    let dead_letters = backend
-        .archive
-        .dead_letter_count()
-        .await
-        .map_err(anyhow::Error::from)?;
-    let stalls = backend
-        .archive
-        .stalled()
-        .await
-        .map_err(anyhow::Error::from)?;
-    let archive_damaged = backend
-        .archive
-        .damaged()
-        .await
-        .map_err(anyhow::Error::from)?;
-    let inbox = q.time("inbox", backend.inbox_len()).await?;
-    let oldest = backend.inbox_oldest_ms().await?;
-    let memory = backend.used_memory().await;
+/// What one scrape reads of the namespace, each value read once, store by store.
+struct Reading {
+    counts: tranche_active_store::StatusCounts,
+    total: u64,
+    workers: Vec<tranche_active_store::WorkerState>,
+    paused: bool,
+    /// The statistics summary; its default when it does not decode (`unreadable`).
+    summary: tranche_stats::StatsSummary,
+    unreadable: bool,
+    decode_failures: u64,
+    dead_letters: u64,
+    stalls: Vec<tranche_archive_store::Stall>,
+    archive_damaged: usize,
+    inbox: u64,
+    oldest: Option<u64>,
+    memory: Option<u64>,
+    control: Option<tranche_control::ControlRecord>,
+    /// This server's clock less the Redis server's, ms (`None` embedded).
+    clock_skew_ms: Option<i64>,
+}
 
-    let mut registry = Registry::with_prefix("tranche");
-    let g = &summary.global_stats;
-    let by_state: Family<StateLabel, Gauge> = Family::default();
-    for (state, n) in [
-        ("unissued", counts.unissued),
-        ("pending", counts.pending),
-        ("claimed", counts.claimed),
-        ("running", counts.running),
-        ("failed", counts.failed),
-        ("discarded", counts.discarded),
-        ("archived", g.total_completed),
-    ] {
-        by_state
-            .get_or_create(&StateLabel { state })
-            .set(i64::try_from(n).unwrap_or(i64::MAX));
+impl Reading {
+    /// Reads every figure a scrape reports, the reads of each layer timed.
+    async fn read(app: &App) -> Result<Self, ApiError> {
+        let backend = app.backend().await?;
+        let q = &app.query_latency;
+        let counts = q.time("active", backend.active.counts()).await?;
+        let total = crate::cli::progress::total_partitions(backend.active.as_ref()).await?;
+        let workers = q.time("active", backend.active.workers()).await?;
+        let paused = backend.active.is_paused().await?;
+        // A value of the summary that does not decode is damage to expose (the
+        // statistics-damaged gauge), not a reason to stop serving every other figure:
+        // the figures the summary gives read as zero until `tranche check --repair`.
+        let (summary, unreadable) = match q.time("stats", backend.stats.summary()).await {
+            Ok(summary) => (summary, false),
+            Err(err @ tranche_stats::Error::Corrupt { .. }) => {
+                tracing::warn!(%err, "the statistics summary does not decode; `tranche check --repair` rebuilds it");
+                (Default::default(), true)
+            }
+            Err(err) => return Err(anyhow::Error::from(err).into()),
+        };
+        let archive = &backend.archive;
+        let decode_failures = q
+            .time("archive", archive.decode_failures())
+            .await
+            .map_err(anyhow::Error::from)?;
+        let dead_letters = archive
+            .dead_letter_count()
+            .await
+            .map_err(anyhow::Error::from)?;
+        let stalls = archive.stalled().await.map_err(anyhow::Error::from)?;
+        let archive_damaged = archive.damaged().await.map_err(anyhow::Error::from)?.len();
+        Ok(Self {
+            counts,
+            total,
+            workers,
+            paused,
+            summary,
+            unreadable,
+            decode_failures,
+            dead_letters,
+            stalls,
+            archive_damaged,
+            inbox: q.time("inbox", backend.inbox_len()).await?,
+            oldest: backend.inbox_oldest_ms().await?,
+            memory: backend.used_memory().await,
+            control: crate::cli::control::record_of(&backend).await?,
+            clock_skew_ms: crate::cli::health::clock_skew_ms(&backend).await?,
+        })
     }
-    registry.register(
-        "partitions",
-        "Partitions of the namespace by state",
-        by_state,
-    );
-    gauge(
-        &mut registry,
-        "planned_partitions",
-        "Partitions of every plan of the namespace",
-        total,
-    );
-    counter(
-        &mut registry,
-        "partitions_completed",
-        "Partitions completed and archived (counted once each, by the statistics layer)",
-        g.total_completed,
-    );
-    gauge(
-        &mut registry,
-        "inbox_backlog",
-        "Completions waiting in the archive inboxes",
-        inbox,
-    );
-    let age: FloatGauge = Gauge::default();
-    age.set(oldest.map_or(0.0, |ms| {
-        crate::duration::now_ms().saturating_sub(ms) as f64 / 1000.0
-    }));
-    registry.register(
-        "inbox_oldest_age_seconds",
-        "Age of the oldest completion waiting for the archiver (0 when none; Redis only)",
-        age,
-    );
-    let by_liveness: Family<StateLabel, Gauge> = Family::default();
-    let alive = workers.iter().filter(|w| w.active).count();
-    for (state, n) in [("alive", alive), ("inactive", workers.len() - alive)] {
-        by_liveness
-            .get_or_create(&StateLabel { state })
-            .set(i64::try_from(n).unwrap_or(i64::MAX));
-    }
-    registry.register(
-        "workers",
-        "Registered workers by whether their heartbeat is recent",
-        by_liveness,
-    );
-    gauge(
-        &mut registry,
-        "dead_letters",
-        "Records set aside as never archivable",
-        dead_letters,
-    );
-    gauge(
-        &mut registry,
-        "archive_stalled_shards",
-        "Shards whose archive calls are refused for the shard's own state (`tranche health` names them)",
-        stalls.len() as u64,
-    );
-    gauge(
-        &mut registry,
-        "statistics_damaged_shards",
-        "Shards with damaged statistics, stalled on them or unreadable to this scrape (`tranche check --repair` rebuilds them)",
-        (stalls.iter().filter(|s| s.stats_damaged()).count() as u64).max(u64::from(unreadable)),
-    );
-    gauge(
-        &mut registry,
-        "archive_damaged_values",
-        "Archived values that do not decode, as reads and the archiver's scrub met them (`tranche check --repair` sets them aside)",
-        archive_damaged.len() as u64,
-    );
-    counter(
-        &mut registry,
-        "decode_failures",
-        "Archived batches that failed to decode",
-        decode_failures,
-    );
-    gauge(
-        &mut registry,
-        "paused",
-        "1 while the namespace is paused",
-        u64::from(paused),
-    );
-    let control = crate::cli::control::record_of(&backend).await?;
-    gauge(
-        &mut registry,
-        "control_record_invalid_values",
-        "Values of the control record every reader ignores, as they break the write rules (`tranche check --repair`)",
-        control.as_ref().map_or(0, |r| r.rejected.len() as u64),
-    );
-    if let Some(record) = control {
-        crate::cli::control::register_metrics(&mut registry, &record, crate::duration::now_ms());
-    }
-    if let Some(bytes) = memory {
+
+    /// The partitions by state, planned and completed, and the inbox.
+    fn partitions(&self, registry: &mut Registry) {
+        let (counts, g) = (&self.counts, &self.summary.global_stats);
+        let by_state: Family<StateLabel, Gauge> = Family::default();
+        for (state, n) in [
+            ("unissued", counts.unissued),
+            ("pending", counts.pending),
+            ("claimed", counts.claimed),
+            ("running", counts.running),
+            ("failed", counts.failed),
+            ("discarded", counts.discarded),
+            ("archived", g.total_completed),
+        ] {
+            by_state
+                .get_or_create(&StateLabel { state })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        registry.register(
+            "partitions",
+            "Partitions of the namespace by state",
+            by_state,
+        );
         gauge(
-            &mut registry,
-            "redis_memory_bytes",
-            "Memory the Redis server (every master of a cluster) uses, all namespaces included",
-            bytes,
+            registry,
+            "planned_partitions",
+            "Partitions of every plan of the namespace",
+            self.total,
+        );
+        counter(
+            registry,
+            "partitions_completed",
+            "Partitions completed and archived (counted once each, by the statistics layer)",
+            g.total_completed,
+        );
+        gauge(
+            registry,
+            "inbox_backlog",
+            "Completions waiting in the archive inboxes",
+            self.inbox,
+        );
+        let age: FloatGauge = Gauge::default();
+        age.set(self.oldest.map_or(0.0, |ms| {
+            crate::duration::now_ms().saturating_sub(ms) as f64 / 1000.0
+        }));
+        registry.register(
+            "inbox_oldest_age_seconds",
+            "Age of the oldest completion waiting for the archiver (0 when none; Redis only)",
+            age,
         );
     }
-    // A gauge per live worker at its p99: workers report quantiles, not buckets, so they
-    // cannot be summed into one histogram.
-    let update: Family<WorkerQuantileLabel, FloatGauge> = Family::default();
-    for w in workers.iter().filter(|w| w.active) {
-        update
-            .get_or_create(&WorkerQuantileLabel {
-                worker: w.info.id.clone(),
-                quantile: "0.99",
-            })
-            .set(w.info.latency_p99_ms / 1000.0);
+
+    /// The workers by liveness.
+    fn workers(&self, registry: &mut Registry) {
+        let by_liveness: Family<StateLabel, Gauge> = Family::default();
+        let alive = self.workers.iter().filter(|w| w.active).count();
+        for (state, n) in [("alive", alive), ("inactive", self.workers.len() - alive)] {
+            by_liveness
+                .get_or_create(&StateLabel { state })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        registry.register(
+            "workers",
+            "Registered workers by whether their heartbeat is recent",
+            by_liveness,
+        );
     }
-    registry.register(
-        "worker_update_latency_seconds",
-        "A live worker's store-update latency (heartbeat, complete, fail) at a quantile",
-        update,
-    );
-    let durations: Family<QuantileLabel, FloatGauge> = Family::default();
-    for (quantile, v) in [("0.5", g.p50), ("0.95", g.p95), ("0.99", g.p99)] {
-        durations.get_or_create(&QuantileLabel { quantile }).set(v);
+
+    /// The archive's and the statistics' damage: dead letters, stalled shards,
+    /// damaged values, decode failures.
+    fn damage(&self, registry: &mut Registry) {
+        gauge(
+            registry,
+            "dead_letters",
+            "Records set aside as never archivable",
+            self.dead_letters,
+        );
+        gauge(
+            registry,
+            "archive_stalled_shards",
+            "Shards whose archive calls are refused for the shard's own state (`tranche health` names them)",
+            self.stalls.len() as u64,
+        );
+        gauge(
+            registry,
+            "statistics_damaged_shards",
+            "Shards with damaged statistics, stalled on them or unreadable to this scrape (`tranche check --repair` rebuilds them)",
+            (self.stalls.iter().filter(|s| s.stats_damaged()).count() as u64)
+                .max(u64::from(self.unreadable)),
+        );
+        gauge(
+            registry,
+            "archive_damaged_values",
+            "Archived values that do not decode, as reads and the archiver's scrub met them (`tranche check --repair` sets them aside)",
+            self.archive_damaged as u64,
+        );
+        counter(
+            registry,
+            "decode_failures",
+            "Archived batches that failed to decode",
+            self.decode_failures,
+        );
     }
-    registry.register(
-        "partition_duration_seconds",
-        "Completed partitions' duration at a quantile, from the statistics layer's mergeable histogram",
-        durations,
-    );
+
+    /// The pause flag, the control record, and the memory Redis uses.
+    fn control(&self, registry: &mut Registry) {
+        gauge(
+            registry,
+            "paused",
+            "1 while the namespace is paused",
+            u64::from(self.paused),
+        );
+        gauge(
+            registry,
+            "control_record_invalid_values",
+            "Values of the control record every reader ignores, as they break the write rules (`tranche check --repair`)",
+            self.control.as_ref().map_or(0, |r| r.rejected.len() as u64),
+        );
+        if let Some(record) = &self.control {
+            crate::cli::render::register_metrics(registry, record, crate::duration::now_ms());
+        }
+        if let Some(bytes) = self.memory {
+            gauge(
+                registry,
+                "redis_memory_bytes",
+                "Memory the Redis server (every master of a cluster) uses, all namespaces included",
+                bytes,
+            );
+        }
+        if let Some(ms) = self.clock_skew_ms {
+            let skew: FloatGauge = Gauge::default();
+            skew.set(ms as f64 / 1000.0);
+            registry.register(
+                "clock_skew_seconds",
+                "This server's clock less the Redis server's TIME (positive: ahead); leases need every process within a twelfth of a lease (`clock_skew` in `tranche health`)",
+                skew,
+            );
+        }
+    }
+
+    /// Each live worker's store-update latency, and completed partitions' durations
+    /// from the statistics layer.
+    fn latencies(&self, registry: &mut Registry) {
+        // A gauge per live worker at its p99: workers report quantiles, not buckets, so
+        // they cannot be summed into one histogram.
+        let update: Family<WorkerQuantileLabel, FloatGauge> = Family::default();
+        for w in self.workers.iter().filter(|w| w.active) {
+            update
+                .get_or_create(&WorkerQuantileLabel {
+                    worker: w.info.id.clone(),
+                    quantile: "0.99",
+                })
+                .set(w.info.latency_p99_ms / 1000.0);
+        }
+        registry.register(
+            "worker_update_latency_seconds",
+            "A live worker's store-update latency (heartbeat, complete, fail) at a quantile",
+            update,
+        );
+        let g = &self.summary.global_stats;
+        let durations: Family<QuantileLabel, FloatGauge> = Family::default();
+        for (quantile, v) in [("0.5", g.p50), ("0.95", g.p95), ("0.99", g.p99)] {
+            durations.get_or_create(&QuantileLabel { quantile }).set(v);
+        }
+        registry.register(
+            "partition_duration_seconds",
+            "Completed partitions' duration at a quantile, from the statistics layer's mergeable histogram",
+            durations,
+        );
+    }
+}
+
+/// `GET /metrics`: one [`Reading`] of the namespace, registered family by family.
+pub(crate) async fn scrape(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
+    let reading = Reading::read(&app).await?;
+    let mut registry = Registry::with_prefix("tranche");
+    reading.partitions(&mut registry);
+    reading.workers(&mut registry);
+    reading.damage(&mut registry);
+    reading.control(&mut registry);
+    reading.latencies(&mut registry);
     registry.register(
         "query_latency_seconds",
         "This server's reads of each layer",
-        q.0.clone(),
+        app.query_latency.0.clone(),
     );
     text_response(&registry)
 }
 
 /// `run --metrics-listen`: this worker's own counters on `/metrics`.
 pub(crate) fn worker_metrics(
-    shared: Arc<crate::work::Shared>,
+    counters: crate::work::Counters,
     chunk_seconds: Histogram,
 ) -> axum::Router {
     axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {
-            let (shared, chunk_seconds) = (shared.clone(), chunk_seconds.clone());
+            let (counters, chunk_seconds) = (counters.clone(), chunk_seconds.clone());
             async move {
                 let mut registry = Registry::with_prefix("tranche_worker");
-                let s = shared.snapshot();
+                let s = counters.snapshot();
                 gauge(
                     &mut registry,
                     "partitions_in_flight",

@@ -37,9 +37,22 @@ pub(crate) struct Readiness {
 
 impl Readiness {
     pub(crate) fn new(backend: &Backend, draining: Arc<AtomicBool>) -> Self {
+        Self::of(
+            backend.active.clone(),
+            (!backend.is_embedded()).then(|| crate::control::stores(backend).0),
+            draining,
+        )
+    }
+
+    /// What `/readyz` reads from these stores (`control` is `None` embedded).
+    pub(crate) fn of(
+        active: Arc<dyn ActiveStore>,
+        control: Option<Arc<dyn ControlStore>>,
+        draining: Arc<AtomicBool>,
+    ) -> Self {
         Self {
-            active: backend.active.clone(),
-            control: (!backend.is_embedded()).then(|| crate::control::stores(backend).0),
+            active,
+            control,
             draining,
         }
     }

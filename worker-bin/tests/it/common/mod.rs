@@ -205,7 +205,12 @@ pub fn steady(v: &mut serde_json::Value, also: &[&str]) {
                 let rule_value = key == "value"
                     && matches!(
                         rule.as_deref(),
-                        Some("worker_update_p99_ms" | "stalled_minutes" | "archive_lag_seconds")
+                        Some(
+                            "worker_update_p99_ms"
+                                | "stalled_minutes"
+                                | "archive_lag_seconds"
+                                | "clock_skew"
+                        )
                     );
                 let named = VOLATILE.contains(&key.as_str()) || also.contains(&key.as_str());
                 if !value.is_null() && (timed || rule_value || named) {

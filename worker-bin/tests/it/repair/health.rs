@@ -196,3 +196,36 @@ fn a_partition_past_its_expected_time_with_live_heartbeats_fires() {
         assert_eq!(overdue(&["--max-partition-time", "3s"]), None);
     }
 }
+
+/// On one machine the clocks agree: `health` reads its own against the Redis server's
+/// `TIME`, lists `clock_skew` against a twelfth of the default lease, quiet, and
+/// `/metrics` exposes the same reading for the alert. (It firing is
+/// `cli::health::tests::clock_skew_fires_past_a_twelfth_of_the_lease`.)
+#[test]
+fn clock_skew_is_read_against_the_server_and_stays_quiet() {
+    let redis = TestRedis::start();
+    let dir = scratch("repair-skew");
+    let url = redis.url();
+    let cmd = |args: &[&str]| {
+        tranche(
+            &dir,
+            &[&["--redis", &url, "--namespace", "k"][..], args].concat(),
+        )
+    };
+    ok(cmd(&["plan", "--min", "1", "--max", "100", "--size", "10"]));
+    let fired = firing(&cmd, &[]);
+    assert!(!names(&fired).contains(&"clock_skew"), "{fired:?}");
+    // Planned with no worker: `outstanding_no_worker` fires, so `health` exits 1.
+    let rules: Value = serde_json::from_slice(&output(cmd(&["health", "--json"])).stdout).unwrap();
+    let skew = rules
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["rule"] == "clock_skew")
+        .unwrap_or_else(|| panic!("no clock_skew rule: {rules}"));
+    assert_eq!(skew["threshold"], 2.5, "{skew}");
+    assert_eq!(skew["firing"], false, "{skew}");
+    assert!(skew["value"].as_f64().unwrap() < 2.5, "{skew}");
+    let serve = Serve::start(cmd(&["serve", "--listen", "127.0.0.1:0"]));
+    assert!(serve.gauge("tranche_clock_skew_seconds").abs() < 2.5);
+}

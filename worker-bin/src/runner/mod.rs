@@ -82,6 +82,12 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tranche_control::ProbeOutcome;
 
+mod report;
+mod settings;
+
+pub use report::{NamespaceReport, RunReport, RunnerReport};
+use settings::{CliOnly, Control, Subscribed};
+
 use crate::backend::{Backend, Location, Open, Tuning};
 use crate::control::ControlHandle;
 use crate::defaults::RunDefaults;
@@ -89,55 +95,9 @@ use crate::error::Error;
 use crate::event::{Event, Subscribers};
 use crate::handler::Handler;
 use crate::job::Job as Work;
-use crate::layers::Tiers;
 use crate::plan::Plan;
 use crate::query::Job;
-use crate::work::{self, Observer, Settings, Shared, Stop};
-
-/// What a run did: this runner's own work, and where the namespace (every worker's)
-/// stood when it ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RunReport {
-    /// What this runner did.
-    pub this_runner: RunnerReport,
-    /// The namespace as a whole when the run ended.
-    pub namespace: NamespaceReport,
-    /// Whether the shutdown ended the run.
-    pub interrupted: bool,
-    /// How long the run took.
-    pub elapsed: Duration,
-}
-
-/// What one runner did in one run ([`RunReport::this_runner`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RunnerReport {
-    /// Partitions completed here.
-    pub completed: u64,
-    /// Partitions that ended failed here (their last attempt ran here), in order.
-    pub failed_pids: Vec<u64>,
-    /// Attempts that failed here (each retried, or ending failed).
-    pub attempts_failed: u64,
-    /// Partitions given back unfinished (a drain).
-    pub released: u64,
-    /// Leases lost (expired while running here; another worker may have redone them).
-    pub lost: u64,
-    /// The median time a partition completed here took (zero before the first).
-    pub partition_p50: Duration,
-    /// The 99th percentile of the same.
-    pub partition_p99: Duration,
-}
-
-/// Where the namespace stood when a run ended ([`RunReport::namespace`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct NamespaceReport {
-    /// Partitions that ended failed, by any worker, in any run.
-    pub failed: u64,
-    /// Partitions still outstanding (pending, claimed or running).
-    pub outstanding: u64,
-}
+use crate::work::{self, Observer, Settings, Stop};
 
 /// When [`Runner::run`] returns (besides a shutdown).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -182,86 +142,6 @@ pub struct Runner {
     control: Control,
     /// What only `tranche run`'s flags set.
     cli: CliOnly,
-}
-
-/// The settings only `tranche run` changes (crate-private on purpose: its flags map
-/// onto them; a library user gets the defaults).
-#[derive(Debug, Clone)]
-struct CliOnly {
-    /// Archive tier thresholds (`--compressed-at`, …); the store's own when `None`.
-    tiers: Option<Tiers>,
-    /// Whether this process runs the reaper, an archiver, and the worker heartbeat.
-    reaper: bool,
-    archiver: bool,
-    heartbeat: bool,
-    /// When the archiver publishes statistics snapshots.
-    snapshots: tranche_archive_store::SnapshotPolicy,
-    /// The command line's progress bar and `--metrics-listen`, fed by the run's events.
-    observer: Option<Arc<dyn Observer>>,
-}
-
-impl Default for CliOnly {
-    fn default() -> Self {
-        Self {
-            tiers: None,
-            reaper: true,
-            archiver: true,
-            heartbeat: true,
-            snapshots: tranche_archive_store::SnapshotPolicy::default(),
-            observer: None,
-        }
-    }
-}
-
-/// The runner's production-control settings (`crate::control::Options` before parsing).
-#[derive(Debug, Clone, Default)]
-struct Control {
-    max_rate: Option<f64>,
-    max_partitions_rate: Option<f64>,
-    probe: Option<Arc<dyn tranche_control::Probe>>,
-    throttle_interval: Option<Duration>,
-    keep_below: Option<f64>,
-    active_hours: Option<(String, Option<String>)>,
-    chunk_time: Option<crate::control::ChunkTime>,
-    handle: ControlHandle,
-    /// Options built whole by `tranche run` (its probes run commands and HTTP
-    /// requests), in force instead of the fields above.
-    preset: Option<crate::control::Options>,
-}
-
-impl Control {
-    fn options(&self) -> Result<crate::control::Options, Error> {
-        if let Some(preset) = &self.preset {
-            return Ok(preset.clone());
-        }
-        let rate = |r: Option<f64>, what: &str| {
-            r.map(tranche_control::Rate::per_second)
-                .transpose()
-                .map_err(|e| Error::Config(format!("{what}: {e}")))
-        };
-        let max_rate = rate(self.max_rate, "max_rate")?;
-        if self.keep_below.is_some() && max_rate.is_none() {
-            return Err(Error::Config(
-                "keep_below needs a max_rate as the ceiling of the rate it adjusts".into(),
-            ));
-        }
-        Ok(crate::control::Options {
-            max_rate,
-            max_partitions_rate: rate(self.max_partitions_rate, "max_partitions_rate")?,
-            probe: self.probe.clone(),
-            throttle_interval: self.throttle_interval.unwrap_or_default(),
-            probe_stale: tranche_control::ProbeStale::default(),
-            keep_below: self.keep_below,
-            active_hours: self
-                .active_hours
-                .as_ref()
-                .map(|(spec, tz)| tranche_control::ActiveHours::parse(spec, tz.as_deref()))
-                .transpose()
-                .map_err(|e| Error::Config(format!("active_hours: {e}")))?,
-            chunk_time: self.chunk_time,
-            handle: Some(self.handle.clone()),
-        })
-    }
 }
 
 impl Runner {
@@ -675,35 +555,8 @@ impl Runner {
         });
         let report = work::run(&backend, settings, rx).await;
         stopper.abort();
-        // The run loop's error keeps its message and causes; its kind is the loop's
-        // to give once it returns this crate's error.
-        let report = report.map_err(|err| Error::Other(err.into()))?;
-        let quantile = |q: f64| {
-            let h = &report.durations_ms;
-            Duration::from_millis(if h.is_empty() {
-                0
-            } else {
-                h.value_at_quantile(q)
-            })
-        };
-        let (partition_p50, partition_p99) = (quantile(0.5), quantile(0.99));
-        let report = RunReport {
-            this_runner: RunnerReport {
-                completed: report.completed,
-                failed_pids: report.failed_pids,
-                attempts_failed: report.failed_attempts,
-                released: report.released,
-                lost: report.lost,
-                partition_p50,
-                partition_p99,
-            },
-            namespace: NamespaceReport {
-                failed: report.counts.failed,
-                outstanding: report.counts.outstanding(),
-            },
-            interrupted: report.interrupted,
-            elapsed: report.elapsed,
-        };
+        let report = report?;
+        let report = RunReport::of(report);
         tracing::info!(
             namespace = %self.location.namespace,
             completed = report.this_runner.completed,
@@ -714,96 +567,5 @@ impl Runner {
             crate::duration::ms(report.elapsed.as_secs_f64() * 1000.0)
         );
         Ok(report)
-    }
-}
-
-/// What `tranche run` maps its flags onto: the command line's alone.
-#[cfg(feature = "cli")]
-impl Runner {
-    /// Archive tier thresholds (`tranche run --compressed-at`, …).
-    pub(crate) fn tiers(mut self, tiers: Tiers) -> Self {
-        self.cli.tiers = Some(tiers);
-        self
-    }
-
-    /// Which of the reaper, the archiver and the worker heartbeat this process runs
-    /// (`--no-reaper`, `--no-archiver`, `--no-heartbeat`).
-    pub(crate) fn background(mut self, reaper: bool, archiver: bool, heartbeat: bool) -> Self {
-        (self.cli.reaper, self.cli.archiver, self.cli.heartbeat) = (reaper, archiver, heartbeat);
-        self
-    }
-
-    /// When the archiver publishes statistics snapshots (`--snapshot-*`).
-    pub(crate) fn snapshots(mut self, policy: tranche_archive_store::SnapshotPolicy) -> Self {
-        self.cli.snapshots = policy;
-        self
-    }
-
-    /// What watches the run from outside: the command line's progress bar and
-    /// `--metrics-listen`, fed by the run's events as a subscriber is.
-    pub(crate) fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
-        self.cli.observer = Some(observer);
-        self
-    }
-
-    /// The control options whole, as `tranche run`'s flags build them.
-    pub(crate) fn control_options(mut self, options: crate::control::Options) -> Self {
-        self.control.preset = Some(options);
-        self
-    }
-
-    /// Where the namespace lives.
-    pub(crate) fn location(&self) -> &Location {
-        &self.location
-    }
-
-    /// Runs `job` on `backend` (opened with [`tuning`](Runner::tuning) for `worker`)
-    /// until `stop` says otherwise: `tranche run`'s run loop, its settings assembled
-    /// as [`run_with_shutdown`](Runner::run_with_shutdown) assembles them.
-    pub(crate) async fn run_on(
-        &self,
-        backend: &Backend,
-        job: Work,
-        worker: String,
-        stop: watch::Receiver<Stop>,
-    ) -> anyhow::Result<work::Report> {
-        let settings = self.settings(job, worker)?;
-        work::run(backend, settings, stop).await
-    }
-}
-
-/// A runner's subscribers and the command line's observer, as the run loop's one
-/// observer.
-struct Subscribed {
-    subscribers: Subscribers,
-    observer: Option<Arc<dyn Observer>>,
-}
-
-#[async_trait::async_trait]
-impl Observer for Subscribed {
-    async fn attach(
-        &self,
-        backend: &Backend,
-        shared: Arc<Shared>,
-        done: watch::Receiver<bool>,
-        background: &mut tokio::task::JoinSet<()>,
-    ) -> anyhow::Result<()> {
-        match &self.observer {
-            Some(observer) => observer.attach(backend, shared, done, background).await,
-            None => Ok(()),
-        }
-    }
-
-    fn event(&self, event: &Event) {
-        self.subscribers.emit(event);
-        if let Some(observer) = &self.observer {
-            observer.event(event);
-        }
-    }
-
-    fn finish(&self, counts: &tranche_active_store::StatusCounts) {
-        if let Some(observer) = &self.observer {
-            observer.finish(counts);
-        }
     }
 }
