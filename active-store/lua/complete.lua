@@ -1,12 +1,15 @@
 -- complete: finish any number of leases of one shard in one round trip (group commit).
 -- KEYS[1] active hash   KEYS[2] leases zset   KEYS[3] completed-index bitmap
 --      KEYS[4] inbox stream   KEYS[5] status counters hash   KEYS[6] splits hash
---      KEYS[7] runs hash
+--      KEYS[7] runs hash   KEYS[8] pending zset
 -- ARGV per entry: pid, token, bit offset in the index, then its completed record; or,
 --      for a run of consecutive pids under one token (a group), the first pid, the
 --      token, the first pid's bit offset and the group's records in pid order joined by
 --      '\n': an entry of k lines stands for pids pid .. pid + k - 1 at bit offsets bit ..
 --      bit + k - 1 (k at most MAX_RUN). The reply has one code per pid, in that order.
+--      A single entry of a lease its holder was told is cut (its last ID below its
+--      partition's planned one) carries that last ID before its record: `<` last `|`
+--      record.
 -- Reply: per pid, OK, DUPLICATE, LOST, PART (2: the owner part of a split partition is
 -- done, its pieces are not, so the partition is not completed), CORRUPT (-2: its
 -- record, not held, does not decode; left as it is, the other pids go on) or
@@ -16,6 +19,12 @@
 -- the owner part is marked done, its lease ends, and the partition stays, running,
 -- until its last piece completes it (piece_complete.lua). With none outstanding, the
 -- completion is the ordinary one, its record the partition's whole span.
+-- A lease told it was cut whose record ends later (`short`): the cut it was told of is
+-- not in the store, acknowledged and then lost (a failover to a replica that had not
+-- seen it). Completing would skip the IDs past its last one, which no piece holds: its
+-- record is pending again instead, from that last ID + 1, the attempt given back (as a
+-- release), and the reply is PART. (A pid of a run, which a cut never meets, answers
+-- LOST: its run's lease expires and is reclaimed whole.)
 -- A pid its run still holds (runs.lua) is completed in the run: it leaves the run's mask,
 -- and the run's field and lease entry go with its last pid; its record was never
 -- written, so nothing else is removed. Any other pid is completed in its own record.
@@ -31,8 +40,9 @@ local PART, CORRUPT, CORRUPT_RUN = 2, -2, -3
 entries(0, 4, true)
 local m = #ARGV / 4
 local format = string.format
--- Single completions (i = 1..n): pid, token, bit (strings), record, reply slot.
-local pids, tokens, sbits, srecs, slot = {}, {}, {}, {}, {}
+-- Single completions (i = 1..n): pid, token, bit (strings), record, reply slot, and
+-- the last ID of a lease told it was cut (else nil).
+local pids, tokens, sbits, srecs, slot, lasts = {}, {}, {}, {}, {}, {}
 local n = 0
 -- Groups (g = 1..ng): first pid and first bit (numbers), count, reply slot of the first.
 local gfirst, gtoken, gbit, gcount, grecs, gslot = {}, {}, {}, {}, {}, {}
@@ -48,10 +58,18 @@ for e = 1, m do
     id(bit, 'bit offset')
   end
   if rec == '' then refuse('completed record', rec) end
+  local last
+  if string.byte(rec, 1) == 60 then
+    local bar = string.find(rec, '|', 2, true)
+    last = id(bar and string.sub(rec, 2, bar - 1) or '', 'last ID')
+    rec = string.sub(rec, bar + 1)
+    if rec == '' or string.find(rec, '\n', 1, true) then refuse('completed record', rec) end
+  end
   -- The inbox entry holds one record per line.
   if not string.find(rec, '\n', 1, true) then
     n, nslots = n + 1, nslots + 1
     pids[n], tokens[n], sbits[n], srecs[n], slot[n] = pid, token, bit, rec, nslots
+    lasts[n] = last
   else
     -- Its lines counted by plain finds (a pattern would step through every byte in
     -- Lua): none empty, at most MAX_RUN.
@@ -160,6 +178,8 @@ end
 -- the others only read theirs, to tell a duplicate from a lost lease. A record not held
 -- is checked (off the hot path): a corrupt one is reported CORRUPT, not lost.
 local ops, held, no, holding, bad = {}, {}, 0, false, {}
+-- Leases told of a cut the store does not have (`short`, by i: the record, and when).
+local short, short_at, nshort = {}, {}, 0
 local partrec, finals = ents and {}, ents and {}
 -- The highest bit a held lease sets, looked at only for offsets of six digits or more:
 -- below 524,280 the bitmap is under 64 KB, and Redis grows it (`grow_bitmap`).
@@ -172,6 +192,20 @@ for i = 1, n do
     if ents then ents[i] = nil end
   else
     held[i] = holds(recs[i], tokens[i])
+  end
+  if held[i] and lasts[i] then
+    if in_run[i] then
+      held[i], in_run[i] = nil, nil
+    else
+      local r = checked_or(KEYS[1], pids[i], recs[i])
+      if not r then
+        held[i], bad[i] = nil, true
+      elseif r[10] == '' or id_lt(lasts[i], r[10]) then
+        local at = ms_of(string.match(srecs[i], '"completed_at":([%d.]+)') or '')
+        if not at then refuse('completed record', srecs[i]) end
+        held[i], short[i], short_at[i], nshort = nil, r, at, nshort + 1
+      end
+    end
   end
   local part = held[i] and ents and ents[i] and ents[i][6] ~= '0'
   if part then
@@ -219,7 +253,11 @@ for b = 1, nb do
 end
 -- The counters of the statuses a completion moves (claimed and running), read and
 -- checked only when a lease is held to its end: otherwise no status moves.
-if holding then read_counts(KEYS[5], {'c', 'r'}) end
+if nshort > 0 then
+  read_counts(KEYS[5], {'p', 'c', 'r'})
+elseif holding then
+  read_counts(KEYS[5], {'c', 'r'})
+end
 -- Every check done: the index grown to hold the highest bit (`grow_bitmap`,
 -- common.lua), as archive.lua grows the archived bitmap.
 grow_bitmap(KEYS[3], top)
@@ -227,6 +265,9 @@ local bits = redis.call('BITFIELD', KEYS[3], unpack(ops))
 
 local out, done, records, nd, nrec = {}, {}, {}, 0, 0
 local parts, np, split_done, ns = ents and {}, 0, ents and {}, 0
+-- Short leases made pending again: their records and pending entries, as HSET and ZADD
+-- arguments.
+local back, ready, nback, backed = {}, {}, 0, {}
 -- Completions by the status they leave (claimed, running), counted once after the loop.
 local from_c, from_r = 0, 0
 -- Groups held whole: out of their run above, whatever their bits say; their records
@@ -298,6 +339,19 @@ for i = 1, n do
     -- Idempotency: the index bit is set exactly once per pid, so a retried or late
     -- completion changes nothing and reaches the inbox (and the statistics) only once.
     out[slot[i]] = DUPLICATE
+  elseif short[i] and backed[pids[i]] then
+    -- Named twice in one call: made pending once.
+    out[slot[i]] = PART
+  elseif short[i] then
+    local r, at = short[i], int(short_at[i])
+    backed[pids[i]] = true
+    moved(r[1], 'p')
+    r[1], r[2], r[4], r[7] = 'p', int(math.max(tonumber(r[2]) - 1, 0)), '', at
+    r[11] = later(r[11], succ(lasts[i]))
+    back[nback + 1], back[nback + 2] = pids[i], encode(r)
+    ready[nback + 1], ready[nback + 2] = at, pids[i]
+    nback = nback + 2
+    out[slot[i]] = PART
   elseif held[i] then
     nd, nrec = nd + 1, nrec + 1
     done[nd], records[nrec] = pids[i], srecs[i]
@@ -328,7 +382,14 @@ if nrec > 0 then
   end
   redis.call('XADD', KEYS[4], '*', 'r', table.concat(records, '\n'))
 end
-if from_c > 0 or from_r > 0 then count(KEYS[5]) end
+if from_c > 0 or from_r > 0 or nback > 0 then count(KEYS[5]) end
+if nback > 0 then
+  variadic('HSET', KEYS[1], back)
+  local gone = {}
+  for i = 1, nback, 2 do gone[(i + 1) / 2] = back[i] end
+  variadic('ZREM', KEYS[2], gone)
+  variadic('ZADD', KEYS[8], ready)
+end
 if left then variadic('ZREM', KEYS[2], runs_store(KEYS[7], touched)) end
 if np > 0 then
   variadic('HSET', KEYS[1], parts)

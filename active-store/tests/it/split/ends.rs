@@ -453,3 +453,56 @@ pub(super) async fn a_piece_expiring_on_its_last_attempt_fails_its_partition(h: 
     let counts = s.counts().await.unwrap();
     assert_eq!((counts.failed, counts.running), (1, 0));
 }
+
+/// A cut its owner was told of, then lost (a failover to a replica that had not seen
+/// it): the owner stops at the cut and completes, while the store holds the partition
+/// whole and no piece holds its tail. The completion must not count the partition
+/// done: it is pending again past the cut, and whoever claims it finishes the tail; its
+/// one record spans the whole range.
+pub(super) async fn a_cut_lost_in_a_failover_cannot_skip_the_tail(mut h: Harness) {
+    let lease = h.running("a").await;
+    let (pid, min) = (lease.pid, lease.min_id);
+    let saved = h.save().await;
+    h.store
+        .request_split(&h.candidate(pid, Part::Owner).await, "b", 100)
+        .await
+        .unwrap();
+    let beat = h.beat(&lease, false, min + 100, Some(min + 200)).await;
+    let Ok(Beat::Cut { last }) = beat else {
+        panic!("not cut: {beat:?}")
+    };
+    h.failover(saved).await;
+    let s = &h.store;
+    assert!(s.pieces(pid).await.unwrap().is_empty(), "the cut is lost");
+    let told = Lease {
+        max_id: last,
+        ..lease.clone()
+    };
+    h.clock.advance(1_000);
+    assert_eq!(
+        s.complete(&told, 1_000).await.unwrap(),
+        Completion::PartDone,
+        "the tail is not done"
+    );
+    assert!(h.inbox().await.is_empty(), "not completed");
+    let p = s.get(pid).await.unwrap().unwrap();
+    assert_eq!(
+        (p.status, p.progress, p.max_id),
+        (Status::Pending, last + 1, min + 999)
+    );
+    let counts = s.counts().await.unwrap();
+    assert_eq!(
+        (counts.claimed, counts.running, counts.outstanding()),
+        (0, 0, 8)
+    );
+    let again = s.claim("c", 8).await.unwrap();
+    let tail = again.iter().find(|l| l.pid == pid).expect("claimable");
+    assert_eq!(
+        (tail.progress, tail.max_id, tail.attempt),
+        (last + 1, min + 999, 1)
+    );
+    assert_eq!(s.complete(tail, 500).await.unwrap(), Completion::Completed);
+    let inbox = h.inbox().await;
+    assert_eq!(inbox.len(), 1);
+    assert_eq!((inbox[0].min_id, inbox[0].max_id), (min, min + 999));
+}

@@ -217,6 +217,7 @@ pub(super) fn refusal_rows(
                 counts.clone(),
                 splits.clone(),
                 runs.clone(),
+                pending.clone(),
             ],
             args: vec![
                 a("1", Id),
@@ -245,6 +246,7 @@ pub(super) fn refusal_rows(
                 counts.clone(),
                 splits.clone(),
                 runs.clone(),
+                pending.clone(),
             ],
             args: vec![
                 a("2", Id),
@@ -555,6 +557,7 @@ pub(super) fn refusal_rows(
                 counts.clone(),
                 splits.clone(),
                 runs.clone(),
+                pending.clone(),
             ],
             args: vec![
                 a("3", Id),
@@ -583,6 +586,7 @@ pub(super) fn refusal_rows(
                 counts.clone(),
                 splits.clone(),
                 runs.clone(),
+                pending.clone(),
             ],
             args: vec![
                 a("3", Id),
@@ -821,6 +825,7 @@ pub(super) fn refusal_rows(
                 counts.clone(),
                 splits.clone(),
                 runs.clone(),
+                pending.clone(),
             ],
             args: vec![
                 a("7", Id),
