@@ -546,6 +546,9 @@ async fn watchdog(book: Arc<LeaseBook>, lease: Duration, mut done: watch::Receiv
 }
 
 #[cfg(test)]
+mod beat_fails;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use tranche_active_store::{
