@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
-use tranche_active_store::{ActiveStore, Beat, Error as ActiveError, Lease, PartBeat};
+use tranche_active_store::{ActiveStore, Beat, Error as ActiveError, Lease, PartBeat, Splits};
 
 use crate::sync::until;
 
@@ -390,7 +390,7 @@ impl LeaseBook {
     /// Renews every held lease in one call; marks the refused ones lost and forgets them.
     /// With splitting, each armed lease sends its frontier and hands nothing out until
     /// the answer, which may cut it.
-    async fn beat(&self, active: &dyn ActiveStore, timed: &TimedUpdate, stragglers: bool) {
+    async fn beat(&self, active: &dyn Splits, timed: &TimedUpdate, stragglers: bool) {
         let beats = self.beats(stragglers);
         if beats.is_empty() {
             return;

@@ -11,13 +11,9 @@ use async_trait::async_trait;
 use futures_util::FutureExt;
 use tokio::time::Instant;
 use tranche_active_store::{
-    ActiveQuery, ActiveSnapshot, Beat, Completion, Config, CorruptRecord, Error, FailOutcome,
-    FailPolicy, Lease, Leases, Maintenance, MemoryActiveStore, PartBeat, Piece, PieceDone, Plan,
-    PlanEntry, PlanOutcome, Planner, Repair, Result, Running, SplitAnswer, Splits, StatusCounts,
-    WorkerInfo, WorkerRegistry, WorkerState,
+    Beat, Config, Error, FailOutcome, FailPolicy, Lease, Leases, MemoryActiveStore, PartBeat,
+    Piece, PieceDone, Plan, Planner, Result, Running, SplitAnswer, Splits,
 };
-
-use tranche_codec::Partition;
 
 use super::LeaseBook;
 
@@ -28,8 +24,9 @@ const FAIL_CALL: u8 = 1;
 /// Each lease's beat fails on its own (its record unreadable), the call answered.
 const FAIL_EACH: u8 = 2;
 
-/// A memory store whose `beat_parts` fails while told to; everything else passes
-/// through.
+/// A memory store's splitting (what `LeaseBook::beat` calls) whose `beat_parts` fails
+/// while told to; everything else passes through, and the test plans and claims on
+/// the inner store.
 struct Flaky {
     inner: MemoryActiveStore,
     beats: AtomicU8,
@@ -90,103 +87,6 @@ impl Splits for Flaky {
     }
 }
 
-#[async_trait]
-impl Planner for Flaky {
-    async fn plan(&self, plan: &Plan) -> Result<PlanOutcome> {
-        self.inner.plan(plan).await
-    }
-    async fn plans(&self) -> Result<Vec<PlanEntry>> {
-        self.inner.plans().await
-    }
-    async fn adopt(&self, entries: &[PlanEntry], completed: &[u64]) -> Result<u64> {
-        self.inner.adopt(entries, completed).await
-    }
-}
-
-#[async_trait]
-impl Leases for Flaky {
-    async fn claim(&self, worker: &str, n: usize) -> Result<Vec<Lease>> {
-        self.inner.claim(worker, n).await
-    }
-    async fn heartbeat(&self, lease: &Lease, progress: u64) -> Result<()> {
-        self.inner.heartbeat(lease, progress).await
-    }
-    async fn complete_many(&self, done: &[(Lease, u64)]) -> Result<Vec<Result<Completion>>> {
-        self.inner.complete_many(done).await
-    }
-    async fn fail(&self, lease: &Lease, error: &str) -> Result<FailOutcome> {
-        self.inner.fail(lease, error).await
-    }
-    async fn fail_with(
-        &self,
-        lease: &Lease,
-        error: &str,
-        policy: FailPolicy,
-    ) -> Result<FailOutcome> {
-        self.inner.fail_with(lease, error, policy).await
-    }
-    async fn release(&self, lease: &Lease, progress: u64) -> Result<()> {
-        self.inner.release(lease, progress).await
-    }
-}
-
-#[async_trait]
-impl Maintenance for Flaky {
-    async fn reap(&self, now_ms: u64) -> Result<Vec<u64>> {
-        self.inner.reap(now_ms).await
-    }
-    async fn release_worker(&self, worker: &str) -> Result<Vec<u64>> {
-        self.inner.release_worker(worker).await
-    }
-    async fn retry_failed(&self, pid: Option<u64>) -> Result<Vec<u64>> {
-        self.inner.retry_failed(pid).await
-    }
-    async fn discard(&self, pid: u64) -> Result<bool> {
-        self.inner.discard(pid).await
-    }
-    async fn set_paused(&self, paused: bool) -> Result<()> {
-        self.inner.set_paused(paused).await
-    }
-    async fn is_paused(&self) -> Result<bool> {
-        self.inner.is_paused().await
-    }
-    async fn repair_corrupt(&self, pid: u64) -> Result<Repair> {
-        self.inner.repair_corrupt(pid).await
-    }
-}
-
-#[async_trait]
-impl WorkerRegistry for Flaky {
-    async fn worker_heartbeat(&self, info: WorkerInfo) -> Result<()> {
-        self.inner.worker_heartbeat(info).await
-    }
-    async fn workers(&self) -> Result<Vec<WorkerState>> {
-        self.inner.workers().await
-    }
-    async fn deregister(&self, worker: &str) -> Result<()> {
-        self.inner.deregister(worker).await
-    }
-    async fn prune_workers(&self, retention: Duration) -> Result<Vec<String>> {
-        self.inner.prune_workers(retention).await
-    }
-}
-
-#[async_trait]
-impl ActiveQuery for Flaky {
-    async fn get(&self, pid: u64) -> Result<Option<Partition>> {
-        self.inner.get(pid).await
-    }
-    async fn all_active(&self) -> Result<ActiveSnapshot> {
-        self.inner.all_active().await
-    }
-    async fn counts(&self) -> Result<StatusCounts> {
-        self.inner.counts().await
-    }
-    async fn corrupt_records(&self) -> Result<Vec<CorruptRecord>> {
-        self.inner.corrupt_records().await
-    }
-}
-
 /// Whether the hold hands out the chunk from `from` now, without waiting.
 async fn hands_out(hold: &super::Hold, from: u64) -> Option<Option<u64>> {
     hold.issue(from, 50).now_or_never()
@@ -202,6 +102,7 @@ async fn a_lease_whose_beat_failed_stays_frozen_until_one_is_answered() {
             beats: AtomicU8::new(ANSWER),
         };
         store
+            .inner
             .plan(&Plan::Uniform {
                 min: 1,
                 max: 1000,
@@ -209,7 +110,7 @@ async fn a_lease_whose_beat_failed_stays_frozen_until_one_is_answered() {
             })
             .await
             .unwrap();
-        let lease = store.claim("me", 1).await.unwrap().remove(0);
+        let lease = store.inner.claim("me", 1).await.unwrap().remove(0);
         let min = lease.min_id;
         let book = Arc::new(LeaseBook::new(Duration::from_secs(30), true));
         let hold = book.hold(&lease, false, Instant::now());
