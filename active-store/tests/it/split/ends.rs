@@ -68,13 +68,8 @@ pub(super) async fn the_last_piece_completes_the_partition_once(h: Harness) {
 /// spans the whole partition.
 pub(super) async fn an_owner_done_last_completes_the_whole_range(h: Harness) {
     let s = &h.store;
-    let lease = h.running("a").await;
-    let (pid, min) = (lease.pid, lease.min_id);
-    s.request_split(&h.candidate(pid, Part::Owner).await, "b", 100)
-        .await
-        .unwrap();
-    h.beat(&lease, false, min, Some(min + 1)).await.unwrap();
-    let piece = s.claim_pieces("b", 1).await.unwrap().remove(0);
+    let (lease, piece) = h.split_at_once().await;
+    let min = lease.min_id;
     assert_eq!(s.complete_piece(&piece).await.unwrap(), PieceDone::Done);
     assert!(h.inbox().await.is_empty());
     assert_eq!(s.counts().await.unwrap().running, 1);
@@ -97,13 +92,8 @@ pub(super) async fn an_owner_done_last_completes_the_whole_range(h: Harness) {
 /// checkpoint; the next holder gets a new token and the old one is refused.
 pub(super) async fn an_expired_piece_is_reclaimed_from_its_checkpoint(h: Harness) {
     let s = &h.store;
-    let lease = h.running("a").await;
+    let (lease, piece) = h.split_at_once().await;
     let (pid, min) = (lease.pid, lease.min_id);
-    s.request_split(&h.candidate(pid, Part::Owner).await, "b", 100)
-        .await
-        .unwrap();
-    h.beat(&lease, false, min, Some(min + 1)).await.unwrap();
-    let piece = s.claim_pieces("b", 1).await.unwrap().remove(0);
     h.beat(&piece, true, min + 600, None).await.unwrap();
     h.clock.advance(LEASE.as_millis() as u64 / 2);
     h.beat(&lease, false, min + 10, None).await.unwrap();
@@ -188,13 +178,8 @@ pub(super) async fn a_split_racing_an_expiry_is_served_by_the_next_owner(h: Harn
 /// partition completes once all three parts are done, whatever the order.
 pub(super) async fn a_piece_splits_in_turn(h: Harness) {
     let s = &h.store;
-    let lease = h.running("a").await;
+    let (lease, piece) = h.split_at_once().await;
     let (pid, min) = (lease.pid, lease.min_id);
-    s.request_split(&h.candidate(pid, Part::Owner).await, "b", 100)
-        .await
-        .unwrap();
-    h.beat(&lease, false, min, Some(min + 1)).await.unwrap();
-    let piece = s.claim_pieces("b", 1).await.unwrap().remove(0);
     assert_eq!((piece.min_id, piece.max_id), (min + 500, min + 999));
     h.beat(&piece, true, min + 500, None).await.unwrap();
     let part = h.candidate(pid, Part::Piece(min + 500)).await;

@@ -200,6 +200,21 @@ impl Harness {
         lease
     }
 
+    /// `a`'s running partition split at once: `b` asks for one piece (at least 100
+    /// IDs), `a`'s beat cuts it right past its first ID, and `b` claims it. The owner's
+    /// lease and the piece's.
+    async fn split_at_once(&self) -> (Lease, Lease) {
+        let lease = self.running("a").await;
+        let (pid, min) = (lease.pid, lease.min_id);
+        self.store
+            .request_split(&self.candidate(pid, Part::Owner).await, "b", 100)
+            .await
+            .unwrap();
+        self.beat(&lease, false, min, Some(min + 1)).await.unwrap();
+        let piece = self.store.claim_pieces("b", 1).await.unwrap().remove(0);
+        (lease, piece)
+    }
+
     async fn beat(
         &self,
         lease: &Lease,
