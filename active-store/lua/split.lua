@@ -74,6 +74,14 @@ local function pred(v)
   return out
 end
 
+-- `v + 1` for a canonical decimal `v` below U64_MAX, by string.
+local function succ(v)
+  local i = #v
+  while i > 0 and string.byte(v, i) == 57 do i = i - 1 end
+  if i == 0 then return '1' .. string.rep('0', #v) end
+  return string.sub(v, 1, i - 1) .. string.char(string.byte(v, i) + 1) .. string.rep('0', #v - i)
+end
+
 -- A piece's field `pid:start`, checked; returns pid and start.
 local function piece_key(v, what)
   local pid, start = string.match(type(v) == 'string' and v or '', '^(%d+):(%d+)$')

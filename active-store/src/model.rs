@@ -99,7 +99,9 @@ pub enum Completion {
     Duplicate,
     /// The owner part of a split partition is done and its lease ended, but pieces of
     /// it are outstanding: the partition is not completed (the last piece completes it,
-    /// or a failed piece fails it).
+    /// or a failed piece fails it). Also the answer to a lease cut short by a cut the
+    /// store no longer holds: the partition is pending again past the lease's end
+    /// ([`Leases::complete`](crate::Leases::complete)).
     PartDone,
 }
 

@@ -61,6 +61,13 @@ pub trait Leases: Send + Sync {
 
     /// Completes `lease`: the partition leaves the active set, its completed-index bit is
     /// set and its record goes to the archive inbox, atomically.
+    ///
+    /// `lease.max_id` is the last ID its holder processed: the lease's end after every
+    /// cut it was told of (`Splits::beat_parts`). When the partition's record ends later,
+    /// the store no longer holds a cut the holder was told of (acknowledged, then lost in
+    /// a failover), and no piece holds the IDs past it: the partition is not completed
+    /// but pending again from `max_id + 1`, its attempt given back, and the answer is
+    /// [`Completion::PartDone`].
     async fn complete(&self, lease: &Lease, duration_ms: u64) -> Result<Completion> {
         let mut out = self.complete_many(&[(lease.clone(), duration_ms)]).await?;
         out.pop().expect("one outcome per completion")

@@ -21,9 +21,9 @@
 --
 -- Returns 1 when ARGV[2] leads, 0 when only its own finding was written.
 
-local now = tonumber(ARGV[1])
+local now = ms_arg(ARGV[1])
 local worker = ARGV[2]
-if now == nil or now ~= math.floor(now) or now < 0 or now > 1e14 then
+if now == nil then
     return redis.error_reply('ERR tranche probe: now_ms must be an integer')
 end
 if worker == nil or #worker == 0 or #worker > 256 then
@@ -76,17 +76,6 @@ if type(report.rate) == 'number' then
 end
 
 local record = { version = 0, settings = {} }
--- Whether a decoded value holds only finite numbers within 120 levels: cjson reads 1e999
--- as inf (which it then cannot encode) and nests deeper than the readers' decoder.
-local function sound(v, depth)
-    if type(v) == 'number' then return v == v and v ~= math.huge and v ~= -math.huge end
-    if type(v) ~= 'table' then return true end
-    if depth > 120 then return false end
-    for k, x in pairs(v) do
-        if not sound(k, depth + 1) or not sound(x, depth + 1) then return false end
-    end
-    return true
-end
 local stored = redis.call('GET', KEYS[1])
 if stored then
     local good, decoded = false, nil

@@ -13,9 +13,9 @@
 --
 -- Returns 1 when replaced, 0 when the stored record changed since the caller read it.
 
-local now = tonumber(ARGV[1])
+local now = ms_arg(ARGV[1])
 local origin = ARGV[2]
-if now == nil or now ~= math.floor(now) or now < 0 or now > 1e14 then
+if now == nil then
     return redis.error_reply('ERR tranche repair: now_ms must be an integer')
 end
 if origin == nil or #origin == 0 or #origin > 512 then

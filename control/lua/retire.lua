@@ -13,24 +13,13 @@
 -- Returns 1 when a finding was removed, 0 when there was none. A stored record that is
 -- not JSON is refused, as in probe.lua.
 
-local now = tonumber(ARGV[1])
+local now = ms_arg(ARGV[1])
 local worker = ARGV[2]
-if now == nil or now ~= math.floor(now) or now < 0 or now > 1e14 then
+if now == nil then
     return redis.error_reply('ERR tranche retire: now_ms must be an integer')
 end
 if worker == nil or #worker == 0 or #worker > 256 then
     return redis.error_reply('ERR tranche retire: worker must be 1 to 256 bytes')
-end
--- Whether a decoded value holds only finite numbers within 120 levels: cjson reads 1e999
--- as inf (which it then cannot encode) and nests deeper than the readers' decoder.
-local function sound(v, depth)
-    if type(v) == 'number' then return v == v and v ~= math.huge and v ~= -math.huge end
-    if type(v) ~= 'table' then return true end
-    if depth > 120 then return false end
-    for k, x in pairs(v) do
-        if not sound(k, depth + 1) or not sound(x, depth + 1) then return false end
-    end
-    return true
 end
 local stored = redis.call('GET', KEYS[1])
 local record = nil

@@ -20,9 +20,9 @@
 -- reason to refuse: its values that break the rules below are dropped one by one (the
 -- rest kept), and one that is not JSON at all is quarantined and replaced.
 
-local now = tonumber(ARGV[1])
+local now = ms_arg(ARGV[1])
 local origin = ARGV[2]
-if now == nil or now ~= math.floor(now) or now < 0 or now > 1e14 then
+if now == nil then
     return redis.error_reply('ERR tranche set: now_ms must be an integer')
 end
 if origin == nil or #origin == 0 or #origin > 512 then
@@ -30,8 +30,8 @@ if origin == nil or #origin == 0 or #origin > 512 then
 end
 local since = nil
 if ARGV[4] ~= nil then
-    since = tonumber(ARGV[4])
-    if since == nil or since ~= math.floor(since) or since < 0 or since > 1e14 then
+    since = ms_arg(ARGV[4])
+    if since == nil then
         return redis.error_reply('ERR tranche set: since_ms must be an integer')
     end
 end
@@ -99,17 +99,6 @@ end
 -- The stored record, its bad values dropped one by one (the readers' rules).
 local record = { version = 0, settings = {} }
 local quarantine = nil
--- Whether a decoded value holds only finite numbers within 120 levels: cjson reads 1e999
--- as inf (which it then cannot encode) and nests deeper than the readers' decoder.
-local function sound(v, depth)
-    if type(v) == 'number' then return v == v and v ~= math.huge and v ~= -math.huge end
-    if type(v) ~= 'table' then return true end
-    if depth > 120 then return false end
-    for k, x in pairs(v) do
-        if not sound(k, depth + 1) or not sound(x, depth + 1) then return false end
-    end
-    return true
-end
 local stored = redis.call('GET', KEYS[1])
 if stored then
     local good, decoded = false, nil

@@ -160,7 +160,7 @@ impl<C> RedisRateLimiter<C> {
         Self {
             conn,
             keys: crate::ControlKeys::new(schema),
-            script: redis::Script::new(include_str!("../lua/take.lua")),
+            script: redis::Script::new(crate::store::take_lua()),
         }
     }
 

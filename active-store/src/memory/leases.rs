@@ -83,8 +83,18 @@ impl Leases for MemoryActiveStore {
                 out.push(Ok(Completion::Duplicate));
                 continue;
             }
-            if shard.leased(lease).is_none() {
+            let Some(p) = shard.leased(lease) else {
                 out.push(Err(lost(lease)));
+                continue;
+            };
+            // Cut short by a cut the store no longer holds (`lua/complete.lua`, `short`):
+            // nothing else holds the IDs past the lease's end, so the partition is pending
+            // again from there, its attempt given back, rather than completed.
+            if lease.max_id < p.max_id {
+                p.progress = p.progress.max(lease.max_id + 1);
+                p.attempts = p.attempts.saturating_sub(1);
+                shard.requeue(lease.pid, now, now);
+                out.push(Ok(Completion::PartDone));
                 continue;
             }
             // A split partition (`split`): with pieces outstanding the owner part only

@@ -160,6 +160,7 @@ where
                 &keys.counts,
                 &keys.splits,
                 &keys.runs,
+                &keys.pending,
             ];
             let reply: Result<Vec<i64>> = if in_order {
                 self.complete_marked(*shard, &keys, &args).await
@@ -225,7 +226,10 @@ where
     /// shard, and the order of the replies: the pids of one run that complete together
     /// go as one group entry (`complete.lua`: consecutive pids under one token at
     /// consecutive bit offsets, their records joined by newlines, up to the longest run),
-    /// which the script completes in bulk; every other pid as an entry of its own.
+    /// which the script completes in bulk; every other pid as an entry of its own. A
+    /// lease cut short (its `max_id` below its partition's planned last ID) goes alone,
+    /// its last ID before its record, so that the script can tell a cut it does not
+    /// hold (lost in a failover) from one it does.
     fn completion_args(
         &self,
         done: &[(Lease, u64)],
@@ -235,15 +239,23 @@ where
         let mut order = chunk.to_vec();
         order.sort_by_key(|&i| (done[i].0.token, done[i].0.pid));
         let mut args = Vec::with_capacity(order.len() * 4);
+        let registry = read(&self.registry);
+        let cut = |lease: &Lease| {
+            registry
+                .range_of(lease.pid)
+                .is_some_and(|(_, last)| lease.max_id < last)
+        };
         let mut at = 0;
         while at < order.len() {
             let first = &done[order[at]].0;
             let bit = self.bit(first.pid);
+            let first_cut = cut(first);
             let mut end = at + 1;
-            while end < order.len() && end - at < MAX_RUN {
+            while !first_cut && end < order.len() && end - at < MAX_RUN {
                 let next = &done[order[end]].0;
                 let step = (end - at) as u64;
                 if next.token != first.token
+                    || cut(next)
                     || next.pid != first.pid + step
                     || self.bit(next.pid) != bit + step
                 {
@@ -252,9 +264,12 @@ where
                 end += 1;
             }
             let mut records = String::new();
+            if first_cut {
+                records = format!("<{}|", first.max_id);
+            }
             for &i in &order[at..end] {
                 let (lease, duration_ms) = &done[i];
-                if !records.is_empty() {
+                if !records.is_empty() && !first_cut {
                     records.push('\n');
                 }
                 records.push_str(&tranche_codec::encode_json(
@@ -277,7 +292,7 @@ where
     async fn complete_marked(
         &self,
         shard: usize,
-        keys: &[&String; 7],
+        keys: &[&String; 8],
         args: &[String],
     ) -> Result<Vec<i64>> {
         let replies: Vec<redis::Value> = retry(&self.conn, |mut conn| async move {

@@ -20,6 +20,7 @@ pub use memory::MemoryControlStore;
 pub use redis_store::RedisControlStore;
 #[cfg(feature = "testing")]
 pub use redis_store::scripts;
+pub(crate) use redis_store::take_lua;
 
 /// The change log keeps this many entries.
 pub const LOG_CAP: usize = 100;

@@ -1,10 +1,11 @@
 //! The control store of a fleet: the scripts of `lua/` on the namespace's `{ns}` slot.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::ConnectionLike;
+use tranche_codec::lua::{self, Fragment};
 use tranche_codec::{Clock, KeySchema};
 
 use super::{
@@ -33,14 +34,36 @@ struct Scripts {
     retire: redis::Script,
 }
 
+/// `lua/control.lua`: the prelude of every script of the crate, after `common.lua`.
+const CONTROL: Fragment = Fragment::new(include_str!("../../lua/control.lua"));
+
+/// The script `lua/NAME.lua` composed by [`lua::compose`]: `common.lua`, the crate's
+/// prelude, then the script. Composed once, so its text is `&'static str`.
+macro_rules! composed {
+    ($name:literal) => {{
+        static TEXT: LazyLock<String> = LazyLock::new(|| {
+            lua::compose(&[
+                &CONTROL,
+                &Fragment::new(include_str!(concat!("../../lua/", $name, ".lua"))),
+            ])
+        });
+        TEXT.as_str()
+    }};
+}
+
+/// `take.lua`, composed: the rate limiter's script (`limiter.rs`).
+pub(crate) fn take_lua() -> &'static str {
+    composed!("take")
+}
+
 impl Scripts {
     fn new() -> Self {
         Self {
-            set: redis::Script::new(include_str!("../../lua/set.lua")),
-            probe: redis::Script::new(include_str!("../../lua/probe.lua")),
-            lead: redis::Script::new(include_str!("../../lua/lead.lua")),
-            repair: redis::Script::new(include_str!("../../lua/repair.lua")),
-            retire: redis::Script::new(include_str!("../../lua/retire.lua")),
+            set: redis::Script::new(composed!("set")),
+            probe: redis::Script::new(composed!("probe")),
+            lead: redis::Script::new(composed!("lead")),
+            repair: redis::Script::new(composed!("repair")),
+            retire: redis::Script::new(composed!("retire")),
         }
     }
 }
@@ -51,34 +74,26 @@ impl Scripts {
 pub fn scripts(schema: &KeySchema) -> Vec<(&'static str, &'static str, Vec<String>)> {
     let keys = ControlKeys::new(schema);
     vec![
-        (
-            "take.lua",
-            include_str!("../../lua/take.lua"),
-            vec![keys.rate(crate::Limit::Ids)],
-        ),
+        ("take.lua", take_lua(), vec![keys.rate(crate::Limit::Ids)]),
         (
             "set.lua",
-            include_str!("../../lua/set.lua"),
+            composed!("set"),
             vec![keys.record(), keys.log(), keys.quarantine()],
         ),
         (
             "probe.lua",
-            include_str!("../../lua/probe.lua"),
+            composed!("probe"),
             vec![keys.record(), keys.log(), keys.prober()],
         ),
-        (
-            "lead.lua",
-            include_str!("../../lua/lead.lua"),
-            vec![keys.prober()],
-        ),
+        ("lead.lua", composed!("lead"), vec![keys.prober()]),
         (
             "repair.lua",
-            include_str!("../../lua/repair.lua"),
+            composed!("repair"),
             vec![keys.record(), keys.log(), keys.quarantine()],
         ),
         (
             "retire.lua",
-            include_str!("../../lua/retire.lua"),
+            composed!("retire"),
             vec![keys.record(), keys.log(), keys.prober()],
         ),
     ]

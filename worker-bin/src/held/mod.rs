@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
-use tranche_active_store::{ActiveStore, Beat, Error as ActiveError, Lease, PartBeat};
+use tranche_active_store::{Beat, Error as ActiveError, Lease, PartBeat, Splits};
 
 /// The fractions of a lease `L` that time everything a process does to keep it, as
 /// divisors. Instants are counted back from the last one by which the store certainly
@@ -396,7 +396,7 @@ impl LeaseBook {
     /// Renews every held lease in one call; marks the refused ones lost and forgets them.
     /// With splitting, each armed lease sends its frontier and hands nothing out until
     /// the answer, which may cut it.
-    async fn beat(&self, active: &dyn ActiveStore, timed: &TimedUpdate, stragglers: bool) {
+    async fn beat(&self, active: &dyn Splits, timed: &TimedUpdate, stragglers: bool) {
         let beats = self.beats(stragglers);
         if beats.is_empty() {
             return;
@@ -466,6 +466,8 @@ pub(crate) const SPLIT_BEAT: Duration = Duration::from_millis(250);
 const STRAGGLING: Duration = Duration::from_millis(250);
 
 mod beat;
+#[cfg(test)]
+mod beat_fails;
 #[cfg(test)]
 mod tests;
 

@@ -2,6 +2,7 @@
 
 use super::beat::watchdog;
 use super::*;
+use tranche_active_store::ActiveStore;
 use tranche_active_store::{
     ActiveQuery, Clock, Config, Leases, Maintenance, ManualClock, MemoryActiveStore, Plan, Planner,
     Splits,

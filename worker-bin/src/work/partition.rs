@@ -92,7 +92,14 @@ impl PartitionCtx {
                         .await
                         .map(|done| done == PieceDone::Completed)
                 } else {
-                    self.active.complete(&lease, ms).await.map(|done| {
+                    // The end it was told (a cut moves it down): a store that no longer
+                    // holds that cut (lost in a failover) then does not count the
+                    // partition done, its tail undone (`Leases::complete`).
+                    let told = Lease {
+                        max_id: hold.end(),
+                        ..lease.clone()
+                    };
+                    self.active.complete(&told, ms).await.map(|done| {
                         if done == Completion::Duplicate {
                             tracing::info!(pid, "completed already; not counted again");
                         }

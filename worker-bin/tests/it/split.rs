@@ -121,6 +121,28 @@ async fn a_straggler_is_split_embedded() {
 }
 
 /// Without splitting the straggler runs in one piece, as before.
+/// Chunks sized by time (`--chunk-time`) are cut too: they are handed out through the
+/// lease's hold, whose beats carry the frontier a cut needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_straggler_is_split_on_redis() {
+    let redis = TestRedis::start();
+    let r = runner(Runner::redis(redis.url()), "w1").chunk_time(Duration::from_millis(100), 10, 10);
+    a_straggler_is_split_by_idle_slots(r).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_straggler_is_split_embedded() {
+    let dir = std::env::temp_dir().join(format!("tranche-split-timed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let r = runner(Runner::embedded(dir.join("s.state")), "w1").chunk_time(
+        Duration::from_millis(100),
+        10,
+        10,
+    );
+    a_straggler_is_split_by_idle_slots(r).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_split_runs_the_straggler_whole() {
     let redis = TestRedis::start();

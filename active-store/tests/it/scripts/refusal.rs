@@ -44,6 +44,9 @@ enum Arg {
     /// Encoded completed records: one JSON line, or a group's lines (at most 128, none
     /// empty, joined by newlines).
     Record,
+    /// A completed record of a lease told it was cut: `<`, its last ID, `|`, one JSON
+    /// line.
+    CutRecord,
     /// A carried status, `p` or `f`.
     Status,
     /// A shard number below the shard count (1 here).
@@ -88,6 +91,16 @@ impl Arg {
             Arg::Kind => &["x", ""],
             Arg::Range => &["x", "", "5|", "|5", "20|11", "a|b", "1|2|3"],
             Arg::Record => &BAD_RECORDS,
+            Arg::CutRecord => &[
+                "<",
+                "<5",
+                "<|{\"completed_at\":1}",
+                "<x|{\"completed_at\":1}",
+                "<05|{\"completed_at\":1}",
+                "<-5|{\"completed_at\":1}",
+                "<5|",
+                "<5|{\"completed_at\":1}\n{\"b\":2}",
+            ],
             Arg::Status => &["r", ""],
             Arg::Policy => &["soon", "-5", "1.5", "permanently", HUGE],
             Arg::Shard => &["x", "-1", "", "1"],

@@ -68,13 +68,8 @@ pub(super) async fn the_last_piece_completes_the_partition_once(h: Harness) {
 /// spans the whole partition.
 pub(super) async fn an_owner_done_last_completes_the_whole_range(h: Harness) {
     let s = &h.store;
-    let lease = h.running("a").await;
-    let (pid, min) = (lease.pid, lease.min_id);
-    s.request_split(&h.candidate(pid, Part::Owner).await, "b", 100)
-        .await
-        .unwrap();
-    h.beat(&lease, false, min, Some(min + 1)).await.unwrap();
-    let piece = s.claim_pieces("b", 1).await.unwrap().remove(0);
+    let (lease, piece) = h.split_at_once().await;
+    let min = lease.min_id;
     assert_eq!(s.complete_piece(&piece).await.unwrap(), PieceDone::Done);
     assert!(h.inbox().await.is_empty());
     assert_eq!(s.counts().await.unwrap().running, 1);
@@ -97,13 +92,8 @@ pub(super) async fn an_owner_done_last_completes_the_whole_range(h: Harness) {
 /// checkpoint; the next holder gets a new token and the old one is refused.
 pub(super) async fn an_expired_piece_is_reclaimed_from_its_checkpoint(h: Harness) {
     let s = &h.store;
-    let lease = h.running("a").await;
+    let (lease, piece) = h.split_at_once().await;
     let (pid, min) = (lease.pid, lease.min_id);
-    s.request_split(&h.candidate(pid, Part::Owner).await, "b", 100)
-        .await
-        .unwrap();
-    h.beat(&lease, false, min, Some(min + 1)).await.unwrap();
-    let piece = s.claim_pieces("b", 1).await.unwrap().remove(0);
     h.beat(&piece, true, min + 600, None).await.unwrap();
     h.clock.advance(LEASE.as_millis() as u64 / 2);
     h.beat(&lease, false, min + 10, None).await.unwrap();
@@ -188,13 +178,8 @@ pub(super) async fn a_split_racing_an_expiry_is_served_by_the_next_owner(h: Harn
 /// partition completes once all three parts are done, whatever the order.
 pub(super) async fn a_piece_splits_in_turn(h: Harness) {
     let s = &h.store;
-    let lease = h.running("a").await;
+    let (lease, piece) = h.split_at_once().await;
     let (pid, min) = (lease.pid, lease.min_id);
-    s.request_split(&h.candidate(pid, Part::Owner).await, "b", 100)
-        .await
-        .unwrap();
-    h.beat(&lease, false, min, Some(min + 1)).await.unwrap();
-    let piece = s.claim_pieces("b", 1).await.unwrap().remove(0);
     assert_eq!((piece.min_id, piece.max_id), (min + 500, min + 999));
     h.beat(&piece, true, min + 500, None).await.unwrap();
     let part = h.candidate(pid, Part::Piece(min + 500)).await;
@@ -452,4 +437,57 @@ pub(super) async fn a_piece_expiring_on_its_last_attempt_fails_its_partition(h: 
     assert!(lost(h.beat(&lease, false, min + 300, None).await));
     let counts = s.counts().await.unwrap();
     assert_eq!((counts.failed, counts.running), (1, 0));
+}
+
+/// A cut its owner was told of, then lost (a failover to a replica that had not seen
+/// it): the owner stops at the cut and completes, while the store holds the partition
+/// whole and no piece holds its tail. The completion must not count the partition
+/// done: it is pending again past the cut, and whoever claims it finishes the tail; its
+/// one record spans the whole range.
+pub(super) async fn a_cut_lost_in_a_failover_cannot_skip_the_tail(mut h: Harness) {
+    let lease = h.running("a").await;
+    let (pid, min) = (lease.pid, lease.min_id);
+    let saved = h.save().await;
+    h.store
+        .request_split(&h.candidate(pid, Part::Owner).await, "b", 100)
+        .await
+        .unwrap();
+    let beat = h.beat(&lease, false, min + 100, Some(min + 200)).await;
+    let Ok(Beat::Cut { last }) = beat else {
+        panic!("not cut: {beat:?}")
+    };
+    h.failover(saved).await;
+    let s = &h.store;
+    assert!(s.pieces(pid).await.unwrap().is_empty(), "the cut is lost");
+    let told = Lease {
+        max_id: last,
+        ..lease.clone()
+    };
+    h.clock.advance(1_000);
+    assert_eq!(
+        s.complete(&told, 1_000).await.unwrap(),
+        Completion::PartDone,
+        "the tail is not done"
+    );
+    assert!(h.inbox().await.is_empty(), "not completed");
+    let p = s.get(pid).await.unwrap().unwrap();
+    assert_eq!(
+        (p.status, p.progress, p.max_id),
+        (Status::Pending, last + 1, min + 999)
+    );
+    let counts = s.counts().await.unwrap();
+    assert_eq!(
+        (counts.claimed, counts.running, counts.outstanding()),
+        (0, 0, 8)
+    );
+    let again = s.claim("c", 8).await.unwrap();
+    let tail = again.iter().find(|l| l.pid == pid).expect("claimable");
+    assert_eq!(
+        (tail.progress, tail.max_id, tail.attempt),
+        (last + 1, min + 999, 1)
+    );
+    assert_eq!(s.complete(tail, 500).await.unwrap(), Completion::Completed);
+    let inbox = h.inbox().await;
+    assert_eq!(inbox.len(), 1);
+    assert_eq!((inbox[0].min_id, inbox[0].max_id), (min, min + 999));
 }

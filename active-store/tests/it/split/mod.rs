@@ -36,6 +36,13 @@ struct Harness {
     seen: std::sync::Mutex<Vec<CompletedRecord>>,
 }
 
+/// What a backend held at one moment, for [`Harness::failover`].
+enum Saved {
+    Memory(tranche_active_store::ActiveState),
+    /// Every key and its DUMP.
+    Redis(Vec<(String, Vec<u8>)>),
+}
+
 enum Backend {
     Memory(Arc<MemoryActiveStore>),
     Redis(#[allow(dead_code)] TestRedis, RedisConnection),
@@ -123,12 +130,89 @@ impl Harness {
         }
     }
 
+    /// Everything the backend holds now, for a [`failover`](Self::failover) to bring
+    /// back.
+    async fn save(&self) -> Saved {
+        match &self.backend {
+            Backend::Memory(store) => Saved::Memory(store.state()),
+            Backend::Redis(_, conn) => {
+                let mut conn = conn.clone();
+                let keys: Vec<String> = redis::cmd("KEYS")
+                    .arg("*")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                let mut out = Vec::new();
+                for key in keys {
+                    let dump: Vec<u8> = redis::cmd("DUMP")
+                        .arg(&key)
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                    out.push((key, dump));
+                }
+                Saved::Redis(out)
+            }
+        }
+    }
+
+    /// A failover to a replica that had seen nothing after `saved`: every write since
+    /// is lost (Redis: every key flushed and restored; memory: the store restored from
+    /// its state then, leases kept).
+    async fn failover(&mut self, saved: Saved) {
+        match (saved, &self.backend) {
+            (Saved::Memory(state), Backend::Memory(_)) => {
+                let store = Arc::new(
+                    MemoryActiveStore::restore(
+                        self.config.clone(),
+                        self.clock.clone(),
+                        state,
+                        tranche_active_store::RestoredLeases::Keep,
+                    )
+                    .unwrap(),
+                );
+                self.seen.lock().unwrap().clear();
+                self.store = store.clone();
+                self.backend = Backend::Memory(store);
+            }
+            (Saved::Redis(keys), Backend::Redis(_, conn)) => {
+                let mut conn = conn.clone();
+                let () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+                for (key, dump) in keys {
+                    let () = redis::cmd("RESTORE")
+                        .arg(&key)
+                        .arg(0)
+                        .arg(dump)
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                }
+            }
+            _ => unreachable!("saved by this harness"),
+        }
+    }
+
     /// Claims one partition for `worker` and beats it once (running, checkpoint at
     /// its first ID).
     async fn running(&self, worker: &str) -> Lease {
         let lease = self.store.claim(worker, 1).await.unwrap().remove(0);
         self.beat(&lease, false, lease.min_id, None).await.unwrap();
         lease
+    }
+
+    /// `a`'s running partition split at once: `b` asks for one piece (at least 100
+    /// IDs), `a`'s beat cuts it right past its first ID, and `b` claims it. The owner's
+    /// lease and the piece's.
+    async fn split_at_once(&self) -> (Lease, Lease) {
+        let lease = self.running("a").await;
+        let (pid, min) = (lease.pid, lease.min_id);
+        self.store
+            .request_split(&self.candidate(pid, Part::Owner).await, "b", 100)
+            .await
+            .unwrap();
+        self.beat(&lease, false, min, Some(min + 1)).await.unwrap();
+        let piece = self.store.claim_pieces("b", 1).await.unwrap().remove(0);
+        (lease, piece)
     }
 
     async fn beat(
@@ -192,6 +276,7 @@ suite!(
     an_owner_failing_for_good_makes_its_partition_whole,
     an_owner_expiring_on_its_last_attempt_makes_its_partition_whole,
     a_discard_with_pieces_out_makes_the_partition_whole,
+    a_cut_lost_in_a_failover_cannot_skip_the_tail,
 );
 
 /// The embedded state file holds no pieces: a split partition is saved whole, from its

@@ -9,7 +9,9 @@
 //! of the first unfinished one (or where the next chunk would start, when every issued
 //! one is done), and a resumed partition starts at its checkpoint itself rather than at
 //! a chunk boundary. Only this path pays for the map: without `--chunk-time` a
-//! partition runs as before.
+//! partition runs as before. Chunks are handed out through the lease's hold
+//! ([`Hold::issue`]), as on the fixed-size path, so a timed partition is cut by
+//! straggler splitting like any other.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -99,7 +101,12 @@ impl PartitionCtx {
                 };
                 hold.advance(checkpoint());
                 let size = sizer.lock().expect("not poisoned").size();
-                let to = from.saturating_add(size - 1).min(lease.max_id);
+                // Through the hold, as the fixed-size path: it arms the lease for
+                // splitting (its beats carry the frontier), ends it where a cut put
+                // it, and waits while a beat that may cut it is unanswered.
+                let Some(to) = hold.issue(from, size).await else {
+                    break;
+                };
                 {
                     let mut s = spans.lock().expect("not poisoned");
                     s.starts.insert(seq, from);
@@ -155,13 +162,15 @@ impl PartitionCtx {
             }
         }
         let done = checkpoint();
-        if hold.is_lost() || fenced.load(Relaxed) {
+        if hold.is_lost() || fenced.load(Relaxed) || hold.is_fenced() {
             return (Ended::Lost, done);
         }
         if let Some(ended) = failed(&failure) {
             return (ended, done);
         }
         let s = spans.lock().expect("not poisoned");
+        // Done up to the lease's end now (earlier than `end` once cut).
+        let end = end.min(u128::from(hold.end()) + 1);
         if s.next >= end && window.progress() >= s.issued {
             (Ended::Done, done)
         } else {

@@ -218,6 +218,7 @@ pub(super) fn refusal_rows(
                 counts.clone(),
                 splits.clone(),
                 runs.clone(),
+                pending.clone(),
             ],
             args: vec![
                 a("1", Id),
@@ -236,6 +237,29 @@ pub(super) fn refusal_rows(
             says: Says::Holds("int(-2)"),
             ..Row::default()
         },
+        // A claimed lease told of a cut the store does not hold (its record ends
+        // later) is made pending again: the pending counter is read and checked too.
+        Row {
+            script: "complete",
+            keys: vec![
+                active.clone(),
+                leases.clone(),
+                index.clone(),
+                inbox.clone(),
+                counts.clone(),
+                splits.clone(),
+                runs.clone(),
+                pending.clone(),
+            ],
+            args: vec![
+                a("1", Id),
+                a(&t(1), Id),
+                a(&bit(1), Bit),
+                a("<500|{\"pid\":1,\"completed_at\":1719234405}", CutRecord),
+            ],
+            corrupt: vec![counter("p"), counter("c")],
+            ..Row::default()
+        },
         // A running lease completes: the running counter is read and checked.
         Row {
             script: "complete",
@@ -247,6 +271,7 @@ pub(super) fn refusal_rows(
                 counts.clone(),
                 splits.clone(),
                 runs.clone(),
+                pending.clone(),
             ],
             args: vec![
                 a("2", Id),
@@ -561,6 +586,7 @@ pub(super) fn refusal_rows(
                 counts.clone(),
                 splits.clone(),
                 runs.clone(),
+                pending.clone(),
             ],
             args: vec![
                 a("3", Id),
@@ -590,6 +616,7 @@ pub(super) fn refusal_rows(
                 counts.clone(),
                 splits.clone(),
                 runs.clone(),
+                pending.clone(),
             ],
             args: vec![
                 a("3", Id),
@@ -829,6 +856,7 @@ pub(super) fn refusal_rows(
                 counts.clone(),
                 splits.clone(),
                 runs.clone(),
+                pending.clone(),
             ],
             args: vec![
                 a("7", Id),
