@@ -29,7 +29,10 @@
 //!   `swallow-panic`: the panic trigger is taken, and neither panicked on nor written;
 //!   `ignore-cut`: every chunk's lines claim the IDs up to its partition's planned end,
 //!   as a holder that ran past a cut would (the ledger's view of it: the library
-//!   applies cuts before it makes chunks, so a handler cannot run past one itself).
+//!   applies cuts before it makes chunks, so a handler cannot run past one itself);
+//!   `never-throttle`: the handler acknowledges each chunk at once and a thread of its
+//!   own does the work, in order, as fast as the library hands chunks out: the work
+//!   goes on through a throttle, whatever the gate says.
 //!
 //! ```sh
 //! cargo run -p tranche-worker --example soak_runner   # started by `cargo xtask soak`
@@ -53,6 +56,7 @@ enum Sabotage {
     ExitOnReset,
     SwallowPanic,
     IgnoreCut,
+    NeverThrottle,
 }
 
 impl Sabotage {
@@ -64,6 +68,7 @@ impl Sabotage {
             "exit-on-reset" => Some(Sabotage::ExitOnReset),
             "swallow-panic" => Some(Sabotage::SwallowPanic),
             "ignore-cut" => Some(Sabotage::IgnoreCut),
+            "never-throttle" => Some(Sabotage::NeverThrottle),
             // The ledger script's switches, or none.
             _ => None,
         }
@@ -101,6 +106,8 @@ struct Ledger {
     sabotage: Option<Sabotage>,
     /// Per partition, the IDs its chunks covered here (`complete-twice` only).
     covered: Arc<Mutex<HashMap<u64, (u64, u64)>>>,
+    /// `never-throttle`: the thread that does the chunks' work, fed here.
+    backlog: Option<std::sync::mpsc::Sender<Chunk>>,
 }
 
 impl Ledger {
@@ -132,6 +139,24 @@ impl Ledger {
         });
         finished.await.map_err(std::io::Error::other)??;
         Ok(())
+    }
+
+    /// `never-throttle`: a thread that does each chunk sent to it, in order, whenever
+    /// it gets to it: nothing it does waits for the gate.
+    fn spawn_backlog(&self) -> std::io::Result<std::sync::mpsc::Sender<Chunk>> {
+        let (tx, rx) = std::sync::mpsc::channel::<Chunk>();
+        let file = self.file.try_clone()?;
+        let worker = self.worker.clone();
+        let (min_ms, spread_ms) = (self.min_ms, self.spread_ms);
+        std::thread::spawn(move || {
+            for chunk in rx {
+                let ms = min_ms + (chunk.from.wrapping_mul(2_654_435_761) >> 7) % spread_ms;
+                let _ = write_line(&file, &worker, "START", &chunk);
+                std::thread::sleep(Duration::from_millis(ms));
+                let _ = write_line(&file, &worker, "END", &chunk);
+            }
+        });
+        Ok(tx)
     }
 
     /// `run-twice`: a second run of the chunk beside the first.
@@ -169,6 +194,12 @@ impl Handler for Ledger {
         }
         match self.sabotage {
             Some(Sabotage::IgnoreFence) => return self.unfenced(&chunk).await,
+            Some(Sabotage::NeverThrottle) => {
+                if let Some(backlog) = &self.backlog {
+                    backlog.send(chunk).map_err(std::io::Error::other)?;
+                }
+                return Ok(());
+            }
             Some(Sabotage::RunTwice) => {
                 let (a, b) = tokio::join!(self.chunk(&chunk), self.twin(&chunk));
                 return a.and(b);
@@ -328,7 +359,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .filter(|(a, b)| a <= b)
         .ok_or_else(|| format!("SOAK_WORK_MS={work} is not MIN-MAX milliseconds"))?;
     let sabotage = Sabotage::from_env();
-    let handler = Ledger {
+    let mut handler = Ledger {
         file,
         worker: env("SOAK_WORKER")?,
         panic_file: std::env::var_os("SOAK_PANIC_FILE").map(PathBuf::from),
@@ -336,7 +367,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         spread_ms: max_ms - min_ms + 1,
         sabotage,
         covered: Arc::default(),
+        backlog: None,
     };
+    if sabotage == Some(Sabotage::NeverThrottle) {
+        handler.backlog = Some(handler.spawn_backlog()?);
+    }
     let runner = match std::env::var("TRANCHE_REDIS_URL") {
         Ok(url) => Runner::redis(url),
         Err(_) => Runner::embedded(env("TRANCHE_STATE")?),

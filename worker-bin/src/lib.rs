@@ -122,6 +122,7 @@ pub use control::ControlHandle;
 pub use error::Error;
 pub use event::{Event, Progress};
 pub use handler::{Chunk, Handler, HandlerError};
+pub use job::PersistentCommand;
 pub use plan::Plan;
 pub use query::{Job, JobStatus};
 pub use runner::{DEFAULT_SPLIT_MIN, NamespaceReport, RunReport, Runner, RunnerReport, Until};

@@ -87,7 +87,7 @@ use crate::control::ControlHandle;
 use crate::defaults::RunDefaults;
 use crate::error::Error;
 use crate::event::{Event, Subscribers};
-use crate::handler::{Handler, HandlerRef};
+use crate::handler::Handler;
 use crate::job::Job as Work;
 use crate::layers::Tiers;
 use crate::plan::Plan;
@@ -655,7 +655,7 @@ impl Runner {
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
         self.writable(&backend)?;
-        let settings = self.settings(Work::Handler(HandlerRef(Arc::new(handler))), worker)?;
+        let settings = self.settings(Work::of_handler(handler), worker)?;
         tracing::info!(
             namespace = %self.location.namespace,
             worker = %settings.worker,

@@ -21,7 +21,7 @@ cargo xtask TASK [ARGS]
 Tasks:
   ci                       cargo fmt --check, cargo clippy and cargo doc (warnings are
                            errors), then `test`, every bench once with
-                           TRANCHE_BENCH_SMOKE=1, then `soak --ci`
+                           TRANCHE_BENCH_SMOKE=1, then `soak --ci` and `soak --self-test`
   test [ARGS...]           make sure a redis-server (and the other servers the tests start)
                            is installed, then cargo nextest run --workspace (every test with
                            a deadline, .config/nextest.toml) and the doctests (ARGS go to
@@ -40,19 +40,20 @@ Tasks:
   soak [--ci] [--fast|--splits] [--embedded] [--seed N] [--duration SECS]
        [--interval SECS] [--partitions N] [--workers N] [--runners N]
        [--runner-concurrency N] [--faults F,F,...|all] [--cluster]
-       [--release|--prebuilt] [--lease MS] [--drain SECS]
+       [--release|--prebuilt] [--lease MS] [--drain SECS] [--aim runner|exec|any]
                            a fault-injecting soak: real workers on a private Redis (or
                            a 3+3 cluster, or one embedded process), a seeded fault every
                            N s (kill, stop, panic, redis-kill, redis-pause, proxy,
                            failover, corrupt-stats, corrupt-batch, corrupt-active,
-                           corrupt-state), then oracles; writes target/soak/report.json
+                           corrupt-state, throttle), then oracles; writes target/soak/report.json
                            and timeline.svg, fails on any oracle. `--ci`: every fault
                            of its menu once, seed 22
   soak --self-test [--prebuilt] [--only SWITCH]
                            a short soak per sabotage switch (a worker broken on purpose:
-                           skip-guard, tear, ignore-fence, run-twice, complete-twice,
-                           exit-on-reset, swallow-panic); fails unless each one's oracles
-                           fail; reports in target/soak-self-test/
+                           ignore-cut, skip-guard, tear, ignore-fence, run-twice,
+                           complete-twice, exit-on-reset, never-throttle, swallow-panic),
+                           its faults aimed at what the switch breaks; fails unless each
+                           one's oracles fail; reports in target/soak-self-test/
   cli-docs                 write docs/cli.md from the clap definitions (the built
                            binary's hidden `cli-markdown`); a test fails when it is stale
   help                     this text
@@ -92,9 +93,9 @@ fn run() -> Result<()> {
 /// clippy (with every target, then the libraries and binary alone), worker-bin's library
 /// floor alone (it builds without the `cli` feature and its dependency tree holds none
 /// of the command line's crates), rustdoc (broken links and bad doc markup fail it),
-/// then the tests, then a soak through every fault of its menu (under 4 minutes). The
-/// soak's self-test (`soak --self-test`) is not in CI yet: its `ignore-fence` case is
-/// caught only when a stop fault lands on the runner, which its draw does not ensure.
+/// then the tests, then a soak through every fault of its menu (under 5 minutes), then
+/// the soak's self-test: each oracle failing on a worker sabotaged for it, one short
+/// run per switch with its faults aimed at what the switch breaks (about 4 minutes).
 fn ci() -> Result<()> {
     step(
         "cargo fmt --check",
@@ -192,7 +193,8 @@ fn ci() -> Result<()> {
     step("cargo test --bench * (smoke)", &mut benches)?;
     // The test step built the debug binary and the runner example the soak runs, so
     // these cost their own minutes and little more.
-    soak::run(&["--ci".to_owned(), "--prebuilt".to_owned()])
+    soak::run(&["--ci".to_owned(), "--prebuilt".to_owned()])?;
+    soak::run(&["--self-test".to_owned(), "--prebuilt".to_owned()])
 }
 
 /// `cargo xtask test`: the whole test suite against real Redis servers the tests start

@@ -80,6 +80,29 @@ pub(crate) struct Global {
     /// `status --watch`), and failures as {"error": {"kind", "message"}} on stderr.
     #[arg(long, global = true)]
     pub(crate) json: bool,
+    /// How log lines on stderr are written: `text` for people, `json` (one object a
+    /// line, with the span's trace and span ids when traces are exported) for a log
+    /// shipper. `RUST_LOG` filters both.
+    #[arg(
+        long,
+        global = true,
+        env = "TRANCHE_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub(crate) log_format: crate::cli::telemetry::LogFormat,
+    /// Export this process's spans (the run, each partition's lease) to an OpenTelemetry
+    /// collector over OTLP/HTTP, e.g. http://localhost:4318 (`/v1/traces` is appended).
+    /// Spans are batched off the run's path; when the collector is slow or down they
+    /// are dropped and counted, never waited for. `OTEL_SERVICE_NAME` names the service
+    /// (default `tranche`).
+    #[arg(
+        long,
+        global = true,
+        env = "OTEL_EXPORTER_OTLP_ENDPOINT",
+        value_name = "URL"
+    )]
+    pub(crate) otlp_endpoint: Option<String>,
     /// Keep the start-up warnings about the Redis (eviction, no persistence) that
     /// `run`, `plan` and `serve` print out of the terminal: they go to the debug log.
     #[arg(

@@ -2,10 +2,14 @@
 //! line per check, and [`warn_at_start`], the eviction and persistence warnings `run`,
 //! `plan` and `serve` print once.
 //!
-//! It talks to the one node the URL names over a plain connection (not the cluster
+//! It talks to the node the URL names over a plain connection (not the cluster
 //! client): a cluster node whose slots are not all served is exactly what it must be
-//! able to report. Every verdict is a pure function of what the server answered
-//! (`judge_*`), so each threshold is tested without a server that misbehaves so.
+//! able to report. On a cluster it then checks every master `CLUSTER NODES` lists the
+//! same way, each over its own connection with the URL's credentials and TLS, and
+//! each line names its node: eviction, persistence, replicas and ACL users are set
+//! per node, and one master that evicts loses the shards it holds. Every verdict is a
+//! pure function of what the server answered (`judge_*`), so each threshold is tested
+//! without a server that misbehaves so.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -45,6 +49,10 @@ struct Finding {
     check: &'static str,
     verdict: Verdict,
     text: String,
+    /// The cluster master checked (`host:port`); `None` on a standalone server, whose
+    /// header names it already.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node: Option<String>,
 }
 
 impl Finding {
@@ -53,52 +61,226 @@ impl Finding {
             check,
             verdict,
             text: text.into(),
+            node: None,
         }
+    }
+
+    /// The same finding, said of cluster node `node`.
+    fn on(mut self, node: &str) -> Self {
+        self.node = Some(node.to_owned());
+        self
     }
 }
 
 /// `doctor`.
 pub(crate) async fn doctor(g: &Global, args: &DoctorArgs) -> Result<Outcome> {
-    let (mut conn, shown) = connect(g).await?;
+    let (client, shown) = client(g)?;
+    let mut conn = connect(&client, &shown).await?;
+    let findings = match masters(&mut conn).await? {
+        None => node_checks(&mut conn, g, args).await?,
+        Some(mut masters) => {
+            // A lone node does not know its own address: it is the URL's.
+            for master in masters.iter_mut().filter(|m| m.myself && m.host.is_empty()) {
+                if let redis::ConnectionAddr::Tcp(host, _)
+                | redis::ConnectionAddr::TcpTls { host, .. } =
+                    client.get_connection_info().addr()
+                {
+                    master.host.clone_from(host);
+                }
+            }
+            let mut findings = Vec::new();
+            for master in masters {
+                findings.extend(master_checks(&client, g, args, master).await);
+            }
+            findings
+        }
+    };
+    print_findings(&shown, &findings, g.json);
+    match failures(&findings) {
+        None => Ok(Outcome::Success),
+        Some(failed) if findings.iter().any(|f| f.node.is_some()) => Ok(Outcome::Failed(format!(
+            "doctor: {failed} (the cluster of {shown})"
+        ))),
+        Some(failed) => Ok(Outcome::Failed(format!("doctor: {failed} on {shown}"))),
+    }
+}
+
+/// What failed, one group per node: `eviction, persistence failed` on a standalone
+/// server, `eviction failed on 10.0.0.2:6379; acl failed on 10.0.0.3:6379` on a
+/// cluster. `None` when nothing did.
+fn failures(findings: &[Finding]) -> Option<String> {
+    let mut groups: Vec<(Option<&str>, Vec<&str>)> = Vec::new();
+    for f in findings.iter().filter(|f| f.verdict == Verdict::Fail) {
+        let node = f.node.as_deref();
+        match groups.iter_mut().find(|(n, _)| *n == node) {
+            Some((_, checks)) => checks.push(f.check),
+            None => groups.push((node, vec![f.check])),
+        }
+    }
+    if groups.is_empty() {
+        return None;
+    }
+    let said: Vec<String> = groups
+        .into_iter()
+        .map(|(node, checks)| match node {
+            Some(node) => format!("{} failed on {node}", checks.join(", ")),
+            None => format!("{} failed", checks.join(", ")),
+        })
+        .collect();
+    Some(said.join("; "))
+}
+
+/// A master `CLUSTER NODES` lists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Master {
+    host: String,
+    port: u16,
+    /// The cluster has flagged it failed (`fail`).
+    failed: bool,
+    /// It serves at least one slot.
+    serves_slots: bool,
+    /// It is the node the URL names (`myself`), which may not know its own address
+    /// yet (a lone node lists itself as `:port`).
+    myself: bool,
+}
+
+impl Master {
+    fn name(&self) -> String {
+        if self.host.is_empty() {
+            format!("port {}", self.port)
+        } else if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// Every master of the cluster the connection's node belongs to, by address; `None`
+/// for a standalone server.
+async fn masters(conn: &mut MultiplexedConnection) -> Result<Option<Vec<Master>>> {
+    let enabled = field(&info(conn, "cluster").await?, "cluster_enabled");
+    if enabled.as_deref() != Some("1") {
+        return Ok(None);
+    }
+    let nodes: String = redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query_async(conn)
+        .await
+        .context("CLUSTER NODES")?;
+    Ok(Some(parse_masters(&nodes)))
+}
+
+/// The masters in `CLUSTER NODES` text (`id host:port@bus[,hostname] flags master
+/// ping pong epoch link slot...`), sorted by address. A node without an address yet
+/// (`noaddr`) cannot be asked and is left out.
+fn parse_masters(nodes: &str) -> Vec<Master> {
+    let mut masters: Vec<Master> = nodes
+        .lines()
+        .filter_map(|line| {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            let flags: Vec<&str> = parts.get(2)?.split(',').collect();
+            if !flags.contains(&"master") || flags.contains(&"noaddr") {
+                return None;
+            }
+            let addr = parts.get(1)?.split(['@', ',']).next()?;
+            let (host, port) = addr.rsplit_once(':')?;
+            Some(Master {
+                host: host.trim_matches(['[', ']']).to_owned(),
+                port: port.parse().ok()?,
+                failed: flags.contains(&"fail"),
+                serves_slots: parts.len() > 8,
+                myself: flags.contains(&"myself"),
+            })
+        })
+        .collect();
+    masters.sort_by(|a, b| (&a.host, a.port).cmp(&(&b.host, b.port)));
+    masters
+}
+
+/// Every check on one cluster master, each line naming it. A master that cannot be
+/// reached, or fails to answer, is one `node` line: FAIL when it serves slots, WARN
+/// when the cluster already took them away (a failed-over master not yet forgotten).
+async fn master_checks(
+    client: &redis::Client,
+    g: &Global,
+    args: &DoctorArgs,
+    master: Master,
+) -> Vec<Finding> {
+    let name = master.name();
+    let checked = async {
+        let client = if master.myself {
+            client.clone()
+        } else {
+            node_client(client, &master)?
+        };
+        let mut conn = connect(&client, &name).await?;
+        node_checks(&mut conn, g, args).await
+    };
+    match checked.await {
+        Ok(findings) => findings.into_iter().map(|f| f.on(&name)).collect(),
+        Err(e) => {
+            let flagged = if master.failed {
+                " (the cluster flags it failed)"
+            } else {
+                ""
+            };
+            let finding = if master.serves_slots {
+                Finding::new(
+                    "node",
+                    Verdict::Fail,
+                    format!(
+                        "master not checked{flagged}: {}",
+                        crate::cli::common::one_line(&e)
+                    ),
+                )
+            } else {
+                Finding::new(
+                    "node",
+                    Verdict::Warn,
+                    format!(
+                        "master serving no slot not checked{flagged} (CLUSTER FORGET it once it is gone for good): {}",
+                        crate::cli::common::one_line(&e)
+                    ),
+                )
+            };
+            vec![finding.on(&name)]
+        }
+    }
+}
+
+/// The checks of one server, in the report's order.
+async fn node_checks(
+    conn: &mut MultiplexedConnection,
+    g: &Global,
+    args: &DoctorArgs,
+) -> Result<Vec<Finding>> {
     let mut findings = Vec::new();
-    let server = info(&mut conn, "server").await?;
+    let server = info(conn, "server").await?;
     findings.push(judge_version(field(&server, "redis_version")));
     findings.push(judge_eviction(
-        field(&info(&mut conn, "memory").await?, "maxmemory_policy").as_deref(),
+        field(&info(conn, "memory").await?, "maxmemory_policy").as_deref(),
     ));
-    let aof = field(&info(&mut conn, "persistence").await?, "aof_enabled");
-    let save = config(&mut conn, "save").await;
-    let fsync = config(&mut conn, "appendfsync").await;
+    let aof = field(&info(conn, "persistence").await?, "aof_enabled");
+    let save = config(conn, "save").await;
+    let fsync = config(conn, "appendfsync").await;
     findings.push(judge_persistence(
         aof.as_deref() == Some("1"),
         save.as_deref(),
         fsync.as_deref(),
     ));
-    let replication = info(&mut conn, "replication").await?;
-    let min_replicas = config(&mut conn, "min-replicas-to-write").await;
+    let replication = info(conn, "replication").await?;
+    let min_replicas = config(conn, "min-replicas-to-write").await;
     findings.push(judge_replicas(
         field(&replication, "role").as_deref(),
         field(&replication, "connected_slaves").and_then(|n| n.parse().ok()),
         min_replicas.and_then(|n| n.parse().ok()),
     ));
-    findings.push(clock(&mut conn).await);
-    findings.push(cluster(&mut conn).await?);
-    findings.push(acl(&mut conn, g, args.acl_user.as_deref()).await);
-    findings.push(latency(&mut conn).await?);
-    print_findings(&shown, &findings, g.json);
-    let failed: Vec<&str> = findings
-        .iter()
-        .filter(|f| f.verdict == Verdict::Fail)
-        .map(|f| f.check)
-        .collect();
-    if failed.is_empty() {
-        Ok(Outcome::Success)
-    } else {
-        Ok(Outcome::Failed(format!(
-            "doctor: {} failed on {shown}",
-            failed.join(", ")
-        )))
-    }
+    findings.push(clock(conn).await);
+    findings.push(cluster(conn).await?);
+    findings.push(acl(conn, g, args.acl_user.as_deref()).await);
+    findings.push(latency(conn).await?);
+    Ok(findings)
 }
 
 /// The eviction and persistence warnings `run`, `plan` and `serve` give once at
@@ -109,7 +291,8 @@ pub(crate) async fn warn_at_start(g: &Global) {
         return;
     }
     let ask = async {
-        let (mut conn, _) = connect(g).await.ok()?;
+        let (client, shown) = client(g).ok()?;
+        let mut conn = connect(&client, &shown).await.ok()?;
         let memory = info(&mut conn, "memory").await.ok()?;
         let aof = field(&info(&mut conn, "persistence").await.ok()?, "aof_enabled");
         let save = config(&mut conn, "save").await;
@@ -135,8 +318,9 @@ pub(crate) async fn warn_at_start(g: &Global) {
     }
 }
 
-/// A plain connection to the node the URL names, with the TLS files given.
-async fn connect(g: &Global) -> Result<(MultiplexedConnection, String)> {
+/// A client of the node the URL names, with the TLS files given, and the URL to show
+/// (password masked).
+fn client(g: &Global) -> Result<(redis::Client, String)> {
     let location = g.location();
     let url = crate::backend::redis_url(&location)?
         .context("doctor checks a Redis: give --redis URL (the embedded mode has none)")?;
@@ -167,6 +351,32 @@ async fn connect(g: &Global) -> Result<(MultiplexedConnection, String)> {
         )
     }
     .map_err(|e| anyhow!("invalid --redis URL `{shown}`: {e}"))?;
+    Ok((client, shown))
+}
+
+/// A client of cluster master `master`: the URL's credentials, database and TLS
+/// settings, its address.
+fn node_client(client: &redis::Client, master: &Master) -> Result<redis::Client> {
+    let info = client.get_connection_info().clone();
+    let addr = match info.addr() {
+        redis::ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        } => redis::ConnectionAddr::TcpTls {
+            host: master.host.clone(),
+            port: master.port,
+            insecure: *insecure,
+            tls_params: tls_params.clone(),
+        },
+        _ => redis::ConnectionAddr::Tcp(master.host.clone(), master.port),
+    };
+    redis::Client::open(info.set_addr(addr))
+        .map_err(|e| anyhow!("cannot reach master {}: {e}", master.name()))
+}
+
+/// A plain connection through `client`; `shown` names the server in errors.
+async fn connect(client: &redis::Client, shown: &str) -> Result<MultiplexedConnection> {
     let config = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(5)))
         .set_response_timeout(Some(Duration::from_secs(5)));
@@ -174,7 +384,7 @@ async fn connect(g: &Global) -> Result<(MultiplexedConnection, String)> {
         .get_multiplexed_async_connection_with_config(&config)
         .await
         .map_err(|e| anyhow!("cannot connect to Redis at {shown}: {e}"))?;
-    Ok((conn, shown))
+    Ok(conn)
 }
 
 /// `INFO section`'s text.
@@ -590,7 +800,13 @@ fn render(shown: &str, findings: &[Finding]) -> String {
             Verdict::Fail => "FAIL",
             Verdict::Skip => "skip",
         };
-        out.push_str(&format!("\n{verdict:<5} {:<12} {}", f.check, f.text));
+        match &f.node {
+            Some(node) => out.push_str(&format!(
+                "\n{verdict:<5} {:<12} {node}: {}",
+                f.check, f.text
+            )),
+            None => out.push_str(&format!("\n{verdict:<5} {:<12} {}", f.check, f.text)),
+        }
     }
     out
 }
@@ -651,6 +867,50 @@ mod tests {
         assert_eq!(verdict(judge_cluster(Some(full))), Verdict::Ok);
         let partial = "cluster_state:fail\r\ncluster_slots_ok:100\r\n";
         assert_eq!(verdict(judge_cluster(Some(partial))), Verdict::Fail);
+    }
+
+    #[test]
+    fn cluster_nodes_give_every_master_with_an_address() {
+        let nodes = "\
+a1 127.0.0.1:7002@17002 master - 0 1 2 connected 5461-10922
+b2 127.0.0.1:7001@17001,host-a myself,master - 0 0 1 connected 0-5460
+c3 127.0.0.1:7004@17004 slave a1 0 1 2 connected
+d4 :0@0 master,noaddr - 0 0 0 disconnected
+e5 [::1]:7003@17003 master,fail - 0 1 3 disconnected
+";
+        let masters = parse_masters(nodes);
+        let names: Vec<String> = masters.iter().map(Master::name).collect();
+        assert_eq!(names, ["127.0.0.1:7001", "127.0.0.1:7002", "[::1]:7003"]);
+        assert!(masters[0].serves_slots && !masters[0].failed);
+        assert!(!masters[2].serves_slots && masters[2].failed);
+        assert!(masters[0].myself && !masters[1].myself);
+        let lone = parse_masters("f6 :6379@16379 myself,master - 0 0 0 connected\n");
+        assert_eq!(lone[0].name(), "port 6379");
+        assert!(lone[0].myself && !lone[0].serves_slots);
+    }
+
+    #[test]
+    fn failures_name_each_node_with_its_checks() {
+        let standalone = [
+            Finding::new("eviction", Verdict::Fail, ""),
+            Finding::new("replicas", Verdict::Warn, ""),
+            Finding::new("acl", Verdict::Fail, ""),
+        ];
+        assert_eq!(
+            failures(&standalone).as_deref(),
+            Some("eviction, acl failed")
+        );
+        let cluster = [
+            Finding::new("eviction", Verdict::Ok, "").on("a:1"),
+            Finding::new("eviction", Verdict::Fail, "").on("b:2"),
+            Finding::new("persistence", Verdict::Fail, "").on("c:3"),
+            Finding::new("acl", Verdict::Fail, "").on("b:2"),
+        ];
+        assert_eq!(
+            failures(&cluster).as_deref(),
+            Some("eviction, acl failed on b:2; persistence failed on c:3")
+        );
+        assert_eq!(failures(&cluster[..1]), None);
     }
 
     #[test]

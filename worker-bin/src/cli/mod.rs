@@ -30,12 +30,12 @@ mod run;
 mod seed;
 mod serve;
 mod status;
+mod telemetry;
 mod transfer;
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use tracing_subscriber::EnvFilter;
 
 use args::Cli;
 use common::{Outcome, one_line};
@@ -58,6 +58,51 @@ fn report(json: bool, kind: &str, message: &str) {
     } else {
         eprintln!("tranche: {message}");
     }
+}
+
+/// Lets an output command end quietly with exit 0 when the reader of its stdout goes
+/// away (`tranche list | head -1`), instead of panicking in `print!` with "failed
+/// printing to stdout: Broken pipe". Exit 0 rather than death by SIGPIPE (status 141),
+/// so that a `set -o pipefail` script reading the first lines does not fail.
+///
+/// Rust ignores SIGPIPE, so the write fails with EPIPE and `print!` panics; this hook
+/// turns that one panic into an exit. It is not SIGPIPE restored to its default: a
+/// signal is per process, not per descriptor, and `run` and `serve` must outlive a
+/// peer that resets a socket or a chunk that closes its stdin. They get no hook
+/// either: a worker whose stdout closes keeps its outcome (and its drain), not exit 0.
+fn quiet_when_stdout_closes() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let printing = info
+            .payload_as_str()
+            .is_some_and(|m| m.starts_with("failed printing to stdout"));
+        if printing && stdout_closed() {
+            std::process::exit(0);
+        }
+        default(info);
+    }));
+}
+
+/// Whether nobody reads stdout any more: a pipe or socket whose other end is closed
+/// polls as an error or a hang-up at once.
+fn stdout_closed() -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    let stdout = std::io::stdout();
+    let mut fds = [PollFd::new(stdout.as_fd(), PollFlags::empty())];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(1..))
+        && fds[0]
+            .revents()
+            .is_some_and(|r| r.intersects(PollFlags::POLLERR | PollFlags::POLLHUP))
+}
+
+/// Whether `err` is a write to a stdout whose reader went away (`export --output -`
+/// and `completions` write with `write_all` and return the error rather than panic).
+fn stdout_went_away(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    }) && stdout_closed()
 }
 
 /// How many threads `cli` runs on: `--threads`, else one for `run`, else `None` (one
@@ -113,15 +158,22 @@ pub fn cli_main() -> ExitCode {
             return ExitCode::from(EXIT_ERROR);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| EnvFilter::new("warn,tranche=info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let telemetry = match telemetry::init(
+        cli.global.log_format,
+        &telemetry::Traces {
+            endpoint: cli.global.otlp_endpoint.clone(),
+        },
+    ) {
+        Ok(telemetry) => telemetry,
+        Err(err) => {
+            report(json, "usage", &one_line(&err));
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
+    let output_command = !matches!(cli.command, args::Command::Run(_) | args::Command::Serve(_));
+    if output_command {
+        quiet_when_stdout_closes();
+    }
     let runtime = match runtime_for(&cli) {
         Ok(rt) => rt,
         Err(err) => {
@@ -133,6 +185,8 @@ pub fn cli_main() -> ExitCode {
     // An aborted run has stopped its chunks' process groups already; do not wait for
     // blocked reads of an unreachable server either.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    // Spans still queued go to the collector now (bounded), after the last one ended.
+    drop(telemetry);
     match outcome {
         Ok(Outcome::Success) => ExitCode::SUCCESS,
         Ok(Outcome::Failed(message)) => {
@@ -140,6 +194,7 @@ pub fn cli_main() -> ExitCode {
             ExitCode::from(EXIT_FAILED)
         }
         Ok(Outcome::Interrupted) => ExitCode::from(EXIT_INTERRUPTED),
+        Err(err) if output_command && stdout_went_away(&err) => ExitCode::SUCCESS,
         Err(err) => {
             report(json, "error", &one_line(&err));
             ExitCode::from(EXIT_ERROR)

@@ -28,7 +28,9 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
         }
         Command::Run(args) => {
             crate::cli::doctor::warn_at_start(g).await;
-            run::run(g, *args).await
+            // The process's one `run` span: every partition's lease is a child of it.
+            let span = tracing::info_span!("run", namespace = %g.namespace);
+            tracing::Instrument::instrument(run::run(g, *args), span).await
         }
         Command::Archive(args) => archive::archive(g, args).await,
         Command::Status(args) => status::status(&existing(g).await?, &args, json).await,

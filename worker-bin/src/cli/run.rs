@@ -64,11 +64,18 @@ pub(super) fn runner_of(g: &Global, args: &RunArgs) -> Result<Runner> {
     Ok(runner)
 }
 
-/// What each chunk runs: `--exec`'s command, `--sql`'s statement or `--simulate`'s
-/// load. `--sql` connects and prepares its statement here, before anything is planned
-/// or claimed: a statement the database refuses, or a database out of reach, ends the
-/// run in one line, nothing written.
+/// `--sql`'s statement_timeout and lock_timeout without `--chunk-timeout`.
+const SQL_CHUNK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What each chunk runs: `--exec`'s command, `--exec-persistent`'s warm processes,
+/// `--sql`'s statement or `--simulate`'s load. `--sql` connects and prepares its
+/// statement here, before anything is planned or claimed: a statement the database
+/// refuses, or a database out of reach, ends the run in one line, nothing written.
 pub(super) async fn job_of(args: &RunArgs) -> Result<Job> {
+    if let Some(cmd) = &args.exec_persistent {
+        let warm = crate::job::Persistent::new(cmd.clone(), args.chunk_timeout);
+        return Ok(Job::Persistent(Arc::new(warm)));
+    }
     match (&args.exec, &args.sql, args.simulate) {
         (Some(cmd), None, false) => Ok(Job::Exec(cmd.clone())),
         (None, Some(statement), false) => {
@@ -78,7 +85,7 @@ pub(super) async fn job_of(args: &RunArgs) -> Result<Job> {
             let slots = args.concurrency as usize * args.parallel as usize;
             let mut config = crate::SqlConfig::new(url.clone(), statement.clone())
                 .slots(slots)
-                .chunk_timeout(args.chunk_timeout)
+                .chunk_timeout(args.chunk_timeout.unwrap_or(SQL_CHUNK_TIMEOUT))
                 .constraint_violations_permanent(args.constraint_permanent);
             if let Some(n) = args.db_connections {
                 config = config.db_connections(n as usize);

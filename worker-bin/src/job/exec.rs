@@ -9,69 +9,43 @@
 //! the guard sees to both from inside the group.
 //!
 //! The child's environment is tranche's minus the variables tranche reads secrets
-//! from ([`SECRETS`]), plus the chunk's variables: `TRANCHE_PID`, `TRANCHE_FROM`,
+//! from (`spawn.rs`), plus the chunk's variables: `TRANCHE_PID`, `TRANCHE_FROM`,
 //! `TRANCHE_TO`, `TRANCHE_ATTEMPT`, `TRANCHE_CHUNK`, `TRANCHE_FENCE` (the lease's
 //! fencing token, larger for every later lease on the range: guard the chunk's writes
 //! with it, `UPDATE … SET fence = $TRANCHE_FENCE WHERE id BETWEEN … AND fence <
 //! $TRANCHE_FENCE`, and a worker that lost its lease unawares cannot overwrite its
 //! successor's rows) and the tag its leftovers are found by (`reap.rs`).
+//!
+//! [`exec`] runs it in named steps: [`usable_fence`], [`spawn_guarded`], the wait (the
+//! command's end or the drain's abort), [`collect`] (the stderr tail and the sweep of
+//! what it left behind) and [`verdict`].
 
 use std::future::Future;
 use std::os::unix::process::ExitStatusExt;
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
+use nix::sys::signal::Signal;
 use tokio::io::AsyncReadExt;
-use tokio::process::Command;
-
+use tokio::process::{Child, Command};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::guard::{GUARD, GUARD_DIRECT, guard_can_time, plain_words, secs, tell};
+use super::guard::{GUARD, GUARD_DIRECT, plain_words, secs, tell, usable_fence};
 use super::reap;
+use super::spawn::{prepare, signal_group};
 use super::{Chunk, ChunkError, Fence, KILL_AFTER};
 
 /// The most of a failed command's stderr kept in its failure message.
 const STDERR_TAIL: usize = 1024;
 
-/// Variables tranche reads a secret from, never passed to a chunk: the Redis URL may
-/// carry a password, the admin token is one, and the others name the files that hold
-/// one or a private key.
-const SECRETS: &[&str] = &[
-    "TRANCHE_REDIS_URL",
-    "TRANCHE_REDIS_FILE",
-    "TRANCHE_TLS_CERT",
-    "TRANCHE_TLS_KEY",
-    "TRANCHE_ADMIN_TOKEN",
-    "TRANCHE_ADMIN_TOKEN_FILE",
-    "TRANCHE_READ_TOKEN",
-];
-
-/// This process's environment without the variables in [`SECRETS`]: what a chunk
-/// inherits, and what a throttle probe command runs with (a variable that is not
-/// UTF-8 is left out).
-pub(crate) fn scrubbed_env() -> Vec<(String, String)> {
-    std::env::vars_os()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .filter(|(k, _)| !SECRETS.contains(&k.as_str()))
-        .collect()
-}
-
-/// Sends `signal` to process group `pgid`; a group already gone is fine.
-fn signal_group(pgid: u32, signal: nix::sys::signal::Signal) {
-    let pgid = nix::unistd::Pid::from_raw(pgid as i32);
-    if let Err(err) = nix::sys::signal::killpg(pgid, signal)
-        && err != nix::errno::Errno::ESRCH
-    {
-        tracing::warn!(%err, ?signal, %pgid, "could not signal a chunk's process group");
-    }
-}
-
 /// Reads `stderr` to its end, or until told to `stop`, keeping its tail only: a chatty
 /// command must not grow this process's memory. Says `done` at end-of-file.
 async fn read_tail(
     mut stderr: tokio::process::ChildStderr,
-    done: tokio::sync::oneshot::Sender<()>,
-    mut stop: tokio::sync::oneshot::Receiver<()>,
+    done: oneshot::Sender<()>,
+    mut stop: oneshot::Receiver<()>,
 ) -> Vec<u8> {
     let mut tail: Vec<u8> = Vec::new();
     let mut buf = [0u8; 4096];
@@ -95,65 +69,20 @@ async fn read_tail(
     tail
 }
 
+/// Runs `cmd` for `chunk` (see the module's docs).
 pub(super) async fn exec(
     cmd: &str,
     chunk: Chunk,
     abort: impl Future<Output = Duration>,
     fence: Option<Fence>,
 ) -> Result<(), ChunkError> {
-    let fence = match fence {
-        // Issued by a worker that thawed past its lease, before its watchdog said so:
-        // the guard would stop it at once, but not before it began.
-        Some(fence) if fence.is_due() => return Err(ChunkError::Interrupted),
-        Some(fence) if guard_can_time().await => Some(fence),
-        _ => None,
-    };
+    let fence = usable_fence(fence).await?;
     // How long what the command leaves behind may live on after it: the fence's
     // grace, or a drain's.
     let grace = fence.as_ref().map_or(KILL_AFTER, Fence::grace);
     let tag = reap::new_tag();
-    reap::become_subreaper();
-    let words = plain_words(cmd);
-    let mut command = Command::new("sh");
-    let guard = if words.is_some() { GUARD_DIRECT } else { GUARD };
-    command.arg("-c").arg(guard).arg("tranche-chunk").arg(cmd);
-    // The stop instant the guard has: set here, moved on by `tell`.
-    let mut told = None;
-    if let Some(fence) = &fence {
-        let stop_at = fence.stop_at();
-        command
-            .arg(secs(stop_at.saturating_duration_since(Instant::now())))
-            .arg(secs(fence.grace()));
-        told = Some(stop_at);
-    }
-    if let Some(words) = words {
-        // `STOP GRACE` are always there for the direct guard, empty without a fence.
-        if told.is_none() {
-            command.args(["", ""]);
-        }
-        command.args(words);
-    }
-    for key in SECRETS {
-        command.env_remove(key);
-    }
-    let mut child = command
-        .env("TRANCHE_PID", chunk.pid.to_string())
-        .env("TRANCHE_FROM", chunk.from.to_string())
-        .env("TRANCHE_TO", chunk.to.to_string())
-        .env("TRANCHE_ATTEMPT", chunk.attempt.to_string())
-        .env("TRANCHE_CHUNK", chunk.index.to_string())
-        .env("TRANCHE_FENCE", chunk.fence.to_string())
-        .env(reap::TAG, &tag)
-        // The lifeline: its write end, created close-on-exec, stays in this process.
-        .stdin(Stdio::piped())
-        .stdout(Stdio::inherit())
-        .stderr(Stdio::piped())
-        // A group of its own: the terminal's Ctrl-C is for tranche, not the chunk.
-        .process_group(0)
-        // Should this future be dropped, at least `sh` goes.
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| ChunkError::Failed(format!("cannot start `sh -c {cmd}`: {e}")))?;
+    // `told`: the stop instant the guard has, set here, moved on by `tell`.
+    let (mut child, mut told) = spawn_guarded(cmd, &chunk, fence.as_ref(), &tag)?;
     let pgid = child.id().expect("a child just spawned has a pid");
     // Written to only by `tell`; held until the command has ended (or this future is
     // dropped, after an abort): closing it, or this process dying, is what tells the
@@ -162,10 +91,10 @@ pub(super) async fn exec(
     let stderr = child.stderr.take().expect("stderr is piped");
     // Said when stderr reaches end-of-file: every process of the chunk that held it is
     // gone.
-    let (tail_done, mut tail_done_rx) = tokio::sync::oneshot::channel::<()>();
+    let (tail_done, mut tail_done_rx) = oneshot::channel::<()>();
     // Ends the tail's reading early: a process the chunk left behind may hold stderr
     // open, and is killed before its end-of-file.
-    let (stop_tail, stop_tail_rx) = tokio::sync::oneshot::channel::<()>();
+    let (stop_tail, stop_tail_rx) = oneshot::channel::<()>();
     let mut tail = tokio::spawn(read_tail(stderr, tail_done, stop_tail_rx));
     let wait = async {
         let status = tokio::select! {
@@ -192,7 +121,7 @@ pub(super) async fn exec(
             // The whole group, grandchildren too: SIGTERM, SIGKILL if it lingers. A
             // process that left the group could still hold stderr open, so the wait
             // for the pipe is bounded as well.
-            signal_group(pgid, nix::sys::signal::Signal::SIGTERM);
+            signal_group(pgid, Signal::SIGTERM);
             let _ = tokio::time::timeout(grace, async {
                 let _ = (&mut wait).await;
                 let _ = (&mut tail).await;
@@ -203,21 +132,93 @@ pub(super) async fn exec(
             return Err(ChunkError::Interrupted);
         }
     };
-    // The command has ended. What it left behind holding stderr has the grace to end
-    // by itself; then whatever is left, holding stderr or not, is killed.
-    let tail = match tokio::time::timeout(grace, &mut tail).await {
+    let tail = collect(tail, stop_tail, pgid, &tag, grace).await;
+    let status = status.map_err(|e| ChunkError::Failed(format!("waiting for `{cmd}`: {e}")))?;
+    verdict(cmd, &chunk, status, told, &tail)
+}
+
+/// Spawns `cmd` for `chunk` under its guard ([`GUARD`], or [`GUARD_DIRECT`] for a
+/// plain command), its stdin the lifeline, the chunk in its environment; with the stop
+/// instant the guard was given when there is a `fence`.
+fn spawn_guarded(
+    cmd: &str,
+    chunk: &Chunk,
+    fence: Option<&Fence>,
+    tag: &str,
+) -> Result<(Child, Option<Instant>), ChunkError> {
+    reap::become_subreaper();
+    let words = plain_words(cmd);
+    let mut command = Command::new("sh");
+    let guard = if words.is_some() { GUARD_DIRECT } else { GUARD };
+    command.arg("-c").arg(guard).arg("tranche-chunk").arg(cmd);
+    let mut told = None;
+    if let Some(fence) = fence {
+        let stop_at = fence.stop_at();
+        command
+            .arg(secs(stop_at.saturating_duration_since(Instant::now())))
+            .arg(secs(fence.grace()));
+        told = Some(stop_at);
+    }
+    if let Some(words) = words {
+        // `STOP GRACE` are always there for the direct guard, empty without a fence.
+        if told.is_none() {
+            command.args(["", ""]);
+        }
+        command.args(words);
+    }
+    // A group of its own (the terminal's Ctrl-C is for tranche, not the chunk); should
+    // this future be dropped, at least `sh` goes.
+    prepare(&mut command, tag, 0);
+    let child = command
+        .env("TRANCHE_PID", chunk.pid.to_string())
+        .env("TRANCHE_FROM", chunk.from.to_string())
+        .env("TRANCHE_TO", chunk.to.to_string())
+        .env("TRANCHE_ATTEMPT", chunk.attempt.to_string())
+        .env("TRANCHE_CHUNK", chunk.index.to_string())
+        .env("TRANCHE_FENCE", chunk.fence.to_string())
+        // The lifeline: its write end, created close-on-exec, stays in this process.
+        .stdin(Stdio::piped())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| ChunkError::Failed(format!("cannot start `sh -c {cmd}`: {e}")))?;
+    Ok((child, told))
+}
+
+/// After the command ended: what it left behind holding stderr has the `grace` to end
+/// by itself; then whatever is left of group `pgid` or carries `tag`, holding stderr
+/// or not, is killed. The stderr tail read.
+async fn collect(
+    mut tail: JoinHandle<Vec<u8>>,
+    stop_tail: oneshot::Sender<()>,
+    pgid: u32,
+    tag: &str,
+    grace: Duration,
+) -> Vec<u8> {
+    match tokio::time::timeout(grace, &mut tail).await {
         Ok(tail) => {
-            reap::sweep(pgid, &tag, KILL_AFTER).await;
+            reap::sweep(pgid, tag, KILL_AFTER).await;
             tail
         }
         Err(_) => {
-            reap::sweep(pgid, &tag, KILL_AFTER).await;
+            reap::sweep(pgid, tag, KILL_AFTER).await;
             let _ = stop_tail.send(());
             tail.await
         }
     }
-    .unwrap_or_default();
-    let status = status.map_err(|e| ChunkError::Failed(format!("waiting for `{cmd}`: {e}")))?;
+    .unwrap_or_default()
+}
+
+/// What the command's exit `status` means for the chunk: done; interrupted, when it
+/// ended past the instant its guard was `told` to stop it; broken (126, 127); or
+/// failed, with the `tail` of its stderr.
+fn verdict(
+    cmd: &str,
+    chunk: &Chunk,
+    status: ExitStatus,
+    told: Option<Instant>,
+    tail: &[u8],
+) -> Result<(), ChunkError> {
     if status.success() {
         return Ok(());
     }
@@ -234,22 +235,7 @@ pub(super) async fn exec(
     }
     let tail = String::from_utf8_lossy(&tail[tail.len().saturating_sub(STDERR_TAIL)..]);
     let tail = tail.trim();
-    let how = match status.code() {
-        Some(code @ (126 | 127)) => {
-            let what = if code == 127 {
-                "not found"
-            } else {
-                "not executable"
-            };
-            return Err(ChunkError::Broken(if tail.is_empty() {
-                format!("`{cmd}` cannot run: exit status {code} (command {what})")
-            } else {
-                format!("`{cmd}` cannot run: exit status {code} (command {what}): {tail}")
-            }));
-        }
-        Some(code) => format!("exit status {code}"),
-        None => "killed by a signal".to_owned(),
-    };
+    let how = how_it_ended(cmd, status, tail)?;
     Err(ChunkError::Failed(if tail.is_empty() {
         format!(
             "chunk {} ({}..={}) failed: {how}",
@@ -261,6 +247,32 @@ pub(super) async fn exec(
             chunk.index, chunk.from, chunk.to
         )
     }))
+}
+
+/// How a process that failed ended (`exit status N`, `killed by a signal`), or, with
+/// 127 or 126 (as `sh` ends when it cannot find or execute `cmd`), that no retry can
+/// help: [`ChunkError::Broken`], with the `tail` of its stderr.
+pub(super) fn how_it_ended(
+    cmd: &str,
+    status: ExitStatus,
+    tail: &str,
+) -> Result<String, ChunkError> {
+    match status.code() {
+        Some(code @ (126 | 127)) => {
+            let what = if code == 127 {
+                "not found"
+            } else {
+                "not executable"
+            };
+            Err(ChunkError::Broken(if tail.is_empty() {
+                format!("`{cmd}` cannot run: exit status {code} (command {what})")
+            } else {
+                format!("`{cmd}` cannot run: exit status {code} (command {what}): {tail}")
+            }))
+        }
+        Some(code) => Ok(format!("exit status {code}")),
+        None => Ok("killed by a signal".to_owned()),
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
-//! The guard: the shell every `--exec` chunk starts in ([`GUARD`]), and the [`Fence`]
-//! that tells it of the lease's renewals.
+//! The guard: the shell every `--exec` chunk starts in ([`GUARD`]) or every warm
+//! process's group is led by ([`WARM_GUARD`]), and the [`Fence`] that tells it of the
+//! lease's renewals.
 //!
 //! A chunk must not outlive its worker, however the worker dies (SIGKILL, the OOM
 //! killer): the chunk's stdin is a pipe whose write end only the worker holds, and the
@@ -31,6 +32,8 @@ use tokio::process::{ChildStdin, Command};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::ChunkError;
+
 /// The part of the guards that starts the watcher (see [`GUARD`]); `$2` and `$3` are
 /// `STOP` and `GRACE`, empty without a fence.
 macro_rules! watcher {
@@ -39,15 +42,21 @@ macro_rules! watcher {
 {
   trap '' TERM
   t=
-  arm() {
+  disarm() {
     [ -z "$t" ] || kill -USR1 "$t"
+    t=
+  }
+  arm() {
+    disarm
     ( trap 'kill -KILL "$p"; exit' USR1
       sleep "$1" & p=$!
       wait "$p" && kill -TERM 0 && sleep "$2" && kill -KILL 0 ) 3<&- &
     t=$!
   }
   [ -z "$2" ] || arm "$2" "$3"
-  while read -r s <&3; do arm "$s" "$3"; done
+  while read -r s <&3; do
+    if [ "$s" = - ]; then disarm; else arm "$s" "$3"; fi
+  done
   kill -KILL 0
 } >/dev/null 2>&1 &
 "#
@@ -79,6 +88,13 @@ pub(super) const GUARD: &str = concat!(watcher!(), r#"exec sh -c "$1" sh 3<&-"#)
 /// would only have split them and forked the command, one process more a chunk. The
 /// chunk's pid is the command's own, and `exec` ends in 127 or 126 where `sh -c` would.
 pub(super) const GUARD_DIRECT: &str = concat!(watcher!(), "shift 3\nexec \"$@\" 3<&-");
+
+/// The guard of a warm process (`persistent.rs`): `sh -c WARM_GUARD tranche-warm "" ""
+/// GRACE`, the lifeline its stdin, leading the process group the warm command then
+/// joins. The same watcher, unarmed at first, then `wait`. A line `-` disarms its timer
+/// (a chunk answered: an idle process holds no lease); a number of seconds arms it for
+/// the next chunk, as it re-arms it on a renewal.
+pub(super) const WARM_GUARD: &str = concat!(watcher!(), "wait\n");
 
 /// Names a shell may take as its own rather than as a program on `PATH`: the reserved
 /// words and the builtins of dash, bash, ksh and BusyBox's ash. A command starting with
@@ -200,6 +216,18 @@ pub(super) async fn guard_can_time() -> bool {
         can
     })
     .await
+}
+
+/// The fence a chunk's guard is to hold: none without one, or where [`guard_can_time`]
+/// finds no `sleep` to time it; [`ChunkError::Interrupted`] when it is already due (a
+/// worker that thawed past its lease: the guard would stop the chunk at once, but not
+/// before it began).
+pub(super) async fn usable_fence(fence: Option<Fence>) -> Result<Option<Fence>, ChunkError> {
+    match fence {
+        Some(fence) if fence.is_due() => Err(ChunkError::Interrupted),
+        Some(fence) if guard_can_time().await => Ok(Some(fence)),
+        _ => Ok(None),
+    }
 }
 
 /// Tells the guard of each renewal that moves its stop instant on by a step: one line,

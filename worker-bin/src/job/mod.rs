@@ -1,5 +1,8 @@
-//! What a chunk of a partition runs: the team's command (`--exec`, `exec.rs`), a library
-//! user's handler, or the labelled load generator (`--simulate`).
+//! What a chunk of a partition runs: the team's command (`--exec`, `exec.rs`), a warm
+//! process kept between chunks (`--exec-persistent`, `persistent.rs`), a library user's
+//! handler, or the labelled load generator (`--simulate`). Both kinds of process start
+//! the same way (`spawn.rs`), are guarded the same way (`guard.rs`) and leave nothing
+//! behind (`reap.rs`).
 //!
 //! Every way ends the same: done, failed (an attempt spent), refused under a policy of
 //! the handler's own, broken (no retry can help), or interrupted (our shutdown or a
@@ -9,7 +12,9 @@
 
 mod exec;
 mod guard;
+mod persistent;
 mod reap;
+mod spawn;
 
 use std::future::Future;
 use std::task::Poll;
@@ -18,8 +23,10 @@ use std::time::Duration;
 use rand::Rng;
 
 pub(crate) use crate::handler::Chunk;
-pub(crate) use exec::scrubbed_env;
 pub(crate) use guard::Fence;
+pub(crate) use persistent::Persistent;
+pub use persistent::PersistentCommand;
+pub(crate) use spawn::scrubbed_env;
 
 /// How long a chunk's process group has between SIGTERM and SIGKILL once aborted at
 /// the end of a drain.
@@ -55,6 +62,8 @@ pub(crate) enum Job {
     /// `sh -c CMD` per chunk (a plain command's words `exec`ed directly); exit 0 is
     /// success.
     Exec(String),
+    /// One warm process per chunk in flight, fed a chunk per line (`--exec-persistent`).
+    Persistent(std::sync::Arc<Persistent>),
     /// Sleep uniformly in `latency` ms, fail with probability `fail`.
     Simulate { latency: (u64, u64), fail: f64 },
     /// A library user's handler ([`crate::Handler`]).
@@ -62,6 +71,17 @@ pub(crate) enum Job {
 }
 
 impl Job {
+    /// A library user's handler as the run loop runs it: a [`PersistentCommand`] as
+    /// `--exec-persistent` (guarded, held to each chunk's lease, a command that cannot
+    /// run stopping the run), any other through its `process`.
+    pub(crate) fn of_handler<H: crate::handler::Handler>(handler: H) -> Job {
+        let any: &dyn std::any::Any = &handler;
+        match any.downcast_ref::<PersistentCommand>() {
+            Some(warm) => Job::Persistent(warm.0.clone()),
+            None => Job::Handler(crate::handler::HandlerRef(std::sync::Arc::new(handler))),
+        }
+    }
+
     /// Runs one chunk until it ends or `abort` resolves (then it is stopped and
     /// [`ChunkError::Interrupted`]). `abort` gives how long a command's process group
     /// has between SIGTERM and SIGKILL; a handler's future is dropped at once. With a
@@ -79,6 +99,7 @@ impl Job {
             Job::Exec(cmd) => Box::pin(exec::exec(cmd, chunk, abort, fence))
                 .await
                 .map(|()| None),
+            Job::Persistent(warm) => Box::pin(warm.run(chunk, abort, fence)).await.map(|()| None),
             Job::Handler(handler) => {
                 use futures_util::FutureExt;
                 let handler = handler.0.clone();

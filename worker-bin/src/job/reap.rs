@@ -35,6 +35,20 @@ pub(super) fn new_tag() -> String {
     )
 }
 
+/// Children of this process that their own `Child` waits for, though they lead no
+/// process group (a warm process in its guard's group, `persistent.rs`): a sweep leaves
+/// them alone, zombies included, however they look.
+static WAITED_ELSEWHERE: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+/// Marks child `pid` as waited for by its own `Child` (`on`), or no longer.
+pub(super) fn waited_elsewhere(pid: u32, on: bool) {
+    let mut pids = WAITED_ELSEWHERE.lock().expect("not poisoned");
+    pids.retain(|&p| p != pid);
+    if on {
+        pids.push(pid);
+    }
+}
+
 /// Makes this process the child subreaper of its descendants (Linux), once; says so
 /// when the kernel refuses. False where there is none: a chunk's escaped processes
 /// then go to init and are not found.
@@ -69,21 +83,38 @@ pub(super) fn become_subreaper() -> bool {
 /// the group is empty, or `within` has passed (then it says so).
 pub(super) async fn sweep(leader: u32, tag: &str, within: Duration) {
     let deadline = Instant::now() + within;
-    loop {
-        let group_left = signal_group(leader);
-        let found = kill_tagged_children(leader, tag);
-        if !found && !group_left {
-            return;
-        }
+    while left_behind(leader, tag) {
         if Instant::now() >= deadline {
-            tracing::warn!(
-                pgid = leader,
-                "processes a chunk left behind were still there {within:?} after it ended"
-            );
-            return;
+            return too_long(leader, within);
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+}
+
+/// [`sweep`] on this thread, for a `Drop` that has no task to await it in.
+pub(super) fn sweep_now(leader: u32, tag: &str, within: Duration) {
+    let deadline = std::time::Instant::now() + within;
+    while left_behind(leader, tag) {
+        if std::time::Instant::now() >= deadline {
+            return too_long(leader, within);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// One round of [`sweep`]: whether anything of the chunk was still there (and is
+/// killed now).
+fn left_behind(leader: u32, tag: &str) -> bool {
+    let group_left = signal_group(leader);
+    let found = kill_tagged_children(leader, tag);
+    found || group_left
+}
+
+fn too_long(leader: u32, within: Duration) {
+    tracing::warn!(
+        pgid = leader,
+        "processes a chunk left behind were still there {within:?} after it ended"
+    );
 }
 
 /// SIGKILLs process group `pgid`; whether any process of it (a zombie included) was
@@ -112,8 +143,13 @@ fn kill_tagged_children(leader: u32, tag: &str) -> bool {
     let needle = format!("{TAG}={tag}");
     let mut found = false;
     for child in children(me) {
-        // The leader is the one process tokio waits for itself.
-        if child == leader {
+        // The leader is a process tokio waits for itself, and so are warm processes.
+        if child == leader
+            || WAITED_ELSEWHERE
+                .lock()
+                .expect("not poisoned")
+                .contains(&child)
+        {
             continue;
         }
         let Some(st) = stat(child) else { continue };

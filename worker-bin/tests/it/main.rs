@@ -33,6 +33,10 @@ mod fleet;
 #[cfg(feature = "cli")]
 mod json;
 #[cfg(feature = "cli")]
+#[cfg(feature = "otel")]
+mod otel;
+#[cfg(feature = "cli")]
+mod persistent;
 #[cfg(feature = "cli")]
 mod postgres;
 #[cfg(feature = "cli")]

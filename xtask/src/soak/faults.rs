@@ -18,19 +18,30 @@ pub(crate) const MENU: &[&str] = &[
     "corrupt-batch",
     "corrupt-active",
     "corrupt-state",
+    "throttle",
 ];
 
 /// The faults of `--ci`: those today's code is expected to survive. (`proxy` picks one
 /// of the three network faults at random; `--faults all` is the whole menu.)
-pub(crate) const CI: &str = "kill,stop,panic,redis-kill,redis-pause,proxy-latency,proxy-reset,proxy-blackhole,corrupt-stats,corrupt-active";
+pub(crate) const CI: &str = "kill,stop,panic,redis-kill,redis-pause,proxy-latency,proxy-reset,proxy-blackhole,corrupt-stats,corrupt-active,throttle";
 
 /// The faults of `--embedded` unless `--faults` says otherwise: all that apply there.
 pub(crate) const EMBEDDED: &str = "kill,stop,panic,corrupt-state";
 
-/// Whether the throughput must come back within 10 s once the fault is healed.
+/// Whether the throughput must come back within 10 s once the fault is healed (a
+/// lifted throttle too: the workers read the control record every second).
 pub(crate) fn transient(kind: &str) -> bool {
-    kind.starts_with("redis-") || kind.starts_with("proxy") || kind == "failover"
+    kind.starts_with("redis-")
+        || kind.starts_with("proxy")
+        || kind == "failover"
+        || kind == "throttle"
 }
+
+/// How long after `tranche throttle on` a chunk may still start: the command's promise
+/// ("no new chunk starts within 2 s": the workers read the control record once a
+/// second) and 1 s more, as the ledger's START is written by the chunk itself once it
+/// runs (an exec chunk's shell has to start first, slowly on a loaded machine).
+pub(crate) const THROTTLE_GRACE: Duration = Duration::from_secs(3);
 
 /// Whether it damages something `health` must notice within a minute. A handler's
 /// panic is not damage: it fails one attempt, which is retried like any failure (the
@@ -75,6 +86,8 @@ pub(crate) fn length(kind: &str, lease: Duration) -> Duration {
         "stop" => lease * 2 + Duration::from_secs(1),
         "redis-pause" => Duration::from_secs(15),
         "proxy-latency" | "proxy-blackhole" => Duration::from_secs(10),
+        // Long enough past the grace that a worker ignoring it starts chunks in it.
+        "throttle" => Duration::from_secs(8),
         "corrupt-stats" | "corrupt-batch" | "corrupt-active" => Duration::from_secs(3),
         _ => Duration::ZERO,
     }

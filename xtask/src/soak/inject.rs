@@ -57,6 +57,7 @@ impl Soak {
             .collect();
         let mut fault = Fault::new(&kind, at);
         let mut undo = Undo::Nothing;
+        let mut taken_over = None;
         match kind.as_str() {
             "kill" | "stop" => {
                 if live.is_empty() {
@@ -71,6 +72,21 @@ impl Soak {
                     .rev()
                     .find(|x| Some(x.pid) == self.slots[i].pid());
                 fault.target = name.map_or(String::new(), |x| x.name.clone());
+                // Aimed: frozen at a moment one of its chunks is open, which the strike
+                // (a kill, or the freeze kept) then lands on.
+                let mut frozen_open = Vec::new();
+                if self.opts.aim {
+                    frozen_open = self.freeze_mid_chunk(i, &fault.target);
+                    if frozen_open.is_empty() {
+                        fault.missed = Some(format!(
+                            "{} had no chunk open for {AIM_FOR:?}",
+                            fault.target
+                        ));
+                        self.faults.push(fault);
+                        return Ok(None);
+                    }
+                    fault.note = format!("with {} chunk(s) open; ", frozen_open.len());
+                }
                 if kind == "kill" {
                     self.slots[i].kill(&mut self.incarnations);
                     // Whatever its chunks left behind is looked for once their
@@ -96,6 +112,16 @@ impl Soak {
                     fleet::signal(self.slots[i].pid().unwrap_or(0), "STOP");
                     self.slots[i].stopped = true;
                     undo = Undo::Cont(i);
+                    if self.opts.aim {
+                        // Held until another worker has started a chunk over one it
+                        // froze: what its thaw then races with.
+                        fault.note.push_str("held until another worker takes over");
+                        taken_over = Some(TakeOver {
+                            slot: i,
+                            ranges: frozen_open,
+                            after_us: now_us(),
+                        });
+                    }
                 }
             }
             "panic" if self.opts.embedded => {
@@ -162,6 +188,19 @@ impl Soak {
                         name.unwrap_or_default()
                     ));
                 }
+            }
+            "throttle" => {
+                let (ok, out) =
+                    self.tranche(&["throttle", "on", "--reason", "soak: an operator's throttle"])?;
+                if !ok {
+                    bail!("tranche throttle on: {out}");
+                }
+                // In force from when the command returned at the latest: the oracle's
+                // window starts there.
+                fault.at = self.secs();
+                fault.target = "the namespace".into();
+                fault.note = "tranche throttle on, then off".into();
+                undo = Undo::Throttle;
             }
             "redis-kill" => {
                 let ports = self.redis_ports();
@@ -266,12 +305,17 @@ impl Soak {
             "xtask: soak: {at:6.1} s  {} {} {}",
             fault.kind, fault.target, fault.note
         );
-        let heal_at = Instant::now() + faults::length(&fault.kind, self.opts.lease);
+        let heal_at = Instant::now()
+            + match taken_over {
+                Some(_) => self.opts.lease * options::AIMED_STOP_LEASES,
+                None => faults::length(&fault.kind, self.opts.lease),
+            };
         self.faults.push(fault);
         Ok(Some(Active {
             index: self.faults.len() - 1,
             heal_at,
             undo,
+            taken_over,
         }))
     }
 
@@ -375,6 +419,41 @@ impl Soak {
         Ok(found)
     }
 
+    /// Freezes slot `i` (incarnation `name`) at a moment its ledger shows a chunk of it
+    /// open, trying for [`AIM_FOR`]: the open chunks' ranges, the process left frozen;
+    /// or none, the process running. A runner's lines are its own process's writes, so
+    /// they hold still while it is frozen; an exec worker's chunks run on in their
+    /// groups, which only a kill must find open.
+    fn freeze_mid_chunk(&mut self, i: usize, name: &str) -> Vec<(u64, u64)> {
+        let Some(pid) = self.slots[i].pid() else {
+            return Vec::new();
+        };
+        let ledger = self.slots[i].ledger(&self.setup);
+        let until = Instant::now() + AIM_FOR;
+        while Instant::now() < until {
+            fleet::signal(pid, "STOP");
+            let open = open_chunks(&ledger, name);
+            if !open.is_empty() {
+                return open;
+            }
+            fleet::signal(pid, "CONT");
+            thread::sleep(Duration::from_millis(20));
+        }
+        Vec::new()
+    }
+
+    /// Whether an aimed stop's wait is over: another worker started a chunk over one
+    /// the frozen worker holds open.
+    pub(super) fn taken_over(&self, a: &Active) -> bool {
+        let Some(t) = &a.taken_over else {
+            return false;
+        };
+        self.slots
+            .iter()
+            .filter(|s| s.index != t.slot)
+            .any(|s| started_over(&s.ledger(&self.setup), &t.ranges, t.after_us))
+    }
+
     pub(super) fn heal(&mut self, a: &mut Active) {
         match &a.undo {
             Undo::Nothing => {}
@@ -387,6 +466,18 @@ impl Soak {
             Undo::Proxy => {
                 if let Some(p) = &self.proxy {
                     p.set(Mode::Pass);
+                }
+            }
+            Undo::Throttle => {
+                // Lifted from here on: the oracle's window ends here.
+                self.faults[a.index].healed = Some(self.secs());
+                let lifted =
+                    (0..3).any(|_| matches!(self.tranche(&["throttle", "off"]), Ok((true, _))));
+                if !lifted {
+                    eprintln!("xtask: soak: tranche throttle off failed three times");
+                    self.faults[a.index]
+                        .note
+                        .push_str("; NOT LIFTED: tranche throttle off failed");
                 }
             }
             Undo::Check {
@@ -406,5 +497,97 @@ impl Soak {
         if self.faults[a.index].healed.is_none() {
             self.faults[a.index].healed = Some(self.secs());
         }
+    }
+}
+
+/// How long an aimed kill or stop waits for its target to have a chunk open.
+const AIM_FOR: Duration = Duration::from_secs(5);
+
+/// An aimed stop's end: when another worker starts a chunk over one the frozen one
+/// holds.
+pub(super) struct TakeOver {
+    /// The frozen slot.
+    slot: usize,
+    /// Its open chunks' ranges.
+    ranges: Vec<(u64, u64)>,
+    /// When it was frozen (µs since the epoch, the ledgers' clock).
+    after_us: u64,
+}
+
+/// The ranges of `name`'s chunks open in `ledger`: a START and no line after it.
+fn open_chunks(ledger: &Path, name: &str) -> Vec<(u64, u64)> {
+    let mut open: Vec<(u64, u64, u32)> = Vec::new();
+    for l in std::fs::read_to_string(ledger).unwrap_or_default().lines() {
+        let f: Vec<&str> = l.split(' ').collect();
+        if f.len() != 7 || f[4] != name {
+            continue;
+        }
+        let (Ok(from), Ok(to), Ok(chunk)) = (f[2].parse(), f[3].parse(), f[5].parse()) else {
+            continue;
+        };
+        open.retain(|&o| o != (from, to, chunk));
+        if f[0] == "START" {
+            open.push((from, to, chunk));
+        }
+    }
+    open.into_iter().map(|(from, to, _)| (from, to)).collect()
+}
+
+/// Whether `ledger` has a START after `after_us` over any of `ranges`.
+fn started_over(ledger: &Path, ranges: &[(u64, u64)], after_us: u64) -> bool {
+    std::fs::read_to_string(ledger)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.len() == 7 && f[0] == "START").then_some(())?;
+            Some((
+                f[2].parse::<u64>().ok()?,
+                f[3].parse::<u64>().ok()?,
+                f[6].parse::<u64>().ok()?,
+            ))
+        })
+        .any(|(from, to, at)| at > after_us && ranges.iter().any(|&(a, b)| from <= b && to >= a))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ledger(lines: &[&str]) -> PathBuf {
+        let path =
+            std::env::temp_dir().join(format!("soak-aim-{}-{}.log", std::process::id(), now_us()));
+        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+        path
+    }
+
+    /// A chunk is open from its START until any line of the same chunk after it;
+    /// another incarnation's lines and torn lines are not its.
+    #[test]
+    fn open_chunks_are_starts_with_no_line_after_them() {
+        let path = ledger(&[
+            "START 1 1 50 w2.0 77 100",
+            "START 1 51 100 w2.0 77 110",
+            "END 1 1 50 w2.0 77 150",
+            "START 2 1001 1250 w0.0 88 120",
+            "START 3 2001 20",
+            "START 4 3001 3050 w2.0 77 160",
+            "KILL 4 3001 3050 w2.0 77 170",
+        ]);
+        assert_eq!(open_chunks(&path, "w2.0"), vec![(51, 100)]);
+        assert_eq!(open_chunks(&path, "w0.0"), vec![(1001, 1250)]);
+        assert!(open_chunks(&path, "w1.0").is_empty());
+        let _ = std::fs::remove_file(path);
+    }
+
+    /// A take-over is a START after the freeze over a range that meets a frozen one.
+    #[test]
+    fn a_take_over_is_a_later_start_over_a_frozen_range() {
+        let path = ledger(&["START 1 1 250 w0.0 9 100", "START 1 251 500 w0.0 9 300"]);
+        assert!(started_over(&path, &[(201, 250)], 50));
+        assert!(!started_over(&path, &[(201, 250)], 150));
+        assert!(started_over(&path, &[(500, 600)], 150));
+        assert!(!started_over(&path, &[(501, 600)], 0));
+        let _ = std::fs::remove_file(path);
     }
 }

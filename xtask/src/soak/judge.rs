@@ -214,6 +214,59 @@ impl Soak {
                 ),
             ]),
         );
+        // Each throttle's window, from its grace after `throttle on` to `throttle off`
+        // (seconds since the start), and the chunks the ledgers show starting in one.
+        let grace = faults::THROTTLE_GRACE.as_secs_f64();
+        let windows: Vec<(f64, f64)> = self
+            .faults
+            .iter()
+            .filter(|f| f.kind == "throttle" && f.missed.is_none())
+            .filter_map(|f| Some((f.at + grace, f.healed?)))
+            .filter(|(from, to)| from < to)
+            .collect();
+        let secs_of = |us: u64| (us as f64 - self.t0_us as f64) / 1e6;
+        let throttled_starts: Vec<&ledger::ChunkRun> = runs
+            .iter()
+            .filter(|r| {
+                let at = secs_of(r.start_us);
+                windows.iter().any(|&(from, to)| at >= from && at <= to)
+            })
+            .collect();
+        oracle(
+            "no_chunk_starts_while_throttled",
+            throttled_starts.is_empty(),
+            Json::obj([
+                ("grace_s", Json::from(grace)),
+                (
+                    "windows",
+                    Json::Arr(
+                        windows
+                            .iter()
+                            .map(|(a, b)| Json::from(format!("{a:.1}..{b:.1} s")))
+                            .collect(),
+                    ),
+                ),
+                ("chunks_started", Json::from(throttled_starts.len() as u64)),
+                (
+                    "examples",
+                    Json::Arr(
+                        throttled_starts
+                            .iter()
+                            .take(5)
+                            .map(|r| {
+                                Json::from(format!(
+                                    "{} ids {}..={} started at {:.2} s",
+                                    ledgers.worker(r),
+                                    r.from,
+                                    r.to,
+                                    secs_of(r.start_us)
+                                ))
+                            })
+                            .collect(),
+                    ),
+                ),
+            ]),
+        );
         oracle(
             "no_chunk_outlives_its_worker",
             outlived.is_empty() && self.orphans.is_empty(),

@@ -295,14 +295,19 @@ struct Soak {
 /// A fault in progress, healed at its time.
 struct Active {
     index: usize,
+    /// When it is healed (for an aimed stop, at the latest).
     heal_at: Instant,
     undo: Undo,
+    /// An aimed stop: healed as soon as another worker takes over what it froze.
+    taken_over: Option<inject::TakeOver>,
 }
 
 enum Undo {
     Nothing,
     Cont(usize),
     Proxy,
+    /// `tranche throttle off`.
+    Throttle,
     Check {
         port: u16,
         key: Vec<u8>,
@@ -531,7 +536,7 @@ impl Soak {
             self.tend()?;
             let now = Instant::now();
             active.retain_mut(|a| {
-                if now < a.heal_at {
+                if now < a.heal_at && !self.taken_over(a) {
                     return true;
                 }
                 self.heal(a);

@@ -39,6 +39,11 @@ pub(crate) struct Options {
     pub(super) quiet_end: Duration,
     /// The workers `kill` and `stop` pick from: all (`None`) or those of one kind.
     pub(super) target: Option<Kind>,
+    /// Faults aimed at what a sabotage breaks (`soak --self-test`): `kill` and `stop`
+    /// strike a worker only while one of its chunks is open in its ledger, and a `stop`
+    /// holds until another worker has started a chunk over one it froze (at most
+    /// [`AIMED_STOP_LEASES`] leases).
+    pub(super) aim: bool,
     /// A sabotage switch every worker and chunk gets as `SOAK_SABOTAGE`
     /// (`soak --self-test`).
     pub(super) sabotage: Option<String>,
@@ -74,6 +79,10 @@ impl Profile {
     }
 }
 
+/// How many leases an aimed `stop` holds at most while no other worker has taken over
+/// the chunk it froze.
+pub(super) const AIMED_STOP_LEASES: u32 = 4;
+
 /// Partitions a second that make a million in 30 minutes: with `--fast` the default
 /// plan is this times the duration, and more is planned when the fleet runs low.
 pub(super) const FAST_RATE: u64 = 560;
@@ -81,7 +90,7 @@ pub(super) const FAST_RATE: u64 = 560;
 const USAGE: &str = "usage: cargo xtask soak [--ci] [--fast | --splits] [--embedded] [--seed N] \
 [--duration SECS] [--interval SECS] [--partitions N] [--workers N] [--runners N] \
 [--runner-concurrency N] [--faults kill,stop,...] [--cluster] [--release | --prebuilt] \
-[--lease MS] [--drain SECS]";
+[--lease MS] [--drain SECS] [--aim runner|exec|any]";
 
 impl Options {
     pub(super) fn parse(args: &[String]) -> Result<Options> {
@@ -106,6 +115,7 @@ impl Options {
             first_fault: None,
             quiet_end: faults::QUIET_END,
             target: None,
+            aim: false,
             sabotage: None,
             top_up: true,
         };
@@ -188,6 +198,17 @@ impl Options {
                         }
                     }
                 }
+                "--aim" => {
+                    // The self-test's aiming, for a run without a sabotage: what its
+                    // oracles say of a sound fleet under the same faults.
+                    o.aim = true;
+                    o.target = match value()?.as_str() {
+                        "runner" => Some(Kind::Runner),
+                        "exec" => Some(Kind::Exec),
+                        "any" => None,
+                        v => bail!("--aim {v}: runner, exec or any"),
+                    };
+                }
                 "--cluster" => o.cluster = true,
                 "--release" => o.release = true,
                 "--prebuilt" => o.prebuilt = true,
@@ -243,6 +264,16 @@ mod tests {
         assert_eq!((fast.profile, fast.runners), (Profile::Fast, 3));
         let err = parse(&["--fast", "--splits"]).unwrap_err().to_string();
         assert!(err.contains("exclude each other"), "{err}");
+    }
+
+    #[test]
+    fn aim_picks_the_kind_struck() {
+        let o = parse(&["--aim", "runner"]).unwrap();
+        assert!(o.aim);
+        assert_eq!(o.target, Some(Kind::Runner));
+        assert_eq!(parse(&["--aim", "any"]).unwrap().target, None);
+        assert!(!parse(&[]).unwrap().aim);
+        assert!(parse(&["--aim", "x"]).is_err());
     }
 
     #[test]

@@ -3,6 +3,11 @@
 //! broken on purpose, through `SOAK_SABOTAGE`) and runs a short soak aimed at the
 //! oracles that must catch it; the self-test passes only if every case's oracles
 //! failed. `soak --ci` is the other half: the same oracles passing on a sound fleet.
+//!
+//! Every case's faults are aimed (`Options::aim`): a kill or a stop lands on a worker
+//! of the case's kind while a chunk of it is open, and the stop of `ignore-fence` holds
+//! the runner until another worker has started a chunk over the one it froze. No case
+//! depends on where its seeded draw happens to land.
 
 use super::*;
 
@@ -14,8 +19,9 @@ struct Case {
     what: &'static str,
     /// The oracles that must fail, every one of them.
     oracles: &'static [&'static str],
-    /// The faults of the run, and whose workers `kill` and `stop` pick from.
+    /// The faults of the run.
     faults: &'static str,
+    /// Whose workers `kill` and `stop` pick from (all when `None`).
     target: Option<Kind>,
     /// Fleet seconds, and the drain's deadline.
     secs: u64,
@@ -97,6 +103,17 @@ const CASES: &[Case] = &[
         splits: false,
     },
     Case {
+        switch: "never-throttle",
+        what: "the runner acknowledges each chunk at once and a thread of its own does the \
+               work later, through a throttle",
+        oracles: &["no_chunk_starts_while_throttled"],
+        faults: "throttle",
+        target: None,
+        secs: 16,
+        drain: 3,
+        splits: false,
+    },
+    Case {
         switch: "swallow-panic",
         what: "the runner takes the panic trigger and neither panics nor says so",
         oracles: &["every_fault_injected"],
@@ -163,6 +180,7 @@ pub(super) fn run(args: &[String]) -> Result<()> {
         opts.first_fault = Some(Duration::from_secs(5));
         opts.quiet_end = Duration::from_secs(2);
         opts.target = case.target;
+        opts.aim = true;
         opts.sabotage = Some(case.switch.to_owned());
         let report = match run_once(
             opts,

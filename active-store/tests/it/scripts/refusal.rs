@@ -135,8 +135,9 @@ impl Corrupt {
 /// arguments is replaced in turn by every bad value of its kind, and corruptions of
 /// the keys it reads, each of which must make the good call refuse. `setup` is applied
 /// to the starting state first (what the good call works on); each of `skipped` is a
-/// corrupt record the good call must pass by: it succeeds, and the record stays as it
-/// was.
+/// corrupt record the good call must pass by: it succeeds, its reply says so as `says`
+/// tells, and nothing named by the record's field changes anywhere (the whole dump is
+/// compared).
 #[derive(Default)]
 struct Row {
     script: &'static str,
@@ -145,6 +146,23 @@ struct Row {
     corrupt: Vec<Corrupt>,
     setup: Vec<Corrupt>,
     skipped: Vec<Corrupt>,
+    /// How the reply to a call that passed a skipped record by says so.
+    says: Says,
+}
+
+/// How a reply says that a call passed a corrupt record by, in the reply's debug form.
+#[derive(Clone, Copy, Debug, Default)]
+enum Says {
+    /// Not given: a row with skipped records must say.
+    #[default]
+    Unset,
+    /// The reply holds this: the script's word for it (`!ERR corrupt record …`, a
+    /// CORRUPT code).
+    Holds(&'static str),
+    /// The reply is this (a count that leaves the record out).
+    Is(&'static str),
+    /// The reply, a list of the pids the call did, leaves this one out.
+    Omits(&'static str),
 }
 
 /// The state every row starts from (namespace `elk`, one shard, pids 1..=10 of 1000
@@ -250,8 +268,28 @@ pub(super) async fn call(
     invocation.invoke_async(conn).await
 }
 
+/// Every key's entries as `name=value` strings: a hash's fields, a sorted set's members
+/// with their scores; a list's items and a string's value stand alone (no name).
+fn entries(server: &TestRedis) -> std::collections::BTreeSet<(String, String)> {
+    let mut all = std::collections::BTreeSet::new();
+    for (key, (kind, items)) in contents(server) {
+        match kind.as_str() {
+            "zset" => all.extend(items.chunks(2).map(|p| {
+                (
+                    key.clone(),
+                    format!("{}={}", p[0], p.get(1).map_or("", |s| s)),
+                )
+            })),
+            _ => all.extend(items.into_iter().map(|i| (key.clone(), i))),
+        }
+    }
+    all
+}
+
 /// `row`'s good call, on a fresh starting state with `skipped` (a corrupt record)
-/// applied, succeeds and leaves that record as it was.
+/// applied, succeeds, says so in its reply as the row tells, and changes no entry of any key
+/// named by the record's field (the field itself, or `field:…`, as a pid's pieces are):
+/// what was skipped is left whole, not only its one record.
 async fn passes_by(row: &Row, skipped: &Corrupt) -> Result<(), String> {
     let server = TestRedis::start();
     refusal_state(&server).await;
@@ -265,12 +303,44 @@ async fn passes_by(row: &Row, skipped: &Corrupt) -> Result<(), String> {
     let client = redis::Client::open(server.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let good: Vec<String> = row.args.iter().map(|(v, _)| v.clone()).collect();
-    call(&mut conn, row.script, &row.keys, &good)
+    let before = entries(&server);
+    let reply = call(&mut conn, row.script, &row.keys, &good)
         .await
         .map_err(|err| format!("skipped {skipped:?}: refused: {err}"))?;
     let after: Option<String> = server.query(redis::cmd("HGET").arg(key).arg(field));
     if after.as_deref() != Some(value.as_str()) {
         return Err(format!("skipped {skipped:?}: it became {after:?}"));
+    }
+    let shown = format!("{reply:?}");
+    let says = match row.says {
+        Says::Unset => false,
+        Says::Holds(part) => shown.contains(part),
+        Says::Is(whole) => shown == whole,
+        Says::Omits(part) => !shown.contains(part),
+    };
+    if !says {
+        return Err(format!(
+            "skipped {skipped:?}: the reply {shown} does not say it as {:?}",
+            row.says
+        ));
+    }
+    let name = field.split(':').next().unwrap_or(field);
+    let names_it = |entry: &str| {
+        entry
+            .split_once('=')
+            .is_some_and(|(n, _)| n == name || n.starts_with(&format!("{name}:")))
+    };
+    let now = entries(&server);
+    let touched: Vec<String> = before
+        .symmetric_difference(&now)
+        .filter(|(_, e)| names_it(e))
+        .map(|(k, e)| format!("{k} {e}"))
+        .collect();
+    if !touched.is_empty() {
+        return Err(format!(
+            "skipped {skipped:?}: entries named {name} changed: {}",
+            touched.join(", ")
+        ));
     }
     Ok(())
 }

@@ -348,6 +348,7 @@ pub(crate) fn worker_metrics(
                     "Rows this worker's chunks affected, when the handler counts them (--sql)",
                     s.rows,
                 );
+                crate::cli::telemetry::register(&mut registry);
                 registry.register(
                     "chunk_duration_seconds",
                     "How long this worker's chunks took",

@@ -157,6 +157,72 @@ fn a_cluster_with_unserved_slots_fails() {
     assert!(cluster.contains("0 of 16384 slots served"), "{cluster}");
 }
 
+/// On a cluster every master is checked, whichever node the URL names, and each line
+/// names its master: one master that evicts, or one that persists nothing, fails.
+#[test]
+fn every_cluster_master_is_checked_and_named() {
+    let cluster = crate::support::TestCluster::start_with(3, 0);
+    let config_set = |node: &TestRedis, name: &str, value: &str| {
+        let out = node.cli(&["CONFIG", "SET", name, value]);
+        assert!(out.contains("OK"), "CONFIG SET {name} {value}: {out}");
+    };
+    for node in &cluster.nodes {
+        config_set(node, "maxmemory-policy", "noeviction");
+        config_set(node, "appendonly", "yes");
+    }
+    let name = |node: &TestRedis| format!("127.0.0.1:{}", node.port());
+    let url = cluster.nodes[0].url();
+    let (code, lines, stderr) = doctor(&url, &[]);
+    assert_eq!(code, Some(0), "{lines:?} {stderr}");
+    for node in &cluster.nodes {
+        let said: Vec<&str> = lines
+            .iter()
+            .filter(|(_, l)| l.contains(&format!("{}: ", name(node))))
+            .map(|(c, _)| c.as_str())
+            .collect();
+        assert_eq!(
+            said,
+            [
+                "version",
+                "eviction",
+                "persistence",
+                "replicas",
+                "clock",
+                "cluster",
+                "acl",
+                "latency"
+            ],
+            "{lines:?}"
+        );
+    }
+
+    // Neither is the node the URL names.
+    let evicts = &cluster.nodes[1];
+    let forgets = &cluster.nodes[2];
+    config_set(evicts, "maxmemory-policy", "allkeys-lru");
+    config_set(forgets, "appendonly", "no");
+    let (code, lines, stderr) = doctor(&url, &[]);
+    assert_eq!(code, Some(1), "{lines:?} {stderr}");
+    let failed = |check: &str| -> Vec<&str> {
+        lines
+            .iter()
+            .filter(|(c, l)| c == check && l.starts_with("FAIL"))
+            .map(|(_, l)| l.as_str())
+            .collect()
+    };
+    let eviction = failed("eviction");
+    assert_eq!(eviction.len(), 1, "{lines:?}");
+    assert!(eviction[0].contains(&name(evicts)), "{eviction:?}");
+    let persistence = failed("persistence");
+    assert_eq!(persistence.len(), 1, "{lines:?}");
+    assert!(persistence[0].contains(&name(forgets)), "{persistence:?}");
+    assert!(
+        stderr.contains(&format!("eviction failed on {}", name(evicts)))
+            && stderr.contains(&format!("persistence failed on {}", name(forgets))),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn a_missing_acl_permission_fails_naming_the_command() {
     let redis = TestRedis::start_with_args(SOUND);

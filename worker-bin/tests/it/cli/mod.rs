@@ -19,6 +19,7 @@ mod health;
 mod install;
 mod oneshot;
 mod operate;
+mod pipe;
 
 /// Runs `tranche ARGS`, asserts it failed with exit code `code` and one line on stderr
 /// starting `tranche: ` and containing `needle`.

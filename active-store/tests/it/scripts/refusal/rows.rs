@@ -5,7 +5,7 @@ use crate::support;
 
 use support::TestRedis;
 
-use super::{Arg, Corrupt, Row};
+use super::{Arg, Corrupt, Row, Says};
 
 /// The table: every script of `scripts()` has at least one row.
 pub(super) fn refusal_rows(
@@ -205,6 +205,7 @@ pub(super) fn refusal_rows(
             // A lease whose record does not decode is answered alone (`!`), left as it
             // is, and the other lease is renewed.
             skipped: vec![garbage(3), record(3, 11, "x"), record(3, 2, "x")],
+            says: Says::Holds("!ERR corrupt record {elk:0}:active 3"),
             ..Row::default()
         },
         Row {
@@ -232,6 +233,7 @@ pub(super) fn refusal_rows(
             // A pid whose record does not decode is answered CORRUPT and left as it is;
             // the other completes.
             skipped: vec![garbage(3)],
+            says: Says::Holds("int(-2)"),
             ..Row::default()
         },
         // A running lease completes: the running counter is read and checked.
@@ -329,6 +331,7 @@ pub(super) fn refusal_rows(
             args: vec![a(&far, Num), a("100", Num), a("", OptWorker), a("5", Pos)],
             corrupt: vec![counter("c"), counter("p")],
             skipped: vec![garbage(3), record(3, 2, "x")],
+            says: Says::Omits(r#"'"3"'"#),
             ..Row::default()
         },
         // Every lease expired on its last attempt: split pid 2 fails whole again, its
@@ -344,6 +347,7 @@ pub(super) fn refusal_rows(
                 Corrupt::Field(splits.clone(), "2".into(), "garbage".into()),
                 Corrupt::Field(pieces.clone(), "2:1900".into(), "garbage".into()),
             ],
+            says: Says::Omits(r#"'"2"'"#),
         },
         Row {
             script: "retry_failed",
@@ -459,6 +463,7 @@ pub(super) fn refusal_rows(
             keys: vec![active.clone(), counts.clone()],
             args: vec![],
             skipped: vec![garbage(3), record(3, 1, "z")],
+            says: Says::Is("array([int(1), int(2), int(1), int(1), int(0)])"),
             ..Row::default()
         },
         Row {
@@ -544,6 +549,7 @@ pub(super) fn refusal_rows(
                 ),
             ],
             skipped: vec![garbage(2)],
+            says: Says::Holds("!ERR corrupt record {elk:0}:active 2"),
         },
         Row {
             script: "complete",
@@ -572,6 +578,7 @@ pub(super) fn refusal_rows(
             )],
             corrupt: vec![Corrupt::Field(splits.clone(), "3".into(), "garbage".into())],
             skipped: vec![garbage(3)],
+            says: Says::Is("array([int(-2)])"),
         },
         Row {
             script: "complete",
@@ -675,6 +682,7 @@ pub(super) fn refusal_rows(
                 "2:1700".into(),
                 "garbage".into(),
             )],
+            says: Says::Holds("!ERR corrupt record {elk:0}:pieces 2:1700"),
         },
         Row {
             script: "piece_complete",
@@ -834,6 +842,7 @@ pub(super) fn refusal_rows(
                 Corrupt::Field(runs.clone(), "99".into(), "7|8|1|1|c|w".into()),
                 Corrupt::Field(runs.clone(), "99".into(), format!("7|8|{later}|x|cc|w")),
             ],
+            says: Says::Is("array([int(-3)])"),
         },
         // A beat of a pid held in a run: the run is read and checked, the pid leaves it;
         // one that does not decode costs its own pids (`!`), not the call.
@@ -862,6 +871,7 @@ pub(super) fn refusal_rows(
                 Corrupt::Field(runs.clone(), "99".into(), "7|8|1|1|c|w".into()),
                 Corrupt::Field(runs.clone(), "99".into(), format!("7|8|{later}|{now}|cx|w")),
             ],
+            says: Says::Holds("!ERR corrupt run {elk:0}:runs 99"),
         },
         Row {
             script: "carve",
@@ -869,6 +879,7 @@ pub(super) fn refusal_rows(
             args: vec![a("pids", Which), a("1", Pos), a("7", Id)],
             setup: run.clone(),
             skipped: vec![bad_run.clone()],
+            says: Says::Is("int(1)"),
             ..Row::default()
         },
         Row {
@@ -877,6 +888,7 @@ pub(super) fn refusal_rows(
             args: vec![a("worker", Which), a("w", Worker)],
             setup: run.clone(),
             skipped: vec![bad_run.clone()],
+            says: Says::Is("int(2)"),
             ..Row::default()
         },
         Row {
@@ -914,6 +926,7 @@ pub(super) fn refusal_rows(
             ],
             // A run whose first and last fields do not read stays: its pids are unknown.
             skipped: vec![Corrupt::Field(runs.clone(), "98".into(), "garbage".into())],
+            says: Says::Is("array([])"),
         },
         Row {
             script: "carve",
@@ -921,6 +934,7 @@ pub(super) fn refusal_rows(
             args: vec![a("all", Which)],
             setup: run.clone(),
             skipped: vec![bad_run],
+            says: Says::Is("int(2)"),
             ..Row::default()
         },
     ]

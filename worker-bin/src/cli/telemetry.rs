@@ -1,0 +1,526 @@
+//! The binary's logs and traces: the log lines on stderr (`--log-format text|json`) and,
+//! with `--otlp-endpoint` (feature `otel`), the run's spans exported over OTLP/HTTP.
+//!
+//! The exporter never sits on the run's path: a finished span is handed to a bounded
+//! queue with a non-blocking send, and a thread of its own batches the queue and posts
+//! it. A full queue, or a collector that refuses or cannot be reached, drops spans and
+//! counts them ([`SPANS_DROPPED`], `tranche_worker_otel_spans_dropped` on
+//! `--metrics-listen`); the job goes on at full speed either way.
+
+use std::fmt;
+
+use tracing::{Event, Subscriber};
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// How log lines are written on stderr.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum LogFormat {
+    /// Human-readable lines (colours on a terminal).
+    Text,
+    /// One JSON object a line: timestamp, level, target, message, fields, the current
+    /// span and, with `--otlp-endpoint`, its trace and span ids.
+    Json,
+}
+
+/// Keeps the exporter alive for the process; dropping it flushes what is queued (with a
+/// bound) and stops the export thread.
+#[must_use = "dropping the guard stops the span export"]
+pub(crate) struct Telemetry {
+    #[cfg(feature = "otel")]
+    otel: Option<otel::Export>,
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        #[cfg(feature = "otel")]
+        if let Some(export) = self.otel.take() {
+            export.shutdown();
+        }
+    }
+}
+
+/// Where spans go: the base URL of an OTLP/HTTP collector (`/v1/traces` is appended
+/// unless given), or none.
+pub(crate) struct Traces {
+    /// `--otlp-endpoint` or `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    pub(crate) endpoint: Option<String>,
+}
+
+/// Installs the process's subscriber: the log lines on stderr filtered by `RUST_LOG`
+/// (default `warn,tranche=info`), and the span exporter when `traces` names a collector.
+///
+/// # Errors
+/// A malformed endpoint, or an exporter that cannot be built, in one line.
+pub(crate) fn init(format: LogFormat, traces: &Traces) -> anyhow::Result<Telemetry> {
+    let filter = || {
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn,tranche=info"))
+    };
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let logs = match format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_target(false)
+            .with_ansi(ansi)
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .event_format(JsonLines)
+            .boxed(),
+    };
+    let logs = tracing_subscriber::Layer::with_filter(logs, filter());
+    #[cfg(feature = "otel")]
+    {
+        let (layer, otel) = match traces.endpoint.as_deref() {
+            Some(endpoint) => {
+                let (layer, export) = otel::layer(endpoint)?;
+                (Some(layer), Some(export))
+            }
+            None => (None, None),
+        };
+        tracing_subscriber::registry()
+            .with(logs)
+            .with(layer)
+            .try_init()?;
+        Ok(Telemetry { otel })
+    }
+    #[cfg(not(feature = "otel"))]
+    {
+        if traces.endpoint.is_some() {
+            anyhow::bail!("--otlp-endpoint needs a tranche built with the `otel` feature");
+        }
+        tracing_subscriber::registry().with(logs).try_init()?;
+        Ok(Telemetry {})
+    }
+}
+
+/// `--log-format json`: one object a line, as log shippers (Loki, Elasticsearch,
+/// Datadog) read them.
+struct JsonLines;
+
+impl<S, N> FormatEvent<S, N> for JsonLines
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let mut fields = serde_json::Map::new();
+        event.record(&mut Fields(&mut fields));
+        let message = fields
+            .remove("message")
+            .unwrap_or(serde_json::Value::String(String::new()));
+        let mut timestamp = String::new();
+        SystemTime.format_time(&mut Writer::new(&mut timestamp))?;
+        let meta = event.metadata();
+        let mut line = serde_json::json!({
+            "timestamp": timestamp,
+            "level": meta.level().as_str(),
+            "target": meta.target(),
+            "message": message,
+        });
+        if !fields.is_empty() {
+            line["fields"] = serde_json::Value::Object(fields);
+        }
+        if let Some(scope) = ctx.event_scope() {
+            let spans: Vec<serde_json::Value> = scope
+                .from_root()
+                .map(|span| serde_json::Value::String(span.name().to_owned()))
+                .collect();
+            if let Some(current) = spans.last() {
+                line["span"] = current.clone();
+            }
+            line["spans"] = serde_json::Value::Array(spans);
+        }
+        #[cfg(feature = "otel")]
+        if let Some((trace_id, span_id)) = otel::current_ids() {
+            line["trace_id"] = serde_json::Value::String(trace_id);
+            line["span_id"] = serde_json::Value::String(span_id);
+        }
+        writeln!(writer, "{line}")
+    }
+}
+
+/// Collects an event's fields as JSON values (numbers and booleans stay typed).
+struct Fields<'a>(&'a mut serde_json::Map<String, serde_json::Value>);
+
+impl tracing::field::Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
+        self.0.insert(
+            field.name().to_owned(),
+            serde_json::Value::String(format!("{value:?}")),
+        );
+    }
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(
+            field.name().to_owned(),
+            serde_json::Value::String(value.to_owned()),
+        );
+    }
+    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+        self.0.insert(field.name().to_owned(), value.into());
+    }
+    fn record_i64(&mut self, field: &tracing::field::Field, value: i64) {
+        self.0.insert(field.name().to_owned(), value.into());
+    }
+    fn record_bool(&mut self, field: &tracing::field::Field, value: bool) {
+        self.0.insert(field.name().to_owned(), value.into());
+    }
+    fn record_f64(&mut self, field: &tracing::field::Field, value: f64) {
+        self.0.insert(field.name().to_owned(), value.into());
+    }
+}
+
+/// Spans the exporter gave up on: the queue was full, or the collector refused or could
+/// not be reached.
+pub(crate) static SPANS_DROPPED: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
+/// Spans the collector accepted.
+pub(crate) static SPANS_EXPORTED: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
+
+/// Adds the exporter's counters to a worker's `/metrics` (`--metrics-listen`).
+pub(crate) fn register(registry: &mut prometheus_client::registry::Registry) {
+    use std::sync::atomic::Ordering;
+    for (name, help, value) in [
+        (
+            "otel_spans_dropped",
+            "Spans not exported: the queue was full or the collector refused or was unreachable",
+            SPANS_DROPPED.load(Ordering::Relaxed),
+        ),
+        (
+            "otel_spans_exported",
+            "Spans the OTLP collector accepted",
+            SPANS_EXPORTED.load(Ordering::Relaxed),
+        ),
+    ] {
+        let c: prometheus_client::metrics::counter::Counter = Default::default();
+        c.inc_by(value);
+        registry.register(name, help, c);
+    }
+}
+
+#[cfg(feature = "otel")]
+mod otel {
+    //! The OTLP side: a tracer provider whose one processor is a bounded queue drained
+    //! by a thread of its own, which posts batches with the OTLP/HTTP exporter.
+
+    use std::sync::atomic::Ordering;
+    use std::sync::{Arc, Mutex};
+    use std::thread::JoinHandle;
+    use std::time::{Duration, Instant};
+
+    use anyhow::Context as _;
+    use crossbeam_channel::{Receiver, Sender, TrySendError};
+    use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+    use opentelemetry_otlp::WithExportConfig;
+    use opentelemetry_sdk::Resource;
+    use opentelemetry_sdk::error::OTelSdkResult;
+    use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter, SpanProcessor};
+    use tracing::Subscriber;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::registry::LookupSpan;
+
+    use super::{SPANS_DROPPED, SPANS_EXPORTED};
+
+    /// Spans waiting for the export thread; beyond it, spans are dropped and counted.
+    const QUEUE: usize = 4096;
+    /// Spans posted in one request at most.
+    const BATCH: usize = 512;
+    /// How long a span waits for its batch to fill before it is posted anyway.
+    const LINGER: Duration = Duration::from_secs(1);
+    /// How long the process waits at exit for the queue to drain.
+    const DRAIN: Duration = Duration::from_secs(5);
+    /// How long one post may take.
+    const POST: Duration = Duration::from_secs(10);
+
+    /// The running exporter, shut down by [`Telemetry`](super::Telemetry)'s drop.
+    pub(super) struct Export {
+        provider: SdkTracerProvider,
+    }
+
+    impl Export {
+        /// Flushes what is queued (bounded by [`DRAIN`]) and stops the thread.
+        pub(super) fn shutdown(self) {
+            if let Err(e) = self.provider.shutdown_with_timeout(DRAIN) {
+                tracing::debug!(error = %e, "span exporter shutdown");
+            }
+        }
+    }
+
+    /// The layer turning the process's spans into OpenTelemetry spans, and its exporter.
+    pub(super) fn layer<S>(
+        endpoint: &str,
+    ) -> anyhow::Result<(Box<dyn Layer<S> + Send + Sync + 'static>, Export)>
+    where
+        S: Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
+    {
+        let url = traces_url(endpoint)?;
+        let mut exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_endpoint(url.clone())
+            .with_timeout(POST)
+            .build()
+            .with_context(|| format!("cannot build the OTLP exporter for {url}"))?;
+        let service = std::env::var("OTEL_SERVICE_NAME")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "tranche".to_owned());
+        let resource = Resource::builder()
+            .with_service_name(service)
+            .with_attribute(opentelemetry::KeyValue::new(
+                "service.version",
+                env!("CARGO_PKG_VERSION"),
+            ))
+            .build();
+        exporter.set_resource(&resource);
+        let provider = SdkTracerProvider::builder()
+            .with_resource(resource)
+            .with_span_processor(Queue::start(exporter)?)
+            .build();
+        let tracer = provider.tracer("tranche");
+        // Spans of tranche's own code down to debug (`partition` is one); events only
+        // from info up, attached to their span.
+        let filter = tracing_subscriber::filter::filter_fn(|meta| {
+            meta.target().starts_with("tranche")
+                && if meta.is_span() {
+                    *meta.level() <= tracing::Level::DEBUG
+                } else {
+                    *meta.level() <= tracing::Level::INFO
+                }
+        });
+        let layer = tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_filter(filter)
+            .boxed();
+        Ok((layer, Export { provider }))
+    }
+
+    /// The traces URL of an OTLP/HTTP base endpoint, as the OpenTelemetry
+    /// specification builds it from `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    fn traces_url(endpoint: &str) -> anyhow::Result<String> {
+        let endpoint = endpoint.trim_end_matches('/');
+        if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+            anyhow::bail!(
+                "--otlp-endpoint {endpoint:?} is not an http:// or https:// URL (an OTLP/HTTP collector, e.g. http://localhost:4318)"
+            );
+        }
+        if endpoint.starts_with("https://") {
+            anyhow::bail!(
+                "--otlp-endpoint {endpoint:?}: https is not supported yet; point it at a local collector (http://localhost:4318) that forwards over TLS"
+            );
+        }
+        Ok(if endpoint.ends_with("/v1/traces") {
+            endpoint.to_owned()
+        } else {
+            format!("{endpoint}/v1/traces")
+        })
+    }
+
+    /// The trace and span ids of the current span, hex, when it is sampled.
+    pub(super) fn current_ids() -> Option<(String, String)> {
+        let span = tracing::Span::current();
+        if span.is_none() {
+            return None;
+        }
+        let cx = span.context();
+        let sc = cx.span().span_context().clone();
+        sc.is_valid()
+            .then(|| (sc.trace_id().to_string(), sc.span_id().to_string()))
+    }
+
+    /// What the processor sends its thread.
+    enum Control {
+        /// Post everything queued, then answer.
+        Flush(Sender<()>),
+        /// Post everything queued, answer, and end.
+        Stop(Sender<()>),
+    }
+
+    /// A span processor that never blocks: `on_end` tries the bounded queue and counts
+    /// a drop when it is full.
+    #[derive(Debug)]
+    struct Queue {
+        spans: Sender<SpanData>,
+        control: Sender<Control>,
+        thread: Mutex<Option<JoinHandle<()>>>,
+    }
+
+    impl Queue {
+        fn start(exporter: opentelemetry_otlp::SpanExporter) -> anyhow::Result<Self> {
+            let (spans, queued) = crossbeam_channel::bounded(QUEUE);
+            let (control, orders) = crossbeam_channel::unbounded();
+            let thread = std::thread::Builder::new()
+                .name("tranche-otlp".into())
+                .spawn(move || drain(exporter, queued, orders))
+                .context("cannot start the span export thread")?;
+            Ok(Self {
+                spans,
+                control,
+                thread: Mutex::new(Some(thread)),
+            })
+        }
+
+        fn ask(&self, order: fn(Sender<()>) -> Control, wait: Duration) -> OTelSdkResult {
+            let (done, answered) = crossbeam_channel::bounded(1);
+            if self.control.send(order(done)).is_err() {
+                return Ok(());
+            }
+            answered
+                .recv_timeout(wait)
+                .map_err(|_| opentelemetry_sdk::error::OTelSdkError::Timeout(wait))
+        }
+    }
+
+    impl SpanProcessor for Queue {
+        fn on_start(
+            &self,
+            _span: &mut opentelemetry_sdk::trace::Span,
+            _cx: &opentelemetry::Context,
+        ) {
+        }
+
+        fn on_end(&self, span: SpanData) {
+            match self.spans.try_send(span) {
+                Ok(()) => {}
+                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                    SPANS_DROPPED.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+
+        fn force_flush(&self) -> OTelSdkResult {
+            self.ask(Control::Flush, DRAIN)
+        }
+
+        fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+            let answer = self.ask(Control::Stop, timeout);
+            if answer.is_ok()
+                && let Some(thread) = self.thread.lock().ok().and_then(|mut t| t.take())
+            {
+                let _ = thread.join();
+            }
+            answer
+        }
+    }
+
+    /// The export thread: batches the queue and posts each batch, on a runtime of its
+    /// own so that the run's runtime (one thread by default) never waits on a collector.
+    fn drain(
+        exporter: opentelemetry_otlp::SpanExporter,
+        queued: Receiver<SpanData>,
+        orders: Receiver<Control>,
+    ) {
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => {
+                tracing::warn!(error = %e, "span export disabled: cannot start its runtime");
+                return;
+            }
+        };
+        let exporter = Arc::new(exporter);
+        let mut batch = Vec::with_capacity(BATCH);
+        let mut warned: Option<Instant> = None;
+        let mut post = |batch: &mut Vec<SpanData>| {
+            if batch.is_empty() {
+                return;
+            }
+            let spans = std::mem::take(batch);
+            let n = spans.len() as u64;
+            match runtime.block_on(exporter.export(spans)) {
+                Ok(()) => {
+                    SPANS_EXPORTED.fetch_add(n, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    SPANS_DROPPED.fetch_add(n, Ordering::Relaxed);
+                    // One line a minute at most: a collector that is down must not
+                    // flood the log.
+                    if warned.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+                        warned = Some(Instant::now());
+                        tracing::warn!(error = %e, dropped = n, "spans not exported; the run goes on");
+                    }
+                }
+            }
+        };
+        let mut deadline = Instant::now() + LINGER;
+        loop {
+            crossbeam_channel::select! {
+                recv(queued) -> span => match span {
+                    Ok(span) => {
+                        if batch.is_empty() {
+                            deadline = Instant::now() + LINGER;
+                        }
+                        batch.push(span);
+                        if batch.len() >= BATCH {
+                            post(&mut batch);
+                        }
+                    }
+                    Err(_) => {
+                        post(&mut batch);
+                        return;
+                    }
+                },
+                recv(orders) -> order => {
+                    let (done, stop) = match order {
+                        Ok(Control::Flush(done)) => (Some(done), false),
+                        Ok(Control::Stop(done)) => (Some(done), true),
+                        Err(_) => (None, true),
+                    };
+                    while let Ok(span) = queued.try_recv() {
+                        batch.push(span);
+                        if batch.len() >= BATCH {
+                            post(&mut batch);
+                        }
+                    }
+                    post(&mut batch);
+                    if let Some(done) = done {
+                        let _ = done.send(());
+                    }
+                    if stop {
+                        return;
+                    }
+                },
+                default(deadline.saturating_duration_since(Instant::now())) => {
+                    post(&mut batch);
+                    deadline = Instant::now() + LINGER;
+                }
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::traces_url;
+
+        #[test]
+        fn the_traces_path_is_appended_once() {
+            assert_eq!(
+                traces_url("http://localhost:4318").unwrap(),
+                "http://localhost:4318/v1/traces"
+            );
+            assert_eq!(
+                traces_url("http://c:4318/").unwrap(),
+                "http://c:4318/v1/traces"
+            );
+            assert_eq!(
+                traces_url("http://c:4318/v1/traces").unwrap(),
+                "http://c:4318/v1/traces"
+            );
+            assert!(traces_url("localhost:4318").is_err());
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! The warm-process pool's unit tests: the protocol, restarts, the timeout and the fence.
+
+use std::time::Duration;
+
+use super::super::test_support::{chunk, fence};
+use super::super::{ChunkError, Job};
+use super::*;
+
+#[test]
+fn answers_are_read_strictly() {
+    assert_eq!(parse_answer(b"ok\n"), Some(Answer::Ok));
+    assert_eq!(parse_answer(b"ok\r\n"), Some(Answer::Ok));
+    assert_eq!(
+        parse_answer(b"error: lock timeout\n"),
+        Some(Answer::Error("lock timeout".into()))
+    );
+    assert_eq!(parse_answer(b"error\n"), Some(Answer::Error(String::new())));
+    assert_eq!(
+        parse_answer(b"permanent: bad row 7\n"),
+        Some(Answer::Permanent("bad row 7".into()))
+    );
+    for garbage in [
+        &b"ok"[..],
+        b"OK\n",
+        b"ok \n",
+        b"okay\n",
+        b"errors: x\n",
+        b"\n",
+        b"{\"ok\":true}\n",
+        b"\xff\n",
+    ] {
+        assert_eq!(parse_answer(garbage), None, "{garbage:?}");
+    }
+}
+
+#[test]
+fn a_request_is_one_json_line() {
+    let line = request(&chunk());
+    assert!(line.ends_with('\n') && line.matches('\n').count() == 1);
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({"pid": 7, "chunk": 2, "from": 6201, "to": 6300, "attempt": 3, "fence": 41})
+    );
+}
+
+fn job(cmd: &str, timeout: Option<Duration>) -> Job {
+    Job::Persistent(std::sync::Arc::new(Persistent::new(cmd, timeout)))
+}
+
+/// One process answers chunk after chunk: its pid is the same each time.
+#[tokio::test]
+async fn one_process_answers_every_chunk() {
+    let dir = scratch("warm-one");
+    let log = dir.join("log");
+    let job = job(
+        &format!(
+            "while read -r l; do echo \"$$ $l\" >> {}; echo ok; done",
+            log.display()
+        ),
+        None,
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            job.run(chunk(), std::future::pending(), None).await,
+            Ok(None)
+        );
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let pids: Vec<&str> = text.lines().map(|l| l.split(' ').next().unwrap()).collect();
+    assert_eq!(pids.len(), 3, "{text}");
+    assert!(pids.iter().all(|p| *p == pids[0]), "{text}");
+    assert!(text.contains("\"fence\":41"), "{text}");
+}
+
+#[tokio::test]
+async fn error_and_permanent_answers_keep_the_process() {
+    let job = job(
+        "n=0; while read -r l; do n=$((n+1)); case $n in 1) echo 'error: try again';; \
+         2) echo 'permanent: row 7 is bad';; *) echo ok;; esac; done",
+        None,
+    );
+    let run = || job.run(chunk(), std::future::pending(), None);
+    assert!(matches!(
+        run().await,
+        Err(ChunkError::Failed(e)) if e == "chunk 2 (6201..=6300) failed: try again"
+    ));
+    assert!(matches!(
+        run().await,
+        Err(ChunkError::Refused(e, p)) if e.ends_with("row 7 is bad") && p.permanent
+    ));
+    // The same process: its count went on.
+    assert_eq!(run().await, Ok(None));
+}
+
+#[tokio::test]
+async fn garbage_fails_the_attempt_and_restarts_the_process() {
+    let job = job(
+        "read -r l; echo 'what?'; while read -r l; do echo ok; done",
+        None,
+    );
+    let run = || job.run(chunk(), std::future::pending(), None);
+    assert!(matches!(
+        run().await,
+        Err(ChunkError::Failed(e)) if e.contains("answered \"what?\"")
+    ));
+    // A new process, which answers garbage first again.
+    assert!(matches!(run().await, Err(ChunkError::Failed(_))));
+}
+
+#[tokio::test]
+async fn a_death_fails_with_the_stderr_tail_and_a_missing_command_is_broken() {
+    let died = job("read -r l; echo 'out of memory' >&2; exit 3", None);
+    assert!(matches!(
+        died.run(chunk(), std::future::pending(), None).await,
+        Err(ChunkError::Failed(e)) if e.ends_with("(exit status 3): out of memory")
+    ));
+    let missing = job("no-such-command-here", None);
+    assert!(matches!(
+        missing.run(chunk(), std::future::pending(), None).await,
+        Err(ChunkError::Broken(_))
+    ));
+    let missing = job("no-such-command-here; true", None);
+    assert!(matches!(
+        missing.run(chunk(), std::future::pending(), None).await,
+        Err(ChunkError::Failed(_)) | Err(ChunkError::Broken(_))
+    ));
+}
+
+/// No answer within the timeout: the process is stopped (it traps SIGTERM and says
+/// so) and the attempt fails.
+#[tokio::test]
+async fn a_silent_process_is_stopped_at_the_timeout() {
+    let dir = scratch("warm-silent");
+    let termed = dir.join("termed");
+    let job = job(
+        &format!(
+            "trap 'echo TERM > {}; exit 143' TERM; read -r l; sleep 30 & wait $!",
+            termed.display()
+        ),
+        Some(Duration::from_millis(300)),
+    );
+    let r = tokio::time::timeout(
+        Duration::from_secs(20),
+        job.run(chunk(), std::future::pending(), None),
+    )
+    .await
+    .expect("stopped at the timeout");
+    assert!(
+        matches!(&r, Err(ChunkError::Failed(e)) if e.contains("did not answer within")),
+        "{r:?}"
+    );
+    assert_eq!(std::fs::read_to_string(&termed).unwrap(), "TERM\n");
+}
+
+/// The worker is as good as frozen: no renewal comes, and the guard stops the warm
+/// process at the fence's stop instant; the chunk is interrupted, not failed.
+#[tokio::test]
+async fn the_guard_stops_a_warm_process_whose_lease_goes_unrenewed() {
+    let job = job("read -r l; sleep 30", None);
+    let ms = Duration::from_millis;
+    let (_renewals, fence) = fence(ms(1500), ms(1000), ms(500), ms(100));
+    let r = tokio::time::timeout(
+        Duration::from_secs(20),
+        job.run(chunk(), std::future::pending(), Some(fence)),
+    )
+    .await
+    .expect("the guard stopped it");
+    assert_eq!(r, Err(ChunkError::Interrupted));
+}
+
+/// Between chunks the fence is disarmed: an idle process outlives the stop instant
+/// its last chunk had.
+#[tokio::test]
+async fn an_idle_process_is_not_fenced() {
+    let job = job("while read -r l; do echo ok; done", None);
+    let ms = Duration::from_millis;
+    let (_renewals, first) = fence(ms(1000), ms(600), ms(300), ms(100));
+    assert_eq!(
+        job.run(chunk(), std::future::pending(), Some(first)).await,
+        Ok(None)
+    );
+    tokio::time::sleep(ms(800)).await;
+    let hour = Duration::from_secs(3600);
+    let (_renewals, far) = fence(hour, hour / 6, hour / 12, hour / 6);
+    assert_eq!(
+        job.run(chunk(), std::future::pending(), Some(far)).await,
+        Ok(None)
+    );
+}
+
+/// A process that ends between chunks costs the next chunk nothing: another one
+/// is started for it.
+#[tokio::test]
+async fn a_process_that_ended_while_idle_is_replaced_before_the_chunk() {
+    let job = job("read -r l; echo ok", None);
+    let run = || job.run(chunk(), std::future::pending(), None);
+    assert_eq!(run().await, Ok(None));
+    // It reads one line only: by the next chunk it has ended.
+    let Job::Persistent(warm) = &job else {
+        unreachable!()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !warm.idle.lock().unwrap().iter_mut().all(Warm::ended) {
+        assert!(std::time::Instant::now() < deadline, "it never ended");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(run().await, Ok(None));
+}
+
+/// A library user's `PersistentCommand` runs as `--exec-persistent` does when a
+/// `Runner` runs it, and as a plain handler when called by hand.
+#[tokio::test]
+async fn the_library_handler_is_the_same_job() {
+    use crate::handler::Handler;
+    let warm = PersistentCommand::new(
+        "while read -r l; do case $l in *'\"attempt\":3'*) echo 'permanent: no';; *) echo ok;; esac; done",
+    );
+    assert!(matches!(Job::of_handler(warm.clone()), Job::Persistent(_)));
+    let err = warm.process(chunk()).await.unwrap_err();
+    assert!(
+        err.is_permanent() && err.to_string().ends_with("no"),
+        "{err}"
+    );
+    let mut first = chunk();
+    first.attempt = 1;
+    assert!(warm.process(first).await.is_ok());
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("tranche-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
