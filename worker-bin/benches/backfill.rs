@@ -6,8 +6,8 @@
 //!   prepared, autocommit): what the database costs, nothing else;
 //! - `--sql`: `tranche run --sql` (leases, checkpoints and statistics through a
 //!   private Redis, a transaction per chunk on a pool of warm connections);
-//! - `--exec-persistent`: `tranche run --exec-persistent` with the Python example, when
-//!   the binary has the flag and `python3` has `psycopg`;
+//! - `--exec-persistent`: `tranche run --exec-persistent CMD`, with CMD from
+//!   `TRANCHE_BENCH_PERSISTENT` (a warm process running this bench's statement);
 //! - `--exec psql`: `tranche run --exec 'psql -c …'`, one `psql` per chunk;
 //! - `xargs -P 8 psql`: the same chunks without tranche, one `psql` per chunk.
 //!
@@ -85,7 +85,7 @@ fn main() {
     if persistent.is_some() {
         cells.insert(2, "--exec-persistent");
     } else {
-        println!("--exec-persistent: not measured (no such flag, or no python3 with psycopg)");
+        println!("--exec-persistent: not measured (TRANCHE_BENCH_PERSISTENT names no command)");
     }
     let sizes: [u64; 2] = [2_000, 200];
     // (size, cell) -> seconds of each round.
@@ -312,28 +312,13 @@ fn xargs(pg: &Postgres, rows: u64, size: u64) {
     assert!(status.success(), "xargs psql: {status:?}");
 }
 
-/// The Python example of `--exec-persistent`, when this binary has the flag and
-/// `python3` imports psycopg: the command to give it.
+/// The `--exec-persistent` command to measure, from `TRANCHE_BENCH_PERSISTENT`: the
+/// shipped Python example updates its own `users` table, not this bench's `t`, so the
+/// cell runs only when given a command that runs this bench's statement.
 fn persistent_example() -> Option<String> {
-    let help = Command::new(BIN).args(["run", "--help"]).output().ok()?;
-    if !String::from_utf8_lossy(&help.stdout).contains("--exec-persistent") {
-        return None;
-    }
-    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
-    let script = std::fs::read_dir(&examples)
-        .ok()?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.extension().is_some_and(|e| e == "py")
-                && std::fs::read_to_string(p).is_ok_and(|s| s.contains("psycopg"))
-        })?;
-    let ok = Command::new("python3")
-        .args(["-c", "import psycopg"])
-        .status()
-        .ok()?
-        .success();
-    ok.then(|| format!("python3 {}", script.display()))
+    std::env::var("TRANCHE_BENCH_PERSISTENT")
+        .ok()
+        .filter(|c| !c.is_empty())
 }
 
 /// `redis-benchmark -t set -c 50 -P 16 -q` against the server: SET/s.
