@@ -35,6 +35,9 @@ pub enum Event {
         duration: Duration,
         /// Whether it succeeded.
         ok: bool,
+        /// The rows it affected, when the handler counts them
+        /// ([`Handler::process_counted`](crate::Handler::process_counted)).
+        rows: Option<u64>,
     },
     /// A partition completed here.
     PartitionDone {
@@ -44,6 +47,9 @@ pub enum Event {
         attempt: u32,
         /// From its start here to its completion.
         duration: Duration,
+        /// The rows its chunks affected in the attempt that completed it, here (not
+        /// those of chunks an earlier attempt finished), when the handler counts them.
+        rows: Option<u64>,
     },
     /// An attempt of a partition failed here (a chunk's error or panic).
     AttemptFailed {

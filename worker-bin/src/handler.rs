@@ -46,6 +46,18 @@ pub trait Handler: Send + Sync + 'static {
     /// [`HandlerError::retry_after`]). A panic fails the attempt the same way, with
     /// the message "handler panicked: …".
     async fn process(&self, chunk: Chunk) -> Result<(), HandlerError>;
+
+    /// [`process`](Self::process), and how many rows the chunk affected when the
+    /// handler knows it. The run calls this method: the figure reaches its statistics
+    /// (rows and rows per second in the summary, the `rows` counter of `/metrics`, and
+    /// the `rows` of [`Event::ChunkDone`](crate::Event::ChunkDone) and
+    /// [`Event::PartitionDone`](crate::Event::PartitionDone)). By default it runs
+    /// `process` and reports no figure (`None`); a handler that counts overrides it
+    /// and lets `process` call it, as [`SqlHandler`](crate::SqlHandler) does with
+    /// its statement's command tag.
+    async fn process_counted(&self, chunk: Chunk) -> Result<Option<u64>, HandlerError> {
+        self.process(chunk).await.map(|()| None)
+    }
 }
 
 /// Why a chunk failed, and what to do about it.

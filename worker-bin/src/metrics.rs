@@ -3,7 +3,7 @@
 //! run's [`Event`]s as any subscriber would: the runner itself keeps no metric and
 //! serves nothing; the application mounts its registry where it likes. The families
 //! are named as `tranche run --metrics-listen` names its own (`claimed`, `completed`,
-//! `failed_attempts`, `released`, `lost_leases`, `partitions_in_flight`,
+//! `failed_attempts`, `released`, `lost_leases`, `rows`, `partitions_in_flight`,
 //! `chunks_in_flight`, `chunk_duration_seconds`), so one dashboard reads both.
 
 use prometheus_client::metrics::counter::Counter;
@@ -22,6 +22,7 @@ pub(crate) struct RunMetrics {
     failed: Counter,
     released: Counter,
     lost: Counter,
+    rows: Counter,
     in_flight: Gauge,
     chunks_in_flight: Gauge,
     chunk_seconds: Histogram,
@@ -38,6 +39,7 @@ impl RunMetrics {
             failed: Counter::default(),
             released: Counter::default(),
             lost: Counter::default(),
+            rows: Counter::default(),
             in_flight: Gauge::default(),
             chunks_in_flight: Gauge::default(),
             chunk_seconds: Histogram::new(exponential_buckets(0.001, 4.0, 10)),
@@ -75,6 +77,11 @@ impl RunMetrics {
             m.lost.clone(),
         );
         r.register(
+            "rows",
+            "Rows the chunks affected here, when the handler counts them",
+            m.rows.clone(),
+        );
+        r.register(
             "partitions_in_flight",
             "Partitions running now (sampled each second)",
             m.in_flight.clone(),
@@ -103,8 +110,11 @@ impl RunMetrics {
             Event::Claimed { .. } => {
                 self.claimed.inc();
             }
-            Event::ChunkDone { duration, .. } => {
+            Event::ChunkDone { duration, rows, .. } => {
                 self.chunk_seconds.observe(duration.as_secs_f64());
+                if let Some(rows) = rows {
+                    self.rows.inc_by(*rows);
+                }
             }
             Event::PartitionDone { duration, .. } => {
                 self.completed.inc();

@@ -29,6 +29,7 @@ const BENCHES: &[(&str, &[Target], bool)] = &[
     ("limiter", &[("tranche-control", "limiter")], true),
     ("e2e", &[("tranche-worker", "e2e")], true),
     ("ops", &[("tranche-worker", "ops")], true),
+    ("backfill", &[("tranche-worker", "backfill")], true),
     (
         "embedded_state",
         &[("tranche-worker", "embedded_state")],

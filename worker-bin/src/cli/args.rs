@@ -215,10 +215,37 @@ pub(crate) struct RunArgs {
     #[arg(
         long,
         value_name = "CMD",
-        conflicts_with = "simulate",
-        required_unless_present_any = ["simulate", "exec_persistent"]
+        conflicts_with_all = ["simulate", "sql"],
+        required_unless_present_any = ["simulate", "sql", "exec_persistent"]
     )]
     pub(crate) exec: Option<String>,
+    /// SQL statement run per chunk on PostgreSQL (--database-url), one transaction per
+    /// chunk over a pool of warm connections: $1/:from and $2/:to bind the chunk's IDs,
+    /// $3/:pid, $4/:attempt and $5/:fence the rest (all bigint). Prepared before any
+    /// claim: a statement the database refuses fails the run at start. See docs/sql.md.
+    #[arg(long, value_name = "STATEMENT", conflicts_with_all = ["exec", "simulate", "exec_persistent"], requires = "database_url")]
+    pub(crate) sql: Option<String>,
+    /// The database --sql runs on: a libpq connection string or postgresql:// URL
+    /// (sslmode=require for TLS, verified against the system's roots).
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "TRANCHE_DATABASE_URL",
+        hide_env_values = true
+    )]
+    pub(crate) database_url: Option<String>,
+    /// At most N connections for --sql [default: --concurrency × --parallel].
+    #[arg(long, value_name = "N", requires = "sql", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub(crate) db_connections: Option<u32>,
+    /// A bigint column of the table --sql updates: each row written gets the chunk's
+    /// fence, and rows already holding a fence as high are left alone, so a worker
+    /// past its lease writes nothing over its successor's rows.
+    #[arg(long, value_name = "COLUMN", requires = "sql")]
+    pub(crate) fence_column: Option<String>,
+    /// A constraint violation (SQLSTATE class 23) in --sql fails the partition at once
+    /// instead of its attempt.
+    #[arg(long, requires = "sql")]
+    pub(crate) constraint_permanent: bool,
     /// Command kept running between chunks, one per chunk in flight: it reads one chunk
     /// a line on stdin as JSON ({"pid","chunk","from","to","attempt","fence"}) and
     /// answers one line on stdout, `ok`, `error: REASON` (the attempt fails) or
@@ -226,7 +253,8 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "CMD", conflicts_with_all = ["exec", "simulate"])]
     pub(crate) exec_persistent: Option<String>,
     /// How long a chunk may take: an --exec-persistent process that has not answered by
-    /// then is stopped (SIGTERM, the grace, SIGKILL) and the attempt fails.
+    /// then is stopped (SIGTERM, the grace, SIGKILL) and the attempt fails; for --sql,
+    /// each chunk's statement_timeout and lock_timeout [--sql's default: 60s].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub(crate) chunk_timeout: Option<Duration>,
     /// LOAD GENERATOR, not real work: each chunk sleeps a random time and fails at the

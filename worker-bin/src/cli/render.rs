@@ -685,6 +685,7 @@ mod tests {
             interrupted: false,
             broken: None,
             failed_pids: Vec::new(),
+            rows: None,
             stalls: Vec::new(),
         };
         insta::assert_snapshot!(run_summary(
@@ -692,5 +693,21 @@ mod tests {
             Some(&fixed_stats().summary()),
             Some(&ArchiveBytes::Dump(3.25))
         ));
+        // A handler that counts rows (`--sql`) adds one line, and two JSON fields.
+        let counted = Report {
+            rows: Some(30_000),
+            ..report
+        };
+        let text = run_summary(&counted, None, None);
+        assert!(
+            text.contains("\n  rows        30000 affected here (15000/s)\n"),
+            "{text}"
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(&run_summary_json(&counted, None, None)).unwrap();
+        assert_eq!(
+            (json["rows"].as_u64(), json["rows_per_s"].as_f64()),
+            (Some(30_000), Some(15_000.0))
+        );
     }
 }

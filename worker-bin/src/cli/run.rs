@@ -64,23 +64,48 @@ pub(super) fn runner_of(g: &Global, args: &RunArgs) -> Result<Runner> {
     Ok(runner)
 }
 
-/// What each chunk runs: `--exec`'s command, `--exec-persistent`'s warm processes, or
-/// `--simulate`'s load.
-pub(super) fn job_of(args: &RunArgs) -> Result<Job> {
+/// `--sql`'s statement_timeout and lock_timeout without `--chunk-timeout`.
+const SQL_CHUNK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What each chunk runs: `--exec`'s command, `--exec-persistent`'s warm processes,
+/// `--sql`'s statement or `--simulate`'s load. `--sql` connects and prepares its
+/// statement here, before anything is planned or claimed: a statement the database
+/// refuses, or a database out of reach, ends the run in one line, nothing written.
+pub(super) async fn job_of(args: &RunArgs) -> Result<Job> {
     if let Some(cmd) = &args.exec_persistent {
         let warm = crate::job::Persistent::new(cmd.clone(), args.chunk_timeout);
         return Ok(Job::Persistent(Arc::new(warm)));
     }
-    match (&args.exec, args.simulate) {
-        (Some(cmd), false) => Ok(Job::Exec(cmd.clone())),
-        (None, true) => {
+    match (&args.exec, &args.sql, args.simulate) {
+        (Some(cmd), None, false) => Ok(Job::Exec(cmd.clone())),
+        (None, Some(statement), false) => {
+            let Some(url) = &args.database_url else {
+                bail!("--sql needs --database-url (or TRANCHE_DATABASE_URL)");
+            };
+            let slots = args.concurrency as usize * args.parallel as usize;
+            let mut config = crate::SqlConfig::new(url.clone(), statement.clone())
+                .slots(slots)
+                .chunk_timeout(args.chunk_timeout.unwrap_or(SQL_CHUNK_TIMEOUT))
+                .constraint_violations_permanent(args.constraint_permanent);
+            if let Some(n) = args.db_connections {
+                config = config.db_connections(n as usize);
+            }
+            if let Some(column) = &args.fence_column {
+                config = config.fence_column(column.clone());
+            }
+            let sql = crate::SqlHandler::connect(config)
+                .await
+                .map_err(|e| anyhow::anyhow!("--sql: {e}"))?;
+            Ok(Job::Handler(crate::handler::HandlerRef(Arc::new(sql))))
+        }
+        (None, None, true) => {
             tracing::warn!("SIMULATED load: chunks sleep and fail at random; nothing is processed");
             Ok(Job::Simulate {
                 latency: args.sim_latency.unwrap_or((1, 5)),
                 fail: args.sim_fail.unwrap_or(0.0),
             })
         }
-        _ => bail!("give exactly one of --exec CMD or --simulate"),
+        _ => bail!("give exactly one of --exec CMD, --sql STATEMENT or --simulate"),
     }
 }
 
@@ -130,6 +155,8 @@ pub(super) async fn plan_once(runner: &Runner, min: u64, max: u64, size: u64) ->
 
 pub(super) async fn run(g: &Global, args: RunArgs) -> Result<Outcome> {
     let runner = runner_of(g, &args)?;
+    // Before the plan and the store: a job that cannot run writes nothing.
+    let job = job_of(&args).await?;
     if let (Some(min), Some(max)) = (args.min, args.max) {
         plan_once(&runner, min, max, args.size).await?;
     }
@@ -139,7 +166,6 @@ pub(super) async fn run(g: &Global, args: RunArgs) -> Result<Outcome> {
     let stop = signals(args.grace)?;
     let backend =
         Backend::open_writable(runner.location(), Open::Existing, runner.tuning(&worker)).await?;
-    let job = job_of(&args)?;
     let memory_before = backend.used_memory().await;
     let mut watched = stop.clone();
     let run = runner.run_on(&backend, job, worker, stop);

@@ -291,7 +291,10 @@ mod tests {
             r#"test "$TRANCHE_PID/$TRANCHE_FROM/$TRANCHE_TO/$TRANCHE_ATTEMPT/$TRANCHE_CHUNK/$TRANCHE_FENCE" = 7/6201/6300/3/2/41"#
                 .into(),
         );
-        assert_eq!(job.run(chunk(), std::future::pending(), None).await, Ok(()));
+        assert_eq!(
+            job.run(chunk(), std::future::pending(), None).await,
+            Ok(None)
+        );
     }
 
     #[tokio::test]
@@ -455,7 +458,7 @@ mod tests {
                 async move { job.run(chunk(), std::future::pending(), fence).await }
             };
             let _ = std::fs::remove_file(&parent);
-            assert_eq!(run(cmd("0")).await, Ok(()));
+            assert_eq!(run(cmd("0")).await, Ok(None));
             let said = std::fs::read_to_string(&parent).unwrap();
             assert_eq!(
                 said,
@@ -579,7 +582,7 @@ mod tests {
             r = job.run(chunk(), std::future::pending(), Some(fence)) => r,
             never = renew => never,
         };
-        assert_eq!(r, Ok(()));
+        assert_eq!(r, Ok(None));
     }
 
     #[tokio::test]

@@ -51,6 +51,11 @@ pub(crate) enum ChunkError {
     Refused(String, tranche_active_store::FailPolicy),
 }
 
+/// The rows a chunk affected, when its handler counts them
+/// ([`Handler::process_counted`](crate::Handler::process_counted)); `None` for a command
+/// and for a handler that does not count.
+pub(crate) type Rows = Option<u64>;
+
 /// How chunks are processed.
 #[derive(Debug, Clone)]
 pub(crate) enum Job {
@@ -88,11 +93,13 @@ impl Job {
         chunk: Chunk,
         abort: impl Future<Output = Duration>,
         fence: Option<Fence>,
-    ) -> Result<(), ChunkError> {
+    ) -> Result<Rows, ChunkError> {
         match self {
             // Boxed: a child process's state would make every chunk's future that big.
-            Job::Exec(cmd) => Box::pin(exec::exec(cmd, chunk, abort, fence)).await,
-            Job::Persistent(warm) => Box::pin(warm.run(chunk, abort, fence)).await,
+            Job::Exec(cmd) => Box::pin(exec::exec(cmd, chunk, abort, fence))
+                .await
+                .map(|()| None),
+            Job::Persistent(warm) => Box::pin(warm.run(chunk, abort, fence)).await.map(|()| None),
             Job::Handler(handler) => {
                 use futures_util::FutureExt;
                 let handler = handler.0.clone();
@@ -101,7 +108,8 @@ impl Job {
                 // partition's task, which would leave its lease held and renewed for
                 // ever. AssertUnwindSafe: after a panic the future is dropped, and
                 // nothing of it is used again.
-                let process = std::panic::AssertUnwindSafe(handler.process(chunk)).catch_unwind();
+                let process =
+                    std::panic::AssertUnwindSafe(handler.process_counted(chunk)).catch_unwind();
                 tokio::select! {
                     r = unless_due(process, fence) => match r {
                         None => {
@@ -154,7 +162,7 @@ impl Job {
                         chunk.index, chunk.from, chunk.to
                     )))
                 } else {
-                    Ok(())
+                    Ok(None)
                 }
             }
         }
@@ -243,7 +251,7 @@ mod tests {
         ));
         assert_eq!(
             never.run(chunk(), std::future::pending(), None).await,
-            Ok(())
+            Ok(None)
         );
     }
 
@@ -271,7 +279,7 @@ mod tests {
         assert!(!done.load(std::sync::atomic::Ordering::Relaxed));
         // Without a fence the same handler runs to its end.
         let r = job.run(chunk(), std::future::pending(), None).await;
-        assert_eq!(r, Ok(()));
+        assert_eq!(r, Ok(None));
         assert!(done.load(std::sync::atomic::Ordering::Relaxed));
     }
 }

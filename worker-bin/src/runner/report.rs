@@ -38,6 +38,9 @@ pub struct RunnerReport {
     pub partition_p50: Duration,
     /// The 99th percentile of the same.
     pub partition_p99: Duration,
+    /// Rows the chunks run here affected, when the handler counts them
+    /// ([`Handler::process_counted`](crate::Handler::process_counted)).
+    pub rows: Option<u64>,
 }
 
 /// Where the namespace stood when a run ended ([`RunReport::namespace`]).
@@ -71,6 +74,7 @@ impl RunReport {
                 lost: report.lost,
                 partition_p50,
                 partition_p99,
+                rows: report.rows,
             },
             namespace: NamespaceReport {
                 failed: report.counts.failed,

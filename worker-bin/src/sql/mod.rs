@@ -146,9 +146,10 @@ impl SqlConfig {
 /// nothing over its successor's rows. The fence bound is the chunk's lease token,
 /// [`Chunk::fence`].
 ///
-/// Rows affected: the [`Handler`] API has no way yet to hand a figure to the run's
-/// statistics, so the handler counts them itself ([`SqlHandler::stats`]). It is cheap
-/// to clone, and clones share the pool and the counters: keep one to read them.
+/// Rows affected reach the run's statistics ([`Handler::process_counted`]: the run's
+/// report, `/metrics`, the chunk and partition events), and the handler keeps its own
+/// totals too ([`SqlHandler::stats`], with its retries). It is cheap to clone, and
+/// clones share the pool and the counters.
 ///
 /// ```no_run
 /// # async fn backfill() -> Result<(), tranche_worker::Error> {
@@ -371,6 +372,11 @@ impl SqlHandler {
 impl Handler for SqlHandler {
     async fn process(&self, chunk: Chunk) -> Result<(), HandlerError> {
         self.execute(chunk).await.map(drop)
+    }
+
+    /// The statement's command tag count reaches the run's statistics.
+    async fn process_counted(&self, chunk: Chunk) -> Result<Option<u64>, HandlerError> {
+        self.execute(chunk).await.map(Some)
     }
 }
 

@@ -8,6 +8,7 @@
 //! partition reclaimed after a crash restarts at its first unfinished chunk and redoes
 //! at most one window of chunks above it, so `--exec` commands must be idempotent.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -157,6 +158,9 @@ pub(crate) struct Report {
     pub(crate) broken: Option<String>,
     /// Partitions that ended failed here.
     pub(crate) failed_pids: Vec<u64>,
+    /// Rows the chunks run here affected, if the handler counts them
+    /// ([`crate::Handler::process_counted`]).
+    pub(crate) rows: Option<u64>,
     /// The shards whose archive stalled in the final drain, their entries left in the
     /// inbox until repaired (empty when the drain archived everything or did not run).
     pub(crate) stalls: Vec<tranche_archive_store::Stall>,
@@ -172,6 +176,8 @@ pub(crate) struct SharedSnapshot {
     pub(crate) failed_attempts: u64,
     pub(crate) released: u64,
     pub(crate) lost: u64,
+    /// Rows the chunks affected (0 when the handler does not count them).
+    pub(crate) rows: u64,
     pub(crate) p50_ms: f64,
     pub(crate) p99_ms: f64,
 }
@@ -205,7 +211,16 @@ pub(crate) struct Shared {
     broken: Mutex<Option<String>>,
     /// Partitions that ended failed here, for the run's report.
     failed_pids: Mutex<Vec<u64>>,
+    /// Rows the chunks affected, as the handler counted them; [`NOT_COUNTED`] until a
+    /// chunk reports a figure (a command never does).
+    rows: AtomicU64,
+    /// Rows per lease (partition, token) while its chunks run, taken by the partition
+    /// when they are over: the figure of its completion event.
+    lease_rows: Mutex<HashMap<(u64, u64), u64>>,
 }
+
+/// [`Shared::rows`] before any chunk reported rows: no handler count to show.
+const NOT_COUNTED: u64 = u64::MAX;
 
 impl Shared {
     pub(crate) fn new(observer: Option<Arc<dyn Observer>>) -> Self {
@@ -225,7 +240,41 @@ impl Shared {
             update_us: Mutex::new(recent::RecentLatency::new(Instant::now())),
             broken: Mutex::new(None),
             failed_pids: Mutex::new(Vec::new()),
+            rows: AtomicU64::new(NOT_COUNTED),
+            lease_rows: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Rows the chunks affected so far, if the handler counts them.
+    pub(crate) fn rows(&self) -> Option<u64> {
+        Some(self.rows.load(Relaxed)).filter(|&n| n != NOT_COUNTED)
+    }
+
+    /// Counts the rows one chunk of the lease (`pid`, `token`) affected.
+    fn count_rows(&self, pid: u64, token: u64, rows: u64) {
+        // From NOT_COUNTED to the first figure, then added to.
+        let _ = self.rows.fetch_update(Relaxed, Relaxed, |n| {
+            Some(if n == NOT_COUNTED {
+                rows
+            } else {
+                n.saturating_add(rows)
+            })
+        });
+        *self
+            .lease_rows
+            .lock()
+            .expect("not poisoned")
+            .entry((pid, token))
+            .or_default() += rows;
+    }
+
+    /// The rows the chunks of the lease (`pid`, `token`) affected, once they are all
+    /// over; `None` when none reported a figure.
+    pub(crate) fn take_rows(&self, pid: u64, token: u64) -> Option<u64> {
+        self.lease_rows
+            .lock()
+            .expect("not poisoned")
+            .remove(&(pid, token))
     }
 
     /// Tells the observer, if any, of the event `f` makes (made only if one listens).
@@ -271,6 +320,7 @@ impl Shared {
             failed_attempts: self.failed_attempts.load(Relaxed),
             released: self.released.load(Relaxed),
             lost: self.lost.load(Relaxed),
+            rows: self.rows().unwrap_or(0),
             p50_ms,
             p99_ms,
         }
@@ -301,14 +351,19 @@ impl Shared {
         self.chunks_in_flight.fetch_add(1, Relaxed);
         let started = Instant::now();
         let result = job.run(c, abort, Some(fence)).await;
+        let rows = result.as_ref().ok().copied().flatten();
+        if let Some(rows) = rows {
+            self.count_rows(c.pid, c.fence, rows);
+        }
         self.emit(|| Event::ChunkDone {
             pid: c.pid,
             index: c.index,
             duration: started.elapsed(),
             ok: result.is_ok(),
+            rows,
         });
         self.chunks_in_flight.fetch_sub(1, Relaxed);
-        result
+        result.map(drop)
     }
 
     /// The mean partition duration so far, ms (`None` before the first).
@@ -457,6 +512,7 @@ pub(crate) async fn run(
         interrupted,
         broken: shared.broken.lock().expect("not poisoned").take(),
         failed_pids: std::mem::take(&mut *shared.failed_pids.lock().expect("not poisoned")),
+        rows: shared.rows(),
         stalls,
     })
 }

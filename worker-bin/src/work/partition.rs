@@ -73,6 +73,8 @@ impl PartitionCtx {
         } else {
             self.chunks(&lease, &hold).await
         };
+        // Every chunk of the lease is over: their rows are the partition's.
+        let rows = self.shared.take_rows(pid, lease.token);
         // Out of the book before the outcome: no heartbeat renews a finished lease. Its
         // slot is free from here: the next partition starts while this one reports.
         self.book.drop_lease(&lease);
@@ -112,6 +114,7 @@ impl PartitionCtx {
                         pid,
                         attempt: lease.attempt,
                         duration: started.elapsed(),
+                        rows,
                     });
                     self.shared
                         .durations_ms

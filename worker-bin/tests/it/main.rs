@@ -50,4 +50,6 @@ mod signals;
 mod split;
 #[cfg(feature = "cli")]
 mod sql;
+#[cfg(feature = "cli")]
+mod sql_cli;
 mod tidy;

@@ -40,6 +40,13 @@ pub(crate) fn run_summary(
     if r.lost > 0 {
         let _ = writeln!(out, "  lost leases {}", r.lost);
     }
+    if let Some(rows) = r.rows {
+        let _ = writeln!(
+            out,
+            "  rows        {rows} affected here ({:.0}/s)",
+            rows as f64 / secs
+        );
+    }
     let c = &r.counts;
     let _ = writeln!(
         out,
@@ -84,7 +91,7 @@ pub(crate) fn run_summary_json(
         Some(ArchiveBytes::Dump(b)) => (Some(*b), Some("binary_v2_dump")),
         None => (None, None),
     };
-    serde_json::json!({
+    let mut summary = serde_json::json!({
         "interrupted": r.interrupted,
         "completed": r.completed,
         "failed_attempts": r.failed_attempts,
@@ -102,8 +109,13 @@ pub(crate) fn run_summary_json(
         "archive_bytes_per_partition": archive_bytes,
         "archive_bytes_measured_by": measured_by,
         "broken": r.broken,
-    })
-    .to_string()
+    });
+    // Only when the handler counts rows (`--sql`): a command's summary is unchanged.
+    if let Some(rows) = r.rows {
+        summary["rows"] = rows.into();
+        summary["rows_per_s"] = (rows as f64 / r.elapsed.as_secs_f64().max(1e-3)).into();
+    }
+    summary.to_string()
 }
 
 pub(super) fn percentiles(h: &Histogram<u64>) -> String {

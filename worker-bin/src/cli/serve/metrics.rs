@@ -413,6 +413,12 @@ pub(crate) fn worker_metrics(
                     "Leases this worker lost to expiry",
                     s.lost,
                 );
+                counter(
+                    &mut registry,
+                    "rows",
+                    "Rows this worker's chunks affected, when the handler counts them (--sql)",
+                    s.rows,
+                );
                 crate::cli::telemetry::register(&mut registry);
                 registry.register(
                     "chunk_duration_seconds",

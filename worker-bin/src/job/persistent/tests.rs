@@ -61,7 +61,10 @@ async fn one_process_answers_every_chunk() {
         None,
     );
     for _ in 0..3 {
-        assert_eq!(job.run(chunk(), std::future::pending(), None).await, Ok(()));
+        assert_eq!(
+            job.run(chunk(), std::future::pending(), None).await,
+            Ok(None)
+        );
     }
     let text = std::fs::read_to_string(&log).unwrap();
     let pids: Vec<&str> = text.lines().map(|l| l.split(' ').next().unwrap()).collect();
@@ -87,7 +90,7 @@ async fn error_and_permanent_answers_keep_the_process() {
         Err(ChunkError::Refused(e, p)) if e.ends_with("row 7 is bad") && p.permanent
     ));
     // The same process: its count went on.
-    assert_eq!(run().await, Ok(()));
+    assert_eq!(run().await, Ok(None));
 }
 
 #[tokio::test]
@@ -175,14 +178,14 @@ async fn an_idle_process_is_not_fenced() {
     let (_renewals, first) = fence(ms(1000), ms(600), ms(300), ms(100));
     assert_eq!(
         job.run(chunk(), std::future::pending(), Some(first)).await,
-        Ok(())
+        Ok(None)
     );
     tokio::time::sleep(ms(800)).await;
     let hour = Duration::from_secs(3600);
     let (_renewals, far) = fence(hour, hour / 6, hour / 12, hour / 6);
     assert_eq!(
         job.run(chunk(), std::future::pending(), Some(far)).await,
-        Ok(())
+        Ok(None)
     );
 }
 
@@ -192,7 +195,7 @@ async fn an_idle_process_is_not_fenced() {
 async fn a_process_that_ended_while_idle_is_replaced_before_the_chunk() {
     let job = job("read -r l; echo ok", None);
     let run = || job.run(chunk(), std::future::pending(), None);
-    assert_eq!(run().await, Ok(()));
+    assert_eq!(run().await, Ok(None));
     // It reads one line only: by the next chunk it has ended.
     let Job::Persistent(warm) = &job else {
         unreachable!()
@@ -202,7 +205,7 @@ async fn a_process_that_ended_while_idle_is_replaced_before_the_chunk() {
         assert!(std::time::Instant::now() < deadline, "it never ended");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(run().await, Ok(()));
+    assert_eq!(run().await, Ok(None));
 }
 
 /// A library user's `PersistentCommand` runs as `--exec-persistent` does when a
