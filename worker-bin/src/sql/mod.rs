@@ -1,7 +1,10 @@
 //! [`SqlHandler`]: a ready-made [`Handler`] that runs one SQL statement per chunk on
 //! PostgreSQL over a pool of warm connections (its docs say how); [`SqlConfig`] its
 //! settings. The statement's rewriting is `statement`, the pool `pool`, TLS `tls`.
+//! MySQL and MariaDB are `mysql` (its statement rewriting `mysql_statement`).
 
+mod mysql;
+mod mysql_statement;
 mod pool;
 mod statement;
 mod tls;
@@ -49,7 +52,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 impl SqlConfig {
     /// Runs `statement` on the database at `database_url` (a libpq connection string,
-    /// `host=… user=… dbname=…`, or a `postgresql://` URL; `sslmode=require` for TLS).
+    /// `host=… user=… dbname=…`, or a `postgresql://` URL; `sslmode=require` for TLS;
+    /// or MySQL/MariaDB's `mysql://user:password@host:port/database`, `mariadb://`).
     /// One connection, a chunk timeout of 60 s, 5 retries from 50 ms, no fence.
     pub fn new(database_url: impl Into<String>, statement: impl Into<String>) -> Self {
         Self {
@@ -146,6 +150,12 @@ impl SqlConfig {
 /// nothing over its successor's rows. The fence bound is the chunk's lease token,
 /// [`Chunk::fence`].
 ///
+/// On MySQL and MariaDB (a `mysql://` or `mariadb://` URL) the same holds in MySQL's
+/// terms: `?` placeholders too (the first binds `:from`, and so on), the session's
+/// `innodb_lock_wait_timeout` (and MariaDB's `max_statement_time`) bound a chunk, a
+/// deadlock (1213), a lock wait timeout (1205) and a lost connection are retried, SQLSTATE
+/// class 23 can be permanent, and the fence guards a single-table UPDATE.
+///
 /// Rows affected: the [`Handler`] API has no way yet to hand a figure to the run's
 /// statistics, so the handler counts them itself ([`SqlHandler::stats`]). It is cheap
 /// to clone, and clones share the pool and the counters: keep one to read them.
@@ -176,7 +186,14 @@ impl SqlConfig {
 /// ```
 #[derive(Clone)]
 pub struct SqlHandler {
-    inner: Arc<Inner>,
+    engine: Engine,
+}
+
+/// The database the handler speaks to.
+#[derive(Clone)]
+enum Engine {
+    Postgres(Arc<Inner>),
+    Mysql(Arc<mysql::Mysql>),
 }
 
 struct Inner {
@@ -225,6 +242,12 @@ impl SqlHandler {
         if config.chunk_timeout.is_zero() {
             return Err(Error::Config("the chunk timeout must be above 0".into()));
         }
+        if mysql::is_mysql(&config.database_url) {
+            let engine = mysql::Mysql::connect(&config, size).await?;
+            return Ok(Self {
+                engine: Engine::Mysql(Arc::new(engine)),
+            });
+        }
         let mut pg = tokio_postgres::Config::from_str(&config.database_url)
             .map_err(|e| Error::Config(format!("the database URL: {}", one_line(&e))))?;
         if pg.get_application_name().is_none() {
@@ -266,7 +289,7 @@ impl SqlHandler {
         })?;
         let ms = config.chunk_timeout.as_millis().max(1);
         Ok(Self {
-            inner: Arc::new(Inner {
+            engine: Engine::Postgres(Arc::new(Inner {
                 pool: Pool::new(opener, size, first),
                 params,
                 begin: format!(
@@ -276,23 +299,28 @@ impl SqlHandler {
                 backoff: config.backoff,
                 constraint_violations_permanent: config.constraint_violations_permanent,
                 stats: Counters::default(),
-            }),
+            })),
         })
     }
 
     /// What this handler (and its clones) did so far.
     pub fn stats(&self) -> SqlStats {
-        let c = &self.inner.stats;
+        let c = match &self.engine {
+            Engine::Postgres(inner) => &inner.stats,
+            Engine::Mysql(engine) => &engine.stats,
+        };
         SqlStats {
             chunks: c.chunks.load(Ordering::Relaxed),
             rows: c.rows.load(Ordering::Relaxed),
             retries: c.retries.load(Ordering::Relaxed),
         }
     }
+}
 
+impl Inner {
     /// Runs `chunk`'s transaction, retrying what a retry can cure; the rows affected.
     async fn execute(&self, chunk: Chunk) -> Result<u64, HandlerError> {
-        let inner = &*self.inner;
+        let inner = self;
         let values: [i64; 5] = [
             to_i64(chunk.from)?,
             to_i64(chunk.to)?,
@@ -334,9 +362,9 @@ impl SqlHandler {
     /// back to the pool only when the transaction ended; on an error it is closed
     /// (the server rolls back).
     async fn transaction(&self, values: &[i64]) -> Result<u64, tokio_postgres::Error> {
-        let lease = self.inner.pool.get().await?;
+        let lease = self.pool.get().await?;
         let conn = lease.conn();
-        conn.client.batch_execute(&self.inner.begin).await?;
+        conn.client.batch_execute(&self.begin).await?;
         let params: Vec<&(dyn ToSql + Sync)> =
             values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
         let rows = conn.client.execute(&conn.statement, &params).await?;
@@ -359,7 +387,7 @@ impl SqlHandler {
             || code == &SqlState::CANNOT_CONNECT_NOW
         {
             Verdict::Retry
-        } else if class == "23" && self.inner.constraint_violations_permanent {
+        } else if class == "23" && self.constraint_violations_permanent {
             Verdict::Permanent
         } else {
             Verdict::Fail
@@ -370,7 +398,10 @@ impl SqlHandler {
 #[async_trait::async_trait]
 impl Handler for SqlHandler {
     async fn process(&self, chunk: Chunk) -> Result<(), HandlerError> {
-        self.execute(chunk).await.map(drop)
+        match &self.engine {
+            Engine::Postgres(inner) => inner.execute(chunk).await.map(drop),
+            Engine::Mysql(engine) => engine.execute(&chunk).await.map(drop),
+        }
     }
 }
 

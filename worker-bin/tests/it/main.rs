@@ -33,6 +33,8 @@ mod fleet;
 #[cfg(feature = "cli")]
 mod json;
 #[cfg(feature = "cli")]
+mod mariadb;
+#[cfg(feature = "cli")]
 #[cfg(feature = "cli")]
 mod postgres;
 #[cfg(feature = "cli")]
