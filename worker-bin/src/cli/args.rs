@@ -217,6 +217,15 @@ pub(crate) struct RunArgs {
         required_unless_present = "simulate"
     )]
     pub(crate) exec: Option<String>,
+    /// The database --sql runs on: a libpq connection string or postgresql:// URL
+    /// (sslmode=require for TLS, verified against the system's roots).
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "TRANCHE_DATABASE_URL",
+        hide_env_values = true
+    )]
+    pub(crate) database_url: Option<String>,
     /// LOAD GENERATOR, not real work: each chunk sleeps a random time and fails at the
     /// given rate (see --sim-latency, --sim-fail).
     #[arg(long)]

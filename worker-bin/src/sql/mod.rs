@@ -1,13 +1,17 @@
 //! [`SqlHandler`]: a ready-made [`Handler`] that runs one SQL statement per chunk on
 //! PostgreSQL over a pool of warm connections (its docs say how); [`SqlConfig`] its
 //! settings. The statement's rewriting is `statement`, the pool `pool`, TLS `tls`.
-//! MySQL and MariaDB are `mysql` (its statement rewriting `mysql_statement`).
+//! MySQL and MariaDB are `mysql` (its statement rewriting `mysql_statement`);
+//! [`SqlProbe`], throttle probes in SQL, is `probe`.
 
 mod mysql;
 mod mysql_statement;
 mod pool;
+mod probe;
 mod statement;
 mod tls;
+
+pub use probe::SqlProbe;
 
 use std::str::FromStr;
 use std::sync::Arc;

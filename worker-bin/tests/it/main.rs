@@ -47,4 +47,6 @@ mod signals;
 mod split;
 #[cfg(feature = "cli")]
 mod sql;
+#[cfg(feature = "cli")]
+mod sql_probe;
 mod tidy;
