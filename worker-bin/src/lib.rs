@@ -130,7 +130,7 @@ pub use query::{Job, JobStatus};
 pub use runner::{DEFAULT_SPLIT_MIN, NamespaceReport, RunReport, Runner, RunnerReport, Until};
 pub use signal::shutdown_signal;
 #[cfg(feature = "sql")]
-pub use sql::{SqlConfig, SqlHandler, SqlStats};
+pub use sql::{SqlConfig, SqlHandler, SqlProbe, SqlStats};
 /// The token that drains a run ([`Runner::run_until_cancelled`]), re-exported from
 /// `tokio-util`.
 pub use tokio_util::sync::CancellationToken;

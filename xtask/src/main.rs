@@ -203,6 +203,7 @@ fn test(args: &[String]) -> Result<()> {
     let server = redis::ensure_installed()?;
     redis::ensure_browser()?;
     redis::ensure_postgres()?;
+    redis::ensure_mariadb()?;
     redis::ensure_promtool()?;
     redis::ensure_systemd_analyze()?;
     ensure_nextest()?;

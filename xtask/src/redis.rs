@@ -101,6 +101,40 @@ pub(crate) fn ensure_postgres() -> Result<()> {
     Ok(())
 }
 
+/// Makes sure Debian's MariaDB server (`mariadbd`, `mariadb-install-db`, the `mariadb`
+/// client) is there for the SQL handler's MariaDB tests, installing `mariadb-server`
+/// with apt-get when missing and this runs as root. Its service is not started: the
+/// tests start private servers of their own.
+pub(crate) fn ensure_mariadb() -> Result<()> {
+    let present = || {
+        [
+            "/usr/sbin/mariadbd",
+            "/usr/bin/mariadb-install-db",
+            "/usr/bin/mariadb",
+        ]
+        .iter()
+        .all(|p| Path::new(p).exists())
+    };
+    if present() {
+        return Ok(());
+    }
+    if !is_root() || find_on_path("apt-get").is_none() {
+        bail!(
+            "MariaDB's server is not installed and cannot be installed from here \
+             (the SQL handler's MariaDB tests need it): sudo apt-get install mariadb-server"
+        );
+    }
+    eprintln!("xtask: installing Debian's mariadb-server with apt-get");
+    apt_get(&["update"])?;
+    apt_get(&["install", "-y", "--no-install-recommends", "mariadb-server"])?;
+    if !present() {
+        bail!(
+            "apt-get installed mariadb-server but mariadbd, mariadb-install-db or mariadb is missing"
+        );
+    }
+    Ok(())
+}
+
 /// Makes sure `promtool` (Debian's prometheus package) is there for the test that checks
 /// the shipped alerting rules, installing it with apt-get when missing and this runs as
 /// root. The package's service is not started (no init system runs it here).

@@ -575,7 +575,12 @@ pub(crate) struct RunControlArgs {
     /// the namespace. Exit 0 is go (a number on its first stdout line is the metric of
     /// --keep-below), exit 1 throttles with the first stdout line as the reason, any
     /// other exit throttles and is reported.
-    #[arg(long, value_name = "CMD", conflicts_with = "throttle_http")]
+    #[arg(
+        long,
+        value_name = "CMD",
+        conflicts_with = "throttle_http",
+        group = "keep_below_metric"
+    )]
     pub(crate) throttle_exec: Option<String>,
     /// Throttle probe: an http:// or https:// URL; 2xx is go, 429 or 503 throttles,
     /// anything else (or no answer) throttles and is reported.
@@ -592,9 +597,24 @@ pub(crate) struct RunControlArgs {
     /// the fleet until a prober reports again, or go as if no probe were set.
     #[arg(long, value_name = "throttle|go", default_value = "throttle", value_parser = parse_probe_stale)]
     pub(crate) probe_stale: ProbeStale,
+    /// Throttle probe: a query on --database-url (its own connection). A true or a
+    /// non-empty text in the first column throttles with that text as the reason;
+    /// no row, NULL, false or empty is go; an error or no answer throttles.
+    #[arg(long, value_name = "QUERY", requires = "database_url", conflicts_with_all = ["throttle_exec", "throttle_http"])]
+    pub(crate) throttle_sql: Option<String>,
+    /// PostgreSQL's throttle indicators on --database-url, comma-separated: lag=5s
+    /// (replication lag), autovacuum (on table=NAME), wal=64MB/s (WAL rate), xact=10m
+    /// (the oldest open transaction). Each throttles with its reading as the reason.
+    #[arg(long, value_name = "LIST", requires = "database_url", conflicts_with_all = ["throttle_exec", "throttle_http"])]
+    pub(crate) throttle_pg: Option<String>,
+    /// The metric of --keep-below as a query on --database-url: a number in the first
+    /// column (e.g. replica lag in seconds); no row, NULL or an error throttles.
+    #[arg(long, value_name = "QUERY", requires_all = ["database_url", "keep_below"], conflicts_with = "throttle_http", group = "keep_below_metric")]
+    pub(crate) keep_below_sql: Option<String>,
     /// Adjust the fleet's ID rate (additive increase, multiplicative decrease, at most
-    /// --max-rate) so that the number --throttle-exec prints stays below N.
-    #[arg(long, value_name = "N", requires = "throttle_exec")]
+    /// --max-rate) so that the number --throttle-exec prints (or --keep-below-sql
+    /// answers) stays below N.
+    #[arg(long, value_name = "N", requires = "keep_below_metric")]
     pub(crate) keep_below: Option<f64>,
     /// Claim and start work only within HH:MM-HH:MM (wrapping midnight, e.g.
     /// 22:00-06:00); outside it the worker waits and says until when.

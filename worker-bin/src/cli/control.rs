@@ -25,7 +25,7 @@ fn probe_env() -> Vec<(String, String)> {
 
 /// The run loop's control options from `run`'s flags; bad combinations are refused
 /// before anything runs.
-pub(crate) fn options(a: &RunControlArgs) -> Result<Options> {
+pub(crate) fn options(a: &RunControlArgs, database_url: Option<&str>) -> Result<Options> {
     if a.keep_below.is_some() && a.max_rate.is_none() {
         bail!("--keep-below needs a --max-rate as the ceiling of the rate it adjusts");
     }
@@ -48,7 +48,7 @@ pub(crate) fn options(a: &RunControlArgs) -> Result<Options> {
             }
             None => HttpProbe::new(url, timeout).context("--throttle-http")?,
         })),
-        (None, None) => None,
+        (None, None) => crate::cli::sql_probe::probe(a, database_url, timeout)?,
     };
     let active_hours = a
         .active_hours

@@ -29,6 +29,7 @@ mod render;
 mod run;
 mod seed;
 mod serve;
+mod sql_probe;
 mod status;
 mod telemetry;
 mod transfer;

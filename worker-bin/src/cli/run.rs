@@ -30,7 +30,7 @@ pub(super) fn runner_of(g: &Global, args: &RunArgs) -> Result<Runner> {
     if args.lease < Duration::from_millis(300) {
         bail!("--lease must be at least 300ms");
     }
-    let control = crate::cli::control::options(&args.control)?;
+    let control = crate::cli::control::options(&args.control, args.database_url.as_deref())?;
     if !args.simulate && (args.sim_fail.is_some() || args.sim_latency.is_some()) {
         bail!("--sim-fail and --sim-latency only shape --simulate; they do nothing with --exec");
     }

@@ -1,10 +1,17 @@
 //! [`SqlHandler`]: a ready-made [`Handler`] that runs one SQL statement per chunk on
 //! PostgreSQL over a pool of warm connections (its docs say how); [`SqlConfig`] its
 //! settings. The statement's rewriting is `statement`, the pool `pool`, TLS `tls`.
+//! MySQL and MariaDB are `mysql` (its statement rewriting `mysql_statement`);
+//! [`SqlProbe`], throttle probes in SQL, is `probe`.
 
+mod mysql;
+mod mysql_statement;
 mod pool;
+mod probe;
 mod statement;
 mod tls;
+
+pub use probe::SqlProbe;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -49,7 +56,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 impl SqlConfig {
     /// Runs `statement` on the database at `database_url` (a libpq connection string,
-    /// `host=… user=… dbname=…`, or a `postgresql://` URL; `sslmode=require` for TLS).
+    /// `host=… user=… dbname=…`, or a `postgresql://` URL; `sslmode=require` for TLS;
+    /// or MySQL/MariaDB's `mysql://user:password@host:port/database`, `mariadb://`).
     /// One connection, a chunk timeout of 60 s, 5 retries from 50 ms, no fence.
     pub fn new(database_url: impl Into<String>, statement: impl Into<String>) -> Self {
         Self {
@@ -146,6 +154,12 @@ impl SqlConfig {
 /// nothing over its successor's rows. The fence bound is the chunk's lease token,
 /// [`Chunk::fence`].
 ///
+/// On MySQL and MariaDB (a `mysql://` or `mariadb://` URL) the same holds in MySQL's
+/// terms: `?` placeholders too (the first binds `:from`, and so on), the session's
+/// `innodb_lock_wait_timeout` (and MariaDB's `max_statement_time`) bound a chunk, a
+/// deadlock (1213), a lock wait timeout (1205) and a lost connection are retried, SQLSTATE
+/// class 23 can be permanent, and the fence guards a single-table UPDATE.
+///
 /// Rows affected reach the run's statistics ([`Handler::process_counted`]: the run's
 /// report, `/metrics`, the chunk and partition events), and the handler keeps its own
 /// totals too ([`SqlHandler::stats`], with its retries). It is cheap to clone, and
@@ -177,7 +191,14 @@ impl SqlConfig {
 /// ```
 #[derive(Clone)]
 pub struct SqlHandler {
-    inner: Arc<Inner>,
+    engine: Engine,
+}
+
+/// The database the handler speaks to.
+#[derive(Clone)]
+enum Engine {
+    Postgres(Arc<Inner>),
+    Mysql(Arc<mysql::Mysql>),
 }
 
 struct Inner {
@@ -226,6 +247,12 @@ impl SqlHandler {
         if config.chunk_timeout.is_zero() {
             return Err(Error::Config("the chunk timeout must be above 0".into()));
         }
+        if mysql::is_mysql(&config.database_url) {
+            let engine = mysql::Mysql::connect(&config, size).await?;
+            return Ok(Self {
+                engine: Engine::Mysql(Arc::new(engine)),
+            });
+        }
         let mut pg = tokio_postgres::Config::from_str(&config.database_url)
             .map_err(|e| Error::Config(format!("the database URL: {}", one_line(&e))))?;
         if pg.get_application_name().is_none() {
@@ -267,7 +294,7 @@ impl SqlHandler {
         })?;
         let ms = config.chunk_timeout.as_millis().max(1);
         Ok(Self {
-            inner: Arc::new(Inner {
+            engine: Engine::Postgres(Arc::new(Inner {
                 pool: Pool::new(opener, size, first),
                 params,
                 begin: format!(
@@ -277,23 +304,28 @@ impl SqlHandler {
                 backoff: config.backoff,
                 constraint_violations_permanent: config.constraint_violations_permanent,
                 stats: Counters::default(),
-            }),
+            })),
         })
     }
 
     /// What this handler (and its clones) did so far.
     pub fn stats(&self) -> SqlStats {
-        let c = &self.inner.stats;
+        let c = match &self.engine {
+            Engine::Postgres(inner) => &inner.stats,
+            Engine::Mysql(engine) => &engine.stats,
+        };
         SqlStats {
             chunks: c.chunks.load(Ordering::Relaxed),
             rows: c.rows.load(Ordering::Relaxed),
             retries: c.retries.load(Ordering::Relaxed),
         }
     }
+}
 
+impl Inner {
     /// Runs `chunk`'s transaction, retrying what a retry can cure; the rows affected.
     async fn execute(&self, chunk: Chunk) -> Result<u64, HandlerError> {
-        let inner = &*self.inner;
+        let inner = self;
         let values: [i64; 5] = [
             to_i64(chunk.from)?,
             to_i64(chunk.to)?,
@@ -335,9 +367,9 @@ impl SqlHandler {
     /// back to the pool only when the transaction ended; on an error it is closed
     /// (the server rolls back).
     async fn transaction(&self, values: &[i64]) -> Result<u64, tokio_postgres::Error> {
-        let lease = self.inner.pool.get().await?;
+        let lease = self.pool.get().await?;
         let conn = lease.conn();
-        conn.client.batch_execute(&self.inner.begin).await?;
+        conn.client.batch_execute(&self.begin).await?;
         let params: Vec<&(dyn ToSql + Sync)> =
             values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
         let rows = conn.client.execute(&conn.statement, &params).await?;
@@ -360,7 +392,7 @@ impl SqlHandler {
             || code == &SqlState::CANNOT_CONNECT_NOW
         {
             Verdict::Retry
-        } else if class == "23" && self.inner.constraint_violations_permanent {
+        } else if class == "23" && self.constraint_violations_permanent {
             Verdict::Permanent
         } else {
             Verdict::Fail
@@ -371,12 +403,18 @@ impl SqlHandler {
 #[async_trait::async_trait]
 impl Handler for SqlHandler {
     async fn process(&self, chunk: Chunk) -> Result<(), HandlerError> {
-        self.execute(chunk).await.map(drop)
+        match &self.engine {
+            Engine::Postgres(inner) => inner.execute(chunk).await.map(drop),
+            Engine::Mysql(engine) => engine.execute(&chunk).await.map(drop),
+        }
     }
 
     /// The statement's command tag count reaches the run's statistics.
     async fn process_counted(&self, chunk: Chunk) -> Result<Option<u64>, HandlerError> {
-        self.execute(chunk).await.map(Some)
+        match &self.engine {
+            Engine::Postgres(inner) => inner.execute(chunk).await.map(Some),
+            Engine::Mysql(engine) => engine.execute(&chunk).await.map(Some),
+        }
     }
 }
 

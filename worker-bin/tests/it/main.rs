@@ -33,11 +33,12 @@ mod fence;
 mod fleet;
 #[cfg(feature = "cli")]
 mod json;
-#[cfg(feature = "cli")]
 #[cfg(feature = "otel")]
 mod otel;
 #[cfg(feature = "cli")]
 mod persistent;
+#[cfg(feature = "cli")]
+mod mariadb;
 #[cfg(feature = "cli")]
 mod postgres;
 #[cfg(feature = "cli")]
@@ -52,4 +53,6 @@ mod split;
 mod sql;
 #[cfg(feature = "cli")]
 mod sql_cli;
+#[cfg(feature = "cli")]
+mod sql_probe;
 mod tidy;

@@ -1,0 +1,275 @@
+//! [`super::SqlHandler`] on MySQL and MariaDB (`mysql://` and `mariadb://` URLs), over
+//! `mysql_async`: the same semantics as on PostgreSQL, in MySQL's terms.
+//!
+//! - The statement's placeholders become `?` (`mysql_statement`), and it is prepared on
+//!   each connection, and once at start so that a statement the server refuses fails
+//!   before any claim.
+//! - Each connection's session bounds a chunk: `innodb_lock_wait_timeout` (whole
+//!   seconds, at least 1) and MariaDB's `max_statement_time` (MySQL's
+//!   `max_execution_time` bounds only SELECTs, so the client's own deadline, the chunk
+//!   timeout and five seconds more, is the bound there).
+//! - Each chunk is `BEGIN`, the statement, `COMMIT`. A deadlock (1213), a lock wait
+//!   timeout (1205: InnoDB rolls back only the statement, so the whole transaction is
+//!   dropped with its connection and run again) and a lost connection (no answer,
+//!   2006, 2013, 1053, 1927, 4031) are retried inside the attempt with back-off; a
+//!   constraint violation (SQLSTATE class 23) can fail the partition at once; anything
+//!   else fails the attempt.
+//! - As on PostgreSQL, a connection goes back to the pool only between transactions.
+//!   One whose chunk ended any other way is dropped: `mysql_async` then rolls back and
+//!   closes it (a statement still running finishes first, bounded by the timeouts
+//!   above), and a connection cut off (a killed worker) is rolled back by the server.
+//!   Nothing of a chunk is ever committed half way.
+//! - `affected_rows` is MySQL's: rows changed, not rows matched.
+
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Opts, Params, Statement, Value};
+use tokio::sync::Semaphore;
+
+use super::{Counters, SqlConfig, Verdict, jitter, mysql_statement};
+use crate::error::Error;
+use crate::handler::{Chunk, HandlerError};
+
+/// Whether `url` names a MySQL or MariaDB server.
+pub(super) fn is_mysql(url: &str) -> bool {
+    let lower = url.trim_start().to_ascii_lowercase();
+    lower.starts_with("mysql://") || lower.starts_with("mariadb://")
+}
+
+/// The handler's engine on MySQL: how to open a connection, the pool, and the policy.
+pub(super) struct Mysql {
+    opts: Opts,
+    /// The statement with `?` placeholders.
+    statement: String,
+    /// What each `?` binds: an index into the chunk's five values.
+    binds: Vec<usize>,
+    /// The session settings that bound each chunk, run on every new connection.
+    session: Vec<String>,
+    /// The client's own bound on a chunk's transaction.
+    deadline: Duration,
+    /// Caps the connections in use.
+    permits: Semaphore,
+    /// Open connections no chunk uses, each with the statement prepared on it.
+    idle: Mutex<Vec<(Conn, Statement)>>,
+    retries: u32,
+    backoff: Duration,
+    constraint_violations_permanent: bool,
+    pub(super) stats: Counters,
+}
+
+impl std::fmt::Debug for Mysql {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mysql")
+            .field("statement", &self.statement)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Mysql {
+    /// Opens the first connection, sets up its session and prepares the statement:
+    /// a server that cannot be reached or refuses the statement is an [`Error`] here.
+    pub(super) async fn connect(config: &SqlConfig, size: usize) -> Result<Self, Error> {
+        let url = config.database_url.trim();
+        let url = match url.get(..10) {
+            Some(scheme) if scheme.eq_ignore_ascii_case("mariadb://") => {
+                format!("mysql://{}", &url[10..])
+            }
+            _ => url.to_string(),
+        };
+        let opts = Opts::from_url(&url)
+            .map_err(|e| Error::Config(format!("the database URL: {}", one_line(&e))))?;
+        let (statement, binds) =
+            mysql_statement::prepare(&config.statement, config.fence_column.as_deref())
+                .map_err(Error::Config)?;
+        let timeout = config.chunk_timeout;
+        let lock_wait = timeout.as_secs_f64().ceil().max(1.0) as u64;
+        let mut engine = Self {
+            opts,
+            statement,
+            binds,
+            session: vec![format!(
+                "SET SESSION innodb_lock_wait_timeout = {lock_wait}"
+            )],
+            deadline: timeout + Duration::from_secs(5),
+            permits: Semaphore::new(size),
+            idle: Mutex::new(Vec::new()),
+            retries: config.retries,
+            backoff: config.backoff,
+            constraint_violations_permanent: config.constraint_violations_permanent,
+            stats: Counters::default(),
+        };
+        let mut conn = Conn::new(engine.opts.clone()).await.map_err(|e| {
+            Error::Other(format!("cannot connect to the database: {}", one_line(&e)).into())
+        })?;
+        let version: Option<String> = conn
+            .query_first("SELECT VERSION()")
+            .await
+            .map_err(|e| Error::Other(format!("the database: {}", one_line(&e)).into()))?;
+        if version.is_some_and(|v| v.contains("MariaDB")) {
+            engine.session.push(format!(
+                "SET SESSION max_statement_time = {}",
+                timeout.as_secs_f64()
+            ));
+        }
+        let first = engine.setup(conn).await.map_err(|e| {
+            let prefix = if matches!(e, mysql_async::Error::Server(_)) {
+                "the database refused the statement"
+            } else {
+                "cannot connect to the database"
+            };
+            Error::Other(format!("{prefix}: {}", one_line(&e)).into())
+        })?;
+        engine.idle.get_mut().expect("pool lock").push(first);
+        Ok(engine)
+    }
+
+    /// Sets a new connection's session up and prepares the statement on it.
+    async fn setup(&self, mut conn: Conn) -> Result<(Conn, Statement), mysql_async::Error> {
+        for set in &self.session {
+            conn.query_drop(set).await?;
+        }
+        let statement = conn.prep(&self.statement).await?;
+        Ok((conn, statement))
+    }
+
+    /// Runs `chunk`'s transaction, retrying what a retry can cure; the rows affected.
+    pub(super) async fn execute(&self, chunk: &Chunk) -> Result<u64, HandlerError> {
+        let values = [
+            chunk.from,
+            chunk.to,
+            chunk.pid,
+            u64::from(chunk.attempt),
+            chunk.fence,
+        ];
+        let params: Vec<Value> = self
+            .binds
+            .iter()
+            .map(|&n| {
+                i64::try_from(values[n])
+                    .map(Value::Int)
+                    .map_err(|_| HandlerError::permanent(format!("{} is beyond BIGINT", values[n])))
+            })
+            .collect::<Result<_, _>>()?;
+        let mut delay = self.backoff;
+        let mut tries = 0;
+        loop {
+            let outcome = tokio::time::timeout(self.deadline, self.transaction(&params)).await;
+            let err = match outcome {
+                Ok(Ok(rows)) => {
+                    self.stats.chunks.fetch_add(1, Ordering::Relaxed);
+                    self.stats.rows.fetch_add(rows, Ordering::Relaxed);
+                    tracing::debug!(pid = chunk.pid, from = chunk.from, rows, "chunk committed");
+                    return Ok(rows);
+                }
+                Ok(Err(err)) => err,
+                Err(_) => {
+                    return Err(format!(
+                        "the chunk's transaction did not end within {:?}",
+                        self.deadline
+                    )
+                    .into());
+                }
+            };
+            match self.classify(&err) {
+                Verdict::Retry if tries < self.retries => {
+                    tries += 1;
+                    self.stats.retries.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(
+                        pid = chunk.pid,
+                        from = chunk.from,
+                        error = %one_line(&err),
+                        "chunk's transaction retried"
+                    );
+                    tokio::time::sleep(jitter(delay)).await;
+                    delay = (delay * 2).min(super::MAX_BACKOFF);
+                }
+                Verdict::Permanent => return Err(HandlerError::permanent(one_line(&err))),
+                Verdict::Retry | Verdict::Fail => return Err(one_line(&err).into()),
+            }
+        }
+    }
+
+    /// One try: BEGIN, the statement, COMMIT, on a pooled connection that goes back
+    /// only if all three succeeded.
+    async fn transaction(&self, params: &[Value]) -> Result<u64, mysql_async::Error> {
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .expect("the pool's semaphore is never closed");
+        let idle = loop {
+            let Some(held) = self.idle.lock().expect("pool lock").pop() else {
+                break None;
+            };
+            if !held.0.is_disconnected() {
+                break Some(held);
+            }
+        };
+        let (mut conn, statement) = match idle {
+            Some(held) => held,
+            None => self.setup(Conn::new(self.opts.clone()).await?).await?,
+        };
+        conn.query_drop("BEGIN").await?;
+        conn.exec_drop(&statement, Params::Positional(params.to_vec()))
+            .await?;
+        let rows = conn.affected_rows();
+        conn.query_drop("COMMIT").await?;
+        self.idle.lock().expect("pool lock").push((conn, statement));
+        Ok(rows)
+    }
+
+    fn classify(&self, err: &mysql_async::Error) -> Verdict {
+        use mysql_async::{DriverError, Error as E};
+        match err {
+            E::Io(_) | E::Driver(DriverError::ConnectionClosed) => Verdict::Retry,
+            E::Server(s) => match s.code {
+                // Deadlock, lock wait timeout, server gone or going, connection killed.
+                1213 | 1205 | 2006 | 2013 | 1053 | 1927 | 4031 => Verdict::Retry,
+                _ if s.state.starts_with("23") && self.constraint_violations_permanent => {
+                    Verdict::Permanent
+                }
+                _ => Verdict::Fail,
+            },
+            _ => Verdict::Fail,
+        }
+    }
+}
+
+/// A MySQL error on one line: the server's message with its code and SQLSTATE, or the
+/// error as it displays, line breaks folded.
+fn one_line(err: &(dyn std::error::Error + 'static)) -> String {
+    let text = match err.downcast_ref::<mysql_async::Error>() {
+        Some(mysql_async::Error::Server(s)) => {
+            format!("{} (error {}, SQLSTATE {})", s.message, s.code, s.state)
+        }
+        _ => {
+            let mut text = err.to_string();
+            let mut source = err.source();
+            while let Some(cause) = source {
+                let cause_text = cause.to_string();
+                if !text.contains(&cause_text) {
+                    text = format!("{text}: {cause_text}");
+                }
+                source = cause.source();
+            }
+            text
+        }
+    };
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mysql_and_mariadb_urls_are_told_from_postgresql_ones() {
+        assert!(is_mysql("mysql://root@127.0.0.1:3306/db"));
+        assert!(is_mysql("MariaDB://root@localhost/db"));
+        assert!(!is_mysql("postgresql://localhost/db"));
+        assert!(!is_mysql("host=127.0.0.1 user=app dbname=mysql://"));
+    }
+}
