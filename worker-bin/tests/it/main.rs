@@ -33,12 +33,12 @@ mod fence;
 mod fleet;
 #[cfg(feature = "cli")]
 mod json;
+#[cfg(feature = "cli")]
+mod mariadb;
 #[cfg(feature = "otel")]
 mod otel;
 #[cfg(feature = "cli")]
 mod persistent;
-#[cfg(feature = "cli")]
-mod mariadb;
 #[cfg(feature = "cli")]
 mod postgres;
 #[cfg(feature = "cli")]
