@@ -98,13 +98,10 @@ pub(super) async fn job_of(args: &RunArgs) -> Result<Job> {
                 .map_err(|e| anyhow::anyhow!("--sql: {e}"))?;
             Ok(Job::Handler(crate::handler::HandlerRef(Arc::new(sql))))
         }
-        (None, None, true) => {
-            tracing::warn!("SIMULATED load: chunks sleep and fail at random; nothing is processed");
-            Ok(Job::Simulate {
-                latency: args.sim_latency.unwrap_or((1, 5)),
-                fail: args.sim_fail.unwrap_or(0.0),
-            })
-        }
+        (None, None, true) => Ok(Job::Simulate {
+            latency: args.sim_latency.unwrap_or((1, 5)),
+            fail: args.sim_fail.unwrap_or(0.0),
+        }),
         _ => bail!("give exactly one of --exec CMD, --sql STATEMENT or --simulate"),
     }
 }
@@ -166,6 +163,10 @@ pub(super) async fn run(g: &Global, args: RunArgs) -> Result<Outcome> {
     let stop = signals(args.grace)?;
     let backend =
         Backend::open_writable(runner.location(), Open::Existing, runner.tuning(&worker)).await?;
+    // Once the namespace is known to exist: bad input stays a one-line error.
+    if args.simulate {
+        tracing::warn!("SIMULATED load: chunks sleep and fail at random; nothing is processed");
+    }
     let memory_before = backend.used_memory().await;
     let mut watched = stop.clone();
     let run = runner.run_on(&backend, job, worker, stop);
