@@ -36,20 +36,20 @@ pub(crate) struct Backend {
     pub(crate) router: Router,
     pub(crate) namespace: String,
     /// The shard count, which the command line's statistics and plans read.
-    #[cfg(feature = "cli")]
     pub(crate) shards: u32,
     pub(crate) archive_config: ArchiveConfig,
     place: Place,
 }
 
 /// A Redis namespace's connection and typed stores, for what only Redis has.
-#[cfg(feature = "cli")]
 pub(crate) struct RedisParts<'a> {
     /// The namespace's connection.
+    #[cfg(feature = "cli")]
     pub(crate) conn: &'a RedisConnection,
     /// The active store, typed (`recount`, `carry`, `force_discard`).
     pub(crate) active: &'a RedisActiveStore<RedisConnection>,
     /// The archive, typed: its format version is Redis's alone.
+    #[cfg(feature = "cli")]
     pub(crate) archive: &'a RedisArchive<RedisConnection>,
     /// The key schema with the namespace's recorded layout.
     pub(crate) schema: &'a KeySchema,
@@ -59,7 +59,6 @@ enum Place {
     Redis {
         conn: RedisConnection,
         /// The active store again, typed: for what only Redis has (`recount`).
-        #[cfg(feature = "cli")]
         active: Arc<RedisActiveStore<RedisConnection>>,
         /// The archive again, typed: for its format version (`archive-format`).
         #[cfg(feature = "cli")]
@@ -271,7 +270,6 @@ impl Backend {
             archive_config,
             Place::Redis {
                 conn,
-                #[cfg(feature = "cli")]
                 active,
                 #[cfg(feature = "cli")]
                 archive,
@@ -313,7 +311,6 @@ impl Backend {
             stats,
             router,
             namespace: namespace.to_owned(),
-            #[cfg(feature = "cli")]
             shards: match &place {
                 Place::Redis { keys, .. } => keys.shards,
                 Place::Embedded(e) => e.shards(),
@@ -391,18 +388,21 @@ impl Backend {
 
     /// What only Redis has, for the command line's operations on a store
     /// (`cli/admin.rs`); `None` embedded.
-    #[cfg(feature = "cli")]
     pub(crate) fn redis(&self) -> Option<RedisParts<'_>> {
         match &self.place {
             Place::Redis {
+                #[cfg(feature = "cli")]
                 conn,
                 active,
+                #[cfg(feature = "cli")]
                 archive,
                 schema,
                 ..
             } => Some(RedisParts {
+                #[cfg(feature = "cli")]
                 conn,
                 active,
+                #[cfg(feature = "cli")]
                 archive,
                 schema,
             }),

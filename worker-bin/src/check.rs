@@ -61,6 +61,36 @@ impl CheckReport {
     pub fn damaged_values(&self) -> usize {
         self.damaged.found.len()
     }
+
+    /// Shards whose damaged statistics a repair rebuilt.
+    pub fn shards_repaired(&self) -> usize {
+        self.damaged.repaired.len()
+    }
+
+    /// Whether a repair re-drove the dead letters.
+    pub fn dead_letters_redriven(&self) -> bool {
+        self.dead.redriven.is_some()
+    }
+
+    /// Archived values found that do not decode (before any repair).
+    pub fn archive_values_damaged(&self) -> usize {
+        self.archive_damage.len()
+    }
+
+    /// Differences that are active records which do not decode.
+    pub fn corrupt_records(&self) -> usize {
+        self.corrupt
+    }
+
+    /// Corrupt records (by key and pid) and runs a repair left in place.
+    pub fn corrupt_left(&self) -> &[String] {
+        &self.corrupt_left
+    }
+
+    /// Differences that are invalid values of the control record.
+    pub fn control_values_invalid(&self) -> usize {
+        self.control_invalid
+    }
 }
 
 /// What `check` found in the dead-letter streams, and with a repair what it did.
@@ -221,10 +251,12 @@ async fn compare_stats(
     Ok((differences, counts))
 }
 
+#[cfg(feature = "cli")]
 /// How many times `health --check` reads the archive looking for a moment no archive
 /// pass ran in before it judges from the counts alone.
 const SETTLE_TRIES: usize = 3;
 
+#[cfg(feature = "cli")]
 /// `health --check`'s statistics differences, read while archivers may write. An
 /// archive pass moves a shard's records and statistics in one atomic step, so when the
 /// completed count reads the same before and after the archive is read, nothing moved
@@ -255,6 +287,7 @@ pub(crate) async fn settled_differences(backend: &Backend) -> Result<usize> {
     }
 }
 
+#[cfg(feature = "cli")]
 /// One try of [`settled_differences`]: the completed count kept before and after the
 /// archive was read, the count archived, and how many paths differed.
 #[derive(Debug, Clone, Copy)]
@@ -265,6 +298,7 @@ struct SettleRead {
     differences: usize,
 }
 
+#[cfg(feature = "cli")]
 impl SettleRead {
     /// The differences to report, or None to read again.
     fn verdict(self, last_try: bool) -> Option<usize> {

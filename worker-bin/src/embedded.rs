@@ -110,7 +110,6 @@ impl EmbeddedBackend {
     }
 
     /// The namespace's shard count.
-    #[cfg(feature = "cli")]
     pub(crate) fn shards(&self) -> u32 {
         self.shards
     }

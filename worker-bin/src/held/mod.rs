@@ -53,6 +53,7 @@ const STOP_DIV: u32 = 6;
 /// See [`BEAT_DIV`].
 const KILL_DIV: u32 = 12;
 
+#[cfg(feature = "cli")]
 /// How far apart two processes' clocks may be for a lease `lease` to stay safe: the
 /// margin a holder keeps ([`KILL_DIV`]), as deadlines are set and reaped by the callers'
 /// clocks (`active-store/src/split.rs`, "Clocks"). `health`'s `clock_skew` rule fires

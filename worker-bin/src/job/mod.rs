@@ -26,6 +26,7 @@ pub(crate) use crate::handler::Chunk;
 pub(crate) use guard::Fence;
 pub(crate) use persistent::Persistent;
 pub use persistent::PersistentCommand;
+#[cfg(feature = "cli")]
 pub(crate) use spawn::scrubbed_env;
 
 /// How long a chunk's process group has between SIGTERM and SIGKILL once aborted at

@@ -21,6 +21,7 @@ const SECRETS: &[&str] = &[
     "TRANCHE_READ_TOKEN",
 ];
 
+#[cfg(feature = "cli")]
 /// This process's environment without the variables in [`SECRETS`]: what a chunk
 /// inherits, and what a throttle probe command runs with (a variable that is not
 /// UTF-8 is left out).

@@ -7,14 +7,19 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+#[cfg(feature = "cli")]
 use super::Runner;
+#[cfg(feature = "cli")]
 use crate::backend::{Backend, Location};
 use crate::control::ControlHandle;
 use crate::error::Error;
 use crate::event::{Event, Subscribers};
+#[cfg(feature = "cli")]
 use crate::job::Job as Work;
 use crate::layers::Tiers;
-use crate::work::{self, Observer, Stop, Watched};
+#[cfg(feature = "cli")]
+use crate::work::{self, Stop};
+use crate::work::{Observer, Watched};
 
 /// The settings only `tranche run` changes (crate-private on purpose: its flags map
 /// onto them; a library user gets the defaults).
