@@ -28,8 +28,10 @@ pub(crate) async fn dispatch(cli: Cli) -> Result<Outcome> {
         }
         Command::Run(args) => {
             crate::cli::doctor::warn_at_start(g).await;
-            // The process's one `run` span: every partition's lease is a child of it.
-            let span = tracing::info_span!("run", namespace = %g.namespace);
+            // The process's one `run` span: every partition's lease is a child of it. At
+            // debug level like `partition`: the log lines do not need it, and an enabled
+            // span is entered on every poll of the run; the OTLP layer enables it.
+            let span = tracing::debug_span!("run", namespace = %g.namespace);
             tracing::Instrument::instrument(run::run(g, *args), span).await
         }
         Command::Archive(args) => archive::archive(g, args).await,
