@@ -35,7 +35,7 @@ pub fn tranche(dir: &Path, args: &[&str]) -> Command {
         }
     }
     // The test servers have no persistence: their start-up warning would add a line
-    // to every `plan`, `run` and `serve` (cli/doctor.rs tests it without this).
+    // to every `plan`, `run` and `serve` (cli/doctor/ tests it without this).
     cmd.env("TRANCHE_QUIET", "1");
     cmd
 }
