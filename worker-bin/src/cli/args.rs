@@ -160,9 +160,9 @@ pub(crate) enum Command {
         #[arg(long, value_name = "N", default_value_t = 100)]
         limit: usize,
     },
-    /// Check the Redis for what tranche needs: version, eviction policy, persistence,
-    /// replicas, clock, cluster slots, ACL and latency (one line each; exit 1 when one
-    /// fails).
+    /// Check the Redis for what tranche needs, on every master of a cluster: version,
+    /// eviction policy, persistence, replicas, clock, cluster slots, ACL and latency
+    /// (one line each; exit 1 when one fails).
     Doctor(DoctorArgs),
     /// Print a shell completion script (e.g. `tranche completions bash >
     /// /etc/bash_completion.d/tranche`).

@@ -133,6 +133,11 @@ pub(crate) async fn health_rules(
     let live = workers.iter().filter(|w| w.active).count();
     let outstanding = counts.outstanding();
     let planned = crate::cli::progress::total_partitions(backend.active.as_ref()).await?;
+    // With `--check`, every statistics value is read: damage no write has met yet.
+    let damage = match args.check {
+        true => crate::check::find_damage(backend).await?,
+        false => Vec::new(),
+    };
     let now_ms = crate::duration::now_ms();
     // Minutes since anything was last archived, while work is outstanding. Before the
     // first archive, since the oldest live worker started: a fleet stuck from its start
@@ -202,7 +207,7 @@ pub(crate) async fn health_rules(
         ),
         render::Rule::new("dead_letters", dead_letters as f64, 0.0),
         stalled_rule(&stalls),
-        damaged_rule(&stalls, unreadable.as_ref()),
+        damaged_rule(&stalls, &damage, unreadable.as_ref()),
         archive_damaged_rule(&backend.archive.damaged().await?),
         control_rule(crate::cli::control::record_of(backend).await?.as_ref()),
         clock_skew_rule(clock_skew_ms(backend).await?, default_skew_bound()),
@@ -217,7 +222,6 @@ pub(crate) async fn health_rules(
     ];
     if args.check {
         // Damage makes the statistics unreadable; each damaged value is a difference.
-        let damage = crate::check::find_damage(backend).await?;
         let differences = if damage.is_empty() {
             crate::check::settled_differences(backend).await?
         } else {
@@ -274,14 +278,22 @@ fn stalled_rule(stalls: &[Stall]) -> render::Rule {
 }
 
 /// `statistics_damaged`: shards whose statistics hold a value that does not decode,
-/// as the archiver found them (a stall for that reason) or as the summary `health`
-/// reads found them; `tranche check --repair` rebuilds them.
-fn damaged_rule(stalls: &[Stall], unreadable: Option<&tranche_stats::Error>) -> render::Rule {
-    let damaged: Vec<u32> = stalls
+/// as the archiver found them (a stall for that reason), as `--check` found them
+/// (`found`: every value read, so damage no write has met yet) or as the summary
+/// `health` reads found them; `tranche check --repair` rebuilds them.
+fn damaged_rule(
+    stalls: &[Stall],
+    found: &[tranche_stats::Damage],
+    unreadable: Option<&tranche_stats::Error>,
+) -> render::Rule {
+    let mut damaged: Vec<u32> = stalls
         .iter()
         .filter(|s| s.stats_damaged())
         .map(|s| s.shard)
+        .chain(found.iter().map(|d| d.shard))
         .collect();
+    damaged.sort_unstable();
+    damaged.dedup();
     let value = damaged.len().max(usize::from(unreadable.is_some()));
     render::Rule::new("statistics_damaged", value as f64, 0.0).detail(|| {
         let mut said: Vec<String> = damaged

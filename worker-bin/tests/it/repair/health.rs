@@ -55,6 +55,50 @@ fn damage_the_summary_reads_fires_health_without_an_archive_pass() {
     );
 }
 
+/// Damage to a range's statistics that nothing writes to again: no archive pass and no
+/// summary read meets it, so plain `health` cannot see it; `health --check` reads every
+/// value and fires `statistics_damaged` on it (the soak's `corrupt-stats` fault).
+#[test]
+fn damage_no_write_meets_fires_health_check() {
+    let redis = TestRedis::start();
+    let dir = scratch("repair-ranges");
+    let url = redis.url();
+    let cmd = |args: &[&str]| {
+        tranche(
+            &dir,
+            &[
+                &["--redis", &url, "--namespace", "r", "--shards", "1"][..],
+                args,
+            ]
+            .concat(),
+        )
+    };
+    ok(cmd(&[
+        "plan", "--min", "1", "--max", "10000", "--size", "1000",
+    ]));
+    ok(cmd(&["run", "--simulate", "--sim-latency", "0..1"]));
+    let schema = tranche_codec::KeySchema::new("r", 1).unwrap();
+    let key = schema.stats(0, "ranges");
+    let fields: Vec<String> = redis.query(redis::cmd("HKEYS").arg(&key));
+    assert!(!fields.is_empty(), "no range statistics written");
+    let _: i64 = redis.query(
+        redis::cmd("HSET")
+            .arg(&key)
+            .arg(&fields[0])
+            .arg(&b"\x80"[..]),
+    );
+    assert_eq!(firing(&cmd, &[]), Vec::<(String, String)>::new());
+    let fired = firing(&cmd, &["--check"]);
+    assert_eq!(
+        names(&fired),
+        ["statistics_damaged", "statistics_consistency"],
+        "{fired:?}"
+    );
+    assert!(fired[0].1.contains("shard 0"), "{fired:?}");
+    ok(cmd(&["check", "--repair"]));
+    assert_eq!(firing(&cmd, &["--check"]), Vec::<(String, String)>::new());
+}
+
 /// Redis unreachable for 15 s in the middle of a run: `health`'s worker-update latency
 /// rule fires on the updates that waited it out, then clears once updates flow again
 /// (it judged the whole run's p99 before, which the outage held high for good).
