@@ -127,6 +127,10 @@ struct Live {
     parallel: AtomicUsize,
     chunk: AtomicU64,
     chunk_time: Mutex<Option<ChunkTime>>,
+    /// The size this worker's last partition sized by time ended on, and the
+    /// `chunk_time` it was learned under: where the next such partition (a split piece
+    /// too) starts, rather than at `chunk`.
+    learned: Mutex<Option<(ChunkTime, u64)>>,
 }
 
 /// The admission gate of one run (see the module docs).
@@ -237,6 +241,7 @@ impl Gate {
             parallel: AtomicUsize::new(base.parallel),
             chunk: AtomicU64::new(base.chunk),
             chunk_time: Mutex::new(options.chunk_time),
+            learned: Mutex::new(None),
         });
         let (closed_tx, closed) = watch::channel(None);
         let mut tasks = Vec::new();
@@ -305,15 +310,25 @@ impl Gate {
         self.live.chunk.load(Relaxed)
     }
 
-    /// A sizer for a partition starting now, when chunks are sized by time.
+    /// A sizer for a partition starting now, when chunks are sized by time: at the
+    /// size the last one learned under the same `chunk_time`, else at `chunk`.
     pub(crate) fn sizer(&self) -> Option<tranche_control::ChunkSizer> {
         let t = (*self.live.chunk_time.lock().expect("not poisoned"))?;
+        let learned = *self.live.learned.lock().expect("not poisoned");
         Some(tranche_control::ChunkSizer::new(
             t.target,
             t.min,
             t.max,
-            self.chunk(),
+            first_size(t, learned, self.chunk()),
         ))
+    }
+
+    /// Keeps the size a partition sized by time ended on, for the next one.
+    pub(crate) fn learned(&self, size: u64) {
+        let Some(t) = *self.live.chunk_time.lock().expect("not poisoned") else {
+            return;
+        };
+        *self.live.learned.lock().expect("not poisoned") = Some((t, size));
     }
 
     /// Why the gate is closed, as it changes (`None` while open): for the
@@ -667,6 +682,15 @@ pub(crate) fn time(ms: u64) -> String {
         .unwrap_or_else(|_| ms.to_string())
 }
 
+/// The first chunk size of a partition sized by `t`: what the worker learned under the
+/// same `t`, else `chunk` (`--chunk`, or `set --chunk`).
+fn first_size(t: ChunkTime, learned: Option<(ChunkTime, u64)>, chunk: u64) -> u64 {
+    match learned {
+        Some((under, size)) if under == t => size,
+        _ => chunk,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -689,6 +713,23 @@ mod tests {
             }),
             ..ControlRecord::default()
         }
+    }
+
+    #[test]
+    fn a_partition_sized_by_time_starts_where_the_last_one_got_to() {
+        let t = ChunkTime {
+            target: Duration::from_millis(200),
+            min: 50,
+            max: 50_000,
+        };
+        assert_eq!(first_size(t, None, 100), 100);
+        assert_eq!(first_size(t, Some((t, 4_000)), 100), 4_000);
+        // Learned under another target (`set --chunk-time`): `--chunk` again.
+        let other = ChunkTime {
+            target: Duration::from_secs(1),
+            ..t
+        };
+        assert_eq!(first_size(other, Some((t, 4_000)), 100), 100);
     }
 
     #[test]

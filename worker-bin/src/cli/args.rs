@@ -624,8 +624,9 @@ pub(crate) struct RunControlArgs {
     /// system's).
     #[arg(long, value_name = "ZONE", requires = "active_hours")]
     pub(crate) tz: Option<String>,
-    /// Size each partition's chunks so each takes about this long (from --chunk, between
-    /// --chunk-min and --chunk-max), keeping the window's checkpoint exact.
+    /// Size each partition's chunks so each takes about this long (the first from
+    /// --chunk, later ones and split pieces from the size learned, between --chunk-min
+    /// and --chunk-max), keeping the window's checkpoint exact.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub(crate) chunk_time: Option<Duration>,
     /// The smallest chunk --chunk-time makes.

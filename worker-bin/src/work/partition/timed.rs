@@ -122,7 +122,7 @@ impl PartitionCtx {
                     attempt: lease.attempt,
                     fence: lease.token,
                 };
-                let (job, window, failure, stop, shared, sizer, hold) = (
+                let (job, window, failure, stop, shared, sizer, hold, gate) = (
                     self.settings.job.clone(),
                     window.clone(),
                     failure.clone(),
@@ -130,6 +130,7 @@ impl PartitionCtx {
                     self.shared.clone(),
                     sizer.clone(),
                     hold.clone(),
+                    self.gate.clone(),
                 );
                 running.spawn(async move {
                     let fence = hold.fence();
@@ -138,10 +139,12 @@ impl PartitionCtx {
                     let r = shared.chunk(&job, c, abort, fence).await;
                     drop(permit);
                     if r.is_ok() {
-                        sizer
+                        let next = sizer
                             .lock()
                             .expect("not poisoned")
                             .observe(to - from + 1, started.elapsed());
+                        // Where this worker's next partition (a split piece too) starts.
+                        gate.learned(next);
                     }
                     settle(r, seq, &window, &failure);
                 });

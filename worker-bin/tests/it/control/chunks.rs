@@ -21,8 +21,8 @@ fn chunk_time(place: Place<'_>, name: &str) {
         "50",
         "--chunk-max",
         "50000",
-        // One range sized by one sizer: a straggler split (tests/it/split.rs) would
-        // start each piece's own sizing at --chunk again.
+        // One range sized by one sizer: the resume is judged on one partition's chunks
+        // (the next test lets it split).
         "--no-split",
     ];
     let mut first = job.spawn(sleep, &args);
@@ -69,6 +69,49 @@ fn chunk_time_converges_and_resumes_on_redis() {
 #[test]
 fn chunk_time_converges_and_resumes_embedded() {
     chunk_time(Place::Embedded, "chunk-time-embedded");
+}
+
+/// `--chunk-time` with splitting: a piece an idle slot takes starts at the size the
+/// worker learned (the first split comes with a beat, after chunks have been timed),
+/// not at `--chunk` again, so the only chunk of `--chunk`'s 100 IDs is the run's first.
+#[test]
+fn chunk_time_pieces_start_at_the_learned_size() {
+    let redis = TestRedis::start();
+    let job = Job::new("chunk-time-split", &Place::Redis(&redis));
+    job.plan(200_000, 200_000);
+    let sleep = "$(awk \"BEGIN { print ($TRANCHE_TO - $TRANCHE_FROM + 1) / 20000 }\")";
+    let args = [
+        "--chunk",
+        "100",
+        "--concurrency",
+        "2",
+        "--parallel",
+        "1",
+        "--chunk-time",
+        "200ms",
+        "--chunk-min",
+        "50",
+        "--chunk-max",
+        "50000",
+    ];
+    let report = summary(job.spawn(sleep, &args), Duration::from_secs(120));
+    assert_eq!(report["namespace"]["outstanding"], 0, "{report}");
+    let mut starts = job.starts();
+    starts.sort_by_key(|s| s.at_ns);
+    let log: Vec<(u64, u64, u64)> = starts.iter().map(|s| (s.pid, s.from, s.to)).collect();
+    common::assert_every_id_processed(&log, 1, 200_000);
+    let pids: std::collections::BTreeSet<u64> = starts.iter().map(|s| s.pid).collect();
+    let at_chunk: Vec<(u64, u64)> = starts
+        .iter()
+        .filter(|s| s.to - s.from + 1 == 100)
+        .map(|s| (s.pid, s.from))
+        .collect();
+    assert_eq!(
+        at_chunk,
+        [(starts[0].pid, 1)],
+        "chunks of --chunk's size (pids {pids:?}); sizes {:?}",
+        starts.iter().map(|s| s.to - s.from + 1).collect::<Vec<_>>()
+    );
 }
 
 /// The most chunks in flight at once among those started in `[from_ns, until_ns)`; a
