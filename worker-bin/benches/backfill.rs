@@ -1,6 +1,6 @@
 //! A real backfill, and where its time goes: `UPDATE t SET v = v + 1 WHERE id BETWEEN
-//! … AND …` over a private PostgreSQL's table of 1,000,000 rows, in chunks of 2,000 and
-//! of 200, eight at a time (`--concurrency 4 --parallel 2`), done five ways side by side:
+//! … AND …` over a private PostgreSQL's table of 1,000,000 rows (testkit's
+//! `TestPostgres`), in chunks of 2,000 and of 200, eight at a time (`--concurrency 4 --parallel 2`), done five ways side by side:
 //!
 //! - `floor`: the same statements through 8 sessions opened beforehand (tokio-postgres,
 //!   prepared, autocommit): what the database costs, nothing else;
@@ -24,15 +24,14 @@
 
 mod common;
 
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use serde_json::json;
-use tranche_testkit::TestRedis;
+use tranche_testkit::{TestPostgres, TestRedis};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tranche");
 
@@ -61,7 +60,7 @@ fn main() {
         || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/tranche-bench/backfill.json"),
         PathBuf::from,
     );
-    let pg = Postgres::start();
+    let pg = TestPostgres::start();
     let redis = TestRedis::start();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -263,7 +262,7 @@ const PSQL: &str = "psql -X -q -v ON_ERROR_STOP=1 -c \
      \"UPDATE t SET v = v + 1 WHERE id BETWEEN $TRANCHE_FROM AND $TRANCHE_TO\"";
 
 /// `tranche run` over the whole table in one fresh namespace, plan included.
-fn tranche(redis: &TestRedis, ns: &str, rows: u64, size: u64, job: &[&str], pg: &Postgres) {
+fn tranche(redis: &TestRedis, ns: &str, rows: u64, size: u64, job: &[&str], pg: &TestPostgres) {
     let (max, chunk) = (rows.to_string(), size.to_string());
     // Twenty partitions: eight slots stay busy to the end, and each partition holds
     // many chunks (two in flight).
@@ -291,12 +290,12 @@ fn tranche(redis: &TestRedis, ns: &str, rows: u64, size: u64, job: &[&str], pg: 
 }
 
 /// `xargs -P 8 psql` over the same chunks: no tranche at all.
-fn xargs(pg: &Postgres, rows: u64, size: u64) {
+fn xargs(pg: &TestPostgres, rows: u64, size: u64) {
     let list: String = chunks(rows, size)
         .iter()
         .map(|(from, to)| format!("{from} {to}\n"))
         .collect();
-    let file = pg.dir.join("chunks");
+    let file = pg.dir().join("chunks");
     std::fs::write(&file, list).unwrap();
     let mut cmd = Command::new("xargs");
     cmd.args(["-P", &SLOTS.to_string(), "-n", "2", "-a"])
@@ -335,127 +334,4 @@ fn set_ceiling(redis: &TestRedis, smoke: bool) -> Option<f64> {
         .rsplit('\r')
         .find(|l| l.contains("requests per second"))?;
     line.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// A private PostgreSQL cluster (initdb and pg_ctl on a free port, as
-/// `tests/it/postgres.rs` starts its own), stopped and removed on drop. Durability
-/// off, as there: the figures are of the work and the round trips, not of fsync.
-struct Postgres {
-    dir: PathBuf,
-    bin: PathBuf,
-    port: u16,
-}
-
-impl Postgres {
-    fn start() -> Self {
-        let bin = std::fs::read_dir("/usr/lib/postgresql")
-            .ok()
-            .and_then(|d| {
-                d.flatten()
-                    .map(|e| e.path().join("bin"))
-                    .find(|p| p.join("initdb").exists())
-            })
-            .expect("PostgreSQL's initdb not found: apt-get install postgresql");
-        let dir = std::env::temp_dir().join(format!("tranche-bench-pg-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let root = is_root();
-        if root {
-            let ok = Command::new("chown")
-                .args(["-R", "postgres"])
-                .arg(&dir)
-                .status()
-                .unwrap();
-            assert!(ok.success());
-        }
-        let data = dir.join("data");
-        as_owner(
-            root,
-            &bin.join("initdb"),
-            &[
-                "-D",
-                data.to_str().unwrap(),
-                "-U",
-                "postgres",
-                "-A",
-                "trust",
-            ],
-        );
-        let opts = format!(
-            "-p {port} -c listen_addresses=127.0.0.1 -k {} -c fsync=off \
-             -c synchronous_commit=off -c full_page_writes=off -c max_connections=100",
-            dir.display()
-        );
-        as_owner(
-            root,
-            &bin.join("pg_ctl"),
-            &[
-                "-D",
-                data.to_str().unwrap(),
-                "-o",
-                &opts,
-                "-l",
-                dir.join("log").to_str().unwrap(),
-                "-w",
-                "start",
-            ],
-        );
-        Self { dir, bin, port }
-    }
-
-    fn url(&self) -> String {
-        format!(
-            "host=127.0.0.1 port={} user=postgres dbname=postgres",
-            self.port
-        )
-    }
-
-    /// The connection for `psql` and `tranche --sql`, in the environment.
-    fn env(&self, cmd: &mut Command) {
-        cmd.env("PGHOST", "127.0.0.1")
-            .env("PGPORT", self.port.to_string())
-            .env("PGUSER", "postgres")
-            .env("PGDATABASE", "postgres")
-            .env("TRANCHE_DATABASE_URL", self.url());
-    }
-}
-
-impl Drop for Postgres {
-    fn drop(&mut self) {
-        let data = self.dir.join("data");
-        let _ = Command::new(if is_root() { "runuser" } else { "env" })
-            .args(if is_root() {
-                vec!["-u", "postgres", "--"]
-            } else {
-                vec![]
-            })
-            .arg(self.bin.join("pg_ctl"))
-            .args(["-D", data.to_str().unwrap(), "-m", "immediate", "stop"])
-            .output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
-}
-
-fn as_owner(root: bool, program: &Path, args: &[&str]) {
-    let mut cmd = if root {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(program);
-        c
-    } else {
-        Command::new(program)
-    };
-    let out = cmd.args(args).output().unwrap();
-    assert!(out.status.success(), "{program:?}: {out:?}");
 }

@@ -276,7 +276,7 @@ fn the_python_example_backfills_postgres() {
         );
         String::from_utf8(out.stdout).unwrap()
     };
-    let pg = crate::postgres::TestPostgres::start();
+    let pg = support::TestPostgres::start();
     python(
         "import os, psycopg
 with psycopg.connect(os.environ['DATABASE_URL'], autocommit=True) as c:

@@ -1,6 +1,6 @@
-//! `tranche run --sql` for real: the binary against a private PostgreSQL (as
-//! `postgres.rs` starts its own) and a private Redis. A statement the database refuses,
-//! or a database out of reach, fails at start with exit 2 and writes nothing; a worker
+//! `tranche run --sql` for real: the binary against a private PostgreSQL (testkit's
+//! `TestPostgres`) and a private Redis. A statement the database refuses, or a
+//! database out of reach, fails at start with exit 2 and writes nothing; a worker
 //! SIGKILLed inside a chunk's transaction leaves none of it, and the next attempt
 //! completes it (the rows reach the run's summary); a worker frozen past its lease
 //! writes nothing over its successor with `--fence-column`; a deadlock between two
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::{Client, NoTls};
 
 use crate::common::{ok, output, scratch, tranche, wait};
-use crate::postgres::TestPostgres;
+use crate::support::TestPostgres;
 use crate::support::TestRedis;
 
 /// A table `t` of `rows` rows (`v` 0, `fence` 0), `slow` (one row: the seconds each
