@@ -1,12 +1,21 @@
 //! Test support for tranche's crates, a dev-dependency only: a private `redis-server`
 //! per test on a free port, killed on drop ([`TestRedis`]); a private Redis Cluster
-//! ([`TestCluster`]); the checks every crate's Lua scripts pass ([`lua_sources`],
-//! [`keys_not_from_keys`]); and a throwaway PKI for TLS tests ([`pki`]).
+//! ([`TestCluster`]); a private PostgreSQL cluster ([`TestPostgres`]) and MariaDB
+//! server ([`TestMariadb`]) for the SQL handler's tests and the backfill bench, and
+//! the Python that talks to the former ([`psycopg_python`]); the
+//! checks every crate's Lua scripts pass ([`lua_sources`], [`keys_not_from_keys`]); and
+//! a throwaway PKI for TLS tests ([`pki`]).
 //!
-//! Never the shared 6379 and never a silent skip: without a `redis-server` binary the
-//! test fails and says how to get one (`TRANCHE_REDIS_SERVER` names one elsewhere).
+//! Never the shared 6379 (or 5432, 3306) and never a silent skip: without a server
+//! binary the test fails and says how to get one (`TRANCHE_REDIS_SERVER` names a
+//! `redis-server` elsewhere).
 
+mod mariadb;
 pub mod pki;
+mod postgres;
+
+pub use mariadb::TestMariadb;
+pub use postgres::{TestPostgres, psycopg_python};
 
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::PathBuf;

@@ -67,6 +67,12 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             if *needs_redis {
                 cmd.env("TRANCHE_REDIS_SERVER", crate::redis::ensure_installed()?);
             }
+            if *target == "backfill" {
+                // A private PostgreSQL, psql for the per-process cells, and psycopg 3
+                // for the `--exec-persistent` cell (the Python example).
+                crate::redis::ensure_postgres()?;
+                crate::redis::ensure_psycopg()?;
+            }
             cmd.env("TRANCHE_BENCH_OUT", &out);
             if cluster {
                 cmd.env("TRANCHE_BENCH_CLUSTER", "1");

@@ -28,7 +28,7 @@ Tasks:
                            nextest, e.g. `cargo xtask test -p tranche-codec`)
   bench NAME|all           run a benchmark; it prints a table and writes
                            target/tranche-bench/NAME.json (names: codec, window, active, archive,
-                           embedded_state, e2e, ops)
+                           embedded_state, e2e, ops, backfill)
   bench e2e --cluster      the end-to-end bench on a local 3-master cluster beside one server
                            (N = 50,000, cell 4x64x16 unless TRANCHE_BENCH_* say otherwise)
   fuzz codec|active|state [--seconds N] [--runs N] [--target T]

@@ -135,6 +135,45 @@ pub(crate) fn ensure_mariadb() -> Result<()> {
     Ok(())
 }
 
+/// Makes sure a `python3` imports psycopg 3, for the backfill bench's
+/// `--exec-persistent` cell (`examples/persistent-psycopg.py`), installing Debian's
+/// `python3-psycopg` with apt-get when none does and this runs as root. Debian's package
+/// serves `/usr/bin/python3`, which the bench tries after the `python3` on PATH.
+pub(crate) fn ensure_psycopg() -> Result<()> {
+    let present = || {
+        ["python3", "/usr/bin/python3"].iter().any(|python| {
+            Command::new(python)
+                .args(["-c", "import psycopg"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+    };
+    if present() {
+        return Ok(());
+    }
+    if !is_root() || find_on_path("apt-get").is_none() {
+        bail!(
+            "no python3 imports psycopg 3 and it cannot be installed from here \
+             (the backfill bench's --exec-persistent cell needs it): \
+             sudo apt-get install python3-psycopg"
+        );
+    }
+    eprintln!("xtask: installing Debian's python3-psycopg with apt-get");
+    apt_get(&["update"])?;
+    apt_get(&[
+        "install",
+        "-y",
+        "--no-install-recommends",
+        "python3-psycopg",
+    ])?;
+    if !present() {
+        bail!("apt-get installed python3-psycopg but no python3 imports psycopg");
+    }
+    Ok(())
+}
+
 /// Makes sure `promtool` (Debian's prometheus package) is there for the test that checks
 /// the shipped alerting rules, installing it with apt-get when missing and this runs as
 /// root. The package's service is not started (no init system runs it here).

@@ -1,138 +1,16 @@
-//! `SqlHandler` on a private MariaDB server (Debian's mariadb-server, installed into a
-//! temporary directory with mariadb-install-db and started on a free port and a
-//! socket of its own, grants skipped): chunks update exactly their range, with named
-//! or `?` placeholders; a deadlock between two chunks is retried and both complete; a
+//! `SqlHandler` on a private MariaDB server (testkit's `TestMariadb`: Debian's
+//! mariadb-server in a directory and on a port of its own): chunks update exactly their
+//! range, with named or `?` placeholders; a deadlock between two chunks is retried and both complete; a
 //! statement the server refuses fails at connect in its words; a fence column keeps
 //! a stale chunk off its successor's rows.
 
 use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
 use tranche_worker::{Chunk, Handler, SqlConfig, SqlHandler};
 
-/// A private MariaDB server, killed and removed on drop.
-pub(crate) struct TestMariadb {
-    dir: PathBuf,
-    server: Child,
-    port: u16,
-}
-
-impl TestMariadb {
-    /// Installs a data directory and starts `mariadbd` on it, with a database `test`.
-    pub(crate) fn start() -> Self {
-        for program in ["mariadb-install-db", "mariadbd", "mariadb"] {
-            assert!(
-                find(program).is_some(),
-                "{program} not found: apt-get install mariadb-server (cargo xtask test does)"
-            );
-        }
-        static SERVERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = SERVERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("tranche-my-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let data = dir.join("data");
-        let user = whoami();
-        let out = Command::new(find("mariadb-install-db").unwrap())
-            .arg("--no-defaults")
-            .arg(format!("--datadir={}", data.display()))
-            .arg(format!("--user={user}"))
-            .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
-            .output()
-            .expect("cannot run mariadb-install-db");
-        assert!(
-            out.status.success(),
-            "mariadb-install-db failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let socket = dir.join("sock");
-        // Durability is of no use to a throwaway server.
-        let server = Command::new(find("mariadbd").unwrap())
-            .arg("--no-defaults")
-            .arg(format!("--datadir={}", data.display()))
-            .arg(format!("--socket={}", socket.display()))
-            .arg(format!("--pid-file={}", dir.join("pid").display()))
-            .arg(format!("--log-error={}", dir.join("log").display()))
-            .arg(format!("--port={port}"))
-            .arg(format!("--user={user}"))
-            .args([
-                "--bind-address=127.0.0.1",
-                "--skip-grant-tables",
-                "--skip-log-bin",
-                "--innodb-flush-log-at-trx-commit=0",
-                "--innodb-buffer-pool-size=32M",
-                "--innodb-doublewrite=0",
-                "--performance-schema=0",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("cannot start mariadbd");
-        let mut me = Self { dir, server, port };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let created = Command::new("mariadb")
-                .arg("--no-defaults")
-                .arg(format!("--socket={}", socket.display()))
-                .args(["-u", "root", "-e", "CREATE DATABASE IF NOT EXISTS test"])
-                .output()
-                .expect("cannot run mariadb");
-            if created.status.success() {
-                break;
-            }
-            if let Ok(Some(status)) = me.server.try_wait() {
-                panic!(
-                    "mariadbd exited ({status}): {}",
-                    std::fs::read_to_string(me.dir.join("log")).unwrap_or_default()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "mariadbd did not answer within 60 s: {}",
-                String::from_utf8_lossy(&created.stderr)
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        me
-    }
-
-    /// The server's `mysql://` URL, database `test`.
-    pub(crate) fn url(&self) -> String {
-        format!("mysql://root@127.0.0.1:{}/test", self.port)
-    }
-}
-
-impl Drop for TestMariadb {
-    fn drop(&mut self) {
-        let _ = self.server.kill();
-        let _ = self.server.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn find(program: &str) -> Option<PathBuf> {
-    ["/usr/sbin", "/usr/bin", "/sbin", "/bin"]
-        .iter()
-        .map(|d| PathBuf::from(d).join(program))
-        .find(|p| p.exists())
-}
-
-fn whoami() -> String {
-    let out = Command::new("id")
-        .arg("-un")
-        .output()
-        .expect("cannot run id");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
+use crate::support::TestMariadb;
 
 /// A table `t` of `rows` rows, `v` 0, and an unused `f` for fences.
 async fn setup(db: &TestMariadb, rows: u64) -> mysql_async::Conn {

@@ -263,8 +263,10 @@ fn the_shell_example_runs() {
 /// (a larger fence), which are left as they are.
 #[test]
 fn the_python_example_backfills_postgres() {
+    let python3 = support::psycopg_python()
+        .expect("no python3 imports psycopg 3: apt-get install python3-psycopg");
     let python = |script: &str, url: &str| {
-        let out = std::process::Command::new("python3")
+        let out = std::process::Command::new(python3)
             .args(["-c", script])
             .env("DATABASE_URL", url)
             .output()
@@ -276,7 +278,7 @@ fn the_python_example_backfills_postgres() {
         );
         String::from_utf8(out.stdout).unwrap()
     };
-    let pg = crate::postgres::TestPostgres::start();
+    let pg = support::TestPostgres::start();
     python(
         "import os, psycopg
 with psycopg.connect(os.environ['DATABASE_URL'], autocommit=True) as c:
@@ -305,7 +307,7 @@ WHERE id BETWEEN 500 AND 509\")",
             "200",
         ],
     ));
-    let exec = format!("python3 {}", script.display());
+    let exec = format!("{python3} {}", script.display());
     let mut cmd = tranche(
         &dir,
         &[

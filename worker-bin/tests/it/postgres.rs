@@ -1,5 +1,5 @@
-//! The PostgreSQL backfill example, for real: a private PostgreSQL server (initdb and
-//! pg_ctl on a free port, as the Redis tests start their own redis-server) and the
+//! The PostgreSQL backfill example, for real: a private PostgreSQL server (testkit's
+//! `TestPostgres`, as the Redis tests start their own redis-server) and the
 //! example's handler run by `tranche_worker::Runner` on a private Redis. A table of
 //! 25,000 rows is stopped halfway and run again; a table of 1,000,000 rows is
 //! backfilled by three runner processes, one of them SIGKILLed mid-run: every row is
@@ -11,141 +11,13 @@ use crate::support;
 #[allow(dead_code)]
 mod example;
 
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use example::Backfill;
-use support::TestRedis;
+use support::{TestPostgres, TestRedis};
 use tranche_worker::Runner;
-
-/// A private PostgreSQL cluster, stopped and removed on drop.
-pub(crate) struct TestPostgres {
-    dir: PathBuf,
-    bin: PathBuf,
-    port: u16,
-}
-
-impl TestPostgres {
-    pub(crate) fn start() -> Self {
-        let bin = std::fs::read_dir("/usr/lib/postgresql")
-            .ok()
-            .and_then(|d| {
-                d.flatten()
-                    .map(|e| e.path().join("bin"))
-                    .find(|p| p.join("initdb").exists())
-            })
-            .expect("PostgreSQL's initdb not found: apt-get install postgresql");
-        // One directory per server: the tests of this binary run side by side.
-        static SERVERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = SERVERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("tranche-pg-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        // initdb refuses to run as root: run the server as `postgres` then.
-        let root = nix_is_root();
-        if root {
-            let ok = Command::new("chown")
-                .args(["-R", "postgres"])
-                .arg(&dir)
-                .status()
-                .unwrap();
-            assert!(ok.success());
-        }
-        let data = dir.join("data");
-        run_as(
-            root,
-            &bin.join("initdb"),
-            &[
-                "-D",
-                data.to_str().unwrap(),
-                "-U",
-                "postgres",
-                "-A",
-                "trust",
-            ],
-        );
-        // Durability is of no use to a test's throwaway cluster: without fsync the
-        // million-row UPDATEs cost what the CPU does.
-        let opts = format!(
-            "-p {port} -c listen_addresses=127.0.0.1 -k {} -c fsync=off \
-             -c synchronous_commit=off -c full_page_writes=off",
-            dir.display()
-        );
-        run_as(
-            root,
-            &bin.join("pg_ctl"),
-            &[
-                "-D",
-                data.to_str().unwrap(),
-                "-o",
-                &opts,
-                "-l",
-                dir.join("log").to_str().unwrap(),
-                "-w",
-                "start",
-            ],
-        );
-        Self { dir, bin, port }
-    }
-
-    pub(crate) fn url(&self) -> String {
-        format!(
-            "host=127.0.0.1 port={} user=postgres dbname=postgres",
-            self.port
-        )
-    }
-}
-
-impl Drop for TestPostgres {
-    fn drop(&mut self) {
-        let data = self.dir.join("data");
-        let _ = Command::new(if nix_is_root() { "runuser" } else { "env" })
-            .args(if nix_is_root() {
-                vec!["-u", "postgres", "--"]
-            } else {
-                vec![]
-            })
-            .arg(self.bin.join("pg_ctl"))
-            .args(["-D", data.to_str().unwrap(), "-m", "immediate", "stop"])
-            .output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn nix_is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| o.stdout.starts_with(b"0\n"))
-        .unwrap_or(false)
-}
-
-fn run_as(root: bool, program: &Path, args: &[&str]) {
-    let out = if root {
-        Command::new("runuser")
-            .args(["-u", "postgres", "--"])
-            .arg(program)
-            .args(args)
-            .output()
-    } else {
-        Command::new(program).args(args).output()
-    }
-    .unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display()));
-    assert!(
-        out.status.success(),
-        "{} failed: {}{}",
-        program.display(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_backfill_runs_to_the_end_through_a_restart() {
@@ -247,7 +119,7 @@ async fn three_runners_backfill_a_million_rows_through_a_sigkill() {
         .await
         .unwrap();
 
-    let logs = pg.dir.join("runners");
+    let logs = pg.dir().join("runners");
     std::fs::create_dir_all(&logs).unwrap();
     // A hang, not a slow job: the survivors must be done by then (`wait_with_deadline`).
     let job = Instant::now();
@@ -545,7 +417,7 @@ async fn a_worker_thawed_past_its_lease_cannot_overwrite_its_successor() {
     );
     let path = format!(
         "{}:{}",
-        pg.bin.display(),
+        pg.bin().display(),
         std::env::var("PATH").unwrap_or_default()
     );
     let worker = |name: &str| {

@@ -1,6 +1,6 @@
-//! `SqlHandler` against a private PostgreSQL server (started as `postgres.rs` starts
-//! its own): a chunk binds and updates exactly its range; a statement the database
-//! refuses fails at connect in the database's words; what a retry cures (a deadlock, a
+//! `SqlHandler` against a private PostgreSQL server (testkit's `TestPostgres`): a
+//! chunk binds and updates exactly its range; a statement the database refuses fails
+//! at connect in the database's words; what a retry cures (a deadlock, a
 //! terminated connection) is retried inside the attempt, and what it cannot (a
 //! timeout, a constraint) fails it; a worker killed inside a chunk's transaction
 //! leaves nothing of it, and the retry completes it.
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::{Client, NoTls};
 use tranche_worker::{Chunk, Handler, SqlConfig, SqlHandler};
 
-use crate::postgres::TestPostgres;
+use crate::support::TestPostgres;
 
 /// A table `t` of `rows` rows, `v` 0, `u` unique, and `nap(seconds)`: true after a
 /// sleep, to hold a statement open row by row.

@@ -1,8 +1,9 @@
-//! `tranche run --sql` for real: the binary against a private PostgreSQL (as
-//! `postgres.rs` starts its own) and a private Redis. A statement the database refuses,
-//! or a database out of reach, fails at start with exit 2 and writes nothing; a worker
+//! `tranche run --sql` for real: the binary against a private PostgreSQL (testkit's
+//! `TestPostgres`) and a private Redis. A statement the database refuses, or a
+//! database out of reach, fails at start with exit 2 and writes nothing; a worker
 //! SIGKILLed inside a chunk's transaction leaves none of it, and the next attempt
-//! completes it (the rows reach the run's summary); a worker frozen past its lease
+//! completes it (the rows reach the run's summary), on PostgreSQL and on MariaDB; a
+//! worker frozen past its lease
 //! writes nothing over its successor with `--fence-column`; a deadlock between two
 //! chunks is retried and both complete.
 
@@ -13,8 +14,8 @@ use std::time::{Duration, Instant};
 use tokio_postgres::{Client, NoTls};
 
 use crate::common::{ok, output, scratch, tranche, wait};
-use crate::postgres::TestPostgres;
 use crate::support::TestRedis;
+use crate::support::{TestMariadb, TestPostgres};
 
 /// A table `t` of `rows` rows (`v` 0, `fence` 0), `slow` (one row: the seconds each
 /// row of a chunk waits) and `nap(seconds)`: true after a sleep.
@@ -192,47 +193,48 @@ async fn a_refused_statement_or_an_unreachable_database_fails_at_start_writing_n
     assert!(out.contains("rows        10 affected here"), "{out}");
 }
 
+/// The SIGKILL tests' plan: IDs 1..=200, one partition.
+fn plan_one_partition(dir: &Path, redis: &str) {
+    ok(tranche(
+        dir,
+        &[
+            "--redis", redis, "plan", "--min", "1", "--max", "200", "--size", "200",
+        ],
+    ));
+}
+
+/// The killed and the retrying worker of the SIGKILL tests: `run --sql` over the one
+/// partition as one chunk, leases of 2 s, the summary in JSON.
+fn one_chunk_worker(dir: &Path, redis: &str, db: &str, statement: &str, name: &str) -> Command {
+    run_sql(
+        dir,
+        redis,
+        db,
+        statement,
+        &[
+            "--chunk",
+            "200",
+            "--lease",
+            "2s",
+            "--worker-id",
+            name,
+            "--json",
+        ],
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_sigkilled_inside_a_transaction_leaves_nothing_and_the_retry_completes_it() {
     let pg = TestPostgres::start();
     let db = setup(&pg, 200).await;
     let redis = TestRedis::start();
     let dir = scratch("sql-sigkill");
-    ok(tranche(
-        &dir,
-        &[
-            "--redis",
-            &redis.url(),
-            "plan",
-            "--min",
-            "1",
-            "--max",
-            "200",
-            "--size",
-            "200",
-        ],
-    ));
+    plan_one_partition(&dir, &redis.url());
     // Every row waits `slow.d`: 20 ms now, 4 s for the chunk; A is killed long before.
     db.batch_execute("UPDATE slow SET d = 0.02").await.unwrap();
     let statement =
         "UPDATE t SET v = v + 1 WHERE id BETWEEN $1 AND $2 AND nap((SELECT d FROM slow))";
-    let worker = |name: &str| {
-        run_sql(
-            &dir,
-            &redis.url(),
-            &pg.url(),
-            statement,
-            &[
-                "--chunk",
-                "200",
-                "--lease",
-                "2s",
-                "--worker-id",
-                name,
-                "--json",
-            ],
-        )
-    };
+    let worker = |name: &str| one_chunk_worker(&dir, &redis.url(), &pg.url(), statement, name);
     let mut a = spawn(worker("a"), &dir, "a");
     wait_for(
         &db,
@@ -258,6 +260,64 @@ async fn a_worker_sigkilled_inside_a_transaction_leaves_nothing_and_the_retry_co
     db.batch_execute("UPDATE slow SET d = 0").await.unwrap();
     let summary = ok(worker("b"));
     assert_eq!(groups(&db).await, vec![(1, 0, 200)]);
+    let json: serde_json::Value = serde_json::from_str(summary.trim()).unwrap();
+    assert_eq!(json["completed"], 1, "{summary}");
+    assert_eq!(json["rows"], 200, "{summary}");
+}
+
+/// The same on MariaDB: A's UPDATE sleeps 20 ms a row inside its transaction when A
+/// is SIGKILLed. The server runs the statement to its end, sees the socket closed and
+/// rolls the transaction back; B reclaims the partition after A's lease and completes
+/// it, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_mariadb_a_worker_sigkilled_inside_a_transaction_leaves_nothing() {
+    use mysql_async::prelude::Queryable;
+    let my = TestMariadb::start();
+    let mut db = mysql_async::Conn::from_url(my.url()).await.unwrap();
+    for sql in [
+        "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT NOT NULL DEFAULT 0) ENGINE=InnoDB",
+        "INSERT INTO t (id) SELECT seq FROM seq_1_to_200",
+        "CREATE TABLE slow (d DOUBLE NOT NULL)",
+        "INSERT INTO slow VALUES (0.02)",
+    ] {
+        db.query_drop(sql).await.unwrap();
+    }
+    let redis = TestRedis::start();
+    let dir = scratch("sql-sigkill-mariadb");
+    plan_one_partition(&dir, &redis.url());
+    let statement = "UPDATE t SET v = v + 1 WHERE id BETWEEN :from AND :to \
+                     AND SLEEP((SELECT d FROM slow)) = 0";
+    let worker = |name: &str| one_chunk_worker(&dir, &redis.url(), &my.url(), statement, name);
+    // The count of the server's sessions (other than this one) that `condition` picks.
+    let sessions = |condition: &str| {
+        format!(
+            "SELECT count(*) FROM information_schema.processlist \
+             WHERE id <> CONNECTION_ID() AND db = 'test' AND {condition}"
+        )
+    };
+    let mut a = spawn(worker("a"), &dir, "a");
+    let running = sessions("info LIKE 'UPDATE t SET%' AND time_ms > 300");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while db.query_first::<i64, _>(&running).await.unwrap() != Some(1) {
+        assert!(Instant::now() < deadline, "never saw a's UPDATE running");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    kill("-KILL", &a);
+    let _ = wait(&mut a, Duration::from_secs(10));
+    // The UPDATE runs out its 4 s, then the server finds the client gone.
+    let all = sessions("TRUE");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while db.query_first::<i64, _>(&all).await.unwrap() != Some(0) {
+        assert!(Instant::now() < deadline, "a's sessions outlived it");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let groups = "SELECT v, count(*) FROM t GROUP BY v ORDER BY v";
+    let seen: Vec<(i64, i64)> = db.query(groups).await.unwrap();
+    assert_eq!(seen, vec![(0, 200)], "a partial chunk");
+    db.query_drop("UPDATE slow SET d = 0").await.unwrap();
+    let summary = ok(worker("b"));
+    let seen: Vec<(i64, i64)> = db.query(groups).await.unwrap();
+    assert_eq!(seen, vec![(1, 200)]);
     let json: serde_json::Value = serde_json::from_str(summary.trim()).unwrap();
     assert_eq!(json["completed"], 1, "{summary}");
     assert_eq!(json["rows"], 200, "{summary}");

@@ -11,7 +11,7 @@ use tokio_postgres::NoTls;
 use tranche_worker::{ProbeOutcome, SqlProbe};
 
 use crate::common;
-use crate::postgres::TestPostgres;
+use crate::support::TestPostgres;
 
 fn probe(pg: &TestPostgres) -> SqlProbe {
     SqlProbe::new(pg.url(), Duration::from_secs(2))
