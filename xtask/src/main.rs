@@ -207,6 +207,7 @@ fn test(args: &[String]) -> Result<()> {
     redis::ensure_browser()?;
     redis::ensure_postgres()?;
     redis::ensure_mariadb()?;
+    redis::ensure_psycopg()?;
     redis::ensure_promtool()?;
     redis::ensure_systemd_analyze()?;
     ensure_nextest()?;

@@ -156,7 +156,7 @@ pub(crate) fn ensure_psycopg() -> Result<()> {
     if !is_root() || find_on_path("apt-get").is_none() {
         bail!(
             "no python3 imports psycopg 3 and it cannot be installed from here \
-             (the backfill bench's --exec-persistent cell needs it): \
+             (the Python --exec-persistent example's test and the backfill bench need it): \
              sudo apt-get install python3-psycopg"
         );
     }
