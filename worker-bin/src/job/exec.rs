@@ -318,6 +318,22 @@ mod tests {
         );
     }
 
+    /// `TRACEPARENT` is the chunk's trace context when it has one, and absent (not
+    /// empty) when not.
+    #[tokio::test]
+    async fn exec_gets_its_traceparent_when_traced() {
+        let tp = crate::trace::TraceParent::new([0x4b; 16], [0x3c; 8], true).unwrap();
+        let job = Job::Exec(format!(r#"test "$TRACEPARENT" = {tp}"#));
+        let run = job.run(chunk(), std::future::pending(), None);
+        assert_eq!(crate::trace::scoped(&chunk(), tp, run).await, Ok(None));
+        let job = Job::Exec(r#"test -z "${TRACEPARENT+set}""#.into());
+        assert_eq!(
+            job.run(chunk(), std::future::pending(), None).await,
+            Ok(None),
+            "no TRACEPARENT without a trace (nor in this test's environment)"
+        );
+    }
+
     #[tokio::test]
     async fn a_failure_carries_the_tail_of_stderr() {
         let job = Job::Exec("echo first >&2; echo 'the real reason' >&2; exit 3".into());

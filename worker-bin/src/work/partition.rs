@@ -301,7 +301,7 @@ impl PartitionCtx {
         let closer = self.closer(lease.pid, hold, &window, &fenced);
         let mut running = JoinSet::new();
         // Whether the partition's span is enabled: only then are the gate's waits timed.
-        let traced = !tracing::Span::current().is_disabled();
+        let traced = super::spans::in_enabled_span();
         let issue = async {
             for _ in first..n_chunks {
                 let Ok(permit) = permits.acquire().await else {
@@ -409,7 +409,7 @@ impl PartitionCtx {
             fence: lease.token,
         };
         let mut stop = self.stop.clone();
-        let traced = !tracing::Span::current().is_disabled();
+        let traced = super::spans::in_enabled_span();
         let ids = c.to - c.from + 1;
         // Biased, the gate first: with no limit it is open at once, and nothing else is
         // polled (no waiter registered) on the path every one-chunk partition takes.

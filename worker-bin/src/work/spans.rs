@@ -148,6 +148,13 @@ pub(crate) fn chunk_ended<T>(
     span.record("otel.status_description", error);
 }
 
+/// Whether the current span (a partition's) is enabled: what only it records is
+/// measured then. Debug level off (the default) answers from one atomic load, without
+/// asking the subscriber for its current span.
+pub(crate) fn in_enabled_span() -> bool {
+    tracing::level_enabled!(tracing::Level::DEBUG) && !tracing::Span::current().is_disabled()
+}
+
 /// Awaits the gate's `open` (a throttle, the active hours, the rate limit) and, when
 /// the current span is enabled and the wait was a millisecond or more, records it there
 /// as an event.

@@ -86,7 +86,7 @@ impl PartitionCtx {
         let fenced = AtomicBool::new(false);
         let closer = self.closer(lease.pid, hold, &window, &fenced);
         let mut running = JoinSet::new();
-        let traced = !tracing::Span::current().is_disabled();
+        let traced = super::super::spans::in_enabled_span();
         let issue = async {
             loop {
                 let from = spans.lock().expect("not poisoned").next;
