@@ -173,6 +173,9 @@ fn a_run_exports_its_spans_and_logs_carry_their_ids() {
             "0",
             "--chunk",
             "100",
+            // 10,000 IDs at 20,000 a second: chunks wait at the gate.
+            "--max-rate",
+            "20000",
         ],
     ));
     assert!(out.status.success(), "{out:?}");
@@ -208,6 +211,13 @@ fn a_run_exports_its_spans_and_logs_carry_their_ids() {
     traces.sort_unstable();
     traces.dedup();
     assert_eq!(traces.len(), 10, "one trace per partition");
+    // The rate limit's waits are events on the partitions' spans.
+    let waits = partitions
+        .iter()
+        .flat_map(|p| &p.events)
+        .filter(|e| e.name.starts_with("waited at the gate"))
+        .count();
+    assert!(waits > 0, "no wait at the gate recorded");
     // Every chunk under its partition's span, in its trace.
     let chunks: Vec<&Span> = spans.iter().filter(|s| s.name == "chunk").collect();
     assert_eq!(
