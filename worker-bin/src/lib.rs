@@ -100,6 +100,7 @@ mod slot;
 mod sql;
 mod state;
 mod sync;
+mod trace;
 mod work;
 
 /// The embedded run's state file, for `benches/embedded_state.rs` (which times saving,
@@ -134,6 +135,7 @@ pub use sql::{SqlConfig, SqlHandler, SqlProbe, SqlStats};
 /// The token that drains a run ([`Runner::run_until_cancelled`]), re-exported from
 /// `tokio-util`.
 pub use tokio_util::sync::CancellationToken;
+pub use trace::{PartitionTrace, TraceContext, TraceParent};
 /// The values a [`Job`] answers with, from the crates underneath.
 pub use tranche_active_store::{PlanEntry, StatusCounts, WorkerInfo, WorkerState};
 pub use tranche_archive_store::{DeadLetter, Dump};

@@ -61,6 +61,9 @@ pub(super) fn runner_of(g: &Global, args: &RunArgs) -> Result<Runner> {
     if let Some(id) = &args.worker_id {
         runner = runner.worker_id(id.clone());
     }
+    if let Some(trace) = crate::cli::telemetry::trace_context() {
+        runner = runner.trace_context(trace);
+    }
     Ok(runner)
 }
 

@@ -6,6 +6,12 @@
 //! it. A full queue, or a collector that refuses or cannot be reached, drops spans and
 //! counts them ([`SPANS_DROPPED`], `tranche_worker_otel_spans_dropped` on
 //! `--metrics-listen`); the job goes on at full speed either way.
+//!
+//! With the exporter on, [`trace_context`] is the run's [`TraceContext`]: each attempt's
+//! `partition` span goes into its partition's trace (a remote parent derived from the
+//! namespace, the plan and the pid, `crate::trace`) with a link to the process's `run`
+//! span, and each `chunk` span's context becomes its command's `TRACEPARENT`. Without
+//! it, none is given and nothing of that runs.
 
 use std::fmt;
 
@@ -88,6 +94,9 @@ pub(crate) fn init(format: LogFormat, traces: &Traces) -> anyhow::Result<Telemet
             .with(logs)
             .with(layer)
             .try_init()?;
+        if otel.is_some() {
+            let _ = TRACE_CONTEXT.set(std::sync::Arc::new(otel::Propagate));
+        }
         Ok(Telemetry { otel })
     }
     #[cfg(not(feature = "otel"))]
@@ -98,6 +107,16 @@ pub(crate) fn init(format: LogFormat, traces: &Traces) -> anyhow::Result<Telemet
         tracing_subscriber::registry().with(logs).try_init()?;
         Ok(Telemetry {})
     }
+}
+
+/// The run's trace context, set once the exporter is installed.
+static TRACE_CONTEXT: std::sync::OnceLock<std::sync::Arc<dyn crate::trace::TraceContext>> =
+    std::sync::OnceLock::new();
+
+/// What puts a run's spans into traces, when spans are exported (`--otlp-endpoint`);
+/// `None` otherwise, and the run then derives no trace and passes no `TRACEPARENT`.
+pub(crate) fn trace_context() -> Option<std::sync::Arc<dyn crate::trace::TraceContext>> {
+    TRACE_CONTEXT.get().cloned()
 }
 
 /// `--log-format json`: one object a line, as log shippers (Loki, Elasticsearch,
@@ -251,11 +270,17 @@ mod otel {
     }
 
     impl Export {
-        /// Flushes what is queued (bounded by [`DRAIN`]) and stops the thread.
+        /// Flushes what is queued (bounded by [`DRAIN`]) and stops the thread; says how
+        /// many spans went out and how many were dropped, in one line.
         pub(super) fn shutdown(self) {
             if let Err(e) = self.provider.shutdown_with_timeout(DRAIN) {
                 tracing::debug!(error = %e, "span exporter shutdown");
             }
+            tracing::info!(
+                exported = SPANS_EXPORTED.load(Ordering::Relaxed),
+                dropped = SPANS_DROPPED.load(Ordering::Relaxed),
+                "span export ended"
+            );
         }
     }
 
@@ -290,14 +315,17 @@ mod otel {
             .with_span_processor(Queue::start(exporter)?)
             .build();
         let tracer = provider.tracer("tranche");
-        // Spans of tranche's own code down to debug (`partition` is one); events only
-        // from info up, attached to their span.
+        // Spans of tranche's own code down to debug (`partition` and `chunk` are);
+        // events from info up, attached to their span, and the debug events meant for
+        // spans alone (the gate's waits).
         let filter = tracing_subscriber::filter::filter_fn(|meta| {
             meta.target().starts_with("tranche")
                 && if meta.is_span() {
                     *meta.level() <= tracing::Level::DEBUG
                 } else {
                     *meta.level() <= tracing::Level::INFO
+                        || (meta.target() == crate::trace::SPAN_EVENTS
+                            && *meta.level() <= tracing::Level::DEBUG)
                 }
         });
         let layer = tracing_opentelemetry::layer()
@@ -326,6 +354,48 @@ mod otel {
         } else {
             format!("{endpoint}/v1/traces")
         })
+    }
+
+    /// The binary's [`TraceContext`](crate::trace::TraceContext) over
+    /// `tracing-opentelemetry`.
+    pub(super) struct Propagate;
+
+    impl crate::trace::TraceContext for Propagate {
+        fn partition(&self, span: &tracing::Span, partition: &crate::trace::PartitionTrace) {
+            use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+            let root = SpanContext::new(
+                TraceId::from_bytes(partition.trace_id),
+                SpanId::from_bytes(partition.root_span_id),
+                TraceFlags::SAMPLED,
+                true,
+                TraceState::default(),
+            );
+            // The current span is the run's: linked, no longer the parent.
+            let run = tracing::Span::current()
+                .context()
+                .span()
+                .span_context()
+                .clone();
+            if let Err(e) =
+                span.set_parent(opentelemetry::Context::new().with_remote_span_context(root))
+            {
+                tracing::debug!(error = %e, "a partition span not put in its trace");
+            }
+            span.add_link(run);
+        }
+
+        fn traceparent(&self, span: &tracing::Span) -> Option<crate::trace::TraceParent> {
+            let cx = span.context();
+            let sc = cx.span().span_context().clone();
+            if !sc.is_valid() {
+                return None;
+            }
+            crate::trace::TraceParent::new(
+                sc.trace_id().to_bytes(),
+                sc.span_id().to_bytes(),
+                sc.is_sampled(),
+            )
+        }
     }
 
     /// The trace and span ids of the current span, hex, when it is sampled.

@@ -14,7 +14,9 @@
 //! fencing token, larger for every later lease on the range: guard the chunk's writes
 //! with it, `UPDATE … SET fence = $TRANCHE_FENCE WHERE id BETWEEN … AND fence <
 //! $TRANCHE_FENCE`, and a worker that lost its lease unawares cannot overwrite its
-//! successor's rows) and the tag its leftovers are found by (`reap.rs`).
+//! successor's rows) and the tag its leftovers are found by (`reap.rs`); and, when the
+//! run exports traces, `TRACEPARENT`, the W3C trace context of the chunk's span
+//! ([`Chunk::traceparent`]), for the command to continue its trace.
 //!
 //! [`exec`] runs it in named steps: [`usable_fence`], [`spawn_guarded`], the wait (the
 //! command's end or the drain's abort), [`collect`] (the stderr tail and the sweep of
@@ -134,6 +136,7 @@ pub(super) async fn exec(
     };
     let tail = collect(tail, stop_tail, pgid, &tag, grace).await;
     let status = status.map_err(|e| ChunkError::Failed(format!("waiting for `{cmd}`: {e}")))?;
+    record_end(status, tail.len());
     verdict(cmd, &chunk, status, told, &tail)
 }
 
@@ -169,6 +172,9 @@ fn spawn_guarded(
     // A group of its own (the terminal's Ctrl-C is for tranche, not the chunk); should
     // this future be dropped, at least `sh` goes.
     prepare(&mut command, tag, 0);
+    if let Some(traceparent) = chunk.traceparent() {
+        command.env("TRACEPARENT", traceparent.to_string());
+    }
     let child = command
         .env("TRANCHE_PID", chunk.pid.to_string())
         .env("TRANCHE_FROM", chunk.from.to_string())
@@ -183,6 +189,21 @@ fn spawn_guarded(
         .spawn()
         .map_err(|e| ChunkError::Failed(format!("cannot start `sh -c {cmd}`: {e}")))?;
     Ok((child, told))
+}
+
+/// Records on the chunk's span, when it is enabled, how the command ended and how much
+/// of its stderr was kept (the failure message holds the last [`STDERR_TAIL`] bytes).
+pub(super) fn record_end(status: ExitStatus, stderr_kept: usize) {
+    let span = tracing::Span::current();
+    if span.is_disabled() {
+        return;
+    }
+    match (status.code(), status.signal()) {
+        (Some(code), _) => span.record("exit_status", code),
+        (None, Some(signal)) => span.record("exit_status", format!("signal {signal}")),
+        (None, None) => span.record("exit_status", "unknown"),
+    };
+    span.record("stderr_bytes", stderr_kept.min(STDERR_TAIL) as u64);
 }
 
 /// After the command ended: what it left behind holding stderr has the `grace` to end
@@ -294,6 +315,22 @@ mod tests {
         assert_eq!(
             job.run(chunk(), std::future::pending(), None).await,
             Ok(None)
+        );
+    }
+
+    /// `TRACEPARENT` is the chunk's trace context when it has one, and absent (not
+    /// empty) when not.
+    #[tokio::test]
+    async fn exec_gets_its_traceparent_when_traced() {
+        let tp = crate::trace::TraceParent::new([0x4b; 16], [0x3c; 8], true).unwrap();
+        let job = Job::Exec(format!(r#"test "$TRACEPARENT" = {tp}"#));
+        let run = job.run(chunk(), std::future::pending(), None);
+        assert_eq!(crate::trace::scoped(&chunk(), tp, run).await, Ok(None));
+        let job = Job::Exec(r#"test -z "${TRACEPARENT+set}""#.into());
+        assert_eq!(
+            job.run(chunk(), std::future::pending(), None).await,
+            Ok(None),
+            "no TRACEPARENT without a trace (nor in this test's environment)"
         );
     }
 

@@ -140,6 +140,8 @@ pub struct Runner {
     until: Until,
     subscribers: Subscribers,
     control: Control,
+    /// Puts the run's spans into distributed traces ([`Runner::trace_context`]).
+    trace: Option<Arc<dyn crate::trace::TraceContext>>,
     /// What only `tranche run`'s flags set.
     cli: CliOnly,
 }
@@ -167,6 +169,7 @@ impl Runner {
             until: Until::Drained,
             subscribers: Subscribers::default(),
             control: Control::default(),
+            trace: None,
             cli: CliOnly::default(),
         }
     }
@@ -200,6 +203,15 @@ impl Runner {
     /// Shards of a new namespace (an existing one keeps its own).
     pub fn shards(mut self, shards: u32) -> Self {
         self.location.shards = Some(shards);
+        self
+    }
+
+    /// Puts the run's `partition` and `chunk` spans (debug level) into distributed
+    /// traces: each attempt in its partition's trace, each chunk's context passed to
+    /// its command (`TRACEPARENT`) and handler ([`Chunk::traceparent`](crate::Chunk::traceparent)).
+    /// See [`TraceContext`](crate::TraceContext).
+    pub fn trace_context(mut self, trace: Arc<dyn crate::trace::TraceContext>) -> Self {
+        self.trace = Some(trace);
         self
     }
 
@@ -437,6 +449,7 @@ impl Runner {
             save_every: Duration::from_secs(2),
             observer: subscribed,
             control: self.control.options()?,
+            trace: self.trace.clone(),
         })
     }
 

@@ -44,6 +44,9 @@ pub(super) async fn claim_loop(
     gate: &Arc<Gate>,
     stop: watch::Receiver<Stop>,
 ) -> Result<(), Error> {
+    if let Some(traced) = &shared.traced {
+        traced.refresh(backend).await;
+    }
     let mut l = ClaimLoop {
         ctx: Arc::new(PartitionCtx {
             active: backend.active.clone(),
@@ -282,6 +285,11 @@ impl ClaimLoop<'_> {
         match answer {
             Ok(leases) => {
                 let claimed = leases.len();
+                if let Some(traced) = &self.shared.traced
+                    && leases.iter().any(|l| traced.misses(l.pid))
+                {
+                    traced.refresh(self.backend).await;
+                }
                 self.shared.claimed.fetch_add(claimed as u64, Relaxed);
                 for lease in leases {
                     self.shared.emit(|| Event::Claimed {
@@ -396,17 +404,15 @@ fn auto_prefetch(concurrency: usize, mean_ms: Option<f64>) -> usize {
 }
 
 /// Starts the partition of `lease` on `tasks`, in a span of its own when the span is
-/// enabled: at debug level (`RUST_LOG=debug`), as every partition's own log line names
-/// its pid already, and a span entered on every poll of every partition cost the
-/// default `run` about a tenth of its CPU. A disabled span is not attached at all.
+/// enabled (`super::spans`): a disabled span is not attached at all.
 fn start(tasks: &mut JoinSet<()>, ctx: &Arc<PartitionCtx>, lease: Lease, hold: Arc<Hold>) {
     ctx.book.started();
-    let span = tracing::debug_span!("partition", pid = lease.pid, attempt = lease.attempt);
+    let span = super::spans::partition(&lease, hold.piece, ctx.shared.traced.as_ref());
     // Boxed: the future is some kilobytes, and tokio moves an unboxed one several times
     // on its way into the task and keeps its whole size in the task's stage (written
     // again when it finishes); a pointer moves for free.
     let working = Working::new(&ctx.shared);
-    let task = Box::pin(ctx.clone().process(lease, hold, working));
+    let task = Box::pin(ctx.clone().process(lease, hold, working, span.clone()));
     if span.is_disabled() {
         tasks.spawn(task);
     } else {

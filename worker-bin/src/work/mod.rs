@@ -30,6 +30,7 @@ use tranche_control::ControlStore;
 mod claim;
 mod partition;
 mod recent;
+mod spans;
 mod split;
 mod tasks;
 
@@ -86,6 +87,8 @@ pub(crate) struct Settings {
     pub(crate) split: bool,
     /// The smallest piece a split cuts off, in chunks (`--split-min`).
     pub(crate) split_min: u64,
+    /// Puts the partition and chunk spans into distributed traces, if anything does.
+    pub(crate) trace: Option<Arc<dyn crate::trace::TraceContext>>,
 }
 
 /// Something attached to a run from outside the engine: how the command line hangs its
@@ -217,13 +220,15 @@ pub(crate) struct Shared {
     /// Rows per lease (partition, token) while its chunks run, taken by the partition
     /// when they are over: the figure of its completion event.
     lease_rows: Mutex<HashMap<(u64, u64), u64>>,
+    /// Puts the spans into distributed traces (`spans`), if anything does.
+    traced: Option<spans::Traced>,
 }
 
 /// [`Shared::rows`] before any chunk reported rows: no handler count to show.
 const NOT_COUNTED: u64 = u64::MAX;
 
 impl Shared {
-    pub(crate) fn new(observer: Option<Arc<dyn Observer>>) -> Self {
+    pub(crate) fn new(observer: Option<Arc<dyn Observer>>, traced: Option<spans::Traced>) -> Self {
         let hist = || Histogram::new_with_bounds(1, 3_600_000_000, 2).expect("valid bounds");
         Self {
             completed: AtomicU64::new(0),
@@ -242,6 +247,7 @@ impl Shared {
             failed_pids: Mutex::new(Vec::new()),
             rows: AtomicU64::new(NOT_COUNTED),
             lease_rows: Mutex::new(HashMap::new()),
+            traced,
         }
     }
 
@@ -340,17 +346,24 @@ impl Shared {
     }
 
     /// Runs one chunk, counted in flight and timed for the observer; `fence` is its
-    /// lease's ([`crate::held::Hold::fence`]).
+    /// lease's ([`crate::held::Hold::fence`]), `span` its own ([`spans::chunk`], made
+    /// where it was issued, under its partition's span), attached only when enabled.
     async fn chunk(
         &self,
         job: &Job,
         c: Chunk,
         abort: impl std::future::Future<Output = Duration>,
         fence: crate::job::Fence,
+        span: tracing::Span,
     ) -> Result<(), ChunkError> {
         self.chunks_in_flight.fetch_add(1, Relaxed);
         let started = Instant::now();
-        let result = job.run(c, abort, Some(fence)).await;
+        let result = if span.is_disabled() {
+            job.run(c, abort, Some(fence)).await
+        } else {
+            // Boxed: the traced path's state stays out of every chunk's future.
+            Box::pin(self.traced_chunk(job, c, abort, fence, &span, started)).await
+        };
         let rows = result.as_ref().ok().copied().flatten();
         if let Some(rows) = rows {
             self.count_rows(c.pid, c.fence, rows);
@@ -364,6 +377,27 @@ impl Shared {
         });
         self.chunks_in_flight.fetch_sub(1, Relaxed);
         result.map(drop)
+    }
+
+    /// [`Shared::chunk`]'s run under an enabled span: the chunk's trace context handed
+    /// to its command and handler, its outcome recorded.
+    async fn traced_chunk(
+        &self,
+        job: &Job,
+        c: Chunk,
+        abort: impl std::future::Future<Output = Duration>,
+        fence: crate::job::Fence,
+        span: &tracing::Span,
+        started: Instant,
+    ) -> Result<crate::job::Rows, ChunkError> {
+        use tracing::Instrument;
+        let run = job.run(c, abort, Some(fence)).instrument(span.clone());
+        let result = match spans::traceparent(span, self.traced.as_ref()) {
+            Some(tp) => crate::trace::scoped(&c, tp, run).await,
+            None => run.await,
+        };
+        spans::chunk_ended(span, started, &result);
+        result
     }
 
     /// The mean partition duration so far, ms (`None` before the first).
@@ -394,7 +428,12 @@ pub(crate) async fn run(
     stop: watch::Receiver<Stop>,
 ) -> Result<Report, Error> {
     let started = Instant::now();
-    let shared = Arc::new(Shared::new(settings.observer.clone()));
+    let traced = settings.trace.clone().map(|ctx| spans::Traced {
+        ctx,
+        namespace: backend.namespace.clone(),
+        plans: Mutex::new(Vec::new()),
+    });
+    let shared = Arc::new(Shared::new(settings.observer.clone(), traced));
     let book = Arc::new(LeaseBook::new(settings.lease, settings.split));
     let (bg_tx, bg_rx) = watch::channel(false);
     let mut background = JoinSet::new();

@@ -62,7 +62,15 @@ impl PartitionCtx {
         std::future::pending::<()>().await;
     }
 
-    pub(super) async fn process(self: Arc<Self>, lease: Lease, hold: Arc<Hold>, slot: Working) {
+    /// Runs the partition of `lease` and reports its outcome, recorded on `span` (its
+    /// own, [`super::spans::partition`]).
+    pub(super) async fn process(
+        self: Arc<Self>,
+        lease: Lease,
+        hold: Arc<Hold>,
+        slot: Working,
+        span: tracing::Span,
+    ) {
         self.shared.in_flight.fetch_add(1, Relaxed);
         let pid = lease.pid;
         let started = Instant::now();
@@ -80,6 +88,14 @@ impl PartitionCtx {
         self.book.drop_lease(&lease);
         drop(slot);
         let update = Instant::now();
+        let (outcome, error) = match &ended {
+            Ended::Done => ("done", None),
+            Ended::Failed(reason, _) => ("failed", Some(reason.as_str())),
+            Ended::Broken(reason) => ("broken", Some(reason.as_str())),
+            Ended::Lost => ("lost", Some("lease lost")),
+            Ended::Stopped => ("released", None),
+        };
+        super::spans::partition_ended(&span, outcome, checkpoint, error);
         let result = match ended {
             Ended::Done => {
                 let ms = started.elapsed().as_millis() as u64;
@@ -284,6 +300,8 @@ impl PartitionCtx {
         let fenced = AtomicBool::new(false);
         let closer = self.closer(lease.pid, hold, &window, &fenced);
         let mut running = JoinSet::new();
+        // Whether the partition's span is enabled: only then are the gate's waits timed.
+        let traced = super::spans::in_enabled_span();
         let issue = async {
             for _ in first..n_chunks {
                 let Ok(permit) = permits.acquire().await else {
@@ -299,7 +317,8 @@ impl PartitionCtx {
                     break;
                 };
                 // Throttled or rate-limited: wait here (the closer above still ends it).
-                self.gate.chunk_start(to - from + 1).await;
+                let ids = to - from + 1;
+                super::spans::gate_wait(traced, ids, self.gate.chunk_start(ids)).await;
                 let c = Chunk {
                     pid: lease.pid,
                     index,
@@ -308,6 +327,7 @@ impl PartitionCtx {
                     attempt: lease.attempt,
                     fence: lease.token,
                 };
+                let span = super::spans::chunk(&c);
                 let (job, window, failure, stop, shared, hold, checkpoint) = (
                     self.settings.job.clone(),
                     window.clone(),
@@ -320,7 +340,7 @@ impl PartitionCtx {
                 running.spawn(async move {
                     let fence = hold.fence();
                     let abort = abort(stop, hold.clone());
-                    let r = shared.chunk(&job, c, abort, fence).await;
+                    let r = shared.chunk(&job, c, abort, fence, span).await;
                     drop(permit);
                     settle(r, index, &window, &failure);
                     // The checkpoint follows the chunks as they finish, for the beats:
@@ -389,11 +409,13 @@ impl PartitionCtx {
             fence: lease.token,
         };
         let mut stop = self.stop.clone();
+        let traced = super::spans::in_enabled_span();
+        let ids = c.to - c.from + 1;
         // Biased, the gate first: with no limit it is open at once, and nothing else is
         // polled (no waiter registered) on the path every one-chunk partition takes.
         tokio::select! {
             biased;
-            () = self.gate.chunk_start(c.to - c.from + 1) => {}
+            () = super::spans::gate_wait(traced, ids, self.gate.chunk_start(ids)) => {}
             () = until(&mut stop, |s| *s != Stop::Running) => return (Ended::Stopped, checkpoint(index)),
             () = hold.lost() => return (Ended::Lost, checkpoint(index)),
             () = hold.fenced() => return (Ended::Lost, checkpoint(index)),
@@ -405,7 +427,12 @@ impl PartitionCtx {
             grace
         };
         let fence = hold.fence();
-        match self.shared.chunk(&self.settings.job, c, abort, fence).await {
+        let span = super::spans::chunk(&c);
+        match self
+            .shared
+            .chunk(&self.settings.job, c, abort, fence, span)
+            .await
+        {
             _ if hold.is_lost() || fenced.load(Relaxed) => (Ended::Lost, checkpoint(index)),
             Ok(()) => (Ended::Done, checkpoint(index + 1)),
             Err(ChunkError::Failed(reason)) => (

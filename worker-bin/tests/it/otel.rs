@@ -113,6 +113,27 @@ fn serve(mut stream: TcpStream, kept: &Mutex<Vec<Span>>, named: &Mutex<Vec<Strin
     }
 }
 
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// An integer attribute (tracing-opentelemetry sends a u64 that may not fit an i64 as
+/// text).
+fn int(span: &Span, key: &str) -> Option<i64> {
+    match attribute(span, key)? {
+        Any::IntValue(v) => Some(v),
+        Any::StringValue(v) => v.parse().ok(),
+        _ => None,
+    }
+}
+
+fn text(span: &Span, key: &str) -> Option<String> {
+    match attribute(span, key)? {
+        Any::StringValue(v) => Some(v),
+        _ => None,
+    }
+}
+
 fn attribute(span: &Span, key: &str) -> Option<Any> {
     span.attributes
         .iter()
@@ -150,6 +171,11 @@ fn a_run_exports_its_spans_and_logs_carry_their_ids() {
             "1..1",
             "--sim-fail",
             "0",
+            "--chunk",
+            "100",
+            // 10,000 IDs at 20,000 a second: chunks wait at the gate.
+            "--max-rate",
+            "20000",
         ],
     ));
     assert!(out.status.success(), "{out:?}");
@@ -161,12 +187,7 @@ fn a_run_exports_its_spans_and_logs_carry_their_ids() {
     let partitions: Vec<&Span> = spans.iter().filter(|s| s.name == "partition").collect();
     let mut pids: Vec<i64> = partitions
         .iter()
-        .map(|s| match attribute(s, "pid") {
-            Some(Any::IntValue(p)) => p,
-            // tracing-opentelemetry sends a u64 that may not fit an i64 as text.
-            Some(Any::StringValue(p)) => p.parse().expect("a decimal pid"),
-            other => panic!("a partition span without its pid: {other:?}"),
-        })
+        .map(|s| int(s, "pid").expect("a partition span with its pid"))
         .collect();
     pids.sort_unstable();
     pids.dedup();
@@ -175,12 +196,41 @@ fn a_run_exports_its_spans_and_logs_carry_their_ids() {
         10,
         "a span for each of the 10 partitions: {pids:?}"
     );
+    // Each partition its own trace, linked to the run that ran it.
+    let mut traces: Vec<&[u8]> = Vec::new();
     for p in &partitions {
-        assert_eq!(p.trace_id, run.trace_id, "every lease in the run's trace");
-        assert_eq!(
-            p.parent_span_id, run.span_id,
-            "every lease under the run span"
+        assert_ne!(p.trace_id, run.trace_id, "a partition's trace is its own");
+        assert!(
+            p.links
+                .iter()
+                .any(|l| l.trace_id == run.trace_id && l.span_id == run.span_id),
+            "every lease linked to its run: {p:#?}"
         );
+        traces.push(&p.trace_id);
+    }
+    traces.sort_unstable();
+    traces.dedup();
+    assert_eq!(traces.len(), 10, "one trace per partition");
+    // The rate limit's waits are events on the partitions' spans.
+    let waits = partitions
+        .iter()
+        .flat_map(|p| &p.events)
+        .filter(|e| e.name.starts_with("waited at the gate"))
+        .count();
+    assert!(waits > 0, "no wait at the gate recorded");
+    // Every chunk under its partition's span, in its trace.
+    let chunks: Vec<&Span> = spans.iter().filter(|s| s.name == "chunk").collect();
+    assert_eq!(
+        chunks.len(),
+        10 * 1000 / 100,
+        "one span per chunk (100 IDs each)"
+    );
+    for c in &chunks {
+        let parent = partitions
+            .iter()
+            .find(|p| p.span_id == c.parent_span_id)
+            .expect("a chunk under a partition span");
+        assert_eq!(c.trace_id, parent.trace_id);
     }
     assert_eq!(
         receiver
@@ -193,7 +243,7 @@ fn a_run_exports_its_spans_and_logs_carry_their_ids() {
     );
     // JSON logs: every stderr line an object; those inside the run name its trace.
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let trace_id: String = run.trace_id.iter().map(|b| format!("{b:02x}")).collect();
+    let ids: Vec<String> = spans.iter().map(|s| hex(&s.trace_id)).collect();
     let mut traced = 0;
     for line in stderr.lines().filter(|l| l.starts_with('{')) {
         let v: serde_json::Value =
@@ -201,14 +251,12 @@ fn a_run_exports_its_spans_and_logs_carry_their_ids() {
         for key in ["timestamp", "level", "target", "message"] {
             assert!(v.get(key).is_some(), "{key} missing: {line}");
         }
-        if v["trace_id"] == trace_id.as_str() {
+        if let Some(id) = v["trace_id"].as_str() {
+            assert!(ids.iter().any(|t| t == id), "an unknown trace: {line}");
             traced += 1;
         }
     }
-    assert!(
-        traced > 0,
-        "no log line carries the run's trace id {trace_id}:\n{stderr}"
-    );
+    assert!(traced > 0, "no log line carries a trace id:\n{stderr}");
 }
 
 /// `--log-format json` without a collector: still one object a line, with no ids.
@@ -333,4 +381,207 @@ fn a_collector_that_is_down_drops_and_counts_spans() {
         "{status:?}\n{stderr}"
     );
     assert!(stderr.contains("spans not exported"), "{stderr}");
+}
+
+/// The trace of a partition across the fleet: two workers on one Redis, a chunk
+/// command that writes the `TRACEPARENT` it was given, one worker SIGKILLed mid-run and
+/// one failed attempt. Every partition has one trace, whichever worker ran which
+/// attempt; each chunk's `TRACEPARENT` names its own `chunk` span; the failed attempt
+/// carries its error; the surviving worker dropped no span.
+#[test]
+fn a_partition_keeps_one_trace_across_workers_and_attempts() {
+    let redis = TestRedis::start();
+    let receiver = Receiver::start();
+    let dir = scratch("otel-fleet");
+    let url = redis.url();
+    let endpoint = receiver.endpoint();
+    let lines = dir.join("traceparents");
+    common::ok(tranche(
+        &dir,
+        &[
+            "--redis", &url, "plan", "--min", "1", "--max", "16000", "--size", "1000",
+        ],
+    ));
+    // The first chunk worker b runs fails once (`mkdir` is the once); every chunk
+    // writes `worker pid chunk attempt traceparent` when it is done.
+    let exec = format!(
+        "if [ \"$W\" = b ] && mkdir {failed} 2>/dev/null; then echo boom >&2; exit 3; fi; \
+         sleep 0.2; echo \"$W $TRANCHE_PID $TRANCHE_CHUNK $TRANCHE_ATTEMPT $TRACEPARENT\" >> {lines}",
+        failed = dir.join("failed").display(),
+        lines = lines.display(),
+    );
+    let worker = |name: &str| {
+        let mut cmd = tranche(
+            &dir,
+            &[
+                "--redis",
+                &url,
+                "--otlp-endpoint",
+                &endpoint,
+                "run",
+                "--exec",
+                &exec,
+                "--worker-id",
+                name,
+                "--concurrency",
+                "2",
+                "--chunk",
+                "250",
+                "--parallel",
+                "1",
+                "--lease",
+                "2s",
+                "--backoff",
+                "100ms",
+                "--no-split",
+            ],
+        );
+        cmd.env("W", name)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        cmd.spawn().unwrap()
+    };
+    let mut a = worker("a");
+    let b = worker("b");
+    // Kill `a` once it has exported a whole partition and is half way through another
+    // (chunk 0 or 1 of 4 written, no span for it yet): that one is b's to finish.
+    common::eventually(Duration::from_secs(60), "a half way through", || {
+        let spans = receiver.spans();
+        let exported = |pid: &str| {
+            spans.iter().any(|s| {
+                s.name == "partition"
+                    && text(s, "worker").as_deref() == Some("a")
+                    && int(s, "pid").map(|p| p.to_string()).as_deref() == Some(pid)
+            })
+        };
+        let written = std::fs::read_to_string(&lines).unwrap_or_default();
+        spans.iter().any(|s| s.name == "partition")
+            && written.lines().any(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                w.len() == 5 && w[0] == "a" && (w[2] == "0" || w[2] == "1") && !exported(w[1])
+            })
+            && spans
+                .iter()
+                .any(|s| s.name == "partition" && text(s, "worker").as_deref() == Some("a"))
+    });
+    common::signal(&a, "KILL");
+    let _ = a.wait();
+    let out = b.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("span export ended") && stderr.contains("dropped=0"),
+        "b dropped no span:\n{stderr}"
+    );
+
+    let spans = receiver.spans();
+    let partitions: Vec<&Span> = spans.iter().filter(|s| s.name == "partition").collect();
+    // One trace per partition, the same for every attempt on any worker, each attempt
+    // under the partition's one (unexported) root.
+    let mut trace_of = std::collections::BTreeMap::new();
+    for p in &partitions {
+        let pid = int(p, "pid").unwrap();
+        let (trace, root) = trace_of
+            .entry(pid)
+            .or_insert((p.trace_id.clone(), p.parent_span_id.clone()));
+        assert_eq!(
+            (&p.trace_id, &p.parent_span_id),
+            (&*trace, &*root),
+            "pid {pid}"
+        );
+        assert!(text(p, "worker").is_some(), "each attempt names its worker");
+    }
+    let mut traces: Vec<_> = trace_of.values().map(|(t, _)| t.clone()).collect();
+    traces.sort_unstable();
+    traces.dedup();
+    assert_eq!(
+        traces.len(),
+        trace_of.len(),
+        "no two partitions share a trace"
+    );
+
+    // The failed attempt: its error on its span, and the retry's span in its trace.
+    let failed: Vec<&&Span> = partitions
+        .iter()
+        .filter(|p| text(p, "outcome").as_deref() == Some("failed"))
+        .collect();
+    assert_eq!(failed.len(), 1, "{failed:#?}");
+    let failed = failed[0];
+    let error = text(failed, "error").unwrap_or_default();
+    assert!(error.contains("exit status 3: boom"), "{error}");
+    assert_eq!(
+        failed.status.as_ref().map(|s| s.code),
+        Some(2),
+        "the span's status is an error"
+    );
+    let pid = int(failed, "pid").unwrap();
+    assert!(
+        partitions.iter().any(|p| int(p, "pid") == Some(pid)
+            && text(p, "outcome").as_deref() == Some("done")
+            && p.trace_id == failed.trace_id
+            && int(p, "attempt") > int(failed, "attempt")),
+        "the retry of pid {pid} is in the failed attempt's trace"
+    );
+    let failed_chunk = spans
+        .iter()
+        .find(|s| s.name == "chunk" && s.parent_span_id == failed.span_id)
+        .expect("the failed chunk's span");
+    assert_eq!(int(failed_chunk, "exit_status"), Some(3));
+    assert!(int(failed_chunk, "stderr_bytes").unwrap() >= 4);
+
+    // Each TRACEPARENT names its chunk's span; b's all exported.
+    let text_lines = std::fs::read_to_string(&lines).unwrap();
+    let mut by_pid: std::collections::BTreeMap<i64, Vec<(String, String)>> = Default::default();
+    let mut matched_a = 0;
+    for line in text_lines.lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let [who, pid, _chunk, _attempt, tp] = w[..] else {
+            panic!("{line}")
+        };
+        let pid: i64 = pid.parse().unwrap();
+        let parts: Vec<&str> = tp.split('-').collect();
+        assert_eq!((parts.len(), parts[0], parts[3]), (4, "00", "01"), "{tp}");
+        let (trace, span) = (parts[1], parts[2]);
+        by_pid
+            .entry(pid)
+            .or_default()
+            .push((who.to_owned(), trace.to_owned()));
+        let chunk = spans
+            .iter()
+            .find(|s| s.name == "chunk" && hex(&s.span_id) == span);
+        match (who, chunk) {
+            (_, Some(c)) => {
+                assert_eq!(hex(&c.trace_id), trace, "{line}");
+                match partitions.iter().find(|p| p.span_id == c.parent_span_id) {
+                    Some(parent) => assert_eq!(int(parent, "pid"), Some(pid), "{line}"),
+                    // The attempt a was running when it was killed: its span never
+                    // ended, so never went out; its chunks' did.
+                    None => assert_eq!(who, "a", "no partition span over {line}"),
+                }
+                matched_a += usize::from(who == "a");
+            }
+            ("b", None) => panic!("b's chunk span not exported: {line}"),
+            // Killed before its span was sent.
+            (_, None) => {}
+        }
+        assert_eq!(
+            hex(&trace_of[&pid].0),
+            trace,
+            "pid {pid}'s chunks in its trace: {line}"
+        );
+    }
+    assert!(
+        matched_a > 0,
+        "some of a's chunk spans went out before the kill"
+    );
+    // A partition a held when it died was finished by b, in the same trace.
+    assert!(
+        by_pid.values().any(|ws| {
+            ws.iter().any(|(w, _)| w == "a")
+                && ws.iter().any(|(w, _)| w == "b")
+                && ws.iter().all(|(_, t)| *t == ws[0].1)
+        }),
+        "a partition run on both workers: {by_pid:#?}"
+    );
 }

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 /// The library floor, bottom first: a module may name (`crate::m`) only the modules
 /// before it. `cli`, the command-line floor, is on top of all.
 const FLOOR: &[&str] = &[
-    "atomic", "error", "duration", "defaults", "sync", "signal", "event", "plan", "handler", "sql",
-    "job", "slot", "layers", "state", "embedded", "backend", "held", "control", "check", "work",
-    "query", "metrics", "runner", "cli",
+    "atomic", "error", "duration", "defaults", "sync", "signal", "event", "plan", "handler",
+    "trace", "sql", "job", "slot", "layers", "state", "embedded", "backend", "held", "control",
+    "check", "work", "query", "metrics", "runner", "cli",
 ];
 
 fn src() -> PathBuf {

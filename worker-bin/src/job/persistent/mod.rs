@@ -5,7 +5,9 @@
 //!
 //! The request is a JSON object on one line:
 //! `{"pid":7,"chunk":2,"from":6201,"to":6300,"attempt":3,"fence":41}` (the fields of
-//! `--exec`'s `TRANCHE_*` variables, `fence` being the lease's fencing token). The
+//! `--exec`'s `TRANCHE_*` variables, `fence` being the lease's fencing token), with
+//! `"traceparent":"00-…"` after `fence` when the run exports traces (the chunk span's
+//! W3C trace context, `TRACEPARENT` for `--exec`). The
 //! answer is `ok`, `error: REASON` (the attempt fails and is retried as a failed
 //! `--exec` chunk is) or `permanent: REASON` (the partition fails at once, no retry).
 //! The process keeps running after either. Anything else (garbage, end-of-file, a line
@@ -94,10 +96,14 @@ fn parse_answer(line: &[u8]) -> Option<Answer> {
     }
 }
 
-/// The request line for `chunk`.
+/// The request line for `chunk`, with its trace context when it has one.
 fn request(chunk: &Chunk) -> String {
+    let traced = chunk
+        .traceparent()
+        .map(|tp| format!(",\"traceparent\":\"{tp}\""))
+        .unwrap_or_default();
     format!(
-        "{{\"pid\":{},\"chunk\":{},\"from\":{},\"to\":{},\"attempt\":{},\"fence\":{}}}\n",
+        "{{\"pid\":{},\"chunk\":{},\"from\":{},\"to\":{},\"attempt\":{},\"fence\":{}{traced}}}\n",
         chunk.pid, chunk.index, chunk.from, chunk.to, chunk.attempt, chunk.fence
     )
 }
@@ -209,6 +215,9 @@ impl Persistent {
             Outcome::Died => {
                 let answered = warm.answered;
                 let (status, tail) = warm.stop(grace).await;
+                if let Some(status) = status {
+                    super::exec::record_end(status, tail.len());
+                }
                 if guarded_past {
                     tracing::warn!(
                         pid = chunk.pid,

@@ -44,6 +44,31 @@ fn a_request_is_one_json_line() {
     );
 }
 
+/// With a trace context the line carries it, and a warm process reads it; a run
+/// without one sends none (above).
+#[tokio::test]
+async fn a_traced_request_carries_its_traceparent() {
+    let tp = crate::trace::TraceParent::new([0x4b; 16], [0x3c; 8], true).unwrap();
+    let line = crate::trace::scoped(&chunk(), tp, async { request(&chunk()) }).await;
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(v["traceparent"], tp.to_string().as_str());
+    assert_eq!(v["fence"], 41);
+    // Through a warm process: it answers `ok` only for a line with the traceparent.
+    let job = job(
+        &format!(
+            "while read l; do case \"$l\" in *'\"traceparent\":\"{tp}\"'*) echo ok;; *) echo 'error: none';; esac; done"
+        ),
+        None,
+    );
+    let run = job.run(chunk(), std::future::pending(), None);
+    assert_eq!(crate::trace::scoped(&chunk(), tp, run).await, Ok(None));
+    assert!(
+        job.run(chunk(), std::future::pending(), None)
+            .await
+            .is_err()
+    );
+}
+
 fn job(cmd: &str, timeout: Option<Duration>) -> Job {
     Job::Persistent(std::sync::Arc::new(Persistent::new(cmd, timeout)))
 }

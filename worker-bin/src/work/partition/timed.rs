@@ -86,6 +86,7 @@ impl PartitionCtx {
         let fenced = AtomicBool::new(false);
         let closer = self.closer(lease.pid, hold, &window, &fenced);
         let mut running = JoinSet::new();
+        let traced = super::super::spans::in_enabled_span();
         let issue = async {
             loop {
                 let from = spans.lock().expect("not poisoned").next;
@@ -113,7 +114,8 @@ impl PartitionCtx {
                     s.next = u128::from(to) + 1;
                     s.issued = seq + 1;
                 }
-                self.gate.chunk_start(to - from + 1).await;
+                let ids = to - from + 1;
+                super::super::spans::gate_wait(traced, ids, self.gate.chunk_start(ids)).await;
                 let c = Chunk {
                     pid: lease.pid,
                     index: seq,
@@ -122,6 +124,7 @@ impl PartitionCtx {
                     attempt: lease.attempt,
                     fence: lease.token,
                 };
+                let span = super::super::spans::chunk(&c);
                 let (job, window, failure, stop, shared, sizer, hold, gate) = (
                     self.settings.job.clone(),
                     window.clone(),
@@ -136,7 +139,7 @@ impl PartitionCtx {
                     let fence = hold.fence();
                     let abort = abort(stop, hold);
                     let started = Instant::now();
-                    let r = shared.chunk(&job, c, abort, fence).await;
+                    let r = shared.chunk(&job, c, abort, fence, span).await;
                     drop(permit);
                     if r.is_ok() {
                         let next = sizer

@@ -1,0 +1,253 @@
+//! The seam through which a run's spans join a distributed trace, without the library
+//! knowing of OpenTelemetry: a [`TraceContext`] given to the runner
+//! ([`Runner::trace_context`](crate::Runner::trace_context)) places each attempt's
+//! `partition` span in its partition's trace and names a chunk's span as a W3C
+//! [`TraceParent`], which reaches the chunk's process (`TRACEPARENT`, and the
+//! `traceparent` of `--exec-persistent`'s request line) and its handler
+//! ([`Chunk::traceparent`]).
+//!
+//! The choice a reader might get wrong: **a partition's trace id is derived, not
+//! generated** ([`PartitionTrace::trace_id`]): a hash of the namespace, the plan that
+//! covers the pid, and the pid. Every attempt of one partition, on any worker, before
+//! or after a crash, lands in the same trace without any worker telling another; a
+//! split piece keeps its partition's pid, so its spans land there too. Each attempt's
+//! span is a child of a root no process exports ([`PartitionTrace::root_span_id`],
+//! derived the same way): the partition as a whole, which no single worker sees begin
+//! or end.
+//!
+//! Without a `TraceContext` nothing here runs: no hash, no task-local, no variable.
+
+use std::fmt;
+
+use crate::handler::Chunk;
+
+/// The target of the events a run records on its spans only (the waits at the gate):
+/// at debug level, so that the default log filter (`tranche=info`) leaves them out of
+/// the log lines, while a tracing layer that wants them asks for this target.
+pub(crate) const SPAN_EVENTS: &str = "tranche::span_event";
+
+/// A W3C trace context (`traceparent`): the trace, the span, and whether it is
+/// sampled. Its [`Display`](fmt::Display) is the header's version 00 form,
+/// `00-<32 hex trace id>-<16 hex span id>-<01|00>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TraceParent {
+    trace_id: [u8; 16],
+    span_id: [u8; 8],
+    sampled: bool,
+}
+
+impl TraceParent {
+    /// A trace context; `None` when either id is all zeros (invalid in W3C).
+    pub fn new(trace_id: [u8; 16], span_id: [u8; 8], sampled: bool) -> Option<Self> {
+        (trace_id != [0; 16] && span_id != [0; 8]).then_some(Self {
+            trace_id,
+            span_id,
+            sampled,
+        })
+    }
+
+    /// The trace's id.
+    pub fn trace_id(&self) -> [u8; 16] {
+        self.trace_id
+    }
+
+    /// The span's id.
+    pub fn span_id(&self) -> [u8; 8] {
+        self.span_id
+    }
+
+    /// Whether the trace is sampled (flags `01`).
+    pub fn is_sampled(&self) -> bool {
+        self.sampled
+    }
+}
+
+impl fmt::Display for TraceParent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("00-")?;
+        for b in self.trace_id {
+            write!(f, "{b:02x}")?;
+        }
+        f.write_str("-")?;
+        for b in self.span_id {
+            write!(f, "{b:02x}")?;
+        }
+        f.write_str(if self.sampled { "-01" } else { "-00" })
+    }
+}
+
+/// What a [`TraceContext`] is told of an attempt's span as it starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PartitionTrace {
+    /// The partition.
+    pub pid: u64,
+    /// Its attempt, from 1.
+    pub attempt: u32,
+    /// The first row ID of the piece, when the lease is a split piece of the partition.
+    pub piece_from: Option<u64>,
+    /// The partition's trace: derived from the namespace, the plan and the pid, the
+    /// same on every worker and for every attempt.
+    pub trace_id: [u8; 16],
+    /// The partition's root, derived as the trace id is: the parent of every attempt's
+    /// span, never exported itself.
+    pub root_span_id: [u8; 8],
+}
+
+impl PartitionTrace {
+    /// The trace of `pid` in `namespace`, under the plan `plan` covers it with (its
+    /// first pid, first and last ID and partition size), if known.
+    pub(crate) fn new(
+        namespace: &str,
+        plan: Option<[u64; 4]>,
+        pid: u64,
+        attempt: u32,
+        piece_from: Option<u64>,
+    ) -> Self {
+        let mut key = Vec::with_capacity(namespace.len() + 48);
+        key.extend_from_slice(namespace.as_bytes());
+        // A byte no namespace holds: `a` + plan and `ab` + plan never meet.
+        key.push(0xff);
+        for n in plan.unwrap_or_default() {
+            key.extend_from_slice(&n.to_be_bytes());
+        }
+        key.extend_from_slice(&pid.to_be_bytes());
+        let trace = fnv1a_128(&key).max(1);
+        key.extend_from_slice(b"root");
+        let root = (fnv1a_128(&key) as u64).max(1);
+        Self {
+            pid,
+            attempt,
+            piece_from,
+            trace_id: trace.to_be_bytes(),
+            root_span_id: root.to_be_bytes(),
+        }
+    }
+}
+
+/// FNV-1a, 128 bits: stable across Rust releases and platforms (std's hasher promises
+/// neither), which the fleet's workers need to agree on a trace id.
+fn fnv1a_128(bytes: &[u8]) -> u128 {
+    const OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
+    const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
+    bytes
+        .iter()
+        .fold(OFFSET, |h, &b| (h ^ u128::from(b)).wrapping_mul(PRIME))
+}
+
+/// Puts a run's spans into distributed traces: implemented by the binary's OTLP
+/// exporter (`tranche run --otlp-endpoint`, feature `otel`), or by a library user over
+/// their own OpenTelemetry layer (`tracing-opentelemetry`'s `OpenTelemetrySpanExt`).
+/// Called only for spans the subscriber enabled.
+pub trait TraceContext: Send + Sync + 'static {
+    /// Places an attempt's `partition` span in its partition's trace (a child of
+    /// `partition.root_span_id` in `partition.trace_id`), before it is first entered;
+    /// the run's span is the current one, to link to.
+    fn partition(&self, span: &tracing::Span, partition: &PartitionTrace);
+
+    /// The trace context of `span` (a `chunk` span), for the chunk's process and
+    /// handler; `None` if it has none.
+    fn traceparent(&self, span: &tracing::Span) -> Option<TraceParent>;
+}
+
+impl fmt::Debug for dyn TraceContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TraceContext")
+    }
+}
+
+tokio::task_local! {
+    /// The chunk whose handler or process runs in this task, and its trace context.
+    static CURRENT: (u64, u64, u64, TraceParent);
+}
+
+/// Runs `work` (the chunk's) with its trace context readable by [`Chunk::traceparent`].
+pub(crate) async fn scoped<F: std::future::Future>(
+    chunk: &Chunk,
+    traceparent: TraceParent,
+    work: F,
+) -> F::Output {
+    CURRENT
+        .scope((chunk.pid, chunk.index, chunk.fence, traceparent), work)
+        .await
+}
+
+impl Chunk {
+    /// The W3C trace context of this chunk's span (the `TRACEPARENT` a command gets),
+    /// when the run exports traces ([`Runner::trace_context`](crate::Runner::trace_context),
+    /// `tranche run --otlp-endpoint`): pass it on to continue the trace (an
+    /// OpenTelemetry SDK's propagator, PostgreSQL's `application_name`). `None`
+    /// otherwise, and outside the chunk's own future (read it before spawning tasks).
+    ///
+    /// An accessor rather than a field: `Chunk` stays a plain value that tests build
+    /// with a struct literal, and one that is `Copy`.
+    pub fn traceparent(&self) -> Option<TraceParent> {
+        CURRENT
+            .try_with(|&(pid, index, fence, tp)| {
+                (pid == self.pid && index == self.index && fence == self.fence).then_some(tp)
+            })
+            .ok()
+            .flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_traceparent_is_w3c_version_00() {
+        let tp = TraceParent::new([0xab; 16], [0x01; 8], true).unwrap();
+        assert_eq!(
+            tp.to_string(),
+            "00-abababababababababababababababab-0101010101010101-01"
+        );
+        assert!(TraceParent::new([0; 16], [1; 8], true).is_none());
+        assert!(TraceParent::new([1; 16], [0; 8], true).is_none());
+    }
+
+    #[test]
+    fn every_attempt_of_a_partition_shares_its_trace() {
+        let plan = Some([1, 1, 10_000, 1000]);
+        let a = PartitionTrace::new("ns", plan, 7, 1, None);
+        let b = PartitionTrace::new("ns", plan, 7, 3, Some(6500));
+        assert_eq!((a.trace_id, a.root_span_id), (b.trace_id, b.root_span_id));
+        for other in [
+            PartitionTrace::new("ns", plan, 8, 1, None),
+            PartitionTrace::new("ns2", plan, 7, 1, None),
+            PartitionTrace::new("ns", Some([1, 1, 20_000, 1000]), 7, 1, None),
+            PartitionTrace::new("ns", None, 7, 1, None),
+        ] {
+            assert_ne!(a.trace_id, other.trace_id);
+        }
+        // Pinned: workers of other versions must agree on it.
+        let pinned = TraceParent::new(a.trace_id, a.root_span_id, true).unwrap();
+        assert_eq!(
+            pinned.to_string(),
+            "00-4dbf7624b244b3dbf84af89bc1c6d50e-818340d89a8feae2-01"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_chunk_reads_its_own_context_only() {
+        let chunk = Chunk {
+            pid: 7,
+            index: 2,
+            from: 6201,
+            to: 6300,
+            attempt: 3,
+            fence: 41,
+        };
+        let tp = TraceParent::new([2; 16], [3; 8], true).unwrap();
+        assert_eq!(chunk.traceparent(), None);
+        let seen = scoped(&chunk, tp, async {
+            let other = Chunk {
+                index: chunk.index + 1,
+                ..chunk
+            };
+            (chunk.traceparent(), other.traceparent())
+        })
+        .await;
+        assert_eq!(seen, (Some(tp), None));
+    }
+}
