@@ -59,6 +59,8 @@ pub(crate) type Rows = Option<u64>;
 
 /// How chunks are processed.
 #[derive(Debug, Clone)]
+// `Exec` and `Simulate` come from the command line only.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub(crate) enum Job {
     /// `sh -c CMD` per chunk (a plain command's words `exec`ed directly); exit 0 is
     /// success.

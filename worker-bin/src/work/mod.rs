@@ -117,6 +117,8 @@ pub(crate) trait Observer: Send + Sync {
 /// What an [`Observer`] reads of a run, and nothing more: the namespace's active store,
 /// its control store where the fleet shares one (Redis), and this run's counters.
 #[derive(Clone)]
+// Read by the command line's observers (`--metrics-listen`, the progress bar) only.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub(crate) struct Watched {
     /// The namespace's partitions, pause flag and workers.
     pub(crate) active: Arc<dyn ActiveStore>,
@@ -129,8 +131,10 @@ pub(crate) struct Watched {
 /// This run's counters, to be read at one instant ([`Counters::snapshot`]) and never
 /// written from outside the run loop.
 #[derive(Clone)]
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub(crate) struct Counters(Arc<Shared>);
 
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 impl Counters {
     /// The counters now.
     pub(crate) fn snapshot(&self) -> SharedSnapshot {
@@ -146,6 +150,8 @@ impl std::fmt::Debug for dyn Observer {
 
 /// What this process did, for the summary.
 #[derive(Debug)]
+// `broken` and `stalls` are the command line's to print.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub(crate) struct Report {
     pub(crate) completed: u64,
     pub(crate) failed_attempts: u64,
@@ -171,6 +177,7 @@ pub(crate) struct Report {
 
 /// [`Shared`]'s counters at one instant.
 #[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub(crate) struct SharedSnapshot {
     pub(crate) in_flight: u64,
     pub(crate) claimed: u64,
@@ -310,6 +317,7 @@ impl Shared {
     }
 
     /// The counters at one instant, for `--metrics-listen`.
+    #[cfg_attr(not(feature = "cli"), allow(dead_code))]
     pub(crate) fn snapshot(&self) -> SharedSnapshot {
         let (p50_ms, p99_ms) = {
             let h = self.durations_ms.lock().expect("not poisoned");
