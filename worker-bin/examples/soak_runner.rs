@@ -14,6 +14,10 @@
 //!   lease lost, its fence due, a drain's grace over): the chunk does nothing after it;
 //!   without the line, the ledger would show it running to the end of the soak;
 //! - `SOAK_WORKER`: this incarnation's name in the ledger;
+//! - `SOAK_LINE_LOCK`: a file this process holds locked (`flock`) while it writes a
+//!   line, from the line's timestamp to its write: an aimed stop that finds it held
+//!   thaws the process and strikes again, so that no line is dated before a freeze
+//!   and written after it;
 //! - `SOAK_PANIC_FILE`: when this file exists, the next chunk takes it (renames it
 //!   away) and panics;
 //! - `SOAK_LEASE_MS`, `SOAK_CHUNK`, `SOAK_PARALLEL`, `SOAK_CONCURRENCY`: the runner's
@@ -75,29 +79,57 @@ impl Sabotage {
     }
 }
 
-/// A ledger line `what` for `chunk`, appended to `file`.
-fn write_line(file: &File, worker: &str, what: &str, chunk: &Chunk) -> std::io::Result<()> {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_micros();
-    let line = format!(
-        "{what} {} {} {} {worker} {} {now}\n",
-        chunk.pid,
-        chunk.from,
-        chunk.to,
-        std::process::id()
-    );
-    // One write of a line under PIPE_BUF to a file opened O_APPEND: atomic beside
-    // the other writers of the same ledger.
-    let mut file = file;
-    file.write_all(line.as_bytes())
+/// The ledger, and the lock its lines are written under.
+struct LedgerFile {
+    /// Opened once for appending.
+    file: File,
+    /// `SOAK_LINE_LOCK`: held (`flock`) from a line's timestamp to its write. The
+    /// harness's aimed stop tries it after its SIGSTOP and thaws the process if it is
+    /// held: a line stamped before a freeze and written after the thaw would date an
+    /// END before what other workers did meanwhile. The mutex keeps it to one writer of
+    /// this process at a time (its threads share the lock file's open description, on
+    /// which a second `flock` would not wait, and the first one's unlock would free it).
+    lock: Option<Mutex<File>>,
+}
+
+impl LedgerFile {
+    /// Appends the ledger line `what` for `chunk`.
+    fn write(&self, worker: &str, what: &str, chunk: &Chunk) -> std::io::Result<()> {
+        let held = match &self.lock {
+            Some(lock) => {
+                let file = lock
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                file.lock()?;
+                Some(file)
+            }
+            None => None,
+        };
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_micros();
+        let line = format!(
+            "{what} {} {} {} {worker} {} {now}\n",
+            chunk.pid,
+            chunk.from,
+            chunk.to,
+            std::process::id()
+        );
+        // One write of a line under PIPE_BUF to a file opened O_APPEND: atomic beside
+        // the other writers of the same ledger.
+        let written = (&self.file).write_all(line.as_bytes());
+        if let Some(file) = held {
+            file.unlock()?;
+        }
+        written
+    }
 }
 
 /// The soak handler: a ledger line before and after a short sleep.
 struct Ledger {
-    /// The ledger, opened once for appending.
-    file: File,
+    /// The ledger, shared with the sabotages' threads.
+    file: Arc<LedgerFile>,
     worker: String,
     panic_file: Option<PathBuf>,
     /// The simulated work per chunk: `min + spread` ms at most.
@@ -117,9 +149,9 @@ impl Ledger {
             // partitions of 1000 IDs from ID 1), whatever was cut off and handed away.
             let end = (chunk.from - 1) / 1000 * 1000 + 1000;
             let whole = Chunk { to: end, ..*chunk };
-            return write_line(&self.file, &self.worker, what, &whole);
+            return self.file.write(&self.worker, what, &whole);
         }
-        write_line(&self.file, &self.worker, what, chunk)
+        self.file.write(&self.worker, what, chunk)
     }
 
     fn work_ms(&self, chunk: &Chunk) -> u64 {
@@ -130,12 +162,12 @@ impl Ledger {
     /// becomes of the chunk's future.
     async fn unfenced(&self, chunk: &Chunk) -> Result<(), HandlerError> {
         self.line("START", chunk)?;
-        let file = self.file.try_clone()?;
+        let file = Arc::clone(&self.file);
         let (worker, copy, ms) = (self.worker.clone(), *chunk, self.work_ms(chunk));
         let (done, finished) = tokio::sync::oneshot::channel();
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(ms));
-            let _ = done.send(write_line(&file, &worker, "END", &copy));
+            let _ = done.send(file.write(&worker, "END", &copy));
         });
         finished.await.map_err(std::io::Error::other)??;
         Ok(())
@@ -143,20 +175,20 @@ impl Ledger {
 
     /// `never-throttle`: a thread that does each chunk sent to it, in order, whenever
     /// it gets to it: nothing it does waits for the gate.
-    fn spawn_backlog(&self) -> std::io::Result<std::sync::mpsc::Sender<Chunk>> {
+    fn spawn_backlog(&self) -> std::sync::mpsc::Sender<Chunk> {
         let (tx, rx) = std::sync::mpsc::channel::<Chunk>();
-        let file = self.file.try_clone()?;
+        let file = Arc::clone(&self.file);
         let worker = self.worker.clone();
         let (min_ms, spread_ms) = (self.min_ms, self.spread_ms);
         std::thread::spawn(move || {
             for chunk in rx {
                 let ms = min_ms + (chunk.from.wrapping_mul(2_654_435_761) >> 7) % spread_ms;
-                let _ = write_line(&file, &worker, "START", &chunk);
+                let _ = file.write(&worker, "START", &chunk);
                 std::thread::sleep(Duration::from_millis(ms));
-                let _ = write_line(&file, &worker, "END", &chunk);
+                let _ = file.write(&worker, "END", &chunk);
             }
         });
-        Ok(tx)
+        tx
     }
 
     /// `run-twice`: a second run of the chunk beside the first.
@@ -358,9 +390,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
         .filter(|(a, b)| a <= b)
         .ok_or_else(|| format!("SOAK_WORK_MS={work} is not MIN-MAX milliseconds"))?;
+    let lock = match std::env::var_os("SOAK_LINE_LOCK") {
+        Some(path) => Some(Mutex::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .map_err(|e| format!("cannot open the line lock {}: {e}", path.display()))?,
+        )),
+        None => None,
+    };
     let sabotage = Sabotage::from_env();
     let mut handler = Ledger {
-        file,
+        file: Arc::new(LedgerFile { file, lock }),
         worker: env("SOAK_WORKER")?,
         panic_file: std::env::var_os("SOAK_PANIC_FILE").map(PathBuf::from),
         min_ms,
@@ -370,7 +413,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         backlog: None,
     };
     if sabotage == Some(Sabotage::NeverThrottle) {
-        handler.backlog = Some(handler.spawn_backlog()?);
+        handler.backlog = Some(handler.spawn_backlog());
     }
     let runner = match std::env::var("TRANCHE_REDIS_URL") {
         Ok(url) => Runner::redis(url),

@@ -156,6 +156,13 @@ impl Slot {
             .join(format!("w{}.log", self.index))
     }
 
+    /// The file a runner of this slot holds locked while it writes a ledger line (the
+    /// `soak_runner` example's `SOAK_LINE_LOCK`), beside the ledgers: an aimed stop
+    /// that finds it held strikes again.
+    pub(crate) fn line_lock(&self, setup: &Setup) -> PathBuf {
+        setup.dir.join(format!("w{}.line.lock", self.index))
+    }
+
     /// Starts a new incarnation.
     pub(crate) fn start(&mut self, setup: &Setup, log: &mut Vec<Incarnation>) -> Result<()> {
         if let Some(kind) = self.next_kind.take() {
@@ -195,7 +202,8 @@ impl Slot {
                     .env("SOAK_CHUNK", setup.runner_chunk.to_string())
                     .env("SOAK_PARALLEL", setup.runner_parallel.to_string())
                     .env("SOAK_CONCURRENCY", setup.runner_concurrency.to_string())
-                    .env("SOAK_WORK_MS", setup.runner_work_ms);
+                    .env("SOAK_WORK_MS", setup.runner_work_ms)
+                    .env("SOAK_LINE_LOCK", self.line_lock(setup));
                 cmd
             }
         };

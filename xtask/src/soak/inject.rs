@@ -76,7 +76,8 @@ impl Soak {
                 // (a kill, or the freeze kept) then lands on.
                 let mut frozen_open = Vec::new();
                 if self.opts.aim {
-                    frozen_open = self.freeze_mid_chunk(i, &fault.target);
+                    let mid_lines;
+                    (frozen_open, mid_lines) = self.freeze_mid_chunk(i, &fault.target);
                     if frozen_open.is_empty() {
                         fault.missed = Some(format!(
                             "{} had no chunk open for {AIM_FOR:?}",
@@ -86,6 +87,11 @@ impl Soak {
                         return Ok(None);
                     }
                     fault.note = format!("with {} chunk(s) open; ", frozen_open.len());
+                    if mid_lines > 0 {
+                        fault.note.push_str(&format!(
+                            "{mid_lines} freeze(s) mid-line thawed before it; "
+                        ));
+                    }
                 }
                 if kind == "kill" {
                     self.slots[i].kill(&mut self.incarnations);
@@ -420,26 +426,35 @@ impl Soak {
     }
 
     /// Freezes slot `i` (incarnation `name`) at a moment its ledger shows a chunk of it
-    /// open, trying for [`AIM_FOR`]: the open chunks' ranges, the process left frozen;
-    /// or none, the process running. A runner's lines are its own process's writes, so
-    /// they hold still while it is frozen; an exec worker's chunks run on in their
-    /// groups, which only a kill must find open.
-    fn freeze_mid_chunk(&mut self, i: usize, name: &str) -> Vec<(u64, u64)> {
+    /// open, trying for [`AIM_FOR`]: the open chunks' ranges, the process left frozen,
+    /// or none, the process running; and how many freezes were thawed mid-line. A
+    /// runner's lines are its own process's writes, so they hold still while it is
+    /// frozen; an exec worker's chunks run on in their groups, which only a kill must
+    /// find open. Nor is a runner left frozen in the middle of a line (its line lock
+    /// held): a line stamped before the freeze and written after the thaw would date
+    /// an END before the take-over the stop waits for, and a chunk the ledger showed
+    /// open would read as ended before it.
+    fn freeze_mid_chunk(&mut self, i: usize, name: &str) -> (Vec<(u64, u64)>, u32) {
         let Some(pid) = self.slots[i].pid() else {
-            return Vec::new();
+            return (Vec::new(), 0);
         };
         let ledger = self.slots[i].ledger(&self.setup);
+        let line_lock = self.slots[i].line_lock(&self.setup);
         let until = Instant::now() + AIM_FOR;
+        let mut mid_lines = 0;
         while Instant::now() < until {
             fleet::signal(pid, "STOP");
             let open = open_chunks(&ledger, name);
             if !open.is_empty() {
-                return open;
+                if !mid_line(&line_lock) {
+                    return (open, mid_lines);
+                }
+                mid_lines += 1;
             }
             fleet::signal(pid, "CONT");
             thread::sleep(Duration::from_millis(20));
         }
-        Vec::new()
+        (Vec::new(), mid_lines)
     }
 
     /// Whether an aimed stop's wait is over: another worker started a chunk over one
@@ -533,6 +548,17 @@ fn open_chunks(ledger: &Path, name: &str) -> Vec<(u64, u64)> {
     open.into_iter().map(|(from, to, _)| (from, to)).collect()
 }
 
+/// Whether the process of `lock` (a runner's `SOAK_LINE_LOCK`) holds it: it was frozen
+/// between a line's timestamp and its write. No such file (an exec worker's slot, a
+/// runner that has not written yet), no line in the middle.
+fn mid_line(lock: &Path) -> bool {
+    let Ok(file) = std::fs::File::open(lock) else {
+        return false;
+    };
+    // Unlocked when `file` is closed, before the thaw.
+    matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock))
+}
+
 /// Whether `ledger` has a START after `after_us` over any of `ranges`.
 fn started_over(ledger: &Path, ranges: &[(u64, u64)], after_us: u64) -> bool {
     std::fs::read_to_string(ledger)
@@ -577,6 +603,22 @@ mod tests {
         assert_eq!(open_chunks(&path, "w2.0"), vec![(51, 100)]);
         assert_eq!(open_chunks(&path, "w0.0"), vec![(1001, 1250)]);
         assert!(open_chunks(&path, "w1.0").is_empty());
+        let _ = std::fs::remove_file(path);
+    }
+
+    /// A line lock held by another open file description is a line in the middle;
+    /// a free one, or none, is not.
+    #[test]
+    fn a_held_line_lock_is_a_line_in_the_middle() {
+        let path =
+            std::env::temp_dir().join(format!("soak-lock-{}-{}", std::process::id(), now_us()));
+        assert!(!mid_line(&path));
+        let writer = std::fs::File::create(&path).unwrap();
+        assert!(!mid_line(&path));
+        writer.lock().unwrap();
+        assert!(mid_line(&path));
+        writer.unlock().unwrap();
+        assert!(!mid_line(&path));
         let _ = std::fs::remove_file(path);
     }
 

@@ -447,17 +447,25 @@ impl Soak {
     fn plan(&mut self, partitions: u64) -> Result<()> {
         let min = self.planned.last().map_or(1, |&(_, max)| max + 1);
         let max = min + partitions * PARTITION - 1;
-        let (ok, out) = self.tranche(&[
+        let (min_s, max_s) = (min.to_string(), max.to_string());
+        let (size, compressed_at) = (PARTITION.to_string(), self.setup.compressed_at.to_string());
+        let mut args = vec![
             "plan",
             "--min",
-            &min.to_string(),
+            &min_s,
             "--max",
-            &max.to_string(),
+            &max_s,
             "--size",
-            &PARTITION.to_string(),
+            &size,
             "--compressed-at",
-            &self.setup.compressed_at.to_string(),
-        ])?;
+            &compressed_at,
+        ];
+        // Every plan names the same count: the first sets it, the others agree.
+        let shards = self.opts.shards.map(|n| n.to_string());
+        if let Some(n) = &shards {
+            args.extend(["--shards", n.as_str()]);
+        }
+        let (ok, out) = self.tranche(&args)?;
         if !ok {
             bail!("tranche plan {min}..={max} failed: {out}");
         }

@@ -50,6 +50,12 @@ pub(crate) struct Options {
     /// Whether more partitions are planned when the fleet runs low (`--partitions`
     /// alone: no).
     pub(super) top_up: bool,
+    /// `--shards N`: the namespace's shard count (`tranche plan --shards`; the plan's
+    /// default when `None`). A worker claims from the shards in an order of its own and
+    /// takes a shard's requeued partitions before its fresh ones, but a shard late in
+    /// every worker's order is reached only once the shards before it run dry: with one
+    /// shard an expired lease is taken over at the next claim.
+    pub(super) shards: Option<u32>,
 }
 
 /// What the fleet's work looks like.
@@ -90,7 +96,7 @@ pub(super) const FAST_RATE: u64 = 560;
 const USAGE: &str = "usage: cargo xtask soak [--ci] [--fast | --splits] [--embedded] [--seed N] \
 [--duration SECS] [--interval SECS] [--partitions N] [--workers N] [--runners N] \
 [--runner-concurrency N] [--faults kill,stop,...] [--cluster] [--release | --prebuilt] \
-[--lease MS] [--drain SECS] [--aim runner|exec|any]";
+[--lease MS] [--drain SECS] [--aim runner|exec|any] [--shards N]";
 
 impl Options {
     pub(super) fn parse(args: &[String]) -> Result<Options> {
@@ -118,6 +124,7 @@ impl Options {
             aim: false,
             sabotage: None,
             top_up: true,
+            shards: None,
         };
         let mut drain_given = false;
         let mut runners_given = false;
@@ -209,6 +216,13 @@ impl Options {
                         v => bail!("--aim {v}: runner, exec or any"),
                     };
                 }
+                "--shards" => {
+                    let n = number(value()?)?;
+                    if !(1..=1024).contains(&n) {
+                        bail!("--shards {n}: 1 to 1024");
+                    }
+                    o.shards = Some(n as u32);
+                }
                 "--cluster" => o.cluster = true,
                 "--release" => o.release = true,
                 "--prebuilt" => o.prebuilt = true,
@@ -274,6 +288,14 @@ mod tests {
         assert_eq!(parse(&["--aim", "any"]).unwrap().target, None);
         assert!(!parse(&[]).unwrap().aim);
         assert!(parse(&["--aim", "x"]).is_err());
+    }
+
+    #[test]
+    fn shards_are_the_plans_unless_given() {
+        assert_eq!(parse(&[]).unwrap().shards, None);
+        assert_eq!(parse(&["--shards", "1"]).unwrap().shards, Some(1));
+        assert!(parse(&["--shards", "0"]).is_err());
+        assert!(parse(&["--shards", "1025"]).is_err());
     }
 
     #[test]
