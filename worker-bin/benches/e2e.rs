@@ -40,7 +40,10 @@
 //! `target/tranche-bench/e2e.json`) and `TRANCHE_BENCH_BASELINE` (another `tranche`
 //! binary, e.g. one built from an older commit: each cell then also runs it, the two
 //! alternating run by run on the same server, and a `baseline` row follows each cell with
-//! the ratio of the medians).
+//! the ratio of the medians). `TRANCHE_BENCH_OTLP=1` does the same with this build
+//! exporting its spans (`--otlp-endpoint`) to a receiver in this process that reads and
+//! discards them: an `otlp` row follows each cell with the ratio on / off (the target:
+//! no lower than 0.9).
 //!
 //! With `TRANCHE_BENCH_SMOKE=1` it also runs under `cargo test` (with the binary of
 //! that profile) as one tiny cell, `1x8x1` on 2,000 partitions, run once, with a
@@ -250,6 +253,7 @@ fn run_cell(
     cell: Cell,
     n: u64,
     dir: &std::path::Path,
+    more: &[&str],
 ) -> Value {
     for node in nodes {
         node.cli(&["FLUSHALL"]);
@@ -292,7 +296,7 @@ fn run_cell(
                 ],
             );
             let extra = std::env::var("TRANCHE_BENCH_RUN_ARGS").unwrap_or_default();
-            cmd.args(extra.split_whitespace());
+            cmd.args(extra.split_whitespace()).args(more);
             cmd.stdout(Stdio::null()).stderr(log);
             cmd.spawn().expect("spawn run")
         })
@@ -419,6 +423,8 @@ struct Settings {
     repeat: usize,
     /// Another `tranche` binary to run beside this one.
     baseline: Option<String>,
+    /// A discarding OTLP receiver's endpoint: this build also runs exporting to it.
+    otlp: Option<String>,
     /// Where the runs' logs go.
     dir: PathBuf,
 }
@@ -429,10 +435,15 @@ fn measure(nodes: &[&TestRedis], url: &str, label: &str, cell: Cell, set: &Setti
     let (n, repeat, dir) = (set.n, set.repeat, set.dir.as_path());
     let mut runs: Vec<Value> = Vec::new();
     let mut base_runs: Vec<Value> = Vec::new();
+    let mut otlp_runs: Vec<Value> = Vec::new();
     for _ in 0..repeat {
-        runs.push(run_cell(BIN, nodes, url, cell, n, dir));
+        runs.push(run_cell(BIN, nodes, url, cell, n, dir, &[]));
         if let Some(bin) = &set.baseline {
-            base_runs.push(run_cell(bin, nodes, url, cell, n, dir));
+            base_runs.push(run_cell(bin, nodes, url, cell, n, dir, &[]));
+        }
+        if let Some(endpoint) = &set.otlp {
+            let on = ["--otlp-endpoint", endpoint.as_str()];
+            otlp_runs.push(run_cell(BIN, nodes, url, cell, n, dir, &on));
         }
     }
     let mut row = median_row(runs, repeat);
@@ -457,7 +468,68 @@ fn measure(nodes: &[&TestRedis], url: &str, label: &str, cell: Cell, set: &Setti
         row["baseline"] = base;
         row["ratio_to_baseline"] = json!(ratio);
     }
+    if !otlp_runs.is_empty() {
+        let on = median_row(otlp_runs, repeat);
+        print_row(&cell, &on, &format!("{label}  otlp"));
+        let ratio =
+            on["partitions_per_s"].as_f64().unwrap() / row["partitions_per_s"].as_f64().unwrap();
+        println!("    partitions/s, spans exported / not: {ratio:.2} (target: 0.90 or more)");
+        row["otlp"] = on;
+        row["ratio_otlp_to_off"] = json!(ratio);
+    }
     row
+}
+
+/// An OTLP/HTTP receiver on a free port that reads every request whole and answers 200,
+/// keeping nothing but the bytes it was sent (shared with the caller): what a collector
+/// costs the exporter, and no more.
+fn discarding_receiver() -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a receiver");
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let received = std::sync::Arc::new(AtomicU64::new(0));
+    let total = received.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let total = total.clone();
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 65536];
+                loop {
+                    let head_end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        match stream.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    while buf.len() < head_end + length {
+                        match stream.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    buf.drain(..head_end + length);
+                    total.fetch_add(length as u64, Ordering::Relaxed);
+                    let answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+                    if stream.write_all(answer).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (endpoint, received)
 }
 
 fn main() {
@@ -516,10 +588,17 @@ fn main() {
     if smoke && baseline.take().is_some() {
         println!("smoke: TRANCHE_BENCH_BASELINE ignored, no baseline");
     }
+    let mut otlp = std::env::var("TRANCHE_BENCH_OTLP").is_ok_and(|v| v == "1");
+    if smoke && otlp {
+        println!("smoke: TRANCHE_BENCH_OTLP ignored, no export");
+        otlp = false;
+    }
+    let receiver = otlp.then(discarding_receiver);
     let set = Settings {
         n,
         repeat,
         baseline,
+        otlp: receiver.as_ref().map(|(endpoint, _)| endpoint.clone()),
         dir,
     };
     let default_cells = if smoke {
@@ -570,8 +649,16 @@ fn main() {
         Some(set) => println!("redis-benchmark -t set -c 50 -P 16: {set:.0} SET/s"),
         None => println!("redis-benchmark not found: no SET ceiling"),
     }
+    // The exporting runs sent their spans, or their ratio measured nothing.
+    let otlp_bytes = receiver.map(|(_, bytes)| {
+        let bytes = bytes.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(bytes > 0, "--otlp-endpoint runs exported nothing");
+        println!("OTLP bytes received from the exporting runs: {bytes}");
+        bytes
+    });
     let report = json!({
         "partitions": n,
+        "otlp_bytes_received": otlp_bytes,
         "set_ceiling_per_s": ceiling,
         "cluster_masters": cluster.as_ref().map(|_| 3),
         "cells": rows,
