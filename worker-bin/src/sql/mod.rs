@@ -1,13 +1,15 @@
 //! [`SqlHandler`]: a ready-made [`Handler`] that runs one SQL statement per chunk on
 //! PostgreSQL over a pool of warm connections (its docs say how); [`SqlConfig`] its
 //! settings. The statement's rewriting is `statement`, the pool `pool`, TLS `tls`.
-//! MySQL and MariaDB are `mysql` (its statement rewriting `mysql_statement`);
+//! MySQL and MariaDB are `mysql` (its statement rewriting `mysql_statement`); what the
+//! two rewriters share (the token model, the fence splice) is `rewrite`.
 //! [`SqlProbe`], throttle probes in SQL, is `probe`.
 
 mod mysql;
 mod mysql_statement;
 mod pool;
 mod probe;
+mod rewrite;
 mod statement;
 mod tls;
 
@@ -259,23 +261,23 @@ impl SqlHandler {
             pg.application_name("tranche");
         }
         let (mut statement, highest) = statement::positional(&config.statement);
-        if highest > statement::FENCE {
+        if highest > rewrite::FENCE {
             return Err(Error::Config(
                 "the statement uses a placeholder beyond $5; a chunk binds $1 to $5 (:from, \
                  :to, :pid, :attempt, :fence)"
                     .into(),
             ));
         }
-        let mut fenced = highest == statement::FENCE;
+        let mut fenced = highest == rewrite::FENCE;
         if let Some(column) = &config.fence_column {
             statement = statement::fenced(&statement, column).map_err(Error::Config)?;
             fenced = true;
         }
         let tls = tls::Tls::for_config(&pg).map_err(Error::Config)?;
         let params = if fenced {
-            statement::FENCE
+            rewrite::FENCE
         } else {
-            statement::FENCE - 1
+            rewrite::FENCE - 1
         };
         let opener = Opener {
             config: pg,

@@ -6,38 +6,21 @@
 //! literals (`'…'`, `E'…'`, `$tag$…$tag$`), quoted identifiers, comments and `::`
 //! casts. A name outside those is rewritten only when it is one of the five
 //! placeholders; anything else (`:name` is no SQL) is left for the server to refuse.
+//! The fence's splice is the one MySQL's statements get too (`rewrite`).
 
-use std::ops::Range;
+use super::rewrite::{self, Dialect, Kind, Token};
 
-/// The placeholders, in their positional order: `:from` is `$1`, … `:fence` is `$5`.
-pub(crate) const PLACEHOLDERS: [&str; 5] = ["from", "to", "pid", "attempt", "fence"];
-
-/// The position of `:fence` (`$5`).
-pub(crate) const FENCE: usize = 5;
-
-/// One lexical piece of the statement, with its byte range.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    /// An unquoted word: a keyword or an identifier.
-    Word,
-    /// A string, a quoted identifier or a comment: nothing inside is rewritten.
-    Opaque,
-    /// `:name`, a named placeholder or something the server will refuse.
-    Named,
-    /// `(`.
-    Open,
-    /// `)`.
-    Close,
-    /// `;`.
-    End,
-    /// Anything else (operators, numbers, `$1`, `::`).
-    Other,
-}
-
-struct Token {
-    kind: Kind,
-    span: Range<usize>,
-}
+/// PostgreSQL as the fence splice needs it: the statement is positional by then, so
+/// the fence is `$5`.
+pub(super) const POSTGRES: Dialect = Dialect {
+    token,
+    fence: "$5",
+    quote_ident,
+    modifiers: &["only"],
+    star: true,
+    single_table: false,
+    tail: &["returning"],
+};
 
 fn is_ident_start(c: u8) -> bool {
     c.is_ascii_alphabetic() || c == b'_' || c >= 0x80
@@ -47,99 +30,77 @@ fn is_ident(c: u8) -> bool {
     is_ident_start(c) || c.is_ascii_digit() || c == b'$'
 }
 
-/// The statement's tokens. Never fails: an unterminated string or comment runs to the
-/// end (the server refuses it).
-fn lex(sql: &str) -> Vec<Token> {
+/// The token at `i`, when it is one this dialect reads its own way;
+/// `before` are the tokens so far.
+fn token(sql: &str, mut i: usize, before: &[Token]) -> Option<Token> {
     let b = sql.as_bytes();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < b.len() {
-        let start = i;
-        let c = b[i];
-        let kind = match c {
-            _ if c.is_ascii_whitespace() => {
-                i += 1;
-                continue;
-            }
-            b'\'' => {
-                // E'…' takes backslash escapes; the E was lexed as a word before.
-                let escapes = matches!(out.last(), Some(Token { kind: Kind::Word, span })
+    let start = i;
+    let c = b[i];
+    let kind = match c {
+        b'\'' => {
+            // E'…' takes backslash escapes; the E was lexed as a word before.
+            let escapes = matches!(before.last(), Some(Token { kind: Kind::Word, span })
                     if span.end == start && sql[span.clone()].eq_ignore_ascii_case("e"));
-                i = quoted(b, i, b'\'', escapes);
-                Kind::Opaque
+            i = quoted(b, i, b'\'', escapes);
+            Kind::Quoted
+        }
+        b'"' => {
+            i = quoted(b, i, b'"', false);
+            Kind::Quoted
+        }
+        b'-' if b.get(i + 1) == Some(&b'-') => {
+            while i < b.len() && b[i] != b'\n' {
+                i += 1;
             }
-            b'"' => {
-                i = quoted(b, i, b'"', false);
-                Kind::Opaque
+            Kind::Comment
+        }
+        b'/' if b.get(i + 1) == Some(&b'*') => {
+            i = block_comment(b, i);
+            Kind::Comment
+        }
+        b'$' => match dollar_tag(b, i) {
+            Some(tag) => {
+                let close = &sql[i..i + tag];
+                i = sql[i + tag..]
+                    .find(close)
+                    .map_or(b.len(), |at| i + tag + at + tag);
+                Kind::Quoted
             }
-            b'-' if b.get(i + 1) == Some(&b'-') => {
-                while i < b.len() && b[i] != b'\n' {
+            None => {
+                i += 1;
+                while i < b.len() && b[i].is_ascii_digit() {
                     i += 1;
                 }
-                Kind::Opaque
-            }
-            b'/' if b.get(i + 1) == Some(&b'*') => {
-                i = block_comment(b, i);
-                Kind::Opaque
-            }
-            b'$' => match dollar_tag(b, i) {
-                Some(tag) => {
-                    let close = &sql[i..i + tag];
-                    i = sql[i + tag..]
-                        .find(close)
-                        .map_or(b.len(), |at| i + tag + at + tag);
-                    Kind::Opaque
-                }
-                None => {
-                    i += 1;
-                    while i < b.len() && b[i].is_ascii_digit() {
-                        i += 1;
-                    }
+                if i - start > 1 {
+                    Kind::Param
+                } else {
                     Kind::Other
                 }
-            },
-            b':' if b.get(i + 1) == Some(&b':') => {
-                i += 2;
-                Kind::Other
             }
-            b':' if b.get(i + 1).is_some_and(|&c| is_ident_start(c)) => {
+        },
+        b':' if b.get(i + 1) == Some(&b':') => {
+            i += 2;
+            Kind::Other
+        }
+        b':' if b.get(i + 1).is_some_and(|&c| is_ident_start(c)) => {
+            i += 1;
+            while i < b.len() && is_ident(b[i]) {
                 i += 1;
-                while i < b.len() && is_ident(b[i]) {
-                    i += 1;
-                }
-                Kind::Named
             }
-            b'(' => {
+            Kind::Named
+        }
+        _ if is_ident_start(c) => {
+            while i < b.len() && is_ident(b[i]) {
                 i += 1;
-                Kind::Open
             }
-            b')' => {
-                i += 1;
-                Kind::Close
-            }
-            b';' => {
-                i += 1;
-                Kind::End
-            }
-            _ if is_ident_start(c) => {
-                while i < b.len() && is_ident(b[i]) {
-                    i += 1;
-                }
-                Kind::Word
-            }
-            _ => {
-                // One character at a time: multi-byte characters start with >= 0x80
-                // and are words, so this never splits one.
-                i += 1;
-                Kind::Other
-            }
-        };
-        out.push(Token {
-            kind,
-            span: start..i,
-        });
-    }
-    out
+            Kind::Word
+        }
+        _ => return None,
+    };
+    Some(Token {
+        kind,
+        span: start..i,
+    })
 }
 
 /// The end of a literal opened by `quote` at `i`: a doubled quote is one character,
@@ -195,149 +156,46 @@ fn dollar_tag(b: &[u8], i: usize) -> Option<usize> {
 
 /// The statement with its named placeholders rewritten (`:from` to `$1`, …), and
 /// the highest placeholder it uses (0 for none).
-pub(crate) fn positional(sql: &str) -> (String, usize) {
-    let mut out = String::with_capacity(sql.len());
-    let mut highest = 0;
-    let mut copied = 0;
-    for token in lex(sql) {
-        let text = &sql[token.span.clone()];
-        match token.kind {
-            Kind::Named => {
-                let name = &text[1..];
-                if let Some(n) = PLACEHOLDERS
-                    .iter()
-                    .position(|p| p.eq_ignore_ascii_case(name))
-                {
-                    out.push_str(&sql[copied..token.span.start]);
-                    out.push_str(&format!("${}", n + 1));
-                    copied = token.span.end;
-                    highest = highest.max(n + 1);
-                }
-            }
-            Kind::Other if text.len() > 1 && text.starts_with('$') => {
-                // `$` and digits: too many to parse is too many anyway.
-                highest = highest.max(text[1..].parse().unwrap_or(usize::MAX));
-            }
-            _ => {}
-        }
-    }
-    out.push_str(&sql[copied..]);
+pub(super) fn positional(sql: &str) -> (String, usize) {
+    let tokens = POSTGRES.lex(sql);
+    // `$` and digits: too many to parse is too many anyway.
+    let mut highest = tokens
+        .iter()
+        .filter(|t| t.kind == Kind::Param)
+        .map(|t| {
+            sql[t.span.start + 1..t.span.end]
+                .parse()
+                .unwrap_or(usize::MAX)
+        })
+        .max()
+        .unwrap_or(0);
+    let out = rewrite::replace_named(sql, &tokens, |n| {
+        highest = highest.max(n + 1);
+        format!("${}", n + 1)
+    });
     (out, highest)
 }
 
-/// `sql` (positional already) guarded by `column`: the UPDATE also sets `column` to
-/// the chunk's fence (`$5`), and touches only rows whose `column` is NULL or below it.
-/// A worker whose lease was taken over (a higher fence wrote these rows) then updates
-/// none of them, and a chunk whose commit was lost on the way back, retried under the
-/// same fence, is not applied twice.
-///
-/// Only a top-level UPDATE can be guarded; anything else is an `Err` with the reason.
-pub(crate) fn fenced(sql: &str, column: &str) -> Result<String, String> {
-    let tokens = lex(sql);
-    let mut depth = 0usize;
-    // The top-level tokens, outside parentheses and comments, with their index.
-    let mut top = Vec::new();
-    for (n, t) in tokens.iter().enumerate() {
-        match t.kind {
-            Kind::Open => depth += 1,
-            Kind::Close => depth = depth.saturating_sub(1),
-            _ if depth == 0 && !(t.kind == Kind::Opaque && is_comment(&sql[t.span.clone()])) => {
-                top.push(n)
-            }
-            _ => {}
-        }
-    }
-    let word = |n: usize, w: &str| {
-        tokens[n].kind == Kind::Word && sql[tokens[n].span.clone()].eq_ignore_ascii_case(w)
-    };
-    let not_update = || "a fence column needs the statement to be an UPDATE".to_string();
-    let update = top
-        .iter()
-        .position(|&n| word(n, "update"))
-        .ok_or_else(not_update)?;
-    // A WITH clause may come first; nothing else may.
-    if update > 0 && !word(top[0], "with") {
-        return Err(not_update());
-    }
-    let set = top[update..]
-        .iter()
-        .position(|&n| word(n, "set"))
-        .map(|p| update + p)
-        .ok_or("the UPDATE has no SET")?;
-    // The target as the statement names it: its alias (`UPDATE t AS x`, `UPDATE t x`)
-    // or else its written name (`s.t`, `"T"`), ONLY and `*` aside.
-    let mut target: Vec<usize> = top[update + 1..set].to_vec();
-    if target.first().is_some_and(|&n| word(n, "only")) {
-        target.remove(0);
-    }
-    if target
-        .last()
-        .is_some_and(|&n| &sql[tokens[n].span.clone()] == "*")
-    {
-        target.pop();
-    }
-    let reference = match target.as_slice() {
-        [] => return Err("the UPDATE names no table".to_string()),
-        [.., a, alias] if word(*a, "as") => sql[tokens[*alias].span.clone()].to_string(),
-        [name] => sql[tokens[*name].span.clone()].to_string(),
-        [.., before, alias]
-            if tokens[*alias].kind != Kind::Other && tokens[*before].kind != Kind::Other =>
-        {
-            sql[tokens[*alias].span.clone()].to_string()
-        }
-        [first, .., last] => sql[tokens[*first].span.start..tokens[*last].span.end].to_string(),
-    };
-    // The statement ends at its first top-level `;`: only more `;` may follow.
-    let end_at = top.iter().position(|&n| tokens[n].kind == Kind::End);
-    if let Some(e) = end_at
-        && top[e..].iter().any(|&n| tokens[n].kind != Kind::End)
-    {
-        return Err("a fence column needs one statement".to_string());
-    }
-    let end = end_at.map_or(sql.len(), |e| tokens[top[e]].span.start);
-    let after_set: Vec<usize> = top[set + 1..end_at.unwrap_or(top.len()).max(set + 1)].to_vec();
-    let where_at = after_set.iter().position(|&n| word(n, "where"));
-    let returning = after_set
-        .iter()
-        .find(|&&n| word(n, "returning"))
-        .map_or(end, |&n| tokens[n].span.start);
-    let column = quote_ident(column);
-    let guard = format!("({reference}.{column} IS NULL OR {reference}.{column} < ${FENCE})");
-    let set_end = tokens[top[set]].span.end;
-    let mut out = String::with_capacity(sql.len() + 2 * guard.len());
-    out.push_str(&sql[..set_end]);
-    out.push_str(&format!(" {column} = ${FENCE},"));
-    match where_at {
-        Some(p) => {
-            let where_end = tokens[after_set[p]].span.end;
-            out.push_str(&sql[set_end..where_end]);
-            // The user's condition in parentheses of its own (an OR in it must not
-            // escape the guard), closed on a new line (it may end in a -- comment).
-            out.push_str(&format!(" {guard} AND ("));
-            out.push_str(&sql[where_end..returning]);
-            out.push_str("\n) ");
-        }
-        None => {
-            out.push_str(&sql[set_end..returning]);
-            out.push_str(&format!("\nWHERE {guard} "));
-        }
-    }
-    out.push_str(&sql[returning..]);
-    Ok(out)
-}
-
-fn is_comment(text: &str) -> bool {
-    text.starts_with("--") || text.starts_with("/*")
+/// `sql` (positional already) guarded by `column` ([`rewrite::fenced`]), the fence
+/// being `$5`.
+pub(super) fn fenced(sql: &str, column: &str) -> Result<String, String> {
+    rewrite::fenced(&POSTGRES, sql, column)
 }
 
 /// `name` as a quoted identifier: taken as written, case included.
-pub(crate) fn quote_ident(name: &str) -> String {
+pub(super) fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sql::rewrite::FENCE;
+
+    #[test]
+    fn the_fence_placeholder_is_the_fifth() {
+        assert_eq!(POSTGRES.fence, format!("${FENCE}"));
+    }
 
     #[test]
     fn named_placeholders_become_positional_outside_literals_and_casts() {
@@ -394,6 +252,20 @@ mod tests {
         check(
             "UPDATE t x SET v = 1;",
             "UPDATE t x SET \"fence\" = $5, v = 1\nWHERE (x.\"fence\" IS NULL OR x.\"fence\" < $5) ;",
+        );
+    }
+
+    /// RETURNING before WHERE is no SQL, but a user may write it: the condition then
+    /// runs to the end (the server refuses the statement) rather than ending before it
+    /// starts, which sliced backwards and panicked.
+    #[test]
+    fn a_returning_before_the_where_is_left_for_the_server() {
+        assert_eq!(
+            fenced("UPDATE t SET v = 1 RETURNING v WHERE id = $1", "f").as_deref(),
+            Ok(
+                "UPDATE t SET \"f\" = $5, v = 1 RETURNING v WHERE (t.\"f\" IS NULL OR \
+                t.\"f\" < $5) AND ( id = $1\n) "
+            )
         );
     }
 
