@@ -215,11 +215,22 @@ struct Inner {
     stats: Counters,
 }
 
+/// What [`SqlStats`] reads, counted by either engine.
 #[derive(Default)]
 struct Counters {
     chunks: AtomicU64,
     rows: AtomicU64,
     retries: AtomicU64,
+}
+
+impl Counters {
+    /// Counts `chunk`'s transaction, which committed having affected `rows`; `rows`.
+    fn committed(&self, chunk: &Chunk, rows: u64) -> u64 {
+        self.chunks.fetch_add(1, Ordering::Relaxed);
+        self.rows.fetch_add(rows, Ordering::Relaxed);
+        tracing::debug!(pid = chunk.pid, from = chunk.from, rows, "chunk committed");
+        rows
+    }
 }
 
 /// What a [`SqlHandler`] did so far, over all its clones.
@@ -335,32 +346,16 @@ impl Inner {
             i64::from(chunk.attempt),
             to_i64(chunk.fence)?,
         ];
-        let mut delay = inner.backoff;
-        let mut tries = 0;
+        let mut backoff = Backoff::new(inner.retries, inner.backoff);
         loop {
             match self.transaction(&values[..inner.params]).await {
-                Ok(rows) => {
-                    inner.stats.chunks.fetch_add(1, Ordering::Relaxed);
-                    inner.stats.rows.fetch_add(rows, Ordering::Relaxed);
-                    tracing::debug!(pid = chunk.pid, from = chunk.from, rows, "chunk committed");
-                    return Ok(rows);
+                Ok(rows) => return Ok(inner.stats.committed(&chunk, rows)),
+                Err(err) => {
+                    let verdict = self.classify(&err);
+                    backoff
+                        .after(verdict, one_line(&err), &inner.stats, &chunk)
+                        .await?;
                 }
-                Err(err) => match self.classify(&err) {
-                    Verdict::Retry if tries < inner.retries => {
-                        tries += 1;
-                        inner.stats.retries.fetch_add(1, Ordering::Relaxed);
-                        tracing::debug!(
-                            pid = chunk.pid,
-                            from = chunk.from,
-                            error = %one_line(&err),
-                            "chunk's transaction retried"
-                        );
-                        tokio::time::sleep(jitter(delay)).await;
-                        delay = (delay * 2).min(MAX_BACKOFF);
-                    }
-                    Verdict::Permanent => return Err(HandlerError::permanent(one_line(&err))),
-                    Verdict::Retry | Verdict::Fail => return Err(one_line(&err).into()),
-                },
             }
         }
     }
@@ -430,6 +425,56 @@ enum Verdict {
     Permanent,
 }
 
+/// One chunk's retries, the same for either engine: how many were made and the delay
+/// before the next.
+struct Backoff {
+    /// The retries made so far.
+    tries: u32,
+    /// The most that may be made.
+    retries: u32,
+    /// The next one's delay (before jitter), doubled after each up to [`MAX_BACKOFF`].
+    delay: Duration,
+}
+
+impl Backoff {
+    fn new(retries: u32, first: Duration) -> Self {
+        Self {
+            tries: 0,
+            retries,
+            delay: first,
+        }
+    }
+
+    /// What a failed try comes to: when `verdict` allows another within the retries,
+    /// `Ok` once its delay has passed (the retry counted in `stats`); else the chunk's
+    /// error, saying `message`.
+    async fn after(
+        &mut self,
+        verdict: Verdict,
+        message: String,
+        stats: &Counters,
+        chunk: &Chunk,
+    ) -> Result<(), HandlerError> {
+        match verdict {
+            Verdict::Retry if self.tries < self.retries => {
+                self.tries += 1;
+                stats.retries.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(
+                    pid = chunk.pid,
+                    from = chunk.from,
+                    error = %message,
+                    "chunk's transaction retried"
+                );
+                tokio::time::sleep(jitter(self.delay)).await;
+                self.delay = (self.delay * 2).min(MAX_BACKOFF);
+                Ok(())
+            }
+            Verdict::Permanent => Err(HandlerError::permanent(message)),
+            Verdict::Retry | Verdict::Fail => Err(message.into()),
+        }
+    }
+}
+
 fn to_i64(v: u64) -> Result<i64, HandlerError> {
     i64::try_from(v).map_err(|_| HandlerError::permanent(format!("{v} is beyond bigint")))
 }
@@ -446,28 +491,32 @@ fn one_line(err: &(dyn std::error::Error + 'static)) -> String {
     let db = err
         .downcast_ref::<tokio_postgres::Error>()
         .and_then(|e| e.as_db_error());
-    let text = match db {
-        Some(db) => {
-            let at = match db.position() {
-                Some(tokio_postgres::error::ErrorPosition::Original(n)) => {
-                    format!(" at character {n}")
-                }
-                _ => String::new(),
-            };
-            format!("{}{at} (SQLSTATE {})", db.message(), db.code().code())
-        }
-        None => {
-            let mut text = err.to_string();
-            let mut source = err.source();
-            while let Some(cause) = source {
-                let cause_text = cause.to_string();
-                if !text.contains(&cause_text) {
-                    text = format!("{text}: {cause_text}");
-                }
-                source = cause.source();
+    let server = db.map(|db| {
+        let at = match db.position() {
+            Some(tokio_postgres::error::ErrorPosition::Original(n)) => {
+                format!(" at character {n}")
             }
-            text
+            _ => String::new(),
+        };
+        format!("{}{at} (SQLSTATE {})", db.message(), db.code().code())
+    });
+    folded(err, server)
+}
+
+/// `server` (the server's own words for `err`, when it sent some), or else `err` as it
+/// displays with each of its causes that it does not already say; on one line.
+fn folded(err: &(dyn std::error::Error + 'static), server: Option<String>) -> String {
+    let text = server.unwrap_or_else(|| {
+        let mut text = err.to_string();
+        let mut source = err.source();
+        while let Some(cause) = source {
+            let cause_text = cause.to_string();
+            if !text.contains(&cause_text) {
+                text = format!("{text}: {cause_text}");
+            }
+            source = cause.source();
         }
-    };
+        text
+    });
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }

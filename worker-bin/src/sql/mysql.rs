@@ -22,14 +22,13 @@
 //! - `affected_rows` is MySQL's: rows changed, not rows matched.
 
 use std::sync::Mutex;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, Params, Statement, Value};
 use tokio::sync::Semaphore;
 
-use super::{Counters, SqlConfig, Verdict, jitter, mysql_statement};
+use super::{Backoff, Counters, SqlConfig, Verdict, mysql_statement};
 use crate::error::Error;
 use crate::handler::{Chunk, HandlerError};
 
@@ -153,17 +152,11 @@ impl Mysql {
                     .map_err(|_| HandlerError::permanent(format!("{} is beyond BIGINT", values[n])))
             })
             .collect::<Result<_, _>>()?;
-        let mut delay = self.backoff;
-        let mut tries = 0;
+        let mut backoff = Backoff::new(self.retries, self.backoff);
         loop {
             let outcome = tokio::time::timeout(self.deadline, self.transaction(&params)).await;
             let err = match outcome {
-                Ok(Ok(rows)) => {
-                    self.stats.chunks.fetch_add(1, Ordering::Relaxed);
-                    self.stats.rows.fetch_add(rows, Ordering::Relaxed);
-                    tracing::debug!(pid = chunk.pid, from = chunk.from, rows, "chunk committed");
-                    return Ok(rows);
-                }
+                Ok(Ok(rows)) => return Ok(self.stats.committed(chunk, rows)),
                 Ok(Err(err)) => err,
                 Err(_) => {
                     return Err(format!(
@@ -173,22 +166,10 @@ impl Mysql {
                     .into());
                 }
             };
-            match self.classify(&err) {
-                Verdict::Retry if tries < self.retries => {
-                    tries += 1;
-                    self.stats.retries.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(
-                        pid = chunk.pid,
-                        from = chunk.from,
-                        error = %one_line(&err),
-                        "chunk's transaction retried"
-                    );
-                    tokio::time::sleep(jitter(delay)).await;
-                    delay = (delay * 2).min(super::MAX_BACKOFF);
-                }
-                Verdict::Permanent => return Err(HandlerError::permanent(one_line(&err))),
-                Verdict::Retry | Verdict::Fail => return Err(one_line(&err).into()),
-            }
+            let verdict = self.classify(&err);
+            backoff
+                .after(verdict, one_line(&err), &self.stats, chunk)
+                .await?;
         }
     }
 
@@ -241,24 +222,14 @@ impl Mysql {
 /// A MySQL error on one line: the server's message with its code and SQLSTATE, or the
 /// error as it displays, line breaks folded.
 fn one_line(err: &(dyn std::error::Error + 'static)) -> String {
-    let text = match err.downcast_ref::<mysql_async::Error>() {
-        Some(mysql_async::Error::Server(s)) => {
-            format!("{} (error {}, SQLSTATE {})", s.message, s.code, s.state)
-        }
-        _ => {
-            let mut text = err.to_string();
-            let mut source = err.source();
-            while let Some(cause) = source {
-                let cause_text = cause.to_string();
-                if !text.contains(&cause_text) {
-                    text = format!("{text}: {cause_text}");
-                }
-                source = cause.source();
-            }
-            text
-        }
+    let server = match err.downcast_ref::<mysql_async::Error>() {
+        Some(mysql_async::Error::Server(s)) => Some(format!(
+            "{} (error {}, SQLSTATE {})",
+            s.message, s.code, s.state
+        )),
+        _ => None,
     };
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
+    super::folded(err, server)
 }
 
 #[cfg(test)]
