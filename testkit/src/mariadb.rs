@@ -38,11 +38,17 @@ impl TestMariadb {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let data = dir.join("data");
+        // A temporary directory of its own: servers installed at once in the shared
+        // /tmp collide on their `#sql-temptable-…` files ("Could not remove temporary
+        // table") and the install fails.
+        let tmp = dir.join("tmp");
+        std::fs::create_dir_all(&tmp).unwrap();
         let user = whoami();
         let out = Command::new(find("mariadb-install-db").unwrap())
             .arg("--no-defaults")
             .arg(format!("--datadir={}", data.display()))
             .arg(format!("--user={user}"))
+            .arg(format!("--tmpdir={}", tmp.display()))
             .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
             .output()
             .expect("cannot run mariadb-install-db");
@@ -61,6 +67,7 @@ impl TestMariadb {
         let server = Command::new(find("mariadbd").unwrap())
             .arg("--no-defaults")
             .arg(format!("--datadir={}", data.display()))
+            .arg(format!("--tmpdir={}", tmp.display()))
             .arg(format!("--socket={}", socket.display()))
             .arg(format!("--pid-file={}", dir.join("pid").display()))
             .arg(format!("--log-error={}", dir.join("log").display()))
