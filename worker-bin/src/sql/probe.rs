@@ -141,7 +141,7 @@ impl SqlProbe {
 
     /// PostgreSQL's indicators from `spec`, a comma-separated list: `lag=DURATION`
     /// (replication lag of any replica above it), `autovacuum` (an autovacuum worker on
-    /// the table given by `table=NAME`), `wal=RATE` (WAL written faster than RATE, as
+    /// the table given by `table=NAME`), `wal=RATE` (WAL generated faster than RATE, as
     /// `64MB/s`, `512kB/s`, `1GiB/s`), `xact=DURATION` (another session's transaction
     /// open longer). Each throttles with its reading as the reason.
     pub fn pg_indicators(mut self, spec: &str) -> Result<Self, Error> {
@@ -309,8 +309,13 @@ impl SqlProbe {
                 }
             }
             PgIndicator::Wal(limit) => {
-                let lsn =
-                    pg_number(client, "SELECT (pg_current_wal_lsn() - '0/0')::float8").await?;
+                // Where WAL is inserted, not where it is written: with asynchronous
+                // commits the written position trails by up to the WAL writer's delay.
+                let lsn = pg_number(
+                    client,
+                    "SELECT (pg_current_wal_insert_lsn() - '0/0')::float8",
+                )
+                .await?;
                 let now = Instant::now();
                 let last = self.wal.lock().expect("wal lock").replace((lsn, now));
                 match last {
