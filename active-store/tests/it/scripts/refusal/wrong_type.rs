@@ -49,9 +49,9 @@ fn expected_type(key: &str) -> &'static str {
         .unwrap_or_else(|| panic!("no expected type for key {key}"))
 }
 
-/// The wrong types tried in place of a key of type `kind`: a string (or, for a string,
-/// a set) and two containers the scripts use elsewhere, so every command family meets
-/// each.
+/// The wrong types tried in place of a key of type `kind`: the first three of string,
+/// hash, zset, list and set that it is not, so each command family meets a string and
+/// two containers of other families.
 fn wrong_types(kind: &str) -> Vec<&'static str> {
     ["string", "hash", "zset", "list", "set"]
         .into_iter()
@@ -89,7 +89,8 @@ fn accesses(server: &TestRedis, key: &str) -> Option<i64> {
     server.query(redis::cmd("OBJECT").arg("FREQ").arg(key))
 }
 
-/// Makes `OBJECT FREQ` an exact access count.
+/// Makes `OBJECT FREQ` an exact access count, and shows it is one: a script's read of a
+/// key counts once, its TYPE of the key not at all.
 fn count_accesses(server: &TestRedis) {
     for (name, value) in [
         ("maxmemory-policy", "allkeys-lfu"),
@@ -98,6 +99,13 @@ fn count_accesses(server: &TestRedis) {
     ] {
         assert_eq!(server.cli(&["CONFIG", "SET", name, value]), "OK");
     }
+    server.cli(&["HSET", "control", "f", "v"]);
+    let before = accesses(server, "control").expect("the control key");
+    let script = "redis.call('TYPE', KEYS[1]) return redis.call('HGET', KEYS[1], 'f')";
+    let read: String = server.query(redis::cmd("EVAL").arg(script).arg(1).arg("control"));
+    assert_eq!(read, "v");
+    assert_eq!(accesses(server, "control"), Some(before + 1));
+    server.cli(&["DEL", "control"]);
 }
 
 /// Each row's good call, with one of its keys of a wrong type (three other types in
