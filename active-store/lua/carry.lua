@@ -44,7 +44,9 @@ for i = 2, #ARGV, 4 do
   end
 end
 read_counts(KEYS[3])
-for i = 1, nc do redis.call('HSET', KEYS[1], changed[i], encode(seen[changed[i]])) end
+-- The pending set, which nothing reads, is written first: a key of the wrong type there
+-- is refused by that write alone (the active hash and the counters were read above).
 for i = 1, nf do redis.call('ZREM', KEYS[2], failed[i]) end
+for i = 1, nc do redis.call('HSET', KEYS[1], changed[i], encode(seen[changed[i]])) end
 count(KEYS[3])
 return n

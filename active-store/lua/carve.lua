@@ -91,9 +91,11 @@ elseif which == 'broken' then
       broken[nb + 1], broken[nb + 2], nb = names[i], 'broken run ' .. t .. ': ' .. raw, nb + 2
     end
   end
+  -- The lease index, which nothing here reads, is written first: a key of the wrong type
+  -- there is refused by that write alone (the runs and active hashes were read above).
+  redis.call('ZREM', KEYS[3], 'r' .. t)
   if nb > 0 then variadic('HSET', KEYS[2], broken) end
   redis.call('HDEL', KEYS[1], t)
-  redis.call('ZREM', KEYS[3], 'r' .. t)
   local out = {}
   for i = 1, nb, 2 do out[#out + 1] = broken[i] end
   return out
@@ -150,9 +152,14 @@ for i = 1, nc do
     scores[ns + 1], scores[ns + 2], ns = carved[i][3], carved[i][1], ns + 2
   end
 end
+-- A key of the wrong type is refused before the first write: the runs and active
+-- hashes were read above, and the lease index (read only for 'expired') is written
+-- first when a pid gets a record, else checked.
 if nr > 0 then
-  variadic('HSET', KEYS[2], records)
   variadic('ZADD', KEYS[3], scores)
+  variadic('HSET', KEYS[2], records)
+elseif not tokens then
+  expect_type(KEYS[3], 'zset')
 end
 variadic('ZREM', KEYS[3], runs_store(KEYS[1], touched))
 return nc

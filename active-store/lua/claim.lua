@@ -88,13 +88,25 @@ end
 local plans = {}
 if ndecoded < want then plans = read_cursors(KEYS[5], read_plans(KEYS[4])) end
 
+-- Whether the counters start here (`start_counting`): the active and runs hashes read
+-- now, before the first write, where a key of the wrong type is refused unwritten.
+local empty, runs_read = false, false
+if not counters[6] and redis.call('HLEN', KEYS[1]) == 0 then
+  empty, runs_read = redis.call('HLEN', KEYS[8]) == 0, true
+end
+-- The keys written below that nothing above has read: the lease index whenever
+-- anything may be claimed, the runs hash when fresh pids may be (unless its HLEN above
+-- checked it). The token sequence needs no check: it is the first key written.
+if ndecoded > 0 or #plans > 0 then
+  expect_type(KEYS[3], 'zset')
+  if #plans > 0 and not runs_read then expect_type(KEYS[8], 'hash') end
+end
+
 -- Fresh tokens for this call, reserved up front, never below the clock's floor
 -- (`reserve_tokens`, common.lua): every later call on a lease must present its token
 -- (fencing). Unused ones are simply skipped.
 token = reserve_tokens(KEYS[6], want)
-start_counting(KEYS[7], function()
-  return redis.call('HLEN', KEYS[1]) == 0 and redis.call('HLEN', KEYS[8]) == 0
-end)
+start_counting(KEYS[7], function() return empty end)
 
 if #ready > 0 then
   variadic('ZREM', KEYS[2], ready)

@@ -347,6 +347,8 @@ end
 -- the others only read theirs, to tell a duplicate from a lost lease. A record not held
 -- is checked (off the hot path): a corrupt one is reported CORRUPT, not lost.
 local ops, held, no, holding, bad = {}, {}, 0, false, {}
+-- Whether an owner part ends with pieces out (its lease entry goes, its bit stays clear).
+local parting = false
 -- Leases told of a cut the store does not have (`short`, by i: the record, and when).
 local short, short_at = false, false
 local partrec, finals = ents and {}, ents and {}
@@ -386,6 +388,7 @@ for i = 1, n do
     -- The owner part of a partition with pieces outstanding: its bit stays clear.
     ops[no + 1], ops[no + 2], ops[no + 3] = 'GET', 'u1', bit
     no = no + 3
+    parting = true
   elseif held[i] then
     if ents and ents[i] then
       -- Split, every piece done: the record spans the partition, from its first claim.
@@ -428,6 +431,16 @@ if short then
   read_counts(KEYS[5], {'p', 'c', 'r'})
 elseif holding then
   read_counts(KEYS[5], {'c', 'r'})
+end
+-- A key of the wrong type is refused before the first write: the index is written
+-- first (its own refusal writes nothing), the active, runs and splits hashes and the
+-- counters were read above (a read fails first); the lease index and the inbox, which
+-- nothing reads, are checked (`expect_type`) when a lease ends, and the pending set
+-- when a lease goes back to it.
+if holding or short or parting then
+  expect_type(KEYS[2], 'zset')
+  if holding then expect_type(KEYS[4], 'stream') end
+  if short then expect_type(KEYS[8], 'zset') end
 end
 -- Every check done: the index grown to hold the highest bit (`grow_bitmap`,
 -- common.lua), as archive.lua grows the archived bitmap.

@@ -38,8 +38,16 @@ if s then
   r[1] = 'd'
   r[4] = ''
   r[7] = now
-  redis.call('HSET', KEYS[1], pid, encode(r))
+  -- A key of the wrong type is refused before the first write: the counters, the active
+  -- hash, the splits and the pieces were read above, the pending set is written first
+  -- (its own refusal writes nothing), and the pieces' sets, which nothing reads, are
+  -- checked.
+  if gone then
+    expect_type(KEYS[8], 'zset')
+    expect_type(KEYS[9], 'zset')
+  end
   redis.call('ZREM', KEYS[2], pid)
+  redis.call('HSET', KEYS[1], pid, encode(r))
   if gone then
     variadic('HDEL', KEYS[7], gone)
     variadic('ZREM', KEYS[8], gone)

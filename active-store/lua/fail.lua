@@ -31,6 +31,10 @@ local attempts = tonumber(r[2])
 r[4] = ''
 r[7] = now
 r[12] = ARGV[4]
+-- A key of the wrong type is refused before the first write: the active hash, the
+-- counters, the splits and the pieces are read, the lease index is written first (its
+-- own refusal writes nothing), and the keys nothing reads are checked before it: the
+-- pending set of a retry, the pieces' sets of a split partition failing.
 if attempts >= max_attempts or permanent then
   local raw, gone = redis.call('HGET', KEYS[5], pid), nil
   if raw then
@@ -38,6 +42,8 @@ if attempts >= max_attempts or permanent then
     gone, r[11] = unsplit_plan(KEYS[6], redis.call('HGETALL', KEYS[6]), pid, e,
       r[11] ~= '' and r[11] or e[9])
     r[9], r[10] = e[9], e[10]
+    expect_type(KEYS[7], 'zset')
+    expect_type(KEYS[8], 'zset')
   end
   -- Kept in the active hash, out of every index, for `retry_failed` or `discard`.
   moved(r[1], 'f')
@@ -57,6 +63,7 @@ local backoff = delay or math.min(base * 2 ^ (attempts - 1), cap)
 local ready = int(tonumber(now) + backoff)
 moved(r[1], 'p')
 r[1] = 'p'
+expect_type(KEYS[3], 'zset')
 redis.call('ZREM', KEYS[2], pid)
 redis.call('HSET', KEYS[1], pid, encode(r))
 redis.call('ZADD', KEYS[3], ready, pid)

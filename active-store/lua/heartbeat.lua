@@ -122,9 +122,17 @@ end
 -- The counters are read (and checked) only when a status moves: a beat of running
 -- leases, the common one, costs no read of them.
 if moving then read_counts(KEYS[3]) end
+-- A key of the wrong type is refused before the first write: every key written here was
+-- read above (its read fails first) but the lease index, written first (its own refusal
+-- writes nothing), and the pieces of a cut, checked (`expect_type`) only when a beat
+-- cuts.
+if np > 0 then
+  expect_type(KEYS[5], 'hash')
+  expect_type(KEYS[6], 'zset')
+end
 if nr > 0 then
-  variadic('HSET', KEYS[1], records)
   variadic('ZADD', KEYS[2], scores)
+  variadic('HSET', KEYS[1], records)
   if moving then count(KEYS[3]) end
 end
 if ne > 0 then variadic('HSET', KEYS[4], entries_out) end

@@ -58,14 +58,18 @@ for i = 1, n do
     out[i] = '-1'
   end
 end
+-- A key of the wrong type is refused before the first write: the pieces and the splits
+-- were read above, the lease index is written first (its own refusal writes nothing),
+-- and the pending set, which nothing reads, is checked when a beat cuts.
+if np > 0 then expect_type(KEYS[2], 'zset') end
 if nr > 0 then
-  variadic('HSET', KEYS[1], records)
   local lease_scores, nl = {}, 0
   for i = 1, nr, 2 do
     local key = records[i]
     if seen[key] then lease_scores[nl + 1], lease_scores[nl + 2], nl = deadline, key, nl + 2 end
   end
   if nl > 0 then variadic('ZADD', KEYS[3], lease_scores) end
+  variadic('HSET', KEYS[1], records)
 end
 if ne > 0 then variadic('HSET', KEYS[4], entries_out) end
 if np > 0 then variadic('ZADD', KEYS[2], pending) end

@@ -25,6 +25,10 @@ for i, key in ipairs(ready) do
     end
   end
 end
+-- A key of the wrong type is refused before the first write: the pending set and the
+-- pieces were read above, the token sequence is written first (its own refusal writes
+-- nothing), and the lease index, which nothing reads, is checked.
+if nt > 0 then expect_type(KEYS[3], 'zset') end
 local token = reserve_tokens(KEYS[4], nt + 1)
 variadic('ZREM', KEYS[2], ready)
 local out, records, scores = {}, {}, {}

@@ -109,6 +109,17 @@ for j = 1, nf do
 end
 if nf > 0 then read_counts(KEYS[8]) end
 
+-- A key of the wrong type is refused before the first write: the pieces, the splits, the
+-- active hash and the counters were read above, and so was the lease index but in
+-- 'fail' mode, where it is the first key written (its own refusal writes nothing); the
+-- pending set, and for a partition that fails the partitions' lease index and pending
+-- set, which nothing reads, are checked.
+if nb > 0 or nf > 0 then expect_type(KEYS[2], 'zset') end
+if nf > 0 then
+  expect_type(KEYS[6], 'zset')
+  expect_type(KEYS[7], 'zset')
+end
+
 -- Writes, everything checked.
 if #stale > 0 then variadic('ZREM', KEYS[3], stale) end
 local out, records, pending, done, no = {}, {}, {}, {}, 0
@@ -123,15 +134,15 @@ for i = 1, nb do
   end
 end
 if no > 0 then
-  variadic('HSET', KEYS[1], records)
   variadic('ZREM', KEYS[3], done)
+  variadic('HSET', KEYS[1], records)
   variadic('ZADD', KEYS[2], pending)
 end
 for j = 1, nf do
   local pid, e, p, gone, from = plans[j][1], plans[j][2], plans[j][3], plans[j][4], plans[j][5]
+  variadic('ZREM', KEYS[3], gone)
   variadic('HDEL', KEYS[1], gone)
   variadic('ZREM', KEYS[2], gone)
-  variadic('ZREM', KEYS[3], gone)
   redis.call('HDEL', KEYS[4], pid)
   if p and p[1] ~= 'd' then
     moved(p[1], 'f')

@@ -32,9 +32,13 @@ for i, key in ipairs(keys) do
     pending[2 * nb - 1], pending[2 * nb] = now, key
   end
 end
+-- A key of the wrong type is refused before the first write: the pieces were read
+-- above, the lease index is written first (its own refusal writes nothing), and the
+-- pending set, which nothing reads, is checked.
 if nb > 0 then
-  variadic('HSET', KEYS[1], records)
+  expect_type(KEYS[2], 'zset')
   variadic('ZREM', KEYS[3], back)
+  variadic('HSET', KEYS[1], records)
   variadic('ZADD', KEYS[2], pending)
 end
 return back

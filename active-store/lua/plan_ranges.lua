@@ -24,11 +24,15 @@ for i = 2, #ARGV, 4 do
   end
 end
 read_counts(KEYS[4])
+-- A key of the wrong type is refused before the first write: the index, the active hash
+-- and the counters were read above (the active hash once there is anything to write),
+-- and the pending set, which nothing reads, is written first (its own refusal writes
+-- nothing).
+for _, i in ipairs(new) do redis.call('ZADD', KEYS[2], now, ARGV[i]) end
 start_counting(KEYS[4], function() return redis.call('HLEN', KEYS[1]) == 0 end)
 for _, i in ipairs(new) do
   local pid, min, max = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   redis.call('HSET', KEYS[1], pid, encode({'p', '0', '', '', now, '', now, '', min, max, '', ''}))
-  redis.call('ZADD', KEYS[2], now, pid)
 end
 moved(nil, 'p', n)
 count(KEYS[4])

@@ -58,7 +58,15 @@ for _, pid in ipairs(pids) do
       local ok, r = pcall(checked, KEYS[1], pid, s)
       if ok and (worker == '' or r[8] == worker) then
         local gone
-        if tonumber(r[2]) >= max_attempts then ok, gone = pcall(whole, pid, r) end
+        if tonumber(r[2]) >= max_attempts then
+          ok, gone = pcall(whole, pid, r)
+          -- A splits or pieces key of the wrong type is the shard's damage, not this
+          -- partition's: the call is refused (nothing is written yet).
+          if not ok and string.find(type(gone) == 'table' and gone.err or tostring(gone),
+              '^WRONGTYPE') then
+            error(gone)
+          end
+        end
         if ok then
           nc = nc + 1
           changes[nc] = {pid, r, gone}
@@ -66,6 +74,23 @@ for _, pid in ipairs(pids) do
       end
     end
   end
+end
+-- A key of the wrong type is refused before the first write: the lease index, the
+-- counters, the active hash and, for a split partition failing, the splits and pieces
+-- hashes were read above; the pending set and the pieces' sets, which nothing reads,
+-- are checked when they will be written.
+local to_pending, unsplit = false, false
+for i = 1, nc do
+  if tonumber(changes[i][2][2]) < max_attempts then
+    to_pending = true
+  elseif changes[i][3] then
+    unsplit = true
+  end
+end
+if to_pending then expect_type(KEYS[3], 'zset') end
+if unsplit then
+  expect_type(KEYS[7], 'zset')
+  expect_type(KEYS[8], 'zset')
 end
 local out, no = {}, 0
 for i = 1, ns do redis.call('ZREM', KEYS[2], stale[i]) end

@@ -22,6 +22,12 @@ read_counts(KEYS[5])
 local s = redis.call('HGET', KEYS[1], pid)
 if not s or pcall(checked, KEYS[1], pid, s) then return 0 end
 local done = redis.call('GETBIT', KEYS[4], offset) == 1
+-- A key of the wrong type is refused before the first write: the counters, the active
+-- hash and the index were read above, the quarantine is written first (its own refusal
+-- writes nothing), and the lease index and the pending set, which nothing reads, are
+-- checked.
+expect_type(KEYS[3], 'zset')
+expect_type(KEYS[2], 'zset')
 redis.call('HSET', KEYS[6], pid .. '@' .. now, s)
 redis.call('ZREM', KEYS[3], pid)
 local reply

@@ -23,7 +23,13 @@ else
   for i = 1, #all, 2 do consider(all[i], all[i + 1]) end
 end
 read_counts(KEYS[3])
+-- The pending set, which nothing reads, is written first: a key of the wrong type there
+-- is refused by that write alone (the active hash and the counters were read above).
 local out = {}
+for i = 1, nf do
+  out[i] = found[i][1]
+  redis.call('ZADD', KEYS[2], now, out[i])
+end
 for i = 1, nf do
   local pid, r = found[i][1], found[i][2]
   moved('f', 'p')
@@ -31,8 +37,6 @@ for i = 1, nf do
   r[2] = '0'
   r[7] = now
   redis.call('HSET', KEYS[1], pid, encode(r))
-  redis.call('ZADD', KEYS[2], now, pid)
-  out[i] = pid
 end
 count(KEYS[3])
 return out

@@ -64,3 +64,17 @@ local function reserve_tokens(key, n)
   end
   return token
 end
+
+-- Refuses the call when `key` holds a value of another type than `kind` ('hash', 'zset',
+-- 'string', 'list', 'stream'); an absent key passes. Redis answers a command on a key
+-- of the wrong type with WRONGTYPE but keeps what the script wrote before it (no
+-- rollback), so every key a script writes must meet its type check before the first
+-- write. A read of the key does that for free (it fails first), and so does the first
+-- write itself (a refused command writes nothing): a script orders its commands so, and
+-- calls this (one TYPE) only for a key it writes later without having read it.
+local function expect_type(key, kind)
+  local t = redis.call('TYPE', key).ok
+  if t ~= kind and t ~= 'none' then
+    error({err = 'WRONGTYPE ' .. key .. ' holds a ' .. t .. ', not a ' .. kind})
+  end
+end

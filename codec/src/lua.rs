@@ -11,7 +11,8 @@
 //! `common.lua` holds the rules all three crates' scripts follow: canonical decimal
 //! comparison (`id_lt`), commands over long argument lists (`variadic`), the bit limit
 //! of a bitmap (`in_bitmap`) and its growth to an allocator size class
-//! (`grow_bitmap`), and the floor of fencing tokens (`reserve_tokens`). Nothing here
+//! (`grow_bitmap`), the floor of fencing tokens (`reserve_tokens`), and the type check
+//! of a key written before it is read (`expect_type`). Nothing here
 //! talks to Redis: the crates load the composed text.
 
 /// Bit offsets a Redis bitmap holds: 0 up to 2^32 - 1, as a string ends at 512 MB.

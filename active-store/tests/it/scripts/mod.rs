@@ -6,7 +6,8 @@
 //! runs every script against a cluster node, which refuses cross-slot `KEYS` with
 //! CROSSSLOT); and that node does refuse them, which the negative control below shows.
 //! Every script also checks its whole input before its first write: the refusal table
-//! in refusal.rs.
+//! in refusal.rs, run with bad arguments, corrupt values and keys of the wrong type
+//! (refusal/wrong_type.rs).
 
 use crate::support;
 
@@ -34,6 +35,7 @@ fn scripts_name_keys_only_through_keys() {
             ("runs_store", 0),
             ("grow_bitmap", 0),
             ("reserve_tokens", 0),
+            ("expect_type", 0),
         ],
     );
     assert!(offenders.is_empty(), "key not from KEYS[]: {offenders:#?}");

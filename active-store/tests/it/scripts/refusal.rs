@@ -1,6 +1,7 @@
 //! Every script refuses bad input before its first write: a table of one good call per
 //! script (rows.rs), each argument replaced in turn by every bad value of its kind and
-//! each key it reads corrupted, with DUMP of every key compared before and after.
+//! each key it reads corrupted, with DUMP of every key compared before and after; each
+//! key of its call replaced by one of another type in wrong_type.rs.
 
 use std::sync::LazyLock;
 
@@ -11,6 +12,7 @@ use support::TestRedis;
 use super::one_shard;
 
 mod rows;
+mod wrong_type;
 
 use rows::refusal_rows;
 
