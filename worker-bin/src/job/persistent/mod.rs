@@ -242,6 +242,19 @@ impl Persistent {
     }
 }
 
+impl Drop for Persistent {
+    /// The idle processes at the run's end, stopped together: each sees its stdin end
+    /// first, then each [`Warm`]'s `Drop` waits for its own, which by then has mostly
+    /// ended too; one after another, eight warm Python processes took 0.7 s.
+    fn drop(&mut self) {
+        let mut idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|e| e.into_inner()));
+        for warm in &mut idle {
+            drop(warm.input.take());
+        }
+        drop(idle);
+    }
+}
+
 /// A ready-made [`Handler`](crate::Handler) for library users: each chunk on a warm
 /// process, as `tranche run --exec-persistent CMD` runs it (the protocol, the
 /// guarantees and the examples: `docs/persistent.md`).
