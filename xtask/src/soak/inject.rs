@@ -347,8 +347,27 @@ impl Soak {
         if keys.is_empty() {
             bail!("no key matches {pattern}");
         }
-        let (port, key) = keys[rng.below(keys.len())].clone();
-        let key_type = resp::call(port, &[b"TYPE", &key])?.text();
+        // A random key that holds something: at the fast profile's pace most shards'
+        // `active` hashes are empty at any instant, and an empty one has nothing to
+        // corrupt (the fault would not take effect).
+        let start = rng.below(keys.len());
+        let mut chosen = None;
+        for i in 0..keys.len() {
+            let (port, key) = &keys[(start + i) % keys.len()];
+            let key_type = resp::call(*port, &[b"TYPE", key])?.text();
+            let len: &[u8] = if key_type == "string" {
+                b"STRLEN"
+            } else {
+                b"HLEN"
+            };
+            if matches!(resp::call(*port, &[len, key])?, resp::Reply::Int(n) if n > 0) {
+                chosen = Some((*port, key.clone(), key_type));
+                break;
+            }
+        }
+        let Some((port, key, key_type)) = chosen else {
+            bail!("every key matching {pattern} is empty");
+        };
         if key_type == "string" {
             let resp::Reply::Bytes(value) = resp::call(port, &[b"GET", &key])? else {
                 bail!("GET of a string key returned no bytes");
