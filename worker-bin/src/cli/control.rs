@@ -15,7 +15,8 @@ use crate::cli::args::{ControlCommand, RunControlArgs, SetArgs, ThrottleCommand}
 use crate::cli::common::Outcome;
 use crate::cli::common::{Global, parse_duration};
 use crate::cli::render;
-use crate::control::{self, Options, time};
+use crate::control::policy::time;
+use crate::control::{self, Options};
 
 /// The environment a probe command runs with: the chunks' (the worker's without the
 /// variables that carry a secret).

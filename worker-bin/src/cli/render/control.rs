@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tranche_control::{ControlRecord, LogEntry, ProbeStale, Rate};
 
-use crate::control::time;
+use crate::control::policy::time;
 
 /// One control-log entry as `tranche control log --json` prints it.
 pub(crate) fn entry_json(e: &LogEntry) -> Value {
