@@ -5,4 +5,5 @@ use tranche_testkit as support;
 mod behaviour;
 mod check;
 mod damage;
+mod refusal;
 mod scripts;
