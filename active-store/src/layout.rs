@@ -1,4 +1,8 @@
-//! Which shard owns a pid, and how a shard's cursor walks its own batches.
+//! Which shard owns a pid, how a shard's cursor walks its own batches, and the order in
+//! which a claim visits the shards.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 use tranche_codec::KeySchema;
 
@@ -13,6 +17,14 @@ pub(crate) struct Layout {
     schema: KeySchema,
     shards: u32,
     per_batch: u64,
+    /// Claims made through this store so far (wrapping): each claim starts one shard
+    /// further round the ring than the one before ([`Layout::claim_order`]). Shared by
+    /// the store's copies, so one process's claims rotate together.
+    turn: Arc<AtomicU32>,
+    /// The same for piece claims ([`Layout::piece_order`]), counted apart: claims and
+    /// piece claims that alternate on one counter would each see every other start
+    /// only, half the shards never first with an even shard count.
+    piece_turn: Arc<AtomicU32>,
 }
 
 impl Layout {
@@ -23,6 +35,8 @@ impl Layout {
             shards: schema.num_shards(),
             per_batch: schema.batch_size(),
             schema,
+            turn: Arc::default(),
+            piece_turn: Arc::default(),
         })
     }
 
@@ -87,17 +101,34 @@ impl Layout {
         head + middle * self.per_batch + tail
     }
 
-    /// The order in which `worker` visits shards when claiming: from a shard derived from
-    /// its id, so that a fleet spreads over the shards, then round the ring.
+    /// The order in which a claim (or a piece claim) of `worker` visits the shards:
+    /// from a shard derived from its id, so that a fleet spreads over the shards, moved
+    /// one further round the ring by every claim through this store, then round the
+    /// ring. Starting every claim at the same shard would let that shard's fresh work
+    /// always come first: a retry ready in a shard late in the order would wait until
+    /// every shard before it ran dry. Rotated, each shard is first once every
+    /// `shards` claims, and a claim still makes one call when its first shard has work.
     pub(crate) fn claim_order(&self, worker: &str) -> impl Iterator<Item = u32> + use<> {
-        let n = self.shards;
-        // FNV-1a: stable across processes and versions, unlike std's hasher.
-        let hash = worker.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        });
-        let start = (hash % u64::from(n)) as u32;
-        (0..n).map(move |i| (start + i) % n)
+        let turn = self.turn.fetch_add(1, Relaxed);
+        ring(self.shards, worker, turn)
     }
+
+    /// [`Layout::claim_order`] for piece claims, on a turn of their own.
+    pub(crate) fn piece_order(&self, worker: &str) -> impl Iterator<Item = u32> + use<> {
+        let turn = self.piece_turn.fetch_add(1, Relaxed);
+        ring(self.shards, worker, turn)
+    }
+}
+
+/// The shards of a ring of `n`, from the one `worker`'s id gives moved on by `turn`.
+fn ring(n: u32, worker: &str, turn: u32) -> impl Iterator<Item = u32> + use<> {
+    // FNV-1a: stable across processes and versions, unlike std's hasher.
+    let hash = worker.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let n64 = u64::from(n);
+    let start = ((hash % n64 + u64::from(turn) % n64) % n64) as u32;
+    (0..n).map(move |i| (start + i) % n)
 }
 
 #[cfg(test)]
@@ -144,5 +175,21 @@ mod tests {
         let mut seen: Vec<u32> = l.claim_order("worker-1").collect();
         seen.sort_unstable();
         assert_eq!(seen, (0..8).collect::<Vec<_>>());
+    }
+
+    /// Each claim starts one shard further on, so every shard comes first once in
+    /// `shards` claims; a turn counter that wraps keeps the ring whole.
+    #[test]
+    fn claims_start_one_shard_further_each_time() {
+        let l = layout(5);
+        let firsts: Vec<u32> = (0..10)
+            .map(|_| l.claim_order("worker-1").next().unwrap())
+            .collect();
+        let home = firsts[0];
+        let expect: Vec<u32> = (0..10).map(|t| (home + t) % 5).collect();
+        assert_eq!(firsts, expect);
+        let mut seen: Vec<u32> = ring(5, "worker-1", u32::MAX).collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..5).collect::<Vec<_>>());
     }
 }

@@ -29,11 +29,17 @@
 //!   thread and writes its END even after the runner dropped the chunk (its lease lost),
 //!   with no KILL line; `run-twice`: each chunk runs twice at once; `complete-twice`:
 //!   each partition completed here is applied to the statistics a second time;
-//!   `exit-on-reset`: the process exits when a connection of its own to Redis is reset;
+//!   `exit-on-reset`: the process exits at the first store call the library reports
+//!   failed (`Event::StoreError`: a connection reset, Redis unreachable), as a worker
+//!   that gives up on connection trouble would;
 //!   `swallow-panic`: the panic trigger is taken, and neither panicked on nor written;
 //!   `ignore-cut`: every chunk's lines claim the IDs up to its partition's planned end,
-//!   as a holder that ran past a cut would (the ledger's view of it: the library
-//!   applies cuts before it makes chunks, so a handler cannot run past one itself);
+//!   as a holder that ran past a cut would. This ledger-level form is the real
+//!   sabotage, not a stand-in: a handler only ever gets chunks the library cut to size,
+//!   so one running its own loop to the planned end would write these same lines,
+//!   while the library's only path past a cut (a lost reply to the cutting beat) now
+//!   holds the lease frozen until a beat tells its end, and reaching it would take a
+//!   sabotage switch inside the library;
 //!   `never-throttle`: the handler acknowledges each chunk at once and a thread of its
 //!   own does the work, in order, as fast as the library hands chunks out: the work
 //!   goes on through a throttle, whatever the gate says.
@@ -335,34 +341,6 @@ async fn complete_again(
     Ok(())
 }
 
-/// `exit-on-reset`: a connection of its own to the Redis of `url` (host and port),
-/// pinged every 200 ms; the process exits at once when it is reset or closed.
-async fn exit_on_reset(url: String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let addr = url
-        .trim_start_matches("redis://")
-        .split('/')
-        .next()
-        .unwrap_or_default()
-        .to_owned();
-    let mut conn = loop {
-        match tokio::net::TcpStream::connect(&addr).await {
-            Ok(c) => break c,
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    };
-    let mut buf = [0u8; 64];
-    loop {
-        let alive = conn.write_all(b"PING\r\n").await.is_ok()
-            && matches!(conn.read(&mut buf).await, Ok(n) if n > 0);
-        if !alive {
-            eprintln!("soak_runner: exit-on-reset: the connection was reset; exiting");
-            std::process::exit(3);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 fn env(name: &str) -> Result<String, Box<dyn std::error::Error>> {
     std::env::var(name).map_err(|_| format!("{name} is not set").into())
 }
@@ -450,10 +428,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
             })
         }
-        (Some(Sabotage::ExitOnReset), Some(url)) => {
-            tokio::spawn(exit_on_reset(url));
-            runner
-        }
+        (Some(Sabotage::ExitOnReset), Some(_)) => runner.on_event(|event| {
+            if let Event::StoreError { op, error } = event {
+                eprintln!("soak_runner: exit-on-reset: {op} failed ({error}); exiting");
+                std::process::exit(3);
+            }
+        }),
         _ => runner,
     };
     let shutdown = async {

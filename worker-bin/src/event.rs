@@ -88,6 +88,65 @@ pub enum Event {
     Resumed,
     /// A snapshot of this runner's counters, about once a second while it runs.
     Progress(Progress),
+    /// A call to the job's store failed (Redis unreachable, a connection reset, a
+    /// timeout, once the store's own quick retries were spent) and the run went on
+    /// without it: a claim or a beat is made again at its next turn, a partition whose
+    /// outcome could not be reported is run again once its lease expires. Sent once
+    /// per failed call, never while calls succeed. A store that stays unreachable shows
+    /// here first; this runner's leases then fence themselves
+    /// ([`Event::LeaseLost`]) and the run waits for the store to come back.
+    StoreError {
+        /// What the run was doing.
+        op: StoreOp,
+        /// The error, as the store gave it.
+        error: String,
+    },
+}
+
+/// What a run was doing when a call to its store failed ([`Event::StoreError`]).
+/// `#[non_exhaustive]`: match with a `_` arm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreOp {
+    /// Claiming partitions.
+    Claim,
+    /// Claiming pieces of split partitions.
+    ClaimPieces,
+    /// Renewing this runner's leases (with their checkpoints).
+    Heartbeat,
+    /// Reporting a partition's outcome (completed, failed, released).
+    Report,
+    /// Giving back queued partitions at a drain.
+    Release,
+    /// Looking for, or asking for, a split of a running partition.
+    Split,
+    /// Requeueing expired leases, or forgetting silent workers.
+    Reap,
+    /// Recording this runner in the worker registry.
+    WorkerHeartbeat,
+}
+
+impl StoreOp {
+    /// The name `tranche` logs it by: `claim`, `claim-pieces`, `heartbeat`, `report`,
+    /// `release`, `split`, `reap`, `worker-heartbeat`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreOp::Claim => "claim",
+            StoreOp::ClaimPieces => "claim-pieces",
+            StoreOp::Heartbeat => "heartbeat",
+            StoreOp::Report => "report",
+            StoreOp::Release => "release",
+            StoreOp::Split => "split",
+            StoreOp::Reap => "reap",
+            StoreOp::WorkerHeartbeat => "worker-heartbeat",
+        }
+    }
+}
+
+impl fmt::Display for StoreOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// This runner's counters at one instant ([`Event::Progress`]).

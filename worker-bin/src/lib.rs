@@ -123,7 +123,7 @@ pub use cli::cli_main;
 pub use check::CheckReport;
 pub use control::ControlHandle;
 pub use error::Error;
-pub use event::{Event, Progress};
+pub use event::{Event, Progress, StoreOp};
 pub use handler::{Chunk, Handler, HandlerError};
 pub use job::PersistentCommand;
 pub use plan::Plan;

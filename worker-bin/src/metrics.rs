@@ -136,7 +136,7 @@ impl RunMetrics {
                 self.in_flight.set(p.in_flight as i64);
                 self.chunks_in_flight.set(p.chunks_in_flight as i64);
             }
-            Event::Throttled { .. } | Event::Resumed => {}
+            Event::Throttled { .. } | Event::Resumed | Event::StoreError { .. } => {}
         }
     }
 }

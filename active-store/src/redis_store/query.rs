@@ -118,22 +118,27 @@ where
     }
 
     /// One shard's counters (`p`, `c`, `r`, `f`, then the mark `v`), the number of its
-    /// records, its plan list and cursors, in one transaction: a claim moves pids from a
+    /// records and runs, its plan list and cursors, in one transaction: a claim moves pids from a
     /// cursor to the counters atomically, so reading them apart could count a pid twice
     /// or not at all.
     async fn read_counts(&self, shard: u32) -> Result<CountsRead> {
         let keys = &self.keys[shard as usize];
-        Ok(retry(&self.conn, |mut conn| async move {
-            redis::pipe()
-                .atomic()
-                .hmget(&keys.counts, &["p", "c", "r", "f", "v", "d"])
-                .hlen(&keys.active)
-                .lrange(&keys.plans, 0, -1)
-                .hgetall(&keys.cursor)
-                .query_async(&mut conn)
-                .await
-        })
-        .await?)
+        let (counters, records, runs, plans, cursor): (_, u64, u64, _, _) =
+            retry(&self.conn, |mut conn| async move {
+                redis::pipe()
+                    .atomic()
+                    .hmget(&keys.counts, &["p", "c", "r", "f", "v", "d"])
+                    .hlen(&keys.active)
+                    .hlen(&keys.runs)
+                    .lrange(&keys.plans, 0, -1)
+                    .hgetall(&keys.cursor)
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await?;
+        // Runs hold partitions as records do: a shard whose claims are all still runs
+        // was claimed in, and its unmarked counters are not left-overs.
+        Ok((counters, records + runs, plans, cursor))
     }
 
     /// Derives every shard's status counters from its records, once, and marks them

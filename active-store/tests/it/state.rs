@@ -39,15 +39,16 @@ fn worker(id: &str) -> WorkerInfo {
     }
 }
 
-/// A worker id whose claims start at `shard` (the store's FNV-1a of the id).
-fn worker_starting_at(shard: u32, shards: u32) -> String {
+/// A worker id whose claim starts at `shard` when it is the store's claim number
+/// `turn` from 0 (the store's FNV-1a of the id, one shard further on per claim).
+fn worker_starting_at(shard: u32, shards: u32, turn: u32) -> String {
     (0..)
         .map(|i| format!("r{i}"))
         .find(|id| {
             let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
                 (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
             });
-            hash % u64::from(shards) == u64::from(shard)
+            (hash % u64::from(shards) + u64::from(turn)) % u64::from(shards) == u64::from(shard)
         })
         .expect("some id starts there")
 }
@@ -99,7 +100,8 @@ async fn busy_store(
     store.fail(&failing, "once").await.unwrap();
     clock.advance(2000);
     let schema = tranche_codec::KeySchema::new("elk", shards).unwrap();
-    let claimant = worker_starting_at(schema.shard_of(failing.pid), shards);
+    // The store's third claim.
+    let claimant = worker_starting_at(schema.shard_of(failing.pid), shards, 2);
     let again = store.claim(&claimant, 1).await.unwrap().remove(0);
     assert!([failing.pid, retry.pid].contains(&again.pid), "{again:?}");
     all.push(again.clone());
@@ -159,10 +161,15 @@ async fn a_restored_store_answers_and_claims_as_the_saved_one() {
             live.complete(finished, 10).await.unwrap(),
             Completion::Completed
         );
-        // Both go on identically: same pids, same fencing tokens.
+        // Both go on identically: same pids, same fencing tokens. (All that is left:
+        // the restored store's claims start at its own turn of the shards.)
         clock.advance(5000);
-        let a = live.claim("w3", 50).await.unwrap();
-        let b = restored.claim("w3", 50).await.unwrap();
+        let by_pid = |mut v: Vec<Lease>| {
+            v.sort_by_key(|l| l.pid);
+            v
+        };
+        let a = by_pid(live.claim("w3", 1000).await.unwrap());
+        let b = by_pid(restored.claim("w3", 1000).await.unwrap());
         assert_eq!(a, b);
         assert!(!a.is_empty());
         // Tokens are per shard: each new one is above every earlier one of its shard.

@@ -66,6 +66,10 @@ pub(crate) fn skew_bound(lease: Duration) -> Duration {
 /// has its answer: the run loop records the update's latency.
 pub(crate) type TimedUpdate = dyn Fn(std::time::Instant) + Send + Sync;
 
+/// Told when a heartbeat call failed and the next beat tries again: the run loop tells
+/// its subscribers (plain values, so that the book knows nothing of the run loop).
+pub(crate) type FailedBeat = dyn Fn(&ActiveError) + Send + Sync;
+
 /// What the heartbeat task and a partition share about one lease.
 #[derive(Debug)]
 pub(crate) struct Hold {
@@ -297,7 +301,6 @@ impl Hold {
 type Held = HashMap<(u64, u64), (Lease, Arc<Hold>)>;
 
 /// The leases this process holds.
-#[derive(Debug)]
 pub(crate) struct LeaseBook {
     /// The length of every lease in it.
     lease: Duration,
@@ -311,6 +314,19 @@ pub(crate) struct LeaseBook {
     /// Wakes the heartbeat task to beat the straggling leases now: this process asked
     /// one of its own parts for pieces, which it cuts in that beat.
     cut_asked: Notify,
+    /// Told of each heartbeat call that failed, if anything listens
+    /// ([`LeaseBook::on_failed_beat`]).
+    failed: Option<Box<FailedBeat>>,
+}
+
+impl std::fmt::Debug for LeaseBook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseBook")
+            .field("lease", &self.lease)
+            .field("split", &self.split)
+            .field("held", &self.held.lock().map_or(0, |h| h.len()))
+            .finish_non_exhaustive()
+    }
 }
 
 /// How soon after a partition starts the heartbeat that marks it running goes out:
@@ -326,6 +342,15 @@ impl LeaseBook {
             held: Mutex::default(),
             starts: Notify::new(),
             cut_asked: Notify::new(),
+            failed: None,
+        }
+    }
+
+    /// The book, telling `failed` of each heartbeat call that fails.
+    pub(crate) fn on_failed_beat(self, failed: Box<FailedBeat>) -> Self {
+        Self {
+            failed: Some(failed),
+            ..self
         }
     }
 
@@ -421,9 +446,14 @@ impl LeaseBook {
             Ok(outcomes) => outcomes,
             Err(err) => {
                 tracing::warn!(%err, leases = beats.len(), "heartbeat failed; retrying");
+                if let Some(failed) = &self.failed {
+                    failed(&err);
+                }
                 return;
             }
         };
+        // One call: its leases' errors are told once.
+        let mut told = false;
         for ((lease, _, hold), outcome) in beats.iter().zip(outcomes) {
             match outcome {
                 Ok(beat) => {
@@ -452,7 +482,13 @@ impl LeaseBook {
                     hold.mark_lost();
                     hold.thaw(None);
                 }
-                Err(err) => tracing::warn!(pid = lease.pid, %err, "heartbeat failed; retrying"),
+                Err(err) => {
+                    tracing::warn!(pid = lease.pid, %err, "heartbeat failed; retrying");
+                    if let Some(failed) = self.failed.as_ref().filter(|_| !told) {
+                        failed(&err);
+                        told = true;
+                    }
+                }
             }
         }
     }

@@ -24,7 +24,7 @@ use super::{Settings, Shared, Stop, Working};
 use crate::backend::Backend;
 use crate::control::Gate;
 use crate::error::Error;
-use crate::event::Event;
+use crate::event::{Event, StoreOp};
 use crate::held::{Hold, LeaseBook};
 
 /// How often the claim loop reads the namespace's pause flag.
@@ -310,6 +310,10 @@ impl ClaimLoop<'_> {
             }
             Err(err) => {
                 tracing::warn!(%err, "claim failed; retrying");
+                self.shared.emit(|| Event::StoreError {
+                    op: StoreOp::Claim,
+                    error: err.to_string(),
+                });
                 0
             }
         }
@@ -387,6 +391,10 @@ async fn release_queued(
         };
         if let Err(err) = released {
             tracing::warn!(pid = lease.pid, %err, "could not release a queued partition; its lease will expire");
+            shared.emit(|| Event::StoreError {
+                op: StoreOp::Release,
+                error: err.to_string(),
+            });
         }
     }
 }

@@ -442,7 +442,15 @@ pub(crate) async fn run(
         plans: Mutex::new(Vec::new()),
     });
     let shared = Arc::new(Shared::new(settings.observer.clone(), traced));
-    let book = Arc::new(LeaseBook::new(settings.lease, settings.split));
+    let beats = shared.clone();
+    let book =
+        LeaseBook::new(settings.lease, settings.split).on_failed_beat(Box::new(move |err| {
+            beats.emit(|| Event::StoreError {
+                op: crate::event::StoreOp::Heartbeat,
+                error: err.to_string(),
+            })
+        }));
+    let book = Arc::new(book);
     let (bg_tx, bg_rx) = watch::channel(false);
     let mut background = JoinSet::new();
     let timed = shared.clone();
@@ -457,6 +465,7 @@ pub(crate) async fn run(
         background.spawn(reaper(
             backend.active.clone(),
             settings.lease,
+            shared.clone(),
             bg_rx.clone(),
         ));
     }

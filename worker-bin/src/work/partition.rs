@@ -12,7 +12,7 @@ use tranche_active_store::{
 };
 use tranche_window::SlidingWindow;
 
-use crate::event::Event;
+use crate::event::{Event, StoreOp};
 use crate::held::{Hold, LeaseBook};
 use crate::job::{Chunk, ChunkError, KILL_AFTER};
 
@@ -228,7 +228,11 @@ impl PartitionCtx {
                 );
             }
             Err(err) => {
-                tracing::warn!(pid, %err, "could not report the partition; its lease will expire")
+                tracing::warn!(pid, %err, "could not report the partition; its lease will expire");
+                self.shared.emit(|| Event::StoreError {
+                    op: StoreOp::Report,
+                    error: err.to_string(),
+                });
             }
         }
         self.shared.in_flight.fetch_sub(1, Relaxed);

@@ -23,7 +23,7 @@ use tranche_active_store::{Lease, Running, SplitAnswer};
 
 use super::{Settings, Shared};
 use crate::backend::Backend;
-use crate::event::Event;
+use crate::event::{Event, StoreOp};
 use crate::held::{Hold, LeaseBook};
 
 /// How often a process asks for a split at most: each idle turn ([`IDLE_TURN`]), so a
@@ -176,6 +176,10 @@ impl Splitter {
             Ok(_) => {}
             Err(err) => {
                 tracing::warn!(%err, "claiming pieces failed; retrying");
+                shared.emit(|| Event::StoreError {
+                    op: StoreOp::ClaimPieces,
+                    error: err.to_string(),
+                });
                 return 0;
             }
         }
@@ -190,6 +194,10 @@ impl Splitter {
             Ok(parts) => parts,
             Err(err) => {
                 tracing::warn!(%err, "reading running partitions failed");
+                shared.emit(|| Event::StoreError {
+                    op: StoreOp::Split,
+                    error: err.to_string(),
+                });
                 return 0;
             }
         };
@@ -210,6 +218,10 @@ impl Splitter {
                 }),
                 Err(err) => {
                     tracing::warn!(%err, "reading the namespace's counts failed");
+                    shared.emit(|| Event::StoreError {
+                        op: StoreOp::Split,
+                        error: err.to_string(),
+                    });
                     return 0;
                 }
             },
@@ -256,6 +268,10 @@ impl Splitter {
                 Ok(_) => {}
                 Err(err) => {
                     tracing::warn!(pid = part.pid, %err, "asking for a split failed");
+                    shared.emit(|| Event::StoreError {
+                        op: StoreOp::Split,
+                        error: err.to_string(),
+                    });
                     break;
                 }
             }

@@ -9,6 +9,7 @@ use tokio::sync::watch;
 use tranche_active_store::{ActiveStore, WorkerInfo};
 
 use crate::backend::Backend;
+use crate::event::{Event, StoreOp};
 
 use super::{Shared, Stop};
 use crate::duration::now_ms;
@@ -26,8 +27,15 @@ const PRUNE_EVERY: Duration = Duration::from_secs(600);
 pub(super) async fn reaper(
     active: Arc<dyn ActiveStore>,
     lease: Duration,
+    shared: Arc<Shared>,
     mut done: watch::Receiver<bool>,
 ) {
+    let failed = |err: &tranche_active_store::Error| {
+        shared.emit(|| Event::StoreError {
+            op: StoreOp::Reap,
+            error: err.to_string(),
+        })
+    };
     let every = (lease / 2).clamp(Duration::from_millis(200), Duration::from_secs(15));
     let mut pruned: Option<Instant> = None;
     loop {
@@ -38,7 +46,10 @@ pub(super) async fn reaper(
                     tracing::info!(count = ids.len(), "forgot workers silent for a day")
                 }
                 Ok(_) => {}
-                Err(err) => tracing::warn!(%err, "pruning the worker registry failed"),
+                Err(err) => {
+                    tracing::warn!(%err, "pruning the worker registry failed");
+                    failed(&err);
+                }
             }
         }
         tokio::select! {
@@ -50,7 +61,10 @@ pub(super) async fn reaper(
                 tracing::info!(count = pids.len(), "requeued expired leases")
             }
             Ok(_) => {}
-            Err(err) => tracing::warn!(%err, "reap failed"),
+            Err(err) => {
+                tracing::warn!(%err, "reap failed");
+                failed(&err);
+            }
         }
     }
 }
@@ -88,6 +102,10 @@ pub(super) async fn worker_heartbeat(
         };
         if let Err(err) = active.worker_heartbeat(info).await {
             tracing::warn!(%err, "worker heartbeat failed");
+            shared.emit(|| Event::StoreError {
+                op: StoreOp::WorkerHeartbeat,
+                error: err.to_string(),
+            });
         }
         tokio::select! {
             () = until(&mut done, |d| *d) => return,

@@ -55,4 +55,5 @@ mod sql;
 mod sql_cli;
 #[cfg(feature = "cli")]
 mod sql_probe;
+mod store_error;
 mod tidy;

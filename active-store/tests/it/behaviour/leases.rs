@@ -15,12 +15,64 @@ pub(super) async fn claim_order(h: Harness) {
     let fresh = s.claim("w1", 1).await.unwrap().remove(0);
     assert_ne!(fresh.pid, first.pid);
     h.clock.advance(1000);
-    // Ready now: the retry comes before fresh pids.
-    let next = s.claim("w1", 2).await.unwrap();
+    // Ready now: the retry comes before the fresh pids of its shard, once the claims'
+    // turn is back at that shard (each claim starts one shard further on).
+    let mut next = Vec::new();
+    for _ in 0..h.config.num_shards {
+        next = s.claim("w1", 2).await.unwrap();
+        if next.iter().any(|l| l.pid == first.pid) {
+            break;
+        }
+    }
     assert_eq!(next[0].pid, first.pid);
     assert_eq!(next[0].attempt, 2);
     assert_ne!(next[0].token, first.token, "every claim has a fresh token");
     assert_eq!(next[1].attempt, 1);
+}
+
+/// A retry ready in the shard a worker visits last is claimed within one claim per
+/// shard while every shard still holds fresh work: each claim starts one shard further
+/// round the ring. (Every claim starting at the worker's own shard fed it that shard's
+/// fresh work, the retry waiting until the shards before its own ran dry.)
+pub(super) async fn a_retry_in_the_last_shard_waits_at_most_a_ring(h: Harness) {
+    let s = &h.store;
+    let n = u64::from(h.config.num_shards);
+    let shard = |pid: u64| (pid / 100) % n;
+    // A batch of pids per shard, all claimed: the first lease is of the shard this
+    // worker's first claim visited first, its own.
+    s.plan(&uniform(1, n * 1000, 10)).await.unwrap();
+    let mut held = Vec::new();
+    loop {
+        let leases = s.claim("w", 1000).await.unwrap();
+        if leases.is_empty() {
+            break;
+        }
+        held.extend(leases);
+    }
+    assert_eq!(held.len() as u64, n * 100);
+    let last = (shard(held[0].pid) + n - 1) % n;
+    let victim = held.iter().find(|l| shard(l.pid) == last).unwrap();
+    let FailOutcome::Retry { ready_at_ms } = s.fail(victim, "boom").await.unwrap() else {
+        panic!("a first failure retries")
+    };
+    // Fresh work in every shard, two batches each.
+    s.plan(&uniform(n * 1000 + 1, n * 3000, 10)).await.unwrap();
+    h.clock.advance(ready_at_ms - h.clock_now());
+    let mut fresh = 0;
+    let retried = loop {
+        assert!(
+            fresh < n,
+            "the retry in shard {last} was not claimed in {n} claims"
+        );
+        let lease = s.claim("w", 1).await.unwrap().remove(0);
+        if lease.pid == victim.pid {
+            break lease;
+        }
+        assert_eq!(lease.attempt, 1, "fresh work, ahead of the retry");
+        fresh += 1;
+    };
+    assert_eq!(retried.attempt, 2);
+    assert!(s.counts().await.unwrap().unissued > 0, "fresh work is left");
 }
 
 pub(super) async fn claims_hand_out_each_pid_once(h: Harness) {

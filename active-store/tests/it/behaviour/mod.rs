@@ -180,6 +180,7 @@ suite!(
     plans_are_generators,
     explicit_ranges,
     claim_order,
+    a_retry_in_the_last_shard_waits_at_most_a_ring,
     claims_hand_out_each_pid_once,
     lease_expiry_resumes_from_checkpoint,
     fencing,
