@@ -43,7 +43,9 @@
 //! the ratio of the medians). `TRANCHE_BENCH_OTLP=1` does the same with this build
 //! exporting its spans (`--otlp-endpoint`) to a receiver in this process that reads and
 //! discards them: an `otlp` row follows each cell with the ratio on / off (the target:
-//! no lower than 0.9).
+//! no lower than 0.9). `TRANCHE_BENCH_OTLP_SAMPLE` (ratios, comma-separated, default
+//! `1`, e.g. `1,0.1`) runs the exporting build once per ratio (`--trace-sample`),
+//! alternating with the others run by run, and prints an `otlp @R` row for each.
 //!
 //! With `TRANCHE_BENCH_SMOKE=1` it also runs under `cargo test` (with the binary of
 //! that profile) as one tiny cell, `1x8x1` on 2,000 partitions, run once, with a
@@ -425,6 +427,8 @@ struct Settings {
     baseline: Option<String>,
     /// A discarding OTLP receiver's endpoint: this build also runs exporting to it.
     otlp: Option<String>,
+    /// The head-sampling ratios the exporting runs take (`--trace-sample`), one row each.
+    otlp_sample: Vec<String>,
     /// Where the runs' logs go.
     dir: PathBuf,
 }
@@ -435,15 +439,22 @@ fn measure(nodes: &[&TestRedis], url: &str, label: &str, cell: Cell, set: &Setti
     let (n, repeat, dir) = (set.n, set.repeat, set.dir.as_path());
     let mut runs: Vec<Value> = Vec::new();
     let mut base_runs: Vec<Value> = Vec::new();
-    let mut otlp_runs: Vec<Value> = Vec::new();
+    let mut otlp_runs: Vec<Vec<Value>> = vec![Vec::new(); set.otlp_sample.len()];
     for _ in 0..repeat {
         runs.push(run_cell(BIN, nodes, url, cell, n, dir, &[]));
         if let Some(bin) = &set.baseline {
             base_runs.push(run_cell(bin, nodes, url, cell, n, dir, &[]));
         }
         if let Some(endpoint) = &set.otlp {
-            let on = ["--otlp-endpoint", endpoint.as_str()];
-            otlp_runs.push(run_cell(BIN, nodes, url, cell, n, dir, &on));
+            for (runs, ratio) in otlp_runs.iter_mut().zip(&set.otlp_sample) {
+                let on = [
+                    "--otlp-endpoint",
+                    endpoint.as_str(),
+                    "--trace-sample",
+                    ratio.as_str(),
+                ];
+                runs.push(run_cell(BIN, nodes, url, cell, n, dir, &on));
+            }
         }
     }
     let mut row = median_row(runs, repeat);
@@ -468,14 +479,26 @@ fn measure(nodes: &[&TestRedis], url: &str, label: &str, cell: Cell, set: &Setti
         row["baseline"] = base;
         row["ratio_to_baseline"] = json!(ratio);
     }
-    if !otlp_runs.is_empty() {
-        let on = median_row(otlp_runs, repeat);
-        print_row(&cell, &on, &format!("{label}  otlp"));
-        let ratio =
-            on["partitions_per_s"].as_f64().unwrap() / row["partitions_per_s"].as_f64().unwrap();
-        println!("    partitions/s, spans exported / not: {ratio:.2} (target: 0.90 or more)");
-        row["otlp"] = on;
-        row["ratio_otlp_to_off"] = json!(ratio);
+    if set.otlp.is_some() {
+        let mut sampled = Vec::new();
+        for (runs, sample) in otlp_runs.into_iter().zip(&set.otlp_sample) {
+            let mut on = median_row(runs, repeat);
+            print_row(&cell, &on, &format!("{label}  otlp @{sample}"));
+            let ratio = on["partitions_per_s"].as_f64().unwrap()
+                / row["partitions_per_s"].as_f64().unwrap();
+            let cpu = on["client_cpu_us_per_partition"].as_f64().unwrap()
+                / row["client_cpu_us_per_partition"].as_f64().unwrap();
+            println!(
+                "    sampled {sample}: partitions/s exported / not {ratio:.2} (target: 0.90 or more), client CPU {cpu:.2}x"
+            );
+            on["trace_sample"] = json!(sample.parse::<f64>().unwrap());
+            on["ratio_to_off"] = json!(ratio);
+            sampled.push(on);
+        }
+        // The first ratio's row where it always was, every ratio's in `otlp_sampled`.
+        row["otlp"] = sampled[0].clone();
+        row["ratio_otlp_to_off"] = sampled[0]["ratio_to_off"].clone();
+        row["otlp_sampled"] = json!(sampled);
     }
     row
 }
@@ -594,11 +617,29 @@ fn main() {
         otlp = false;
     }
     let receiver = otlp.then(discarding_receiver);
+    let otlp_sample: Vec<String> = std::env::var("TRANCHE_BENCH_OTLP_SAMPLE")
+        .unwrap_or_else(|_| "1".into())
+        .split(',')
+        .map(|r| r.trim().to_owned())
+        .filter(|r| !r.is_empty())
+        .collect();
+    for r in &otlp_sample {
+        let ok = r.parse::<f64>().is_ok_and(|r| (0.0..=1.0).contains(&r));
+        assert!(
+            ok,
+            "TRANCHE_BENCH_OTLP_SAMPLE: {r:?} is not a ratio from 0 to 1"
+        );
+    }
+    assert!(
+        !otlp_sample.is_empty(),
+        "TRANCHE_BENCH_OTLP_SAMPLE names no ratio"
+    );
     let set = Settings {
         n,
         repeat,
         baseline,
         otlp: receiver.as_ref().map(|(endpoint, _)| endpoint.clone()),
+        otlp_sample,
         dir,
     };
     let default_cells = if smoke {
@@ -652,7 +693,14 @@ fn main() {
     // The exporting runs sent their spans, or their ratio measured nothing.
     let otlp_bytes = receiver.map(|(_, bytes)| {
         let bytes = bytes.load(std::sync::atomic::Ordering::Relaxed);
-        assert!(bytes > 0, "--otlp-endpoint runs exported nothing");
+        let some_kept = set
+            .otlp_sample
+            .iter()
+            .any(|r| r.parse::<f64>().unwrap() > 0.0);
+        assert!(
+            bytes > 0 || !some_kept,
+            "--otlp-endpoint runs exported nothing"
+        );
         println!("OTLP bytes received from the exporting runs: {bytes}");
         bytes
     });

@@ -103,6 +103,18 @@ pub(crate) struct Global {
         value_name = "URL"
     )]
     pub(crate) otlp_endpoint: Option<String>,
+    /// Export the traces of only this fraction of partitions (0 to 1), chosen by each
+    /// partition's trace id: every worker keeps the same ones, every attempt of one is
+    /// kept or dropped with the others, and the rest build no span. Overrides
+    /// OTEL_TRACES_SAMPLER (always_on, always_off, traceidratio,
+    /// parentbased_traceidratio) and OTEL_TRACES_SAMPLER_ARG (the ratio). Default: all.
+    #[arg(
+        long,
+        global = true,
+        value_name = "RATIO",
+        value_parser = crate::cli::telemetry::ratio
+    )]
+    pub(crate) trace_sample: Option<f64>,
     /// Keep the start-up warnings about the Redis (eviction, no persistence) that
     /// `run`, `plan` and `serve` print out of the terminal: they go to the debug log.
     #[arg(

@@ -163,6 +163,7 @@ pub fn cli_main() -> ExitCode {
         cli.global.log_format,
         &telemetry::Traces {
             endpoint: cli.global.otlp_endpoint.clone(),
+            sample: cli.global.trace_sample,
         },
     ) {
         Ok(telemetry) => telemetry,

@@ -12,6 +12,18 @@
 //! namespace, the plan and the pid, `crate::trace`) with a link to the process's `run`
 //! span, and each `chunk` span's context becomes its command's `TRACEPARENT`. Without
 //! it, none is given and nothing of that runs.
+//!
+//! Head sampling (`--trace-sample`, or `OTEL_TRACES_SAMPLER` and
+//! `OTEL_TRACES_SAMPLER_ARG`) is that trace context's: a partition is kept when its
+//! derived trace id passes OpenTelemetry's `TraceIdRatioBased` rule
+//! (`PartitionTrace::in_sample`), decided in the library floor before any of its spans
+//! is built; the SDK's own sampler, following its parent, then keeps what was built
+//! and samples the process's `run` span by the same ratio. A value tranche cannot
+//! honour is an error at start, never a silent default.
+//!
+//! An `https://` endpoint is verified against the system's roots, or against the PEM
+//! file in `OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE` or `OTEL_EXPORTER_OTLP_CERTIFICATE`
+//! alone, over rustls (the tree's one TLS stack).
 
 use std::fmt;
 
@@ -57,6 +69,19 @@ impl Drop for Telemetry {
 pub(crate) struct Traces {
     /// `--otlp-endpoint` or `OTEL_EXPORTER_OTLP_ENDPOINT`.
     pub(crate) endpoint: Option<String>,
+    /// `--trace-sample`: the ratio of partitions traced, over `OTEL_TRACES_SAMPLER`.
+    pub(crate) sample: Option<f64>,
+}
+
+/// A ratio from 0 to 1 (`--trace-sample`, `OTEL_TRACES_SAMPLER_ARG`).
+///
+/// # Errors
+/// Anything else, NaN included, in one line.
+pub(crate) fn ratio(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        _ => Err(format!("{s:?} is not a ratio from 0 to 1 (e.g. 0.1)")),
+    }
 }
 
 /// Installs the process's subscriber: the log lines on stderr filtered by `RUST_LOG`
@@ -85,8 +110,9 @@ pub(crate) fn init(format: LogFormat, traces: &Traces) -> anyhow::Result<Telemet
     {
         let (layer, otel) = match traces.endpoint.as_deref() {
             Some(endpoint) => {
-                let (layer, export) = otel::layer(endpoint)?;
-                (Some(layer), Some(export))
+                let ratio = otel::sampled_ratio(traces.sample, |k| std::env::var(k).ok())?;
+                let (layer, export) = otel::layer(endpoint, ratio)?;
+                (Some(layer), Some((export, ratio)))
             }
             None => (None, None),
         };
@@ -94,9 +120,10 @@ pub(crate) fn init(format: LogFormat, traces: &Traces) -> anyhow::Result<Telemet
             .with(logs)
             .with(layer)
             .try_init()?;
-        if otel.is_some() {
-            let _ = TRACE_CONTEXT.set(std::sync::Arc::new(otel::Propagate));
-        }
+        let otel = otel.map(|(export, ratio)| {
+            let _ = TRACE_CONTEXT.set(std::sync::Arc::new(otel::Propagate { ratio }));
+            export
+        });
         Ok(Telemetry { otel })
     }
     #[cfg(not(feature = "otel"))]
@@ -104,6 +131,8 @@ pub(crate) fn init(format: LogFormat, traces: &Traces) -> anyhow::Result<Telemet
         if traces.endpoint.is_some() {
             anyhow::bail!("--otlp-endpoint needs a tranche built with the `otel` feature");
         }
+        // Nothing is exported, so nothing is sampled.
+        let _ = traces.sample;
         tracing_subscriber::registry().with(logs).try_init()?;
         Ok(Telemetry {})
     }
@@ -242,7 +271,7 @@ mod otel {
     use anyhow::Context as _;
     use crossbeam_channel::{Receiver, Sender, TrySendError};
     use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
-    use opentelemetry_otlp::WithExportConfig;
+    use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
     use opentelemetry_sdk::Resource;
     use opentelemetry_sdk::error::OTelSdkResult;
     use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter, SpanProcessor};
@@ -285,17 +314,23 @@ mod otel {
     }
 
     /// The layer turning the process's spans into OpenTelemetry spans, and its exporter.
+    /// `ratio` is the partitions' share sampled ([`sampled_ratio`]).
     pub(super) fn layer<S>(
         endpoint: &str,
+        ratio: f64,
     ) -> anyhow::Result<(Box<dyn Layer<S> + Send + Sync + 'static>, Export)>
     where
         S: Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
     {
         let url = traces_url(endpoint)?;
-        let mut exporter = opentelemetry_otlp::SpanExporter::builder()
+        let mut builder = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_endpoint(url.clone())
-            .with_timeout(POST)
+            .with_timeout(POST);
+        if url.starts_with("https://") {
+            builder = builder.with_http_client(tls::client(POST, |k| std::env::var_os(k))?);
+        }
+        let mut exporter = builder
             .build()
             .with_context(|| format!("cannot build the OTLP exporter for {url}"))?;
         let service = std::env::var("OTEL_SERVICE_NAME")
@@ -310,7 +345,18 @@ mod otel {
             ))
             .build();
         exporter.set_resource(&resource);
+        // Given, not left to the SDK's reading of `OTEL_TRACES_SAMPLER` (which falls
+        // back to always-on on a value it does not know). Parent-based: a partition's
+        // spans, built only when `Propagate::sampled` kept it, follow their sampled
+        // remote root; a root of its own (the `run` span) is kept at the same ratio.
+        use opentelemetry_sdk::trace::Sampler;
+        let sampler = if ratio >= 1.0 {
+            Sampler::ParentBased(Box::new(Sampler::AlwaysOn))
+        } else {
+            Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(ratio)))
+        };
         let provider = SdkTracerProvider::builder()
+            .with_sampler(sampler)
             .with_resource(resource)
             .with_span_processor(Queue::start(exporter)?)
             .build();
@@ -344,11 +390,6 @@ mod otel {
                 "--otlp-endpoint {endpoint:?} is not an http:// or https:// URL (an OTLP/HTTP collector, e.g. http://localhost:4318)"
             );
         }
-        if endpoint.starts_with("https://") {
-            anyhow::bail!(
-                "--otlp-endpoint {endpoint:?}: https is not supported yet; point it at a local collector (http://localhost:4318) that forwards over TLS"
-            );
-        }
         Ok(if endpoint.ends_with("/v1/traces") {
             endpoint.to_owned()
         } else {
@@ -356,11 +397,50 @@ mod otel {
         })
     }
 
+    /// The share of partitions traced: `--trace-sample` when given, else the standard
+    /// `OTEL_TRACES_SAMPLER` (`always_on` by default, `always_off`, `traceidratio`,
+    /// and their `parentbased_` forms, the same here: a partition has no remote
+    /// parent) with `OTEL_TRACES_SAMPLER_ARG` (the ratio; 1 when unset), read through
+    /// `var`.
+    ///
+    /// # Errors
+    /// A sampler tranche does not implement, or a ratio not from 0 to 1, in one line.
+    pub(super) fn sampled_ratio(
+        flag: Option<f64>,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> anyhow::Result<f64> {
+        if let Some(ratio) = flag {
+            return Ok(ratio);
+        }
+        let sampler = var("OTEL_TRACES_SAMPLER").unwrap_or_default();
+        match sampler.trim() {
+            "" | "always_on" | "parentbased_always_on" => Ok(1.0),
+            "always_off" | "parentbased_always_off" => Ok(0.0),
+            "traceidratio" | "parentbased_traceidratio" => {
+                match var("OTEL_TRACES_SAMPLER_ARG").filter(|a| !a.trim().is_empty()) {
+                    None => Ok(1.0),
+                    Some(arg) => super::ratio(&arg)
+                        .map_err(|e| anyhow::anyhow!("OTEL_TRACES_SAMPLER_ARG {e}")),
+                }
+            }
+            other => anyhow::bail!(
+                "OTEL_TRACES_SAMPLER {other:?} is not one tranche takes: always_on, always_off, traceidratio or parentbased_traceidratio"
+            ),
+        }
+    }
+
     /// The binary's [`TraceContext`](crate::trace::TraceContext) over
-    /// `tracing-opentelemetry`.
-    pub(super) struct Propagate;
+    /// `tracing-opentelemetry`, keeping `ratio` of the partitions.
+    pub(super) struct Propagate {
+        /// The share of partitions whose attempts get spans, 0 to 1.
+        pub(super) ratio: f64,
+    }
 
     impl crate::trace::TraceContext for Propagate {
+        fn sampled(&self, partition: &crate::trace::PartitionTrace) -> bool {
+            partition.in_sample(self.ratio)
+        }
+
         fn partition(&self, span: &tracing::Span, partition: &crate::trace::PartitionTrace) {
             use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
             let root = SpanContext::new(
@@ -572,9 +652,176 @@ mod otel {
         }
     }
 
+    /// https to the collector: the exporter's hyper client over a connector of ours,
+    /// TCP then rustls.
+    mod tls {
+        use std::ffi::OsString;
+        use std::future::Future;
+        use std::pin::Pin;
+        use std::sync::Arc;
+        use std::task::{Context, Poll};
+        use std::time::Duration;
+
+        use anyhow::Context as _;
+        use hyper::Uri;
+        use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+        use hyper_util::rt::TokioIo;
+        use opentelemetry_http::hyper::HyperClient;
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, ServerName};
+        use tokio::net::TcpStream;
+        use tokio_rustls::client::TlsStream;
+
+        /// The exporter's HTTP client for an `https://` collector, verifying it against
+        /// the PEM file `var` names (`OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE`, then
+        /// `OTEL_EXPORTER_OTLP_CERTIFICATE`; that file's certificates alone, as the
+        /// OpenTelemetry SDKs take it), or else the system's roots; each post bounded
+        /// by `timeout`.
+        ///
+        /// # Errors
+        /// A certificate file that cannot be read or holds none, or no system root.
+        pub(super) fn client(
+            timeout: Duration,
+            var: impl Fn(&str) -> Option<OsString>,
+        ) -> anyhow::Result<HyperClient<Https>> {
+            let roots = roots(var)?;
+            // Given here rather than installed process-wide, as the SQL handler's.
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let config = rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .context("TLS to the OTLP collector")?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            let mut http = HttpConnector::new();
+            // The scheme is https; this connector only opens the TCP connection.
+            http.enforce_http(false);
+            let connector = Https {
+                http,
+                tls: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            };
+            Ok(HyperClient::new(connector, timeout, None))
+        }
+
+        fn roots(var: impl Fn(&str) -> Option<OsString>) -> anyhow::Result<rustls::RootCertStore> {
+            let mut roots = rustls::RootCertStore::empty();
+            let file = [
+                "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+                "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            ]
+            .into_iter()
+            .find_map(|k| var(k).filter(|f| !f.is_empty()));
+            if let Some(file) = file {
+                let path = std::path::PathBuf::from(file);
+                let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&path)
+                    .and_then(|certs| certs.collect())
+                    .map_err(|e| {
+                        anyhow::anyhow!("cannot read the collector's CA {}: {e}", path.display())
+                    })?;
+                let (added, _) = roots.add_parsable_certificates(certs);
+                if added == 0 {
+                    anyhow::bail!(
+                        "{}: no certificate to trust the collector by",
+                        path.display()
+                    );
+                }
+            } else {
+                let found = rustls_native_certs::load_native_certs();
+                // A system store may hold certificates rustls cannot parse; the rest stand.
+                roots.add_parsable_certificates(found.certs);
+                if roots.is_empty() {
+                    anyhow::bail!(
+                        "an https collector, but no trusted root certificate could be read ({:?}); name its CA with OTEL_EXPORTER_OTLP_CERTIFICATE",
+                        found.errors
+                    );
+                }
+            }
+            Ok(roots)
+        }
+
+        /// Opens a TCP connection to the collector, then TLS over it for the URL's host.
+        #[derive(Clone)]
+        pub(super) struct Https {
+            http: HttpConnector,
+            tls: tokio_rustls::TlsConnector,
+        }
+
+        impl std::fmt::Debug for Https {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("Https")
+            }
+        }
+
+        type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+        impl tower_service::Service<Uri> for Https {
+            type Response = Stream;
+            type Error = BoxError;
+            type Future = Pin<Box<dyn Future<Output = Result<Stream, BoxError>> + Send>>;
+
+            fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+                self.http.poll_ready(cx).map_err(Into::into)
+            }
+
+            fn call(&mut self, uri: Uri) -> Self::Future {
+                let (mut http, tls) = (self.http.clone(), self.tls.clone());
+                Box::pin(async move {
+                    if uri.scheme_str() != Some("https") {
+                        return Err(format!("{uri}: not https").into());
+                    }
+                    let host = uri.host().ok_or("no host in the collector's URL")?;
+                    let host = host.trim_start_matches('[').trim_end_matches(']');
+                    let name = ServerName::try_from(host.to_owned())?;
+                    let tcp = http.call(uri).await?.into_inner();
+                    let tls = tls.connect(name, tcp).await?;
+                    Ok(Stream(TokioIo::new(tls)))
+                })
+            }
+        }
+
+        /// A TLS connection, as hyper reads and writes it.
+        pub(super) struct Stream(TokioIo<TlsStream<TcpStream>>);
+
+        impl Connection for Stream {
+            fn connected(&self) -> Connected {
+                Connected::new()
+            }
+        }
+
+        impl hyper::rt::Read for Stream {
+            fn poll_read(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: hyper::rt::ReadBufCursor<'_>,
+            ) -> Poll<std::io::Result<()>> {
+                Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
+            }
+        }
+
+        impl hyper::rt::Write for Stream {
+            fn poll_write(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &[u8],
+            ) -> Poll<std::io::Result<usize>> {
+                Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
+            }
+
+            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+                Pin::new(&mut self.get_mut().0).poll_flush(cx)
+            }
+
+            fn poll_shutdown(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+            ) -> Poll<std::io::Result<()>> {
+                Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
+            }
+        }
+    }
+
     #[cfg(test)]
     mod tests {
-        use super::traces_url;
+        use super::{sampled_ratio, traces_url};
 
         #[test]
         fn the_traces_path_is_appended_once() {
@@ -591,6 +838,86 @@ mod otel {
                 "http://c:4318/v1/traces"
             );
             assert!(traces_url("localhost:4318").is_err());
+            assert_eq!(
+                traces_url("https://c:4318").unwrap(),
+                "https://c:4318/v1/traces"
+            );
+        }
+
+        fn ratio_of(flag: Option<f64>, vars: &[(&str, &str)]) -> Result<f64, String> {
+            let var = |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            };
+            sampled_ratio(flag, var).map_err(|e| e.to_string())
+        }
+
+        #[test]
+        fn the_standard_sampler_variables_are_read_and_checked() {
+            const S: &str = "OTEL_TRACES_SAMPLER";
+            const A: &str = "OTEL_TRACES_SAMPLER_ARG";
+            assert_eq!(ratio_of(None, &[]), Ok(1.0));
+            assert_eq!(ratio_of(None, &[(S, "always_on"), (A, "0.2")]), Ok(1.0));
+            assert_eq!(ratio_of(None, &[(S, "parentbased_always_on")]), Ok(1.0));
+            assert_eq!(ratio_of(None, &[(S, "always_off")]), Ok(0.0));
+            assert_eq!(
+                ratio_of(None, &[(S, "traceidratio"), (A, "0.25")]),
+                Ok(0.25)
+            );
+            assert_eq!(
+                ratio_of(None, &[(S, "parentbased_traceidratio"), (A, "0")]),
+                Ok(0.0)
+            );
+            // The spec's default argument.
+            assert_eq!(ratio_of(None, &[(S, "traceidratio")]), Ok(1.0));
+            // The flag wins over the variables, even ones that are wrong.
+            assert_eq!(ratio_of(Some(0.1), &[(S, "xray")]), Ok(0.1));
+            for (vars, says) in [
+                (
+                    &[(S, "xray")][..],
+                    "OTEL_TRACES_SAMPLER \"xray\" is not one",
+                ),
+                (&[(S, "Always_On")][..], "is not one tranche takes"),
+                (
+                    &[(S, "traceidratio"), (A, "1.5")][..],
+                    "OTEL_TRACES_SAMPLER_ARG \"1.5\" is not a ratio",
+                ),
+                (&[(S, "traceidratio"), (A, "half")][..], "is not a ratio"),
+                (&[(S, "traceidratio"), (A, "NaN")][..], "is not a ratio"),
+            ] {
+                let err = ratio_of(None, vars).unwrap_err();
+                assert!(err.contains(says) && !err.contains('\n'), "{err}");
+            }
+        }
+
+        /// The library's rule (`PartitionTrace::in_sample`) decides as the SDK's own
+        /// `TraceIdRatioBased` sampler does, on the ids a run derives.
+        #[test]
+        fn the_partition_rule_agrees_with_the_sdks_sampler() {
+            use opentelemetry::trace::{SpanKind, TraceId};
+            use opentelemetry_sdk::trace::{Sampler, SamplingDecision, ShouldSample};
+            let mut disagree = Vec::new();
+            for ratio in [0.0, 0.001, 0.1, 0.5, 0.75, 0.999, 1.0] {
+                let sampler = Sampler::TraceIdRatioBased(ratio);
+                for pid in 1..=2000 {
+                    let plan = Some([1, 1, 2_000_000, 1000]);
+                    let t = crate::trace::PartitionTrace::new("ns", plan, pid, 1, None);
+                    let sdk = sampler.should_sample(
+                        None,
+                        TraceId::from_bytes(t.trace_id),
+                        "partition",
+                        &SpanKind::Internal,
+                        &[],
+                        &[],
+                    );
+                    let sdk = sdk.decision == SamplingDecision::RecordAndSample;
+                    if sdk != t.in_sample(ratio) {
+                        disagree.push((ratio, pid));
+                    }
+                }
+            }
+            assert!(disagree.is_empty(), "{disagree:?}");
         }
     }
 }

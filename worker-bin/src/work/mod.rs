@@ -367,7 +367,13 @@ impl Shared {
         self.chunks_in_flight.fetch_add(1, Relaxed);
         let started = Instant::now();
         let result = if span.is_disabled() {
-            job.run(c, abort, Some(fence)).await
+            match spans::unsampled(&c, self.traced.as_ref()) {
+                None => job.run(c, abort, Some(fence)).await,
+                // Unsampled: flags 00 for its command and handler. Boxed as below.
+                Some(tp) => {
+                    Box::pin(crate::trace::scoped(&c, tp, job.run(c, abort, Some(fence)))).await
+                }
+            }
         } else {
             // Boxed: the traced path's state stays out of every chunk's future.
             Box::pin(self.traced_chunk(job, c, abort, fence, &span, started)).await

@@ -9,6 +9,12 @@
 //! span is enabled. With a [`TraceContext`], each attempt's span is put into its
 //! partition's trace (`crate::trace`) and each chunk's context is handed to its command
 //! and handler.
+//!
+//! Head sampling happens here, before a span exists: an attempt the trace context does
+//! not sample ([`TraceContext::sampled`]) gets `Span::none()`, and a chunk gets a span
+//! only under an enabled partition span, so an unsampled partition builds no span at
+//! all (a chunk span without its partition's would be a root of a trace of its own).
+//! Its chunks still get a context, flags `00` ([`unsampled`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -57,6 +63,24 @@ impl Traced {
 /// The span of one lease, `Span::none()` when the subscriber does not want it; put in
 /// its partition's trace when `traced`.
 pub(crate) fn partition(lease: &Lease, piece: bool, traced: Option<&Traced>) -> tracing::Span {
+    // Decided before the span is built: an unsampled attempt costs no span. Debug
+    // level off (nothing would record it) skips the hash.
+    let trace = match traced {
+        Some(traced) if tracing::level_enabled!(tracing::Level::DEBUG) => {
+            let trace = PartitionTrace::new(
+                &traced.namespace,
+                traced.plan_of(lease.pid),
+                lease.pid,
+                lease.attempt,
+                piece.then_some(lease.min_id),
+            );
+            if !traced.ctx.sampled(&trace) {
+                return tracing::Span::none();
+            }
+            Some((traced, trace))
+        }
+        _ => None,
+    };
     let span = tracing::debug_span!(
         "partition",
         pid = lease.pid,
@@ -72,16 +96,9 @@ pub(crate) fn partition(lease: &Lease, piece: bool, traced: Option<&Traced>) -> 
         error = Empty,
         otel.status_description = Empty,
     );
-    if let Some(traced) = traced
+    if let Some((traced, trace)) = trace
         && !span.is_disabled()
     {
-        let trace = PartitionTrace::new(
-            &traced.namespace,
-            traced.plan_of(lease.pid),
-            lease.pid,
-            lease.attempt,
-            piece.then_some(lease.min_id),
-        );
         traced.ctx.partition(&span, &trace);
     }
     span
@@ -107,8 +124,12 @@ pub(crate) fn partition_ended(
     }
 }
 
-/// The span of one chunk, a child of the current (its partition's) span.
+/// The span of one chunk, a child of the current (its partition's) span; none when
+/// that span is disabled or not sampled.
 pub(crate) fn chunk(c: &Chunk) -> tracing::Span {
+    if !in_enabled_span() {
+        return tracing::Span::none();
+    }
     tracing::debug_span!(
         "chunk",
         index = c.index,
@@ -129,6 +150,22 @@ pub(crate) fn traceparent(span: &tracing::Span, traced: Option<&Traced>) -> Opti
         return None;
     }
     traced.ctx.traceparent(span)
+}
+
+/// The trace context of a chunk that has no span, under a trace context: its
+/// partition's trace and unexported root, flags `00` (not sampled), so that the
+/// chunk's command and handler do not record either, and a `TRACEPARENT` in this
+/// process's own environment never reaches it as if it were the chunk's.
+pub(crate) fn unsampled(c: &Chunk, traced: Option<&Traced>) -> Option<TraceParent> {
+    let traced = traced?;
+    PartitionTrace::new(
+        &traced.namespace,
+        traced.plan_of(c.pid),
+        c.pid,
+        c.attempt,
+        None,
+    )
+    .unsampled()
 }
 
 /// Records how a chunk ended on its span (its exit status and stderr are recorded

@@ -1,7 +1,9 @@
 //! `--otlp-endpoint` and `--log-format json` through the real binary: an OTLP/HTTP
 //! receiver of the test's own decodes what a run exports (the protobuf, with
 //! `opentelemetry-proto`), and a run whose collector is down finishes and counts the
-//! spans it dropped on `/metrics`.
+//! spans it dropped on `/metrics`. Head sampling keeps exactly the partitions whose
+//! derived trace id passes the ratio rule, every attempt on every worker; an https
+//! collector is reached with the CA of `OTEL_EXPORTER_OTLP_CERTIFICATE`.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -26,14 +28,48 @@ struct Receiver {
 
 impl Receiver {
     fn start() -> Self {
+        Self::listen("http", |tcp| tcp)
+    }
+
+    /// An https receiver with the certificate and key of these PEM files.
+    fn start_tls(cert: &std::path::Path, key: &std::path::Path) -> Self {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certs = CertificateDer::pem_file_iter(cert)
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_file(key).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .unwrap();
+        let config = Arc::new(config);
+        Self::listen("https", move |tcp| {
+            let conn = rustls::ServerConnection::new(config.clone()).unwrap();
+            rustls::StreamOwned::new(conn, tcp)
+        })
+    }
+
+    fn listen<S: Read + Write + Send + 'static>(
+        scheme: &'static str,
+        wrap: impl Fn(TcpStream) -> S + Send + 'static,
+    ) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
+        let addr = format!("{scheme}://{}", listener.local_addr().unwrap());
         let spans = Arc::new(Mutex::new(Vec::new()));
         let services = Arc::new(Mutex::new(Vec::new()));
         let (kept, named) = (spans.clone(), services.clone());
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { continue };
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(30)))
+                    .unwrap();
+                let stream = wrap(stream);
                 let (kept, named) = (kept.clone(), named.clone());
                 std::thread::spawn(move || serve(stream, &kept, &named));
             }
@@ -46,7 +82,7 @@ impl Receiver {
     }
 
     fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        self.addr.clone()
     }
 
     fn spans(&self) -> Vec<Span> {
@@ -55,10 +91,7 @@ impl Receiver {
 }
 
 /// Answers the requests of one connection: each body an `ExportTraceServiceRequest`.
-fn serve(mut stream: TcpStream, kept: &Mutex<Vec<Span>>, named: &Mutex<Vec<String>>) {
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
+fn serve(mut stream: impl Read + Write, kept: &Mutex<Vec<Span>>, named: &Mutex<Vec<String>>) {
     let mut buf = Vec::new();
     loop {
         // The head, up to the blank line.
@@ -583,5 +616,386 @@ fn a_partition_keeps_one_trace_across_workers_and_attempts() {
                 && ws.iter().all(|(_, t)| *t == ws[0].1)
         }),
         "a partition run on both workers: {by_pid:#?}"
+    );
+}
+
+/// Whether a trace id (hex) passes OpenTelemetry's `TraceIdRatioBased` rule at `ratio`,
+/// written again here from the rule's definition: the low 8 bytes, shifted right once,
+/// below `ratio * 2^63`.
+fn passes(trace: &str, ratio: f64) -> bool {
+    let low = u64::from_str_radix(&trace[16..], 16).unwrap();
+    ratio >= 1.0 || (low >> 1) < (ratio * (1u64 << 63) as f64) as u64
+}
+
+/// The lines a chunk command writes: `worker pid attempt traceparent`, split, with the
+/// traceparent's trace, span and flags.
+struct Written {
+    worker: String,
+    pid: i64,
+    attempt: i64,
+    trace: String,
+    span: String,
+    flags: String,
+}
+
+fn written(path: &std::path::Path) -> Vec<Written> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let w: Vec<&str> = line.split_whitespace().collect();
+            let [worker, pid, attempt, tp] = w[..] else {
+                panic!("{line}")
+            };
+            let parts: Vec<&str> = tp.split('-').collect();
+            assert_eq!((parts.len(), parts[0]), (4, "00"), "{line}");
+            assert_eq!((parts[1].len(), parts[2].len()), (32, 16), "{line}");
+            Written {
+                worker: worker.to_owned(),
+                pid: pid.parse().unwrap(),
+                attempt: attempt.parse().unwrap(),
+                trace: parts[1].to_owned(),
+                span: parts[2].to_owned(),
+                flags: parts[3].to_owned(),
+            }
+        })
+        .collect()
+}
+
+/// Head sampling over a fleet: 40 one-chunk partitions, two workers (one sampling by
+/// `--trace-sample 0.5`, the other by `OTEL_TRACES_SAMPLER=traceidratio` and
+/// `OTEL_TRACES_SAMPLER_ARG=0.5`), the first attempt of every even pid failing. Exactly
+/// the partitions whose derived trace id passes the rule are exported, every attempt of
+/// each with its chunk; the others build no span, and their chunks get the partition's
+/// trace with flags `00`.
+#[test]
+fn sampling_keeps_exactly_the_partitions_whose_trace_passes() {
+    let redis = TestRedis::start();
+    let receiver = Receiver::start();
+    let dir = scratch("otel-sample");
+    let url = redis.url();
+    let endpoint = receiver.endpoint();
+    let lines = dir.join("traceparents");
+    common::ok(tranche(
+        &dir,
+        &[
+            "--redis", &url, "plan", "--min", "1", "--max", "4000", "--size", "100",
+        ],
+    ));
+    let exec = format!(
+        "echo \"$W $TRANCHE_PID $TRANCHE_ATTEMPT $TRACEPARENT\" >> {lines}; sleep 0.05; \
+         if [ \"$TRANCHE_ATTEMPT\" = 1 ] && [ $((TRANCHE_PID % 2)) = 0 ]; then exit 3; fi",
+        lines = lines.display(),
+    );
+    let worker = |name: &str, by_flag: bool| {
+        let mut args = vec!["--redis", &url, "--otlp-endpoint", &endpoint];
+        if by_flag {
+            args.extend(["--trace-sample", "0.5"]);
+        }
+        args.extend([
+            "run",
+            "--exec",
+            &exec,
+            "--worker-id",
+            name,
+            "--concurrency",
+            "2",
+            "--backoff",
+            "100ms",
+            "--no-split",
+        ]);
+        let mut cmd = tranche(&dir, &args);
+        if !by_flag {
+            cmd.env("OTEL_TRACES_SAMPLER", "traceidratio")
+                .env("OTEL_TRACES_SAMPLER_ARG", "0.5");
+        }
+        cmd.env("W", name)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        cmd.spawn().unwrap()
+    };
+    let (a, b) = (worker("a", false), worker("b", true));
+    for w in [a, b] {
+        let out = w.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert!(stderr.contains("dropped=0"), "no span dropped:\n{stderr}");
+    }
+
+    let written = written(&lines);
+    let spans = receiver.spans();
+    let mut pids: Vec<i64> = written.iter().map(|w| w.pid).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    assert_eq!(pids.len(), 40, "every partition ran");
+    for worker in ["a", "b"] {
+        assert!(
+            written.iter().any(|w| w.worker == worker),
+            "{worker} ran none"
+        );
+    }
+    // What each attempt was told, against what was exported.
+    let mut expected = std::collections::BTreeSet::new();
+    let mut trace_of = std::collections::BTreeMap::new();
+    for w in &written {
+        let kept = passes(&w.trace, 0.5);
+        let first = trace_of
+            .entry(w.pid)
+            .or_insert((w.trace.clone(), w.span.clone()));
+        assert_eq!(
+            first.0, w.trace,
+            "pid {}: one trace for every attempt",
+            w.pid
+        );
+        if kept {
+            assert_eq!(w.flags, "01", "pid {} is sampled", w.pid);
+            expected.insert((w.pid, w.attempt));
+            let chunk = spans
+                .iter()
+                .find(|s| s.name == "chunk" && hex(&s.span_id) == w.span)
+                .unwrap_or_else(|| panic!("pid {} attempt {}: its chunk span", w.pid, w.attempt));
+            assert_eq!(hex(&chunk.trace_id), w.trace);
+        } else {
+            // The partition's trace under its unexported root, the same for every
+            // attempt: a chunk that records anyway lands in the partition's trace.
+            assert_eq!(w.flags, "00", "pid {} is not sampled", w.pid);
+            assert_eq!(first.1, w.span, "pid {}: its root, every attempt", w.pid);
+        }
+    }
+    let exported: std::collections::BTreeSet<(i64, i64)> = spans
+        .iter()
+        .filter(|s| s.name == "partition")
+        .map(|s| (int(s, "pid").unwrap(), int(s, "attempt").unwrap()))
+        .collect();
+    assert_eq!(
+        exported, expected,
+        "exactly the sampled partitions' attempts"
+    );
+    let kept = trace_of.values().filter(|(t, _)| passes(t, 0.5)).count();
+    assert!(
+        (5..=35).contains(&kept),
+        "both kinds among the 40: {kept} kept"
+    );
+    assert!(
+        expected
+            .iter()
+            .any(|&(pid, attempt)| pid % 2 == 0 && attempt == 2),
+        "a sampled partition's retry is exported beside its failed attempt"
+    );
+    // No span of any kind in a dropped partition's trace.
+    for s in &spans {
+        let trace = hex(&s.trace_id);
+        let dropped = trace_of
+            .values()
+            .any(|(t, _)| *t == trace && !passes(t, 0.5));
+        assert!(!dropped, "{} span in a dropped trace", s.name);
+    }
+}
+
+/// `always_off` (and a ratio of 0): no span is exported, the job finishes, and every
+/// chunk is told its partition's trace is not sampled.
+#[test]
+fn sampling_nothing_exports_nothing_and_the_job_finishes() {
+    let redis = TestRedis::start();
+    let receiver = Receiver::start();
+    let dir = scratch("otel-off");
+    let url = redis.url();
+    let lines = dir.join("traceparents");
+    let exec = format!(
+        "echo \"w $TRANCHE_PID $TRANCHE_ATTEMPT $TRACEPARENT\" >> {}",
+        lines.display()
+    );
+    let endpoint = receiver.endpoint();
+    for (ns, sampler, arg) in [
+        ("off", "always_off", ""),
+        ("zero", "parentbased_traceidratio", "0"),
+    ] {
+        let mut cmd = tranche(
+            &dir,
+            &[
+                "--redis",
+                &url,
+                "--namespace",
+                ns,
+                "--otlp-endpoint",
+                &endpoint,
+                "run",
+                "--min",
+                "1",
+                "--max",
+                "2000",
+                "--size",
+                "100",
+                "--exec",
+                &exec,
+            ],
+        );
+        cmd.env("OTEL_TRACES_SAMPLER", sampler)
+            .env("OTEL_TRACES_SAMPLER_ARG", arg);
+        let out = output(cmd);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{ns}: {stderr}");
+        assert!(
+            stderr.contains("exported=0") && stderr.contains("dropped=0"),
+            "{ns}: {stderr}"
+        );
+    }
+    let written = written(&lines);
+    assert_eq!(written.len(), 40, "every chunk of both runs ran");
+    assert!(written.iter().all(|w| w.flags == "00"));
+    assert_eq!(receiver.spans().len(), 0, "{:#?}", receiver.spans());
+}
+
+/// `always_on` is the run without a sampler: every partition and chunk exported, every
+/// `TRACEPARENT` sampled and naming its chunk's span. A sampler tranche does not take,
+/// or a ratio out of range, is a one-line error at start (exit 2).
+#[test]
+fn always_on_keeps_everything_and_a_bad_sampler_is_refused() {
+    let redis = TestRedis::start();
+    let receiver = Receiver::start();
+    let dir = scratch("otel-on");
+    let url = redis.url();
+    let lines = dir.join("traceparents");
+    let exec = format!(
+        "echo \"w $TRANCHE_PID $TRANCHE_ATTEMPT $TRACEPARENT\" >> {}",
+        lines.display()
+    );
+    let endpoint = receiver.endpoint();
+    let run = |sampler: Option<(&str, &str)>, ns: &str| {
+        let mut cmd = tranche(
+            &dir,
+            &[
+                "--redis",
+                &url,
+                "--namespace",
+                ns,
+                "--otlp-endpoint",
+                &endpoint,
+                "run",
+                "--min",
+                "1",
+                "--max",
+                "1000",
+                "--size",
+                "100",
+                "--exec",
+                &exec,
+            ],
+        );
+        if let Some((s, arg)) = sampler {
+            cmd.env("OTEL_TRACES_SAMPLER", s)
+                .env("OTEL_TRACES_SAMPLER_ARG", arg);
+        }
+        output(cmd)
+    };
+    // The argument of always_on is ignored, as the spec says.
+    let out = run(Some(("always_on", "0")), "on");
+    assert!(out.status.success(), "{out:?}");
+    let spans = receiver.spans();
+    let count = |name: &str| spans.iter().filter(|s| s.name == name).count();
+    assert_eq!(
+        (count("run"), count("partition"), count("chunk")),
+        (1, 10, 10)
+    );
+    for w in written(&lines) {
+        assert_eq!(w.flags, "01");
+        assert!(
+            spans
+                .iter()
+                .any(|s| s.name == "chunk" && hex(&s.span_id) == w.span),
+            "pid {}: its chunk span",
+            w.pid
+        );
+    }
+
+    for (sampler, arg, says) in [
+        (
+            "xray",
+            "",
+            "OTEL_TRACES_SAMPLER \"xray\" is not one tranche takes",
+        ),
+        (
+            "traceidratio",
+            "1.5",
+            "OTEL_TRACES_SAMPLER_ARG \"1.5\" is not a ratio",
+        ),
+        ("traceidratio", "a tenth", "is not a ratio from 0 to 1"),
+    ] {
+        let out = run(Some((sampler, arg)), "bad");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{sampler} {arg}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+    }
+    // The flag's own check, by clap.
+    let out = output(tranche(&dir, &["--trace-sample", "2", "status"]));
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
+
+/// An https collector: with its CA in `OTEL_EXPORTER_OTLP_CERTIFICATE` the spans
+/// arrive; without it (the system's roots, here a stand-in store of another CA through
+/// `SSL_CERT_FILE`) every post fails, the spans are counted as dropped, and the job
+/// still finishes.
+#[test]
+fn an_https_collector_is_trusted_by_its_ca_only() {
+    let redis = TestRedis::start();
+    let dir = scratch("otel-https");
+    let pki = dir.join("pki");
+    let other = dir.join("other");
+    std::fs::create_dir_all(&pki).unwrap();
+    std::fs::create_dir_all(&other).unwrap();
+    let [ca, cert, key, ..] = crate::support::pki::write(&pki);
+    let [other_ca, ..] = crate::support::pki::write(&other);
+    let receiver = Receiver::start_tls(&cert, &key);
+    let endpoint = receiver.endpoint();
+    assert!(endpoint.starts_with("https://127.0.0.1:"));
+    let url = redis.url();
+    let run = |ns: &str, ca: Option<&std::path::Path>| {
+        let mut cmd = tranche(
+            &dir,
+            &[
+                "--redis",
+                &url,
+                "--namespace",
+                ns,
+                "--otlp-endpoint",
+                &endpoint,
+                "run",
+                "--min",
+                "1",
+                "--max",
+                "1000",
+                "--size",
+                "100",
+                "--simulate",
+                "--sim-latency",
+                "1..1",
+                "--sim-fail",
+                "0",
+            ],
+        );
+        cmd.env("SSL_CERT_FILE", &other_ca)
+            .env_remove("OTEL_EXPORTER_OTLP_CERTIFICATE");
+        if let Some(ca) = ca {
+            cmd.env("OTEL_EXPORTER_OTLP_CERTIFICATE", ca);
+        }
+        let out = output(cmd);
+        assert!(out.status.success(), "{ns}: {out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let stderr = run("trusted", Some(&ca));
+    let spans = receiver.spans();
+    let partitions = spans.iter().filter(|s| s.name == "partition").count();
+    assert_eq!(partitions, 10, "{stderr}");
+    assert!(stderr.contains("dropped=0"), "{stderr}");
+
+    let stderr = run("untrusted", None);
+    assert_eq!(receiver.spans().len(), spans.len(), "nothing more arrived");
+    assert!(stderr.contains("spans not exported"), "{stderr}");
+    assert!(stderr.contains("exported=0"), "{stderr}");
+    assert!(
+        !stderr.contains("dropped=0"),
+        "the spans counted dropped: {stderr}"
     );
 }
