@@ -20,12 +20,11 @@
 //! between, so lines are few. An `--exec` chunk's guard gets one when it starts and one
 //! per renewal told; a warm process's guard stays armed between chunks and is told
 //! again only when a chunk's fence does not [`keep`](Fence::keeps) the instant it has.
-//! It needs a `sleep` that takes fractions of a second (GNU,
-//! BusyBox and the BSDs' do; POSIX asks only for whole seconds); where the worker finds
-//! none, it says so once and its chunks are guarded against its death only. An
-//! in-process handler needs no such guard, being frozen with its worker; it is not
-//! polled again once its lease went unrenewed too long, so it does not finish its work
-//! after a thaw either.
+//! It needs a `sleep` that takes fractions of a second (GNU, BusyBox and the BSDs' do;
+//! POSIX asks only for whole seconds); where the worker finds none, it says so once
+//! and its chunks are guarded against its death only. An in-process handler needs no
+//! such guard, being frozen with its worker; it is not polled again once its lease went
+//! unrenewed too long, so it does not finish its work after a thaw either.
 
 use std::process::Stdio;
 use std::time::Duration;
