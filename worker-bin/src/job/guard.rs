@@ -16,13 +16,15 @@
 //! the worker writes one line on the same pipe per accepted renewal (at most one per
 //! sixth of a lease), and when none came in time the guard stops the group itself,
 //! SIGTERM, then SIGKILL, on the instants `held` would use, before the store's deadline
-//! could pass. Its timer is a background `sleep`: two forks per chunk and per line,
-//! nothing in between. It needs a `sleep` that takes fractions of a second (GNU,
-//! BusyBox and the BSDs' do; POSIX asks only for whole seconds); where the worker finds
-//! none, it says so once and its chunks are guarded against its death only. An
-//! in-process handler needs no such guard, being frozen with its worker; it is not
-//! polled again once its lease went unrenewed too long, so it does not finish its work
-//! after a thaw either.
+//! could pass. Its timer is a background `sleep`: two forks per line, nothing in
+//! between, so lines are few. An `--exec` chunk's guard gets one when it starts and one
+//! per renewal told; a warm process's guard stays armed between chunks and is told
+//! again only when a chunk's fence does not [`keep`](Fence::keeps) the instant it has.
+//! It needs a `sleep` that takes fractions of a second (GNU, BusyBox and the BSDs' do;
+//! POSIX asks only for whole seconds); where the worker finds none, it says so once
+//! and its chunks are guarded against its death only. An in-process handler needs no
+//! such guard, being frozen with its worker; it is not polled again once its lease went
+//! unrenewed too long, so it does not finish its work after a thaw either.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -48,9 +50,9 @@ macro_rules! watcher {
   }
   arm() {
     disarm
-    ( trap 'kill -KILL "$p"; exit' USR1
+    ( trap '[ -z "$p" ] || kill -KILL "$p"; exit' USR1
       sleep "$1" & p=$!
-      wait "$p" && kill -TERM 0 && sleep "$2" && kill -KILL 0 ) 3<&- &
+      wait "$p" && p= && kill -TERM 0 && sleep "$2" && kill -KILL 0 ) 3<&- &
     t=$!
   }
   [ -z "$2" ] || arm "$2" "$3"
@@ -77,7 +79,8 @@ macro_rules! watcher {
 /// started. With `STOP` (seconds, fractions allowed) it also arms a timer, and re-arms
 /// it with each line it reads (the seconds from then): a subshell that sleeps that long,
 /// then sends SIGTERM to the group, sleeps `GRACE` and sends SIGKILL. Re-arming cancels
-/// the timer before (SIGUSR1: it kills its `sleep` and exits). The watcher and its
+/// the timer before (SIGUSR1: it kills its `sleep`, unless that one is over and reaped,
+/// its pid free for another process, and exits). The watcher and its
 /// timers ignore SIGTERM, so that a SIGTERM to the group (a drain's, a fence's, the
 /// timer's own) stops the command but leaves the group's guards to finish the job.
 pub(super) const GUARD: &str = concat!(watcher!(), r#"exec sh -c "$1" sh 3<&-"#);
@@ -91,9 +94,11 @@ pub(super) const GUARD_DIRECT: &str = concat!(watcher!(), "shift 3\nexec \"$@\" 
 
 /// The guard of a warm process (`persistent.rs`): `sh -c WARM_GUARD tranche-warm "" ""
 /// GRACE`, the lifeline its stdin, leading the process group the warm command then
-/// joins. The same watcher, unarmed at first, then `wait`. A line `-` disarms its timer
-/// (a chunk answered: an idle process holds no lease); a number of seconds arms it for
-/// the next chunk, as it re-arms it on a renewal.
+/// joins. The same watcher, unarmed at first, then `wait`. A number of seconds arms its
+/// timer for a chunk, as it re-arms it on a renewal; a line `-` disarms it (a chunk
+/// with no fence). The worker leaves it armed between chunks: the next chunk's fence
+/// mostly [keeps](Fence::keeps) the instant it has, and costs no line. An idle process
+/// whose timer fires is stopped, and the next chunk starts another.
 pub(super) const WARM_GUARD: &str = concat!(watcher!(), "wait\n");
 
 /// Names a shell may take as its own rather than as a program on `PATH`: the reserved
@@ -173,6 +178,18 @@ impl Fence {
     /// When the chunk is stopped unless a renewal comes first.
     pub(crate) fn stop_at(&self) -> Instant {
         *self.valid_until.borrow() - self.stop_before
+    }
+
+    /// Whether a guard armed for `armed` may guard a chunk under this fence as it is, with
+    /// no line (two forks) to re-arm it: it stops the chunk no later than the fence would
+    /// ([`stop_at`](Self::stop_at)) and less than a step earlier, the lag [`tell`] allows
+    /// too, and it is not within a step of firing (a renewal then might not be told in
+    /// time). A warm process's next chunk mostly finds it so: one heartbeat renews every
+    /// lease of a worker, which then share their stop instant, and moves it by more than a
+    /// step, which re-arms each guard once per beat.
+    pub(super) fn keeps(&self, armed: Instant, now: Instant) -> bool {
+        let stop_at = self.stop_at();
+        armed <= stop_at && stop_at < armed + self.step && armed >= now + self.step
     }
 
     /// Whether the chunk must be stopped now.
@@ -308,6 +325,38 @@ mod tests {
         // Seconds from when each was told: a little under 8.4 s, then 8.8 s.
         assert!(lines[0] > 8.0 && lines[0] <= 8.4, "{lines:?}");
         assert!(lines[1] > 8.4 && lines[1] <= 8.8, "{lines:?}");
+    }
+
+    /// A guard armed for an instant keeps guarding the next chunk when that instant is
+    /// no later than the chunk's stop instant, less than a step earlier and not within a
+    /// step of now; else it is re-armed.
+    #[test]
+    fn a_fence_keeps_an_instant_no_later_and_less_than_a_step_earlier() {
+        let now = Instant::now();
+        let ms = |n: u64| Duration::from_millis(n);
+        // The fence's stop instant and the guard's, in ms from now; the step is 1 s.
+        let check = |stop_at: u64, armed: u64| {
+            let (_tx, rx) = watch::channel(now + ms(stop_at) + ms(2000));
+            Fence::new(rx, ms(2000), ms(1000), ms(1000)).keeps(now + ms(armed), now)
+        };
+        let keeps = [(5000, 5000), (5000, 4001), (1500, 1000), (1000, 1000)];
+        let re_arms = [
+            // Later than the chunk's stop instant: the guard would let it run past it.
+            (5000, 5001),
+            (1000, 60_000),
+            // A step earlier or more: the chunk would be stopped that much early.
+            (5000, 4000),
+            (60_000, 1000),
+            // Within a step of firing, a renewal might not be told in time.
+            (1500, 999),
+            (500, 500),
+        ];
+        for (stop_at, armed) in keeps {
+            assert!(check(stop_at, armed), "keeps {armed} for {stop_at}");
+        }
+        for (stop_at, armed) in re_arms {
+            assert!(!check(stop_at, armed), "re-arms {armed} for {stop_at}");
+        }
     }
 
     /// A plain command's words; anything the shell would do more with is not plain.

@@ -1,8 +1,9 @@
 //! `run --exec-persistent` with the real binary on a private Redis: warm processes
 //! answer every chunk; one that dies mid-chunk, answers garbage or never answers fails
 //! that attempt only, is replaced, and the retry completes; nothing a warm process
-//! started outlives the run. The two examples run as they stand, the Python one
-//! against a private PostgreSQL.
+//! started outlives the run; a frozen worker's warm process, its guard kept armed from
+//! chunk to chunk, is stopped before the lease can pass. The two examples run as they
+//! stand, the Python one against a private PostgreSQL.
 
 use crate::support;
 
@@ -12,7 +13,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{ok, scratch, tranche, wait};
+use common::{eventually, ok, scratch, tranche, wait};
 use serde_json::Value;
 use support::TestRedis;
 
@@ -216,6 +217,165 @@ fn what_a_warm_process_starts_does_not_outlive_the_run() {
     assert!(status.success(), "{status:?}: {log}");
     all_finished(&dir, &redis.url());
     gone("4732");
+}
+
+/// A worker SIGSTOPped while its warm process runs a chunk, the third that process
+/// got (its guard armed once and kept, or moved by renewals): no renewal comes any
+/// more, and the guard stops the process's group within the lease (3 s) of the stop.
+/// A second worker then finishes the partition, starting after the first's process
+/// was stopped.
+#[test]
+fn a_frozen_workers_warm_process_is_stopped_before_its_lease_can_pass() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let dir = scratch("persistent-sigstop");
+    ok(tranche(
+        &dir,
+        &[
+            "--redis", &url, "plan", "--min", "1", "--max", "100", "--size", "100",
+        ],
+    ));
+    let ledger = dir.join("ledger");
+    // The first worker's process answers the chunks from 1 and 11 at once and hangs on
+    // the one from 21; the second's writes down each chunk it answers.
+    let first_cmd = format!(
+        r#"trap 'echo TERM $$ >> {l}; exit 143' TERM
+while IFS= read -r l; do
+  f=${{l#*\"from\":}}; f=${{f%%,*}}
+  if [ "$f" = 21 ]; then echo START $$ >> {l}; sleep 4733 & wait $!; fi
+  echo ok
+done"#,
+        l = ledger.display()
+    );
+    let second_cmd = format!(
+        r#"while IFS= read -r l; do
+  f=${{l#*\"from\":}}; f=${{f%%,*}}
+  echo "SECOND $f" >> {l}
+  echo ok
+done"#,
+        l = ledger.display()
+    );
+    let worker = |cmd: &str, name: &str| {
+        let mut c = tranche(
+            &dir,
+            &[
+                "--redis",
+                &url,
+                "run",
+                "--exec-persistent",
+                cmd,
+                "--chunk",
+                "10",
+                "--concurrency",
+                "1",
+                "--parallel",
+                "1",
+                "--lease",
+                "3s",
+            ],
+        );
+        c.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join(format!("{name}.log"))).unwrap());
+        Reap(c.spawn().unwrap())
+    };
+    let _survivors = Survivors("4733");
+    let first = worker(&first_cmd, "first");
+    eventually(Duration::from_secs(20), "the chunk from 21 started", || {
+        !lines(&ledger).is_empty()
+    });
+    let pid: u32 = lines(&ledger)[0]
+        .strip_prefix("START ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let pgid = pgid_of(pid).expect("the warm process runs");
+    std::thread::sleep(Duration::from_millis(1500));
+    common::signal(&first.0, "STOP");
+    let stopped = Instant::now();
+    // Every renewal was sent before the stop: the lease holds until at most 3 s after
+    // it, and the warm process's group must be gone before then.
+    while group_alive(pgid) {
+        assert!(
+            stopped.elapsed() < Duration::from_secs(3),
+            "the frozen worker's warm process still runs {:?} after the stop",
+            stopped.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    gone("4733");
+    let mut second = worker(&second_cmd, "second");
+    let exit = wait(&mut second.0, Duration::from_secs(60));
+    assert!(exit.success(), "{exit:?}");
+    let ledger = lines(&ledger);
+    assert_eq!(
+        ledger[..2],
+        [format!("START {pid}"), format!("TERM {pid}")],
+        "{ledger:?}"
+    );
+    assert!(
+        ledger[2..].iter().all(|l| l.starts_with("SECOND "))
+            && ledger.contains(&"SECOND 21".to_owned()),
+        "{ledger:?}"
+    );
+    all_done(&dir, &url, 1);
+}
+
+/// Every partition of `count` finished, none failed.
+fn all_done(dir: &Path, url: &str, count: u64) {
+    let status: Value =
+        serde_json::from_str(&ok(tranche(dir, &["--redis", url, "--json", "status"]))).unwrap();
+    assert_eq!(
+        (&status["finished"], &status["failed"]),
+        (&count.into(), &0.into()),
+        "{status}"
+    );
+}
+
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The process group of live process `pid`.
+fn pgid_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 2..]
+        .split_whitespace()
+        .nth(2)?
+        .parse()
+        .ok()
+}
+
+/// Whether any live (not zombie) process is in group `pgid`.
+fn group_alive(pgid: u32) -> bool {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("stat")).ok())
+        .any(|stat| {
+            let Some(close) = stat.rfind(')') else {
+                return false;
+            };
+            let mut rest = stat[close + 2..].split_whitespace();
+            rest.next().is_some_and(|state| state != "Z")
+                && rest.nth(1).and_then(|g| g.parse().ok()) == Some(pgid)
+        })
+}
+
+/// Kills a worker the test leaves running: a SIGSTOPped one would wait for ever
+/// (SIGKILL ends a stopped process too).
+struct Reap(std::process::Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
 }
 
 /// `examples/persistent.sh` as it stands.

@@ -19,11 +19,18 @@
 //! The guarantees of `--exec` hold, through the same parts: the process runs in a
 //! group of its own with the scrubbed environment and a tag ([`spawn::prepare`]); the
 //! guard's watcher (`guard.rs`, [`WARM_GUARD`]) leads that group and kills it when the
-//! worker dies, and while a chunk runs it holds the chunk's fence, armed when the chunk
-//! is sent, moved by its renewals ([`tell`]) and disarmed when the answer comes: a
-//! frozen worker's warm process is stopped before its lease could pass to another
-//! worker. What the process leaves behind out of its group is swept when it ends, and
-//! an idle process is stopped with the run (dropped: [`Warm`]'s `Drop`).
+//! worker dies, and while a chunk runs it holds the chunk's fence, moved by its renewals
+//! ([`tell`]): a frozen worker's warm process is stopped before its lease could pass to
+//! another worker. Its guard stays armed between chunks, since a line to it costs two
+//! forks, more than a quick chunk's own work. Before a chunk is sent (`Warm::arm`) the
+//! instant the guard holds is kept if the chunk's fence [keeps](Fence::keeps) it (no
+//! later than the chunk's stop instant, less than a step earlier, not about to come),
+//! moved otherwise, and a chunk without a fence disarms it: the guard's instant is never
+//! later than the running chunk's stop instant. An idle process whose instant came is
+//! stopped by its guard, and the next chunk starts another; a chunk sent as its guard
+//! fires fails that attempt (it is retried) and runs nothing past its lease. What the
+//! process leaves behind out of its group is swept when it ends, and an idle process is
+//! stopped with the run (dropped: [`Warm`]'s `Drop`).
 
 use std::fmt;
 use std::process::Stdio;
@@ -146,16 +153,22 @@ impl Persistent {
             let Some(mut warm) = idle else {
                 break Warm::start(&self.cmd, grace)?;
             };
-            if !warm.ended() {
+            let fenced = warm.fenced();
+            if !fenced && !warm.ended() {
                 break warm;
             }
-            // Ended while idle: not this chunk's failure. Swept, and said.
+            // Ended while idle, or being stopped by its guard (its last chunk's stop
+            // instant came): not this chunk's failure. Swept, and said.
             let (status, tail) = warm.stop(grace).await;
-            let how = status.map_or("exit status unknown".to_owned(), |s| s.to_string());
-            tracing::warn!(%how, %tail, "`{}` ended between chunks; starting another", self.cmd);
+            if fenced {
+                tracing::debug!("the guard stopped an idle warm process; starting another");
+            } else {
+                let how = status.map_or("exit status unknown".to_owned(), |s| s.to_string());
+                tracing::warn!(%how, %tail, "`{}` ended between chunks; starting another", self.cmd);
+            }
         };
         let outcome = warm.send(&chunk, abort, fence, self.timeout).await;
-        let guarded_past = warm.told.is_some_and(|t| Instant::now() >= t);
+        let guarded_past = warm.fenced();
         let fail = |why: String| {
             ChunkError::Failed(format!(
                 "chunk {} ({}..={}) failed: {why}",
@@ -164,8 +177,8 @@ impl Persistent {
         };
         match outcome {
             // Past its stop instant the guard is stopping the group, answer or not: the
-            // process is not kept.
-            Outcome::Answered(answer) if !guarded_past && warm.disarm().await => {
+            // process is not kept. Else it is, its guard still armed.
+            Outcome::Answered(answer) if !guarded_past => {
                 self.idle.lock().expect("not poisoned").push(warm);
                 match answer {
                     Answer::Ok => Ok(()),
@@ -354,7 +367,8 @@ struct Warm {
     stderr: tokio::task::JoinHandle<()>,
     /// Its stderr's last [`STDERR_TAIL`] bytes.
     tail: Arc<Mutex<Vec<u8>>>,
-    /// The stop instant the guard has for the chunk in flight (`None` between chunks).
+    /// The stop instant the guard is armed for (`None`: unarmed), the last chunk's
+    /// between chunks.
     told: Option<Instant>,
     /// Chunks it answered: one that dies with 126 or 127 before its first cannot run.
     answered: u64,
@@ -453,16 +467,8 @@ impl Warm {
         fence: Option<Fence>,
         timeout: Option<Duration>,
     ) -> Outcome {
-        if let Some(fence) = &fence {
-            let stop_at = fence.stop_at();
-            let line = format!(
-                "{}\n",
-                secs(stop_at.saturating_duration_since(Instant::now()))
-            );
-            if self.lifeline.write_all(line.as_bytes()).await.is_err() {
-                return Outcome::Died;
-            }
-            self.told = Some(stop_at);
+        if !self.arm(fence.as_ref()).await {
+            return Outcome::Died;
         }
         self.busy = true;
         let Some(input) = self.input.as_mut() else {
@@ -512,12 +518,33 @@ impl Warm {
         !matches!(self.child.try_wait(), Ok(None))
     }
 
-    /// Tells the watcher the chunk is over (its timer cancelled). False if it is gone.
-    async fn disarm(&mut self) -> bool {
-        if self.told.take().is_none() {
-            return true;
+    /// Readies the guard for a chunk under `fence`, before it is sent: the instant it is
+    /// armed for is kept when the fence [keeps](Fence::keeps) it, moved to the fence's
+    /// stop instant otherwise (earlier, or later by a step, or about to come), and a
+    /// chunk without a fence disarms it. False if the guard is gone.
+    async fn arm(&mut self, fence: Option<&Fence>) -> bool {
+        let now = Instant::now();
+        let (line, told) = match (fence, self.told) {
+            (None, None) => return true,
+            (Some(fence), Some(armed)) if fence.keeps(armed, now) => return true,
+            (None, Some(_)) => ("-\n".to_owned(), None),
+            (Some(fence), _) => {
+                let stop_at = fence.stop_at();
+                let secs = secs(stop_at.saturating_duration_since(now));
+                (format!("{secs}\n"), Some(stop_at))
+            }
+        };
+        if self.lifeline.write_all(line.as_bytes()).await.is_err() {
+            return false;
         }
-        self.lifeline.write_all(b"-\n").await.is_ok()
+        self.told = told;
+        true
+    }
+
+    /// Whether the instant its guard is armed for came: the guard is stopping its group,
+    /// or has stopped it.
+    fn fenced(&self) -> bool {
+        self.told.is_some_and(|t| Instant::now() >= t)
     }
 
     /// Stops the process and everything of its group (SIGTERM, `grace`, SIGKILL), then

@@ -194,24 +194,142 @@ async fn the_guard_stops_a_warm_process_whose_lease_goes_unrenewed() {
     assert_eq!(r, Err(ChunkError::Interrupted));
 }
 
-/// Between chunks the fence is disarmed: an idle process outlives the stop instant
-/// its last chunk had.
+/// Between chunks the guard stays armed: an idle process whose last chunk's stop
+/// instant came is stopped by its guard, and the next chunk starts another, which
+/// answers it.
 #[tokio::test]
-async fn an_idle_process_is_not_fenced() {
-    let job = job("while read -r l; do echo ok; done", None);
+async fn an_idle_process_whose_stop_instant_came_is_replaced() {
+    let dir = scratch("warm-idle");
+    let log = dir.join("log");
+    let job = job(
+        &format!(
+            "while read -r l; do echo $$ >> {}; echo ok; done",
+            log.display()
+        ),
+        None,
+    );
     let ms = Duration::from_millis;
     let (_renewals, first) = fence(ms(1000), ms(600), ms(300), ms(100));
     assert_eq!(
         job.run(chunk(), std::future::pending(), Some(first)).await,
         Ok(None)
     );
-    tokio::time::sleep(ms(800)).await;
+    // The guard stops it at the first chunk's instant (400 ms on), SIGKILL 300 ms later.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !warm(&job).idle.lock().unwrap().iter_mut().all(Warm::ended) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the idle process's guard never stopped it"
+        );
+        tokio::time::sleep(ms(10)).await;
+    }
     let hour = Duration::from_secs(3600);
     let (_renewals, far) = fence(hour, hour / 6, hour / 12, hour / 6);
     assert_eq!(
         job.run(chunk(), std::future::pending(), Some(far)).await,
         Ok(None)
     );
+    let text = std::fs::read_to_string(&log).unwrap();
+    let pids: Vec<&str> = text.lines().collect();
+    assert!(pids.len() == 2 && pids[0] != pids[1], "{text}");
+}
+
+/// A guard armed for one partition's chunk (a late stop instant) is re-armed for the
+/// next chunk when that one's lease stops earlier (another partition's): with no
+/// renewal (a frozen worker), the second chunk's process is stopped at its own instant,
+/// not at the first's, an hour away.
+#[tokio::test]
+async fn a_chunk_whose_lease_stops_earlier_re_arms_the_guard() {
+    let job = job("read -r l; echo ok; read -r l; sleep 60", None);
+    let ms = Duration::from_millis;
+    let hour = Duration::from_secs(3600);
+    let (_a, late) = fence(hour, hour / 6, hour / 12, hour / 6);
+    assert_eq!(
+        job.run(chunk(), std::future::pending(), Some(late)).await,
+        Ok(None)
+    );
+    let (_b, early) = fence(ms(1500), ms(1000), ms(500), ms(100));
+    let mut other = chunk();
+    other.pid = 8;
+    let r = tokio::time::timeout(
+        Duration::from_secs(20),
+        job.run(other, std::future::pending(), Some(early)),
+    )
+    .await
+    .expect("stopped at the second chunk's instant, not at the first's");
+    assert_eq!(r, Err(ChunkError::Interrupted));
+}
+
+/// A chunk under a fence that keeps the instant the guard has (the same lease, not
+/// renewed since) costs the guard no line: the timer `sleep` the first chunk started is
+/// the one still running after the second.
+#[tokio::test]
+async fn a_chunk_under_the_same_lease_keeps_the_guards_timer() {
+    let job = job("while read -r l; do echo ok; done", None);
+    let hour = Duration::from_secs(3600);
+    let (_renewals, fence) = fence(hour, hour / 6, hour / 12, hour / 6);
+    let run = || job.run(chunk(), std::future::pending(), Some(fence.clone()));
+    assert_eq!(run().await, Ok(None));
+    let pgid = warm(&job).idle.lock().unwrap()[0].pgid;
+    // The watcher starts its timer as the chunk is sent: wait for it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let first = loop {
+        let timers = timers(pgid);
+        if !timers.is_empty() {
+            break timers;
+        }
+        assert!(std::time::Instant::now() < deadline, "no timer started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(run().await, Ok(None));
+    assert_eq!(warm(&job).idle.lock().unwrap()[0].pgid, pgid);
+    // A line would have the watcher cancel that timer and start another: time for it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(timers(pgid), first);
+}
+
+/// A chunk without a fence on a process whose guard is armed disarms it: the chunk
+/// runs on past the instant the last chunk had.
+#[tokio::test]
+async fn a_chunk_without_a_fence_disarms_the_guard() {
+    let job = job("read -r l; echo ok; read -r l; sleep 1; echo ok", None);
+    let ms = Duration::from_millis;
+    let (_renewals, first) = fence(ms(1000), ms(600), ms(300), ms(100));
+    assert_eq!(
+        job.run(chunk(), std::future::pending(), Some(first)).await,
+        Ok(None)
+    );
+    assert_eq!(
+        job.run(chunk(), std::future::pending(), None).await,
+        Ok(None)
+    );
+}
+
+/// The pool of a persistent job.
+fn warm(job: &Job) -> &Persistent {
+    let Job::Persistent(warm) = job else {
+        unreachable!()
+    };
+    warm
+}
+
+/// The live (not zombie) `sleep` processes of group `pgid`: a guard's timers.
+fn timers(pgid: u32) -> Vec<u32> {
+    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let mut rest = stat[stat.rfind(')')? + 2..].split_whitespace();
+            let state = rest.next()?;
+            let group: u32 = rest.nth(1)?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            (state != "Z" && group == pgid && cmdline.starts_with(b"sleep\0")).then_some(pid)
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
 }
 
 /// A process that ends between chunks costs the next chunk nothing: another one
@@ -222,11 +340,8 @@ async fn a_process_that_ended_while_idle_is_replaced_before_the_chunk() {
     let run = || job.run(chunk(), std::future::pending(), None);
     assert_eq!(run().await, Ok(None));
     // It reads one line only: by the next chunk it has ended.
-    let Job::Persistent(warm) = &job else {
-        unreachable!()
-    };
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !warm.idle.lock().unwrap().iter_mut().all(Warm::ended) {
+    while !warm(&job).idle.lock().unwrap().iter_mut().all(Warm::ended) {
         assert!(std::time::Instant::now() < deadline, "it never ended");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
