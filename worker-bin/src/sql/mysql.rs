@@ -4,16 +4,19 @@
 //! - The statement's placeholders become `?` (`mysql_statement`), and it is prepared on
 //!   each connection, and once at start so that a statement the server refuses fails
 //!   before any claim.
-//! - Each connection's session bounds a chunk: `innodb_lock_wait_timeout` (whole
-//!   seconds, at least 1) and MariaDB's `max_statement_time` (MySQL's
-//!   `max_execution_time` bounds only SELECTs, so the client's own deadline, the chunk
-//!   timeout and five seconds more, is the bound there).
-//! - Each chunk is `BEGIN`, the statement, `COMMIT`. A deadlock (1213), a lock wait
-//!   timeout (1205: InnoDB rolls back only the statement, so the whole transaction is
-//!   dropped with its connection and run again) and a lost connection (no answer,
-//!   2006, 2013, 1053, 1927, 4031) are retried inside the attempt with back-off; a
-//!   constraint violation (SQLSTATE class 23) can fail the partition at once; anything
-//!   else fails the attempt.
+//! - Each connection's session, set up in one statement as it opens, bounds a chunk:
+//!   `innodb_lock_wait_timeout` (whole seconds, at least 1) and MariaDB's
+//!   `max_statement_time` (MySQL's `max_execution_time` bounds only SELECTs, so the
+//!   client's own deadline, the chunk timeout and five seconds more, is the bound
+//!   there).
+//! - Each chunk is one transaction in two round trips: the statement (the session's
+//!   autocommit is off, so it opens the transaction; no `BEGIN`), then `COMMIT` once
+//!   it has answered, never before: a worker gone by then commits nothing.
+//! - A deadlock (1213), a lock wait timeout (1205: InnoDB rolls back only the
+//!   statement, so the whole transaction is dropped with its connection and run
+//!   again) and a lost connection (no answer, 2006, 2013, 1053, 1927, 4031) are
+//!   retried inside the attempt with back-off; a constraint violation (SQLSTATE class
+//!   23) can fail the partition at once; anything else fails the attempt.
 //! - As on PostgreSQL, a connection goes back to the pool only between transactions.
 //!   One whose chunk ended any other way is dropped: `mysql_async` then rolls back and
 //!   closes it (a statement still running finishes first, bounded by the timeouts
@@ -45,8 +48,9 @@ pub(super) struct Mysql {
     statement: String,
     /// What each `?` binds: an index into the chunk's five values.
     binds: Vec<usize>,
-    /// The session settings that bound each chunk, run on every new connection.
-    session: Vec<String>,
+    /// The session settings that bound each chunk, and autocommit off (each chunk's
+    /// statement opens its transaction), one statement run on every new connection.
+    session: String,
     /// The client's own bound on a chunk's transaction.
     deadline: Duration,
     /// Caps the connections in use.
@@ -89,9 +93,9 @@ impl Mysql {
             opts,
             statement,
             binds,
-            session: vec![format!(
-                "SET SESSION innodb_lock_wait_timeout = {lock_wait}"
-            )],
+            session: format!(
+                "SET SESSION autocommit = 0, innodb_lock_wait_timeout = {lock_wait}"
+            ),
             deadline: timeout + Duration::from_secs(5),
             permits: Semaphore::new(size),
             idle: Mutex::new(Vec::new()),
@@ -108,10 +112,9 @@ impl Mysql {
             .await
             .map_err(|e| Error::Other(format!("the database: {}", one_line(&e)).into()))?;
         if version.is_some_and(|v| v.contains("MariaDB")) {
-            engine.session.push(format!(
-                "SET SESSION max_statement_time = {}",
-                timeout.as_secs_f64()
-            ));
+            engine
+                .session
+                .push_str(&format!(", max_statement_time = {}", timeout.as_secs_f64()));
         }
         let first = engine.setup(conn).await.map_err(|e| {
             let prefix = if matches!(e, mysql_async::Error::Server(_)) {
@@ -127,9 +130,7 @@ impl Mysql {
 
     /// Sets a new connection's session up and prepares the statement on it.
     async fn setup(&self, mut conn: Conn) -> Result<(Conn, Statement), mysql_async::Error> {
-        for set in &self.session {
-            conn.query_drop(set).await?;
-        }
+        conn.query_drop(&self.session).await?;
         let statement = conn.prep(&self.statement).await?;
         Ok((conn, statement))
     }
@@ -173,8 +174,10 @@ impl Mysql {
         }
     }
 
-    /// One try: BEGIN, the statement, COMMIT, on a pooled connection that goes back
-    /// only if all three succeeded.
+    /// One try on a pooled connection, in two round trips: the statement (autocommit
+    /// is off, so it opens the transaction), then COMMIT once it has answered, so that
+    /// a worker gone by then commits nothing. The connection goes back only if both
+    /// succeeded.
     async fn transaction(&self, params: &[Value]) -> Result<u64, mysql_async::Error> {
         let _permit = self
             .permits
@@ -193,7 +196,6 @@ impl Mysql {
             Some(held) => held,
             None => self.setup(Conn::new(self.opts.clone()).await?).await?,
         };
-        conn.query_drop("BEGIN").await?;
         conn.exec_drop(&statement, Params::Positional(params.to_vec()))
             .await?;
         let rows = conn.affected_rows();
