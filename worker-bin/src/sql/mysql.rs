@@ -82,7 +82,14 @@ pub(super) fn opts(url: &str) -> Result<Opts, String> {
     };
     let opts = Opts::from_url(&url).map_err(|e| format!("the database URL: {}", one_line(&e)))?;
     let ssl = tls::mysql_ssl(mode, ca)?;
-    Ok(OptsBuilder::from_opts(opts).ssl_opts(ssl).into())
+    // `mysql_async` moves a connection to a local server onto its Unix socket when it
+    // can (`prefer_socket`), where it never starts TLS: a session asked to be TLS stays
+    // on the TCP connection it was asked on.
+    let prefer_socket = ssl.is_none() && opts.prefer_socket();
+    Ok(OptsBuilder::from_opts(opts)
+        .ssl_opts(ssl)
+        .prefer_socket(prefer_socket)
+        .into())
 }
 
 /// `text` with its `%XX` escapes decoded, as a URL's query value is written.
@@ -314,7 +321,7 @@ mod tests {
             format!("{:?}", ssl.root_certs().last()).contains("/tmp/my ca.pem"),
             "{ssl:?}"
         );
-        assert!(!o.tcp_nodelay());
+        assert!(!o.tcp_nodelay() && !o.prefer_socket());
         assert_eq!(o.db_name(), Some("db"));
         let required = opts("mysql://h/db?ssl-mode=REQUIRED&ssl-ca=/ca.pem").unwrap();
         assert!(!required.ssl_opts().unwrap().skip_domain_validation());
