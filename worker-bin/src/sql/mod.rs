@@ -59,7 +59,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 impl SqlConfig {
     /// Runs `statement` on the database at `database_url` (a libpq connection string,
     /// `host=… user=… dbname=…`, or a `postgresql://` URL; `sslmode=require` for TLS;
-    /// or MySQL/MariaDB's `mysql://user:password@host:port/database`, `mariadb://`).
+    /// or MySQL/MariaDB's `mysql://user:password@host:port/database`, `mariadb://`,
+    /// with `?ssl-mode=REQUIRED` for TLS and `&ssl-ca=PATH` for a CA of your own).
     /// One connection, a chunk timeout of 60 s, 5 retries from 50 ms, no fence.
     pub fn new(database_url: impl Into<String>, statement: impl Into<String>) -> Self {
         Self {
