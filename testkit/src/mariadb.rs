@@ -1,6 +1,9 @@
 //! A private MariaDB server per test ([`TestMariadb`]): Debian's mariadb-server,
 //! installed into a directory of its own with mariadb-install-db and started on a free
-//! port and a socket of its own, grants skipped; killed and removed on drop.
+//! port and a socket of its own, grants skipped; killed and removed on drop. It can
+//! serve TLS with a throwaway CA's certificate ([`TestMariadb::start_tls`]) and take
+//! options of the test's own ([`TestMariadb::start_with`]: a binary log and a server
+//! ID for a primary and its replica).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -12,7 +15,7 @@ use std::time::{Duration, Instant};
 /// without a password (`--skip-grant-tables`).
 ///
 /// Durability is off (`--innodb-flush-log-at-trx-commit=0`, no doublewrite, no binary
-/// log): a throwaway server has no use for it.
+/// log unless asked for): a throwaway server has no use for it.
 pub struct TestMariadb {
     /// The server's directory: `data`, `sock`, `pid`, `log`. Removed on drop.
     dir: PathBuf,
@@ -25,6 +28,29 @@ impl TestMariadb {
     /// until it creates the database `test`. Panics, saying how to install one, when
     /// MariaDB's server is not installed.
     pub fn start() -> Self {
+        Self::launch(false, &[])
+    }
+
+    /// [`TestMariadb::start`], serving TLS too with a certificate for 127.0.0.1 and
+    /// `localhost` signed by a throwaway CA ([`crate::pki`]), whose PEM file is
+    /// [`TestMariadb::ca`]. Plain connections are still accepted.
+    pub fn start_tls() -> Self {
+        Self::launch(true, &[])
+    }
+
+    /// [`TestMariadb::start`] with `options` after the usual ones (as
+    /// `--server-id=2`); `--log-bin=…` among them turns the binary log on.
+    pub fn start_with(options: &[&str]) -> Self {
+        Self::launch(false, options)
+    }
+
+    /// The CA that signed the server's certificate, a PEM file (after
+    /// [`TestMariadb::start_tls`]; absent otherwise).
+    pub fn ca(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+
+    fn launch(tls: bool, options: &[&str]) -> Self {
         for program in ["mariadb-install-db", "mariadbd", "mariadb"] {
             assert!(
                 find(program).is_some(),
@@ -64,6 +90,14 @@ impl TestMariadb {
             .unwrap()
             .port();
         let socket = dir.join("sock");
+        let mut extra: Vec<String> = options.iter().map(|o| o.to_string()).collect();
+        if tls {
+            let [ca, cert, key, ..] = crate::pki::write(&dir);
+            for (option, file) in [("ssl-ca", ca), ("ssl-cert", cert), ("ssl-key", key)] {
+                extra.push(format!("--{option}={}", file.display()));
+            }
+        }
+        let log_bin = extra.iter().any(|o| o.starts_with("--log-bin"));
         let server = Command::new(find("mariadbd").unwrap())
             .arg("--no-defaults")
             .arg(format!("--datadir={}", data.display()))
@@ -76,12 +110,13 @@ impl TestMariadb {
             .args([
                 "--bind-address=127.0.0.1",
                 "--skip-grant-tables",
-                "--skip-log-bin",
                 "--innodb-flush-log-at-trx-commit=0",
                 "--innodb-buffer-pool-size=32M",
                 "--innodb-doublewrite=0",
                 "--performance-schema=0",
             ])
+            .args((!log_bin).then_some("--skip-log-bin"))
+            .args(&extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -59,7 +59,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 impl SqlConfig {
     /// Runs `statement` on the database at `database_url` (a libpq connection string,
     /// `host=… user=… dbname=…`, or a `postgresql://` URL; `sslmode=require` for TLS;
-    /// or MySQL/MariaDB's `mysql://user:password@host:port/database`, `mariadb://`).
+    /// or MySQL/MariaDB's `mysql://user:password@host:port/database`, `mariadb://`,
+    /// with `?ssl-mode=REQUIRED` for TLS and `&ssl-ca=PATH` for a CA of your own).
     /// One connection, a chunk timeout of 60 s, 5 retries from 50 ms, no fence.
     pub fn new(database_url: impl Into<String>, statement: impl Into<String>) -> Self {
         Self {
@@ -137,7 +138,10 @@ impl SqlConfig {
 /// statement the database refuses fails there, in the database's own words.
 ///
 /// Each chunk is one transaction, bounded by `statement_timeout` and `lock_timeout`
-/// ([`SqlConfig::chunk_timeout`]). What a retry of the same transaction can cure is
+/// ([`SqlConfig::chunk_timeout`], set on each of the pool's connections as it opens:
+/// they are the handler's own), in two round trips: `BEGIN` with the statement, then
+/// `COMMIT` once the statement has answered (so that a worker gone by then commits
+/// nothing). What a retry of the same transaction can cure is
 /// retried inside the attempt, with back-off, a bounded number of times: a
 /// serialization failure (40001), a deadlock (40P01), a connection that broke or was
 /// terminated (class 08, 57P01-57P03, or no answer at all). Anything else fails the
@@ -207,8 +211,6 @@ struct Inner {
     pool: Pool,
     /// How many of `$1..$5` the prepared statement takes.
     params: usize,
-    /// `BEGIN` and the chunk's timeouts, sent as one message.
-    begin: String,
     retries: u32,
     backoff: Duration,
     constraint_violations_permanent: bool,
@@ -290,9 +292,11 @@ impl SqlHandler {
         } else {
             rewrite::FENCE - 1
         };
+        let ms = config.chunk_timeout.as_millis().max(1);
         let opener = Opener {
             config: pg,
             tls,
+            session: format!("SET statement_timeout = {ms}; SET lock_timeout = {ms}"),
             statement,
             types: vec![Type::INT8; params],
         };
@@ -305,14 +309,10 @@ impl SqlHandler {
             };
             Error::Other(format!("{prefix}: {message}").into())
         })?;
-        let ms = config.chunk_timeout.as_millis().max(1);
         Ok(Self {
             engine: Engine::Postgres(Arc::new(Inner {
                 pool: Pool::new(opener, size, first),
                 params,
-                begin: format!(
-                    "BEGIN; SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}"
-                ),
                 retries: config.retries,
                 backoff: config.backoff,
                 constraint_violations_permanent: config.constraint_violations_permanent,
@@ -360,16 +360,28 @@ impl Inner {
         }
     }
 
-    /// One try: BEGIN with the timeouts, the statement, COMMIT. The connection goes
-    /// back to the pool only when the transaction ended; on an error it is closed
-    /// (the server rolls back).
+    /// One try, in two round trips: `BEGIN` and the statement pipelined, then
+    /// `COMMIT`. The session's timeouts, set when the connection opened, bound it.
+    ///
+    /// The COMMIT is sent only once the statement has answered, never with it: a
+    /// worker that dies, freezes or drops the chunk (its lease lost) while the
+    /// statement runs has sent no COMMIT, so its transaction is rolled back. (Sent
+    /// alone in autocommit, or with the COMMIT in the same pipeline, the statement
+    /// would commit on the server whatever became of the worker.) The connection goes
+    /// back to the pool only when the transaction ended; on an error it is closed (the
+    /// server rolls back).
     async fn transaction(&self, values: &[i64]) -> Result<u64, tokio_postgres::Error> {
         let lease = self.pool.get().await?;
         let conn = lease.conn();
-        conn.client.batch_execute(&self.begin).await?;
         let params: Vec<&(dyn ToSql + Sync)> =
             values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
-        let rows = conn.client.execute(&conn.statement, &params).await?;
+        // Each request is sent when its future is first polled, and `try_join` polls
+        // them in order: the two go out together, BEGIN first.
+        let ((), rows) = futures_util::future::try_join(
+            conn.client.batch_execute("BEGIN"),
+            conn.client.execute(&conn.statement, &params),
+        )
+        .await?;
         conn.client.batch_execute("COMMIT").await?;
         lease.release();
         Ok(rows)

@@ -33,21 +33,27 @@ impl Drop for Conn {
 pub(super) struct Opener {
     pub(super) config: Config,
     pub(super) tls: Tls,
+    /// The session's settings (the chunk's timeouts), sent once as it opens.
+    pub(super) session: String,
     pub(super) statement: String,
     pub(super) types: Vec<Type>,
 }
 
 impl Opener {
-    /// Connects and prepares the statement.
+    /// Connects, sets the session up and prepares the statement (the two pipelined).
     pub(super) async fn open(&self) -> Result<Conn, tokio_postgres::Error> {
         let (client, driver) = self.tls.connect(&self.config).await?;
-        // The connection is dropped (and `driver` stopped) if the prepare fails.
-        let conn = Conn {
-            statement: client.prepare_typed(&self.statement, &self.types).await?,
+        // If either fails, `client` is dropped and its connection closes with it.
+        let ((), statement) = futures_util::future::try_join(
+            client.batch_execute(&self.session),
+            client.prepare_typed(&self.statement, &self.types),
+        )
+        .await?;
+        Ok(Conn {
+            statement,
             client,
             driver,
-        };
-        Ok(conn)
+        })
     }
 }
 

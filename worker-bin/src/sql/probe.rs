@@ -219,14 +219,7 @@ impl SqlProbe {
 
     async fn open(&self) -> Result<Session, String> {
         if super::mysql::is_mysql(&self.url) {
-            let url = match self.url.trim().get(..10) {
-                Some(s) if s.eq_ignore_ascii_case("mariadb://") => {
-                    format!("mysql://{}", &self.url.trim()[10..])
-                }
-                _ => self.url.trim().to_string(),
-            };
-            let opts =
-                mysql_async::Opts::from_url(&url).map_err(|e| format!("the database URL: {e}"))?;
+            let opts = super::mysql::opts(&self.url)?;
             let conn = mysql_async::Conn::new(opts)
                 .await
                 .map_err(|e| format!("cannot connect to the database: {e}"))?;
@@ -441,9 +434,39 @@ async fn my_throttle(conn: &mut mysql_async::Conn, query: &str) -> Result<Answer
     }
 }
 
+/// The columns that hold a replica's lag in `SHOW REPLICA STATUS` (MySQL 8.0.22 on)
+/// and `SHOW SLAVE STATUS` (older MySQL, and MariaDB under either name).
+const LAG_COLUMNS: [&str; 2] = ["Seconds_Behind_Source", "Seconds_Behind_Master"];
+
+/// The metric of a MySQL query: the first column of its first row, or, when the row
+/// has a replica's lag column ([`LAG_COLUMNS`]: `SHOW REPLICA STATUS` as it stands),
+/// that one. A lag of NULL (replication stopped or broken) is an error, which throttles.
 async fn my_number(conn: &mut mysql_async::Conn, query: &str) -> Result<f64, String> {
     use mysql_async::Value as V;
-    match my_first(conn, query).await? {
+    let row: Option<mysql_async::Row> = conn.query_first(query).await.map_err(|e| my_line(&e))?;
+    let Some(mut row) = row else {
+        return Err(
+            "the query returned no number (no row: a server that is no replica has no \
+             replica status)"
+                .into(),
+        );
+    };
+    let lag = row.columns_ref().iter().position(|c| {
+        LAG_COLUMNS
+            .iter()
+            .any(|name| c.name_str().eq_ignore_ascii_case(name))
+    });
+    let value = row
+        .take::<mysql_async::Value, _>(lag.unwrap_or(0))
+        .unwrap_or(V::NULL);
+    if let (Some(at), V::NULL) = (lag, &value) {
+        let name = row.columns_ref()[at].name_str().into_owned();
+        return Err(format!(
+            "{name} is NULL: the replica is not replicating (a replication thread stopped \
+             or failed)"
+        ));
+    }
+    match value {
         V::Int(n) => Ok(n as f64),
         V::UInt(n) => Ok(n as f64),
         V::Float(v) => Ok(f64::from(v)),

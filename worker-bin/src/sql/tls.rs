@@ -7,7 +7,15 @@
 //! plain text. Here TLS is either asked for and verified, or not used at all; a
 //! certificate the system does not trust is an error at connect, not a silent
 //! downgrade.
+//!
+//! MySQL and MariaDB ([`mysql_ssl`]) keep the same rule in their client's words: the
+//! URL's `ssl-mode=REQUIRED` (or `VERIFY_IDENTITY`) verifies the server's certificate
+//! and its name, `VERIFY_CA` the certificate alone, `DISABLED` is plain; `PREFERRED`,
+//! a silent downgrade, is refused. The roots are the system's, as for PostgreSQL
+//! (not `mysql_async`'s built-in bundle), and `ssl-ca=PATH` adds a PEM file of the
+//! operator's own CA.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::task::JoinHandle;
@@ -31,18 +39,8 @@ impl Tls {
         if config.get_ssl_mode() != SslMode::Require {
             return Ok(Tls::Plain);
         }
-        let found = rustls_native_certs::load_native_certs();
         let mut roots = rustls::RootCertStore::empty();
-        for cert in found.certs {
-            // A system store may hold certificates rustls cannot parse; the rest stand.
-            let _ = roots.add(cert);
-        }
-        if roots.is_empty() {
-            return Err(format!(
-                "sslmode=require, but no trusted root certificate could be read: {:?}",
-                found.errors
-            ));
-        }
+        roots.add_parsable_certificates(system_roots("sslmode=require")?);
         // The provider is given here rather than installed process-wide: a library
         // does not choose the application's default.
         let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -81,4 +79,86 @@ where
     if let Err(err) = connection.await {
         tracing::debug!(error = %err, "database connection closed");
     }
+}
+
+/// The system's trusted roots that rustls can read (a system store may hold some it
+/// cannot parse; the rest stand); an error naming `asked` (what asked for TLS) when
+/// there are none.
+fn system_roots(asked: &str) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+    let found = rustls_native_certs::load_native_certs();
+    let certs: Vec<_> = found
+        .certs
+        .into_iter()
+        .filter(|cert| rustls::RootCertStore::empty().add(cert.clone()).is_ok())
+        .collect();
+    if certs.is_empty() {
+        return Err(format!(
+            "{asked}, but no trusted root certificate could be read: {:?}",
+            found.errors
+        ));
+    }
+    Ok(certs)
+}
+
+/// How a MySQL URL asks for TLS (`ssl-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum MysqlSslMode {
+    /// `DISABLED`: plain TCP (the default).
+    Disabled,
+    /// `VERIFY_CA`: the certificate must chain to a trusted root; its name is not
+    /// checked.
+    VerifyCa,
+    /// `REQUIRED` or `VERIFY_IDENTITY`: the certificate must chain to a trusted root
+    /// and name the host connected to.
+    VerifyIdentity,
+}
+
+impl MysqlSslMode {
+    /// `ssl-mode`'s value, any case.
+    pub(super) fn parse(value: &str) -> Result<Self, String> {
+        match value.to_ascii_uppercase().as_str() {
+            "DISABLED" => Ok(Self::Disabled),
+            "VERIFY_CA" => Ok(Self::VerifyCa),
+            "REQUIRED" | "VERIFY_IDENTITY" => Ok(Self::VerifyIdentity),
+            "PREFERRED" => {
+                Err("ssl-mode=PREFERRED falls back to plain text: say REQUIRED or DISABLED".into())
+            }
+            _ => Err(format!(
+                "ssl-mode={value}: expected DISABLED, REQUIRED, VERIFY_CA or VERIFY_IDENTITY"
+            )),
+        }
+    }
+}
+
+/// `mysql_async`'s TLS options for `mode`, trusting the system's roots and `ca` (a
+/// PEM file), or `None` when `mode` is [`MysqlSslMode::Disabled`] (then `ca` is refused:
+/// a CA given for a plain connection is a mistake, not a preference).
+pub(super) fn mysql_ssl(
+    mode: MysqlSslMode,
+    ca: Option<PathBuf>,
+) -> Result<Option<mysql_async::SslOpts>, String> {
+    if mode == MysqlSslMode::Disabled {
+        return match ca {
+            Some(_) => Err("ssl-ca is given but TLS is not: add ssl-mode=REQUIRED".into()),
+            None => Ok(None),
+        };
+    }
+    // `mysql_async` names no type for a root (its `PathOrBuf` is not exported): the
+    // vector's type comes from `with_root_certs`.
+    let mut roots = Vec::new();
+    match system_roots("ssl-mode") {
+        Ok(certs) => roots.extend(certs.into_iter().map(|c| c.to_vec().into())),
+        // The operator's own CA may be all there is.
+        Err(_) if ca.is_some() => {}
+        Err(e) => return Err(e),
+    }
+    if let Some(ca) = ca {
+        roots.push(ca.into());
+    }
+    Ok(Some(
+        mysql_async::SslOpts::default()
+            .with_disable_built_in_roots(true)
+            .with_root_certs(roots)
+            .with_danger_skip_domain_validation(mode == MysqlSslMode::VerifyCa),
+    ))
 }

@@ -2,13 +2,15 @@
 //! mariadb-server in a directory and on a port of its own): chunks update exactly their
 //! range, with named or `?` placeholders; a deadlock between two chunks is retried and both complete; a
 //! statement the server refuses fails at connect in its words; a fence column keeps
-//! a stale chunk off its successor's rows.
+//! a stale chunk off its successor's rows; TLS (`ssl-mode`, `ssl-ca`) encrypts the
+//! handler's and the probe's sessions and is never given up; `--keep-below-sql 'SHOW
+//! REPLICA STATUS'` reads a real replica's lag, and fails closed when it has none.
 
 use std::net::TcpListener;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
-use tranche_worker::{Chunk, Handler, SqlConfig, SqlHandler};
+use tranche_worker::{Chunk, Handler, ProbeOutcome, SqlConfig, SqlHandler, SqlProbe};
 
 use crate::support::TestMariadb;
 
@@ -211,5 +213,216 @@ async fn a_fence_column_keeps_a_stale_chunk_off_its_successors_rows() {
     assert_eq!(
         fences[..6],
         [Some(2), Some(2), Some(2), Some(2), Some(2), None]
+    );
+}
+
+/// The session's TLS cipher, as the server sees it: empty on a plain connection.
+const CIPHER: &str = "SELECT VARIABLE_VALUE FROM information_schema.SESSION_STATUS \
+     WHERE VARIABLE_NAME = 'Ssl_cipher'";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_encrypts_the_handlers_and_the_probes_sessions_and_is_never_given_up() {
+    let my = TestMariadb::start_tls();
+    let mut db = setup(&my, 20).await;
+    db.query_drop("ALTER TABLE t ADD c VARCHAR(200)")
+        .await
+        .unwrap();
+    // Each chunk writes its own session's cipher into the rows it updates.
+    let statement = format!("UPDATE t SET v = v + 1, c = ({CIPHER}) WHERE id BETWEEN ? AND ?");
+    let tls = format!(
+        "{}?ssl-mode=REQUIRED&ssl-ca={}",
+        my.url(),
+        my.ca().display()
+    );
+    let handler = SqlHandler::connect(SqlConfig::new(&tls, &statement).slots(2))
+        .await
+        .unwrap();
+    let (a, b) = tokio::join!(
+        handler.process(chunk(1, 1, 5)),
+        handler.process(chunk(2, 6, 10))
+    );
+    a.unwrap();
+    b.unwrap();
+    // A plain session's chunk, for contrast: the column tells the two apart.
+    let plain = SqlHandler::connect(SqlConfig::new(my.url(), &statement))
+        .await
+        .unwrap();
+    plain.process(chunk(3, 11, 12)).await.unwrap();
+    let ciphers: Vec<(i64, String)> = db
+        .query("SELECT id, c FROM t WHERE c IS NOT NULL ORDER BY id")
+        .await
+        .unwrap();
+    assert_eq!(ciphers.len(), 12, "{ciphers:?}");
+    let cipher = ciphers[0].1.clone();
+    assert!(!cipher.is_empty(), "{ciphers:?}");
+    for (id, c) in &ciphers {
+        let expect = if *id <= 10 { cipher.as_str() } else { "" };
+        assert_eq!(c, expect, "row {id}: {ciphers:?}");
+    }
+    // The probe's own session, on the same URL, is encrypted too.
+    let probe = SqlProbe::new(&tls, Duration::from_secs(5)).throttle_when(CIPHER);
+    assert_eq!(
+        probe.check().await,
+        ProbeOutcome::Throttle { reason: cipher }
+    );
+    // VERIFY_CA spells it too; lower case is the same.
+    let verify_ca = format!(
+        "{}?ssl-mode=verify_ca&ssl-ca={}",
+        my.url(),
+        my.ca().display()
+    );
+    SqlHandler::connect(SqlConfig::new(verify_ca, &statement))
+        .await
+        .unwrap();
+
+    // Never given up: a CA the system does not trust, a server without TLS, a
+    // fallback to plain text, and the client's own TLS switches are all refused.
+    let refused = |url: String| {
+        let statement = statement.clone();
+        async move {
+            SqlHandler::connect(SqlConfig::new(url.clone(), statement))
+                .await
+                .err()
+                .unwrap_or_else(|| panic!("{url} connected"))
+                .to_string()
+        }
+    };
+    let untrusted = refused(format!("{}?ssl-mode=REQUIRED", my.url())).await;
+    assert!(
+        untrusted.starts_with("cannot connect to the database: ")
+            && untrusted.to_lowercase().contains("certificate"),
+        "{untrusted}"
+    );
+    let without = TestMariadb::start();
+    let no_tls = refused(format!(
+        "{}?ssl-mode=REQUIRED&ssl-ca={}",
+        without.url(),
+        my.ca().display()
+    ))
+    .await;
+    assert!(
+        no_tls.starts_with("cannot connect to the database: ") && no_tls.contains("SSL"),
+        "{no_tls}"
+    );
+    let probe = SqlProbe::new(
+        format!(
+            "{}?ssl-mode=REQUIRED&ssl-ca={}",
+            without.url(),
+            my.ca().display()
+        ),
+        Duration::from_secs(5),
+    )
+    .throttle_when(CIPHER);
+    assert!(
+        matches!(probe.check().await, ProbeOutcome::Error(e) if e.contains("SSL")),
+        "a probe without TLS answered"
+    );
+    for (query, words) in [
+        ("ssl-mode=PREFERRED", "falls back to plain text"),
+        ("ssl-mode=ON", "expected DISABLED, REQUIRED"),
+        ("require_ssl=true", "is not taken"),
+        ("ssl-ca=/etc/ca.pem", "add ssl-mode=REQUIRED"),
+    ] {
+        let text = refused(format!("{}?{query}", my.url())).await;
+        assert!(text.contains(words), "{query}: {text}");
+    }
+}
+
+/// Runs `sql` and returns the first column of its first row, as text.
+async fn first(conn: &mut mysql_async::Conn, sql: &str) -> Option<String> {
+    let row: Option<mysql_async::Row> = conn.query_first(sql).await.unwrap();
+    row.and_then(|mut r| r.take::<Option<String>, _>(0).flatten())
+}
+
+/// Polls `probe` until `done` holds for its outcome; fails after 30 s with the last.
+async fn until(probe: &SqlProbe, what: &str, done: impl Fn(&ProbeOutcome) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let outcome = probe.check().await;
+        if done(&outcome) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never saw {what}: {outcome:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `--keep-below-sql 'SHOW REPLICA STATUS'` (the probe's metric) on a real replica of
+/// a private primary: 0 while it keeps up; the seconds it trails by while its SQL
+/// thread waits on a row lock held on the replica; 0 again once the lock goes; an
+/// error (which throttles) when the SQL thread is stopped (the lag is NULL), or on a
+/// server that is no replica (no row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_below_reads_a_real_replicas_seconds_behind() {
+    let primary = TestMariadb::start_with(&["--log-bin=primary-bin", "--server-id=1"]);
+    let replica = TestMariadb::start_with(&["--server-id=2"]);
+    let mut p = mysql_async::Conn::from_url(primary.url()).await.unwrap();
+    let mut r = mysql_async::Conn::from_url(replica.url()).await.unwrap();
+    r.query_drop(format!(
+        "CHANGE MASTER TO MASTER_HOST = '127.0.0.1', MASTER_PORT = {}, \
+         MASTER_USER = 'root', MASTER_USE_GTID = no",
+        primary.port()
+    ))
+    .await
+    .unwrap();
+    r.query_drop("START SLAVE").await.unwrap();
+    p.query_drop("CREATE TABLE test.lag (id INT PRIMARY KEY, v INT) ENGINE=InnoDB")
+        .await
+        .unwrap();
+    p.query_drop("INSERT INTO test.lag VALUES (1, 0)")
+        .await
+        .unwrap();
+    let lag = SqlProbe::new(replica.url(), Duration::from_secs(5)).metric("SHOW REPLICA STATUS");
+    let value =
+        |v: fn(f64) -> bool| move |o: &ProbeOutcome| matches!(o, ProbeOutcome::Value(x) if v(*x));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while first(&mut r, "SELECT COUNT(*) FROM test.lag")
+        .await
+        .as_deref()
+        != Some("1")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the replica never caught up: {:?}",
+            lag.check().await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    until(&lag, "no lag", value(|x| x == 0.0)).await;
+
+    // A session on the replica holds the row: the replicated UPDATE waits behind it.
+    let mut holder = mysql_async::Conn::from_url(replica.url()).await.unwrap();
+    holder.query_drop("BEGIN").await.unwrap();
+    holder
+        .query_drop("SELECT * FROM test.lag WHERE id = 1 FOR UPDATE")
+        .await
+        .unwrap();
+    p.query_drop("UPDATE test.lag SET v = 1 WHERE id = 1")
+        .await
+        .unwrap();
+    until(&lag, "a lag of 2 s or more", value(|x| x >= 2.0)).await;
+    holder.query_drop("COMMIT").await.unwrap();
+    until(&lag, "the lag gone", value(|x| x == 0.0)).await;
+    assert_eq!(
+        first(&mut r, "SELECT v FROM test.lag WHERE id = 1")
+            .await
+            .as_deref(),
+        Some("1")
+    );
+
+    // Replication stopped: the lag is NULL, an error.
+    r.query_drop("STOP SLAVE SQL_THREAD").await.unwrap();
+    until(
+        &lag,
+        "an error for a NULL lag",
+        |o| matches!(o, ProbeOutcome::Error(e) if e.contains("Seconds_Behind_Master is NULL")),
+    )
+    .await;
+    // No replica at all: no row, an error.
+    let none = SqlProbe::new(primary.url(), Duration::from_secs(5)).metric("SHOW REPLICA STATUS");
+    let outcome = none.check().await;
+    assert!(
+        matches!(&outcome, ProbeOutcome::Error(e) if e.contains("no row")),
+        "{outcome:?}"
     );
 }

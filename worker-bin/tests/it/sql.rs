@@ -261,6 +261,62 @@ async fn what_a_retry_cannot_cure_fails_the_attempt() {
     assert_eq!(u, Some(1));
 }
 
+/// A CALL is one transaction per chunk too: the handler's BEGIN (pipelined with it)
+/// makes a procedure that commits half way fail whole, writing nothing (sent alone in
+/// autocommit, its first half would stay committed); and the session's timeouts, set
+/// once per connection rather than per chunk, bound it as they bound an UPDATE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_is_one_transaction_bounded_by_the_chunk_timeout() {
+    let pg = TestPostgres::start();
+    let db = setup(&pg, 10).await;
+    db.batch_execute(
+        "CREATE PROCEDURE half(a bigint) LANGUAGE plpgsql AS $$ BEGIN
+           UPDATE t SET v = v + 1 WHERE id = a; COMMIT;
+           UPDATE t SET v = v + 1 WHERE id = a + 1; END $$;
+         CREATE PROCEDURE whole(a bigint) LANGUAGE plpgsql AS $$ BEGIN
+           UPDATE t SET v = v + 1 WHERE id BETWEEN a AND a + 1; END $$;",
+    )
+    .await
+    .unwrap();
+    let half = SqlHandler::connect(SqlConfig::new(pg.url(), "CALL half(:from)"))
+        .await
+        .unwrap();
+    let err = half.process(chunk(1, 1, 2)).await.unwrap_err();
+    assert!(err.to_string().contains("SQLSTATE 2D000"), "{err}");
+    assert_eq!(touched(&db).await, (vec![], 0));
+
+    let whole = SqlHandler::connect(
+        SqlConfig::new(pg.url(), "CALL whole(:from)").chunk_timeout(Duration::from_millis(300)),
+    )
+    .await
+    .unwrap();
+    whole.process(chunk(1, 3, 4)).await.unwrap();
+    assert_eq!(touched(&db).await, (vec![3, 4], 2));
+    // Row 5 locked by another session: the chunk gives up at its timeout.
+    let (locker, connection) = tokio_postgres::connect(&pg.url(), NoTls).await.unwrap();
+    tokio::spawn(connection);
+    locker
+        .batch_execute("BEGIN; SELECT 1 FROM t WHERE id = 5 FOR UPDATE")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let err = whole.process(chunk(1, 5, 6)).await.unwrap_err();
+    // statement_timeout and lock_timeout are the same: either may be the first.
+    let text = err.to_string();
+    assert!(
+        text.contains("canceling statement due to") && text.contains("timeout"),
+        "{text}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    locker.batch_execute("COMMIT").await.unwrap();
+    whole.process(chunk(1, 5, 6)).await.unwrap();
+    assert_eq!(touched(&db).await, (vec![3, 4, 5, 6], 4));
+}
+
 /// Set in the worker process of [`a_worker_killed_inside_a_chunk_leaves_none_of_it`].
 const ROLE: &str = "TRANCHE_SQL_WORKER";
 
