@@ -32,11 +32,16 @@ pub(crate) fn scrubbed_env() -> Vec<(String, String)> {
         .collect()
 }
 
-/// Readies `command` to run a chunk's process: no secret in its environment, `tag` in
-/// it ([`reap::TAG`]), in process group `pgid` (0: a new group it leads), killed should
-/// its `Child` be dropped unwaited.
+/// W3C trace context variables: a chunk's are its own chunk span's (set after
+/// [`prepare`] when the run is traced), never what tranche itself inherited, which would
+/// put every chunk of an untraced run into the trace of whatever started tranche.
+const TRACE_CONTEXT: &[&str] = &["TRACEPARENT", "TRACESTATE"];
+
+/// Readies `command` to run a chunk's process: no secret and no inherited trace context
+/// in its environment, `tag` in it ([`reap::TAG`]), in process group `pgid` (0: a new
+/// group it leads), killed should its `Child` be dropped unwaited.
 pub(super) fn prepare(command: &mut Command, tag: &str, pgid: u32) {
-    for key in SECRETS {
+    for key in SECRETS.iter().chain(TRACE_CONTEXT) {
         command.env_remove(key);
     }
     command
@@ -52,5 +57,35 @@ pub(super) fn signal_group(pgid: u32, signal: nix::sys::signal::Signal) {
         && err != nix::errno::Errno::ESRCH
     {
         tracing::warn!(%err, ?signal, %pgid, "could not signal a chunk's process group");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Secrets and an inherited trace context are taken out of what a chunk inherits.
+    #[test]
+    fn a_chunk_inherits_no_secret_and_no_trace_context() {
+        let mut command = Command::new("true");
+        command
+            .env(
+                "TRACEPARENT",
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            )
+            .env("TRACESTATE", "vendor=1")
+            .env("TRANCHE_ADMIN_TOKEN", "secret")
+            .env("KEPT", "yes");
+        prepare(&mut command, "tag", 0);
+        let envs: std::collections::BTreeMap<_, _> = command
+            .as_std()
+            .get_envs()
+            .map(|(k, v)| (k.to_string_lossy().into_owned(), v.map(|v| v.to_owned())))
+            .collect();
+        for removed in ["TRACEPARENT", "TRACESTATE", "TRANCHE_ADMIN_TOKEN"] {
+            assert_eq!(envs.get(removed), Some(&None), "{removed} is removed");
+        }
+        assert_eq!(envs.get("KEPT"), Some(&Some("yes".into())));
+        assert_eq!(envs.get(reap::TAG), Some(&Some("tag".into())));
     }
 }
