@@ -563,6 +563,11 @@ impl HealthArgs {
 
 /// `run`'s production-control options.
 #[derive(Debug, Clone, Args)]
+#[command(group(
+    clap::ArgGroup::new("probe_database")
+        .args(["database_url", "probe_database_url"])
+        .multiple(true)
+))]
 pub(crate) struct RunControlArgs {
     /// Fleet-wide limit of row IDs per second (N, N/s, N/m or N/h), shared by every
     /// worker of the namespace (through Redis, or in this process embedded).
@@ -597,19 +602,29 @@ pub(crate) struct RunControlArgs {
     /// the fleet until a prober reports again, or go as if no probe were set.
     #[arg(long, value_name = "throttle|go", default_value = "throttle", value_parser = parse_probe_stale)]
     pub(crate) probe_stale: ProbeStale,
-    /// Throttle probe: a query on --database-url (its own connection). A true or a
+    /// The database the SQL probes (--throttle-sql, --throttle-pg, --keep-below-sql)
+    /// run on [default: --database-url]: a replica, for MySQL's SHOW REPLICA STATUS
+    /// (Seconds_Behind_Source), which a primary answers with no row.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "TRANCHE_PROBE_DATABASE_URL",
+        hide_env_values = true
+    )]
+    pub(crate) probe_database_url: Option<String>,
+    /// Throttle probe: a query on the probe database (its own connection). A true or a
     /// non-empty text in the first column throttles with that text as the reason;
     /// no row, NULL, false or empty is go; an error or no answer throttles.
-    #[arg(long, value_name = "QUERY", requires = "database_url", conflicts_with_all = ["throttle_exec", "throttle_http"])]
+    #[arg(long, value_name = "QUERY", requires = "probe_database", conflicts_with_all = ["throttle_exec", "throttle_http"])]
     pub(crate) throttle_sql: Option<String>,
-    /// PostgreSQL's throttle indicators on --database-url, comma-separated: lag=5s
+    /// PostgreSQL's throttle indicators on the probe database, comma-separated: lag=5s
     /// (replication lag), autovacuum (on table=NAME), wal=64MB/s (WAL rate), xact=10m
     /// (the oldest open transaction). Each throttles with its reading as the reason.
-    #[arg(long, value_name = "LIST", requires = "database_url", conflicts_with_all = ["throttle_exec", "throttle_http"])]
+    #[arg(long, value_name = "LIST", requires = "probe_database", conflicts_with_all = ["throttle_exec", "throttle_http"])]
     pub(crate) throttle_pg: Option<String>,
-    /// The metric of --keep-below as a query on --database-url: a number in the first
-    /// column (e.g. replica lag in seconds); no row, NULL or an error throttles.
-    #[arg(long, value_name = "QUERY", requires_all = ["database_url", "keep_below"], conflicts_with = "throttle_http", group = "keep_below_metric")]
+    /// The metric of --keep-below as a query on the probe database: a number in the
+    /// first column (e.g. replica lag in seconds); no row, NULL or an error throttles.
+    #[arg(long, value_name = "QUERY", requires_all = ["probe_database", "keep_below"], conflicts_with = "throttle_http", group = "keep_below_metric")]
     pub(crate) keep_below_sql: Option<String>,
     /// Adjust the fleet's ID rate (additive increase, multiplicative decrease, at most
     /// --max-rate) so that the number --throttle-exec prints (or --keep-below-sql

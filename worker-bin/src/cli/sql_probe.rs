@@ -1,5 +1,5 @@
 //! `run`'s SQL probe flags (`--throttle-sql`, `--throttle-pg`, `--keep-below-sql`)
-//! mapped onto one [`SqlProbe`] on `--database-url`.
+//! mapped onto one [`SqlProbe`] on `--probe-database-url`, or `--database-url` without it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,8 +20,12 @@ pub(crate) fn probe(
     if a.throttle_sql.is_none() && a.throttle_pg.is_none() && a.keep_below_sql.is_none() {
         return Ok(None);
     }
-    // clap requires --database-url with each of them.
-    let url = database_url.context("the SQL probes need --database-url")?;
+    // clap requires one of the two with each of them.
+    let url = a
+        .probe_database_url
+        .as_deref()
+        .or(database_url)
+        .context("the SQL probes need --probe-database-url or --database-url")?;
     let mut probe = SqlProbe::new(url, timeout);
     if let Some(query) = &a.throttle_sql {
         probe = probe.throttle_when(query.clone());

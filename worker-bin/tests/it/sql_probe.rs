@@ -3,7 +3,8 @@
 //! text or a true throttles with it as the reason; NULL, false and no row let work
 //! run; a metric is read from any numeric type; the connection is opened again after
 //! an error. Then `tranche run --throttle-sql` end to end: no chunk runs while the
-//! query gives a reason or errs, and all of them run once it answers NULL.
+//! query gives a reason or errs, and all of them run once it answers NULL; on
+//! `--probe-database-url` when it is given.
 
 use std::time::Duration;
 
@@ -139,6 +140,11 @@ struct Gated {
 
 impl Gated {
     fn start(pg: &TestPostgres, name: &str, probe: &[&str]) -> Self {
+        Self::start_on(&["--database-url", &pg.url()], name, probe)
+    }
+
+    /// As [`Gated::start`], the databases given by `urls`.
+    fn start_on(urls: &[&str], name: &str, probe: &[&str]) -> Self {
         let dir = common::scratch(name);
         let cmd = |args: &[&str]| {
             let mut c = common::tranche(&dir, args);
@@ -159,8 +165,7 @@ impl Gated {
             "--throttle-interval",
             "200ms",
         ];
-        let url = pg.url();
-        args.extend_from_slice(&["--database-url", &url]);
+        args.extend_from_slice(urls);
         args.extend_from_slice(probe);
         let stderr = std::fs::File::create(dir.join("stderr")).unwrap();
         let run = cmd(&args)
@@ -253,6 +258,56 @@ async fn run_throttle_sql_that_errs_holds_every_chunk() {
     let mut job = Gated::start(
         &pg,
         "sql-probe-null",
+        &["--throttle-sql", "SELECT reason FROM gate"],
+    );
+    let status = common::wait(&mut job.run, Duration::from_secs(60));
+    assert!(status.success(), "{}", job.stderr());
+    assert_eq!(job.chunks(), 4);
+}
+
+/// `--probe-database-url` is where the probes run, ahead of `--database-url` (here a
+/// server that refuses every connection, which would throttle for ever), and alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_probes_the_probe_database_url_first() {
+    let pg = TestPostgres::start();
+    let db = gate(&pg, Some("replica lag 9s")).await;
+    let probe_url = pg.url();
+    let nowhere = "host=127.0.0.1 port=1 user=postgres dbname=postgres";
+    let mut job = Gated::start_on(
+        &[
+            "--database-url",
+            nowhere,
+            "--probe-database-url",
+            &probe_url,
+        ],
+        "sql-probe-url",
+        &["--throttle-sql", "SELECT reason FROM gate"],
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        job.chunks(),
+        0,
+        "a chunk ran while throttled: {}",
+        job.stderr()
+    );
+    assert!(job.stderr().contains("replica lag 9s"), "{}", job.stderr());
+    db.execute("UPDATE gate SET reason = NULL", &[])
+        .await
+        .unwrap();
+    let status = common::wait(&mut job.run, Duration::from_secs(60));
+    assert!(status.success(), "{}", job.stderr());
+    assert_eq!(job.chunks(), 4);
+    // Neither: refused at parse time, nothing run.
+    let dir = common::scratch("sql-probe-url-none");
+    let out = common::output(common::tranche(
+        &dir,
+        &["run", "--exec", "true", "--throttle-sql", "SELECT 1"],
+    ));
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    // Alone, without --database-url: the same.
+    let mut job = Gated::start_on(
+        &["--probe-database-url", &probe_url],
+        "sql-probe-url-alone",
         &["--throttle-sql", "SELECT reason FROM gate"],
     );
     let status = common::wait(&mut job.run, Duration::from_secs(60));
