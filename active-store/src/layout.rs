@@ -106,7 +106,9 @@ impl Layout {
     }
 }
 
-/// How long a claim's first shard stays the same ([`Layout::claim_order`]).
+/// How long a worker's claims keep starting at the same shard: every `CLAIM_TURN_MS` of
+/// the store's clock they start one shard further round the ring, so a ready retry waits
+/// at most one turn of the ring while claims within a turn stay on one shard.
 pub const CLAIM_TURN_MS: u64 = 1000;
 
 /// The shards of a ring of `n`, from the one `worker`'s id gives moved on by `turn`.
