@@ -1,9 +1,11 @@
 //! A private PostgreSQL cluster per test or bench ([`TestPostgres`]): Debian's server
 //! binaries (initdb and pg_ctl under /usr/lib/postgresql), a directory of its own and a
 //! free port, stopped and removed on drop. As root the server runs as `postgres`, since
-//! initdb refuses root.
+//! initdb refuses root. It can serve TLS with a throwaway CA's certificate
+//! ([`TestPostgres::start_tls`]).
 
 use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -27,6 +29,23 @@ impl TestPostgres {
     /// Initialises a cluster and starts it, waiting until it accepts connections.
     /// Panics, saying how to install one, when PostgreSQL's server is not installed.
     pub fn start() -> Self {
+        Self::launch(false)
+    }
+
+    /// [`TestPostgres::start`], serving TLS too (`ssl=on`) with a certificate for
+    /// 127.0.0.1 and `localhost` signed by a throwaway CA ([`crate::pki`]), whose PEM
+    /// file is [`TestPostgres::ca`]. Plain connections are still accepted.
+    pub fn start_tls() -> Self {
+        Self::launch(true)
+    }
+
+    /// The CA that signed the server's certificate, a PEM file (after
+    /// [`TestPostgres::start_tls`]; absent otherwise).
+    pub fn ca(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+
+    fn launch(tls: bool) -> Self {
         let bin = std::fs::read_dir("/usr/lib/postgresql")
             .ok()
             .and_then(|d| {
@@ -48,6 +67,18 @@ impl TestPostgres {
             .local_addr()
             .unwrap()
             .port();
+        let mut ssl = String::new();
+        if tls {
+            let [_, cert, key, ..] = crate::pki::write(&dir);
+            // The server refuses a key others may read; it is the cluster owner's
+            // below, as the whole directory is.
+            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+            ssl = format!(
+                " -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
+                cert.display(),
+                key.display()
+            );
+        }
         let root = is_root();
         if root {
             let ok = Command::new("chown")
@@ -66,7 +97,7 @@ impl TestPostgres {
         );
         let opts = format!(
             "-p {port} -c listen_addresses=127.0.0.1 -k {} -c fsync=off \
-             -c synchronous_commit=off -c full_page_writes=off",
+             -c synchronous_commit=off -c full_page_writes=off{ssl}",
             dir.display()
         );
         let log = dir.join("log");

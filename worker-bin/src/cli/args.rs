@@ -226,7 +226,8 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "STATEMENT", conflicts_with_all = ["exec", "simulate", "exec_persistent"], requires = "database_url")]
     pub(crate) sql: Option<String>,
     /// The database --sql runs on: a libpq connection string or postgresql:// URL
-    /// (sslmode=require for TLS, verified against the system's roots).
+    /// (sslmode=verify-full or require for TLS, verified against the system's roots and
+    /// sslrootcert=PATH if given; verify-ca leaves the name unchecked).
     #[arg(
         long,
         value_name = "URL",

@@ -1,10 +1,12 @@
 //! [`SqlHandler`]: a ready-made [`Handler`] that runs one SQL statement per chunk on
 //! PostgreSQL over a pool of warm connections (its docs say how); [`SqlConfig`] its
-//! settings. The statement's rewriting is `statement`, the pool `pool`, TLS `tls`.
+//! settings. The statement's rewriting is `statement`, the pool `pool`, TLS `tls` (and
+//! libpq's TLS words in the connection string `conninfo`).
 //! MySQL and MariaDB are `mysql` (its statement rewriting `mysql_statement`); what the
 //! two rewriters share (the token model, the fence splice) is `rewrite`.
 //! [`SqlProbe`], throttle probes in SQL, is `probe`.
 
+mod conninfo;
 mod mysql;
 mod mysql_statement;
 mod pool;
@@ -15,7 +17,6 @@ mod tls;
 
 pub use probe::SqlProbe;
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -58,7 +59,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 impl SqlConfig {
     /// Runs `statement` on the database at `database_url` (a libpq connection string,
-    /// `host=… user=… dbname=…`, or a `postgresql://` URL; `sslmode=require` for TLS;
+    /// `host=… user=… dbname=…`, or a `postgresql://` URL; `sslmode=verify-full` (or
+    /// `require`, `verify-ca`) for TLS and `sslrootcert=PATH` for a CA of your own;
     /// or MySQL/MariaDB's `mysql://user:password@host:port/database`, `mariadb://`,
     /// with `?ssl-mode=REQUIRED` for TLS and `&ssl-ca=PATH` for a CA of your own).
     /// One connection, a chunk timeout of 60 s, 5 retries from 50 ms, no fence.
@@ -268,8 +270,7 @@ impl SqlHandler {
                 engine: Engine::Mysql(Arc::new(engine)),
             });
         }
-        let mut pg = tokio_postgres::Config::from_str(&config.database_url)
-            .map_err(|e| Error::Config(format!("the database URL: {}", one_line(&e))))?;
+        let (mut pg, tls) = conninfo::postgres(&config.database_url).map_err(Error::Config)?;
         if pg.get_application_name().is_none() {
             pg.application_name("tranche");
         }
@@ -286,7 +287,6 @@ impl SqlHandler {
             statement = statement::fenced(&statement, column).map_err(Error::Config)?;
             fenced = true;
         }
-        let tls = tls::Tls::for_config(&pg).map_err(Error::Config)?;
         let params = if fenced {
             rewrite::FENCE
         } else {

@@ -93,7 +93,7 @@ pub(super) fn opts(url: &str) -> Result<Opts, String> {
 }
 
 /// `text` with its `%XX` escapes decoded, as a URL's query value is written.
-fn percent_decoded(text: &str) -> Result<String, String> {
+pub(super) fn percent_decoded(text: &str) -> Result<String, String> {
     let b = text.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

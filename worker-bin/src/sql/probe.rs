@@ -10,7 +10,6 @@
 //! [`SqlProbe::MAX_REASON`] bytes is a [`ProbeOutcome::Error`], which throttles. The
 //! connection is dropped after any error and opened again at the next check.
 
-use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -225,16 +224,14 @@ impl SqlProbe {
                 .map_err(|e| format!("cannot connect to the database: {e}"))?;
             return Ok(Session::Mysql(conn));
         }
-        let mut config = tokio_postgres::Config::from_str(&self.url)
-            .map_err(|e| format!("the database URL: {e}"))?;
+        let (mut config, tls) = super::conninfo::postgres(&self.url)?;
         if config.get_application_name().is_none() {
             config.application_name("tranche probe");
         }
-        let tls = super::tls::Tls::for_config(&config)?;
         let (client, driver) = tls
             .connect(&config)
             .await
-            .map_err(|e| format!("cannot connect to the database: {}", pg_line(&e)))?;
+            .map_err(|e| format!("cannot connect to the database: {}", super::one_line(&e)))?;
         Ok(Session::Postgres { client, driver })
     }
 

@@ -40,6 +40,8 @@ mod otel;
 #[cfg(feature = "cli")]
 mod persistent;
 #[cfg(feature = "cli")]
+mod pg_tls;
+#[cfg(feature = "cli")]
 mod postgres;
 #[cfg(feature = "cli")]
 mod repair;
