@@ -16,8 +16,9 @@
 //! - `--exec psql`: `tranche run --exec 'psql -c …'`, one `psql` per chunk;
 //! - `xargs -P 8 psql`: the same chunks without tranche, one `psql` per chunk.
 //!
-//! Every cell runs `TRANCHE_BENCH_ROUNDS` times (default 3), the cells in a rotated
-//! order each round, the table after a `VACUUM`; after each run every row must hold
+//! Every cell runs `TRANCHE_BENCH_ROUNDS` times (default 5), the cells in a rotated
+//! order each round, the table after a `VACUUM` and a `CHECKPOINT` (autovacuum off for
+//! the table, so none starts inside a run); after each run every row must hold
 //! exactly the number of runs that covered it. Each run prints a line to stderr as it
 //! ends (round, chunk size, cell, seconds). The table shows each cell's median wall
 //! time, its slowest, and its ratio to the floor, with `redis-benchmark -t set -c 50
@@ -31,12 +32,13 @@
 //! Their cost is a process, a connection and a backend per chunk, the same for every
 //! chunk, so their time grows with the chunks; what does not (the run's start and
 //! end, under a second against minutes) is scaled too, and overstates them by as
-//! much. A prefix rather than one round keeps the median of three on a machine whose
+//! much. A prefix rather than one round keeps the median of five on a machine whose
 //! load moves. The floor, `--sql` and `--exec-persistent` run whole at both sizes: the
 //! targets are theirs.
 //!
 //! Knobs: `TRANCHE_BENCH_ROWS` (default 1,000,000), `TRANCHE_BENCH_ROUNDS`,
-//! `TRANCHE_BENCH_PREFIX_ROWS`, `TRANCHE_BENCH_OUT` (default
+//! `TRANCHE_BENCH_PREFIX_ROWS`, `TRANCHE_BENCH_CELLS` (a comma-separated list of the
+//! cells to run, the floor always among them; default all), `TRANCHE_BENCH_OUT` (default
 //! `target/tranche-bench/backfill.json`). With `TRANCHE_BENCH_SMOKE=1` it runs under
 //! `cargo test` too: 4,000 rows, one round, a prefix of 2,000 rows, figures not
 //! judged, every cell and check still run.
@@ -100,7 +102,7 @@ fn main() {
             .unwrap_or(default)
     };
     let rows = knob("TRANCHE_BENCH_ROWS", if smoke { 4_000 } else { 1_000_000 }).max(1);
-    let rounds = knob("TRANCHE_BENCH_ROUNDS", if smoke { 1 } else { 3 }).max(1) as usize;
+    let rounds = knob("TRANCHE_BENCH_ROUNDS", if smoke { 1 } else { 5 }).max(1) as usize;
     let prefix = knob(
         "TRANCHE_BENCH_PREFIX_ROWS",
         if smoke { rows / 2 } else { 100_000 },
@@ -125,14 +127,34 @@ fn main() {
         ))
         .await
         .unwrap();
-        // VACUUM refuses a multi-statement message (an implicit transaction).
+        // No autovacuum: each run leaves a million dead rows, and a vacuum launched in
+        // the middle of whichever cell runs next took its CPU. The bench vacuums
+        // between runs itself. VACUUM refuses a multi-statement message (an implicit
+        // transaction).
+        db.batch_execute("ALTER TABLE t SET (autovacuum_enabled = off)")
+            .await
+            .unwrap();
+        // One pass over every row before the clock: the first update of freshly loaded
+        // rows also sets their hint bits and prunes their pages, a cost the first cell
+        // of the first round alone paid (a third slower than every later run).
+        db.batch_execute("UPDATE t SET v = 0").await.unwrap();
         db.batch_execute("VACUUM ANALYZE t").await.unwrap();
         db
     });
     let persistent = persistent_command(pg.dir());
+    // `TRANCHE_BENCH_CELLS=floor,--sql`: only these (the floor always, the ratios need it).
+    let only = std::env::var("TRANCHE_BENCH_CELLS")
+        .ok()
+        .filter(|c| !c.is_empty());
     let cells: Vec<&str> = CELLS
         .into_iter()
         .filter(|&c| c != "--exec-persistent" || persistent.is_ok())
+        .filter(|&c| {
+            c == "floor"
+                || only
+                    .as_deref()
+                    .is_none_or(|o| o.split(',').any(|w| w.trim() == c))
+        })
         .collect();
     if let Err(why) = &persistent {
         eprintln!("backfill: --exec-persistent not measured: {why}");
@@ -156,7 +178,11 @@ fn main() {
                 } else {
                     rows
                 };
-                runtime.block_on(async { db.batch_execute("VACUUM t").await.unwrap() });
+                // A checkpoint too, so that none falls inside a run.
+                runtime.block_on(async {
+                    db.batch_execute("VACUUM t").await.unwrap();
+                    db.batch_execute("CHECKPOINT").await.unwrap();
+                });
                 run += 1;
                 let ns = format!("bf{run}");
                 let started = Instant::now();
