@@ -124,11 +124,28 @@ pub enum StoreOp {
     Reap,
     /// Recording this runner in the worker registry.
     WorkerHeartbeat,
+    /// Archiving the completed partitions at the run's end, or publishing the last
+    /// statistics snapshot.
+    Archive,
 }
 
 impl StoreOp {
-    /// The name `tranche` logs it by: `claim`, `claim-pieces`, `heartbeat`, `report`,
-    /// `release`, `split`, `reap`, `worker-heartbeat`.
+    /// Every operation, in the order of [`StoreOp::as_str`]'s names.
+    pub const ALL: [StoreOp; 9] = [
+        StoreOp::Claim,
+        StoreOp::ClaimPieces,
+        StoreOp::Heartbeat,
+        StoreOp::Report,
+        StoreOp::Release,
+        StoreOp::Split,
+        StoreOp::Reap,
+        StoreOp::WorkerHeartbeat,
+        StoreOp::Archive,
+    ];
+
+    /// The name `tranche` logs it by (and labels `tranche_worker_store_errors_total`
+    /// with): `claim`, `claim-pieces`, `heartbeat`, `report`, `release`, `split`,
+    /// `reap`, `worker-heartbeat`, `archive`.
     pub fn as_str(self) -> &'static str {
         match self {
             StoreOp::Claim => "claim",
@@ -139,6 +156,7 @@ impl StoreOp {
             StoreOp::Split => "split",
             StoreOp::Reap => "reap",
             StoreOp::WorkerHeartbeat => "worker-heartbeat",
+            StoreOp::Archive => "archive",
         }
     }
 }

@@ -4,14 +4,23 @@
 //! serves nothing; the application mounts its registry where it likes. The families
 //! are named as `tranche run --metrics-listen` names its own (`claimed`, `completed`,
 //! `failed_attempts`, `released`, `lost_leases`, `rows`, `partitions_in_flight`,
-//! `chunks_in_flight`, `chunk_duration_seconds`), so one dashboard reads both.
+//! `chunks_in_flight`, `chunk_duration_seconds`, `store_errors`), so one dashboard reads
+//! both.
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 pub(crate) use prometheus_client::registry::Registry;
 
 use crate::event::Event;
+
+/// What a run was doing when a call to its store failed ([`crate::StoreOp`]'s name).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabel {
+    op: &'static str,
+}
 
 /// The metric families of one runner, registered once, fed by every run's events.
 #[derive(Clone)]
@@ -27,6 +36,7 @@ pub(crate) struct RunMetrics {
     chunks_in_flight: Gauge,
     chunk_seconds: Histogram,
     partition_seconds: Histogram,
+    store_errors: Family<OpLabel, Counter>,
 }
 
 impl RunMetrics {
@@ -44,6 +54,7 @@ impl RunMetrics {
             chunks_in_flight: Gauge::default(),
             chunk_seconds: Histogram::new(exponential_buckets(0.001, 4.0, 10)),
             partition_seconds: Histogram::new(exponential_buckets(0.01, 4.0, 10)),
+            store_errors: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("tranche_worker");
         r.register(
@@ -97,6 +108,11 @@ impl RunMetrics {
             m.chunk_seconds.clone(),
         );
         r.register(
+            "store_errors",
+            "Calls to the store that failed, by what the run was doing",
+            m.store_errors.clone(),
+        );
+        r.register(
             "partition_seconds",
             "How long a partition took here, claim to completion",
             m.partition_seconds.clone(),
@@ -136,7 +152,12 @@ impl RunMetrics {
                 self.in_flight.set(p.in_flight as i64);
                 self.chunks_in_flight.set(p.chunks_in_flight as i64);
             }
-            Event::Throttled { .. } | Event::Resumed | Event::StoreError { .. } => {}
+            Event::StoreError { op, .. } => {
+                self.store_errors
+                    .get_or_create(&OpLabel { op: op.as_str() })
+                    .inc();
+            }
+            Event::Throttled { .. } | Event::Resumed => {}
         }
     }
 }

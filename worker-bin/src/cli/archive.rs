@@ -77,7 +77,7 @@ pub(super) async fn archive(g: &Global, args: ArchiveArgs) -> Result<Outcome> {
         })
         .await;
     }
-    let stalls = crate::work::drain_archive(&backend, &stop).await;
+    let stalls = crate::work::drain_archive(&backend, None, &stop).await;
     if let Err(err) = backend.stats.publish_snapshot().await {
         tracing::warn!(%err, "statistics snapshot failed");
     }

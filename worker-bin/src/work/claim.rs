@@ -310,10 +310,7 @@ impl ClaimLoop<'_> {
             }
             Err(err) => {
                 tracing::warn!(%err, "claim failed; retrying");
-                self.shared.emit(|| Event::StoreError {
-                    op: StoreOp::Claim,
-                    error: err.to_string(),
-                });
+                self.shared.store_error(StoreOp::Claim, &err);
                 0
             }
         }
@@ -391,10 +388,7 @@ async fn release_queued(
         };
         if let Err(err) = released {
             tracing::warn!(pid = lease.pid, %err, "could not release a queued partition; its lease will expire");
-            shared.emit(|| Event::StoreError {
-                op: StoreOp::Release,
-                error: err.to_string(),
-            });
+            shared.store_error(StoreOp::Release, &err);
         }
     }
 }

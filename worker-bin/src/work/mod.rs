@@ -21,7 +21,7 @@ use tranche_archive_store::{SnapshotPolicy, Snapshots};
 
 use crate::backend::Backend;
 use crate::error::Error;
-use crate::event::{Event, Progress};
+use crate::event::{Event, Progress, StoreOp};
 use crate::held::{self, LeaseBook};
 use crate::job::{Chunk, ChunkError, Job};
 use crate::sync::until;
@@ -188,6 +188,8 @@ pub(crate) struct SharedSnapshot {
     pub(crate) lost: u64,
     /// Rows the chunks affected (0 when the handler does not count them).
     pub(crate) rows: u64,
+    /// Failed calls to the store, by what the run was doing.
+    pub(crate) store_errors: [(StoreOp, u64); StoreOp::ALL.len()],
     pub(crate) p50_ms: f64,
     pub(crate) p99_ms: f64,
 }
@@ -229,6 +231,8 @@ pub(crate) struct Shared {
     lease_rows: Mutex<HashMap<(u64, u64), u64>>,
     /// Puts the spans into distributed traces (`spans`), if anything does.
     traced: Option<spans::Traced>,
+    /// Failed calls to the store, by [`StoreOp`] (in [`StoreOp::ALL`]'s order).
+    store_errors: [AtomicU64; StoreOp::ALL.len()],
 }
 
 /// [`Shared::rows`] before any chunk reported rows: no handler count to show.
@@ -255,6 +259,7 @@ impl Shared {
             rows: AtomicU64::new(NOT_COUNTED),
             lease_rows: Mutex::new(HashMap::new()),
             traced,
+            store_errors: Default::default(),
         }
     }
 
@@ -288,6 +293,20 @@ impl Shared {
             .lock()
             .expect("not poisoned")
             .remove(&(pid, token))
+    }
+
+    /// Counts a failed call to the store and tells the observer ([`Event::StoreError`]).
+    /// Logging it, in the words of what failed, is the caller's.
+    pub(crate) fn store_error(&self, op: StoreOp, error: &dyn std::fmt::Display) {
+        let i = StoreOp::ALL
+            .iter()
+            .position(|&o| o == op)
+            .expect("every op is in ALL");
+        self.store_errors[i].fetch_add(1, Relaxed);
+        self.emit(|| Event::StoreError {
+            op,
+            error: error.to_string(),
+        });
     }
 
     /// Tells the observer, if any, of the event `f` makes (made only if one listens).
@@ -335,6 +354,9 @@ impl Shared {
             released: self.released.load(Relaxed),
             lost: self.lost.load(Relaxed),
             rows: self.rows().unwrap_or(0),
+            store_errors: std::array::from_fn(|i| {
+                (StoreOp::ALL[i], self.store_errors[i].load(Relaxed))
+            }),
             p50_ms,
             p99_ms,
         }
@@ -451,10 +473,7 @@ pub(crate) async fn run(
     let beats = shared.clone();
     let book =
         LeaseBook::new(settings.lease, settings.split).on_failed_beat(Box::new(move |err| {
-            beats.emit(|| Event::StoreError {
-                op: crate::event::StoreOp::Heartbeat,
-                error: err.to_string(),
-            })
+            beats.store_error(StoreOp::Heartbeat, err)
         }));
     let book = Arc::new(book);
     let (bg_tx, bg_rx) = watch::channel(false);
@@ -539,7 +558,7 @@ pub(crate) async fn run(
     let interrupted = *stop.borrow() != Stop::Running;
     let mut stalls = Vec::new();
     if settings.archiver && *stop.borrow() != Stop::Abort {
-        stalls = drain_archive(backend, &stop).await;
+        stalls = drain_archive(backend, Some(&shared), &stop).await;
         if !stalls.is_empty() {
             let shards: Vec<String> = stalls.iter().map(|s| s.shard.to_string()).collect();
             tracing::warn!(
@@ -549,6 +568,7 @@ pub(crate) async fn run(
         }
         if let Err(err) = backend.stats.publish_snapshot().await {
             tracing::warn!(%err, "statistics snapshot failed");
+            shared.store_error(StoreOp::Archive, &err);
         }
     }
     if settings.heartbeat

@@ -229,10 +229,7 @@ impl PartitionCtx {
             }
             Err(err) => {
                 tracing::warn!(pid, %err, "could not report the partition; its lease will expire");
-                self.shared.emit(|| Event::StoreError {
-                    op: StoreOp::Report,
-                    error: err.to_string(),
-                });
+                self.shared.store_error(StoreOp::Report, &err);
             }
         }
         self.shared.in_flight.fetch_sub(1, Relaxed);

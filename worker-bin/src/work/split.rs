@@ -176,10 +176,7 @@ impl Splitter {
             Ok(_) => {}
             Err(err) => {
                 tracing::warn!(%err, "claiming pieces failed; retrying");
-                shared.emit(|| Event::StoreError {
-                    op: StoreOp::ClaimPieces,
-                    error: err.to_string(),
-                });
+                shared.store_error(StoreOp::ClaimPieces, &err);
                 return 0;
             }
         }
@@ -194,10 +191,7 @@ impl Splitter {
             Ok(parts) => parts,
             Err(err) => {
                 tracing::warn!(%err, "reading running partitions failed");
-                shared.emit(|| Event::StoreError {
-                    op: StoreOp::Split,
-                    error: err.to_string(),
-                });
+                shared.store_error(StoreOp::Split, &err);
                 return 0;
             }
         };
@@ -218,10 +212,7 @@ impl Splitter {
                 }),
                 Err(err) => {
                     tracing::warn!(%err, "reading the namespace's counts failed");
-                    shared.emit(|| Event::StoreError {
-                        op: StoreOp::Split,
-                        error: err.to_string(),
-                    });
+                    shared.store_error(StoreOp::Split, &err);
                     return 0;
                 }
             },
@@ -268,10 +259,7 @@ impl Splitter {
                 Ok(_) => {}
                 Err(err) => {
                     tracing::warn!(pid = part.pid, %err, "asking for a split failed");
-                    shared.emit(|| Event::StoreError {
-                        op: StoreOp::Split,
-                        error: err.to_string(),
-                    });
+                    shared.store_error(StoreOp::Split, &err);
                     break;
                 }
             }

@@ -30,12 +30,7 @@ pub(super) async fn reaper(
     shared: Arc<Shared>,
     mut done: watch::Receiver<bool>,
 ) {
-    let failed = |err: &tranche_active_store::Error| {
-        shared.emit(|| Event::StoreError {
-            op: StoreOp::Reap,
-            error: err.to_string(),
-        })
-    };
+    let failed = |err: &tranche_active_store::Error| shared.store_error(StoreOp::Reap, &err);
     let every = (lease / 2).clamp(Duration::from_millis(200), Duration::from_secs(15));
     let mut pruned: Option<Instant> = None;
     loop {
@@ -102,10 +97,7 @@ pub(super) async fn worker_heartbeat(
         };
         if let Err(err) = active.worker_heartbeat(info).await {
             tracing::warn!(%err, "worker heartbeat failed");
-            shared.emit(|| Event::StoreError {
-                op: StoreOp::WorkerHeartbeat,
-                error: err.to_string(),
-            });
+            shared.store_error(StoreOp::WorkerHeartbeat, &err);
         }
         tokio::select! {
             () = until(&mut done, |d| *d) => return,
@@ -126,8 +118,15 @@ pub(super) async fn worker_heartbeat(
 /// statistics snapshot is the caller's.
 pub(crate) async fn drain_archive(
     backend: &Backend,
+    shared: Option<&Shared>,
     stop: &watch::Receiver<Stop>,
 ) -> Vec<tranche_archive_store::Stall> {
+    // Counted as the run's failed store calls, when a run drains.
+    let failed = |err: &dyn std::fmt::Display| {
+        if let Some(shared) = shared {
+            failed(err);
+        }
+    };
     let idle = backend.archive_config.claim_idle.min(DRAIN_CLAIM_IDLE);
     let patience = idle + Duration::from_secs(5);
     let started = Instant::now();
@@ -147,15 +146,20 @@ pub(crate) async fn drain_archive(
             (Ok(pass), Ok(_)) if pass.stalled > 0 => match backend.archive.stalled().await {
                 Ok(stalls) if !stalls.is_empty() => return stalls,
                 Ok(_) => {}
-                Err(err) => tracing::warn!(%err, "cannot read the stalled shards"),
+                Err(err) => {
+                    tracing::warn!(%err, "cannot read the stalled shards");
+                    failed(&err);
+                }
             },
             _ => {}
         }
         if let Err(err) = &pass {
             tracing::warn!(%err, "archive pass failed");
+            failed(err);
         }
         if let Err(err) = &left {
             tracing::warn!(%err, "cannot read the inbox length");
+            failed(err);
         }
         if started.elapsed() > patience {
             tracing::warn!(

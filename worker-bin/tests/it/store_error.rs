@@ -1,6 +1,6 @@
 //! `Event::StoreError`: a runner whose Redis goes away for a while says so to its
 //! subscribers, once per failed call and never while calls succeed, and still finishes
-//! the job once Redis is back.
+//! the job once Redis is back; `Runner::metrics` counts them by operation.
 
 use crate::support;
 
@@ -97,6 +97,8 @@ async fn a_redis_outage_is_told_and_the_run_finishes() {
     let cut = Arc::new(AtomicBool::new(false));
     // Each event with whether the cut had begun when it came.
     let events: Arc<Mutex<Vec<(bool, Event)>>> = Arc::default();
+    #[cfg(feature = "metrics")]
+    let mut registry = prometheus_client::registry::Registry::default();
     let runner = Runner::redis(proxy.url())
         .namespace("outage")
         .worker_id("outage-1")
@@ -111,6 +113,8 @@ async fn a_redis_outage_is_told_and_the_run_finishes() {
                 }
             }
         });
+    #[cfg(feature = "metrics")]
+    let runner = runner.metrics(&mut registry);
     runner
         .plan(tranche_worker::Plan::ids(1..=30_000).partition_size(1000))
         .await
@@ -158,4 +162,22 @@ async fn a_redis_outage_is_told_and_the_run_finishes() {
         )),
         "{errors:?}"
     );
+    // `tranche_worker_store_errors_total{op}` counts each operation's failed calls,
+    // as many as its events.
+    #[cfg(feature = "metrics")]
+    {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for op in StoreOp::ALL {
+            let told = errors
+                .iter()
+                .filter(|(_, e)| matches!(e, Event::StoreError { op: o, .. } if *o == op))
+                .count();
+            let line = format!("tranche_worker_store_errors_total{{op=\"{op}\"}} {told}");
+            assert!(
+                told == 0 || text.lines().any(|l| l == line),
+                "{line} in\n{text}"
+            );
+        }
+    }
 }

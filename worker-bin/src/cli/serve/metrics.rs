@@ -36,6 +36,12 @@ struct QuantileLabel {
     quantile: &'static str,
 }
 
+/// What a run was doing when a call to its store failed.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabel {
+    op: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WorkerQuantileLabel {
     worker: String,
@@ -418,6 +424,17 @@ pub(crate) fn worker_metrics(
                     "rows",
                     "Rows this worker's chunks affected, when the handler counts them (--sql)",
                     s.rows,
+                );
+                let store_errors: Family<OpLabel, Counter> = Family::default();
+                for (op, n) in s.store_errors {
+                    store_errors
+                        .get_or_create(&OpLabel { op: op.as_str() })
+                        .inc_by(n);
+                }
+                registry.register(
+                    "store_errors",
+                    "Calls of this worker to the store that failed, by what it was doing",
+                    store_errors,
                 );
                 crate::cli::telemetry::register(&mut registry);
                 registry.register(

@@ -72,6 +72,7 @@ fn a_worker_serves_its_own_metrics() {
                 "tranche_worker_failed_attempts_total",
                 "tranche_worker_released_total",
                 "tranche_worker_lost_leases_total",
+                "tranche_worker_store_errors_total",
                 "tranche_worker_partition_duration_seconds",
             ] {
                 assert!(get(name).is_some(), "{name} missing: {text}");
