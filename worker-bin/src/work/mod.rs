@@ -624,3 +624,28 @@ impl Drop for Working {
         self.0.slot_freed.notify_one();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--metrics-listen`'s `store_errors_total{op}` reads these counts: each failed
+    /// call under its own operation, every other at 0.
+    #[test]
+    fn failed_store_calls_are_counted_by_operation() {
+        let shared = Shared::new(None, None);
+        shared.store_error(StoreOp::Claim, &"connection reset");
+        shared.store_error(StoreOp::Claim, &"connection reset");
+        shared.store_error(StoreOp::Archive, &"timed out");
+        let counts = shared.snapshot().store_errors;
+        assert_eq!(counts.len(), StoreOp::ALL.len());
+        for (op, n) in counts {
+            let want = match op {
+                StoreOp::Claim => 2,
+                StoreOp::Archive => 1,
+                _ => 0,
+            };
+            assert_eq!(n, want, "{op}");
+        }
+    }
+}

@@ -9,7 +9,7 @@ use tokio::sync::watch;
 use tranche_active_store::{ActiveStore, WorkerInfo};
 
 use crate::backend::Backend;
-use crate::event::{Event, StoreOp};
+use crate::event::StoreOp;
 
 use super::{Shared, Stop};
 use crate::duration::now_ms;
@@ -30,7 +30,7 @@ pub(super) async fn reaper(
     shared: Arc<Shared>,
     mut done: watch::Receiver<bool>,
 ) {
-    let failed = |err: &tranche_active_store::Error| shared.store_error(StoreOp::Reap, &err);
+    let failed = |err: &tranche_active_store::Error| shared.store_error(StoreOp::Reap, err);
     let every = (lease / 2).clamp(Duration::from_millis(200), Duration::from_secs(15));
     let mut pruned: Option<Instant> = None;
     loop {
@@ -124,7 +124,7 @@ pub(crate) async fn drain_archive(
     // Counted as the run's failed store calls, when a run drains.
     let failed = |err: &dyn std::fmt::Display| {
         if let Some(shared) = shared {
-            failed(err);
+            shared.store_error(StoreOp::Archive, err);
         }
     };
     let idle = backend.archive_config.claim_idle.min(DRAIN_CLAIM_IDLE);
