@@ -1,9 +1,6 @@
 //! Which shard owns a pid, how a shard's cursor walks its own batches, and the order in
 //! which a claim visits the shards.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
-
 use tranche_codec::KeySchema;
 
 use crate::Result;
@@ -17,14 +14,6 @@ pub(crate) struct Layout {
     schema: KeySchema,
     shards: u32,
     per_batch: u64,
-    /// Claims made through this store so far (wrapping): each claim starts one shard
-    /// further round the ring than the one before ([`Layout::claim_order`]). Shared by
-    /// the store's copies, so one process's claims rotate together.
-    turn: Arc<AtomicU32>,
-    /// The same for piece claims ([`Layout::piece_order`]), counted apart: claims and
-    /// piece claims that alternate on one counter would each see every other start
-    /// only, half the shards never first with an even shard count.
-    piece_turn: Arc<AtomicU32>,
 }
 
 impl Layout {
@@ -35,8 +24,6 @@ impl Layout {
             shards: schema.num_shards(),
             per_batch: schema.batch_size(),
             schema,
-            turn: Arc::default(),
-            piece_turn: Arc::default(),
         })
     }
 
@@ -101,33 +88,37 @@ impl Layout {
         head + middle * self.per_batch + tail
     }
 
-    /// The order in which a claim (or a piece claim) of `worker` visits the shards:
-    /// from a shard derived from its id, so that a fleet spreads over the shards, moved
-    /// one further round the ring by every claim through this store, then round the
+    /// The order in which a claim (or a piece claim) of `worker` at `now_ms` visits
+    /// the shards: from a shard derived from its id, so that a fleet spreads over the
+    /// shards, moved one further round the ring every [`CLAIM_TURN_MS`], then round the
     /// ring. Starting every claim at the same shard would let that shard's fresh work
     /// always come first: a retry ready in a shard late in the order would wait until
-    /// every shard before it ran dry. Rotated, each shard is first once every
-    /// `shards` claims, and a claim still makes one call when its first shard has work.
-    pub(crate) fn claim_order(&self, worker: &str) -> impl Iterator<Item = u32> + use<> {
-        let turn = self.turn.fetch_add(1, Relaxed);
-        ring(self.shards, worker, turn)
-    }
-
-    /// [`Layout::claim_order`] for piece claims, on a turn of their own.
-    pub(crate) fn piece_order(&self, worker: &str) -> impl Iterator<Item = u32> + use<> {
-        let turn = self.piece_turn.fetch_add(1, Relaxed);
-        ring(self.shards, worker, turn)
+    /// every shard before it ran dry. Turned by the clock rather than per claim, a
+    /// worker claiming many times a second keeps taking one shard's work at a time, so
+    /// its heartbeats and completions stay batched per shard, while a ready retry waits
+    /// at most `shards` turns of claiming.
+    pub(crate) fn claim_order(
+        &self,
+        worker: &str,
+        now_ms: u64,
+    ) -> impl Iterator<Item = u32> + use<> {
+        ring(self.shards, worker, now_ms / CLAIM_TURN_MS)
     }
 }
 
+/// How long a worker's claims keep starting at the same shard: every `CLAIM_TURN_MS` of
+/// the store's clock they start one shard further round the ring, so a ready retry waits
+/// at most one turn of the ring while claims within a turn stay on one shard.
+pub const CLAIM_TURN_MS: u64 = 1000;
+
 /// The shards of a ring of `n`, from the one `worker`'s id gives moved on by `turn`.
-fn ring(n: u32, worker: &str, turn: u32) -> impl Iterator<Item = u32> + use<> {
+fn ring(n: u32, worker: &str, turn: u64) -> impl Iterator<Item = u32> + use<> {
     // FNV-1a: stable across processes and versions, unlike std's hasher.
     let hash = worker.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
     let n64 = u64::from(n);
-    let start = ((hash % n64 + u64::from(turn) % n64) % n64) as u32;
+    let start = ((hash % n64 + turn % n64) % n64) as u32;
     (0..n).map(move |i| (start + i) % n)
 }
 
@@ -172,23 +163,23 @@ mod tests {
     #[test]
     fn claim_order_visits_every_shard_once() {
         let l = layout(8);
-        let mut seen: Vec<u32> = l.claim_order("worker-1").collect();
+        let mut seen: Vec<u32> = l.claim_order("worker-1", 0).collect();
         seen.sort_unstable();
         assert_eq!(seen, (0..8).collect::<Vec<_>>());
     }
 
-    /// Each claim starts one shard further on, so every shard comes first once in
-    /// `shards` claims; a turn counter that wraps keeps the ring whole.
+    /// A claim's first shard moves one further every turn, so every shard comes first
+    /// once in `shards` turns; claims within one turn start at the same shard.
     #[test]
-    fn claims_start_one_shard_further_each_time() {
+    fn claims_start_one_shard_further_each_turn() {
         let l = layout(5);
-        let firsts: Vec<u32> = (0..10)
-            .map(|_| l.claim_order("worker-1").next().unwrap())
-            .collect();
-        let home = firsts[0];
+        let first = |now| l.claim_order("worker-1", now).next().unwrap();
+        let home = first(0);
+        assert_eq!(first(CLAIM_TURN_MS - 1), home);
+        let firsts: Vec<u32> = (0..10).map(|t| first(t * CLAIM_TURN_MS)).collect();
         let expect: Vec<u32> = (0..10).map(|t| (home + t) % 5).collect();
         assert_eq!(firsts, expect);
-        let mut seen: Vec<u32> = ring(5, "worker-1", u32::MAX).collect();
+        let mut seen: Vec<u32> = ring(5, "worker-1", u64::MAX).collect();
         seen.sort_unstable();
         assert_eq!(seen, (0..5).collect::<Vec<_>>());
     }

@@ -55,6 +55,7 @@ mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use error::{Error, Result};
+pub use layout::CLAIM_TURN_MS;
 pub use memory::MemoryActiveStore;
 pub use model::{
     ActiveSnapshot, Carried, Completion, Config, CorruptRecord, FailOutcome, FailPolicy, Lease,

@@ -13,7 +13,7 @@ impl Leases for MemoryActiveStore {
         // Lock order everywhere: registry, then shards.
         let registry = lock(&self.registry);
         let mut out = Vec::with_capacity(n);
-        for shard_no in self.layout.claim_order(worker) {
+        for shard_no in self.layout.claim_order(worker, now) {
             if out.len() >= n {
                 break;
             }

@@ -414,7 +414,7 @@ impl Splits for MemoryActiveStore {
         let now = self.now();
         let deadline = self.deadline(now);
         let mut out = Vec::new();
-        for shard_no in self.layout.piece_order(worker) {
+        for shard_no in self.layout.claim_order(worker, now) {
             if out.len() >= n {
                 break;
             }

@@ -378,7 +378,7 @@ where
         let now = self.now();
         let deadline = self.deadline(now);
         let mut out = Vec::new();
-        for shard in self.layout.piece_order(worker) {
+        for shard in self.layout.claim_order(worker, now) {
             if out.len() >= n {
                 break;
             }

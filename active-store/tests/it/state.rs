@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tranche_active_store::{
-    ActiveQuery, ActiveState, Completion, Config, Error, FailOutcome, Lease, Leases, Maintenance,
-    ManualClock, MemoryActiveStore, Plan, Planner, RestoredLeases, WorkerInfo, WorkerRegistry,
+    ActiveQuery, ActiveState, Clock, Completion, Config, Error, FailOutcome, Lease, Leases,
+    Maintenance, ManualClock, MemoryActiveStore, Plan, Planner, RestoredLeases, WorkerInfo,
+    WorkerRegistry,
 };
 use tranche_codec::Status;
 
@@ -39,16 +40,17 @@ fn worker(id: &str) -> WorkerInfo {
     }
 }
 
-/// A worker id whose claim starts at `shard` when it is the store's claim number
-/// `turn` from 0 (the store's FNV-1a of the id, one shard further on per claim).
-fn worker_starting_at(shard: u32, shards: u32, turn: u32) -> String {
+/// A worker id whose claim at `now_ms` starts at `shard` (the store's FNV-1a of the id,
+/// one shard further on per `CLAIM_TURN_MS`).
+fn worker_starting_at(shard: u32, shards: u32, now_ms: u64) -> String {
+    let turn = now_ms / tranche_active_store::CLAIM_TURN_MS;
     (0..)
         .map(|i| format!("r{i}"))
         .find(|id| {
             let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
                 (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
             });
-            (hash % u64::from(shards) + u64::from(turn)) % u64::from(shards) == u64::from(shard)
+            (hash % u64::from(shards) + turn) % u64::from(shards) == u64::from(shard)
         })
         .expect("some id starts there")
 }
@@ -100,8 +102,7 @@ async fn busy_store(
     store.fail(&failing, "once").await.unwrap();
     clock.advance(2000);
     let schema = tranche_codec::KeySchema::new("elk", shards).unwrap();
-    // The store's third claim.
-    let claimant = worker_starting_at(schema.shard_of(failing.pid), shards, 2);
+    let claimant = worker_starting_at(schema.shard_of(failing.pid), shards, clock.now_ms());
     let again = store.claim(&claimant, 1).await.unwrap().remove(0);
     assert!([failing.pid, retry.pid].contains(&again.pid), "{again:?}");
     all.push(again.clone());
@@ -161,8 +162,7 @@ async fn a_restored_store_answers_and_claims_as_the_saved_one() {
             live.complete(finished, 10).await.unwrap(),
             Completion::Completed
         );
-        // Both go on identically: same pids, same fencing tokens. (All that is left:
-        // the restored store's claims start at its own turn of the shards.)
+        // Both go on identically: same pids, same fencing tokens.
         clock.advance(5000);
         let by_pid = |mut v: Vec<Lease>| {
             v.sort_by_key(|l| l.pid);

@@ -12,10 +12,11 @@ use crate::support;
 
 use crate::common;
 
-use std::process::Stdio;
-use std::time::Duration;
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
 
-use common::{assert_every_id_processed, chunk_log, eventually, ok, scratch, tranche, wait};
+use common::{assert_every_id_processed, chunk_log, eventually, ok, scratch, tranche};
 use support::TestCluster;
 
 const MAX: u64 = 120_000;
@@ -38,14 +39,35 @@ fn on_cluster<'a>(
     }
 }
 
-/// Starts a `run --exec` worker `id` with a lease of `lease`.
+/// A `run --exec` worker of a test, killed if the test ends (or fails) before it does.
+struct Worker {
+    child: Child,
+    /// The file its stderr goes to. Not a pipe: nobody reads a worker's stderr until it
+    /// exits, and a worker that logs more than a pipe holds (64 KiB: the cluster
+    /// client warns on every failed reconnect while a master is down) would block on
+    /// its next log line and never exit. The file stays in the scratch dir to be read.
+    stderr: PathBuf,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts a `run --exec` worker `id` with a lease of `lease`, its stderr in
+/// `dir/{id}.stderr`.
 fn worker(
     cmd: &dyn Fn(&[&str]) -> std::process::Command,
+    dir: &std::path::Path,
     id: &str,
     lease: &str,
-) -> std::process::Child {
+) -> Worker {
     let exec = format!("{} && sleep 0.01", common::example_script().display());
-    cmd(&[
+    let stderr = dir.join(format!("{id}.stderr"));
+    let file = std::fs::File::create(&stderr).expect("worker stderr file");
+    let child = cmd(&[
         "run",
         "--exec",
         &exec,
@@ -61,20 +83,36 @@ fn worker(
         id,
     ])
     .stdout(Stdio::null())
-    .stderr(Stdio::piped())
+    .stderr(file)
     .spawn()
-    .expect("spawn run")
+    .expect("spawn run");
+    Worker { child, stderr }
 }
 
-/// Waits for every worker and asserts each exited 0 (with its stderr if not).
-fn all_succeed(workers: &mut [std::process::Child]) {
+/// Waits (240 s each at most) for every worker and asserts each exited 0, with its
+/// stderr if not, or the end of it if it is still running.
+fn all_succeed(workers: &mut [Worker]) {
+    const LIMIT: Duration = Duration::from_secs(240);
     for (i, w) in workers.iter_mut().enumerate() {
-        let status = wait(w, Duration::from_secs(240));
-        let mut stderr = String::new();
-        if let Some(mut e) = w.stderr.take() {
-            use std::io::Read;
-            let _ = e.read_to_string(&mut stderr);
-        }
+        let deadline = Instant::now() + LIMIT;
+        let status = loop {
+            if let Some(status) = w.child.try_wait().expect("try_wait") {
+                break Some(status);
+            }
+            if Instant::now() > deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let stderr = std::fs::read_to_string(&w.stderr).unwrap_or_default();
+        let Some(status) = status else {
+            let lines: Vec<&str> = stderr.lines().collect();
+            let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+            panic!(
+                "worker {i} did not exit within {LIMIT:?}; the end of {}:\n{tail}",
+                w.stderr.display()
+            );
+        };
         assert!(status.success(), "worker {i} exited {status}: {stderr}");
     }
 }
@@ -129,7 +167,7 @@ fn three_workers_ride_a_master_failover() {
         "keys per master: {per_master:?}"
     );
 
-    let mut workers = ["c1", "c2", "c3"].map(|id| worker(&cmd, id, "3s"));
+    let mut workers = ["c1", "c2", "c3"].map(|id| worker(&cmd, &dir, id, "3s"));
     let partitions = MAX / 1000;
     eventually(Duration::from_secs(120), "a quarter of the chunks", || {
         chunk_log(&log).len() as u64 >= partitions
@@ -175,7 +213,7 @@ fn workers_wait_out_a_cluster_that_is_briefly_down() {
         "--shards",
         "16",
     ]));
-    let mut workers = ["d1", "d2"].map(|id| worker(&cmd, id, "30s"));
+    let mut workers = ["d1", "d2"].map(|id| worker(&cmd, &dir, id, "30s"));
     eventually(Duration::from_secs(120), "some chunks", || {
         chunk_log(&log).len() as u64 >= 20
     });
@@ -186,7 +224,7 @@ fn workers_wait_out_a_cluster_that_is_briefly_down() {
     std::thread::sleep(Duration::from_secs(10));
     for w in workers.iter_mut() {
         assert!(
-            w.try_wait().unwrap().is_none(),
+            w.child.try_wait().unwrap().is_none(),
             "a worker gave up while the cluster was down"
         );
     }
@@ -386,7 +424,7 @@ fn workers_ride_a_reshard_of_a_busy_shard() {
     let from = owner_of(&cluster, first, slot);
     let to = (0..3).find(|&m| m != from).unwrap();
 
-    let mut workers = ["r1", "r2", "r3"].map(|id| worker(&cmd, id, "10s"));
+    let mut workers = ["r1", "r2", "r3"].map(|id| worker(&cmd, &dir, id, "10s"));
     eventually(Duration::from_secs(120), "some chunks", || {
         chunk_log(&log).len() >= 20
     });

@@ -16,13 +16,14 @@ pub(super) async fn claim_order(h: Harness) {
     assert_ne!(fresh.pid, first.pid);
     h.clock.advance(1000);
     // Ready now: the retry comes before the fresh pids of its shard, once the claims'
-    // turn is back at that shard (each claim starts one shard further on).
+    // turn is back at that shard (the first shard moves on every CLAIM_TURN_MS).
     let mut next = Vec::new();
     for _ in 0..h.config.num_shards {
         next = s.claim("w1", 2).await.unwrap();
         if next.iter().any(|l| l.pid == first.pid) {
             break;
         }
+        h.clock.advance(tranche_active_store::CLAIM_TURN_MS);
     }
     assert_eq!(next[0].pid, first.pid);
     assert_eq!(next[0].attempt, 2);
@@ -30,10 +31,12 @@ pub(super) async fn claim_order(h: Harness) {
     assert_eq!(next[1].attempt, 1);
 }
 
-/// A retry ready in the shard a worker visits last is claimed within one claim per
-/// shard while every shard still holds fresh work: each claim starts one shard further
-/// round the ring. (Every claim starting at the worker's own shard fed it that shard's
-/// fresh work, the retry waiting until the shards before its own ran dry.)
+/// A retry ready in the shard a worker visits last is claimed within one turn
+/// ([`tranche_active_store::CLAIM_TURN_MS`]) per shard while every shard still holds
+/// fresh work: each turn a claim starts one shard further round the ring, and claims
+/// within a turn start at the same shard. (Every claim starting at the worker's own
+/// shard fed it that shard's fresh work, the retry waiting until the shards before its
+/// own ran dry.)
 pub(super) async fn a_retry_in_the_last_shard_waits_at_most_a_ring(h: Harness) {
     let s = &h.store;
     let n = u64::from(h.config.num_shards);
@@ -62,7 +65,7 @@ pub(super) async fn a_retry_in_the_last_shard_waits_at_most_a_ring(h: Harness) {
     let retried = loop {
         assert!(
             fresh < n,
-            "the retry in shard {last} was not claimed in {n} claims"
+            "the retry in shard {last} was not claimed in {n} turns"
         );
         let lease = s.claim("w", 1).await.unwrap().remove(0);
         if lease.pid == victim.pid {
@@ -70,6 +73,10 @@ pub(super) async fn a_retry_in_the_last_shard_waits_at_most_a_ring(h: Harness) {
         }
         assert_eq!(lease.attempt, 1, "fresh work, ahead of the retry");
         fresh += 1;
+        // Claims within one turn start at the same shard; the next turn one further.
+        let again = s.claim("w", 1).await.unwrap().remove(0);
+        assert_eq!(shard(again.pid), shard(lease.pid), "one shard a turn");
+        h.clock.advance(tranche_active_store::CLAIM_TURN_MS);
     };
     assert_eq!(retried.attempt, 2);
     assert!(s.counts().await.unwrap().unissued > 0, "fresh work is left");
