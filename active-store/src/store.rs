@@ -40,7 +40,9 @@ pub trait Planner: Send + Sync {
 pub trait Leases: Send + Sync {
     /// Claims up to `n` partitions for `worker`: ready retries first, then fresh pids.
     /// One round trip per shard visited; starts at a shard derived from the worker id
-    /// and moves on only while it has fewer than `n`. Empty when there is no work.
+    /// and moves on only while it has fewer than `n`. Empty when there is no work. A
+    /// shard that fails after others handed out leases ends the claim with those
+    /// leases (never dropped with the error); an error only when nothing was taken.
     async fn claim(&self, worker: &str, n: usize) -> Result<Vec<Lease>>;
 
     /// Renews `lease` and stores `progress` (every ID below it is done) as its

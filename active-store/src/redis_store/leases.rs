@@ -398,7 +398,7 @@ where
                 self.layout.shards().to_string(),
                 self.layout.per_batch().to_string(),
             ];
-            let reply: Vec<String> = self
+            let taken = match self
                 .invoke(
                     &CLAIM,
                     &[
@@ -413,8 +413,21 @@ where
                     ],
                     &args,
                 )
-                .await?;
-            let leases = self.leases_from(worker, deadline, reply).await?;
+                .await
+            {
+                Ok(reply) => self.leases_from(worker, deadline, reply).await,
+                Err(err) => Err(err),
+            };
+            let leases = match taken {
+                Ok(leases) => leases,
+                // What the shards before it handed out is this worker's: returned, not
+                // dropped with the error (claimed by nobody, until their leases expired).
+                Err(err) if !out.is_empty() => {
+                    tracing::warn!(shard, %err, "a claim failed on one shard; the leases taken before it stand");
+                    break;
+                }
+                Err(err) => return Err(err),
+            };
             if leases.len() < want {
                 self.empty.found_short(shard, now);
             }

@@ -357,6 +357,59 @@ async fn a_corrupt_record_is_found_passed_by_and_repaired() {
     assert!(again.iter().any(|l| l.pid == 2 && l.progress == 1001));
 }
 
+/// A claim whose walk meets a failing shard after others handed out leases returns
+/// those leases: none is left claimed without a worker knowing it holds it (it would
+/// sit out its lease). Only a claim that took nothing is an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_shard_keeps_the_leases_taken_before_it() {
+    use std::collections::BTreeSet;
+    use tranche_active_store::{ActiveQuery, Config, Leases, Plan, Planner, RedisActiveStore};
+    use tranche_codec::{KeySchema, Status};
+    let server = TestRedis::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let conn = client.get_connection_manager().await.unwrap();
+    let config = Config {
+        namespace: "fs".into(),
+        num_shards: 4,
+        ..Config::default()
+    };
+    let store = RedisActiveStore::new(conn, config).unwrap();
+    // 800 pids: eight batches of 100, two on each shard.
+    store
+        .plan(&Plan::Uniform {
+            min: 1,
+            max: 40_000,
+            size: 50,
+        })
+        .await
+        .unwrap();
+    // The pending counter of the shard of pid 1 is garbage: every claim that reaches
+    // that shard fails there, before its script writes anything.
+    let schema = KeySchema::new("fs", 4).unwrap();
+    let failing = schema.shard_of(1);
+    server.cli(&["HSET", &schema.shard_key(failing, "counts"), "p", "garbage"]);
+    let (mut returned, mut failed) = (BTreeSet::new(), 0);
+    // Workers whose walks start at different shards, each asking for everything.
+    for w in 0..8 {
+        match store.claim(&format!("w{w}"), 1_000).await {
+            Ok(leases) => returned.extend(leases.iter().map(|l| l.pid)),
+            Err(_) => failed += 1,
+        }
+    }
+    let mut claimed = BTreeSet::new();
+    for pid in 1..=800 {
+        if store.get(pid).await.unwrap().unwrap().status == Status::Claimed {
+            claimed.insert(pid);
+        }
+    }
+    assert!(
+        !claimed.is_empty() && claimed.iter().all(|&pid| schema.shard_of(pid) != failing),
+        "the healthy shards' pids, none of the failing one's: {claimed:?}"
+    );
+    assert_eq!(claimed, returned, "claimed pids no claim returned");
+    assert!(failed > 0, "no claim reached the failing shard");
+}
+
 /// A store of namespace `elk` on one shard of `server`, with pids 1..=10 planned.
 async fn one_shard(
     server: &TestRedis,
