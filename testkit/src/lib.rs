@@ -258,22 +258,45 @@ impl TestRedis {
     }
 
     /// Every key with its DUMP (or nil), sorted: compare two to show nothing changed.
-    /// One connection, the DUMPs in one pipeline: the refusal tests take thousands.
-    pub fn dump_all(&self) -> Vec<(String, Option<Vec<u8>>)> {
+    /// One connection, two pipelines (the DUMPs and types, then the members of hashes
+    /// and sets): the refusal tests take thousands.
+    pub fn dump_all(&self) -> Vec<(String, Option<Dump>)> {
         let client = redis::Client::open(self.url()).unwrap();
         let mut conn = client.get_connection().unwrap();
         let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
         keys.sort();
+        if keys.is_empty() {
+            return Vec::new();
+        }
         let mut pipe = redis::pipe();
         for k in &keys {
-            pipe.cmd("DUMP").arg(k);
+            pipe.cmd("DUMP").arg(k).cmd("TYPE").arg(k);
         }
-        let dumps: Vec<Option<Vec<u8>>> = if keys.is_empty() {
-            Vec::new()
+        let dumps: Vec<(Option<Vec<u8>>, String)> = pipe.query(&mut conn).unwrap();
+        let mut pipe = redis::pipe();
+        for (k, (_, kind)) in keys.iter().zip(&dumps) {
+            match kind.as_str() {
+                "hash" => pipe.cmd("HGETALL").arg(k),
+                "set" => pipe.cmd("SMEMBERS").arg(k),
+                _ => continue,
+            };
+        }
+        let mut members = if pipe.cmd_iter().next().is_some() {
+            pipe.query::<Vec<Vec<Vec<u8>>>>(&mut conn).unwrap()
         } else {
-            pipe.query(&mut conn).unwrap()
-        };
-        keys.into_iter().zip(dumps).collect()
+            Vec::new()
+        }
+        .into_iter();
+        keys.into_iter()
+            .zip(dumps)
+            .map(|(key, (bytes, kind))| {
+                let members = match kind.as_str() {
+                    "hash" | "set" => members.next(),
+                    _ => None,
+                };
+                (key, bytes.map(|bytes| Dump::new(bytes, &kind, members)))
+            })
+            .collect()
     }
 
     /// The server's clock (`TIME`) in ms.
@@ -571,6 +594,57 @@ impl TestRedis {
     }
 }
 
+/// One key's DUMP, to put back with `RESTORE`, compared by what the key holds.
+///
+/// A hash or a set stored as a hash table DUMPs its members in the table's order, and
+/// while the table is rehashing every lookup moves a bucket: two DUMPs of one unchanged
+/// hash, with an `HGET` between them, differ. So a hash or a set compares by its
+/// members, sorted; any other type by its DUMP, which is a function of its contents.
+#[derive(Clone, Debug)]
+pub struct Dump {
+    bytes: Vec<u8>,
+    /// A hash's fields and values (each pair in turn) or a set's members, sorted.
+    members: Option<Vec<Vec<u8>>>,
+}
+
+impl Dump {
+    fn new(bytes: Vec<u8>, kind: &str, members: Option<Vec<Vec<u8>>>) -> Dump {
+        let members = match (kind, members) {
+            ("hash", Some(members)) => {
+                let mut pairs: Vec<[Vec<u8>; 2]> = members
+                    .chunks_exact(2)
+                    .map(|p| [p[0].clone(), p[1].clone()])
+                    .collect();
+                pairs.sort();
+                Some(pairs.into_iter().flatten().collect())
+            }
+            ("set", Some(mut members)) => {
+                members.sort();
+                Some(members)
+            }
+            _ => None,
+        };
+        Dump { bytes, members }
+    }
+
+    /// The serialized value, as `DUMP` gave it: what `RESTORE` takes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl PartialEq for Dump {
+    fn eq(&self, other: &Dump) -> bool {
+        match (&self.members, &other.members) {
+            (Some(a), Some(b)) => a == b,
+            (None, None) => self.bytes == other.bytes,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Dump {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -601,5 +675,37 @@ mod tests {
         drop(second);
         assert!(listens_on(me, &ports[..1]));
         assert!(!listens_on(me, &ports));
+    }
+
+    /// A hash table that is rehashing moves a bucket at every lookup, which reorders its
+    /// DUMP: the same hash DUMPs differently after an `HGET`, and compares equal. A
+    /// changed value does not.
+    #[test]
+    fn a_hash_compares_by_its_fields_not_its_tables_order() {
+        let server = TestRedis::start();
+        let long = "x".repeat(80);
+        // Five fields of values too long for a listpack: a table of 4 grown to 8, which
+        // rehashes one bucket a lookup.
+        for field in 1..=5 {
+            server.cli(&["HSET", "h", &field.to_string(), &long]);
+        }
+        server.cli(&["SADD", "s", &long, "a", "b"]);
+        let raw = |server: &TestRedis| -> Vec<u8> { server.query(redis::cmd("DUMP").arg("h")) };
+        let before = server.dump_all();
+        let (mut reordered, first) = (false, raw(&server));
+        for _ in 0..4 {
+            server.cli(&["HGET", "h", "3"]);
+            reordered |= raw(&server) != first;
+        }
+        assert!(
+            reordered,
+            "no lookup reordered the DUMP, so this shows nothing"
+        );
+        assert_eq!(server.dump_all(), before);
+        server.cli(&["HSET", "h", "3", "changed"]);
+        assert_ne!(server.dump_all(), before);
+        server.cli(&["HSET", "h", "3", &long]);
+        server.cli(&["SREM", "s", "a"]);
+        assert_ne!(server.dump_all(), before);
     }
 }

@@ -16,7 +16,7 @@
 
 use crate::support;
 
-use support::TestRedis;
+use support::{Dump, TestRedis};
 
 use super::{call, refusal_rows, refusal_state};
 
@@ -76,11 +76,11 @@ fn put(server: &TestRedis, key: &str, kind: &str) {
 }
 
 /// Puts every key of `dumps` back as it was, and nothing else.
-fn restore(server: &TestRedis, dumps: &[(String, Option<Vec<u8>>)]) {
+fn restore(server: &TestRedis, dumps: &[(String, Option<Dump>)]) {
     server.cli(&["FLUSHALL"]);
     for (key, dump) in dumps {
         let dump = dump.as_ref().expect("a listed key dumps");
-        let _: () = server.query(redis::cmd("RESTORE").arg(key).arg(0).arg(dump));
+        let _: () = server.query(redis::cmd("RESTORE").arg(key).arg(0).arg(dump.bytes()));
     }
 }
 
@@ -192,8 +192,8 @@ async fn every_script_refuses_a_key_of_the_wrong_type_before_writing() {
 
 /// The keys whose DUMP differs between `before` and `after`, or that only one holds.
 fn keys_changed<'a>(
-    before: &'a [(String, Option<Vec<u8>>)],
-    after: &'a [(String, Option<Vec<u8>>)],
+    before: &'a [(String, Option<Dump>)],
+    after: &'a [(String, Option<Dump>)],
 ) -> Vec<&'a str> {
     let mut changed: Vec<&str> = before
         .iter()
