@@ -127,11 +127,14 @@ pub enum StoreOp {
     /// Archiving the completed partitions at the run's end, or publishing the last
     /// statistics snapshot.
     Archive,
+    /// Asking the namespace's rate limiter (`tranche set --rate`) for partitions to
+    /// claim or IDs to start a chunk on.
+    RateLimit,
 }
 
 impl StoreOp {
     /// Every operation, in the order of [`StoreOp::as_str`]'s names.
-    pub const ALL: [StoreOp; 9] = [
+    pub const ALL: [StoreOp; 10] = [
         StoreOp::Claim,
         StoreOp::ClaimPieces,
         StoreOp::Heartbeat,
@@ -141,11 +144,12 @@ impl StoreOp {
         StoreOp::Reap,
         StoreOp::WorkerHeartbeat,
         StoreOp::Archive,
+        StoreOp::RateLimit,
     ];
 
     /// The name `tranche` logs it by (and labels `tranche_worker_store_errors_total`
     /// with): `claim`, `claim-pieces`, `heartbeat`, `report`, `release`, `split`,
-    /// `reap`, `worker-heartbeat`, `archive`.
+    /// `reap`, `worker-heartbeat`, `archive`, `rate-limit`.
     pub fn as_str(self) -> &'static str {
         match self {
             StoreOp::Claim => "claim",
@@ -157,6 +161,7 @@ impl StoreOp {
             StoreOp::Reap => "reap",
             StoreOp::WorkerHeartbeat => "worker-heartbeat",
             StoreOp::Archive => "archive",
+            StoreOp::RateLimit => "rate-limit",
         }
     }
 }

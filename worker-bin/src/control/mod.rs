@@ -17,6 +17,7 @@
 //! break the write rules are ignored one by one, each logged once with a WARN naming
 //! its key and value, and the worker's own option applies in their place.
 
+use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -357,8 +358,10 @@ impl Gate {
     }
 
     /// How many partitions the next claim may take of `want`: all of them without a
-    /// partition rate, else at most a second's worth, once the limit allows.
-    pub(crate) async fn claim(&self, want: usize) -> usize {
+    /// partition rate, else at most a second's worth, once the limit allows. A limiter
+    /// that cannot be reached is told to `failed`, and the claim takes nothing for a
+    /// second: without the limiter, claiming fails closed.
+    pub(crate) async fn claim(&self, want: usize, failed: impl Fn(&dyn fmt::Display)) -> usize {
         let Some(rate) = self.live.parts.rate() else {
             return want;
         };
@@ -367,6 +370,7 @@ impl Gate {
             Ok(_) => want,
             Err(err) => {
                 tracing::warn!(%err, "the partition rate limit is unreachable; claiming nothing for a second");
+                failed(&err);
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 0
             }
@@ -374,8 +378,9 @@ impl Gate {
     }
 
     /// Waits until a chunk of `ids` IDs may start: the gate open and the ID rate
-    /// allowing it.
-    pub(crate) async fn chunk_start(&self, ids: u64) {
+    /// allowing it. A limiter that cannot be reached is told to `failed` and asked again
+    /// a second later: no chunk starts without it.
+    pub(crate) async fn chunk_start(&self, ids: u64, failed: impl Fn(&dyn fmt::Display)) {
         loop {
             self.opened().await;
             if self.live.ids.rate().is_none() {
@@ -385,6 +390,7 @@ impl Gate {
                 Ok(_) => return,
                 Err(err) => {
                     tracing::warn!(%err, "the rate limit is unreachable; retrying in a second");
+                    failed(&err);
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }

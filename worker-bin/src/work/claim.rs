@@ -276,7 +276,7 @@ impl ClaimLoop<'_> {
     /// by the heartbeats) from now on. Returns how many were claimed. A claim Redis
     /// refuses for good stops the run with its reason; connection trouble is retried.
     async fn claim(&mut self, want: usize) -> usize {
-        let want = self.gate.claim(want).await;
+        let want = self.gate.claim(want, self.shared.rate_limit_failed()).await;
         let sent = Instant::now();
         let answer = match want {
             0 => Ok(Vec::new()),

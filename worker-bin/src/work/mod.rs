@@ -309,6 +309,12 @@ impl Shared {
         });
     }
 
+    /// What the gate tells of a rate limiter it could not reach: a failed
+    /// [`StoreOp::RateLimit`] call.
+    pub(crate) fn rate_limit_failed(&self) -> impl Fn(&dyn std::fmt::Display) + '_ {
+        |err| self.store_error(StoreOp::RateLimit, err)
+    }
+
     /// Tells the observer, if any, of the event `f` makes (made only if one listens).
     pub(crate) fn emit(&self, f: impl FnOnce() -> Event) {
         if let Some(observer) = &self.observer {

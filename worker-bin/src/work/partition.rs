@@ -319,7 +319,12 @@ impl PartitionCtx {
                 };
                 // Throttled or rate-limited: wait here (the closer above still ends it).
                 let ids = to - from + 1;
-                super::spans::gate_wait(traced, ids, self.gate.chunk_start(ids)).await;
+                super::spans::gate_wait(
+                    traced,
+                    ids,
+                    self.gate.chunk_start(ids, self.shared.rate_limit_failed()),
+                )
+                .await;
                 let c = Chunk {
                     pid: lease.pid,
                     index,
@@ -416,7 +421,7 @@ impl PartitionCtx {
         // polled (no waiter registered) on the path every one-chunk partition takes.
         tokio::select! {
             biased;
-            () = super::spans::gate_wait(traced, ids, self.gate.chunk_start(ids)) => {}
+            () = super::spans::gate_wait(traced, ids, self.gate.chunk_start(ids, self.shared.rate_limit_failed())) => {}
             () = until(&mut stop, |s| *s != Stop::Running) => return (Ended::Stopped, checkpoint(index)),
             () = hold.lost() => return (Ended::Lost, checkpoint(index)),
             () = hold.fenced() => return (Ended::Lost, checkpoint(index)),

@@ -1,6 +1,7 @@
 //! `Event::StoreError`: a runner whose Redis goes away for a while says so to its
 //! subscribers, once per failed call and never while calls succeed, and still finishes
-//! the job once Redis is back; `Runner::metrics` counts them by operation.
+//! the job once Redis is back; `Runner::metrics` counts them by operation. The rate
+//! limiter it cannot reach is among them.
 
 use crate::support;
 
@@ -105,6 +106,10 @@ async fn a_redis_outage_is_told_and_the_run_finishes() {
         .lease(Duration::from_secs(3))
         .chunk(250)
         .concurrency(2)
+        // 5,000 IDs a second: the chunks reserve IDs from Redis's limiter a second's worth
+        // at most at a time, and the two partitions in flight at the cut hold two
+        // seconds of work, so they ask during it.
+        .max_rate(5_000.0)
         .on_event({
             let (events, cut) = (events.clone(), cut.clone());
             move |e| {
@@ -116,7 +121,7 @@ async fn a_redis_outage_is_told_and_the_run_finishes() {
     #[cfg(feature = "metrics")]
     let runner = runner.metrics(&mut registry);
     runner
-        .plan(tranche_worker::Plan::ids(1..=30_000).partition_size(1000))
+        .plan(tranche_worker::Plan::ids(1..=30_000).partition_size(5000))
         .await
         .unwrap();
     let run = tokio::spawn(async move { runner.run(Slow).await });
@@ -157,6 +162,17 @@ async fn a_redis_outage_is_told_and_the_run_finishes() {
             e,
             Event::StoreError {
                 op: StoreOp::Claim | StoreOp::Report | StoreOp::Heartbeat,
+                ..
+            }
+        )),
+        "{errors:?}"
+    );
+    // So were the chunks waiting on the rate limiter: none started without it.
+    assert!(
+        errors.iter().any(|(_, e)| matches!(
+            e,
+            Event::StoreError {
+                op: StoreOp::RateLimit,
                 ..
             }
         )),

@@ -115,7 +115,12 @@ impl PartitionCtx {
                     s.issued = seq + 1;
                 }
                 let ids = to - from + 1;
-                super::super::spans::gate_wait(traced, ids, self.gate.chunk_start(ids)).await;
+                super::super::spans::gate_wait(
+                    traced,
+                    ids,
+                    self.gate.chunk_start(ids, self.shared.rate_limit_failed()),
+                )
+                .await;
                 let c = Chunk {
                     pid: lease.pid,
                     index: seq,
