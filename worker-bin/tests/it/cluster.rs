@@ -12,11 +12,9 @@ use crate::support;
 
 use crate::common;
 
-use std::path::PathBuf;
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{assert_every_id_processed, chunk_log, eventually, ok, scratch, tranche};
+use common::{LoggedChild, assert_every_id_processed, chunk_log, eventually, ok, scratch, tranche};
 use support::TestCluster;
 
 const MAX: u64 = 120_000;
@@ -39,35 +37,17 @@ fn on_cluster<'a>(
     }
 }
 
-/// A `run --exec` worker of a test, killed if the test ends (or fails) before it does.
-struct Worker {
-    child: Child,
-    /// The file its stderr goes to. Not a pipe: nobody reads a worker's stderr until it
-    /// exits, and a worker that logs more than a pipe holds (64 KiB: the cluster
-    /// client warns on every failed reconnect while a master is down) would block on
-    /// its next log line and never exit. The file stays in the scratch dir to be read.
-    stderr: PathBuf,
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts a `run --exec` worker `id` with a lease of `lease`, its stderr in
-/// `dir/{id}.stderr`.
+/// Starts a `run --exec` worker `id` with a lease of `lease`, its output in
+/// `dir/{id}.stdout` and `dir/{id}.stderr` (the cluster client warns on every failed
+/// reconnect while a master is down: more than a pipe holds).
 fn worker(
     cmd: &dyn Fn(&[&str]) -> std::process::Command,
     dir: &std::path::Path,
     id: &str,
     lease: &str,
-) -> Worker {
+) -> LoggedChild {
     let exec = format!("{} && sleep 0.01", common::example_script().display());
-    let stderr = dir.join(format!("{id}.stderr"));
-    let file = std::fs::File::create(&stderr).expect("worker stderr file");
-    let child = cmd(&[
+    let mut run = cmd(&[
         "run",
         "--exec",
         &exec,
@@ -81,39 +61,21 @@ fn worker(
         lease,
         "--worker-id",
         id,
-    ])
-    .stdout(Stdio::null())
-    .stderr(file)
-    .spawn()
-    .expect("spawn run");
-    Worker { child, stderr }
+    ]);
+    LoggedChild::spawn(&mut run, dir, id)
 }
 
 /// Waits (240 s each at most) for every worker and asserts each exited 0, with its
-/// stderr if not, or the end of it if it is still running.
-fn all_succeed(workers: &mut [Worker]) {
-    const LIMIT: Duration = Duration::from_secs(240);
-    for (i, w) in workers.iter_mut().enumerate() {
-        let deadline = Instant::now() + LIMIT;
-        let status = loop {
-            if let Some(status) = w.child.try_wait().expect("try_wait") {
-                break Some(status);
-            }
-            if Instant::now() > deadline {
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let stderr = std::fs::read_to_string(&w.stderr).unwrap_or_default();
-        let Some(status) = status else {
-            let lines: Vec<&str> = stderr.lines().collect();
-            let tail = lines[lines.len().saturating_sub(40)..].join("\n");
-            panic!(
-                "worker {i} did not exit within {LIMIT:?}; the end of {}:\n{tail}",
-                w.stderr.display()
-            );
-        };
-        assert!(status.success(), "worker {i} exited {status}: {stderr}");
+/// stderr if not.
+fn all_succeed(workers: &mut [LoggedChild]) {
+    for w in workers.iter_mut() {
+        let status = w.wait(Duration::from_secs(240));
+        assert!(
+            status.success(),
+            "worker {} exited {status}: {}",
+            w.name(),
+            w.stderr()
+        );
     }
 }
 

@@ -9,7 +9,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::{
-    assert_every_id_processed, chunk_log, eventually, ok, scratch, signal, tranche, wait,
+    LoggedChild, assert_every_id_processed, chunk_log, eventually, ok, scratch, signal, tranche,
+    wait,
 };
 
 const MIN: u64 = 1;
@@ -50,16 +51,12 @@ fn interrupted_embedded_job_resumes_where_it_stopped() {
         "--concurrency",
         "3",
     ];
-    let mut first = cmd(&run)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
+    let mut first = LoggedChild::spawn(&mut cmd(&run), &dir, "first");
     eventually(Duration::from_secs(120), "a third of the chunks", || {
         chunk_log(&log).len() >= 140
     });
-    signal(&first, "INT");
-    let status = wait(&mut first, Duration::from_secs(60));
+    signal(&first.child, "INT");
+    let status = first.wait(Duration::from_secs(60));
     assert_eq!(status.code(), Some(130), "an interrupted run exits 130");
 
     // What the first run finished, and where the partitions it released stand.
@@ -416,24 +413,21 @@ fn two_first_commands_at_once_never_both_write() {
     for round in 0..8 {
         let dir = scratch(&format!("embedded-first-{round}"));
         let plans = [["1", "10000"], ["10001", "30000"]];
-        let children: Vec<_> = plans
+        let mut children: Vec<_> = plans
             .iter()
             .map(|[min, max]| {
-                tranche(
+                let mut plan = tranche(
                     &dir,
                     &["plan", "--min", min, "--max", max, "--size", "1000"],
-                )
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("spawn")
+                );
+                LoggedChild::spawn(&mut plan, &dir, &format!("plan-{min}"))
             })
             .collect();
         let mut planned = 0;
-        for (child, [min, max]) in children.into_iter().zip(plans) {
-            let out = child.wait_with_output().expect("wait");
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            match out.status.code() {
+        for (child, [min, max]) in children.iter_mut().zip(plans) {
+            let status = child.wait(common::OUTPUT_LIMIT);
+            let stderr = child.stderr();
+            match status.code() {
                 Some(0) => {
                     planned +=
                         (max.parse::<u64>().unwrap() - min.parse::<u64>().unwrap() + 1) / 1000

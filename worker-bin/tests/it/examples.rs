@@ -4,10 +4,20 @@
 
 use crate::support;
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::TestRedis;
+
+#[cfg(feature = "cli")]
+use crate::common::{LoggedChild, scratch};
+// `common` needs the `tranche` binary, which only the `cli` feature builds: without it
+// this module loads the one file of it that it uses.
+#[cfg(not(feature = "cli"))]
+#[path = "common/logged.rs"]
+mod logged;
+#[cfg(not(feature = "cli"))]
+use logged::{LoggedChild, scratch};
 
 /// Runs example NAME with ARGS and returns its stdout; fails on a non-zero exit,
 /// showing stderr. The binary `cargo test` built beside this test's (in
@@ -38,30 +48,27 @@ fn command(name: &str, args: &[&str]) -> Command {
     cmd
 }
 
+/// Starts example NAME with ARGS, its output in files of a scratch directory of its own.
+fn start(name: &str, args: &[&str]) -> LoggedChild {
+    let dir = scratch(&format!("example-{name}"));
+    LoggedChild::spawn(&mut command(name, args), &dir, name)
+}
+
 /// Sends SIGTERM to `child`, then waits (at most a minute) for it to exit 0 and returns
 /// its stdout.
-fn terminate(mut child: Child) -> String {
+fn terminate(mut child: LoggedChild) -> String {
     let sent = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &child.child.id().to_string()])
         .status()
         .unwrap();
     assert!(sent.success());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the example did not drain within a minute of SIGTERM");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let status = child.wait(Duration::from_secs(60));
     assert!(
-        out.status.success(),
-        "SIGTERM ended it with {}: {stderr}",
-        out.status
+        status.success(),
+        "SIGTERM ended it with {status}: {}",
+        child.stderr()
     );
-    String::from_utf8(out.stdout).unwrap()
+    child.stdout()
 }
 
 /// Waits (at most half a minute) until `redis` holds `n` workers of `namespace`: their
@@ -143,11 +150,7 @@ fn fleet_redis_shares_the_job_between_two_processes() {
 #[test]
 fn hello_embedded_drains_on_sigterm() {
     // Counting to 10^10 takes minutes: the signal comes while it works.
-    let child = command("hello_embedded", &["10000000000"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = start("hello_embedded", &["10000000000"]);
     std::thread::sleep(Duration::from_millis(1500));
     let out = terminate(child);
     let done: u64 = out
@@ -168,11 +171,7 @@ fn hold_writes(redis: &TestRedis) {
 #[test]
 fn new_user_drains_on_sigterm() {
     let redis = TestRedis::start();
-    let child = command("new_user", &["--redis", &redis.url()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = start("new_user", &["--redis", &redis.url()]);
     workers_started(&redis, "import", 1);
     hold_writes(&redis);
     let out = terminate(child);
@@ -194,11 +193,7 @@ fn new_user_drains_on_sigterm() {
 #[test]
 fn fleet_redis_drains_both_workers_on_sigterm() {
     let redis = TestRedis::start();
-    let child = command("fleet_redis", &[&redis.url()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = start("fleet_redis", &[&redis.url()]);
     workers_started(&redis, "fleet-example", 2);
     hold_writes(&redis);
     let out = terminate(child);

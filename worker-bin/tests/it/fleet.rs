@@ -7,10 +7,9 @@ use crate::support;
 
 use crate::common;
 
-use std::process::Stdio;
 use std::time::Duration;
 
-use common::{assert_every_id_processed, chunk_log, eventually, ok, scratch, tranche, wait};
+use common::{LoggedChild, assert_every_id_processed, chunk_log, eventually, ok, scratch, tranche};
 use support::{TestCluster, TestRedis};
 
 const MIN: u64 = 1;
@@ -64,7 +63,7 @@ fn fleet(url: &str, shards: Option<u32>, name: &str) {
     ok(cmd(&plan));
 
     let spawn = |id: &str| {
-        cmd(&[
+        let mut run = cmd(&[
             "run",
             "--exec",
             &exec,
@@ -83,11 +82,8 @@ fn fleet(url: &str, shards: Option<u32>, name: &str) {
             "20",
             "--summary-at",
             "100000",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn run")
+        ]);
+        LoggedChild::spawn(&mut run, &dir, id)
     };
     let mut workers = [spawn("w1"), spawn("w2"), spawn("w3")];
 
@@ -96,15 +92,15 @@ fn fleet(url: &str, shards: Option<u32>, name: &str) {
     eventually(Duration::from_secs(120), "a third of the chunks", || {
         chunk_log(&log).len() as u64 >= partitions * 4 / 3
     });
-    workers[0].kill().expect("SIGKILL w1");
-    let killed = wait(&mut workers[0], Duration::from_secs(10));
+    workers[0].child.kill().expect("SIGKILL w1");
+    let killed = workers[0].wait(Duration::from_secs(10));
     assert_eq!(killed.code(), None, "w1 should die of SIGKILL");
 
-    for (i, w) in workers.iter_mut().enumerate().skip(1) {
-        let status = wait(w, Duration::from_secs(180));
-        let out = w.wait_with_output_ref();
-        assert!(status.success(), "w{} exited {status:?}\n{out}", i + 1);
-        assert!(out.contains("run finished"), "w{}:\n{out}", i + 1);
+    for w in workers.iter_mut().skip(1) {
+        let status = w.wait(Duration::from_secs(180));
+        let out = w.stdout() + &w.stderr();
+        assert!(status.success(), "{} exited {status:?}\n{out}", w.name());
+        assert!(out.contains("run finished"), "{}:\n{out}", w.name());
     }
 
     let log = chunk_log(&log);
@@ -173,25 +169,6 @@ fn fleet(url: &str, shards: Option<u32>, name: &str) {
         "{}",
         String::from_utf8_lossy(&health.stdout)
     );
-}
-
-/// Collects a finished child's output for messages.
-trait OutputRef {
-    fn wait_with_output_ref(&mut self) -> String;
-}
-
-impl OutputRef for std::process::Child {
-    fn wait_with_output_ref(&mut self) -> String {
-        use std::io::Read;
-        let mut s = String::new();
-        if let Some(o) = self.stdout.as_mut() {
-            let _ = o.read_to_string(&mut s);
-        }
-        if let Some(e) = self.stderr.as_mut() {
-            let _ = e.read_to_string(&mut s);
-        }
-        s
-    }
 }
 
 /// The same binary on a (one-node) Redis Cluster: the cluster client is chosen by
@@ -457,15 +434,10 @@ fn a_drain_takes_over_a_killed_archivers_entries_without_waiting_claim_idle() {
     }
     assert!(held > 0);
 
-    let mut archive = cmd(&["archive", "--json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut archive = LoggedChild::spawn(&mut cmd(&["archive", "--json"]), &dir, "archive");
     // A hang guard, far below the hour the old drain waited.
-    let status = wait(&mut archive, Duration::from_secs(120));
-    let mut stdout = String::new();
-    std::io::Read::read_to_string(archive.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+    let status = archive.wait(Duration::from_secs(120));
+    let stdout = archive.stdout();
     assert!(status.success(), "{status:?} {stdout}");
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["inbox_left"], 0, "{v}");

@@ -16,7 +16,7 @@ use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 
-use crate::common::{self, output, scratch, tranche};
+use crate::common::{self, LoggedChild, output, scratch, tranche};
 use crate::support::TestRedis;
 
 /// An OTLP/HTTP receiver on a free port, keeping every span it is sent.
@@ -353,28 +353,28 @@ fn a_collector_that_is_down_drops_and_counts_spans() {
             "--redis", &url, "plan", "--min", "1", "--max", "30000", "--size", "1000",
         ],
     ));
-    let mut run = tranche(
+    let mut run = LoggedChild::spawn(
+        &mut tranche(
+            &dir,
+            &[
+                "--redis",
+                &url,
+                "--otlp-endpoint",
+                &format!("http://{down}"),
+                "run",
+                "--simulate",
+                "--sim-latency",
+                "1..1",
+                "--sim-fail",
+                "0",
+                "--follow",
+                "--metrics-listen",
+                &metrics,
+            ],
+        ),
         &dir,
-        &[
-            "--redis",
-            &url,
-            "--otlp-endpoint",
-            &format!("http://{down}"),
-            "run",
-            "--simulate",
-            "--sim-latency",
-            "1..1",
-            "--sim-fail",
-            "0",
-            "--follow",
-            "--metrics-listen",
-            &metrics,
-        ],
-    )
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
+        "run",
+    );
     let deadline = Instant::now() + Duration::from_secs(60);
     let (mut dropped, mut completed) = (0.0, 0.0);
     while Instant::now() < deadline && (dropped == 0.0 || completed < 30.0) {
@@ -399,14 +399,9 @@ fn a_collector_that_is_down_drops_and_counts_spans() {
         completed = value("tranche_worker_completed_total ");
         assert_eq!(value("tranche_worker_otel_spans_exported_total "), 0.0);
     }
-    common::signal(&run, "TERM");
-    let status = common::wait(&mut run, Duration::from_secs(30));
-    let mut stderr = String::new();
-    run.stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    common::signal(&run.child, "TERM");
+    let status = run.wait(Duration::from_secs(30));
+    let stderr = run.stderr();
     assert_eq!(completed, 30.0, "every partition done:\n{stderr}");
     assert!(dropped > 0.0, "dropped spans counted:\n{stderr}");
     assert!(
@@ -469,14 +464,11 @@ fn a_partition_keeps_one_trace_across_workers_and_attempts() {
                 "--no-split",
             ],
         );
-        cmd.env("W", name)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        cmd.spawn().unwrap()
+        cmd.env("W", name).stdin(Stdio::null());
+        LoggedChild::spawn(&mut cmd, &dir, name)
     };
     let mut a = worker("a");
-    let b = worker("b");
+    let mut b = worker("b");
     // Kill `a` once it has exported a whole partition and is half way through another
     // (chunk 0 or 1 of 4 written, no span for it yet): that one is b's to finish.
     common::eventually(Duration::from_secs(60), "a half way through", || {
@@ -498,11 +490,11 @@ fn a_partition_keeps_one_trace_across_workers_and_attempts() {
                 .iter()
                 .any(|s| s.name == "partition" && text(s, "worker").as_deref() == Some("a"))
     });
-    common::signal(&a, "KILL");
-    let _ = a.wait();
-    let out = b.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    common::signal(&a.child, "KILL");
+    a.wait(Duration::from_secs(10));
+    let status = b.wait(common::OUTPUT_LIMIT);
+    let stderr = b.stderr();
+    assert!(status.success(), "{stderr}");
     assert!(
         stderr.contains("span export ended") && stderr.contains("dropped=0"),
         "b dropped no span:\n{stderr}"
@@ -709,17 +701,13 @@ fn sampling_keeps_exactly_the_partitions_whose_trace_passes() {
             cmd.env("OTEL_TRACES_SAMPLER", "traceidratio")
                 .env("OTEL_TRACES_SAMPLER_ARG", "0.5");
         }
-        cmd.env("W", name)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        cmd.spawn().unwrap()
+        cmd.env("W", name).stdin(Stdio::null());
+        LoggedChild::spawn(&mut cmd, &dir, name)
     };
-    let (a, b) = (worker("a", false), worker("b", true));
-    for w in [a, b] {
-        let out = w.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{stderr}");
+    for mut w in [worker("a", false), worker("b", true)] {
+        let status = w.wait(common::OUTPUT_LIMIT);
+        let stderr = w.stderr();
+        assert!(status.success(), "{stderr}");
         assert!(stderr.contains("dropped=0"), "no span dropped:\n{stderr}");
     }
 

@@ -6,21 +6,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod logged;
+pub use logged::{LoggedChild, exit_within, scratch};
+
 /// The binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_tranche");
 
 /// The example `--exec` script shipped in `examples/`.
 pub fn example_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/process-range.sh")
-}
-
-/// A fresh directory under the target dir, removed by nobody: tests leave their
-/// files for a human to read when they fail.
-pub fn scratch(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
 }
 
 /// `tranche ARGS` with a clean environment (no inherited TRANCHE_* settings).
@@ -118,19 +112,13 @@ pub fn signal(child: &Child, signal: &str) {
     assert!(status.success(), "kill -{signal} failed");
 }
 
-/// Waits for `child` to exit, at most `limit`.
+/// Waits for `child` to exit, at most `limit`. A child whose output the test reads is a
+/// [`LoggedChild`], with a wait of its own: a pipe read after the exit can stop it.
 pub fn wait(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            return status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("tranche did not exit within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    exit_within(child, limit).unwrap_or_else(|| {
+        let _ = child.kill();
+        panic!("tranche did not exit within {limit:?}");
+    })
 }
 
 /// Lines of the chunk log the example script writes: (pid, from, to).
