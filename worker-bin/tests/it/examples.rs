@@ -9,15 +9,7 @@ use std::time::{Duration, Instant};
 
 use support::TestRedis;
 
-#[cfg(feature = "cli")]
-use crate::common::{LoggedChild, scratch};
-// `common` needs the `tranche` binary, which only the `cli` feature builds: without it
-// this module loads the one file of it that it uses.
-#[cfg(not(feature = "cli"))]
-#[path = "common/logged.rs"]
-mod logged;
-#[cfg(not(feature = "cli"))]
-use logged::{LoggedChild, scratch};
+use crate::logged::{LoggedChild, scratch};
 
 /// Runs example NAME with ARGS and returns its stdout; fails on a non-zero exit,
 /// showing stderr. The binary `cargo test` built beside this test's (in

@@ -33,6 +33,7 @@ mod fence;
 mod fleet;
 #[cfg(feature = "cli")]
 mod json;
+mod logged;
 #[cfg(feature = "cli")]
 mod mariadb;
 #[cfg(feature = "otel")]

@@ -6,8 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-mod logged;
-pub use logged::{LoggedChild, exit_within, scratch};
+pub(crate) use crate::logged::{LoggedChild, exit_within, scratch};
 
 /// The binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_tranche");

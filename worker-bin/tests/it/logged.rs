@@ -1,8 +1,9 @@
 //! A test's scratch directory and the long-running processes it starts, whose output
-//! goes to files in it. Apart from the rest of `common` (which needs the `tranche`
-//! binary) so that `examples`, built without the `cli` feature, can use it too.
+//! goes to files in it. Apart from `common` (which needs the `tranche` binary, built
+//! only with the `cli` feature) so that `examples`, built without it, can use it too.
 
-#![allow(dead_code, unreachable_pub)]
+// Without `cli`, only `examples` uses this, and not all of it.
+#![cfg_attr(not(feature = "cli"), allow(dead_code))]
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 
 /// A fresh directory under the target dir, removed by nobody: tests leave their
 /// files for a human to read when they fail.
-pub fn scratch(name: &str) -> PathBuf {
+pub(crate) fn scratch(name: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("scratch dir");
@@ -25,9 +26,9 @@ pub fn scratch(name: &str) -> PathBuf {
 /// Files, not pipes: a pipe read only after the process exits blocks the process on
 /// its next write once it holds 64 KiB (a worker's log lines, a chunk command's
 /// stdout), and the process then never exits. The files stay for a human to read.
-pub struct LoggedChild {
+pub(crate) struct LoggedChild {
     /// The process, to signal or poll.
-    pub child: Child,
+    pub(crate) child: Child,
     name: String,
     stdout: PathBuf,
     stderr: PathBuf,
@@ -39,7 +40,7 @@ const TAIL: usize = 40;
 impl LoggedChild {
     /// Starts `cmd` as `name` (which names its files and it in messages); its stdout
     /// and stderr go to files in `dir`, whatever `cmd` had them set to.
-    pub fn spawn(cmd: &mut Command, dir: &Path, name: &str) -> Self {
+    pub(crate) fn spawn(cmd: &mut Command, dir: &Path, name: &str) -> Self {
         let stdout = dir.join(format!("{name}.stdout"));
         let stderr = dir.join(format!("{name}.stderr"));
         let create = |path: &Path| File::create(path).expect("output file");
@@ -58,7 +59,7 @@ impl LoggedChild {
 
     /// Waits for it to exit, at most `limit`; if it is still running then, kills it and
     /// panics with its name and the last lines of its stderr.
-    pub fn wait(&mut self, limit: Duration) -> ExitStatus {
+    pub(crate) fn wait(&mut self, limit: Duration) -> ExitStatus {
         if let Some(status) = exit_within(&mut self.child, limit) {
             return status;
         }
@@ -79,23 +80,23 @@ impl LoggedChild {
     }
 
     /// Its name, as given to [`LoggedChild::spawn`].
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
     /// All it has written to stdout so far.
-    pub fn stdout(&self) -> String {
+    pub(crate) fn stdout(&self) -> String {
         text(&self.stdout)
     }
 
     /// All it has written to stderr so far.
-    pub fn stderr(&self) -> String {
+    pub(crate) fn stderr(&self) -> String {
         text(&self.stderr)
     }
 }
 
 /// How `child` exited, if it does within `limit`.
-pub fn exit_within(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+pub(crate) fn exit_within(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
     let deadline = Instant::now() + limit;
     loop {
         if let Some(status) = child.try_wait().expect("try_wait") {
