@@ -12,9 +12,7 @@ use support::TestRedis;
 use crate::logged::{LoggedChild, scratch};
 
 /// Runs example NAME with ARGS and returns its stdout; fails on a non-zero exit,
-/// showing stderr. The binary `cargo test` built beside this test's (in
-/// `target/<profile>/examples/`) runs as it is; only where there is none does `cargo run
-/// --example` build it, which is slow and waits on the build directory's lock.
+/// showing stderr.
 fn example(name: &str, args: &[&str]) -> String {
     let out = command(name, args).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -24,18 +22,7 @@ fn example(name: &str, args: &[&str]) -> String {
 
 /// The command that runs example NAME with ARGS (see [`example`]).
 fn command(name: &str, args: &[&str]) -> Command {
-    let built = std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.parent()?.join("examples")))
-        .and_then(|dir| built_example(&dir, name));
-    let mut cmd = match built {
-        Some(path) => Command::new(path),
-        None => {
-            let mut cmd = Command::new(env!("CARGO"));
-            cmd.args(["run", "-q", "-p", "tranche-worker", "--example", name, "--"]);
-            cmd
-        }
-    };
+    let mut cmd = Command::new(built_example(name));
     cmd.args(args);
     cmd
 }
@@ -74,23 +61,28 @@ fn workers_started(redis: &TestRedis, namespace: &str, n: usize) {
     }
 }
 
-/// The newest binary of example `name` in `dir`: `name` itself, or `name-HASH` as
-/// `cargo test` leaves it (not its `.d` file).
-fn built_example(dir: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
-    let prefix = format!("{name}-");
-    std::fs::read_dir(dir)
-        .ok()?
-        .flatten()
-        .filter(|e| {
-            let file = e.file_name().to_string_lossy().into_owned();
-            file == name
-                || (file.starts_with(&prefix)
-                    && !file.contains('.')
-                    && file[prefix.len()..].chars().all(|c| c.is_ascii_hexdigit()))
-        })
-        .filter(|e| e.metadata().is_ok_and(|m| m.is_file()))
-        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
-        .map(|e| e.path())
+/// Example NAME's binary, built by `cargo build --workspace --example` now (the
+/// workspace's features, as the tests were built with): a no-op when it is up
+/// to date, and never a stale binary of an earlier build (nextest builds no examples).
+/// Built before the test starts it, so that a test's SIGTERM meets the example, not
+/// cargo in the middle of a build.
+fn built_example(name: &str) -> std::path::PathBuf {
+    let out = Command::new(env!("CARGO"))
+        .args(["build", "-q", "--locked", "--workspace", "--example", name])
+        .arg("--message-format=json")
+        .output()
+        .expect("cargo");
+    assert!(
+        out.status.success(),
+        "cargo build --example {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == name)
+        .find_map(|m| m["executable"].as_str().map(std::path::PathBuf::from))
+        .unwrap_or_else(|| panic!("cargo build --example {name} named no executable"))
 }
 
 #[test]
