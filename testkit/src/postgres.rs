@@ -173,13 +173,13 @@ impl Drop for TestPostgres {
     }
 }
 
-/// The first Python that imports psycopg 3, PostgreSQL's Python driver (for the
+/// The first Python that imports psycopg2, PostgreSQL's Python driver (for the
 /// `--exec-persistent` example): `python3` on PATH, else `/usr/bin/python3`, where
-/// Debian's `python3-psycopg` installs it (a PATH may lead to another Python first).
+/// Debian's `python3-psycopg2` installs it (a PATH may lead to another Python first).
 pub fn psycopg_python() -> Option<&'static str> {
     ["python3", "/usr/bin/python3"].into_iter().find(|python| {
         Command::new(python)
-            .args(["-c", "import psycopg"])
+            .args(["-c", "import psycopg2"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()

@@ -10,7 +10,7 @@
 //! - `--exec-persistent`: `tranche run --exec-persistent`, warm Python processes
 //!   running a copy of `examples/persistent-psycopg.py` whose UPDATE is this bench's
 //!   (unfenced, as `--sql`'s is: the two differ in who speaks SQL, nothing else); it
-//!   needs psycopg 3 (Debian's `python3-psycopg`, which `cargo xtask bench backfill`
+//!   needs psycopg2 (Debian's `python3-psycopg2`, which `cargo xtask bench backfill`
 //!   installs), and `TRANCHE_BENCH_PERSISTENT=CMD` measures CMD instead. Without
 //!   either the cell is left out, and the table and the JSON say why;
 //! - `--exec psql`: `tranche run --exec 'psql -c …'`, one `psql` per chunk;
@@ -454,7 +454,7 @@ fn xargs(pg: &TestPostgres, rows: u64, size: u64) {
 
 /// The `--exec-persistent` command to measure: `TRANCHE_BENCH_PERSISTENT` when set,
 /// else the Python example, copied into `dir` with this bench's statement for its own,
-/// under the first Python that imports psycopg 3 ([`psycopg_python`]). `Err` says why
+/// under the first Python that imports psycopg2 ([`psycopg_python`]). `Err` says why
 /// none.
 fn persistent_command(dir: &Path) -> Result<String, String> {
     if let Some(cmd) = std::env::var("TRANCHE_BENCH_PERSISTENT")
@@ -464,7 +464,7 @@ fn persistent_command(dir: &Path) -> Result<String, String> {
         return Ok(cmd);
     }
     let python = psycopg_python().ok_or(
-        "no python3 imports psycopg 3: apt-get install python3-psycopg \
+        "no python3 imports psycopg2: apt-get install python3-psycopg2 \
          (cargo xtask bench backfill does), or TRANCHE_BENCH_PERSISTENT=CMD",
     )?;
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/persistent-psycopg.py");

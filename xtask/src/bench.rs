@@ -68,7 +68,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
                 cmd.env("TRANCHE_REDIS_SERVER", crate::redis::ensure_installed()?);
             }
             if *target == "backfill" {
-                // A private PostgreSQL, psql for the per-process cells, and psycopg 3
+                // A private PostgreSQL, psql for the per-process cells, and psycopg2
                 // for the `--exec-persistent` cell (the Python example).
                 crate::redis::ensure_postgres()?;
                 crate::redis::ensure_psycopg()?;

@@ -135,15 +135,15 @@ pub(crate) fn ensure_mariadb() -> Result<()> {
     Ok(())
 }
 
-/// Makes sure a `python3` imports psycopg 3, for the backfill bench's
+/// Makes sure a `python3` imports psycopg2, for the backfill bench's
 /// `--exec-persistent` cell (`examples/persistent-psycopg.py`), installing Debian's
-/// `python3-psycopg` with apt-get when none does and this runs as root. Debian's package
+/// `python3-psycopg2` with apt-get when none does and this runs as root. Debian's package
 /// serves `/usr/bin/python3`, which the bench tries after the `python3` on PATH.
 pub(crate) fn ensure_psycopg() -> Result<()> {
     let present = || {
         ["python3", "/usr/bin/python3"].iter().any(|python| {
             Command::new(python)
-                .args(["-c", "import psycopg"])
+                .args(["-c", "import psycopg2"])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status()
@@ -155,21 +155,21 @@ pub(crate) fn ensure_psycopg() -> Result<()> {
     }
     if !is_root() || find_on_path("apt-get").is_none() {
         bail!(
-            "no python3 imports psycopg 3 and it cannot be installed from here \
+            "no python3 imports psycopg2 and it cannot be installed from here \
              (the Python --exec-persistent example's test and the backfill bench need it): \
-             sudo apt-get install python3-psycopg"
+             sudo apt-get install python3-psycopg2"
         );
     }
-    eprintln!("xtask: installing Debian's python3-psycopg with apt-get");
+    eprintln!("xtask: installing Debian's python3-psycopg2 with apt-get");
     apt_get(&["update"])?;
     apt_get(&[
         "install",
         "-y",
         "--no-install-recommends",
-        "python3-psycopg",
+        "python3-psycopg2",
     ])?;
     if !present() {
-        bail!("apt-get installed python3-psycopg but no python3 imports psycopg");
+        bail!("apt-get installed python3-psycopg2 but no python3 imports psycopg2");
     }
     Ok(())
 }

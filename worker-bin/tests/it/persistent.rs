@@ -424,7 +424,7 @@ fn the_shell_example_runs() {
 #[test]
 fn the_python_example_backfills_postgres() {
     let python3 = support::psycopg_python()
-        .expect("no python3 imports psycopg 3: apt-get install python3-psycopg");
+        .expect("no python3 imports psycopg2: apt-get install python3-psycopg2");
     let python = |script: &str, url: &str| {
         let out = std::process::Command::new(python3)
             .args(["-c", script])
@@ -434,14 +434,16 @@ fn the_python_example_backfills_postgres() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
             out.status.success(),
-            "{err}\n(psycopg 3 is needed: pip install 'psycopg[binary]')"
+            "{err}\n(psycopg2 is needed: pip install psycopg2-binary)"
         );
         String::from_utf8(out.stdout).unwrap()
     };
     let pg = support::TestPostgres::start();
     python(
-        "import os, psycopg
-with psycopg.connect(os.environ['DATABASE_URL'], autocommit=True) as c:
+        "import os, psycopg2
+c = psycopg2.connect(os.environ['DATABASE_URL'])
+c.autocommit = True
+with c.cursor() as c:
     c.execute(\"CREATE TABLE users (id bigint PRIMARY KEY, email text NOT NULL, \
 email_lower text, fence bigint NOT NULL DEFAULT 0)\")
     c.execute(\"INSERT INTO users (id, email) SELECT i, 'User' || i || '@Example.COM' \
@@ -487,10 +489,11 @@ WHERE id BETWEEN 500 AND 509\")",
     cmd.env("DATABASE_URL", pg.url());
     ok(cmd);
     let counts = python(
-        "import os, psycopg
-with psycopg.connect(os.environ['DATABASE_URL']) as c:
-    print(*c.execute(\"SELECT count(*) FILTER (WHERE email_lower = lower(email) AND fence > 0), \
-count(*) FILTER (WHERE email_lower = 'kept'), count(*) FROM users\").fetchone())",
+        "import os, psycopg2
+with psycopg2.connect(os.environ['DATABASE_URL']).cursor() as c:
+    c.execute(\"SELECT count(*) FILTER (WHERE email_lower = lower(email) AND fence > 0), \
+count(*) FILTER (WHERE email_lower = 'kept'), count(*) FROM users\")
+    print(*c.fetchone())",
         &pg.url(),
     );
     assert_eq!(counts.trim(), "1990 10 2000");
