@@ -35,6 +35,8 @@
 //! (e.g. `1x64x4,4x64x4`: P x C x S, `skew` or `bullmq`; default the four cells of issue
 //! 11, `bullmq` and `skew`),
 //! `TRANCHE_BENCH_RUN_ARGS` (more `run` arguments, space-separated, e.g. `--prefetch 64`),
+//! `TRANCHE_BENCH_SIM_LATENCY` (each chunk's simulated work, `--sim-latency MIN..MAX` in
+//! ms, default `0..0`: the partitions do nothing but their coordination),
 //! `TRANCHE_BENCH_REPEAT` (runs per cell, default 3: the row shown is the run with the
 //! median partitions/s, beside the slowest and fastest), `TRANCHE_BENCH_OUT` (default
 //! `target/tranche-bench/e2e.json`) and `TRANCHE_BENCH_BASELINE` (another `tranche`
@@ -276,6 +278,10 @@ fn run_cell(
     let client_before = children_cpu();
     let started = Instant::now();
     let concurrency = cell.concurrency.to_string();
+    let latency = std::env::var("TRANCHE_BENCH_SIM_LATENCY")
+        .ok()
+        .filter(|l| !l.is_empty())
+        .unwrap_or_else(|| "0..0".to_owned());
     let mut runs: Vec<_> = (0..cell.processes)
         .map(|i| {
             let log = std::fs::File::create(dir.join(format!("run-{i}.log"))).expect("log file");
@@ -286,7 +292,7 @@ fn run_cell(
                     "run",
                     "--simulate",
                     "--sim-latency",
-                    "0..0",
+                    &latency,
                     "--chunk",
                     "1000",
                     "--parallel",
