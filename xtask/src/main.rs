@@ -213,6 +213,15 @@ fn test(args: &[String]) -> Result<()> {
     redis::ensure_promtool()?;
     redis::ensure_systemd_analyze()?;
     ensure_nextest()?;
+    if args.is_empty() {
+        // The example tests build their example first (nextest builds none): done here,
+        // before the tests, that is a no-op inside them rather than a compile competing
+        // with the timed tests running beside them.
+        step(
+            "cargo build --examples",
+            cargo().args(["build", "--locked", "--workspace", "--examples"]),
+        )?;
+    }
     // Every test under nextest, each with the deadline `.config/nextest.toml` sets, then
     // the doctests, which nextest does not run.
     let mut cmd = cargo();

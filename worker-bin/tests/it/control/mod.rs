@@ -206,8 +206,11 @@ fn rate_accuracy(place: Place<'_>, name: &str) {
     let starts = job.starts();
     assert_eq!(starts.len(), 300, "every chunk once");
     let rate = measured_rate(&starts);
+    // Never over the limit (5% for the measurement's own edges). The floor only shows the
+    // job ran at the limit rather than far below it, which would make the ceiling
+    // trivially true: a loaded CI machine's late forks measured 0.87x, so 0.8x.
     assert!(
-        (5400.0..=6300.0).contains(&rate),
+        (4800.0..=6300.0).contains(&rate),
         "measured {rate:.0} IDs/s for a limit of 6000/s"
     );
 }
