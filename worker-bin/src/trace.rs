@@ -124,9 +124,11 @@ impl PartitionTrace {
             key.extend_from_slice(&n.to_be_bytes());
         }
         key.extend_from_slice(&pid.to_be_bytes());
-        let trace = mixed(fnv1a_128(&key)).max(1);
-        key.extend_from_slice(b"root");
-        let root = (mixed(fnv1a_128(&key)) as u64).max(1);
+        // FNV reads its input byte by byte: the root's key (the trace's and `root`)
+        // goes on from the trace's state rather than from the start.
+        let state = fnv1a_128(FNV_OFFSET, &key);
+        let trace = mixed(state).max(1);
+        let root = (mixed(fnv1a_128(state, b"root")) as u64).max(1);
         Self {
             pid,
             attempt,
@@ -155,7 +157,7 @@ impl PartitionTrace {
 
 /// OpenTelemetry's `TraceIdRatioBased` decision for `trace_id` at `ratio`
 /// ([`PartitionTrace::in_sample`]).
-fn trace_id_ratio(trace_id: [u8; 16], ratio: f64) -> bool {
+pub(crate) fn trace_id_ratio(trace_id: [u8; 16], ratio: f64) -> bool {
     if ratio >= 1.0 {
         return true;
     }
@@ -170,13 +172,17 @@ fn trace_id_ratio(trace_id: [u8; 16], ratio: f64) -> bool {
 /// neither), which the fleet's workers need to agree on a trace id. Its low 64 bits are
 /// barely mixed (its prime is 2^88 + 315: below bit 64 each byte is only multiplied by
 /// 315), so it is never used without [`mixed`].
-fn fnv1a_128(bytes: &[u8]) -> u128 {
-    const OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
+/// `state` is [`FNV_OFFSET`] to hash `bytes` alone, or an earlier call's result to hash
+/// what it read followed by `bytes`.
+fn fnv1a_128(state: u128, bytes: &[u8]) -> u128 {
     const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
     bytes
         .iter()
-        .fold(OFFSET, |h, &b| (h ^ u128::from(b)).wrapping_mul(PRIME))
+        .fold(state, |h, &b| (h ^ u128::from(b)).wrapping_mul(PRIME))
 }
+
+/// FNV-1a's 128-bit offset basis: the state before the first byte.
+const FNV_OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
 
 /// Makes every bit of a hash depend on every other: MurmurHash3's 64-bit finalizer on
 /// each half, the halves crossed (a bijection, so no two hashes meet). OpenTelemetry's

@@ -24,6 +24,8 @@ struct Receiver {
     addr: String,
     spans: Arc<Mutex<Vec<Span>>>,
     services: Arc<Mutex<Vec<String>>>,
+    /// Each request's head, lower-cased.
+    heads: Arc<Mutex<Vec<String>>>,
 }
 
 impl Receiver {
@@ -62,7 +64,8 @@ impl Receiver {
         let addr = format!("{scheme}://{}", listener.local_addr().unwrap());
         let spans = Arc::new(Mutex::new(Vec::new()));
         let services = Arc::new(Mutex::new(Vec::new()));
-        let (kept, named) = (spans.clone(), services.clone());
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let (kept, named, seen) = (spans.clone(), services.clone(), heads.clone());
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { continue };
@@ -70,14 +73,15 @@ impl Receiver {
                     .set_read_timeout(Some(Duration::from_secs(30)))
                     .unwrap();
                 let stream = wrap(stream);
-                let (kept, named) = (kept.clone(), named.clone());
-                std::thread::spawn(move || serve(stream, &kept, &named));
+                let (kept, named, seen) = (kept.clone(), named.clone(), seen.clone());
+                std::thread::spawn(move || serve(stream, &kept, &named, &seen));
             }
         });
         Self {
             addr,
             spans,
             services,
+            heads,
         }
     }
 
@@ -91,7 +95,12 @@ impl Receiver {
 }
 
 /// Answers the requests of one connection: each body an `ExportTraceServiceRequest`.
-fn serve(mut stream: impl Read + Write, kept: &Mutex<Vec<Span>>, named: &Mutex<Vec<String>>) {
+fn serve(
+    mut stream: impl Read + Write,
+    kept: &Mutex<Vec<Span>>,
+    named: &Mutex<Vec<String>>,
+    heads: &Mutex<Vec<String>>,
+) {
     let mut buf = Vec::new();
     loop {
         // The head, up to the blank line.
@@ -116,6 +125,7 @@ fn serve(mut stream: impl Read + Write, kept: &Mutex<Vec<Span>>, named: &Mutex<V
             .find_map(|l| l.strip_prefix("content-length:"))
             .map(|v| v.trim().parse().unwrap())
             .expect("a content-length");
+        heads.lock().unwrap().push(head.clone());
         while buf.len() < head_end + length {
             let mut chunk = [0u8; 8192];
             match stream.read(&mut chunk) {
@@ -150,8 +160,7 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// An integer attribute (tracing-opentelemetry sends a u64 that may not fit an i64 as
-/// text).
+/// An integer attribute (a u64 that does not fit an i64 is sent as text).
 fn int(span: &Span, key: &str) -> Option<i64> {
     match attribute(span, key)? {
         Any::IntValue(v) => Some(v),
@@ -875,6 +884,13 @@ fn always_on_keeps_everything_and_a_bad_sampler_is_refused() {
             cmd.env("OTEL_TRACES_SAMPLER", s)
                 .env("OTEL_TRACES_SAMPLER_ARG", arg);
         }
+        // The standard variables for a hosted collector's key and the resource.
+        cmd.env("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=k%3D1")
+            .env(
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "service.name=backfill,team=data",
+            )
+            .env_remove("OTEL_SERVICE_NAME");
         output(cmd)
     };
     // The argument of always_on is ignored, as the spec says.
@@ -885,6 +901,20 @@ fn always_on_keeps_everything_and_a_bad_sampler_is_refused() {
     assert_eq!(
         (count("run"), count("partition"), count("chunk")),
         (1, 10, 10)
+    );
+    let heads = receiver.heads.lock().unwrap().clone();
+    assert!(
+        !heads.is_empty() && heads.iter().all(|h| h.contains("\r\nx-api-key: k=1\r\n")),
+        "{heads:?}"
+    );
+    assert!(
+        receiver
+            .services
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|s| s == "backfill"),
+        "OTEL_RESOURCE_ATTRIBUTES's service.name"
     );
     for w in written(&lines) {
         assert_eq!(w.flags, "01");

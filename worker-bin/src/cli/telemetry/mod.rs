@@ -17,9 +17,9 @@
 //! `OTEL_TRACES_SAMPLER_ARG`) is that trace context's: a partition is kept when its
 //! derived trace id passes OpenTelemetry's `TraceIdRatioBased` rule
 //! (`PartitionTrace::in_sample`), decided in the library floor before any of its spans
-//! is built; the SDK's own sampler, following its parent, then keeps what was built
-//! and samples the process's `run` span by the same ratio. A value tranche cannot
-//! honour is an error at start, never a silent default.
+//! is built; the exporter's layer then keeps what was built, and samples the process's
+//! `run` span (a root of its own) by the same ratio. A value tranche cannot honour is an
+//! error at start, never a silent default.
 //!
 //! An `https://` endpoint is verified against the system's roots, or against the PEM
 //! file in `OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE` or `OTEL_EXPORTER_OTLP_CERTIFICATE`

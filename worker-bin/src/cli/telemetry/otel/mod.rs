@@ -1,32 +1,33 @@
-//! The OTLP side: a tracer provider whose one processor is a bounded queue drained
-//! by a thread of its own, which posts batches with the OTLP/HTTP exporter.
+//! The OTLP side: tranche's own span layer ([`layer::Spans`]) feeding a bounded queue
+//! drained by a thread of its own, which encodes each batch as OTLP protobuf
+//! ([`otlp`]) and posts it over HTTP.
 //!
-//! Two choices that keep a span cheap for the run that makes it. The export thread
-//! does not wait on the queue itself (a receiver parked on it is woken, a futex call
-//! and a context switch, by every span sent): it is nudged once a batch is queued, and
-//! otherwise wakes on its own after [`LINGER`]. And the spans carry their own fields
-//! and their trace, nothing per span that `tracing-opentelemetry` would add by default:
-//! no source location, thread or target attributes, no busy and idle times (a clock
-//! read at every poll of the chunk's future), no OpenTelemetry context made current
-//! on every entry (tranche reads a span's context from the span).
+//! Two choices that keep a span cheap for the run that makes it. The layer records a
+//! span's fields once, typed, under their static names, and the encoding happens on the
+//! export thread, straight from that record (`layer` says why this is not
+//! `tracing-opentelemetry` over the OpenTelemetry SDK). And the export thread does not
+//! wait on the queue itself (a receiver parked on it is woken, a futex call and a
+//! context switch, by every span sent): it is nudged once a batch is queued, and
+//! otherwise wakes on its own after [`LINGER`].
+//!
+//! The standard variables an OTLP exporter reads are read here too:
+//! `OTEL_EXPORTER_OTLP_TRACES_HEADERS` (else `OTEL_EXPORTER_OTLP_HEADERS`), and
+//! `OTEL_RESOURCE_ATTRIBUTES` beside `OTEL_SERVICE_NAME`. A value that cannot be sent
+//! is an error at start.
 
+use std::sync::Mutex;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
-use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
-use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
-use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter, SpanProcessor};
+use opentelemetry_http::HttpClient;
 use tracing::Subscriber;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::Layer;
 use tracing_subscriber::registry::LookupSpan;
 
+use self::otlp::Finished;
 use super::{SPANS_DROPPED, SPANS_EXPORTED};
 
 /// Spans waiting for the export thread; beyond it, spans are dropped and counted.
@@ -43,15 +44,24 @@ const POST: Duration = Duration::from_secs(10);
 
 /// The running exporter, shut down by [`Telemetry`](super::Telemetry)'s drop.
 pub(super) struct Export {
-    provider: SdkTracerProvider,
+    queue: Queue,
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Export {
     /// Flushes what is queued (bounded by [`DRAIN`]) and stops the thread; says how
     /// many spans went out and how many were dropped, in one line.
     pub(super) fn shutdown(self) {
-        if let Err(e) = self.provider.shutdown_with_timeout(DRAIN) {
-            tracing::debug!(error = %e, "span exporter shutdown");
+        let (done, answered) = crossbeam_channel::bounded(1);
+        if self.queue.control.send(Control::Stop(done)).is_ok() {
+            match answered.recv_timeout(DRAIN) {
+                Ok(()) => {
+                    if let Some(thread) = self.thread.lock().ok().and_then(|mut t| t.take()) {
+                        let _ = thread.join();
+                    }
+                }
+                Err(_) => tracing::debug!("span export did not drain within {DRAIN:?}"),
+            }
         }
         tracing::info!(
             exported = SPANS_EXPORTED.load(Ordering::Relaxed),
@@ -61,8 +71,9 @@ impl Export {
     }
 }
 
-/// The layer turning the process's spans into OpenTelemetry spans, and its exporter.
-/// `ratio` is the partitions' share sampled ([`sampled_ratio`]).
+/// The layer turning the process's spans into OTLP spans, and its exporter.
+/// `ratio` is the partitions' share sampled ([`sampled_ratio`]), and the `run`
+/// span's (a root of its own).
 pub(super) fn layer<S>(
     endpoint: &str,
     ratio: f64,
@@ -70,45 +81,23 @@ pub(super) fn layer<S>(
 where
     S: Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
 {
+    let var = |k: &str| std::env::var(k).ok();
     let url = traces_url(endpoint)?;
-    let mut builder = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_endpoint(url.clone())
-        .with_timeout(POST);
-    if url.starts_with("https://") {
-        builder = builder.with_http_client(tls::client(POST, |k| std::env::var_os(k))?);
-    }
-    let mut exporter = builder
-        .build()
-        .with_context(|| format!("cannot build the OTLP exporter for {url}"))?;
-    let service = std::env::var("OTEL_SERVICE_NAME")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "tranche".to_owned());
-    let resource = Resource::builder()
-        .with_service_name(service)
-        .with_attribute(opentelemetry::KeyValue::new(
-            "service.version",
-            env!("CARGO_PKG_VERSION"),
-        ))
-        .build();
-    exporter.set_resource(&resource);
-    // Given, not left to the SDK's reading of `OTEL_TRACES_SAMPLER` (which falls
-    // back to always-on on a value it does not know). Parent-based: a partition's
-    // spans, built only when `Propagate::sampled` kept it, follow their sampled
-    // remote root; a root of its own (the `run` span) is kept at the same ratio.
-    use opentelemetry_sdk::trace::Sampler;
-    let sampler = if ratio >= 1.0 {
-        Sampler::ParentBased(Box::new(Sampler::AlwaysOn))
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--otlp-endpoint {endpoint:?}: {e}"))?;
+    let client: Box<dyn HttpClient> = if url.starts_with("https://") {
+        Box::new(tls::client(POST, |k| std::env::var_os(k))?)
     } else {
-        Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(ratio)))
+        Box::new(opentelemetry_http::hyper::HyperClient::with_default_connector(POST, None))
     };
-    let provider = SdkTracerProvider::builder()
-        .with_sampler(sampler)
-        .with_resource(resource)
-        .with_span_processor(Queue::start(exporter)?)
-        .build();
-    let tracer = provider.tracer("tranche");
+    let post = Post {
+        uri,
+        headers: headers(var)?,
+        resource: otlp::resource(&resource(var)?),
+        client,
+    };
+    let (queue, thread) = Queue::start(post)?;
     // Spans of tranche's own code down to debug (`partition` and `chunk` are);
     // events from info up, attached to their span, and the debug events meant for
     // spans alone (the gate's waits).
@@ -122,16 +111,115 @@ where
                         && *meta.level() <= tracing::Level::DEBUG)
             }
     });
-    let layer = tracing_opentelemetry::layer()
-        .with_tracer(tracer)
-        .with_location(false)
-        .with_threads(false)
-        .with_target(false)
-        .with_tracked_inactivity(false)
-        .with_context_activation(false)
-        .with_filter(filter)
-        .boxed();
-    Ok((layer, Export { provider }))
+    let layer = layer::Spans {
+        ratio,
+        sink: queue.clone(),
+    }
+    .with_filter(filter)
+    .boxed();
+    Ok((
+        layer,
+        Export {
+            queue,
+            thread: Mutex::new(Some(thread)),
+        },
+    ))
+}
+
+/// `key=value` pairs, comma-separated, values percent-decoded: the form of
+/// `OTEL_EXPORTER_OTLP_HEADERS` and `OTEL_RESOURCE_ATTRIBUTES`. `name` says which, in
+/// the error.
+fn pairs(name: &str, list: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let Some((key, value)) = item.split_once('=') else {
+            anyhow::bail!("{name}: {item:?} is not key=value");
+        };
+        let key = key.trim();
+        if key.is_empty() {
+            anyhow::bail!("{name}: {item:?} has no key");
+        }
+        let value = percent_decoded(value.trim())
+            .ok_or_else(|| anyhow::anyhow!("{name}: {item:?} is not percent-encoded UTF-8"))?;
+        out.push((key.to_owned(), value));
+    }
+    Ok(out)
+}
+
+/// `%XX` escapes decoded; `None` for a broken escape or bytes that are not UTF-8.
+fn percent_decoded(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The headers every post carries, from `OTEL_EXPORTER_OTLP_TRACES_HEADERS`, else
+/// `OTEL_EXPORTER_OTLP_HEADERS` (an API key for a hosted collector, say).
+fn headers(var: impl Fn(&str) -> Option<String>) -> anyhow::Result<http::HeaderMap> {
+    let mut map = http::HeaderMap::new();
+    let found = [
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+        "OTEL_EXPORTER_OTLP_HEADERS",
+    ]
+    .into_iter()
+    .find_map(|k| var(k).filter(|v| !v.trim().is_empty()).map(|v| (k, v)));
+    if let Some((name, list)) = found {
+        for (key, value) in pairs(name, &list)? {
+            let header = http::HeaderName::from_bytes(key.as_bytes())
+                .map_err(|_| anyhow::anyhow!("{name}: {key:?} is not a header name"))?;
+            let value = http::HeaderValue::from_str(&value).map_err(|_| {
+                anyhow::anyhow!("{name}: the value of {key:?} is not a header value")
+            })?;
+            map.append(header, value);
+        }
+    }
+    Ok(map)
+}
+
+/// The process's resource: `service.name` (`OTEL_SERVICE_NAME`, default `tranche`),
+/// `service.version`, the SDK's name and language, and `OTEL_RESOURCE_ATTRIBUTES`
+/// (whose `service.name` `OTEL_SERVICE_NAME` overrides, as the specification says).
+fn resource(var: impl Fn(&str) -> Option<String>) -> anyhow::Result<Vec<(String, String)>> {
+    let mut attributes: Vec<(String, String)> = vec![
+        ("telemetry.sdk.name".into(), "tranche".into()),
+        ("telemetry.sdk.language".into(), "rust".into()),
+        (
+            "telemetry.sdk.version".into(),
+            env!("CARGO_PKG_VERSION").into(),
+        ),
+        ("service.version".into(), env!("CARGO_PKG_VERSION").into()),
+    ];
+    let mut put = |key: String, value: String| match attributes.iter_mut().find(|(k, _)| *k == key)
+    {
+        Some((_, v)) => *v = value,
+        None => attributes.push((key, value)),
+    };
+    let given = var("OTEL_RESOURCE_ATTRIBUTES").unwrap_or_default();
+    let mut service = None;
+    for (key, value) in pairs("OTEL_RESOURCE_ATTRIBUTES", &given)? {
+        if key == "service.name" {
+            service = Some(value);
+        } else {
+            put(key, value);
+        }
+    }
+    let service = var("OTEL_SERVICE_NAME")
+        .filter(|s| !s.is_empty())
+        .or(service)
+        .unwrap_or_else(|| "tranche".to_owned());
+    put("service.name".into(), service);
+    Ok(attributes)
 }
 
 /// The traces URL of an OTLP/HTTP base endpoint, as the OpenTelemetry
@@ -183,8 +271,8 @@ pub(super) fn sampled_ratio(
     }
 }
 
-/// The binary's [`TraceContext`](crate::trace::TraceContext) over
-/// `tracing-opentelemetry`, keeping `ratio` of the partitions.
+/// The binary's [`TraceContext`](crate::trace::TraceContext) over [`layer::Spans`],
+/// keeping `ratio` of the partitions.
 pub(super) struct Propagate {
     /// The share of partitions whose attempts get spans, 0 to 1.
     pub(super) ratio: f64,
@@ -196,105 +284,77 @@ impl crate::trace::TraceContext for Propagate {
     }
 
     fn partition(&self, span: &tracing::Span, partition: &crate::trace::PartitionTrace) {
-        use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
-        let root = SpanContext::new(
-            TraceId::from_bytes(partition.trace_id),
-            SpanId::from_bytes(partition.root_span_id),
-            TraceFlags::SAMPLED,
-            true,
-            TraceState::default(),
-        );
         // The current span is the run's: linked, no longer the parent.
-        let run = tracing::Span::current()
-            .context()
-            .span()
-            .span_context()
-            .clone();
-        if let Err(e) =
-            span.set_parent(opentelemetry::Context::new().with_remote_span_context(root))
-        {
-            tracing::debug!(error = %e, "a partition span not put in its trace");
+        let run = layer::with_open(&tracing::Span::current(), |o| (o.trace_id, o.span_id));
+        let placed = layer::with_open(span, |o| {
+            o.trace_id = partition.trace_id;
+            o.parent_span_id = Some(partition.root_span_id);
+            // Kept by the rule the library applied before building the span.
+            o.sampled = true;
+            o.links.extend(run);
+        });
+        if placed.is_none() {
+            tracing::debug!("a partition span not put in its trace");
         }
-        span.add_link(run);
     }
 
     fn traceparent(&self, span: &tracing::Span) -> Option<crate::trace::TraceParent> {
-        let cx = span.context();
-        let sc = cx.span().span_context().clone();
-        if !sc.is_valid() {
-            return None;
-        }
-        crate::trace::TraceParent::new(
-            sc.trace_id().to_bytes(),
-            sc.span_id().to_bytes(),
-            sc.is_sampled(),
-        )
+        layer::with_open(span, |o| {
+            crate::trace::TraceParent::new(o.trace_id, o.span_id, o.sampled)
+        })
+        .flatten()
     }
 }
 
-/// The trace and span ids of the current span, hex, when it is sampled.
+/// The trace and span ids of the current span, hex, when this layer records it.
 pub(super) fn current_ids() -> Option<(String, String)> {
     let span = tracing::Span::current();
     if span.is_none() {
         return None;
     }
-    let cx = span.context();
-    let sc = cx.span().span_context().clone();
-    sc.is_valid()
-        .then(|| (sc.trace_id().to_string(), sc.span_id().to_string()))
+    let hex = |b: &[u8]| b.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    layer::with_open(&span, |o| (hex(&o.trace_id), hex(&o.span_id)))
 }
 
-/// What the processor sends its thread.
+/// What the exporter's handle sends its thread.
 enum Control {
-    /// Post everything queued, then answer.
-    Flush(Sender<()>),
     /// Post everything queued, answer, and end.
     Stop(Sender<()>),
 }
 
-/// A span processor that never blocks: `on_end` tries the bounded queue and counts
-/// a drop when it is full; it nudges the export thread once a batch is queued.
-#[derive(Debug)]
+/// The layer's side of the export queue: a finished span is queued without blocking,
+/// or dropped and counted when the queue is full; the export thread is nudged once a
+/// batch is queued.
+#[derive(Clone)]
 struct Queue {
-    spans: Sender<SpanData>,
+    spans: Sender<Finished>,
     /// One pending nudge at most: "a batch is waiting".
     nudge: Sender<()>,
     control: Sender<Control>,
-    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Queue {
-    fn start(exporter: opentelemetry_otlp::SpanExporter) -> anyhow::Result<Self> {
+    fn start(post: Post) -> anyhow::Result<(Self, JoinHandle<()>)> {
         let (spans, queued) = crossbeam_channel::bounded(QUEUE);
         let (nudge, nudged) = crossbeam_channel::bounded(1);
         let (control, orders) = crossbeam_channel::unbounded();
         let thread = std::thread::Builder::new()
             .name("tranche-otlp".into())
-            .spawn(move || drain(exporter, queued, nudged, orders))
+            .spawn(move || drain(post, queued, nudged, orders))
             .context("cannot start the span export thread")?;
-        Ok(Self {
-            spans,
-            nudge,
-            control,
-            thread: Mutex::new(Some(thread)),
-        })
-    }
-
-    fn ask(&self, order: fn(Sender<()>) -> Control, wait: Duration) -> OTelSdkResult {
-        let (done, answered) = crossbeam_channel::bounded(1);
-        if self.control.send(order(done)).is_err() {
-            return Ok(());
-        }
-        answered
-            .recv_timeout(wait)
-            .map_err(|_| opentelemetry_sdk::error::OTelSdkError::Timeout(wait))
+        Ok((
+            Self {
+                spans,
+                nudge,
+                control,
+            },
+            thread,
+        ))
     }
 }
 
-impl SpanProcessor for Queue {
-    fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &opentelemetry::Context) {}
-
-    fn on_end(&self, span: SpanData) {
+impl layer::Sink for Queue {
+    fn send(&self, span: Finished) {
         match self.spans.try_send(span) {
             Ok(()) => {
                 if self.spans.len() >= BATCH {
@@ -306,30 +366,44 @@ impl SpanProcessor for Queue {
             }
         }
     }
+}
 
-    fn force_flush(&self) -> OTelSdkResult {
-        self.ask(Control::Flush, DRAIN)
-    }
+/// Where and how a batch is posted.
+struct Post {
+    uri: http::Uri,
+    headers: http::HeaderMap,
+    /// The process's resource, encoded once.
+    resource: Vec<u8>,
+    client: Box<dyn HttpClient>,
+}
 
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        let answer = self.ask(Control::Stop, timeout);
-        if answer.is_ok()
-            && let Some(thread) = self.thread.lock().ok().and_then(|mut t| t.take())
-        {
-            let _ = thread.join();
+impl Post {
+    /// Posts `spans` as one OTLP/HTTP protobuf request.
+    async fn send(&self, spans: &[Finished]) -> anyhow::Result<()> {
+        let body = otlp::request(&self.resource, spans);
+        let mut request = http::Request::builder()
+            .method(http::Method::POST)
+            .uri(self.uri.clone())
+            .header(http::header::CONTENT_TYPE, "application/x-protobuf")
+            .body(bytes::Bytes::from(body))?;
+        request.headers_mut().extend(self.headers.clone());
+        let response = self
+            .client
+            .send_bytes(request)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let status = response.status();
+        if !status.is_success() {
+            let body = String::from_utf8_lossy(response.body());
+            anyhow::bail!("the collector answered {status}: {}", body.trim());
         }
-        answer
+        Ok(())
     }
 }
 
 /// The export thread: batches the queue and posts each batch, on a runtime of its
 /// own so that the run's runtime (one thread by default) never waits on a collector.
-fn drain(
-    exporter: opentelemetry_otlp::SpanExporter,
-    queued: Receiver<SpanData>,
-    nudged: Receiver<()>,
-    orders: Receiver<Control>,
-) {
+fn drain(post: Post, queued: Receiver<Finished>, nudged: Receiver<()>, orders: Receiver<Control>) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -340,16 +414,14 @@ fn drain(
             return;
         }
     };
-    let exporter = Arc::new(exporter);
     let mut batch = Vec::with_capacity(BATCH);
     let mut warned: Option<Instant> = None;
-    let mut post = |batch: &mut Vec<SpanData>| {
+    let mut send = |batch: &mut Vec<Finished>| {
         if batch.is_empty() {
             return;
         }
-        let spans = std::mem::take(batch);
-        let n = spans.len() as u64;
-        match runtime.block_on(exporter.export(spans)) {
+        let n = batch.len() as u64;
+        match runtime.block_on(post.send(batch)) {
             Ok(()) => {
                 SPANS_EXPORTED.fetch_add(n, Ordering::Relaxed);
             }
@@ -363,50 +435,131 @@ fn drain(
                 }
             }
         }
+        batch.clear();
     };
     // Everything queued now, posted in batches.
-    let mut take_all = |post: &mut dyn FnMut(&mut Vec<SpanData>)| {
+    let mut take_all = |send: &mut dyn FnMut(&mut Vec<Finished>)| {
         while let Ok(span) = queued.try_recv() {
             batch.push(span);
             if batch.len() >= BATCH {
-                post(&mut batch);
+                send(&mut batch);
             }
         }
-        post(&mut batch);
+        send(&mut batch);
     };
     loop {
         crossbeam_channel::select! {
             recv(nudged) -> nudge => {
-                take_all(&mut post);
-                // The processor is gone (dropped without a shutdown): nothing more comes.
+                take_all(&mut send);
+                // The queue is gone (dropped without a shutdown): nothing more comes.
                 if nudge.is_err() {
                     return;
                 }
             },
             recv(orders) -> order => {
-                let (done, stop) = match order {
-                    Ok(Control::Flush(done)) => (Some(done), false),
-                    Ok(Control::Stop(done)) => (Some(done), true),
-                    Err(_) => (None, true),
-                };
-                take_all(&mut post);
-                if let Some(done) = done {
+                take_all(&mut send);
+                if let Ok(Control::Stop(done)) = order {
                     let _ = done.send(());
                 }
-                if stop {
-                    return;
-                }
+                return;
             },
-            default(LINGER) => take_all(&mut post),
+            default(LINGER) => take_all(&mut send),
         }
     }
 }
 
+mod layer;
+mod otlp;
 mod tls;
 
 #[cfg(test)]
 mod tests {
-    use super::{sampled_ratio, traces_url};
+    use super::{headers, resource, sampled_ratio, traces_url};
+
+    fn vars(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+    }
+
+    /// `OTEL_EXPORTER_OTLP_TRACES_HEADERS` over `OTEL_EXPORTER_OTLP_HEADERS`, values
+    /// percent-decoded; anything that cannot be sent refused in one line.
+    #[test]
+    fn the_headers_variables_are_read_and_checked() {
+        let h = headers(vars(&[
+            ("OTEL_EXPORTER_OTLP_HEADERS", "x-ignored=1"),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+                " api-key = s%3Dcr%2Ct ,x-team=data,",
+            ),
+        ]))
+        .unwrap();
+        assert_eq!(h.len(), 2, "{h:?}");
+        assert_eq!(h["api-key"], "s=cr,t");
+        assert_eq!(h["x-team"], "data");
+        let h = headers(vars(&[(
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "authorization=Basic%20eA",
+        )]))
+        .unwrap();
+        assert_eq!(h["authorization"], "Basic eA");
+        assert!(headers(vars(&[])).unwrap().is_empty());
+        for (bad, says) in [
+            ("novalue", "is not key=value"),
+            ("=v", "has no key"),
+            ("k=%zz", "is not percent-encoded"),
+            ("bad header=v", "is not a header name"),
+            ("k=a%0Ab", "is not a header value"),
+        ] {
+            let err = headers(vars(&[("OTEL_EXPORTER_OTLP_HEADERS", bad)]))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with("OTEL_EXPORTER_OTLP_HEADERS")
+                    && err.contains(says)
+                    && !err.contains('\n'),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    /// The resource: tranche's own attributes, `OTEL_RESOURCE_ATTRIBUTES`, and the
+    /// service's name from `OTEL_SERVICE_NAME` over that list's, `tranche` by default.
+    #[test]
+    fn the_resource_takes_the_standard_variables() {
+        let get = |r: &[(String, String)], k: &str| {
+            r.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+        };
+        let r = resource(vars(&[])).unwrap();
+        assert_eq!(get(&r, "service.name").as_deref(), Some("tranche"));
+        assert_eq!(
+            get(&r, "service.version").as_deref(),
+            Some(env!("CARGO_PKG_VERSION"))
+        );
+        let given = "service.name=from-list,deployment.environment=prod%20eu";
+        let r = resource(vars(&[("OTEL_RESOURCE_ATTRIBUTES", given)])).unwrap();
+        assert_eq!(get(&r, "service.name").as_deref(), Some("from-list"));
+        assert_eq!(
+            get(&r, "deployment.environment").as_deref(),
+            Some("prod eu")
+        );
+        let r = resource(vars(&[
+            ("OTEL_RESOURCE_ATTRIBUTES", given),
+            ("OTEL_SERVICE_NAME", "backfill"),
+        ]))
+        .unwrap();
+        assert_eq!(get(&r, "service.name").as_deref(), Some("backfill"));
+        assert_eq!(r.iter().filter(|(k, _)| k == "service.name").count(), 1);
+        let err = resource(vars(&[("OTEL_RESOURCE_ATTRIBUTES", "a=1,broken")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("OTEL_RESOURCE_ATTRIBUTES: \"broken\" is not key=value"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn the_traces_path_is_appended_once() {

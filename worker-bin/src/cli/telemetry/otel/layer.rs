@@ -1,0 +1,397 @@
+//! The `tracing` layer that keeps what an OTLP span needs and nothing more: in each
+//! span's extensions an [`Open`] record (its ids, start, attributes, events, links),
+//! handed to the export queue as a [`Finished`] span when the span closes.
+//!
+//! Why a layer of tranche's own rather than `tracing-opentelemetry` over the
+//! OpenTelemetry SDK: on the short partitions a run is made of, that pipeline built
+//! each span three times (the layer's builder, the SDK's span data, the exporter's
+//! protobuf message), with a string allocated per attribute key and value at each
+//! step, and cost the run several times the CPU of the spans' own bookkeeping. Here a
+//! field is recorded once, under its callsite's `&'static str` name, and encoded
+//! straight into the request body on the export thread (`super::otlp`).
+//!
+//! Trace ids follow OpenTelemetry's rules: a span with a parent that this layer
+//! records is in its parent's trace and shares its sampling decision; a root gets a
+//! random trace id, kept by the `TraceIdRatioBased` rule at the run's ratio. A
+//! partition's span is then moved into its partition's derived trace
+//! ([`Propagate`](super::Propagate), through [`with_open`]).
+
+use std::cell::Cell;
+use std::fmt;
+use std::hash::{BuildHasher, Hasher};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::layer::Context;
+use tracing_subscriber::registry::LookupSpan;
+
+use super::otlp::{Attribute, Finished, SpanEvent, Value, set};
+
+/// A span being recorded, kept in its extensions until it closes.
+#[derive(Debug)]
+pub(super) struct Open {
+    pub(super) trace_id: [u8; 16],
+    pub(super) span_id: [u8; 8],
+    pub(super) parent_span_id: Option<[u8; 8]>,
+    /// Whether the span is exported; an unsampled span still carries its ids, for its
+    /// children and its chunk's `TRACEPARENT` (flags `00`).
+    pub(super) sampled: bool,
+    start: u64,
+    attributes: Vec<Attribute>,
+    events: Vec<SpanEvent>,
+    pub(super) links: Vec<([u8; 16], [u8; 8])>,
+    error: Option<String>,
+}
+
+/// Where a finished span goes: the export queue (which never blocks).
+pub(super) trait Sink: Send + Sync + 'static {
+    /// Takes a finished, sampled span.
+    fn send(&self, span: Finished);
+}
+
+/// The layer: records spans into [`Open`] and sends them to `sink` as they close.
+pub(super) struct Spans<K> {
+    /// The share of root traces kept, 0 to 1.
+    pub(super) ratio: f64,
+    pub(super) sink: K,
+}
+
+impl<S, K> tracing_subscriber::Layer<S> for Spans<K>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    K: Sink,
+{
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else { return };
+        let parent = span.parent().and_then(|parent| {
+            parent
+                .extensions()
+                .get::<Open>()
+                .map(|p| (p.trace_id, p.span_id, p.sampled))
+        });
+        let (trace_id, parent_span_id, sampled) = match parent {
+            Some((trace_id, span_id, sampled)) => (trace_id, Some(span_id), sampled),
+            None => {
+                let trace_id = random_trace_id();
+                let sampled = crate::trace::trace_id_ratio(trace_id, self.ratio);
+                (trace_id, None, sampled)
+            }
+        };
+        let mut open = Open {
+            trace_id,
+            span_id: random_span_id(),
+            parent_span_id,
+            sampled,
+            start: now(),
+            attributes: Vec::new(),
+            events: Vec::new(),
+            links: Vec::new(),
+            error: None,
+        };
+        // Recorded even when not sampled: a partition's span, under a `run` span that
+        // was not, is kept by its own trace's rule ([`super::Propagate`]).
+        open.attributes.reserve_exact(attrs.fields().len());
+        attrs.record(&mut Fields(&mut open));
+        span.extensions_mut().insert(open);
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else { return };
+        let mut extensions = span.extensions_mut();
+        if let Some(open) = extensions.get_mut::<Open>() {
+            values.record(&mut Fields(open));
+        }
+    }
+
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        let Some(span) = ctx.event_span(event) else {
+            return;
+        };
+        let mut extensions = span.extensions_mut();
+        let Some(open) = extensions.get_mut::<Open>().filter(|o| o.sampled) else {
+            return;
+        };
+        let mut recorded = SpanEvent {
+            time: now(),
+            name: String::new(),
+            attributes: vec![("level", Value::Str(event.metadata().level().to_string()))],
+        };
+        event.record(&mut EventFields(&mut recorded));
+        open.events.push(recorded);
+    }
+
+    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(&id) else { return };
+        let Some(open) = span.extensions_mut().remove::<Open>() else {
+            return;
+        };
+        if !open.sampled {
+            return;
+        }
+        self.sink.send(Finished {
+            trace_id: open.trace_id,
+            span_id: open.span_id,
+            parent_span_id: open.parent_span_id,
+            name: span.name(),
+            start: open.start,
+            end: now(),
+            attributes: open.attributes,
+            events: open.events,
+            links: open.links,
+            error: open.error,
+        });
+    }
+}
+
+/// Runs `f` on `span`'s record, if this layer records it (the process's subscriber is
+/// built on a `Registry`, where the layer keeps it).
+pub(super) fn with_open<R>(span: &tracing::Span, f: impl FnOnce(&mut Open) -> R) -> Option<R> {
+    span.with_subscriber(|(id, dispatch)| {
+        let registry = dispatch.downcast_ref::<tracing_subscriber::Registry>()?;
+        let data = registry.span(id)?;
+        let mut extensions = data.extensions_mut();
+        extensions.get_mut::<Open>().map(f)
+    })
+    .flatten()
+}
+
+/// A span's fields as attributes; `otel.status_description` is its error status, other
+/// `otel.` fields are directions to `tracing-opentelemetry` and left out.
+struct Fields<'a>(&'a mut Open);
+
+impl Fields<'_> {
+    fn put(&mut self, field: &Field, value: Value) {
+        let name = field.name();
+        if name == "otel.status_description" {
+            self.0.error = Some(match value {
+                Value::Str(s) => s,
+                other => format!("{other:?}"),
+            });
+        } else if !name.starts_with("otel.") {
+            set(&mut self.0.attributes, name, value);
+        }
+    }
+}
+
+impl Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.put(field, Value::Str(format!("{value:?}")));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.put(field, Value::Str(value.to_owned()));
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.put(field, Value::Int(value));
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.put(field, unsigned(value));
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.put(field, Value::Float(value));
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.put(field, Value::Bool(value));
+    }
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        self.put(field, Value::Str(value.to_string()));
+    }
+}
+
+/// An event's fields: `message` is its name, the rest attributes.
+struct EventFields<'a>(&'a mut SpanEvent);
+
+impl EventFields<'_> {
+    fn put(&mut self, field: &Field, value: Value) {
+        match (field.name(), value) {
+            ("message", Value::Str(s)) => self.0.name = s,
+            (name, value) => self.0.attributes.push((name, value)),
+        }
+    }
+}
+
+impl Visit for EventFields<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.put(field, Value::Str(format!("{value:?}")));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.put(field, Value::Str(value.to_owned()));
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.put(field, Value::Int(value));
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.put(field, unsigned(value));
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.put(field, Value::Float(value));
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.put(field, Value::Bool(value));
+    }
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        self.put(field, Value::Str(value.to_string()));
+    }
+}
+
+/// OTLP's integers are signed: a `u64` beyond `i64::MAX` goes as its decimal text.
+fn unsigned(value: u64) -> Value {
+    i64::try_from(value).map_or_else(|_| Value::Str(value.to_string()), Value::Int)
+}
+
+/// Nanoseconds since the Unix epoch.
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+thread_local! {
+    /// A xorshift64* state per thread, seeded from the process's random hasher keys.
+    static RNG: Cell<u64> = Cell::new({
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(now());
+        h.finish() | 1
+    });
+}
+
+/// 64 random bits, never 0 (ids of 0 are invalid).
+fn random_u64() -> u64 {
+    RNG.with(|state| {
+        loop {
+            let mut x = state.get();
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            state.set(x);
+            let out = x.wrapping_mul(0x2545_f491_4f6c_dd1d);
+            if out != 0 {
+                return out;
+            }
+        }
+    })
+}
+
+fn random_span_id() -> [u8; 8] {
+    random_u64().to_be_bytes()
+}
+
+fn random_trace_id() -> [u8; 16] {
+    let mut id = [0; 16];
+    id[..8].copy_from_slice(&random_u64().to_be_bytes());
+    id[8..].copy_from_slice(&random_u64().to_be_bytes());
+    id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    #[derive(Clone, Default)]
+    struct Kept(Arc<Mutex<Vec<Finished>>>);
+
+    impl Sink for Kept {
+        fn send(&self, span: Finished) {
+            self.0.lock().unwrap().push(span);
+        }
+    }
+
+    fn attribute<'a>(span: &'a Finished, key: &str) -> Option<&'a Value> {
+        span.attributes
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v)
+    }
+
+    /// A tree of spans: each child in its parent's trace under its parent's id, fields
+    /// typed, fields recorded later kept, the error status taken from
+    /// `otel.status_description`, events attached to their span.
+    #[test]
+    fn spans_are_recorded_as_otlp_wants_them() {
+        let kept = Kept::default();
+        let subscriber = tracing_subscriber::registry().with(Spans {
+            ratio: 1.0,
+            sink: kept.clone(),
+        });
+        tracing::subscriber::with_default(subscriber, || {
+            let outer = tracing::info_span!("partition", pid = 7u64, worker = %"w-1", big = u64::MAX, outcome = tracing::field::Empty, otel.status_description = tracing::field::Empty);
+            outer.in_scope(|| {
+                let inner = tracing::info_span!("chunk", from = 1, to = 100, ok = true);
+                inner.in_scope(|| tracing::info!(waited_ms = 2.5, "waited at the gate"));
+            });
+            outer.record("outcome", "failed");
+            outer.record("otel.status_description", "exit status 3: boom");
+        });
+        let spans = kept.0.lock().unwrap();
+        assert_eq!(spans.len(), 2);
+        let (chunk, partition) = (&spans[0], &spans[1]);
+        assert_eq!((chunk.name, partition.name), ("chunk", "partition"));
+        assert_eq!(chunk.trace_id, partition.trace_id);
+        assert_eq!(chunk.parent_span_id, Some(partition.span_id));
+        assert_eq!(partition.parent_span_id, None);
+        assert_ne!(chunk.span_id, partition.span_id);
+        assert!(partition.start <= chunk.start && chunk.end <= partition.end);
+        assert_eq!(attribute(partition, "pid"), Some(&Value::Int(7)));
+        assert_eq!(
+            attribute(partition, "worker"),
+            Some(&Value::Str("w-1".into()))
+        );
+        assert_eq!(
+            attribute(partition, "big"),
+            Some(&Value::Str(u64::MAX.to_string()))
+        );
+        assert_eq!(
+            attribute(partition, "outcome"),
+            Some(&Value::Str("failed".into()))
+        );
+        assert_eq!(attribute(partition, "otel.status_description"), None);
+        assert_eq!(partition.error.as_deref(), Some("exit status 3: boom"));
+        assert_eq!(attribute(chunk, "ok"), Some(&Value::Bool(true)));
+        assert_eq!(chunk.events.len(), 1);
+        assert_eq!(chunk.events[0].name, "waited at the gate");
+        assert!(
+            chunk.events[0]
+                .attributes
+                .contains(&("waited_ms", Value::Float(2.5)))
+        );
+        assert!(partition.events.is_empty());
+    }
+
+    /// A root is kept by the ratio rule on its random trace id: none at 0, and its
+    /// children with it; an unsampled span still has ids, for its chunk's context.
+    #[test]
+    fn an_unsampled_root_exports_nothing_but_keeps_its_ids() {
+        let kept = Kept::default();
+        let subscriber = tracing_subscriber::registry().with(Spans {
+            ratio: 0.0,
+            sink: kept.clone(),
+        });
+        tracing::subscriber::with_default(subscriber, || {
+            let root = tracing::info_span!("run");
+            let ids = with_open(&root, |o| (o.trace_id, o.sampled));
+            let (trace_id, sampled) = ids.expect("recorded");
+            assert!(!sampled && trace_id != [0; 16]);
+            root.in_scope(|| {
+                let child = tracing::info_span!("chunk");
+                assert_eq!(with_open(&child, |o| o.trace_id), Some(trace_id));
+                // A partition's span is kept by its own trace's rule, whatever its
+                // run's: its fields are there when it is.
+                let partition = tracing::info_span!("partition", pid = 3u64);
+                with_open(&partition, |o| o.sampled = true).expect("recorded");
+            });
+        });
+        let kept = kept.0.lock().unwrap();
+        assert_eq!(kept.len(), 1, "the partition alone: {kept:?}");
+        assert_eq!(attribute(&kept[0], "pid"), Some(&Value::Int(3)));
+    }
+
+    #[test]
+    fn random_ids_are_never_zero_and_differ() {
+        let ids: std::collections::HashSet<u64> = (0..10_000).map(|_| random_u64()).collect();
+        assert_eq!(ids.len(), 10_000);
+        assert!(!ids.contains(&0));
+    }
+}
