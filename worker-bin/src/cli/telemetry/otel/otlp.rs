@@ -190,9 +190,16 @@ fn nested(b: &mut Vec<u8>, field: u32, body: impl FnOnce(&mut Vec<u8>)) {
         b[at] = len as u8;
         return;
     }
-    let mut prefix = Vec::with_capacity(10);
-    varint(&mut prefix, len as u64);
-    b.splice(at..=at, prefix);
+    let mut prefix = [0; 10];
+    let mut n = 0;
+    let mut v = len as u64;
+    while v >= 0x80 {
+        prefix[n] = v as u8 | 0x80;
+        v >>= 7;
+        n += 1;
+    }
+    prefix[n] = v as u8;
+    b.splice(at..=at, prefix[..=n].iter().copied());
 }
 
 #[cfg(test)]
