@@ -1,27 +1,28 @@
-//! The OTLP side: tranche's own span layer ([`layer::Spans`]) feeding a bounded queue
-//! drained by a thread of its own, which encodes each batch as OTLP protobuf
-//! ([`otlp`]) and posts it over HTTP.
+//! The OTLP side: tranche's own span layer ([`layer::Spans`]) encodes each span as it
+//! ends ([`otlp`]) into a bounded buffer, which a thread of its own takes and posts
+//! over HTTP.
 //!
-//! Two choices that keep a span cheap for the run that makes it. The layer records a
-//! span's fields once, typed, under their static names, and the encoding happens on the
-//! export thread, straight from that record (`layer` says why this is not
-//! `tracing-opentelemetry` over the OpenTelemetry SDK). And the export thread does not
-//! wait on the queue itself (a receiver parked on it is woken, a futex call and a
-//! context switch, by every span sent): it is nudged once a batch is queued, and
-//! otherwise wakes on its own after [`LINGER`].
+//! Three choices that keep a span cheap for the run that makes it. The layer records a
+//! span's fields once, typed, under their static names (`layer` says why this is not
+//! `tracing-opentelemetry` over the OpenTelemetry SDK). The span is encoded where it
+//! ended, so its record is freed by the thread that allocated it and the export thread
+//! is handed bytes, not records (a buffer it gives back once posted). And the export
+//! thread does not wait on the queue itself (a receiver parked on it is woken, a futex
+//! call and a context switch, by every span sent): it is nudged once a batch is queued,
+//! and otherwise wakes on its own after [`LINGER`].
 //!
 //! The standard variables an OTLP exporter reads are read here too:
 //! `OTEL_EXPORTER_OTLP_TRACES_HEADERS` (else `OTEL_EXPORTER_OTLP_HEADERS`), and
 //! `OTEL_RESOURCE_ATTRIBUTES` beside `OTEL_SERVICE_NAME`. A value that cannot be sent
 //! is an error at start.
 
-use std::sync::Mutex;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_channel::{Receiver, Sender};
 use opentelemetry_http::HttpClient;
 use tracing::Subscriber;
 use tracing_subscriber::Layer;
@@ -32,7 +33,8 @@ use super::{SPANS_DROPPED, SPANS_EXPORTED};
 
 /// Spans waiting for the export thread; beyond it, spans are dropped and counted.
 const QUEUE: usize = 4096;
-/// Spans posted in one request at most.
+/// Spans queued before the export thread is nudged to post them (it posts all that
+/// are queued then).
 const BATCH: usize = 512;
 /// How long a span waits for its batch to fill before it is posted anyway, and how
 /// often the export thread looks at the queue when nothing nudges it.
@@ -322,12 +324,22 @@ enum Control {
     Stop(Sender<()>),
 }
 
-/// The layer's side of the export queue: a finished span is queued without blocking,
-/// or dropped and counted when the queue is full; the export thread is nudged once a
-/// batch is queued.
+/// Spans encoded and waiting for the export thread.
+#[derive(Default)]
+struct Pending {
+    /// `ScopeSpans.spans` fields, ready to be framed into a request.
+    spans: Vec<u8>,
+    count: usize,
+}
+
+/// The layer's side of the export queue: a finished span is encoded into the pending
+/// buffer, or dropped and counted when [`QUEUE`] spans are already waiting; the export
+/// thread is nudged once a batch is queued. Encoding here, on the thread that ended
+/// the span, frees the span's record where it was allocated and hands the export
+/// thread bytes, not records.
 #[derive(Clone)]
 struct Queue {
-    spans: Sender<Finished>,
+    pending: Arc<Mutex<Pending>>,
     /// One pending nudge at most: "a batch is waiting".
     nudge: Sender<()>,
     control: Sender<Control>,
@@ -335,16 +347,17 @@ struct Queue {
 
 impl Queue {
     fn start(post: Post) -> anyhow::Result<(Self, JoinHandle<()>)> {
-        let (spans, queued) = crossbeam_channel::bounded(QUEUE);
+        let pending = Arc::new(Mutex::new(Pending::default()));
         let (nudge, nudged) = crossbeam_channel::bounded(1);
         let (control, orders) = crossbeam_channel::unbounded();
+        let queued = pending.clone();
         let thread = std::thread::Builder::new()
             .name("tranche-otlp".into())
-            .spawn(move || drain(post, queued, nudged, orders))
+            .spawn(move || drain(post, &queued, nudged, orders))
             .context("cannot start the span export thread")?;
         Ok((
             Self {
-                spans,
+                pending,
                 nudge,
                 control,
             },
@@ -355,15 +368,16 @@ impl Queue {
 
 impl layer::Sink for Queue {
     fn send(&self, span: Finished) {
-        match self.spans.try_send(span) {
-            Ok(()) => {
-                if self.spans.len() >= BATCH {
-                    let _ = self.nudge.try_send(());
-                }
-            }
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                SPANS_DROPPED.fetch_add(1, Ordering::Relaxed);
-            }
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        if pending.count >= QUEUE {
+            drop(pending);
+            SPANS_DROPPED.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        otlp::span(&mut pending.spans, &span);
+        pending.count += 1;
+        if pending.count == BATCH {
+            let _ = self.nudge.try_send(());
         }
     }
 }
@@ -378,8 +392,8 @@ struct Post {
 }
 
 impl Post {
-    /// Posts `spans` as one OTLP/HTTP protobuf request.
-    async fn send(&self, spans: &[Finished]) -> anyhow::Result<()> {
+    /// Posts `spans` (encoded by [`otlp::span`]) as one OTLP/HTTP protobuf request.
+    async fn send(&self, spans: &[u8]) -> anyhow::Result<()> {
         let body = otlp::request(&self.resource, spans);
         let mut request = http::Request::builder()
             .method(http::Method::POST)
@@ -401,9 +415,9 @@ impl Post {
     }
 }
 
-/// The export thread: batches the queue and posts each batch, on a runtime of its
-/// own so that the run's runtime (one thread by default) never waits on a collector.
-fn drain(post: Post, queued: Receiver<Finished>, nudged: Receiver<()>, orders: Receiver<Control>) {
+/// The export thread: takes what is pending and posts it, on a runtime of its own so
+/// that the run's runtime (one thread by default) never waits on a collector.
+fn drain(post: Post, pending: &Mutex<Pending>, nudged: Receiver<()>, orders: Receiver<Control>) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -414,56 +428,54 @@ fn drain(post: Post, queued: Receiver<Finished>, nudged: Receiver<()>, orders: R
             return;
         }
     };
-    let mut batch = Vec::with_capacity(BATCH);
     let mut warned: Option<Instant> = None;
-    let mut send = |batch: &mut Vec<Finished>| {
-        if batch.is_empty() {
-            return;
-        }
-        let n = batch.len() as u64;
-        match runtime.block_on(post.send(batch)) {
-            Ok(()) => {
-                SPANS_EXPORTED.fetch_add(n, Ordering::Relaxed);
-            }
-            Err(e) => {
-                SPANS_DROPPED.fetch_add(n, Ordering::Relaxed);
-                // One line a minute at most: a collector that is down must not
-                // flood the log.
-                if warned.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
-                    warned = Some(Instant::now());
-                    tracing::warn!(error = %e, dropped = n, "spans not exported; the run goes on");
+    // The buffer posted last, cleared, handed back to the layer for the next batch.
+    let mut spare: Vec<u8> = Vec::new();
+    let mut take_all = || {
+        let (spans, n) = {
+            let mut p = pending.lock().unwrap_or_else(PoisonError::into_inner);
+            let n = std::mem::take(&mut p.count) as u64;
+            (
+                std::mem::replace(&mut p.spans, std::mem::take(&mut spare)),
+                n,
+            )
+        };
+        if n > 0 {
+            match runtime.block_on(post.send(&spans)) {
+                Ok(()) => {
+                    SPANS_EXPORTED.fetch_add(n, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    SPANS_DROPPED.fetch_add(n, Ordering::Relaxed);
+                    // One line a minute at most: a collector that is down must not
+                    // flood the log.
+                    if warned.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+                        warned = Some(Instant::now());
+                        tracing::warn!(error = %e, dropped = n, "spans not exported; the run goes on");
+                    }
                 }
             }
         }
-        batch.clear();
-    };
-    // Everything queued now, posted in batches.
-    let mut take_all = |send: &mut dyn FnMut(&mut Vec<Finished>)| {
-        while let Ok(span) = queued.try_recv() {
-            batch.push(span);
-            if batch.len() >= BATCH {
-                send(&mut batch);
-            }
-        }
-        send(&mut batch);
+        spare = spans;
+        spare.clear();
     };
     loop {
         crossbeam_channel::select! {
             recv(nudged) -> nudge => {
-                take_all(&mut send);
+                take_all();
                 // The queue is gone (dropped without a shutdown): nothing more comes.
                 if nudge.is_err() {
                     return;
                 }
             },
             recv(orders) -> order => {
-                take_all(&mut send);
+                take_all();
                 if let Ok(Control::Stop(done)) = order {
                     let _ = done.send(());
                 }
                 return;
             },
-            default(LINGER) => take_all(&mut send),
+            default(LINGER) => take_all(),
         }
     }
 }
@@ -475,6 +487,50 @@ mod tls;
 #[cfg(test)]
 mod tests {
     use super::{headers, resource, sampled_ratio, traces_url};
+
+    /// A full queue drops and counts, never blocks; the export thread is nudged once,
+    /// when a batch is queued; what is queued decodes as OTLP spans.
+    #[test]
+    fn a_full_queue_drops_and_counts_and_nudges_once() {
+        use super::layer::Sink as _;
+        use super::otlp::{Finished, request};
+        use super::{BATCH, Pending, QUEUE, Queue, SPANS_DROPPED};
+        use std::sync::atomic::Ordering;
+        use std::sync::{Arc, Mutex};
+        let (nudge, nudged) = crossbeam_channel::bounded(1);
+        let (control, _orders) = crossbeam_channel::unbounded();
+        let queue = Queue {
+            pending: Arc::new(Mutex::new(Pending::default())),
+            nudge,
+            control,
+        };
+        let span = |i: u8| Finished {
+            trace_id: [i.max(1); 16],
+            span_id: [i.max(1); 8],
+            parent_span_id: None,
+            name: "chunk",
+            start: 1,
+            end: 2,
+            attributes: Vec::new(),
+            events: Vec::new(),
+            links: Vec::new(),
+            error: None,
+        };
+        let dropped = SPANS_DROPPED.load(Ordering::Relaxed);
+        for i in 0..QUEUE + 3 {
+            queue.send(span(i as u8));
+            if i + 1 == BATCH - 1 {
+                assert!(nudged.try_recv().is_err(), "nudged before a batch");
+            }
+        }
+        assert_eq!(SPANS_DROPPED.load(Ordering::Relaxed) - dropped, 3);
+        assert!(nudged.try_recv().is_ok(), "nudged at {BATCH}");
+        let pending = queue.pending.lock().unwrap();
+        assert_eq!(pending.count, QUEUE);
+        let body = request(b"", &pending.spans);
+        let decoded = <opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest as prost::Message>::decode(body.as_slice()).unwrap();
+        assert_eq!(decoded.resource_spans[0].scope_spans[0].spans.len(), QUEUE);
+    }
 
     fn vars(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let vars: Vec<(String, String)> = vars

@@ -61,10 +61,16 @@ const KIND_INTERNAL: u64 = 1;
 /// `Status.StatusCode.STATUS_CODE_ERROR`.
 const STATUS_ERROR: u64 = 2;
 
+/// Appends `span` as a `ScopeSpans.spans` field (2), for [`request`] to frame.
+pub(super) fn span(buf: &mut Vec<u8>, span: &Finished) {
+    nested(buf, 2, |b| encode_span(b, span));
+}
+
 /// Encodes one `ExportTraceServiceRequest`: one resource (`resource`, already encoded
-/// by [`resource`]), one instrumentation scope (`tranche`), the spans.
-pub(super) fn request(resource: &[u8], spans: &[Finished]) -> Vec<u8> {
-    let mut buf = Vec::with_capacity(256 + spans.len() * 256);
+/// by [`resource`]), one instrumentation scope (`tranche`), and `spans`, the fields
+/// [`span`] wrote.
+pub(super) fn request(resource: &[u8], spans: &[u8]) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(256 + resource.len() + spans.len());
     // ExportTraceServiceRequest.resource_spans = 1
     nested(&mut buf, 1, |b| {
         // ResourceSpans.resource = 1
@@ -76,10 +82,7 @@ pub(super) fn request(resource: &[u8], spans: &[Finished]) -> Vec<u8> {
                 bytes(b, 1, b"tranche");
                 bytes(b, 2, env!("CARGO_PKG_VERSION").as_bytes());
             });
-            for span in spans {
-                // ScopeSpans.spans = 2
-                nested(b, 2, |b| encode_span(b, span));
-            }
+            b.extend_from_slice(spans);
         });
     });
     buf
@@ -257,7 +260,11 @@ mod tests {
                 ..finished(0)
             },
         ];
-        let body = request(&resource, &spans);
+        let mut encoded = Vec::new();
+        for s in &spans {
+            span(&mut encoded, s);
+        }
+        let body = request(&resource, &encoded);
         let decoded = ExportTraceServiceRequest::decode(body.as_slice()).expect("protobuf");
         assert_eq!(decoded.resource_spans.len(), 1);
         let rs = &decoded.resource_spans[0];
