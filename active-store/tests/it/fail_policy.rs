@@ -6,26 +6,13 @@ use crate::support;
 
 use redis::AsyncCommands;
 use support::TestRedis;
-use tranche_active_store::{Config, Leases, Plan, Planner, RedisActiveStore, RedisConnection};
+use tranche_active_store::{Leases, RedisConnection};
 
 #[tokio::test]
 async fn a_bad_policy_argument_writes_nothing() {
     let server = TestRedis::start();
     let conn = RedisConnection::connect(&server.url()).await.unwrap();
-    let config = Config {
-        namespace: "fp".into(),
-        num_shards: 1,
-        ..Config::default()
-    };
-    let store = RedisActiveStore::new(conn, config).unwrap();
-    store
-        .plan(&Plan::Uniform {
-            min: 1,
-            max: 100,
-            size: 10,
-        })
-        .await
-        .unwrap();
+    let store = crate::planned(conn, "fp", 1, (1, 100, 10)).await;
     let lease = store.claim("w", 1).await.unwrap().remove(0);
     // Out of its run into a record of its own, as the store does before it calls fail.
     store.heartbeat(&lease, lease.min_id).await.unwrap();

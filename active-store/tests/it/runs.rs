@@ -7,8 +7,7 @@ use crate::support;
 use redis::AsyncCommands;
 use support::TestRedis;
 use tranche_active_store::{
-    ActiveQuery, Completion, Config, Leases, Maintenance, Plan, Planner, RedisActiveStore,
-    RedisConnection,
+    ActiveQuery, Completion, Leases, Maintenance, RedisActiveStore, RedisConnection,
 };
 use tranche_codec::Status;
 
@@ -18,20 +17,7 @@ const LEASES: &str = "{rn:0}:leases";
 
 async fn store(server: &TestRedis) -> (RedisActiveStore, redis::aio::MultiplexedConnection) {
     let conn = RedisConnection::connect(&server.url()).await.unwrap();
-    let config = Config {
-        namespace: "rn".into(),
-        num_shards: 1,
-        ..Config::default()
-    };
-    let store = RedisActiveStore::new(conn, config).unwrap();
-    store
-        .plan(&Plan::Uniform {
-            min: 1,
-            max: 100_000,
-            size: 100,
-        })
-        .await
-        .unwrap();
+    let store = crate::planned(conn, "rn", 1, (1, 100_000, 100)).await;
     let client = redis::Client::open(server.url()).unwrap();
     (
         store,

@@ -363,26 +363,13 @@ async fn a_corrupt_record_is_found_passed_by_and_repaired() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_shard_keeps_the_leases_taken_before_it() {
     use std::collections::BTreeSet;
-    use tranche_active_store::{ActiveQuery, Config, Leases, Plan, Planner, RedisActiveStore};
+    use tranche_active_store::{ActiveQuery, Leases};
     use tranche_codec::{KeySchema, Status};
     let server = TestRedis::start();
     let client = redis::Client::open(server.url()).unwrap();
     let conn = client.get_connection_manager().await.unwrap();
-    let config = Config {
-        namespace: "fs".into(),
-        num_shards: 4,
-        ..Config::default()
-    };
-    let store = RedisActiveStore::new(conn, config).unwrap();
     // 800 pids: eight batches of 100, two on each shard.
-    store
-        .plan(&Plan::Uniform {
-            min: 1,
-            max: 40_000,
-            size: 50,
-        })
-        .await
-        .unwrap();
+    let store = crate::planned(conn, "fs", 4, (1, 40_000, 50)).await;
     // The pending counter of the shard of pid 1 is garbage: every claim that reaches
     // that shard fails there, before its script writes anything.
     let schema = KeySchema::new("fs", 4).unwrap();
@@ -414,24 +401,9 @@ async fn a_failing_shard_keeps_the_leases_taken_before_it() {
 async fn one_shard(
     server: &TestRedis,
 ) -> tranche_active_store::RedisActiveStore<redis::aio::ConnectionManager> {
-    use tranche_active_store::{Config, Plan, Planner, RedisActiveStore};
     let client = redis::Client::open(server.url()).unwrap();
     let conn = client.get_connection_manager().await.unwrap();
-    let config = Config {
-        namespace: "elk".into(),
-        num_shards: 1,
-        ..Config::default()
-    };
-    let store = RedisActiveStore::new(conn, config).unwrap();
-    store
-        .plan(&Plan::Uniform {
-            min: 1,
-            max: 10_000,
-            size: 1000,
-        })
-        .await
-        .unwrap();
-    store
+    crate::planned(conn, "elk", 1, (1, 10_000, 1000)).await
 }
 
 /// Fencing survives a counter that rolls back (a failover to a replica that had not
