@@ -14,7 +14,7 @@ use std::str::FromStr;
 use tokio_postgres::Config;
 use tokio_postgres::config::SslMode;
 
-use super::mysql::percent_decoded;
+use super::mysql::url_decoded;
 use super::tls::{PgSslMode, Tls};
 
 /// The keys taken out of the connection string.
@@ -63,10 +63,10 @@ fn split_url(url: &str) -> Result<(String, Vec<(String, String)>), String> {
     let (mut kept, mut taken) = (Vec::new(), Vec::new());
     for pair in url[q + 1..].split('&') {
         let key = pair.split_once('=').map(|(key, _)| key);
-        match key.map(percent_decoded) {
+        match key.map(url_decoded) {
             Some(Ok(key)) if TAKEN.contains(&key.as_str()) => {
                 let value = &pair[pair.find('=').unwrap_or(0) + 1..];
-                taken.push((key, percent_decoded(value)?));
+                taken.push((key, url_decoded(value)?));
             }
             // What is not ours, tokio-postgres reads (and refuses, if it must).
             _ => kept.push(pair),

@@ -15,6 +15,8 @@ mod rewrite;
 mod statement;
 mod tls;
 
+#[cfg(feature = "cli")]
+pub(crate) use mysql::percent_decoded;
 pub use probe::SqlProbe;
 
 use std::sync::Arc;

@@ -64,8 +64,8 @@ pub(super) fn opts(url: &str) -> Result<Opts, String> {
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         match key.to_ascii_lowercase().replace('_', "-").as_str() {
-            "ssl-mode" | "sslmode" => mode = MysqlSslMode::parse(&percent_decoded(value)?)?,
-            "ssl-ca" | "sslca" => ca = Some(PathBuf::from(percent_decoded(value)?)),
+            "ssl-mode" | "sslmode" => mode = MysqlSslMode::parse(&url_decoded(value)?)?,
+            "ssl-ca" | "sslca" => ca = Some(PathBuf::from(url_decoded(value)?)),
             "require-ssl" | "verify-ca" | "verify-identity" | "built-in-roots" => {
                 return Err(format!(
                     "the database URL: `{key}` is not taken; TLS is ssl-mode=REQUIRED \
@@ -92,8 +92,9 @@ pub(super) fn opts(url: &str) -> Result<Opts, String> {
         .into())
 }
 
-/// `text` with its `%XX` escapes decoded, as a URL's query value is written.
-pub(super) fn percent_decoded(text: &str) -> Result<String, String> {
+/// `text` with its `%XX` escapes decoded, as a URL's query value (and OTLP's
+/// `key=value` lists) are written; when it cannot be, why, in a few words.
+pub(crate) fn percent_decoded(text: &str) -> Result<String, &'static str> {
     let b = text.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -102,7 +103,7 @@ pub(super) fn percent_decoded(text: &str) -> Result<String, String> {
             let hex = text
                 .get(i + 1..i + 3)
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| format!("the database URL: a bad % escape in `{text}`"))?;
+                .ok_or("a bad % escape")?;
             out.push(hex);
             i += 3;
         } else {
@@ -110,7 +111,12 @@ pub(super) fn percent_decoded(text: &str) -> Result<String, String> {
             i += 1;
         }
     }
-    String::from_utf8(out).map_err(|_| format!("the database URL: `{text}` is not UTF-8"))
+    String::from_utf8(out).map_err(|_| "not UTF-8")
+}
+
+/// [`percent_decoded`] for a database URL's parts, its error naming them.
+pub(super) fn url_decoded(text: &str) -> Result<String, String> {
+    percent_decoded(text).map_err(|why| format!("the database URL: `{text}`: {why}"))
 }
 
 /// The handler's engine on MySQL: how to open a connection, the pool, and the policy.

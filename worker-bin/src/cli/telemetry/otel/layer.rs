@@ -118,7 +118,7 @@ where
             name: String::new(),
             attributes: vec![("level", Value::Str(event.metadata().level().to_string()))],
         };
-        event.record(&mut EventFields(&mut recorded));
+        event.record(&mut Fields(&mut recorded));
         open.events.push(recorded);
     }
 
@@ -157,81 +157,61 @@ pub(super) fn with_open<R>(span: &tracing::Span, f: impl FnOnce(&mut Open) -> R)
     .flatten()
 }
 
-/// A span's fields as attributes; `otel.status_description` is its error status, other
-/// `otel.` fields are directions to `tracing-opentelemetry` and left out.
-struct Fields<'a>(&'a mut Open);
+/// Where a visited field goes: a span's record or an event's.
+trait Put {
+    fn put(&mut self, field: &Field, value: Value);
+}
 
-impl Fields<'_> {
+/// A span's fields are its attributes; `otel.status_description` is its error status,
+/// other `otel.` fields are directions to `tracing-opentelemetry` and left out.
+impl Put for Open {
     fn put(&mut self, field: &Field, value: Value) {
         let name = field.name();
         if name == "otel.status_description" {
-            self.0.error = Some(match value {
+            self.error = Some(match value {
                 Value::Str(s) => s,
                 other => format!("{other:?}"),
             });
         } else if !name.starts_with("otel.") {
-            set(&mut self.0.attributes, name, value);
+            set(&mut self.attributes, name, value);
         }
     }
 }
 
-impl Visit for Fields<'_> {
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.put(field, Value::Str(format!("{value:?}")));
-    }
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.put(field, Value::Str(value.to_owned()));
-    }
-    fn record_i64(&mut self, field: &Field, value: i64) {
-        self.put(field, Value::Int(value));
-    }
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        self.put(field, unsigned(value));
-    }
-    fn record_f64(&mut self, field: &Field, value: f64) {
-        self.put(field, Value::Float(value));
-    }
-    fn record_bool(&mut self, field: &Field, value: bool) {
-        self.put(field, Value::Bool(value));
-    }
-    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        self.put(field, Value::Str(value.to_string()));
-    }
-}
-
-/// An event's fields: `message` is its name, the rest attributes.
-struct EventFields<'a>(&'a mut SpanEvent);
-
-impl EventFields<'_> {
+/// An event's `message` is its name, the rest of its fields its attributes.
+impl Put for SpanEvent {
     fn put(&mut self, field: &Field, value: Value) {
         match (field.name(), value) {
-            ("message", Value::Str(s)) => self.0.name = s,
-            (name, value) => self.0.attributes.push((name, value)),
+            ("message", Value::Str(s)) => self.name = s,
+            (name, value) => self.attributes.push((name, value)),
         }
     }
 }
 
-impl Visit for EventFields<'_> {
+/// Visits fields into a span's record or an event, typed.
+struct Fields<'a, T>(&'a mut T);
+
+impl<T: Put> Visit for Fields<'_, T> {
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.put(field, Value::Str(format!("{value:?}")));
+        self.0.put(field, Value::Str(format!("{value:?}")));
     }
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.put(field, Value::Str(value.to_owned()));
+        self.0.put(field, Value::Str(value.to_owned()));
     }
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.put(field, Value::Int(value));
+        self.0.put(field, Value::Int(value));
     }
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.put(field, unsigned(value));
+        self.0.put(field, unsigned(value));
     }
     fn record_f64(&mut self, field: &Field, value: f64) {
-        self.put(field, Value::Float(value));
+        self.0.put(field, Value::Float(value));
     }
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.put(field, Value::Bool(value));
+        self.0.put(field, Value::Bool(value));
     }
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        self.put(field, Value::Str(value.to_string()));
+        self.0.put(field, Value::Str(value.to_string()));
     }
 }
 

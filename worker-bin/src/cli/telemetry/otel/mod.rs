@@ -47,7 +47,7 @@ const POST: Duration = Duration::from_secs(10);
 /// The running exporter, shut down by [`Telemetry`](super::Telemetry)'s drop.
 pub(super) struct Export {
     queue: Queue,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    thread: JoinHandle<()>,
 }
 
 impl Export {
@@ -58,9 +58,7 @@ impl Export {
         if self.queue.control.send(Control::Stop(done)).is_ok() {
             match answered.recv_timeout(DRAIN) {
                 Ok(()) => {
-                    if let Some(thread) = self.thread.lock().ok().and_then(|mut t| t.take()) {
-                        let _ = thread.join();
-                    }
+                    let _ = self.thread.join();
                 }
                 Err(_) => tracing::debug!("span export did not drain within {DRAIN:?}"),
             }
@@ -119,13 +117,7 @@ where
     }
     .with_filter(filter)
     .boxed();
-    Ok((
-        layer,
-        Export {
-            queue,
-            thread: Mutex::new(Some(thread)),
-        },
-    ))
+    Ok((layer, Export { queue, thread }))
 }
 
 /// `key=value` pairs, comma-separated, values percent-decoded: the form of
@@ -141,29 +133,11 @@ fn pairs(name: &str, list: &str) -> anyhow::Result<Vec<(String, String)>> {
         if key.is_empty() {
             anyhow::bail!("{name}: {item:?} has no key");
         }
-        let value = percent_decoded(value.trim())
-            .ok_or_else(|| anyhow::anyhow!("{name}: {item:?} is not percent-encoded UTF-8"))?;
+        let value = crate::sql::percent_decoded(value.trim())
+            .map_err(|why| anyhow::anyhow!("{name}: {item:?}: {why}"))?;
         out.push((key.to_owned(), value));
     }
     Ok(out)
-}
-
-/// `%XX` escapes decoded; `None` for a broken escape or bytes that are not UTF-8.
-fn percent_decoded(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// The headers every post carries, from `OTEL_EXPORTER_OTLP_TRACES_HEADERS`, else
@@ -565,7 +539,7 @@ mod tests {
         for (bad, says) in [
             ("novalue", "is not key=value"),
             ("=v", "has no key"),
-            ("k=%zz", "is not percent-encoded"),
+            ("k=%zz", "a bad % escape"),
             ("bad header=v", "is not a header name"),
             ("k=a%0Ab", "is not a header value"),
         ] {
