@@ -7,8 +7,9 @@
 //! each span three times (the layer's builder, the SDK's span data, the exporter's
 //! protobuf message), with a string allocated per attribute key and value at each
 //! step, and cost the run several times the CPU of the spans' own bookkeeping. Here a
-//! field is recorded once, under its callsite's `&'static str` name, and encoded
-//! straight into the request body on the export thread (`super::otlp`).
+//! field is encoded once, as it is recorded, into the bytes the request carries
+//! ([`SpanAttributes`]), and the span's end copies them into the export queue's batch
+//! (`super::otlp`).
 //!
 //! Trace ids follow OpenTelemetry's rules: a span with a parent that this layer
 //! records is in its parent's trace and shares its sampling decision; a root gets a
@@ -27,7 +28,7 @@ use tracing::{Event, Subscriber};
 use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 
-use super::otlp::{Attribute, Finished, SpanEvent, Value, set};
+use super::otlp::{EventAttributes, Finished, SpanAttributes, SpanEvent, Value};
 
 /// A span being recorded, kept in its extensions until it closes.
 #[derive(Debug)]
@@ -39,7 +40,10 @@ pub(super) struct Open {
     /// children and its chunk's `TRACEPARENT` (flags `00`).
     pub(super) sampled: bool,
     start: u64,
-    attributes: Vec<Attribute>,
+    attributes: SpanAttributes,
+    /// The fields recorded so far, by their index in the callsite's field set: one
+    /// recorded again is replaced, the others appended.
+    recorded: u64,
     events: Vec<SpanEvent>,
     pub(super) links: Vec<([u8; 16], [u8; 8])>,
     error: Option<String>,
@@ -85,14 +89,14 @@ where
             parent_span_id,
             sampled,
             start: now(),
-            attributes: Vec::new(),
+            attributes: SpanAttributes::with_capacity(attrs.fields().len()),
+            recorded: 0,
             events: Vec::new(),
             links: Vec::new(),
             error: None,
         };
         // Recorded even when not sampled: a partition's span, under a `run` span that
         // was not, is kept by its own trace's rule ([`super::Propagate`]).
-        open.attributes.reserve_exact(attrs.fields().len());
         attrs.record(&mut Fields(&mut open));
         span.extensions_mut().insert(open);
     }
@@ -116,8 +120,11 @@ where
         let mut recorded = SpanEvent {
             time: now(),
             name: String::new(),
-            attributes: vec![("level", Value::Str(event.metadata().level().to_string()))],
+            attributes: EventAttributes::with_capacity(event.metadata().fields().len() + 1),
         };
+        recorded
+            .attributes
+            .push("level", Value::Str(event.metadata().level().as_str()));
         event.record(&mut Fields(&mut recorded));
         open.events.push(recorded);
     }
@@ -159,31 +166,38 @@ pub(super) fn with_open<R>(span: &tracing::Span, f: impl FnOnce(&mut Open) -> R)
 
 /// Where a visited field goes: a span's record or an event's.
 trait Put {
-    fn put(&mut self, field: &Field, value: Value);
+    fn put(&mut self, field: &Field, value: Value<'_>);
 }
 
 /// A span's fields are its attributes; `otel.status_description` is its error status,
 /// other `otel.` fields are directions to `tracing-opentelemetry` and left out.
 impl Put for Open {
-    fn put(&mut self, field: &Field, value: Value) {
+    fn put(&mut self, field: &Field, value: Value<'_>) {
         let name = field.name();
         if name == "otel.status_description" {
             self.error = Some(match value {
-                Value::Str(s) => s,
+                Value::Str(s) => s.to_owned(),
                 other => format!("{other:?}"),
             });
         } else if !name.starts_with("otel.") {
-            set(&mut self.attributes, name, value);
+            // A callsite has at most 32 fields (`tracing`'s bound).
+            let bit = 1u64 << (field.index() % 64);
+            if self.recorded & bit == 0 {
+                self.recorded |= bit;
+                self.attributes.push(name, value);
+            } else {
+                self.attributes.set(name, value);
+            }
         }
     }
 }
 
 /// An event's `message` is its name, the rest of its fields its attributes.
 impl Put for SpanEvent {
-    fn put(&mut self, field: &Field, value: Value) {
-        match (field.name(), value) {
-            ("message", Value::Str(s)) => self.name = s,
-            (name, value) => self.attributes.push((name, value)),
+    fn put(&mut self, field: &Field, value: Value<'_>) {
+        match field.name() {
+            "message" => self.name = format!("{value:?}"),
+            name => self.attributes.push(name, value),
         }
     }
 }
@@ -193,16 +207,20 @@ struct Fields<'a, T>(&'a mut T);
 
 impl<T: Put> Visit for Fields<'_, T> {
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.0.put(field, Value::Str(format!("{value:?}")));
+        self.0.put(field, Value::Text(value));
     }
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.put(field, Value::Str(value.to_owned()));
+        self.0.put(field, Value::Str(value));
     }
     fn record_i64(&mut self, field: &Field, value: i64) {
         self.0.put(field, Value::Int(value));
     }
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.0.put(field, unsigned(value));
+        // OTLP's integers are signed: beyond `i64::MAX`, the decimal text.
+        match i64::try_from(value) {
+            Ok(v) => self.0.put(field, Value::Int(v)),
+            Err(_) => self.0.put(field, Value::Text(&value)),
+        }
     }
     fn record_f64(&mut self, field: &Field, value: f64) {
         self.0.put(field, Value::Float(value));
@@ -211,13 +229,8 @@ impl<T: Put> Visit for Fields<'_, T> {
         self.0.put(field, Value::Bool(value));
     }
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        self.0.put(field, Value::Str(value.to_string()));
+        self.0.put(field, Value::Text(&format_args!("{value}")));
     }
-}
-
-/// OTLP's integers are signed: a `u64` beyond `i64::MAX` goes as its decimal text.
-fn unsigned(value: u64) -> Value {
-    i64::try_from(value).map_or_else(|_| Value::Str(value.to_string()), Value::Int)
 }
 
 /// Nanoseconds since the Unix epoch.
@@ -267,6 +280,7 @@ fn random_trace_id() -> [u8; 16] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
     use std::sync::{Arc, Mutex};
     use tracing_subscriber::layer::SubscriberExt as _;
 
@@ -279,11 +293,8 @@ mod tests {
         }
     }
 
-    fn attribute<'a>(span: &'a Finished, key: &str) -> Option<&'a Value> {
-        span.attributes
-            .iter()
-            .find(|(k, _)| *k == key)
-            .map(|(_, v)| v)
+    fn attribute(span: &Finished, key: &str) -> Option<Any> {
+        super::super::otlp::tests::attribute(&span.attributes, key)
     }
 
     /// A tree of spans: each child in its parent's trace under its parent's id, fields
@@ -302,6 +313,7 @@ mod tests {
                 let inner = tracing::info_span!("chunk", from = 1, to = 100, ok = true);
                 inner.in_scope(|| tracing::info!(waited_ms = 2.5, "waited at the gate"));
             });
+            outer.record("outcome", "released");
             outer.record("outcome", "failed");
             outer.record("otel.status_description", "exit status 3: boom");
         });
@@ -314,28 +326,30 @@ mod tests {
         assert_eq!(partition.parent_span_id, None);
         assert_ne!(chunk.span_id, partition.span_id);
         assert!(partition.start <= chunk.start && chunk.end <= partition.end);
-        assert_eq!(attribute(partition, "pid"), Some(&Value::Int(7)));
+        assert_eq!(attribute(partition, "pid"), Some(Any::IntValue(7)));
         assert_eq!(
             attribute(partition, "worker"),
-            Some(&Value::Str("w-1".into()))
+            Some(Any::StringValue("w-1".into()))
         );
         assert_eq!(
             attribute(partition, "big"),
-            Some(&Value::Str(u64::MAX.to_string()))
+            Some(Any::StringValue(u64::MAX.to_string()))
         );
         assert_eq!(
             attribute(partition, "outcome"),
-            Some(&Value::Str("failed".into()))
+            Some(Any::StringValue("failed".into()))
         );
         assert_eq!(attribute(partition, "otel.status_description"), None);
         assert_eq!(partition.error.as_deref(), Some("exit status 3: boom"));
-        assert_eq!(attribute(chunk, "ok"), Some(&Value::Bool(true)));
+        assert_eq!(attribute(chunk, "ok"), Some(Any::BoolValue(true)));
         assert_eq!(chunk.events.len(), 1);
         assert_eq!(chunk.events[0].name, "waited at the gate");
-        assert!(
-            chunk.events[0]
-                .attributes
-                .contains(&("waited_ms", Value::Float(2.5)))
+        assert_eq!(
+            super::super::otlp::tests::event_attributes(&chunk.events[0].attributes),
+            [
+                ("level".to_owned(), Any::StringValue("INFO".into())),
+                ("waited_ms".to_owned(), Any::DoubleValue(2.5))
+            ]
         );
         assert!(partition.events.is_empty());
     }
@@ -365,7 +379,7 @@ mod tests {
         });
         let kept = kept.0.lock().unwrap();
         assert_eq!(kept.len(), 1, "the partition alone: {kept:?}");
-        assert_eq!(attribute(&kept[0], "pid"), Some(&Value::Int(3)));
+        assert_eq!(attribute(&kept[0], "pid"), Some(Any::IntValue(3)));
     }
 
     #[test]

@@ -485,7 +485,7 @@ mod tests {
             name: "chunk",
             start: 1,
             end: 2,
-            attributes: Vec::new(),
+            attributes: Default::default(),
             events: Vec::new(),
             links: Vec::new(),
             error: None,

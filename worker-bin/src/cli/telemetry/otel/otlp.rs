@@ -1,27 +1,101 @@
 //! A finished span as tranche keeps it, and OTLP's protobuf encoding of a batch of them
 //! (`ExportTraceServiceRequest`, `opentelemetry/proto/collector/trace/v1`), written
 //! straight from the span's own fields: no intermediate message per span, no string
-//! allocated per attribute key (keys are the callsites' `&'static str`).
+//! allocated per attribute key or value.
+//!
+//! A span's attributes are encoded as they are recorded ([`Attributes`]), into the
+//! bytes that go on the wire, so that a span's end is a copy; a field recorded again
+//! replaces its earlier value there.
 //!
 //! Field numbers are the proto's; a test decodes the output with `opentelemetry-proto`.
 
-/// An attribute's value, as OTLP's `AnyValue` carries it.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) enum Value {
-    Str(String),
+use std::fmt;
+
+/// An attribute's value as a field hands it over, borrowed: OTLP's `AnyValue`.
+#[derive(Clone, Copy)]
+pub(super) enum Value<'a> {
+    Str(&'a str),
+    /// Text written by the value's `Debug` (a `%` field's `Display`, a `u64` beyond
+    /// `i64::MAX`, an error's message).
+    Text(&'a dyn fmt::Debug),
     Int(i64),
     Float(f64),
     Bool(bool),
 }
 
-/// A key and its value; keys are field names, static.
-pub(super) type Attribute = (&'static str, Value);
+/// The value as the text OTLP would show for it: a string unquoted.
+impl fmt::Debug for Value<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Str(s) => f.write_str(s),
+            Self::Text(d) => d.fmt(f),
+            Self::Int(v) => v.fmt(f),
+            Self::Float(v) => v.fmt(f),
+            Self::Bool(v) => v.fmt(f),
+        }
+    }
+}
 
-/// Sets `key` to `value`, in place when it is already there.
-pub(super) fn set(attributes: &mut Vec<Attribute>, key: &'static str, value: Value) {
-    match attributes.iter_mut().find(|(k, _)| *k == key) {
-        Some((_, v)) => *v = value,
-        None => attributes.push((key, value)),
+/// Attributes as encoded `KeyValue` fields, numbered `FIELD` (9 in a `Span`, 3 in an
+/// `Event`), ready to be copied into a span's message.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct Attributes<const FIELD: u32> {
+    encoded: Vec<u8>,
+}
+
+/// A span's attributes (`Span.attributes`).
+pub(super) type SpanAttributes = Attributes<9>;
+/// An event's attributes (`Span.Event.attributes`).
+pub(super) type EventAttributes = Attributes<3>;
+
+impl<const FIELD: u32> Attributes<FIELD> {
+    /// Room for about `n` attributes without growing.
+    pub(super) fn with_capacity(n: usize) -> Self {
+        Self {
+            encoded: Vec::with_capacity(n * 28),
+        }
+    }
+
+    /// Appends `key`, known not to be there yet.
+    pub(super) fn push(&mut self, key: &str, value: Value<'_>) {
+        let b = &mut self.encoded;
+        nested(b, FIELD, |b| key_value(b, key, value));
+    }
+
+    /// Sets `key` to `value`: in place of its earlier value when it is there.
+    pub(super) fn set(&mut self, key: &str, value: Value<'_>) {
+        match self.find(key) {
+            None => self.push(key, value),
+            Some(at) => {
+                let mut one = Vec::new();
+                nested(&mut one, FIELD, |b| key_value(b, key, value));
+                self.encoded.splice(at, one);
+            }
+        }
+    }
+
+    /// Where `key`'s field is in the encoded bytes, if there.
+    fn find(&self, key: &str) -> Option<std::ops::Range<usize>> {
+        let b = &self.encoded;
+        let mut at = 0;
+        while at < b.len() {
+            let (_tag, body) = read_varint(b, at);
+            let (len, body) = read_varint(b, body);
+            let end = body + len as usize;
+            // KeyValue.key = 1, a length-delimited field first.
+            let (_tag, k) = read_varint(b, body);
+            let (klen, k) = read_varint(b, k);
+            if &b[k..k + klen as usize] == key.as_bytes() {
+                return Some(at..end);
+            }
+            at = end;
+        }
+        None
+    }
+
+    /// The encoded fields.
+    pub(super) fn as_bytes(&self) -> &[u8] {
+        &self.encoded
     }
 }
 
@@ -30,7 +104,7 @@ pub(super) fn set(attributes: &mut Vec<Attribute>, key: &'static str, value: Val
 pub(super) struct SpanEvent {
     pub(super) time: u64,
     pub(super) name: String,
-    pub(super) attributes: Vec<Attribute>,
+    pub(super) attributes: EventAttributes,
 }
 
 /// A span that has ended, ready to be encoded. Times are nanoseconds since the Unix
@@ -44,7 +118,7 @@ pub(super) struct Finished {
     pub(super) name: &'static str,
     pub(super) start: u64,
     pub(super) end: u64,
-    pub(super) attributes: Vec<Attribute>,
+    pub(super) attributes: SpanAttributes,
     pub(super) events: Vec<SpanEvent>,
     /// Other spans this one links to: (trace id, span id).
     pub(super) links: Vec<([u8; 16], [u8; 8])>,
@@ -111,17 +185,13 @@ fn encode_span(b: &mut Vec<u8>, span: &Finished) {
     varint_field(b, 6, KIND_INTERNAL);
     fixed64(b, 7, span.start);
     fixed64(b, 8, span.end);
-    for attribute in &span.attributes {
-        nested(b, 9, |b| key_value(b, attribute));
-    }
+    b.extend_from_slice(span.attributes.as_bytes());
     for event in &span.events {
         // Span.events = 11: Event { time_unix_nano = 1, name = 2, attributes = 3 }
         nested(b, 11, |b| {
             fixed64(b, 1, event.time);
             bytes(b, 2, event.name.as_bytes());
-            for attribute in &event.attributes {
-                nested(b, 3, |b| key_value(b, attribute));
-            }
+            b.extend_from_slice(event.attributes.as_bytes());
         });
     }
     for (trace_id, span_id) in &span.links {
@@ -141,13 +211,18 @@ fn encode_span(b: &mut Vec<u8>, span: &Finished) {
 }
 
 /// `KeyValue { key = 1, value = 2 }`, the value an `AnyValue`.
-fn key_value(b: &mut Vec<u8>, (key, value): &Attribute) {
+fn key_value(b: &mut Vec<u8>, key: &str, value: Value<'_>) {
     bytes(b, 1, key.as_bytes());
     nested(b, 2, |b| match value {
         Value::Str(s) => bytes(b, 1, s.as_bytes()),
-        Value::Bool(v) => varint_field(b, 2, u64::from(*v)),
+        Value::Text(d) => nested(b, 1, |b| {
+            use std::io::Write as _;
+            // Writing to a Vec fails only where a `Debug` does; what it wrote stays.
+            let _ = write!(b, "{d:?}");
+        }),
+        Value::Bool(v) => varint_field(b, 2, u64::from(v)),
         // int64: two's complement, as a varint.
-        Value::Int(v) => varint_field(b, 3, *v as u64),
+        Value::Int(v) => varint_field(b, 3, v as u64),
         Value::Float(v) => fixed64(b, 4, v.to_bits()),
     });
 }
@@ -162,6 +237,21 @@ fn varint(b: &mut Vec<u8>, mut v: u64) {
         v >>= 7;
     }
     b.push(v as u8);
+}
+
+/// The varint at `at` in `b` (bytes this module wrote), and where what follows starts.
+fn read_varint(b: &[u8], mut at: usize) -> (u64, usize) {
+    let mut v = 0;
+    let mut shift = 0;
+    loop {
+        let byte = b[at];
+        at += 1;
+        v |= u64::from(byte & 0x7f) << shift;
+        if byte < 0x80 {
+            return (v, at);
+        }
+        shift += 7;
+    }
 }
 
 fn varint_field(b: &mut Vec<u8>, field: u32, v: u64) {
@@ -206,11 +296,63 @@ fn nested(b: &mut Vec<u8>, field: u32, body: impl FnOnce(&mut Vec<u8>)) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+    use opentelemetry_proto::tonic::trace::v1::Span;
     use prost::Message as _;
+
+    /// The attributes as OpenTelemetry's own types decode them: a span's encoded
+    /// attributes are a `Span` with nothing else set.
+    pub(in super::super) fn span_attributes(attributes: &SpanAttributes) -> Vec<(String, Any)> {
+        Span::decode(attributes.as_bytes())
+            .expect("protobuf")
+            .attributes
+            .into_iter()
+            .map(|kv| (kv.key, kv.value.and_then(|v| v.value).expect("a value")))
+            .collect()
+    }
+
+    /// An event's attributes, decoded: an `Event` with nothing else set.
+    pub(in super::super) fn event_attributes(attributes: &EventAttributes) -> Vec<(String, Any)> {
+        opentelemetry_proto::tonic::trace::v1::span::Event::decode(attributes.as_bytes())
+            .expect("protobuf")
+            .attributes
+            .into_iter()
+            .map(|kv| (kv.key, kv.value.and_then(|v| v.value).expect("a value")))
+            .collect()
+    }
+
+    /// The value of `key` in `attributes`, decoded.
+    pub(in super::super) fn attribute(attributes: &SpanAttributes, key: &str) -> Option<Any> {
+        span_attributes(attributes)
+            .into_iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v)
+    }
+
+    /// What `value` decodes to.
+    fn any(value: Value<'_>) -> Any {
+        match value {
+            Value::Str(s) => Any::StringValue(s.to_owned()),
+            Value::Text(d) => Any::StringValue(format!("{d:?}")),
+            Value::Int(i) => Any::IntValue(i),
+            Value::Float(f) => Any::DoubleValue(f),
+            Value::Bool(v) => Any::BoolValue(v),
+        }
+    }
+
+    fn values(i: usize, long: &str) -> (&'static str, Value<'_>) {
+        let value = match i % 5 {
+            0 => Value::Str(&long[..i * 7]),
+            1 => Value::Int(-(i as i64) * 1_000_000_007),
+            2 => Value::Float(i as f64 / 3.0),
+            3 => Value::Bool(i % 8 == 3),
+            _ => Value::Text(&u64::MAX),
+        };
+        (["pid", "worker", "ratio", "piece", "big"][i % 5], value)
+    }
 
     fn finished(attributes: usize) -> Finished {
         Finished {
@@ -220,21 +362,24 @@ mod tests {
             name: "partition",
             start: 1_700_000_000_000_000_001,
             end: 1_700_000_000_123_456_789,
-            attributes: (0..attributes)
-                .map(|i| {
-                    let value = match i % 4 {
-                        0 => Value::Str("w".repeat(i * 7)),
-                        1 => Value::Int(-(i as i64) * 1_000_000_007),
-                        2 => Value::Float(i as f64 / 3.0),
-                        _ => Value::Bool(i % 8 == 3),
-                    };
-                    (["pid", "worker", "ratio", "piece"][i % 4], value)
-                })
-                .collect(),
+            attributes: {
+                let long = "w".repeat(attributes * 7);
+                let mut a = SpanAttributes::with_capacity(attributes);
+                for i in 0..attributes {
+                    let (key, value) = values(i, &long);
+                    a.push(key, value);
+                }
+                a
+            },
             events: vec![SpanEvent {
                 time: 1_700_000_000_050_000_000,
                 name: "waited at the gate".into(),
-                attributes: vec![("waited_ms", Value::Float(2.5)), ("ids", Value::Int(100))],
+                attributes: {
+                    let mut a = EventAttributes::default();
+                    a.push("waited_ms", Value::Float(2.5));
+                    a.push("ids", Value::Int(100));
+                    a
+                },
             }],
             links: vec![([1; 16], [2; 8])],
             error: Some("exit status 3: boom".into()),
@@ -292,21 +437,29 @@ mod tests {
                 (got.start_time_unix_nano, got.end_time_unix_nano),
                 (want.start, want.end)
             );
-            assert_eq!(got.attributes.len(), want.attributes.len());
-            for (kv, (key, value)) in got.attributes.iter().zip(&want.attributes) {
-                assert_eq!(kv.key, *key);
-                let expected = match value {
-                    Value::Str(s) => Any::StringValue(s.clone()),
-                    Value::Int(i) => Any::IntValue(*i),
-                    Value::Float(f) => Any::DoubleValue(*f),
-                    Value::Bool(v) => Any::BoolValue(*v),
-                };
-                assert_eq!(kv.value.as_ref().unwrap().value, Some(expected));
+            let n = span_attributes(&want.attributes).len();
+            assert_eq!(got.attributes.len(), n);
+            let long = "w".repeat(n * 7);
+            for (i, kv) in got.attributes.iter().enumerate() {
+                let (key, value) = values(i, &long);
+                assert_eq!(kv.key, key);
+                assert_eq!(kv.value.as_ref().unwrap().value, Some(any(value)));
             }
             assert_eq!(got.events.len(), want.events.len());
             for (e, w) in got.events.iter().zip(&want.events) {
                 assert_eq!((e.time_unix_nano, e.name.as_str()), (w.time, &*w.name));
-                assert_eq!(e.attributes.len(), w.attributes.len());
+                let kept: Vec<_> = e
+                    .attributes
+                    .iter()
+                    .map(|kv| (kv.key.as_str(), kv.value.as_ref().unwrap().value.clone()))
+                    .collect();
+                assert_eq!(
+                    kept,
+                    [
+                        ("waited_ms", Some(Any::DoubleValue(2.5))),
+                        ("ids", Some(Any::IntValue(100)))
+                    ]
+                );
             }
             let links: Vec<_> = got
                 .links
@@ -329,16 +482,24 @@ mod tests {
         }
     }
 
+    /// A field recorded again replaces its value where it was, short or long, and the
+    /// others stay as they were.
     #[test]
     fn a_set_attribute_is_replaced_in_place() {
-        let mut attributes = vec![("outcome", Value::Str("a".into()))];
-        set(&mut attributes, "outcome", Value::Str("done".into()));
-        set(&mut attributes, "checkpoint", Value::Int(3));
+        let mut a = SpanAttributes::default();
+        a.set("outcome", Value::Str("a"));
+        a.set("pid", Value::Int(7));
+        let long = "x".repeat(200);
+        a.set("outcome", Value::Str(&long));
+        a.set("checkpoint", Value::Int(3));
+        a.set("pid", Value::Text(&u64::MAX));
+        a.set("outcome", Value::Str("done"));
         assert_eq!(
-            attributes,
-            vec![
-                ("outcome", Value::Str("done".into())),
-                ("checkpoint", Value::Int(3))
+            span_attributes(&a),
+            [
+                ("outcome".to_owned(), Any::StringValue("done".into())),
+                ("pid".to_owned(), Any::StringValue(u64::MAX.to_string())),
+                ("checkpoint".to_owned(), Any::IntValue(3)),
             ]
         );
     }
