@@ -588,7 +588,8 @@ async fn check_control(backend: &Backend, repair: bool) -> Result<Vec<tranche_st
         .collect())
 }
 
-#[cfg(test)]
+/// [`SettleRead`] is `health --check`'s, in the CLI floor.
+#[cfg(all(test, feature = "cli"))]
 mod tests {
     use super::SettleRead;
 

@@ -122,14 +122,16 @@ fn ci() -> Result<()> {
         cargo().args(["clippy", "--workspace", "--locked", "--", "-D", "warnings"]),
     )?;
     // worker-bin's library floor: no command line, terminal or HTTP underneath it.
-    // With warnings as errors: code only the command line uses says so (`cfg_attr`).
+    // With warnings as errors: code only the command line uses says so (`cfg_attr`),
+    // and so do the tests of it.
     step(
-        "cargo clippy (tranche-worker library without default features)",
+        "cargo clippy (tranche-worker library and tests without default features)",
         cargo().args([
             "clippy",
             "-p",
             "tranche-worker",
             "--lib",
+            "--tests",
             "--no-default-features",
             "--locked",
             "--",
