@@ -67,8 +67,8 @@ pub trait Handler: Send + Sync + 'static {
 /// at once, without a retry (a row no retry can fix); [`retry_after`](Self::retry_after)
 /// retries it after the delay it names (a rate limit's `Retry-After`).
 ///
-/// It deliberately does not implement [`std::error::Error`] itself (as
-/// `anyhow::Error` does not), so that every error can convert into it.
+/// It deliberately does not implement [`std::error::Error`] itself (no more than
+/// `Box<dyn Error>` does), so that every error can convert into it.
 pub struct HandlerError {
     error: Box<dyn std::error::Error + Send + Sync>,
     policy: FailPolicy,

@@ -163,6 +163,7 @@ fn ci() -> Result<()> {
     }
     let tree = String::from_utf8_lossy(&tree.stdout);
     let cli_only = [
+        "anyhow",
         "clap",
         "indicatif",
         "axum",
