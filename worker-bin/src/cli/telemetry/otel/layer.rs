@@ -345,7 +345,7 @@ mod tests {
         assert_eq!(chunk.events.len(), 1);
         assert_eq!(chunk.events[0].name, "waited at the gate");
         assert_eq!(
-            super::super::otlp::tests::event_attributes(&chunk.events[0].attributes),
+            super::super::otlp::tests::attributes_of(&chunk.events[0].attributes),
             [
                 ("level".to_owned(), Any::StringValue("INFO".into())),
                 ("waited_ms".to_owned(), Any::DoubleValue(2.5))

@@ -2,11 +2,11 @@
 //! ends ([`otlp`]) into a bounded buffer, which a thread of its own takes and posts
 //! over HTTP.
 //!
-//! Three choices that keep a span cheap for the run that makes it. The layer records a
-//! span's fields once, typed, under their static names (`layer` says why this is not
-//! `tracing-opentelemetry` over the OpenTelemetry SDK). The span is encoded where it
-//! ended, so its record is freed by the thread that allocated it and the export thread
-//! is handed bytes, not records (a buffer it gives back once posted). And the export
+//! Three choices that keep a span cheap for the run that makes it. The layer encodes a
+//! span's fields as they are recorded, typed, under their static names (`layer` says
+//! why this is not `tracing-opentelemetry` over the OpenTelemetry SDK). The span is
+//! framed where it ended, so its record is freed by the thread that allocated it and
+//! the export thread is handed bytes, not records (a buffer it gives back once posted). And the export
 //! thread does not wait on the queue itself (a receiver parked on it is woken, a futex
 //! call and a context switch, by every span sent): it is nudged once a batch is queued,
 //! and otherwise wakes on its own after [`LINGER`].

@@ -300,33 +300,28 @@ pub(super) mod tests {
     use super::*;
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
-    use opentelemetry_proto::tonic::trace::v1::Span;
+    use opentelemetry_proto::tonic::trace::v1::{Span, span};
     use prost::Message as _;
 
-    /// The attributes as OpenTelemetry's own types decode them: a span's encoded
-    /// attributes are a `Span` with nothing else set.
-    pub(in super::super) fn span_attributes(attributes: &SpanAttributes) -> Vec<(String, Any)> {
-        Span::decode(attributes.as_bytes())
-            .expect("protobuf")
-            .attributes
-            .into_iter()
-            .map(|kv| (kv.key, kv.value.and_then(|v| v.value).expect("a value")))
-            .collect()
-    }
-
-    /// An event's attributes, decoded: an `Event` with nothing else set.
-    pub(in super::super) fn event_attributes(attributes: &EventAttributes) -> Vec<(String, Any)> {
-        opentelemetry_proto::tonic::trace::v1::span::Event::decode(attributes.as_bytes())
-            .expect("protobuf")
-            .attributes
-            .into_iter()
+    /// The attributes as OpenTelemetry's own types decode them: encoded attributes are
+    /// a `Span` (field 9) or an `Event` (field 3) with nothing else set.
+    pub(in super::super) fn attributes_of<const FIELD: u32>(
+        attributes: &Attributes<FIELD>,
+    ) -> Vec<(String, Any)> {
+        let bytes = attributes.as_bytes();
+        let kvs = match FIELD {
+            9 => Span::decode(bytes).expect("protobuf").attributes,
+            3 => span::Event::decode(bytes).expect("protobuf").attributes,
+            other => panic!("attributes of field {other}"),
+        };
+        kvs.into_iter()
             .map(|kv| (kv.key, kv.value.and_then(|v| v.value).expect("a value")))
             .collect()
     }
 
     /// The value of `key` in `attributes`, decoded.
     pub(in super::super) fn attribute(attributes: &SpanAttributes, key: &str) -> Option<Any> {
-        span_attributes(attributes)
+        attributes_of(attributes)
             .into_iter()
             .find(|(k, _)| k == key)
             .map(|(_, v)| v)
@@ -437,7 +432,7 @@ pub(super) mod tests {
                 (got.start_time_unix_nano, got.end_time_unix_nano),
                 (want.start, want.end)
             );
-            let n = span_attributes(&want.attributes).len();
+            let n = attributes_of(&want.attributes).len();
             assert_eq!(got.attributes.len(), n);
             let long = "w".repeat(n * 7);
             for (i, kv) in got.attributes.iter().enumerate() {
@@ -495,7 +490,7 @@ pub(super) mod tests {
         a.set("pid", Value::Text(&u64::MAX));
         a.set("outcome", Value::Str("done"));
         assert_eq!(
-            span_attributes(&a),
+            attributes_of(&a),
             [
                 ("outcome".to_owned(), Any::StringValue("done".into())),
                 ("pid".to_owned(), Any::StringValue(u64::MAX.to_string())),
